@@ -1,0 +1,132 @@
+"""Combine serving-arm results into one table and a TTFT / E2E vs checkpoint-capacity figure.
+
+Reads result files written by ``benchmarks/serve_bench.py``. Files with the same arm name are
+runs of that arm under different seeds: as in the paper (App. C.3, Table 4) each statistic is
+computed within a run and then averaged over the runs (P95 is not pooled). The figure follows
+Fig. 4(a-c): mean TTFT and mean E2E latency against the arm's state checkpoint capacity, one
+point per arm; with several runs the bar spans their smallest and largest mean.
+
+    python benchmarks/plot_serving.py out/dense_s*.json out/int8_s*.json out/dasc_s*.json \\
+        --out out/serving
+writes ``out/serving.png`` and ``out/serving.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+_HERE = Path(__file__).resolve().parent
+for _p in (str(_HERE.parent), str(_HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+from dasc_compile.errors import DascInputError  # noqa: E402
+from serve_bench import RESULT_FORMAT, TABLE_HEAD, table_row  # noqa: E402
+
+STATS = ("ttft_mean_s", "ttft_p95_s", "e2e_mean_s", "e2e_p95_s", "cache_hit_token_rate")
+
+
+def load_results(paths: Sequence[str | Path]) -> list[dict]:
+    """The ``summary`` of each result file (DascInputError for a file that is not a result)."""
+    out = []
+    for p in paths:
+        try:
+            obj = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            raise DascInputError(f"{p}: cannot read result JSON ({e})") from None
+        if not isinstance(obj, dict) or obj.get("format") != RESULT_FORMAT:
+            raise DascInputError(f"{p}: expected a {RESULT_FORMAT!r} file from serve_bench.py")
+        out.append(obj["summary"])
+    return out
+
+
+def combine_arms(summaries: Sequence[dict]) -> list[dict]:
+    """One row per arm name (first-appearance order): per-run statistics averaged over runs.
+
+    Each row has the :data:`STATS` means, ``requests`` and ``failed`` summed, ``runs``, and
+    ``ttft_mean_range`` / ``e2e_mean_range`` = (min, max) of the per-run means (seconds).
+    Raises:
+        DascInputError: runs of one arm disagree on checkpoint capacity, or an arm has none.
+    """
+    arms: dict[str, list[dict]] = {}
+    for s in summaries:
+        arms.setdefault(s["arm"], []).append(s)
+    rows = []
+    for arm, runs in arms.items():
+        caps = {r.get("checkpoint_capacity") for r in runs}
+        if len(caps) != 1 or None in caps:
+            raise DascInputError(
+                f"arm {arm!r}: every run needs the same --checkpoint-capacity, got {sorted(caps, key=str)}")
+        row = {"arm": arm, "checkpoint_capacity": caps.pop(), "runs": len(runs),
+               "requests": sum(r["requests"] for r in runs),
+               "failed": sum(r["failed"] for r in runs)}
+        for k in STATS:
+            vals = [r[k] for r in runs if r.get(k) is not None and not math.isnan(r[k])]
+            row[k] = sum(vals) / len(vals) if vals else math.nan
+        for k in ("ttft_mean_s", "e2e_mean_s"):
+            vals = [r[k] for r in runs if r.get(k) is not None]
+            row[k[:-2] + "_range"] = (min(vals), max(vals)) if vals else (math.nan, math.nan)
+        rows.append(row)
+    return rows
+
+
+def combined_markdown(rows: Sequence[dict]) -> str:
+    """The combined table (one row per arm; statistics averaged over that arm's runs)."""
+    lines = ["# Serving arms (statistics averaged over runs)", "", TABLE_HEAD]
+    lines += [table_row(r) for r in rows]
+    lines += ["", "runs per arm: " + ", ".join(f"{r['arm']}={r['runs']}" for r in rows)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict], path: str | Path) -> None:
+    """Two panels, mean TTFT and mean E2E latency (s) vs checkpoint capacity, one point per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, key, title in ((axes[0], "ttft_mean", "mean TTFT (s)"),
+                           (axes[1], "e2e_mean", "mean E2E latency (s)")):
+        for i, r in enumerate(rows):
+            y = r[key + "_s"]
+            lo, hi = r[key + "_range"]
+            ax.errorbar([r["checkpoint_capacity"]], [y], yerr=[[y - lo], [hi - y]], fmt="o",
+                        color=f"C{i % 10}", capsize=3, label=r["arm"])
+            ax.annotate(r["arm"], (r["checkpoint_capacity"], y), textcoords="offset points",
+                        xytext=(5, 4), fontsize=8)
+        ax.set_xlabel("state checkpoint capacity (slots)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", nargs="+", help="result JSON files from serve_bench.py")
+    ap.add_argument("--out", required=True, help="output prefix: writes PREFIX.png and PREFIX.md")
+    a = ap.parse_args(argv)
+    try:
+        rows = combine_arms(load_results(a.results))
+    except DascInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    md = combined_markdown(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(out.name + ".md").write_text(md)
+    plot(rows, out.with_name(out.name + ".png"))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,479 @@
+"""Checkpoint reader: config.json plus the decay tensors (A_log, dt_bias), and nothing else.
+
+``dasc compile`` needs, per recurrent layer, two tiny tensors (paper Eq. 2: the static log-decay
+depends only on A_log and dt_bias). This module finds them in a Hugging Face style checkpoint
+without touching any other tensor's data:
+
+* a single ``.safetensors`` file (config.json beside it, or passed explicitly);
+* a directory with config.json and ``model.safetensors.index.json`` + shards, or one or more
+  ``*.safetensors`` files without an index;
+* a ``*.index.json`` file (config.json beside it, or passed explicitly).
+
+Safetensors layout (the format's spec): 8-byte little-endian header length N, N bytes of JSON
+header ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}``, then
+the data section; offsets are relative to the data section. Headers are parsed here (so every
+problem gets a message naming the file), the two tensors per layer are then read by name with
+``safetensors.safe_open(...).get_tensor`` (memory-mapped: only their pages are touched).
+
+Every OS / JSON / safetensors error becomes a one-line :class:`DascInputError` naming the file,
+tensor or field and what was expected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+
+from dasc_compile.errors import DascInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dasc_compile.arch import ArchSpec
+
+#: safetensors refuses headers larger than this (``MAX_HEADER_SIZE`` in the Rust crate), bytes.
+MAX_HEADER_BYTES = 100_000_000
+#: Name of the safetensors metadata key that marks generated (not trained) decay values.
+PROVENANCE_KEY = "dasc_provenance"
+#: Provenance reported when no file holding decay tensors carries :data:`PROVENANCE_KEY`.
+TRAINED_PROVENANCE = "as read from checkpoint (trained weights)"
+INDEX_SUFFIX = ".index.json"
+DEFAULT_INDEX_NAME = "model.safetensors.index.json"
+
+#: safetensors dtype code -> bytes per element (the codes of the format's spec).
+DTYPE_BYTES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "F4": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+#: dtypes accepted for decay tensors, with their torch dtype.
+DECAY_DTYPES: dict[str, torch.dtype] = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorEntry:
+    """One tensor of a safetensors header.
+
+    Attributes:
+        dtype: safetensors dtype code (``F32``, ``BF16``, ...).
+        shape: tensor shape.
+        begin / end: byte offsets of its data, relative to the start of the data section.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True, kw_only=True)
+class SafetensorsHeader:
+    """The parsed, validated header of one ``.safetensors`` file.
+
+    Attributes:
+        path: the file.
+        header_bytes: N, the JSON header length in bytes.
+        data_start: 8 + N, absolute byte offset of the data section.
+        data_bytes: size of the data section (file size - 8 - N), bytes.
+        tensors: tensor name -> :class:`TensorEntry`.
+        metadata: the ``__metadata__`` string map (empty when absent).
+    """
+
+    path: Path
+    header_bytes: int
+    data_start: int
+    data_bytes: int
+    tensors: dict[str, TensorEntry]
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """A located checkpoint: its config and where each tensor lives. No tensor data is read.
+
+    Attributes:
+        config: the parsed config.json.
+        config_path: the config.json it came from.
+        root: the checkpoint directory (the directory holding the file or index when MODEL is one).
+        tensor_files: tensor name -> the ``.safetensors`` file holding it. Without an index this
+            comes from the files' headers; with an index it comes from ``weight_map`` (every shard
+            it names exists), and :func:`read_decay_tensors` checks each tensor it reads against
+            that shard's header.
+        provenance: the ``dasc_provenance`` metadata of the files holding decay tensors
+            (``*.A_log`` / ``*.dt_bias``), or :data:`TRAINED_PROVENANCE` when none carries it.
+        index_path: the ``*.index.json`` used, or None (for error messages).
+    """
+
+    config: dict
+    config_path: Path
+    root: Path
+    tensor_files: dict[str, Path]
+    provenance: str
+    index_path: Path | None = field(default=None)
+
+
+# ----------------------------------------------------------------------------- headers
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _precheck(path: Path) -> None:
+    """Cheap checks before safetensors parses the header: exists, 8-byte length, limit, truncation."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise DascInputError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DascInputError(f"{path}: is a directory, expected a .safetensors file") from None
+    except OSError as exc:
+        raise DascInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(head) < 8:
+        raise DascInputError(
+            f"{path}: truncated safetensors file: {size} bytes, expected at least the 8-byte header length")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES:
+        raise DascInputError(
+            f"{path}: safetensors header length {n} bytes exceeds the {MAX_HEADER_BYTES}-byte limit "
+            f"(corrupt file or not safetensors)")
+    if 8 + n > size:
+        raise DascInputError(
+            f"{path}: truncated safetensors file: header claims {n} bytes but the file has {size} bytes")
+
+
+def _parse_header(path: Path) -> SafetensorsHeader:
+    _precheck(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            raw = fh.read(n)
+    except OSError as exc:
+        raise DascInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DascInputError(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise DascInputError(f"{path}: corrupt safetensors header: expected a JSON object, got {type(obj).__name__}")
+    data_bytes = size - 8 - n
+    meta = obj.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise DascInputError(f"{path}: corrupt safetensors header: '__metadata__' must map strings to strings")
+    tensors: dict[str, TensorEntry] = {}
+    max_end = 0
+    for name, e in obj.items():
+        try:
+            dtype, shape, (begin, end) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
+            ok = (isinstance(dtype, str) and all(isinstance(d, int) and d >= 0 for d in shape)
+                  and isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise DascInputError(
+                f"{path}: corrupt safetensors header: entry for tensor '{name}' must have a dtype string, "
+                f"a shape of non-negative integers and data_offsets [begin, end]")
+        if dtype in DTYPE_BYTES and dtype != "F4" and end - begin != _prod(shape) * DTYPE_BYTES[dtype]:
+            raise DascInputError(
+                f"{path}: corrupt safetensors header: tensor '{name}' ({dtype} {list(shape)}) spans "
+                f"{end - begin} bytes, expected {_prod(shape) * DTYPE_BYTES[dtype]}")
+        tensors[name] = TensorEntry(dtype=dtype, shape=shape, begin=begin, end=end)
+        max_end = max(max_end, end)
+    if max_end > data_bytes:
+        last = max(tensors, key=lambda k: tensors[k].end)
+        raise DascInputError(
+            f"{path}: truncated safetensors file: tensor '{last}' ends at data byte {max_end} but the data "
+            f"section holds {data_bytes} bytes (file size {size})")
+    return SafetensorsHeader(path=path, header_bytes=n, data_start=8 + n, data_bytes=data_bytes,
+                             tensors=tensors, metadata=dict(meta))
+
+
+@lru_cache(maxsize=512)
+def _cached_header(path: str, size: int, mtime_ns: int) -> SafetensorsHeader:
+    del size, mtime_ns  # part of the cache key only: a rewritten file is parsed again
+    return _parse_header(Path(path))
+
+
+def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
+    """Parse and validate the header of one ``.safetensors`` file; reads 8 + N bytes, no tensor data.
+
+    Results are cached per (path, size, mtime), so the reader parses each shard once per process.
+
+    Raises:
+        DascInputError: missing file, truncated file, header longer than :data:`MAX_HEADER_BYTES`,
+            header that is not a JSON object of well-formed entries, tensor data past the end of file.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise DascInputError(f"{p}: file not found") from None
+    except OSError as exc:
+        raise DascInputError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    return _cached_header(str(p), st.st_size, st.st_mtime_ns)
+
+
+# ----------------------------------------------------------------------------- locating
+
+
+def _load_json(path: Path, what: str):
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise DascInputError(f"{path}: {what} not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DascInputError(f"{path}: {what} is not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise DascInputError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+
+
+def _load_config(config: str | Path | None, beside: Path, model: Path) -> tuple[dict, Path]:
+    cfg_path = Path(config) if config is not None else beside / "config.json"
+    if config is None and not cfg_path.exists():
+        raise DascInputError(f"{model}: no config.json beside it ({cfg_path}); pass --config PATH")
+    cfg = _load_json(cfg_path, "config")
+    if not isinstance(cfg, dict):
+        raise DascInputError(f"{cfg_path}: config must be a JSON object, got {type(cfg).__name__}")
+    return cfg, cfg_path
+
+
+def _files_from_headers(files: list[Path]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for f in files:
+        for name in read_safetensors_header(f).tensors:
+            if name in out:
+                raise DascInputError(f"{f}: tensor '{name}' is also in {out[name]}; expected each tensor in one file")
+            out[name] = f
+    return out
+
+
+def _files_from_index(index: Path) -> dict[str, Path]:
+    obj = _load_json(index, "index")
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wm, dict):
+        raise DascInputError(f"{index}: field 'weight_map' must map tensor names to shard file names")
+    shards: dict[str, Path] = {}
+    for shard in set(wm.values()):
+        if not isinstance(shard, str):
+            raise DascInputError(f"{index}: field 'weight_map' must map tensor names to shard file names, "
+                                 f"got {shard!r}")
+        p = index.parent / shard
+        if not p.is_file():
+            name = next(k for k, v in wm.items() if v == shard)
+            raise DascInputError(f"{index}: names shard '{shard}' (for tensor '{name}'), but {p} does not exist")
+        shards[shard] = p
+    return {name: shards[shard] for name, shard in wm.items()}
+
+
+_DECAY_SUFFIXES = (".A_log", ".dt_bias")
+
+
+def _safe_open(path: Path):
+    """``safetensors.safe_open`` (the Rust parser validates header, offsets and file length).
+
+    On failure the header is parsed here to name the exact problem; every error is a DascInputError.
+    """
+    _precheck(path)
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # SafetensorError, OSError
+        _parse_header(path)   # raises a precise DascInputError when it can name the problem
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DascInputError(f"{path}: not a valid safetensors file ({msg})") from None
+
+
+@lru_cache(maxsize=512)
+def _cached_metadata(path: str, size: int, mtime_ns: int) -> tuple[tuple[str, str], ...]:
+    del size, mtime_ns
+    with _safe_open(Path(path)) as fh:
+        return tuple(sorted((fh.metadata() or {}).items()))
+
+
+def _provenance(files: set[Path]) -> str:
+    notes = []
+    for f in sorted(files):
+        st = f.stat()
+        note = dict(_cached_metadata(str(f), st.st_size, st.st_mtime_ns)).get(PROVENANCE_KEY)
+        if note and note not in notes:
+            notes.append(note)
+    return "; ".join(notes) if notes else TRAINED_PROVENANCE
+
+
+def open_checkpoint(model: str | Path, config: str | Path | None = None) -> CheckpointSource:
+    """Locate a checkpoint's config and tensor files; read headers / the index, no tensor data.
+
+    Args:
+        model: a ``.safetensors`` file, a directory (config.json + ``model.safetensors.index.json``
+            + shards, or config.json + ``*.safetensors``), or a ``*.index.json``.
+        config: config.json to use instead of the one beside / inside ``model``.
+    Returns:
+        :class:`CheckpointSource`.
+    Raises:
+        DascInputError: missing path / config / shard, bad JSON, corrupt or truncated safetensors
+            header (of a file that is read), directory without safetensors files.
+    """
+    path = Path(model)
+    if not path.exists():
+        raise DascInputError(f"{path}: model path does not exist; expected a .safetensors file, a checkpoint "
+                             f"directory or a {DEFAULT_INDEX_NAME}")
+    index: Path | None = None
+    if path.is_dir():
+        root = path
+        cfg, cfg_path = _load_config(config, root, path)
+        if (root / DEFAULT_INDEX_NAME).is_file():
+            index = root / DEFAULT_INDEX_NAME
+            files = _files_from_index(index)
+        else:
+            shards = sorted(root.glob("*.safetensors"))
+            if not shards:
+                raise DascInputError(f"{root}: no {DEFAULT_INDEX_NAME} and no *.safetensors files in the directory")
+            files = _files_from_headers(shards)
+    elif path.name.endswith(INDEX_SUFFIX):
+        root = path.parent
+        index = path
+        cfg, cfg_path = _load_config(config, root, path)
+        files = _files_from_index(index)
+    elif path.suffix == ".safetensors":
+        root = path.parent
+        cfg, cfg_path = _load_config(config, root, path)
+        files = _files_from_headers([path])
+    else:
+        raise DascInputError(f"{path}: expected a .safetensors file, a checkpoint directory or a *{INDEX_SUFFIX} file")
+    decay_files = {p for n, p in files.items() if n.endswith(_DECAY_SUFFIXES)}
+    return CheckpointSource(config=cfg, config_path=cfg_path, root=root, tensor_files=files,
+                            provenance=_provenance(decay_files), index_path=index)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _missing(src: CheckpointSource, name: str, layer: int) -> DascInputError:
+    return DascInputError(
+        f"{src.index_path or src.root}: tensor '{name}' is missing, but the config makes layer {layer} recurrent "
+        f"(expected A_log and dt_bias for it)")
+
+
+def _check_entry(src: CheckpointSource, path: Path, fh, name: str, expected_shape: tuple[int, ...], layer: int):
+    """dtype and shape from the shard header (no data read); the index is checked against the header."""
+    try:
+        sl = fh.get_slice(name)
+    except Exception:
+        if src.index_path is None:
+            raise _missing(src, name, layer) from None
+        raise DascInputError(
+            f"{src.index_path}: names shard '{path.name}' for tensor '{name}', but that shard's header has no "
+            f"such tensor") from None
+    dtype, shape = sl.get_dtype(), tuple(sl.get_shape())
+    if dtype not in DECAY_DTYPES:
+        raise DascInputError(
+            f"{path}: tensor '{name}' has dtype {dtype}; expected a floating dtype ({', '.join(DECAY_DTYPES)})")
+    if shape != tuple(expected_shape):
+        raise DascInputError(
+            f"{path}: tensor '{name}' has shape {list(shape)}; expected {list(expected_shape)} from the config")
+
+
+def read_decay_tensors(src: CheckpointSource, spec: ArchSpec) -> list[tuple[str, torch.Tensor]]:
+    """Read A_log and dt_bias of every recurrent layer, in layer order; no other tensor is read.
+
+    Returns ``[(a_log_name, A_log), (dt_bias_name, dt_bias), ...]``, one pair per entry of
+    ``spec.recurrent_layer_ids``. Shapes: GDN ``A_log [H_v]``, ``dt_bias [H_v]``; KDA
+    ``A_log [1, 1, H, 1]``, ``dt_bias [H * d_k]`` (``spec.a_log_shape`` / ``spec.dt_bias_shape``).
+    Dtypes as stored (float32, bfloat16 or float16; Qwen3-Next: A_log FP32, dt_bias BF16).
+    Each shard holding one of them is opened once (``safe_open``: header parsed, file mapped);
+    dtype and shape are checked from the header before any data is read, then only these
+    tensors' bytes are read (:func:`decay_bytes`: a few KB to a few hundred KB per model).
+
+    Raises:
+        DascInputError: tensor missing from the checkpoint; index names a shard whose header lacks
+            the tensor; wrong shape or a non-floating dtype; NaN or Inf values; unreadable file.
+    """
+    wanted: list[tuple[str, tuple[int, ...], int]] = []
+    for layer, a, d in zip(spec.recurrent_layer_ids, spec.a_log_names, spec.dt_bias_names):
+        wanted += [(a, tuple(spec.a_log_shape), layer), (d, tuple(spec.dt_bias_shape), layer)]
+    for name, _shape, layer in wanted:
+        if name not in src.tensor_files:
+            raise _missing(src, name, layer)
+    out = []
+    with contextlib.ExitStack() as stack:
+        handles: dict[Path, object] = {}
+        for name, shape, layer in wanted:
+            path = src.tensor_files[name]
+            if path not in handles:
+                handles[path] = stack.enter_context(_safe_open(path))
+            fh = handles[path]
+            _check_entry(src, path, fh, name, shape, layer)
+            try:
+                t = fh.get_tensor(name)
+            except Exception as exc:  # SafetensorError, OSError: name the file and tensor
+                msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise DascInputError(f"{path}: cannot read tensor '{name}' ({msg})") from None
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                bad = (~finite).flatten().nonzero().flatten()
+                first = int(bad[0])
+                raise DascInputError(
+                    f"{path}: tensor '{name}' holds {bad.numel()} non-finite value(s) (NaN/Inf), first at flat "
+                    f"index {first} ({t.flatten()[first].item()}); expected finite values")
+            out.append((name, t))
+    return out
+
+
+def decay_bytes(tensors: list[tuple[str, torch.Tensor]]) -> int:
+    """Bytes of tensor data in ``tensors`` (what :func:`read_decay_tensors` read from disk)."""
+    return sum(t.numel() * t.element_size() for _, t in tensors)
+
+
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous()
+    if t.numel() == 0:
+        return b""
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def decay_fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> str:
+    """sha256 (hex) over the decay tensors, in order: name, dtype, shape and raw bytes of each.
+
+    Per tensor the hash takes ``name``, ``str(dtype)`` (e.g. ``torch.bfloat16``), the shape as a
+    JSON list, the byte count (8 bytes, little-endian) and the raw little-endian bytes (bfloat16
+    reinterpreted as bytes, never converted), each field followed by a NUL separator. The runtime
+    recomputes it from the weights SGLang loaded (schema ``Fingerprint.decay_sha256``).
+    """
+    h = hashlib.sha256()
+    for name, t in tensors:
+        raw = _raw_bytes(t)
+        h.update(name.encode("utf-8") + b"\0")
+        h.update(str(t.dtype).encode("ascii") + b"\0")
+        h.update(json.dumps(list(t.shape)).encode("ascii") + b"\0")
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw + b"\0")
+    return h.hexdigest()
+
+
+def config_fingerprint(config: dict) -> str:
+    """sha256 (hex) of ``json.dumps(config, sort_keys=True, separators=(",", ":"))``, UTF-8."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+__all__ = [
+    "CheckpointSource", "SafetensorsHeader", "TensorEntry", "open_checkpoint", "read_decay_tensors",
+    "read_safetensors_header", "decay_fingerprint", "config_fingerprint", "decay_bytes",
+    "MAX_HEADER_BYTES", "PROVENANCE_KEY", "TRAINED_PROVENANCE",
+]
+

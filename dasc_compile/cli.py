@@ -1,0 +1,121 @@
+"""The ``dasc`` command line (typer): ``compile``, ``inspect``, ``reference``.
+
+Every bad input ends in one line ``error: <what, where, expected>`` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from dasc_compile.errors import DascInputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Decay-Aware State Compression: compile and inspect state-checkpoint plans.")
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"error: {exc}", markup=False)
+    raise typer.Exit(code=2)
+
+
+@app.command("compile")
+def compile_cmd(
+    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json."),
+    wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept)."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
+    balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Plan directory to write (default: <model>.dasc)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file."),
+    a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
+    eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
+    family: Optional[str] = typer.Option(None, "--family", help="Force a decay family: gdn | kda | kda_safe_gate."),
+    load_policy: Optional[str] = typer.Option(None, "--load-policy", help="nr (zero-fill) or wr (suffix refresh)."),
+    int8: Optional[bool] = typer.Option(None, "--int8/--no-int8", help="Store kept units as INT8 (App. E)."),
+    seed: Optional[int] = typer.Option(None, "--random-seed", help="Count-matched random mask from this seed (Random baseline)."),
+    pool_budget: Optional[int] = typer.Option(None, "--pool-budget", help="Per-rank compressed-pool budget in bytes (for usable slots)."),
+    no_kernels: bool = typer.Option(False, "--no-kernels", help="Do not render the Triton kernel module."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the plan path."),
+) -> None:
+    """Compile a dasc plan from a checkpoint's decay tensors."""
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import resolve_policy
+
+    try:
+        pol = resolve_policy(policy, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
+                             load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
+        plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
+    except DascInputError as exc:
+        _fail(exc)
+    con = Console(highlight=False)
+    if quiet:
+        con.print(str(path / "plan.json"))
+        return
+    t = plan.totals
+    con.print(f"wrote {path / 'plan.json'}  ({plan.model.model_type}, {t.num_recurrent_layers} {plan.model.family} layers, "
+              f"kept {t.n_kept}/{t.n_units} units, C_temp {t.c_temp_ragged:.2f}x, C_ckpt {t.c_ckpt:.2f}x"
+              + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")")
+    if "not trained" in plan.model.provenance:
+        con.print(f"note: decay values are an {plan.model.provenance}")
+
+
+@app.command("inspect")
+def inspect_cmd(
+    plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys documented in README)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram."),
+) -> None:
+    """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""
+    from dasc_compile.artifact import load_plan
+    from dasc_compile import inspect as insp
+
+    try:
+        plan = load_plan(plan_path)
+        if plot is not None:
+            insp.plot_plan(plan, plot)
+    except DascInputError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(DascInputError(f"{plot}: cannot write the plot ({exc.strerror})"))
+    if as_json:
+        sys.stdout.write(json.dumps(insp.inspect_json(plan), indent=1) + "\n")
+        return
+    insp.render_report(plan, Console())
+    if plot is not None:
+        Console().print(f"wrote {plot}")
+
+
+@app.command("reference")
+def reference_cmd(
+    name: str = typer.Argument(..., help="qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b"),
+    out: Path = typer.Option(..., "--out", help="Directory to write."),
+    full_size: bool = typer.Option(False, "--full-size", help="Every real tensor, sparse on disk, sharded with an index."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation draw of the decay tensors."),
+) -> None:
+    """Write a reference checkpoint (exact names/shapes/dtypes; decay values = initialisation draw, not trained)."""
+    from dasc_compile import reference
+
+    try:
+        if full_size:
+            reference.write_full_size(name, out, seed=seed)
+        else:
+            reference.write_decay_only(name, out, seed=seed)
+    except DascInputError as exc:
+        _fail(exc)
+    Console().print(f"wrote {out}")
+
+
+def main() -> None:
+    """Entry point of the ``dasc`` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

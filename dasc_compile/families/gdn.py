@@ -1,0 +1,57 @@
+"""Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6): one unit per value head (paper §3.3, §4.1).
+
+Static log-decay g_s(h) = -exp(A_log[h]) * softplus(a_s + dt_bias[h]) (Eq. 2). Temporal state
+per layer ``[H_v, d_v, d_k]`` FP32, conv state ``[2*H_k*d_k + H_v*d_v, K-1]`` BF16
+(SGLang ``configs/qwen3_next.py`` -> ``Mamba2StateShape``).
+"""
+
+from __future__ import annotations
+
+from dasc_compile.arch import ArchSpec, _layer_kinds, require, text_config
+from dasc_compile.errors import DascInputError
+from dasc_compile.families.base import DecayFamily, register_family, register_model_type, softplus_gate
+
+GDN = register_family(DecayFamily(name="gdn", unit_kind="gdn_head", default_a_s=-0.3, static_log_decay=softplus_gate))
+
+
+@register_model_type("qwen3_next", "qwen3_5", "qwen3_5_moe")
+def parse_gdn(config: dict, source: str) -> ArchSpec:
+    """Qwen3-Next (flat config, ``model.layers.``) and Qwen3.5 (``text_config``, ``model.language_model.layers.``)."""
+    nested = isinstance(config.get("text_config"), dict)
+    cfg = text_config(config)
+    where = f"{source} (text_config)" if nested else source
+    num_layers = require(cfg, "num_hidden_layers", where)
+    hk = require(cfg, "linear_num_key_heads", where)
+    hv = require(cfg, "linear_num_value_heads", where)
+    dk = require(cfg, "linear_key_head_dim", where)
+    dv = require(cfg, "linear_value_head_dim", where)
+    kconv = require(cfg, "linear_conv_kernel_dim", where)
+    if hv % hk != 0:
+        raise DascInputError(f"{where}: linear_num_value_heads ({hv}) must be a multiple of linear_num_key_heads ({hk})")
+    rec, kind_src = _layer_kinds(cfg, num_layers, where, {"linear_attention"})
+    prefix = "model.language_model.layers." if nested else "model.layers."
+    a_names = tuple(f"{prefix}{i}.linear_attn.A_log" for i in rec)
+    d_names = tuple(f"{prefix}{i}.linear_attn.dt_bias" for i in rec)
+    return ArchSpec(
+        model_type=config["model_type"],
+        architectures=tuple(config.get("architectures") or ()),
+        num_hidden_layers=num_layers,
+        recurrent_layer_ids=tuple(rec),
+        full_attention_layer_ids=tuple(i for i in range(num_layers) if i not in set(rec)),
+        family="gdn",
+        num_value_heads=hv,
+        num_key_heads=hk,
+        head_k_dim=dk,
+        head_v_dim=dv,
+        units_per_head=1,
+        conv_kernel=kconv,
+        conv_dim=2 * hk * dk + hv * dv,
+        conv_shard_blocks=(hk * dk, hk * dk, hv * dv),
+        a_log_names=a_names,
+        dt_bias_names=d_names,
+        a_log_shape=(hv,),
+        dt_bias_shape=(hv,),
+        safe_gate_lower_bound=None,
+        layer_kind_source=kind_src,
+        recurrent_tensor_marker=".linear_attn.",
+    )

@@ -1,0 +1,67 @@
+"""Kimi Delta Attention (Kimi-Linear; Kimi-K3 with the safe gate): one unit per (head, key channel).
+
+A unit is the column ``S[h, :, k]`` of the ``[d_v, d_k]`` head state (paper §4.1). Static
+log-decay (Eq. 2): softplus gate ``-exp(A_log[h]) * softplus(a_s + dt_bias[h*d_k + k])``; safe
+gate ``l * sigmoid(exp(A_log[h]) * (a_s + dt_bias[h*d_k + k]))`` with l = -5 for Kimi-K3.
+Decay tensors: ``model.layers.{i}.self_attn.A_log [1, 1, H, 1]``, ``.dt_bias [H * d_k]``.
+State (SGLang ``KimiLinearStateShape``): temporal ``[H, d, d]`` FP32, conv ``[K-1, 3*H*d]`` BF16.
+"""
+
+from __future__ import annotations
+
+from dasc_compile.arch import ArchSpec, _layer_kinds, require
+from dasc_compile.errors import DascInputError
+from dasc_compile.families.base import DecayFamily, register_family, register_model_type, safe_gate, softplus_gate
+
+KDA = register_family(DecayFamily(name="kda", unit_kind="kda_column", default_a_s=-0.3, static_log_decay=softplus_gate))
+KDA_SAFE = register_family(
+    DecayFamily(name="kda_safe_gate", unit_kind="kda_column", default_a_s=0.8, static_log_decay=safe_gate))
+
+
+def _safe_gate_bound(cfg: dict, lac: dict) -> float | None:
+    for where in (lac, cfg):
+        for key in ("gate_lower_bound", "lower_bound"):
+            if where.get(key) is not None:
+                return float(where[key])
+        if where.get("safe_gate") is True:
+            return -5.0
+    return None
+
+
+@register_model_type("kimi_linear")
+def parse_kimi_linear(config: dict, source: str) -> ArchSpec:
+    """Kimi-Linear / Kimi-K3 config (``linear_attn_config`` with 1-indexed ``kda_layers``)."""
+    num_layers = require(config, "num_hidden_layers", source)
+    lac = config.get("linear_attn_config")
+    if not isinstance(lac, dict):
+        raise DascInputError(f"{source}: config field 'linear_attn_config' is missing or not a mapping")
+    where = f"{source} (linear_attn_config)"
+    h = require(lac, "num_heads", where)
+    d = require(lac, "head_dim", where)
+    kconv = require(lac, "short_conv_kernel_size", where)
+    rec, kind_src = _layer_kinds(config, num_layers, source, {"linear_attention", "kda"})
+    bound = _safe_gate_bound(config, lac)
+    prefix = "model.layers."
+    return ArchSpec(
+        model_type=config["model_type"],
+        architectures=tuple(config.get("architectures") or ()),
+        num_hidden_layers=num_layers,
+        recurrent_layer_ids=tuple(rec),
+        full_attention_layer_ids=tuple(i for i in range(num_layers) if i not in set(rec)),
+        family="kda_safe_gate" if bound is not None else "kda",
+        num_value_heads=h,
+        num_key_heads=h,
+        head_k_dim=d,
+        head_v_dim=d,
+        units_per_head=d,
+        conv_kernel=kconv,
+        conv_dim=3 * h * d,
+        conv_shard_blocks=(h * d, h * d, h * d),
+        a_log_names=tuple(f"{prefix}{i}.self_attn.A_log" for i in rec),
+        dt_bias_names=tuple(f"{prefix}{i}.self_attn.dt_bias" for i in rec),
+        a_log_shape=(1, 1, h, 1),
+        dt_bias_shape=(h * d,),
+        safe_gate_lower_bound=bound,
+        layer_kind_source=kind_src,
+        recurrent_tensor_marker=".self_attn.",
+    )

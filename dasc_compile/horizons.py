@@ -1,0 +1,98 @@
+"""Static log-decay and retention horizons (paper Eq. 2 and Eq. 3) and refresh windows (Eq. 7)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dasc_compile.families import load_all
+from dasc_compile.families.base import FAMILIES
+
+#: Histogram bin edges for horizons, tokens: [0, 1, 2, 4, ..., 2^20]; the last bin also holds inf.
+HORIZON_BIN_EDGES: list[float] = [0.0] + [float(2**i) for i in range(0, 21)]
+
+
+def static_log_decay(family: str, a_log: torch.Tensor, dt_bias: torch.Tensor, a_s: float,
+                     lower_bound: float = -5.0) -> torch.Tensor:
+    """g_s(u) of Eq. 2 for one layer.
+
+    Args:
+        family: ``gdn`` | ``kda`` | ``kda_safe_gate`` | ``mamba2``.
+        a_log: ``[H]`` (any float dtype; any shape with H elements, e.g. KDA ``[1, 1, H, 1]``).
+        dt_bias: ``[H * U]`` (U units per head).
+        a_s: representative gate input.
+        lower_bound: l of the safe gate (ignored by softplus families).
+    Returns:
+        float64 ``[H * U]``: natural-log decay per token of each unit (normally < 0).
+    Raises:
+        ValueError: ``dt_bias.numel()`` is not a multiple of ``a_log.numel()``.
+    """
+    a = a_log.detach().reshape(-1).to(torch.float64)
+    d = dt_bias.detach().reshape(-1).to(torch.float64)
+    if d.numel() % a.numel() != 0:
+        raise ValueError(f"dt_bias has {d.numel()} elements, must be a multiple of A_log's {a.numel()}")
+    load_all()
+    return FAMILIES[family].static_log_decay(a, d, float(a_s), float(lower_bound))
+
+
+def retention_horizon(g: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """H_s = ln(eps) / g_s (Eq. 3), tokens, float64, same shape as ``g``.
+
+    A unit whose static decay is not negative (g_s >= 0: it never forgets) gets H_s = +inf, so it
+    is always global (kept) whatever w_max is.
+    """
+    g = g.to(torch.float64)
+    h = torch.full_like(g, math.inf)
+    neg = g < 0
+    h[neg] = math.log(eps) / g[neg]
+    return h
+
+
+def next_pow2(x: float) -> int:
+    """2^ceil(log2 x) for x > 0; 0 (and negatives) map to 4, as in Eq. 7's definition."""
+    if not x > 0:
+        return 4
+    if math.isinf(x):
+        return 1 << 62
+    return 1 << max(0, math.ceil(math.log2(x)))
+
+
+def unit_refresh_window(h: float, w_max: int) -> int:
+    """W_u = clamp(next_pow2(H_s(u)), 4, W_max) (Eq. 7), tokens. Requires w_max >= 4 for the clamp
+    to be non-empty; for w_max < 4 the result is w_max (the upper bound wins)."""
+    return min(max(next_pow2(h), 4), w_max)
+
+
+def replay_window(local_horizons: torch.Tensor, w_max: int, n_p: int | None = None) -> int:
+    """W_replay = min(n_p, max_{u local} W_u) (Eq. 7); 0 when no unit is omitted.
+
+    Args:
+        local_horizons: float64 ``[n_local]`` horizons (tokens) of the omitted units.
+        w_max: cutoff, tokens.
+        n_p: cached prefix length in tokens (None: the cap before the prefix bound).
+    """
+    if local_horizons.numel() == 0:
+        return 0
+    # W_u is monotone in H_s, so the max is reached at the largest local horizon.
+    w = unit_refresh_window(float(local_horizons.max()), w_max)
+    return w if n_p is None else min(n_p, w)
+
+
+def horizon_quantiles(h: torch.Tensor) -> dict[str, float]:
+    """min / p10 / p50 / p90 / max of ``h`` (tokens; inf allowed), lower-interpolation quantiles."""
+    s, _ = torch.sort(h.to(torch.float64))
+    n = s.numel()
+
+    def q(p: float) -> float:
+        return float(s[min(n - 1, int(math.floor(p * (n - 1))))])
+
+    return {"min": float(s[0]), "p10": q(0.10), "p50": q(0.50), "p90": q(0.90), "max": float(s[-1])}
+
+
+def horizon_histogram(h: torch.Tensor, edges: list[float] = HORIZON_BIN_EDGES) -> list[int]:
+    """Counts of ``h`` in bins [edge_i, edge_{i+1}); the last bin is [edge_-1, inf]."""
+    e = torch.tensor(edges, dtype=torch.float64)
+    idx = torch.bucketize(h.to(torch.float64), e, right=True) - 1
+    idx = idx.clamp(0, len(edges) - 1)
+    return torch.bincount(idx, minlength=len(edges)).tolist()

@@ -1,0 +1,556 @@
+"""``dasc inspect``: explain a compiled plan to a person (rich tables), a machine (one JSON
+document) or a picture (PNG), reading only the plan artifact (DESIGN.md "Plan artifact").
+
+What is shown, and where it comes from in the paper:
+  * per-layer global-unit counts r_l out of n_l and ragged offsets o_{l-1} (§4.1, App. B Scheme 2);
+  * the ratios C_temp (ragged, padded), layout gain R_max / r_bar and C_ckpt (Eq. 6, §4.1);
+  * per-rank payloads for SGLang's contiguous head sharding, the compute-head permutation and
+    storage balancing, the bottleneck rank and usable slots (App. B.1, Fig. 9, App. C.1);
+  * the dasc-wr refresh window cap (Eq. 7);
+  * the retained-fraction heatmap r_{l,h} (layer x head, as in App. A.1 Figs. 5-8) and the
+    histogram of retention horizons H_s (Eq. 3).
+
+The keys of :func:`inspect_json` are documented in ``docs/inspect-json.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+from dasc_compile.errors import DascInputError
+from dasc_compile.schema import LayerPlan, Plan, RankPayload
+
+#: Version of the ``--json`` document layout; bump when a key is removed, renamed or changes meaning.
+INSPECT_FORMAT = 1
+
+_INIT_DRAW = re.compile(r"not trained|initiali[sz]ation draw", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------------------------------------
+# loading and derived data
+
+
+def load_plan_for_inspect(path: str | Path) -> Plan:
+    """Read and verify a plan for inspection: ``plan.json`` or the plan directory holding it.
+
+    Delegates to :func:`dasc_compile.artifact.load_plan` (schema_version and content hash checks).
+
+    Raises:
+        DascInputError: the file is missing, is not a plan, has another schema_version, or its
+            content hash does not match (one line naming the file).
+    """
+    from dasc_compile.artifact import load_plan
+
+    return load_plan(path)
+
+
+def is_initialisation_draw(plan: Plan) -> bool:
+    """True when the plan's provenance says its decay values were drawn, not trained (MODELS.md)."""
+    return bool(_INIT_DRAW.search(plan.model.provenance))
+
+
+def kept_per_head(layer: LayerPlan) -> list[int]:
+    """Global (kept) units per head of one layer: int list ``[H]``.
+
+    Flat unit id ``u = h * units_per_head + k`` (schema.py), so head ``h`` = ``u // units_per_head``.
+    GDN (units_per_head = 1): each entry is 0 or 1; KDA: 0..d_k kept key channels.
+
+    Raises:
+        DascInputError: ``n_units != num_heads * units_per_head`` or a kept unit id is outside
+            ``[0, n_units)`` (a malformed plan).
+    """
+    H, U = layer.num_heads, layer.units_per_head
+    if U <= 0 or layer.n_units != H * U:
+        raise DascInputError(f"plan layer {layer.layer_id}: n_units {layer.n_units} != num_heads {H} "
+                             f"* units_per_head {U}")
+    counts = [0] * H
+    for u in layer.kept_units:
+        if not 0 <= u < layer.n_units:
+            raise DascInputError(f"plan layer {layer.layer_id}: kept unit {u} outside [0, {layer.n_units})")
+        counts[u // U] += 1
+    return counts
+
+
+def retained_fraction_matrix(plan: Plan) -> tuple[list[int], np.ndarray]:
+    """Retained fraction r_{l,h} of every (recurrent layer, head) pair (paper App. A.1, Figs. 5-8).
+
+    KDA: the fraction of a head's d_k key channels that are global,
+    r_{l,h} = (1/d_k) * sum_k 1[H_s(l,h,k) > W_max]; GDN: 1.0 if the head is kept else 0.0.
+
+    Returns:
+        ``(layer_ids, matrix)``: ``layer_ids`` are the model layer indices (0-indexed) of the
+        recurrent layers in plan order, length L; ``matrix`` is float64 ``[L, H_max]`` in [0, 1],
+        NaN where a layer has fewer than ``H_max`` heads. Full-attention layers are not rows.
+    Raises:
+        DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
+    """
+    h_max = max((lp.num_heads for lp in plan.layers), default=0)
+    mat = np.full((len(plan.layers), h_max), np.nan, dtype=np.float64)
+    for i, lp in enumerate(plan.layers):
+        mat[i, :lp.num_heads] = np.asarray(kept_per_head(lp), dtype=np.float64) / lp.units_per_head
+    return [lp.layer_id for lp in plan.layers], mat
+
+
+def head_summary(plan: Plan) -> dict[str, Any]:
+    """Counts of layer-head pairs that are mixed (0 < r < 1), all omitted (r = 0), all retained
+    (r = 1), and the min / max over layers of the mean retained fraction (App. A.1 captions)."""
+    _, mat = retained_fraction_matrix(plan)
+    vals = mat[~np.isnan(mat)]
+    means = [float(np.nanmean(row)) for row in mat if not np.all(np.isnan(row))]
+    return {
+        "pairs": int(vals.size),
+        "mixed": int(((vals > 0) & (vals < 1)).sum()),
+        "all_omitted": int((vals == 0).sum()),
+        "all_retained": int((vals == 1).sum()),
+        "layer_mean_fraction_min": min(means) if means else None,
+        "layer_mean_fraction_max": max(means) if means else None,
+    }
+
+
+def _by_rank(payloads: list[RankPayload]) -> dict[int, RankPayload]:
+    return {p.rank: p for p in payloads}
+
+
+def permuted_layer_ids(plan: Plan) -> list[int] | None:
+    """Model layer ids whose compute-head order is not the identity; None without a permutation."""
+    if plan.tp.permutation is None:
+        return None
+    return [p.layer_id for p in plan.tp.permutation if p.head_order != sorted(p.head_order)]
+
+
+# ----------------------------------------------------------------------------------------------
+# --json
+
+
+def _json_safe(x: Any) -> Any:
+    """Replace non-finite floats by the strings plan.json uses ("Infinity", "-Infinity", "NaN")."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def inspect_json(plan: Plan) -> dict:
+    """The machine-readable inspection document (keys in docs/inspect-json.md).
+
+    Every value is plain JSON: ``json.dumps(doc, allow_nan=False)`` succeeds; infinite values
+    (e.g. horizons of units that never decay) are the string ``"Infinity"``, as in plan.json.
+    Token counts are tokens, ``bytes_*`` are bytes per state checkpoint (one slot).
+
+    Raises:
+        DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
+    """
+    layers = []
+    for lp in plan.layers:
+        per_head = kept_per_head(lp)
+        layers.append({
+            "layer_id": lp.layer_id,
+            "recurrent_index": lp.recurrent_index,
+            "family": lp.family,
+            "num_heads": lp.num_heads,
+            "units_per_head": lp.units_per_head,
+            "n_units": lp.n_units,
+            "n_kept": lp.n_kept,
+            "n_local": lp.n_units - lp.n_kept,
+            "kept_fraction": lp.n_kept / lp.n_units if lp.n_units else 0.0,
+            "offset": lp.offset,
+            "offset_end": lp.offset + lp.n_kept,
+            "kept_per_head": per_head,
+            "retained_fraction_per_head": [c / lp.units_per_head for c in per_head],
+            "refresh_window": lp.refresh_window,
+            "horizon_quantiles": lp.horizon_quantiles.model_dump(),
+            "horizon_histogram": list(lp.horizon_histogram),
+            "bytes_temporal_dense": lp.bytes_temporal_dense,
+            "bytes_temporal_kept": lp.bytes_temporal_kept,
+            "bytes_conv": lp.bytes_conv,
+        })
+    tp = plan.tp
+    stages = {"contiguous": _by_rank(tp.payload_contiguous), "compute": _by_rank(tp.payload_compute),
+              "storage": _by_rank(tp.payload_storage)}
+    ranks = []
+    for r in range(tp.tp_size):
+        entry: dict[str, Any] = {"rank": r}
+        for name, table in stages.items():
+            p = table.get(r)
+            entry[name] = None if p is None else p.model_dump(exclude={"rank"})
+        ranks.append(entry)
+    model = plan.model.model_dump(exclude={"provenance"})
+    doc = {
+        "inspect_format": INSPECT_FORMAT,
+        "schema_version": plan.schema_version,
+        "dasc_version": plan.dasc_version,
+        "content_hash": plan.content_hash,
+        "provenance": {"note": plan.model.provenance, "initialisation_draw": is_initialisation_draw(plan)},
+        "model": model,
+        "fingerprint": plan.fingerprint.model_dump(),
+        "policy": plan.policy.model_dump(mode="json"),
+        "selection": plan.selection,
+        "layers": layers,
+        "head_summary": head_summary(plan),
+        "totals": plan.totals.model_dump(),
+        "refresh": {"load_policy": plan.policy.load_policy, "w_replay_cap": plan.refresh.w_replay_cap,
+                    "any_local": plan.refresh.any_local},
+        "tp": {
+            "tp_size": tp.tp_size,
+            "balance": tp.balance,
+            "heads_per_rank": tp.heads_per_rank,
+            "bottleneck_rank": tp.bottleneck_rank,
+            "bottleneck_bytes_per_slot": tp.bottleneck_bytes_per_slot,
+            "bytes_dense_per_slot": tp.bytes_dense_per_slot,
+            "c_ckpt_tp": tp.c_ckpt_tp,
+            "usable_slots": tp.usable_slots,
+            "m_remote": tp.m_remote,
+            "slot_width": tp.storage.slot_width if tp.storage is not None else None,
+            "storage_targets": list(tp.storage.targets) if tp.storage is not None else None,
+            "bytes_per_unit": tp.bytes_per_unit,
+            "kept_per_rank_layer": [list(row) for row in tp.kept_per_rank_layer],
+            "permuted_layer_ids": permuted_layer_ids(plan),
+            "ranks": ranks,
+        },
+        "kernels": plan.kernels.model_dump() if plan.kernels is not None else None,
+        "horizon_bin_edges": list(plan.horizon_bin_edges),
+    }
+    return _json_safe(doc)
+
+
+# ----------------------------------------------------------------------------------------------
+# rich report
+
+
+def fmt_bytes(n: int | float) -> str:
+    """Bytes in binary units with 3 significant figures: ``640 B``, ``1.50 KiB``, ``2.00 GiB``."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}" if n >= 100 else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_ratio(x: float) -> str:
+    """A compression ratio: ``1.40x``, or ``inf`` when nothing is kept."""
+    return "inf" if math.isinf(x) else f"{x:.2f}x"
+
+
+def fmt_tokens(x: float) -> str:
+    """A horizon in tokens: ``inf``, ``3.47``, ``180.2``, ``12,345``, ``3.1e+07``."""
+    if math.isinf(x):
+        return "inf"
+    if x < 10:
+        return f"{x:.2f}"
+    if x < 1000:
+        return f"{x:.1f}"
+    return f"{x:,.0f}" if x < 1e7 else f"{x:.1e}"
+
+
+def _opt(x: Any) -> str:
+    return "-" if x is None else str(x)
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def render_report(plan: Plan, console: Console) -> None:
+    """Print the human report of ``plan`` to ``console`` (rich tables; nothing is returned).
+
+    Sections: header and provenance (a red panel when the decay values are an initialisation
+    draw, not trained), policy and fingerprint, per-layer table (r_l / n_l, ragged offsets
+    [o_{l-1}, o_l), H_s quantiles, W per layer, bytes), layer-head summary (App. A.1), totals and
+    ratios (Eq. 6), refresh window (Eq. 7), per-rank payloads (App. B.1, Fig. 9) and kernels.
+
+    Raises:
+        DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
+    """
+    m, pol, t, tp = plan.model, plan.policy, plan.totals, plan.tp
+    console.rule(f"[bold]dasc plan[/bold]  {escape(m.model_type)} ({escape(', '.join(m.architectures))})")
+    if is_initialisation_draw(plan):
+        console.print(Panel(
+            f"[bold]provenance: {escape(m.provenance)}[/bold]\n"
+            "The decay values this plan was compiled from are an initialisation draw, not trained "
+            "weights: the selection, ratios and loads below describe that draw, not the released model.",
+            title="[bold red]WARNING: decay values not trained[/bold red]", border_style="red"))
+    else:
+        console.print(f"[bold]provenance:[/bold] {escape(m.provenance)}", highlight=False)
+
+    sel = "horizon (H_s > W_max)" if plan.selection == "horizon" else \
+        f"random, count-matched (seed {pol.random_seed})"
+    console.print(_kv_table("Plan", [
+        ("model", f"{m.family} / {m.unit_kind}: {len(m.recurrent_layer_ids)} recurrent + "
+                  f"{len(m.full_attention_layer_ids)} full-attention of {m.num_hidden_layers} layers; "
+                  f"H_v {m.num_value_heads}, H_k {m.num_key_heads}, d_k {m.head_k_dim}, d_v {m.head_v_dim}"),
+        ("selection", f"{sel}, W_max = {pol.w_max} tokens, a_s = {pol.a_s}, eps = {pol.eps:g}"),
+        ("load policy", f"dasc-{pol.load_policy}"),
+        ("state dtypes", f"temporal {pol.temporal_dtype}{' stored as INT8' if pol.int8 else ''}, "
+                         f"conv {pol.conv_dtype}"),
+        ("TP", f"P = {pol.tp_size}, balance {pol.balance}"),
+        ("artifact", f"schema v{plan.schema_version}, dasc {plan.dasc_version}, content {plan.content_hash[:16] or '-'}"),
+        ("fingerprint", f"config {plan.fingerprint.config_sha256[:16]}, decay {plan.fingerprint.decay_sha256[:16]} "
+                        f"({len(plan.fingerprint.decay_tensors)} tensors)"),
+    ]), highlight=False)
+    console.print()
+
+    lt = Table(title="Per-layer global units and ragged offsets", title_justify="left")
+    for name, just in [("layer", "right"), ("rec", "right"), ("kept r_l", "right"), ("n_l", "right"),
+                       ("kept %", "right"), ("offsets [o, o+r)", "right"), ("H_s min", "right"),
+                       ("H_s p50", "right"), ("H_s max", "right"), ("W_l", "right"),
+                       ("temporal kept", "right"), ("temporal dense", "right")]:
+        lt.add_column(name, justify=just)
+    loads = plan.tp.kept_per_rank_layer if plan.tp.tp_size > 1 else None
+    if loads is not None:
+        lt.add_column("kept per rank", justify="left")
+    for i, lp in enumerate(plan.layers):
+        q = lp.horizon_quantiles
+        extra = [" ".join(str(row[i]) for row in loads)] if loads is not None else []
+        lt.add_row(str(lp.layer_id), str(lp.recurrent_index), str(lp.n_kept), str(lp.n_units),
+                   f"{100 * lp.n_kept / lp.n_units:.1f}" if lp.n_units else "-",
+                   f"[{lp.offset}, {lp.offset + lp.n_kept})", fmt_tokens(q.min), fmt_tokens(q.p50),
+                   fmt_tokens(q.max), str(lp.refresh_window), fmt_bytes(lp.bytes_temporal_kept),
+                   fmt_bytes(lp.bytes_temporal_dense), *extra)
+    console.print(lt, highlight=False)
+    hs = head_summary(plan)
+    unit = "key channels" if plan.layers and plan.layers[0].units_per_head > 1 else "heads"
+    if hs["pairs"]:
+        console.print(f"layer-head pairs: {hs['pairs']}; mixed (0 < r < 1) {hs['mixed']}, all omitted "
+                      f"{hs['all_omitted']}, all retained {hs['all_retained']} (unit: {unit}); layer mean "
+                      f"retained fraction {hs['layer_mean_fraction_min']:.3f} .. {hs['layer_mean_fraction_max']:.3f}",
+                      highlight=False)
+
+    console.print()
+    console.print(_kv_table("Totals and ratios (TP = 1, per state checkpoint)", [
+        ("units", f"kept {t.n_kept} of {t.n_units} over L = {t.num_recurrent_layers} layers "
+                  f"(R_max {t.r_max}, r_bar {t.r_mean:.2f}); unit {fmt_bytes(t.unit_bytes)}"),
+        ("C_temp ragged", f"{fmt_ratio(t.c_temp_ragged)}   (sum n / sum r)"),
+        ("C_temp padded", f"{fmt_ratio(t.c_temp_padded)}   (sum n / (L R_max)); layout gain "
+                          f"{fmt_ratio(t.layout_gain)} (R_max / r_bar)"),
+        ("temporal", f"{fmt_bytes(t.bytes_temporal_kept)} kept of {fmt_bytes(t.bytes_temporal_dense)} dense"),
+        ("conv", fmt_bytes(t.bytes_conv)),
+        ("checkpoint", f"{fmt_bytes(t.bytes_compressed_checkpoint)} compressed vs "
+                       f"{fmt_bytes(t.bytes_dense_checkpoint)} dense ({t.bytes_compressed_checkpoint:,} / "
+                       f"{t.bytes_dense_checkpoint:,} B)"),
+        ("C_ckpt", f"{fmt_ratio(t.c_ckpt)}   (Eq. 6)"),
+        ("usable slots", f"{_opt(t.usable_slots)} compressed vs {_opt(t.usable_slots_dense)} dense"
+                         + (f" for a pool of {fmt_bytes(pol.pool_budget_bytes)}" if pol.pool_budget_bytes else
+                            " (no --pool-budget given)")),
+    ]), highlight=False)
+
+    if plan.refresh.any_local:
+        use = "used by dasc-wr" if pol.load_policy == "wr" else "not used: dasc-nr zero-fills local units"
+        refresh = (f"refresh window: W_replay = min(n_p, {plan.refresh.w_replay_cap}) tokens (Eq. 7; {use})")
+    else:
+        refresh = "refresh window: 0 (no unit is omitted; refresh is skipped)"
+    console.print(refresh, highlight=False)
+
+    console.print()
+    _render_tp(plan, console)
+    if plan.kernels is not None:
+        k = plan.kernels
+        console.print()
+        console.print(_kv_table("Kernels", [("file", escape(k.file)), ("key", escape(k.key)),
+                                            ("ops", escape(", ".join(k.ops)))]),
+                      highlight=False)
+
+
+def _render_tp(plan: Plan, console: Console) -> None:
+    tp = plan.tp
+    if tp.tp_size == 1:
+        console.print(f"TP = 1: the single rank stores {fmt_bytes(tp.bottleneck_bytes_per_slot)} per slot "
+                      f"(no placement maps)", highlight=False)
+        return
+    rt = Table(title=f"Per-rank state-checkpoint payloads (TP = {tp.tp_size}, balance {tp.balance})",
+               title_justify="left")
+    rt.add_column("rank", justify="right")
+    for stage in ("contiguous", "compute", "storage"):
+        rt.add_column(f"{stage} units", justify="right")
+        rt.add_column(f"{stage} bytes/slot", justify="right")
+    stages = [_by_rank(tp.payload_contiguous), _by_rank(tp.payload_compute), _by_rank(tp.payload_storage)]
+    for r in range(tp.tp_size):
+        cells = [str(r) + (" *" if r == tp.bottleneck_rank else "")]
+        for table in stages:
+            p = table.get(r)
+            if p is None:
+                cells += ["-", "-"]
+            else:
+                units = str(p.n_kept) if p.n_alloc == p.n_kept else f"{p.n_kept} (alloc {p.n_alloc})"
+                cells += [units, fmt_bytes(p.bytes_per_slot)]
+        rt.add_row(*cells)
+    console.print(rt, highlight=False)
+    lines = [f"bottleneck rank {tp.bottleneck_rank} (*): {fmt_bytes(tp.bottleneck_bytes_per_slot)} per slot vs "
+             f"{fmt_bytes(tp.bytes_dense_per_slot)} dense per rank; C_ckpt under TP {fmt_ratio(tp.c_ckpt_tp)}; "
+             f"usable slots {_opt(tp.usable_slots)}"]
+    if tp.storage is not None:
+        lines.append(f"storage balancing: M_remote = {tp.storage.m_remote} (units stored off their compute rank); "
+                     f"slot width {tp.storage.slot_width} units; targets {tp.storage.targets}")
+    perm = permuted_layer_ids(plan)
+    if perm is not None:
+        lines.append(f"compute-head permutation: {len(perm)} of {len(tp.permutation)} layers reordered")
+    for line in lines:
+        console.print(line, highlight=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# --plot
+
+
+def _log_bin_bounds(edges: list[float]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Left / right bar bounds of each horizon bin on a log axis, and tick labels.
+
+    Bin i is [edge_i, edge_{i+1}), the last is [edge_-1, inf]. A zero left edge is drawn from half
+    the next edge; the open last bin is drawn one octave wide.
+    """
+    e = [float(x) for x in edges]
+    right = e[1:] + [e[-1] * 2 if e[-1] > 0 else 1.0]
+    left = [x if x > 0 else (r / 2 if r > 0 else 0.5) for x, r in zip(e, right)]
+    return np.asarray(left), np.asarray(right), [_edge_label(x) for x in e]
+
+
+def _edge_label(x: float) -> str:
+    """``2^k`` for powers of two from 2^4 up, else the plain number."""
+    if x >= 16 and math.log2(x).is_integer():
+        return f"2^{int(math.log2(x))}"
+    return f"{x:g}"
+
+
+def plot_plan(plan: Plan, png_path: str | Path) -> None:
+    """Draw the plan as a PNG at ``png_path`` (written to a temporary name, then ``os.replace``).
+
+    Panels: (1) heatmap of the retained fraction r_{l,h} (rows: recurrent layers labelled by model
+    layer index; columns: heads; KDA: fraction of d_k key channels kept, GDN: kept / omitted
+    head), as in App. A.1 Figs. 5-8; (2) histogram of the retention horizons H_s (Eq. 3) of all
+    units, pooled over layers, on a log-x axis over ``plan.horizon_bin_edges`` with W_max
+    marked; (3) when ``tp_size > 1``, bytes per slot on each rank for the contiguous / compute /
+    storage stages with the bottleneck rank marked (App. B.1, Fig. 9). The figure title carries
+    the provenance when the decay values are an initialisation draw, not trained.
+
+    Raises:
+        DascInputError: the PNG cannot be written (missing directory, permissions), or a layer's
+            unit ids are inconsistent.
+    """
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+    import matplotlib
+
+    out = Path(png_path)
+    layer_ids, mat = retained_fraction_matrix(plan)
+    L, H = mat.shape
+    tp, pol = plan.tp, plan.policy
+    kda = bool(plan.layers) and plan.layers[0].units_per_head > 1
+    heat_h = min(14.0, max(3.0, 0.22 * L + 1.4))
+    fig = Figure(figsize=(12, heat_h + 4.6), layout="constrained")
+    gs = fig.add_gridspec(2, 2 if tp.tp_size > 1 else 1, height_ratios=[heat_h, 4.0])
+
+    # (1) retained-fraction heatmap
+    ax = fig.add_subplot(gs[0, :])
+    viridis = matplotlib.colormaps["viridis"]
+    if kda:
+        cmap, norm = viridis, None
+    else:
+        cmap = ListedColormap([viridis(0.0), viridis(1.0)])
+        norm = BoundaryNorm([-0.5, 0.5, 1.5], 2)
+    im = ax.imshow(mat if L else np.zeros((1, 1)), aspect="auto", interpolation="nearest", cmap=cmap,
+                   norm=norm, vmin=None if norm else 0.0, vmax=None if norm else 1.0)
+    step_y = max(1, math.ceil(L / 40))
+    ax.set_yticks(range(0, L, step_y), [str(layer_ids[i]) for i in range(0, L, step_y)],
+                  fontsize=8 if L > 24 else 9)
+    step_x = max(1, math.ceil(H / 32))
+    ax.set_xticks(range(0, H, step_x), [str(h) for h in range(0, H, step_x)], fontsize=8 if H > 16 else 9)
+    ax.set_xlabel("head h" + (" (value head)" if not kda else ""))
+    ax.set_ylabel("model layer index (recurrent layers only)")
+    how = (f"fraction of the d_k = {plan.model.head_k_dim} key channels kept per head" if kda
+           else "GDN head kept (global) or omitted (local)")
+    sel = "H_s > W_max" if plan.selection == "horizon" else f"random count-matched, seed {pol.random_seed}"
+    ax.set_title(f"Retained fraction r(l, h) at W_max = {pol.w_max} tokens ({sel}): {how}", fontsize=10)
+    cb = fig.colorbar(im, ax=ax, fraction=0.04, pad=0.01)
+    if kda:
+        cb.set_label("retained fraction r(l, h)")
+    else:
+        cb.set_ticks([0, 1], labels=["omitted", "kept"])
+
+    # (2) horizon histogram, pooled over layers
+    axh = fig.add_subplot(gs[1, 0])
+    counts = np.zeros(len(plan.horizon_bin_edges), dtype=np.int64)
+    for lp in plan.layers:
+        counts[:len(lp.horizon_histogram)] += np.asarray(lp.horizon_histogram[:len(counts)], dtype=np.int64)
+    left, right, labels = _log_bin_bounds(plan.horizon_bin_edges)
+    axh.bar(left, counts, width=right - left, align="edge", color=viridis(0.35), edgecolor="white", linewidth=0.5)
+    axh.set_xscale("log", base=2)
+    axh.set_xlim(left[0], right[-1])
+    if pol.w_max is not None and pol.w_max > 0:
+        axh.axvline(pol.w_max, color="crimson", linestyle="--", linewidth=1.2, label=f"W_max = {pol.w_max}")
+        axh.legend(loc="upper right", fontsize=8)
+    t = plan.totals
+    kept_pct = f" ({100 * t.n_kept / t.n_units:.1f}%)" if t.n_units else ""
+    axh.set_title(f"Retention horizons H_s of all {t.n_units} units ({t.num_recurrent_layers} layers); "
+                  f"kept {t.n_kept}{kept_pct}", fontsize=10)
+    axh.set_xlabel(f"H_s, tokens (log scale; first bin [0, {right[0]:g}), last bin >= {labels[-1]}, incl. inf)")
+    axh.set_ylabel("units")
+    axh.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+    # (3) per-rank bytes per slot
+    if tp.tp_size > 1:
+        axr = fig.add_subplot(gs[1, 1])
+        ranks = np.arange(tp.tp_size)
+        peak = max([p.bytes_per_slot for p in tp.payload_contiguous + tp.payload_compute + tp.payload_storage]
+                   + [1])
+        div, unit = next((1024.0 ** k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB"), (0, "B"))
+                         if peak >= 1024.0 ** k)
+        width = 0.27
+        all_vals = []
+        for j, (name, pl) in enumerate([("contiguous", tp.payload_contiguous), ("compute", tp.payload_compute),
+                                        ("storage", tp.payload_storage)]):
+            by = _by_rank(pl)
+            vals = [by[r].bytes_per_slot / div if r in by else 0.0 for r in ranks]
+            all_vals += vals
+            axr.bar(ranks + (j - 1) * width, vals, width=width, label=name, color=viridis(0.15 + 0.35 * j))
+        dense = tp.bytes_dense_per_slot / div
+        axr.axhline(dense, color="gray", linestyle=":", linewidth=1.2, label="dense per rank")
+        lo, hi = min(all_vals + [dense]), max(all_vals + [dense])
+        # Imbalance between ranks is often a few percent: zoom in rather than start at 0, and say so.
+        zoom = lo > 0.5 * hi
+        bottom = max(0.0, lo - 0.25 * (hi - lo) - 1e-9 * hi) if zoom else 0.0
+        axr.set_ylim(bottom, hi + 0.3 * (hi - bottom))
+        axr.set_xticks(ranks, [f"{r}*" if r == tp.bottleneck_rank else str(r) for r in ranks])
+        axr.set_xlabel("TP rank (* bottleneck)")
+        axr.set_ylabel(f"bytes per slot ({unit})" + ("; axis does not start at 0" if zoom else ""))
+        axr.set_title(f"Per-rank payload, TP = {tp.tp_size}, balance {tp.balance}: C_ckpt {fmt_ratio(tp.c_ckpt_tp)}",
+                      fontsize=10)
+        axr.legend(fontsize=8, loc="upper center", ncol=4)
+
+    def plain(x: str) -> str:  # keep matplotlib from reading '$...$' in plan strings as mathtext
+        return x.replace("$", r"\$")
+
+    title = f"dasc plan: {plain(plan.model.model_type)} ({plan.model.family}, {len(layer_ids)} recurrent layers)"
+    fig.suptitle(title, fontsize=12, fontweight="bold")
+    if is_initialisation_draw(plan):
+        fig.text(0.5, 0.005, f"provenance: {plain(plan.model.provenance)} - these figures describe no trained model",
+                 ha="center", va="bottom", color="crimson", fontsize=10, fontweight="bold")
+        fig.get_layout_engine().set(rect=(0, 0.03, 1, 0.97))
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot write the plot ({exc.strerror or exc})") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()

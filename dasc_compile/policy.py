@@ -1,0 +1,111 @@
+"""Compile policy: every setting of ``dasc compile``, from a YAML file and/or CLI flags.
+
+A policy file is a YAML mapping whose keys are the fields of :class:`Policy`; unknown keys are
+errors. CLI flags override the file's values (:func:`resolve_policy`). Documented defaults per
+model family live in ``plans/policies/*.yaml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dasc_compile.errors import DascInputError
+
+FamilyName = Literal["gdn", "kda", "kda_safe_gate", "mamba2"]
+StateDType = Literal["float32", "bfloat16", "float16"]
+
+
+class Policy(BaseModel):
+    """Resolved compile settings (paper §3.3, §4.1, §4.2, App. B.1, C.1, E.1).
+
+    Fields:
+        w_max: retention-horizon cutoff W_max in tokens; a unit is global (kept) iff
+            H_s(u) > w_max (§4.1). ``0`` keeps every unit with positive horizon.
+        a_s: representative gate input a_s of Eq. 2; ``None`` takes the family default
+            (-0.3 for softplus gates, 0.8 for the KDA safe gate).
+        eps: residual-weight threshold epsilon of Eq. 3 (default 1e-3).
+        family: force a decay family instead of detecting it from the config
+            (e.g. ``kda_safe_gate`` for a Kimi-K3-style checkpoint whose config lacks the flag).
+        safe_gate_lower_bound: l of the safe gate (Eq. 2, Kimi-K3: -5).
+        load_policy: ``nr`` (zero-fill local units) or ``wr`` (refresh from a bounded suffix, Eq. 7).
+        tp_size: tensor-parallel degree P the plan is compiled for.
+        balance: TP placement mode (App. B.1): ``off`` | ``storage`` | ``hybrid``.
+        temporal_dtype / conv_dtype: dtypes of the temporal and conv state (SGLang default
+            float32 / bfloat16), used for byte accounting and kernels.
+        int8: store kept temporal units as symmetric INT8 with one scale per (layer, head, k)
+            (App. E.1).
+        random_seed: when set, replace the horizon selection by a count-matched random mask
+            drawn from this seed (the paper's Random baseline, §5.2).
+        pool_budget_bytes: per-rank byte budget of the compressed pool, for the usable-slot
+            figure floor(B / max_r bytes_per_slot_r) - 1 (App. C.1).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    w_max: Optional[int] = Field(default=None, ge=0)
+    a_s: Optional[float] = None
+    eps: float = Field(default=1e-3, gt=0.0, lt=1.0)
+    family: Optional[FamilyName] = None
+    safe_gate_lower_bound: float = Field(default=-5.0, lt=0.0)
+    load_policy: Literal["nr", "wr"] = "nr"
+    tp_size: int = Field(default=1, ge=1)
+    balance: Literal["off", "storage", "hybrid"] = "off"
+    temporal_dtype: StateDType = "float32"
+    conv_dtype: StateDType = "bfloat16"
+    int8: bool = False
+    random_seed: Optional[int] = Field(default=None, ge=0)
+    pool_budget_bytes: Optional[int] = Field(default=None, gt=0)
+
+
+def _format_validation_error(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "extra_forbidden":
+        known = ", ".join(Policy.model_fields)
+        return f"{source}: unknown policy key '{loc}' (known keys: {known})"
+    return f"{source}: policy field '{loc}': {first['msg']} (got {first.get('input')!r})"
+
+
+def load_policy_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML policy file into a dict of raw (unvalidated) fields.
+
+    Raises:
+        DascInputError: the file is missing, is not valid YAML, or is not a mapping.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DascInputError(f"{p}: policy file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise DascInputError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DascInputError(f"{p}: a policy must be a YAML mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def resolve_policy(path: str | Path | None = None, **overrides: Any) -> Policy:
+    """Build a :class:`Policy` from an optional YAML file, then CLI overrides (``None`` = unset).
+
+    Raises:
+        DascInputError: unknown key, wrong type or out-of-range value, naming the file (or
+            ``--flag``) and the field.
+    """
+    fields: dict[str, Any] = load_policy_file(path) if path is not None else {}
+    source = str(path) if path is not None else "policy"
+    try:
+        Policy(**fields)
+    except ValidationError as exc:
+        raise DascInputError(_format_validation_error(source, exc)) from None
+    given = {k: v for k, v in overrides.items() if v is not None}
+    fields.update(given)
+    try:
+        return Policy(**fields)
+    except ValidationError as exc:
+        raise DascInputError(_format_validation_error("command-line flags", exc)) from None

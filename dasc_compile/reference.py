@@ -1,0 +1,543 @@
+"""Reference checkpoints: the real formats of three hybrid models, decay values drawn from their initialisation.
+
+Trained weights cannot be downloaded here, but each model's config, tensor names, shapes and
+dtypes are public. This module writes checkpoints in exactly those formats, with the decay
+tensors (A_log, dt_bias) *drawn from the family's published initialisation with a fixed seed*,
+so every figure computed from them is an initialisation draw, not a trained model. The draw is
+recorded in the safetensors metadata key ``dasc_provenance`` and shown by ``dasc inspect``.
+A user with the real weights points ``dasc compile`` at them instead; nothing else changes.
+
+Two forms:
+
+* :func:`write_decay_only`: config.json + one ``model.safetensors`` holding only the decay tensors
+  (a few KB to a few hundred KB). The bundled copies live in ``plans/reference/<name>/``.
+* :func:`write_full_size`: every parameter of the real checkpoint (names, shapes, dtypes, sharded
+  with a ``model.safetensors.index.json``), where every tensor except the decay tensors is a hole:
+  the header is written and the file is extended with ``truncate``, so a 160 GB checkpoint takes
+  a few hundred KB of disk on file systems with sparse files (ext4, xfs, tmpfs, btrfs).
+
+Where the formats come from (see :func:`parameter_table`):
+
+* Configs: the published ``config.json`` files. Qwen3-Next-80B-A3B-Instruct and
+  Kimi-Linear-48B-A3B-Instruct as published on Hugging Face (Kimi's ``quantization_config`` of the
+  mirror it was read from dropped); Qwen3.5-27B from the published Qwen3.x-27B config of the same
+  architecture (``qwen3_5``; every field the compiler reads matches /work/shared/MODELS.md).
+* Parameter lists: Qwen3-Next and Qwen3.5 follow transformers' model classes (5.12.1), in the
+  on-disk layout (per-expert tensors, which transformers fuses on load) plus the ``mtp.*`` tensors
+  that transformers skips (SGLang ``models/qwen3_next_mtp.py``, ``qwen3_5_mtp.py``); a test
+  checks the list against transformers' classes built on the meta device. transformers 5.12.1
+  has no ``kimi_linear``: its list follows SGLang 0.5.17 ``models/kimi_linear.py``
+  (``load_weights`` names, ``KimiDeltaAttention``, ``DeepseekV2AttentionMLA`` with
+  ``q_lora_rank = None``, ``KimiMoE``).
+* Dtypes: BF16 everywhere except A_log (FP32, all three), Kimi dt_bias (FP32) and Kimi's
+  ``gate.e_score_correction_bias`` (FP32, DeepSeek-V3 convention; an assumption). Qwen3-Next and
+  Qwen3.5 dt_bias are BF16 (MODELS.md; SGLang keeps them in the model dtype).
+
+Initialisation schemes (MODELS.md "How these models are initialised"):
+
+* GDN (transformers Qwen3-Next / Qwen3.5): ``A_log = log(U(0.01, 16))`` per value head,
+  ``dt_bias = 1``. transformers 5.12.1 draws ``U(0, 16)``; the 0.01 floor keeps A_log finite.
+* KDA (fla): ``A_log = log(U(1, 16))`` per head; ``dt = exp(U(ln 1e-3, ln 1e-1))`` clamped
+  ``>= 1e-4`` per (head, key channel); ``dt_bias = dt + log(-expm1(-dt))`` (inverse softplus).
+* KDA safe gate (fla): ``A_log = 0``, dt_bias as KDA.
+
+Draws use ``torch.Generator().manual_seed(seed)`` in float64, recurrent layer by layer (A_log
+then dt_bias), then cast to the stored dtype, so a seed gives the same bytes on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+from dasc_compile.arch import ArchSpec, arch_from_config, text_config
+from dasc_compile.checkpoint import DEFAULT_INDEX_NAME, PROVENANCE_KEY
+from dasc_compile.errors import DascInputError
+
+# ----------------------------------------------------------------------------- published configs
+
+_QWEN3_NEXT_80B_A3B = {
+    "architectures": ["Qwen3NextForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "full_attention_interval": 4, "head_dim": 256,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+    "mlp_only_layers": [], "model_type": "qwen3_next", "moe_intermediate_size": 512, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 10000000, "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.57.0.dev0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
+_KIMI_LINEAR_48B_A3B = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig", "AutoModel": "modeling_kimi.KimiLinearModel",
+                 "AutoModelForCausalLM": "modeling_kimi.KimiLinearForCausalLM"},
+    "bos_token_id": 163584, "dtype": "bfloat16", "eos_token_id": 163586, "first_k_dense_replace": 1, "head_dim": 72,
+    "hidden_act": "silu", "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+    "kv_lora_rank": 512,
+    "linear_attn_config": {
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "head_dim": 128,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "num_heads": 32, "short_conv_kernel_size": 4},
+    "mla_use_nope": True, "model_max_length": 1048576, "model_type": "kimi_linear", "moe_intermediate_size": 1024,
+    "moe_layer_freq": 1, "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_attention_heads": 32,
+    "num_expert_group": 1, "num_experts": 256, "num_experts_per_token": 8, "num_hidden_layers": 27,
+    "num_key_value_heads": 32, "num_nextn_predict_layers": 0, "num_shared_experts": 1, "pad_token_id": 163839,
+    "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 10000.0, "routed_scaling_factor": 2.446, "tie_word_embeddings": False,
+    "topk_group": 1, "use_cache": True, "use_grouped_topk": True, "v_head_dim": 128, "vocab_size": 163840,
+}
+
+_QWEN3_5_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "image_token_id": 248056, "language_model_only": False,
+    "model_type": "qwen3_5",
+    "text_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "bos_token_id": 248044,
+        "dtype": "bfloat16", "eos_token_id": 248044, "full_attention_interval": 4, "head_dim": 256,
+        "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 17408,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 16,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48, "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 262144, "model_type": "qwen3_5_text", "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False, "num_attention_heads": 24, "num_hidden_layers": 64,
+        "num_key_value_heads": 4, "output_gate_type": "swish", "pad_token_id": None, "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000, "rope_type": "default"},
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": 248320},
+    "tie_word_embeddings": False, "transformers_version": "4.57.1", "video_token_id": 248057,
+    "vision_config": {
+        "deepstack_visual_indexes": [], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+        "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_5",
+        "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 5120, "patch_size": 16,
+        "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "vision_end_token_id": 248054, "vision_start_token_id": 248053,
+}
+
+#: Reference model name -> published config.json.
+REFERENCE_CONFIGS: dict[str, dict] = {
+    "qwen3-next-80b-a3b": _QWEN3_NEXT_80B_A3B,
+    "kimi-linear-48b-a3b": _KIMI_LINEAR_48B_A3B,
+    "qwen3.5-27b": _QWEN3_5_27B,
+}
+MODEL_NAMES = tuple(REFERENCE_CONFIGS)
+
+GDN_SCHEME = "gdn (transformers Qwen3-Next/Qwen3.5): A_log = log(U(0.01, 16)) per value head, dt_bias = 1"
+KDA_SCHEME = ("kda (fla): A_log = log(U(1, 16)) per head; dt = exp(U(ln 1e-3, ln 1e-1)) clamped >= 1e-4 per "
+              "(head, key channel), dt_bias = dt + log(-expm1(-dt))")
+KDA_SAFE_SCHEME = ("kda safe gate (fla): A_log = 0; dt = exp(U(ln 1e-3, ln 1e-1)) clamped >= 1e-4 per "
+                   "(head, key channel), dt_bias = dt + log(-expm1(-dt))")
+
+_ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
+
+Param = tuple[str, tuple[int, ...], str]   # (tensor name, shape, safetensors dtype code)
+
+
+def resolve_config(model: str | dict) -> tuple[str, dict]:
+    """``(name, config)`` for a reference model name or a config dict (small test configs).
+
+    Raises:
+        DascInputError: unknown model name.
+    """
+    if isinstance(model, dict):
+        return str(model.get("model_type", "custom")), json.loads(json.dumps(model))
+    if model not in REFERENCE_CONFIGS:
+        raise DascInputError(f"reference model {model!r} is unknown; expected one of {list(MODEL_NAMES)}")
+    return model, json.loads(json.dumps(REFERENCE_CONFIGS[model]))
+
+
+def provenance_note(scheme: str, seed: int) -> str:
+    """The ``dasc_provenance`` metadata value: ``"initialisation draw, not trained: <scheme>, seed <s>"``."""
+    return f"initialisation draw, not trained: {scheme}, seed {seed}"
+
+
+# ----------------------------------------------------------------------------- decay draws
+
+
+def _log_uniform_dt(gen: torch.Generator, n: int) -> torch.Tensor:
+    lo, hi = math.log(1e-3), math.log(1e-1)
+    dt = torch.exp(torch.rand(n, generator=gen, dtype=torch.float64) * (hi - lo) + lo).clamp_min(1e-4)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+def draw_decay(config: dict, seed: int = 0, spec: ArchSpec | None = None) -> tuple[list[tuple[str, torch.Tensor]], str]:
+    """Draw A_log and dt_bias of every recurrent layer from the family's initialisation.
+
+    Returns ``([(a_log_name, A_log), (dt_bias_name, dt_bias), ...], scheme)`` in recurrent-layer
+    order (the order :func:`dasc_compile.checkpoint.read_decay_tensors` returns). GDN:
+    ``A_log [H_v]`` float32, ``dt_bias [H_v]`` bfloat16. KDA: ``A_log [1, 1, H, 1]`` float32,
+    ``dt_bias [H * d_k]`` float32.
+
+    Raises:
+        DascInputError: the config is not a supported hybrid model (see :func:`arch_from_config`).
+    """
+    spec = spec or arch_from_config(config, "reference config")
+    gen = torch.Generator().manual_seed(int(seed))
+    out: list[tuple[str, torch.Tensor]] = []
+    h = spec.num_value_heads
+    for a_name, d_name in zip(spec.a_log_names, spec.dt_bias_names):
+        if spec.family == "gdn":
+            a = torch.log(0.01 + (16.0 - 0.01) * torch.rand(h, generator=gen, dtype=torch.float64))
+            d = torch.ones(h, dtype=torch.float64)
+            a_dtype, d_dtype, scheme = torch.float32, torch.bfloat16, GDN_SCHEME
+        elif spec.family in ("kda", "kda_safe_gate"):
+            if spec.family == "kda":
+                a = torch.log(1.0 + 15.0 * torch.rand(h, generator=gen, dtype=torch.float64))
+                scheme = KDA_SCHEME
+            else:
+                a = torch.zeros(h, dtype=torch.float64)
+                scheme = KDA_SAFE_SCHEME
+            d = _log_uniform_dt(gen, h * spec.head_k_dim)
+            a_dtype, d_dtype = torch.float32, torch.float32
+        else:  # pragma: no cover - families without a reference initialisation
+            raise DascInputError(f"no reference initialisation for decay family {spec.family!r}")
+        out.append((a_name, a.reshape(spec.a_log_shape).to(a_dtype)))
+        out.append((d_name, d.reshape(spec.dt_bias_shape).to(d_dtype)))
+    return out, scheme
+
+
+# ----------------------------------------------------------------------------- parameter lists
+
+
+def _gated_attention(p: str, cfg: dict) -> list[Param]:
+    hs, hd, nh, nkv = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    return [(f"{p}self_attn.q_proj.weight", (nh * hd * 2, hs), "BF16"),     # queries + output gate
+            (f"{p}self_attn.k_proj.weight", (nkv * hd, hs), "BF16"),
+            (f"{p}self_attn.v_proj.weight", (nkv * hd, hs), "BF16"),
+            (f"{p}self_attn.o_proj.weight", (hs, nh * hd), "BF16"),
+            (f"{p}self_attn.q_norm.weight", (hd,), "BF16"),
+            (f"{p}self_attn.k_norm.weight", (hd,), "BF16")]
+
+
+def _qwen3_next_moe(p: str, cfg: dict) -> list[Param]:
+    hs, e, i, s = cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    out: list[Param] = [(f"{p}mlp.gate.weight", (e, hs), "BF16")]
+    for j in range(e):
+        out += [(f"{p}mlp.experts.{j}.gate_proj.weight", (i, hs), "BF16"),
+                (f"{p}mlp.experts.{j}.up_proj.weight", (i, hs), "BF16"),
+                (f"{p}mlp.experts.{j}.down_proj.weight", (hs, i), "BF16")]
+    return out + [(f"{p}mlp.shared_expert.gate_proj.weight", (s, hs), "BF16"),
+                  (f"{p}mlp.shared_expert.up_proj.weight", (s, hs), "BF16"),
+                  (f"{p}mlp.shared_expert.down_proj.weight", (hs, s), "BF16"),
+                  (f"{p}mlp.shared_expert_gate.weight", (1, hs), "BF16")]
+
+
+def _dense_mlp(p: str, hs: int, i: int) -> list[Param]:
+    return [(f"{p}mlp.gate_proj.weight", (i, hs), "BF16"), (f"{p}mlp.up_proj.weight", (i, hs), "BF16"),
+            (f"{p}mlp.down_proj.weight", (hs, i), "BF16")]
+
+
+def _norms(p: str, hs: int) -> list[Param]:
+    return [(f"{p}input_layernorm.weight", (hs,), "BF16"), (f"{p}post_attention_layernorm.weight", (hs,), "BF16")]
+
+
+def _mtp_head(hs: int) -> list[Param]:
+    return [("mtp.fc.weight", (hs, 2 * hs), "BF16"), ("mtp.pre_fc_norm_embedding.weight", (hs,), "BF16"),
+            ("mtp.pre_fc_norm_hidden.weight", (hs,), "BF16")]
+
+
+def _qwen3_next_params(cfg: dict, spec: ArchSpec) -> list[Param]:
+    hs, v = cfg["hidden_size"], cfg["vocab_size"]
+    hk, hv, dk, dv, k = (cfg[n] for n in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                          "linear_value_head_dim", "linear_conv_kernel_dim"))
+    rec = set(spec.recurrent_layer_ids)
+    out: list[Param] = [("model.embed_tokens.weight", (v, hs), "BF16")]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        if i in rec:
+            out += [(f"{p}linear_attn.dt_bias", (hv,), "BF16"), (f"{p}linear_attn.A_log", (hv,), "F32"),
+                    (f"{p}linear_attn.conv1d.weight", (2 * hk * dk + hv * dv, 1, k), "BF16"),
+                    (f"{p}linear_attn.in_proj_qkvz.weight", (2 * hk * dk + 2 * hv * dv, hs), "BF16"),
+                    (f"{p}linear_attn.in_proj_ba.weight", (2 * hv, hs), "BF16"),
+                    (f"{p}linear_attn.norm.weight", (dv,), "BF16"),
+                    (f"{p}linear_attn.out_proj.weight", (hs, hv * dv), "BF16")]
+        else:
+            out += _gated_attention(p, cfg)
+        out += _qwen3_next_moe(p, cfg) + _norms(p, hs)
+    out += [("model.norm.weight", (hs,), "BF16"), ("lm_head.weight", (v, hs), "BF16")]
+    # multi-token prediction head: one full-attention MoE layer (SGLang models/qwen3_next_mtp.py)
+    return out + _mtp_head(hs) + _gated_attention("mtp.layers.0.", cfg) + _qwen3_next_moe("mtp.layers.0.", cfg) \
+        + _norms("mtp.layers.0.", hs) + [("mtp.norm.weight", (hs,), "BF16")]
+
+
+def _qwen3_5_vision(vc: dict) -> list[Param]:
+    h, i, m = vc["hidden_size"], vc["intermediate_size"], vc["spatial_merge_size"] ** 2 * vc["hidden_size"]
+    p = "model.visual."
+    out: list[Param] = [
+        (f"{p}patch_embed.proj.weight", (h, vc["in_channels"], vc["temporal_patch_size"], vc["patch_size"],
+                                         vc["patch_size"]), "BF16"),
+        (f"{p}patch_embed.proj.bias", (h,), "BF16"), (f"{p}pos_embed.weight", (vc["num_position_embeddings"], h), "BF16")]
+    for b in range(vc["depth"]):
+        q = f"{p}blocks.{b}."
+        out += [(f"{q}norm1.weight", (h,), "BF16"), (f"{q}norm1.bias", (h,), "BF16"),
+                (f"{q}norm2.weight", (h,), "BF16"), (f"{q}norm2.bias", (h,), "BF16"),
+                (f"{q}attn.qkv.weight", (3 * h, h), "BF16"), (f"{q}attn.qkv.bias", (3 * h,), "BF16"),
+                (f"{q}attn.proj.weight", (h, h), "BF16"), (f"{q}attn.proj.bias", (h,), "BF16"),
+                (f"{q}mlp.linear_fc1.weight", (i, h), "BF16"), (f"{q}mlp.linear_fc1.bias", (i,), "BF16"),
+                (f"{q}mlp.linear_fc2.weight", (h, i), "BF16"), (f"{q}mlp.linear_fc2.bias", (h,), "BF16")]
+    if vc.get("deepstack_visual_indexes"):
+        raise DascInputError("reference config: deepstack vision mergers are not modelled; expected deepstack_visual_indexes = []")
+    return out + [(f"{p}merger.norm.weight", (h,), "BF16"), (f"{p}merger.norm.bias", (h,), "BF16"),
+                  (f"{p}merger.linear_fc1.weight", (m, m), "BF16"), (f"{p}merger.linear_fc1.bias", (m,), "BF16"),
+                  (f"{p}merger.linear_fc2.weight", (vc["out_hidden_size"], m), "BF16"),
+                  (f"{p}merger.linear_fc2.bias", (vc["out_hidden_size"],), "BF16")]
+
+
+def _qwen3_5_params(config: dict, spec: ArchSpec) -> list[Param]:
+    cfg = text_config(config)
+    if "num_experts" in cfg:
+        raise DascInputError("reference config: only dense Qwen3.5 (qwen3_5) full-size checkpoints are modelled")
+    hs, v, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    hk, hv, dk, dv, k = (cfg[n] for n in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                          "linear_value_head_dim", "linear_conv_kernel_dim"))
+    rec = set(spec.recurrent_layer_ids)
+    out = _qwen3_5_vision(config["vision_config"]) if isinstance(config.get("vision_config"), dict) else []
+    out.append(("model.language_model.embed_tokens.weight", (v, hs), "BF16"))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.language_model.layers.{i}."
+        if i in rec:
+            out += [(f"{p}linear_attn.dt_bias", (hv,), "BF16"), (f"{p}linear_attn.A_log", (hv,), "F32"),
+                    (f"{p}linear_attn.conv1d.weight", (2 * hk * dk + hv * dv, 1, k), "BF16"),
+                    (f"{p}linear_attn.norm.weight", (dv,), "BF16"),
+                    (f"{p}linear_attn.out_proj.weight", (hs, hv * dv), "BF16"),
+                    (f"{p}linear_attn.in_proj_qkv.weight", (2 * hk * dk + hv * dv, hs), "BF16"),
+                    (f"{p}linear_attn.in_proj_z.weight", (hv * dv, hs), "BF16"),
+                    (f"{p}linear_attn.in_proj_b.weight", (hv, hs), "BF16"),
+                    (f"{p}linear_attn.in_proj_a.weight", (hv, hs), "BF16")]
+        else:
+            out += _gated_attention(p, cfg)
+        out += _dense_mlp(p, hs, inter) + _norms(p, hs)
+    out += [("model.language_model.norm.weight", (hs,), "BF16"), ("lm_head.weight", (v, hs), "BF16")]
+    for j in range(int(cfg.get("mtp_num_hidden_layers") or 0)):   # SGLang models/qwen3_5_mtp.py
+        if j == 0:
+            out += _mtp_head(hs)
+        p = f"mtp.layers.{j}."
+        out += _gated_attention(p, cfg) + _dense_mlp(p, hs, inter) + _norms(p, hs)
+    if cfg.get("mtp_num_hidden_layers"):
+        out.append(("mtp.norm.weight", (hs,), "BF16"))
+    return out
+
+
+def _kimi_params(cfg: dict, spec: ArchSpec) -> list[Param]:
+    hs, v = cfg["hidden_size"], cfg["vocab_size"]
+    lac = cfg["linear_attn_config"]
+    h, d, k = lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"]
+    nh, nope, rope, vd, kvr = (cfg[n] for n in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                 "v_head_dim", "kv_lora_rank"))
+    if cfg.get("q_lora_rank") is not None:
+        raise DascInputError("reference config: Kimi MLA with q_lora_rank is not modelled; expected q_lora_rank = null")
+    e, mi, ns = cfg.get("num_experts"), cfg["moe_intermediate_size"], cfg.get("num_shared_experts") or 0
+    rec = set(spec.recurrent_layer_ids)
+    out: list[Param] = [("model.embed_tokens.weight", (v, hs), "BF16")]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}.self_attn."
+        if i in rec:   # KimiDeltaAttention (unfused checkpoint names, SGLang load_weights)
+            out += [(f"{p}q_proj.weight", (h * d, hs), "BF16"), (f"{p}k_proj.weight", (h * d, hs), "BF16"),
+                    (f"{p}v_proj.weight", (h * d, hs), "BF16"),
+                    (f"{p}q_conv1d.weight", (h * d, 1, k), "BF16"), (f"{p}k_conv1d.weight", (h * d, 1, k), "BF16"),
+                    (f"{p}v_conv1d.weight", (h * d, 1, k), "BF16"),
+                    (f"{p}A_log", (1, 1, h, 1), "F32"), (f"{p}dt_bias", (h * d,), "F32"),
+                    (f"{p}f_a_proj.weight", (d, hs), "BF16"), (f"{p}f_b_proj.weight", (h * d, d), "BF16"),
+                    (f"{p}b_proj.weight", (h, hs), "BF16"),
+                    (f"{p}g_a_proj.weight", (d, hs), "BF16"), (f"{p}g_b_proj.weight", (h * d, d), "BF16"),
+                    (f"{p}o_norm.weight", (d,), "BF16"), (f"{p}o_proj.weight", (hs, h * d), "BF16")]
+        else:          # MLA without q LoRA (NoPE in Kimi-Linear, but the rope slice is still projected)
+            out += [(f"{p}q_proj.weight", (nh * (nope + rope), hs), "BF16"),
+                    (f"{p}kv_a_proj_with_mqa.weight", (kvr + rope, hs), "BF16"),
+                    (f"{p}kv_a_layernorm.weight", (kvr,), "BF16"),
+                    (f"{p}kv_b_proj.weight", (nh * (nope + vd), kvr), "BF16"),
+                    (f"{p}o_proj.weight", (hs, nh * vd), "BF16")]
+        q = f"model.layers.{i}."
+        if e and i >= cfg.get("first_k_dense_replace", 0) and i % cfg.get("moe_layer_freq", 1) == 0:
+            m = f"{q}block_sparse_moe."
+            out += [(f"{m}gate.weight", (e, hs), "BF16"), (f"{m}gate.e_score_correction_bias", (e,), "F32")]
+            for j in range(e):
+                out += [(f"{m}experts.{j}.w1.weight", (mi, hs), "BF16"), (f"{m}experts.{j}.w2.weight", (hs, mi), "BF16"),
+                        (f"{m}experts.{j}.w3.weight", (mi, hs), "BF16")]
+            if ns:
+                out += [(f"{m}shared_experts.gate_proj.weight", (mi * ns, hs), "BF16"),
+                        (f"{m}shared_experts.up_proj.weight", (mi * ns, hs), "BF16"),
+                        (f"{m}shared_experts.down_proj.weight", (hs, mi * ns), "BF16")]
+        else:
+            out += _dense_mlp(q, hs, cfg["intermediate_size"])
+        out += _norms(q, hs)
+    return out + [("model.norm.weight", (hs,), "BF16"), ("lm_head.weight", (v, hs), "BF16")]
+
+
+def parameter_table(config: dict, spec: ArchSpec | None = None) -> list[Param]:
+    """Every tensor of the real checkpoint: ``[(name, shape, safetensors dtype), ...]`` in model order.
+
+    Raises:
+        DascInputError: a model type without a modelled parameter list.
+    """
+    spec = spec or arch_from_config(config, "reference config")
+    mt = config.get("model_type")
+    if mt == "qwen3_next":
+        return _qwen3_next_params(config, spec)
+    if mt == "qwen3_5":
+        return _qwen3_5_params(config, spec)
+    if mt == "kimi_linear":
+        return _kimi_params(config, spec)
+    raise DascInputError(f"reference config: no full-size parameter list for model_type {mt!r}; "
+                         f"expected qwen3_next, qwen3_5 or kimi_linear")
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def write_decay_only(model: str | dict, out_dir: str | Path, seed: int = 0) -> Path:
+    """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` holding only the decay tensors.
+
+    The safetensors metadata carries ``dasc_provenance`` (:func:`provenance_note`). Sizes:
+    Qwen3-Next 36 x (128 + 64) bytes, Qwen3.5-27B 48 x (192 + 96) bytes, Kimi-Linear
+    20 x (128 + 16384) bytes, plus headers. Byte-identical for the same model and seed.
+
+    Raises:
+        DascInputError: unknown model name or unsupported config.
+    """
+    _name, cfg = resolve_config(model)
+    tensors, scheme = draw_decay(cfg, seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "config.json", cfg)
+    params = [(n, tuple(t.shape), _ST_DTYPE[t.dtype]) for n, t in tensors]
+    # own writer rather than safetensors.save_file: its metadata map has no fixed order, these bytes do
+    _write_sparse_shard(out / "model.safetensors", params, {n: _raw(t) for n, t in tensors},
+                        {"format": "pt", PROVENANCE_KEY: provenance_note(scheme, seed)})
+    return out
+
+
+def _shards(params: list[Param], shard_bytes: float) -> list[list[Param]]:
+    shards: list[list[Param]] = [[]]
+    size = 0
+    for prm in params:
+        n = math.prod(prm[1]) * _ITEMSIZE[prm[2]]
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(prm)
+        size += n
+    return shards
+
+
+def _write_sparse_shard(path: Path, params: list[Param], data: dict[str, bytes], metadata: dict[str, str]) -> int:
+    # wider dtypes first (as safetensors' own writer) keeps every tensor aligned to its element size
+    order = sorted(params, key=lambda prm: -_ITEMSIZE[prm[2]])
+    header: dict = {"__metadata__": metadata}
+    off = 0
+    for name, shape, dt in order:
+        n = math.prod(shape) * _ITEMSIZE[dt]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    start = 8 + len(raw)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        os.fchmod(fh.fileno(), 0o644)
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        for name, b in data.items():
+            begin, end = header[name]["data_offsets"]
+            if len(b) != end - begin:
+                raise AssertionError(f"{name}: {len(b)} bytes for a {end - begin}-byte slot")
+            fh.seek(start + begin)
+            fh.write(b)
+        fh.truncate(start + off)   # everything not written is a hole: no disk blocks, reads as zeros
+    os.replace(tmp, path)
+    return off
+
+
+def write_full_size(model: str | dict, out_dir: str | Path, seed: int = 0, shard_bytes: float = 5e9) -> Path:
+    """Write a full-size sharded checkpoint whose non-decay tensors are holes on disk.
+
+    Writes ``config.json``, ``model-XXXXX-of-YYYYY.safetensors`` shards of at most ``shard_bytes``
+    bytes of tensor data each (a single larger tensor gets its own shard) and
+    ``model.safetensors.index.json`` (``metadata.total_size`` in bytes, ``weight_map``), last.
+    Every tensor of :func:`parameter_table` is listed with its real shape and dtype; only the
+    decay tensors (:func:`draw_decay`) are written, the rest read as zeros. Apparent size: about
+    163 GB (Qwen3-Next-80B), 98 GB (Kimi-Linear-48B), 56 GB (Qwen3.5-27B); disk use: headers plus
+    one file-system block per decay tensor.
+
+    Raises:
+        DascInputError: unknown model name or a config without a parameter list.
+    """
+    _name, cfg = resolve_config(model)
+    spec = arch_from_config(cfg, "reference config")
+    params = parameter_table(cfg, spec)
+    tensors, scheme = draw_decay(cfg, seed, spec)
+    by_name = {n: (shape, dt) for n, shape, dt in params}
+    for n, t in tensors:   # the drawn tensors must fit the real layout exactly
+        if by_name.get(n) != (tuple(t.shape), _ST_DTYPE[t.dtype]):
+            raise AssertionError(f"{n}: drawn {tuple(t.shape)} {t.dtype} does not match parameter table {by_name.get(n)}")
+    data = {n: _raw(t) for n, t in tensors}
+    note = provenance_note(scheme, seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "config.json", cfg)
+    shards = _shards(params, shard_bytes)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        names = {prm[0] for prm in shard}
+        total += _write_sparse_shard(out / fname, shard, {n: b for n, b in data.items() if n in names},
+                                     {"format": "pt", PROVENANCE_KEY: note})
+        weight_map.update({prm[0]: fname for prm in shard})
+    _write_json(out / DEFAULT_INDEX_NAME, {"metadata": {"total_size": total, PROVENANCE_KEY: note},
+                                           "weight_map": weight_map})
+    return out
+
+
+def write_bundled(root: str | Path, seed: int = 0) -> list[Path]:
+    """Regenerate the bundled decay-only checkpoints: ``root/<name>/`` for every reference model."""
+    return [write_decay_only(n, Path(root) / n, seed=seed) for n in MODEL_NAMES]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dasc_compile.reference --model NAME --out DIR [--full-size] [--seed S]``.
+
+    ``--model all`` writes every reference model to ``DIR/<name>/``.
+    """
+    ap = argparse.ArgumentParser(prog="python -m dasc_compile.reference", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_NAMES)}, or 'all'")
+    ap.add_argument("--out", required=True, type=Path, help="output directory")
+    ap.add_argument("--full-size", action="store_true", help="every real tensor, sparse on disk, sharded with an index")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the initialisation draw (default 0)")
+    ap.add_argument("--shard-bytes", type=float, default=5e9, help="tensor bytes per shard for --full-size")
+    args = ap.parse_args(argv)
+    names = list(MODEL_NAMES) if args.model == "all" else [args.model]
+    try:
+        for n in names:
+            out = args.out / n if args.model == "all" else args.out
+            if args.full_size:
+                write_full_size(n, out, seed=args.seed, shard_bytes=args.shard_bytes)
+            else:
+                write_decay_only(n, out, seed=args.seed)
+            print(f"wrote {out}")
+    except DascInputError as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,355 @@
+"""The compressed state-checkpoint pool, installed in SGLang's ``mamba_ckpt_pool`` slot (paper §4.1, §4.4).
+
+:class:`DascCheckpointPool` speaks the interface SGLang 0.5.17's radix caches already drive for
+its INT8 pool (``mem_cache/mamba_checkpoint_pool.py``): ``alloc / free / available_size / clear /
+store_from_active / load_to_active`` plus ``num_slots`` and ``mem_usage_bytes``.
+
+Storage per slot (slot 0 reserved, as SGLang's allocators reserve it):
+
+* temporal: ``[C+1, width, *unit]`` in the temporal dtype, or the INT8 payload ``[C+1, width,
+  *unit]`` int8 plus scales ``[C+1, width, *scale_shape]`` in the temporal dtype (App. E.1);
+* conv: one ``[C+1, L, *conv_shape]`` tensor per SGLang conv tensor, in the conv dtype, whole
+  (conv state is not compressed).
+
+Slot ids. The pool shares one id space with SGLang's native Mamba slots ``0..M``: compressed slot
+``c`` (1..C) is id ``M + 1 + c``. A compressed id handed out by :meth:`alloc` is a one-element
+view of a fixed id tensor, so the pool recognises its own ids from tensor metadata
+(``storage_offset``) without reading device memory; any other tensor is read once (a device sync).
+``load_to_active`` accepts a mixed batch of native ids (exact dense copy) and compressed ids
+(dasc-nr restore), which is how the two tiers reach the model runner's deferred copy-on-write.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from dasc_compile.errors import DascInputError
+from dasc_runtime.ops import ReferenceOps
+from dasc_runtime.pool_layout import RankLayout
+
+__all__ = ["DascCheckpointPool", "PoolCounters", "MatchedMemory", "matched_memory", "slots_for_budget",
+           "bytes_per_slot"]
+
+logger = logging.getLogger(__name__)
+
+TIER_HINT_ATTR = "_dasc_compressed_rows"
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def bytes_per_slot(layout: RankLayout, conv_shapes: Sequence[Sequence[int]]) -> int:
+    """Physical bytes of one compressed slot on this rank: temporal (+ INT8 scales) + conv.
+
+    ``width * prod(unit) * itemsize`` (1 byte when INT8, plus ``width * prod(scale_shape)`` scales in
+    the temporal dtype) + ``L * sum(prod(conv_shape)) * itemsize(conv)``.
+    """
+    unit = math.prod(layout.unit_shape)
+    if layout.int8:
+        temporal = layout.width * (unit + math.prod(layout.scale_shape) * _itemsize(layout.temporal_dtype))
+    else:
+        temporal = layout.width * unit * _itemsize(layout.temporal_dtype)
+    conv = layout.num_layers * sum(math.prod(s) for s in conv_shapes) * _itemsize(layout.conv_dtype)
+    return temporal + conv
+
+
+def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
+    """Usable slots of a pool of ``budget_bytes`` (App. C.1): ``floor(B / bytes_per_slot) - 1`` (slot 0 reserved).
+
+    Raises:
+        DascInputError: the budget does not hold one usable slot.
+    """
+    if slot_bytes <= 0:
+        raise DascInputError(f"bytes per compressed slot must be positive, got {slot_bytes}")
+    n = budget_bytes // slot_bytes - 1
+    if n < 1:
+        raise DascInputError(
+            f"dasc pool budget {budget_bytes} bytes holds no usable slot ({slot_bytes} bytes per slot, slot 0 reserved)")
+    return int(n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchedMemory:
+    """Matched state-memory settings (App. C.1): Dense M native slots vs dasc M' native + C compressed.
+
+    All byte figures are per TP rank. ``reserved`` rows (slot 0 of each pool) are charged.
+    """
+
+    dense_slots: int            # M: the Dense arm's --max-mamba-cache-size
+    native_slots: int           # M': the dasc arm's --max-mamba-cache-size
+    compressed_slots: int       # C: the dasc arm's --dasc-pool-slots
+    bytes_dense_slot: int       # b_dense: one native slot (temporal + conv), bytes
+    bytes_compressed_slot: int  # b_compressed: one compressed slot, bytes
+    scratch_bytes: int          # staging / scratch charged to dasc, bytes
+    budget_bytes: int           # (M + 1) * b_dense
+    used_bytes: int             # (M' + 1) * b_dense + (C + 1) * b_compressed + scratch <= budget
+
+    def flags(self) -> str:
+        """The launch flags of the dasc arm."""
+        return f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
+
+
+def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int, bytes_compressed_slot: int,
+                   scratch_bytes: int = 0) -> MatchedMemory:
+    """Largest C with ``(M'+1) b_dense + (C+1) b_compressed + scratch <= (M+1) b_dense`` (App. C.1).
+
+    The paper's budget equation ``B_native^Dense + B_tmp^Dense = B_native^dasc + B_compressed + B_tmp``
+    with SGLang's reserved slot 0 counted in both pools and the Dense arm's temporary memory taken
+    as 0 (its copy-on-write needs none).
+
+    Raises:
+        DascInputError: ``native_slots > dense_slots`` or no compressed slot fits.
+    """
+    if native_slots > dense_slots or native_slots < 1:
+        raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
+    budget = (dense_slots + 1) * bytes_dense_slot
+    left = budget - (native_slots + 1) * bytes_dense_slot - scratch_bytes
+    c = left // bytes_compressed_slot - 1
+    if c < 1:
+        raise DascInputError(
+            f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense={bytes_dense_slot}, "
+            f"b_compressed={bytes_compressed_slot}, scratch={scratch_bytes} bytes")
+    used = (native_slots + 1) * bytes_dense_slot + (c + 1) * bytes_compressed_slot + scratch_bytes
+    return MatchedMemory(dense_slots=dense_slots, native_slots=native_slots, compressed_slots=int(c),
+                         bytes_dense_slot=bytes_dense_slot, bytes_compressed_slot=bytes_compressed_slot,
+                         scratch_bytes=scratch_bytes, budget_bytes=budget, used_bytes=used)
+
+
+@dataclass
+class PoolCounters:
+    """Transfer counters of the pool (checkpoints, not bytes)."""
+
+    stores: int = 0             # active slot -> compressed slot (pack)
+    loads_compressed: int = 0   # compressed slot -> active slot (dasc-nr restore)
+    loads_dense: int = 0        # native slot -> active slot (exact copy) through load_to_active
+    hint_misses: int = 0        # load batches without a host tier hint (one device read each)
+
+
+class DascCheckpointPool:
+    """Ragged compressed checkpoints of one TP rank (see module docstring).
+
+    Args:
+        layout: this rank's :class:`RankLayout`.
+        num_slots: usable compressed slots C (storage holds C + 1 rows).
+        conv_shapes: SGLang's per-rank conv state shapes (``cache_params.shape.conv``).
+        native_size: M, SGLang's ``MambaPool.size``; compressed ids start at ``M + 1``.
+        device: where the pool lives (SGLang's mamba pool device).
+        ops: store/load implementation (:class:`~dasc_runtime.ops.ReferenceOps` by default).
+        tp_group: process group for storage balancing (``layout.storage``), else unused.
+    Raises:
+        DascInputError: ``num_slots < 1``.
+    """
+
+    def __init__(self, *, layout: RankLayout, num_slots: int, conv_shapes: Sequence[Sequence[int]], native_size: int,
+                 device: str | torch.device, ops: Optional[ReferenceOps] = None, tp_group=None) -> None:
+        if num_slots < 1:
+            raise DascInputError(f"dasc pool needs at least one usable slot, got {num_slots}")
+        self.layout = layout
+        self.num_slots = int(num_slots)
+        self.native_size = int(native_size)
+        self.id_offset = self.native_size + 1
+        self.device = torch.device(device)
+        self.ops = ops if ops is not None else ReferenceOps()
+        self.tp_group = tp_group
+        self.conv_shapes = [tuple(int(x) for x in s) for s in conv_shapes]
+        rows = self.num_slots + 1
+        if layout.int8:
+            self.temporal = torch.zeros((rows, layout.width, *layout.unit_shape), dtype=torch.int8, device=self.device)
+            self.scale = torch.zeros((rows, layout.width, *layout.scale_shape), dtype=layout.temporal_dtype,
+                                     device=self.device)
+        else:
+            self.temporal = torch.zeros((rows, layout.width, *layout.unit_shape), dtype=layout.temporal_dtype,
+                                        device=self.device)
+            self.scale = None
+        self.conv = [torch.zeros((rows, layout.num_layers, *s), dtype=layout.conv_dtype, device=self.device)
+                     for s in self.conv_shapes]
+        # _ids[c] is the id of compressed slot c; alloc hands out one-element views of it
+        self._ids = torch.arange(self.id_offset, self.id_offset + rows, dtype=torch.int64, device=self.device)
+        self._ids_ptr = self._ids.untyped_storage().data_ptr()
+        self.counters = PoolCounters()
+        self.clear()
+
+    # ---- allocator (host-side free list; slot 0 reserved) ----
+
+    def clear(self) -> None:
+        """Release every slot (SGLang calls this on a cache flush). Contents are left as they are."""
+        self._free: list[int] = list(range(self.num_slots, 0, -1))   # pop() yields 1, 2, 3, ...
+        self._in_use = bytearray(self.num_slots + 1)
+
+    def available_size(self) -> int:
+        """Free compressed slots."""
+        return len(self._free)
+
+    def used_size(self) -> int:
+        """Compressed slots currently allocated."""
+        return self.num_slots - len(self._free)
+
+    def alloc(self, need_size: int = 1) -> Optional[torch.Tensor]:
+        """``need_size`` compressed slot ids (int64 ``[need_size]`` on the pool device), or None if full."""
+        if need_size > len(self._free):
+            return None
+        slots = [self._free.pop() for _ in range(need_size)]
+        for c in slots:
+            self._in_use[c] = 1
+        if need_size == 1:
+            c = slots[0]
+            return self._ids[c:c + 1]
+        return torch.cat([self._ids[c:c + 1] for c in slots])
+
+    def is_own_id_tensor(self, ids: torch.Tensor) -> bool:
+        """True when ``ids`` is a view handed out by :meth:`alloc` (decided from metadata, no device read)."""
+        return (ids.device == self._ids.device and ids.dtype == torch.int64 and ids.dim() == 1
+                and ids.untyped_storage().data_ptr() == self._ids_ptr and (ids.numel() <= 1 or ids.stride(0) == 1))
+
+    def slots_of(self, ids: torch.Tensor) -> list[int]:
+        """Compressed slot numbers (1..C) of the ids in ``ids``.
+
+        Raises:
+            AssertionError: an id that is not a compressed id of this pool (names the id).
+        """
+        if self.is_own_id_tensor(ids):
+            start = ids.storage_offset()
+            slots = list(range(start, start + ids.numel()))
+        else:
+            slots = [int(v) - self.id_offset for v in ids.reshape(-1).tolist()]
+        for c in slots:
+            assert 1 <= c <= self.num_slots, f"id {c + self.id_offset} is not a dasc compressed slot id " \
+                                             f"(compressed ids are {self.id_offset + 1}..{self.id_offset + self.num_slots})"
+        return slots
+
+    def free(self, ids: torch.Tensor) -> None:
+        """Return compressed slots to the pool.
+
+        Raises:
+            AssertionError: double free (names the slot) or a non-compressed id.
+        """
+        if ids.numel() == 0:
+            return
+        for c in self.slots_of(ids):
+            assert self._in_use[c], f"double free of dasc compressed slot {c} (id {c + self.id_offset})"
+            self._in_use[c] = 0
+            self._free.append(c)
+
+    def is_allocated(self, slot: int) -> bool:
+        return bool(self._in_use[slot])
+
+    # ---- transfers (SGLang's mamba_ckpt_pool interface) ----
+
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Pool rows of compressed ids, on the device, without a host read."""
+        return (ids.reshape(-1).to(self.device) - self.id_offset).to(torch.int64)
+
+    def store_from_active(self, active_mamba_pool, active_slots: torch.Tensor, ckpt_slots: torch.Tensor) -> None:
+        """Pack active slots into compressed slots (SGLang's cache-store / donate hook, §4.1).
+
+        Args:
+            active_mamba_pool: SGLang's ``MambaPool`` (``mamba_cache.temporal [L, M+1, H/P, d_v, d_k]``,
+                ``mamba_cache.conv``: list of ``[L, M+1, *conv_shape]``).
+            active_slots: int64 ``[N]`` native slot ids to read.
+            ckpt_slots: int64 ``[N]`` compressed ids from :meth:`alloc` to write.
+        """
+        cache = active_mamba_pool.mamba_cache
+        src = active_slots.reshape(-1).to(torch.int64)
+        rows = self._rows(ckpt_slots)
+        units = self.ops.pack_units(self.layout, cache.temporal, src)        # [N, n_local, *unit]
+        if self.layout.int8:
+            q, s = self.ops.quantize(self.layout, units)
+            self._write_rows(self.temporal, rows, q)
+            self._write_rows(self.scale, rows, s)
+        else:
+            self._write_rows(self.temporal, rows, units.to(self.temporal.dtype))
+        for i, c in enumerate(self.conv):
+            c.index_copy_(0, rows, cache.conv[i].index_select(1, src).transpose(0, 1).to(c.dtype))
+        self.counters.stores += src.numel()
+
+    def _write_rows(self, store: torch.Tensor, rows: torch.Tensor, packed: torch.Tensor) -> None:
+        """Write packed units ``[N, n_local, ...]`` into pool rows (through storage balancing if planned)."""
+        smap = self.layout.storage
+        if smap is None:
+            store.index_copy_(0, rows, packed)
+            return
+        from dasc_runtime.tp_transfer import store_all_to_all
+
+        n = packed.shape[0]
+        out = torch.zeros((self.layout.width, n, *packed.shape[2:]), dtype=packed.dtype, device=packed.device)
+        store_all_to_all(packed.transpose(0, 1).contiguous(), smap, self.layout.tp_rank, group=self.tp_group, out=out)
+        store.index_copy_(0, rows, out.transpose(0, 1).contiguous())
+
+    def _read_rows(self, store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Packed units ``[N, n_local, ...]`` of pool rows (inverse of :meth:`_write_rows`)."""
+        got = store.index_select(0, rows)
+        smap = self.layout.storage
+        if smap is None:
+            return got
+        from dasc_runtime.tp_transfer import load_all_to_all
+
+        out = load_all_to_all(got.transpose(0, 1).contiguous(), smap, self.layout.tp_rank, group=self.tp_group)
+        return out.transpose(0, 1)
+
+    def load_compressed(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
+        """dasc-nr restore (§4.2): kept units exact, local units zero, conv copied, for every layer."""
+        cache = active_mamba_pool.mamba_cache
+        rows = self._rows(ckpt_slots)
+        dst = active_slots.reshape(-1).to(torch.int64)
+        if self.layout.int8:
+            units = self.ops.dequantize(self.layout, self._read_rows(self.temporal, rows),
+                                        self._read_rows(self.scale, rows))
+        else:
+            units = self._read_rows(self.temporal, rows)
+        self.ops.unpack_units(self.layout, cache.temporal, dst, units)
+        for i, c in enumerate(self.conv):
+            cache.conv[i].index_copy_(1, dst, c.index_select(0, rows).transpose(0, 1).to(cache.conv[i].dtype))
+        self.counters.loads_compressed += dst.numel()
+
+    def load_to_active(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
+        """Restore a batch of hits into active slots (SGLang's deferred copy-on-write, on the forward stream).
+
+        ``ckpt_slots`` may mix native ids (``<= M``: exact ``MambaPool.copy_from``, a dense hit) and
+        compressed ids (dasc-nr). The split comes from the host hint the plugin attaches
+        (attribute ``_dasc_compressed_rows``: list of bool) or, without it, from one device read.
+
+        Args:
+            active_mamba_pool: SGLang's ``MambaPool``.
+            ckpt_slots: int64 ``[N]`` source ids.
+            active_slots: int64 ``[N]`` destination native slots.
+        """
+        src = ckpt_slots.reshape(-1)
+        dst = active_slots.reshape(-1)
+        if src.numel() == 0:
+            return
+        hint = getattr(ckpt_slots, TIER_HINT_ATTR, None)
+        if hint is None or len(hint) != src.numel():
+            if self.is_own_id_tensor(src):
+                hint = [True] * src.numel()
+            else:
+                self.counters.hint_misses += 1
+                hint = [int(v) > self.native_size for v in src.tolist()]
+        if all(hint):
+            self.load_compressed(active_mamba_pool, src, dst)
+            return
+        if not any(hint):
+            active_mamba_pool.copy_from(src, dst)
+            self.counters.loads_dense += src.numel()
+            return
+        ic = torch.tensor([i for i, h in enumerate(hint) if h], dtype=torch.int64, device=src.device)
+        idn = torch.tensor([i for i, h in enumerate(hint) if not h], dtype=torch.int64, device=src.device)
+        active_mamba_pool.copy_from(src.index_select(0, idn), dst.index_select(0, idn))
+        self.counters.loads_dense += idn.numel()
+        self.load_compressed(active_mamba_pool, src.index_select(0, ic), dst.index_select(0, ic))
+
+    # ---- accounting ----
+
+    def bytes_per_slot(self) -> int:
+        """Physical bytes of one slot on this rank (see :func:`bytes_per_slot`)."""
+        return bytes_per_slot(self.layout, self.conv_shapes)
+
+    def mem_usage_bytes(self) -> int:
+        """Bytes held by the pool's tensors (all C + 1 rows)."""
+        tensors = [self.temporal, *self.conv] + ([self.scale] if self.scale is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)

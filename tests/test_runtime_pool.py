@@ -1,0 +1,192 @@
+"""The compressed pool against SGLang 0.5.17's own MambaPool on CPU (paper §4.1-4.2, App. C.1, E.1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runtime_fixtures import (GDN_D, GDN_HEADS, GDN_KEPT_W16, KDA_D, KDA_HEADS, SGLANG_SKIP_REASON, compile_tiny,
+                              fill_random, gdn_cache_params, hybrid_pools, kda_cache_params, set_server_args)
+
+pytestmark = [pytest.mark.sglang,
+              pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
+
+
+def _make(tmp_path, kind="gdn", num_slots=6, mamba_size=8, **policy):
+    from dasc_runtime.pool import DascCheckpointPool
+    from dasc_runtime.pool_layout import rank_layout
+
+    set_server_args()
+    plan, _, _ = compile_tiny(tmp_path, kind, **policy)
+    cp = gdn_cache_params() if kind == "gdn" else kda_cache_params()
+    pool, alloc = hybrid_pools(cp, mamba_size=mamba_size)
+    fill_random(pool.mamba_pool, seed=3)
+    layout = rank_layout(plan, 0, 1, num_layers=len(cp.layers))
+    dp = DascCheckpointPool(layout=layout, num_slots=num_slots, conv_shapes=cp.shape.conv,
+                            native_size=pool.mamba_pool.size, device="cpu")
+    return plan, pool, dp
+
+
+def test_alloc_free_accounting(tmp_path):
+    _, pool, dp = _make(tmp_path, num_slots=4)
+    assert dp.available_size() == 4 and dp.id_offset == 9       # native ids 0..8, compressed ids 10..13
+    got = [dp.alloc(1) for _ in range(4)]
+    assert [int(g) for g in got] == [10, 11, 12, 13]
+    assert dp.alloc(1) is None and dp.available_size() == 0
+    assert all(dp.is_own_id_tensor(g) for g in got)
+    assert dp.slots_of(got[2]) == [3]
+    dp.free(got[1])
+    assert dp.available_size() == 1 and not dp.is_allocated(2)
+    with pytest.raises(AssertionError, match="double free of dasc compressed slot 2"):
+        dp.free(got[1])
+    with pytest.raises(AssertionError, match="not a dasc compressed slot id"):
+        dp.free(torch.tensor([3]))                               # a native id
+    again = dp.alloc(1)
+    assert int(again) == 11                                      # the freed slot is reused
+    dp.free(torch.tensor([13]))                                  # a copy (not a view): read from the tensor
+    assert dp.available_size() == 1
+    dp.clear()
+    assert dp.available_size() == 4 and dp.used_size() == 0
+
+
+def _dense_reference(mamba_pool, slot, kept_per_layer):
+    """Expected dasc-nr restore of native ``slot``: kept heads exact, others zero; conv exact."""
+    t = mamba_pool.mamba_cache.temporal[:, slot].clone()                      # [L, H, dv, dk]
+    for l, kept in enumerate(kept_per_layer):
+        for h in range(t.shape[1]):
+            if h not in kept:
+                t[l, h] = 0
+    return t, [c[:, slot].clone() for c in mamba_pool.mamba_cache.conv]
+
+
+def test_store_then_load_gdn_kept_exact_local_zero(tmp_path):
+    _, pool, dp = _make(tmp_path)
+    mp = pool.mamba_pool
+    src = torch.tensor([2, 5])
+    ids = torch.cat([dp.alloc(1), dp.alloc(1)])
+    dp.store_from_active(mp, src, ids)
+    assert dp.layout.n_local == 7 and dp.layout.offsets == (0, 2, 4, 7)
+    # the ragged rows hold exactly the kept heads, layer by layer (App. B Scheme 2)
+    rows = dp.slots_of(ids)
+    for i, s in enumerate(src.tolist()):
+        packed = dp.temporal[rows[i]]
+        flat = [mp.mamba_cache.temporal[l, s, h] for l, kept in enumerate(GDN_KEPT_W16) for h in kept]
+        assert torch.equal(packed, torch.stack(flat))
+    expect = [_dense_reference(mp, s, GDN_KEPT_W16) for s in src.tolist()]
+    dst = torch.tensor([7, 1])
+    dp.load_to_active(mp, ids, dst)
+    for (t, conv), d in zip(expect, dst.tolist()):
+        assert torch.equal(mp.mamba_cache.temporal[:, d], t)
+        for c, ref in zip(mp.mamba_cache.conv, conv):
+            assert torch.equal(c[:, d], ref)
+    assert dp.counters.stores == 2 and dp.counters.loads_compressed == 2
+
+
+def test_keep_everything_reproduces_dense_bit_for_bit(tmp_path):
+    # w_max = 0 keeps every unit with a positive horizon: the compressed slot is the dense state
+    _, pool, dp = _make(tmp_path, w_max=0)
+    mp = pool.mamba_pool
+    assert dp.layout.keeps_everything and dp.layout.n_local == 3 * GDN_HEADS
+    before_t = mp.mamba_cache.temporal[:, 4].clone()
+    before_c = [c[:, 4].clone() for c in mp.mamba_cache.conv]
+    ids = dp.alloc(1)
+    dp.store_from_active(mp, torch.tensor([4]), ids)
+    dp.load_to_active(mp, ids, torch.tensor([6]))
+    assert torch.equal(mp.mamba_cache.temporal[:, 6], before_t)
+    assert all(torch.equal(c[:, 6], b) for c, b in zip(mp.mamba_cache.conv, before_c))
+    assert mp.mamba_cache.temporal[:, 6].view(torch.int32).equal(before_t.view(torch.int32))
+
+
+def test_mixed_batch_dense_copy_and_compressed_restore(tmp_path):
+    from dasc_runtime.pool import TIER_HINT_ATTR
+
+    _, pool, dp = _make(tmp_path)
+    mp = pool.mamba_pool
+    ids = dp.alloc(1)
+    dp.store_from_active(mp, torch.tensor([3]), ids)
+    exp_c, _ = _dense_reference(mp, 3, GDN_KEPT_W16)
+    exp_d = mp.mamba_cache.temporal[:, 2].clone()
+    src = torch.cat([torch.tensor([2]), ids])                   # native id 2 (dense hit), compressed id
+    for hinted in (True, False):
+        mp.mamba_cache.temporal[:, 5:7] = 7.0
+        s = src.clone()
+        if hinted:
+            setattr(s, TIER_HINT_ATTR, [False, True])
+        misses = dp.counters.hint_misses
+        dp.load_to_active(mp, s, torch.tensor([5, 6]))
+        assert torch.equal(mp.mamba_cache.temporal[:, 5], exp_d)   # exact dense copy
+        assert torch.equal(mp.mamba_cache.temporal[:, 6], exp_c)   # dasc-nr
+        assert dp.counters.hint_misses == misses + (0 if hinted else 1)
+
+
+def test_kda_columns_kept_exact_local_zero(tmp_path):
+    plan, pool, dp = _make(tmp_path, kind="kda")
+    mp = pool.mamba_pool
+    assert dp.layout.unit_kind == "kda_column" and dp.temporal.shape[-1] == KDA_D
+    ids = dp.alloc(1)
+    src = mp.mamba_cache.temporal[:, 1].clone()                  # [L, H, dv, dk]
+    dp.store_from_active(mp, torch.tensor([1]), ids)
+    dp.load_to_active(mp, ids, torch.tensor([2]))
+    got = mp.mamba_cache.temporal[:, 2]
+    for l, lp in enumerate(plan.layers):
+        kept = set(lp.kept_units)
+        for h in range(KDA_HEADS):
+            for k in range(KDA_D):
+                col_got, col_src = got[l, h, :, k], src[l, h, :, k]    # unit u = h * d_k + k is S[h, :, k]
+                if h * KDA_D + k in kept:
+                    assert torch.equal(col_got, col_src)
+                else:
+                    assert torch.count_nonzero(col_got) == 0
+    assert dp.bytes_per_slot() == plan.totals.bytes_compressed_checkpoint
+
+
+def test_int8_composition_matches_eq8(tmp_path):
+    plan, pool, dp = _make(tmp_path, int8=True)
+    mp = pool.mamba_pool
+    assert dp.temporal.dtype == torch.int8 and dp.scale.shape[1:] == (7, GDN_D)
+    assert dp.bytes_per_slot() == plan.totals.bytes_compressed_checkpoint
+    # a hand-checked column: values (-2.54, 0, 1.27, ...) -> amax 2.54, scale 0.02, q = (-127, 0, 64 (63.5 rounds to even: 64))
+    mp.mamba_cache.temporal[0, 1, 0] = 0.0
+    mp.mamba_cache.temporal[0, 1, 0, 0, 0] = -2.54
+    mp.mamba_cache.temporal[0, 1, 0, 2, 0] = 1.27
+    ids = dp.alloc(1)
+    dp.store_from_active(mp, torch.tensor([1]), ids)
+    row = dp.slots_of(ids)[0]
+    s = float(dp.scale[row, 0, 0])
+    assert s == pytest.approx(2.54 / 127, rel=1e-6)
+    assert dp.temporal[row, 0, 0, 0].item() == -127 and dp.temporal[row, 0, 1, 0].item() == 0
+    assert dp.temporal[row, 0, 2, 0].item() == round(1.27 / torch.tensor(s, dtype=torch.float32).item())
+    src = mp.mamba_cache.temporal[:, 1].clone()
+    dp.load_to_active(mp, ids, torch.tensor([4]))
+    got = mp.mamba_cache.temporal[:, 4]
+    for l, kept in enumerate(GDN_KEPT_W16):
+        for h in range(GDN_HEADS):
+            if h in kept:   # |error| <= s / 2 per (l, h, k): Eq. 8 rounding
+                amax = src[l, h].abs().amax(dim=0)                # [dk]
+                bound = (amax.clamp(min=1e-8) / 127) / 2 + 1e-7
+                assert bool(((got[l, h] - src[l, h]).abs() <= bound).all())
+            else:
+                assert torch.count_nonzero(got[l, h]) == 0
+
+
+def test_budget_sizing_and_matched_memory(tmp_path):
+    from dasc_compile.errors import DascInputError
+    from dasc_runtime.pool import matched_memory, slots_for_budget
+
+    plan, pool, dp = _make(tmp_path)
+    b = dp.bytes_per_slot()
+    assert b == 7 * GDN_D * GDN_D * 4 + 3 * 128 * 3 * 2 == 9472
+    assert slots_for_budget(10 * b, b) == 9 and slots_for_budget(10 * b + b - 1, b) == 9
+    with pytest.raises(DascInputError, match="holds no usable slot"):
+        slots_for_budget(2 * b - 1, b)
+    b_dense = 3 * GDN_HEADS * GDN_D * GDN_D * 4 + 3 * 128 * 3 * 2     # 14592
+    mm = matched_memory(dense_slots=100, native_slots=40, bytes_dense_slot=b_dense, bytes_compressed_slot=b,
+                        scratch_bytes=4 * b)
+    # (40+1)*14592 + (C+1)*9472 + 4*9472 <= 101*14592  ->  C = floor(875520/9472) - 5 = 92 - 5 = 87
+    assert mm.compressed_slots == math.floor((101 - 41) * b_dense / b) - 4 - 1 == 87
+    assert mm.used_bytes <= mm.budget_bytes < mm.used_bytes + b
+    assert mm.flags() == "--max-mamba-cache-size 40 --dasc-pool-slots 87"
+    with pytest.raises(DascInputError, match="no compressed slot fits"):
+        matched_memory(dense_slots=10, native_slots=10, bytes_dense_slot=b_dense, bytes_compressed_slot=b)
