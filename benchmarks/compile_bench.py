@@ -12,7 +12,8 @@ For each model (default: Qwen3-Next-80B-A3B and Kimi-Linear-48B-A3B) this script
    index / config read, ``/proc/self/io`` deltas (``rchar``: bytes through read(); ``read_bytes``:
    bytes fetched from the block device) and peak RSS (``getrusage``);
 3. runs the baseline, ``safetensors.torch.load_file`` on every tensor of the first
-   ``--baseline-shards`` shards (the whole checkpoint does not fit in this machine's memory), in a
+   ``--baseline-shards`` shards, touching every 4 KiB page of each tensor (safetensors may return
+   lazily mapped storage) (the whole checkpoint does not fit in this machine's memory), in a
    fresh process, and extrapolates its time and bytes linearly to the whole checkpoint.
 
 Holes read as zeros without disk I/O, so the baseline's time is a lower bound for a real
@@ -65,7 +66,16 @@ def _drop_cache(root: Path) -> None:
 
 
 def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux reports KiB
+    """Peak resident set of this process, bytes: ``VmHWM`` (reset at exec, unlike ``ru_maxrss``, which
+    Linux carries over from the parent across fork + exec)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
 
 
 def child_compile(model_dir: Path, out_dir: Path, w_max: int) -> dict:
@@ -78,17 +88,25 @@ def child_compile(model_dir: Path, out_dir: Path, w_max: int) -> dict:
     t_import = time.perf_counter() - t0
     rss_after_import = _peak_rss_bytes()
 
-    seen: dict[str, int] = {}
-    real_read = compiler.read_decay_tensors
+    seen: dict[str, float] = {}
+    real_open, real_read = compiler.open_checkpoint, compiler.read_decay_tensors
 
-    def counting_read(src, spec):   # instrumentation only: counts what the compiler read
+    def timed_open(*a, **k):        # instrumentation only: time of the checkpoint reader's two calls
+        t = time.perf_counter()
+        out = real_open(*a, **k)
+        seen["open_s"] = time.perf_counter() - t
+        return out
+
+    def counting_read(src, spec):   # ... and what the compiler read
+        t = time.perf_counter()
         out = real_read(src, spec)
+        seen["read_s"] = time.perf_counter() - t
         seen["tensor_bytes"] = decay_bytes(out)
         seen["n_tensors"] = len(out)
         seen["files"] = len({src.tensor_files[n] for n, _ in out})
         return out
 
-    compiler.read_decay_tensors = counting_read
+    compiler.open_checkpoint, compiler.read_decay_tensors = timed_open, counting_read
     io1 = _io()
     t1 = time.perf_counter()
     plan, _ = compiler.compile_plan(model_dir, Policy(w_max=w_max), out_dir)
@@ -104,7 +122,7 @@ def child_compile(model_dir: Path, out_dir: Path, w_max: int) -> dict:
     if src.index_path is not None:
         meta_bytes += src.index_path.stat().st_size
     return {
-        "wall_s": wall, "import_s": t_import, "tensor_bytes": seen["tensor_bytes"], "n_tensors": seen["n_tensors"],
+        "wall_s": wall, "import_s": t_import, "reader_s": seen["open_s"] + seen["read_s"], "tensor_bytes": seen["tensor_bytes"], "n_tensors": seen["n_tensors"],
         "files_opened": seen["files"], "metadata_bytes": meta_bytes,
         "rchar": io2.get("rchar", 0) - io1.get("rchar", 0),
         "disk_read_bytes": io2.get("read_bytes", 0) - io1.get("read_bytes", 0),
@@ -117,6 +135,7 @@ def child_compile(model_dir: Path, out_dir: Path, w_max: int) -> dict:
 def child_load(model_dir: Path, shards: int) -> dict:
     _drop_cache(model_dir)
     t0 = time.perf_counter()
+    import torch
     from safetensors.torch import load_file
     t_import = time.perf_counter() - t0
     rss_after_import = _peak_rss_bytes()
@@ -126,7 +145,12 @@ def child_load(model_dir: Path, shards: int) -> dict:
     nbytes = n = 0
     for f in files:
         tensors = load_file(str(f))
-        nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
+        for t in tensors.values():
+            # safetensors may hand out lazily mapped storage: touch one byte per 4 KiB page so every
+            # byte is really loaded (what a framework's weight load does)
+            b = t.reshape(-1).view(torch.uint8)
+            int(b[::4096].sum())
+            nbytes += b.numel()
         n += len(tensors)
         del tensors
     wall = time.perf_counter() - t1
@@ -187,9 +211,9 @@ def markdown(results: dict, argv: list[str]) -> str:
         "dropped from the page cache first. Wall time is the `compile_plan` call (plan + kernels written), "
         "median of the runs; import time is listed apart.",
         "",
-        "| model | checkpoint (tensors / shards) | compile wall (median, min-max) | tensor data read | headers + index "
-        "+ config read | disk reads | peak RSS (after imports) | units kept |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | checkpoint (tensors / shards) | compile wall (median, min-max) | of which checkpoint reader | "
+        "tensor data read | headers + index + config read | disk reads | peak RSS (after imports) | units kept |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results["models"].items():
         c, runs = r["checkpoint"], r["compile"]
@@ -198,11 +222,13 @@ def markdown(results: dict, argv: list[str]) -> str:
         lines.append(
             f"| {name} | {c['total_size'] / 1e9:.1f} GB ({c['n_tensors']} / {c['shards']}; "
             f"{_mib(c['allocated'])} on disk) | {statistics.median(walls):.3f} s ({min(walls):.3f}-{max(walls):.3f}); "
-            f"import {statistics.median([y['import_s'] for y in runs]):.2f} s | {_kib(x['tensor_bytes'])} "
+            f"import {statistics.median([y['import_s'] for y in runs]):.2f} s | "
+            f"{statistics.median([y['reader_s'] for y in runs]):.3f} s | {_kib(x['tensor_bytes'])} "
             f"({x['n_tensors']} tensors, {x['files_opened']} shards) | {_mib(x['metadata_bytes'])} | "
             f"{_mib(max(y['disk_read_bytes'] for y in runs))} | {_mib(max(y['peak_rss'] for y in runs))} "
             f"({_mib(x['rss_after_import'])}) | {x['n_kept']}/{x['n_units']} |")
-    lines += ["", "Baseline: `safetensors.torch.load_file` on every tensor of the first shard(s), extrapolated "
+    lines += ["", "Baseline: `safetensors.torch.load_file` on every tensor of the first shard(s), one byte of every "
+              "4 KiB page touched (so lazily mapped storage is really loaded), extrapolated "
               "linearly to the whole checkpoint (holes read as zeros from memory, so this is a lower bound for a "
               "checkpoint on disk).", "",
               "| model | loaded (measured) | wall (measured) | peak RSS (measured) | whole checkpoint (extrapolated) "
@@ -218,7 +244,9 @@ def markdown(results: dict, argv: list[str]) -> str:
                      f"fewer tensor bytes |")
     ok = all(statistics.median([x["wall_s"] for x in r["compile"]]) < 1.0 and r["compile"][0]["tensor_bytes"] < 2**20
              for r in results["models"].values())
-    lines += ["", f"Target (under 1 s and under 1 MiB of tensor data per compile): {'met' if ok else 'NOT met'}."]
+    ok_reader = all(statistics.median([x["reader_s"] for x in r["compile"]]) < 1.0 for r in results["models"].values())
+    lines += ["", f"Target (under 1 s and under 1 MiB of tensor data per compile): {'met' if ok else 'NOT met'} "
+              f"(checkpoint reader alone under 1 s: {'yes' if ok_reader else 'no'})."]
     return "\n".join(lines)
 
 
@@ -239,10 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
 
-    import safetensors
-    import torch
+    from importlib.metadata import version   # the driver imports no torch: children start lean
 
-    results: dict = {"torch": f"torch {torch.__version__}", "safetensors": safetensors.__version__, "models": {}}
+    results: dict = {"torch": f"torch {version('torch')}", "safetensors": version("safetensors"), "models": {}}
     args.root.mkdir(parents=True, exist_ok=True)
     for name in args.models:
         ck = ensure_checkpoint(name, args.root)

@@ -110,6 +110,7 @@ def plot(rows: Sequence[dict], path: str | Path) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
+    """CLI: combine result files; exit 0, or 2 on bad input (DascInputError)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="+", help="result JSON files from serve_bench.py")
     ap.add_argument("--out", required=True, help="output prefix: writes PREFIX.png and PREFIX.md")

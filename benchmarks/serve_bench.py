@@ -346,11 +346,12 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
+    """CLI: replay one arm; exit 0, 1 when any request failed, 2 on bad input (DascInputError)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", required=True)
     ap.add_argument("--url", default="http://127.0.0.1:30000")
     ap.add_argument("--arm", required=True, help="arm name, e.g. dense / int8 / dasc-nr-w64")
-    ap.add_argument("--checkpoint-capacity", type=int, default=None,
+    ap.add_argument("--checkpoint-capacity", type=int, required=True,
                     help="state checkpoint slots of this arm (recorded, plotted on the x axis)")
     ap.add_argument("--concurrency", type=int, default=256, help="client concurrency")
     ap.add_argument("--max-running-requests", type=int, default=None,

@@ -299,11 +299,38 @@ def _safe_open(path: Path):
         raise DascInputError(f"{path}: not a valid safetensors file ({msg})") from None
 
 
+_META_PREFIX = b'{"__metadata__":'
+
+
+def _read_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` map of one file, reading as little of its header as possible.
+
+    safetensors' own writer (and :mod:`dasc_compile.reference`) put ``__metadata__`` first in the
+    header: then only that object is decoded from the first KiBs. Otherwise the whole header is
+    parsed by safetensors. Raises DascInputError as :func:`_safe_open`.
+    """
+    _precheck(path)
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            head = fh.read(min(n, 65536))
+    except OSError as exc:
+        raise DascInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if head.startswith(_META_PREFIX):
+        try:
+            meta, _end = json.JSONDecoder().raw_decode(head[len(_META_PREFIX):].decode("utf-8", "ignore").lstrip())
+            if isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()):
+                return meta
+        except json.JSONDecodeError:
+            pass   # metadata longer than the prefix read, or corrupt: let safetensors decide
+    with _safe_open(path) as fh:
+        return fh.metadata() or {}
+
+
 @lru_cache(maxsize=512)
 def _cached_metadata(path: str, size: int, mtime_ns: int) -> tuple[tuple[str, str], ...]:
     del size, mtime_ns
-    with _safe_open(Path(path)) as fh:
-        return tuple(sorted((fh.metadata() or {}).items()))
+    return tuple(sorted(_read_metadata(Path(path)).items()))
 
 
 def _provenance(files: set[Path]) -> str:

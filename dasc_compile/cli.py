@@ -54,7 +54,7 @@ def compile_cmd(
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
         _fail(exc)
-    con = Console(highlight=False)
+    con = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
     if quiet:
         con.print(str(path / "plan.json"))
         return
@@ -87,9 +87,11 @@ def inspect_cmd(
     if as_json:
         sys.stdout.write(json.dumps(insp.inspect_json(plan), indent=1) + "\n")
         return
-    insp.render_report(plan, Console())
+    # a pipe or file gets 160 columns so the per-layer table stays readable; a terminal keeps its width
+    con = Console() if sys.stdout.isatty() else Console(width=160)
+    insp.render_report(plan, con)
     if plot is not None:
-        Console().print(f"wrote {plot}")
+        con.print(f"wrote {plot}")
 
 
 @app.command("reference")

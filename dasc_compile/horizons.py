@@ -43,10 +43,7 @@ def retention_horizon(g: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     is always global (kept) whatever w_max is.
     """
     g = g.to(torch.float64)
-    h = torch.full_like(g, math.inf)
-    neg = g < 0
-    h[neg] = math.log(eps) / g[neg]
-    return h
+    return torch.where(g < 0, math.log(eps) / g, torch.full_like(g, math.inf))
 
 
 def next_pow2(x: float) -> int:

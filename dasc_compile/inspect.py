@@ -541,9 +541,11 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
     title = f"dasc plan: {plain(plan.model.model_type)} ({plan.model.family}, {len(layer_ids)} recurrent layers)"
     fig.suptitle(title, fontsize=12, fontweight="bold")
     if is_initialisation_draw(plan):
-        fig.text(0.5, 0.005, f"provenance: {plain(plan.model.provenance)} - these figures describe no trained model",
-                 ha="center", va="bottom", color="crimson", fontsize=10, fontweight="bold")
-        fig.get_layout_engine().set(rect=(0, 0.03, 1, 0.97))
+        import textwrap
+
+        note = textwrap.fill(f"provenance: {plain(plan.model.provenance)} - these figures describe no trained model",
+                             width=150)
+        fig.supxlabel(note, color="crimson", fontsize=9, fontweight="bold")  # constrained layout makes room
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:

@@ -13,15 +13,20 @@ Two forms:
   (a few KB to a few hundred KB). The bundled copies live in ``plans/reference/<name>/``.
 * :func:`write_full_size`: every parameter of the real checkpoint (names, shapes, dtypes, sharded
   with a ``model.safetensors.index.json``), where every tensor except the decay tensors is a hole:
-  the header is written and the file is extended with ``truncate``, so a 160 GB checkpoint takes
-  a few hundred KB of disk on file systems with sparse files (ext4, xfs, tmpfs, btrfs).
+  the header is written and the file is extended with ``truncate``, so the 163 GB Qwen3-Next
+  checkpoint takes about 16 MB of disk (headers and index) on file systems with sparse files
+  (ext4, xfs, tmpfs, btrfs).
 
 Where the formats come from (see :func:`parameter_table`):
 
-* Configs: the published ``config.json`` files. Qwen3-Next-80B-A3B-Instruct and
-  Kimi-Linear-48B-A3B-Instruct as published on Hugging Face (Kimi's ``quantization_config`` of the
-  mirror it was read from dropped); Qwen3.5-27B from the published Qwen3.x-27B config of the same
-  architecture (``qwen3_5``; every field the compiler reads matches /work/shared/MODELS.md).
+* Configs: transcriptions of published ``config.json`` files. Qwen3-Next-80B-A3B-Instruct as on
+  Hugging Face. Kimi-Linear-48B-A3B-Instruct as re-published by a quantised mirror, with the
+  mirror's ``quantization_config`` removed (its ``transformers_version`` is not known and left
+  out). Qwen3.5-27B: the Qwen3.5-27B file itself was not reachable from here; the config is the
+  published Qwen3.6-27B one, which has the same ``qwen3_5`` architecture and sizes (64 layers,
+  48 GDN layers x 48 value heads, hidden 5120; every field the compiler reads matches
+  /work/shared/MODELS.md, and its parameter table gives the 27.78 B parameters / 55.56 GB that
+  the published index of that architecture lists).
 * Parameter lists: Qwen3-Next and Qwen3.5 follow transformers' model classes (5.12.1), in the
   on-disk layout (per-expert tensors, which transformers fuses on load) plus the ``mtp.*`` tensors
   that transformers skips (SGLang ``models/qwen3_next_mtp.py``, ``qwen3_5_mtp.py``); a test
@@ -42,7 +47,8 @@ Initialisation schemes (MODELS.md "How these models are initialised"):
 * KDA safe gate (fla): ``A_log = 0``, dt_bias as KDA.
 
 Draws use ``torch.Generator().manual_seed(seed)`` in float64, recurrent layer by layer (A_log
-then dt_bias), then cast to the stored dtype, so a seed gives the same bytes on every machine.
+then dt_bias), then cast to the stored dtype: the same seed gives the same bytes (torch's CPU
+generator; the bundled files are checked against a fresh draw by tests/test_reference.py).
 """
 
 from __future__ import annotations
@@ -504,6 +510,9 @@ def write_full_size(model: str | dict, out_dir: str | Path, seed: int = 0, shard
         weight_map.update({prm[0]: fname for prm in shard})
     _write_json(out / DEFAULT_INDEX_NAME, {"metadata": {"total_size": total, PROVENANCE_KEY: note},
                                            "weight_map": weight_map})
+    for stale in out.glob("model-*-of-*.safetensors"):   # shards of an earlier run with another count
+        if stale.name not in set(weight_map.values()):
+            stale.unlink()
     return out
 
 

@@ -314,9 +314,9 @@ class Plan(_Frozen):
 
 
 def canonical_json(plan: Plan) -> str:
-    """Deterministic JSON of ``plan`` (field order fixed by the schema, 1-space indent, newline end)."""
-    raw = json.loads(plan.model_dump_json())  # inf -> "Infinity" (ser_json_inf_nan="strings")
-    return json.dumps(raw, indent=1, sort_keys=False, ensure_ascii=True, allow_nan=False) + "\n"
+    """Deterministic JSON of ``plan``: field order fixed by the schema, compact separators, one
+    trailing newline. Infinite horizons are written as the string ``"Infinity"``."""
+    return plan.model_dump_json() + "\n"  # compact; inf -> "Infinity" (ser_json_inf_nan="strings")
 
 
 def compute_content_hash(plan: Plan) -> str:
@@ -326,6 +326,7 @@ def compute_content_hash(plan: Plan) -> str:
 
 
 def with_content_hash(plan: Plan) -> Plan:
+    """``plan`` with its ``content_hash`` set (see :func:`compute_content_hash`)."""
     return plan.model_copy(update={"content_hash": compute_content_hash(plan)})
 
 

@@ -14,14 +14,13 @@ A plan's per-layer kept-unit lists become, for one TP rank:
   ``[n_scales, 3]`` names the (layer, rank-local head, k) of every scale in storage order.
 
 Heads are sharded contiguously over TP ranks as SGLang does (rank r holds value heads
-``[r*H_r, (r+1)*H_r)``); a compute-head permutation (App. B.1 (a)) is applied by passing
-``rank_heads``, the global head ids a rank holds in its local order.
+``[r*H_r, (r+1)*H_r)``), or as the plan's compute-head permutation says (App. B.1 (a)).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -113,48 +112,20 @@ def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kin
     return index.to(device)
 
 
-def rank_kept_units(plan: Plan, *, tp_rank: int = 0, rank_heads: Optional[Sequence[int]] = None) -> list[list[int]]:
-    """Rank-local kept unit ids per layer of ``plan`` (layer order of ``plan.layers``).
+def build_state_index(plan: Plan, *, tp_rank: int = 0, device: torch.device | str = "cpu") -> StateIndex:
+    """:class:`StateIndex` of TP rank ``tp_rank`` of ``plan``.
 
-    Args:
-        tp_rank: rank r; with contiguous sharding it holds global heads ``[r*H_r, (r+1)*H_r)``.
-        rank_heads: global value-head ids this rank holds, in its local order (overrides the
-            contiguous default; used after a compute-head permutation, App. B.1 (a)).
-
-    Raises:
-        DascInputError: tp_rank outside ``[0, tp_size)`` or rank_heads out of range.
-    """
-    heads_r = plan.tp.heads_per_rank
-    if rank_heads is None:
-        if not 0 <= tp_rank < plan.tp.tp_size:
-            raise DascInputError(f"plan.json: tp_rank must lie in [0, {plan.tp.tp_size}), got {tp_rank}")
-        rank_heads = list(range(tp_rank * heads_r, (tp_rank + 1) * heads_r))
-    rank_heads = [int(h) for h in rank_heads]
-    if any(h < 0 or h >= plan.model.num_value_heads for h in rank_heads):
-        raise DascInputError(f"plan.json: rank_heads must lie in [0, {plan.model.num_value_heads}), got {rank_heads}")
-    local_of = {h: i for i, h in enumerate(rank_heads)}
-    out = []
-    for layer in plan.layers:
-        uph = layer.units_per_head
-        ids = []
-        for u in layer.kept_units:
-            h, k = divmod(u, uph)
-            if h in local_of:
-                ids.append(local_of[h] * uph + k)
-        out.append(sorted(ids))
-    return out
-
-
-def build_state_index(plan: Plan, *, tp_rank: int = 0, rank_heads: Optional[Sequence[int]] = None,
-                      device: torch.device | str = "cpu") -> StateIndex:
-    """:class:`StateIndex` of one TP rank of ``plan`` (contiguous head sharding by default).
+    The rank-local kept units come from ``plan.tp.rank_local_units`` (SGLang's contiguous head
+    sharding, or the compute-head permutation of App. B.1 (a) when the plan has one), so the
+    ragged order is the rank's packing order that storage balancing (Fig. 9 (b)) indexes.
 
     Raises:
-        DascInputError: see :func:`rank_kept_units`.
+        DascInputError: tp_rank outside ``[0, tp_size)``.
     """
-    kept = rank_kept_units(plan, tp_rank=tp_rank, rank_heads=rank_heads)
-    heads = len(rank_heads) if rank_heads is not None else plan.tp.heads_per_rank
-    return state_index_from_kept(kept, heads=heads, unit_kind=plan.model.unit_kind,
+    if not 0 <= tp_rank < plan.tp.tp_size:
+        raise DascInputError(f"plan.json: tp_rank must lie in [0, {plan.tp.tp_size}), got {tp_rank}")
+    kept = plan.tp.rank_local_units([list(layer.kept_units) for layer in plan.layers], tp_rank)
+    return state_index_from_kept(kept, heads=plan.tp.heads_per_rank, unit_kind=plan.model.unit_kind,
                                  dk=plan.model.head_k_dim, device=device)
 
 

@@ -353,3 +353,25 @@ def test_decay_fingerprint_sensitivity():
 def test_config_fingerprint_known_answer():
     assert config_fingerprint({"b": [2], "a": 1}) == hashlib.sha256(b'{"a":1,"b":[2]}').hexdigest()
     assert config_fingerprint({"a": 1, "b": [2]}) == config_fingerprint({"b": [2], "a": 1})
+
+
+def test_provenance_when_metadata_is_not_first_in_header(tmp_path):
+    """safetensors' writer puts __metadata__ first (read from a short prefix); other orders fall back."""
+    a = torch.tensor([0.5, 1.0, 1.5, 2.0])
+    d = torch.ones(4, dtype=torch.bfloat16)
+    data = a.numpy().tobytes() + d.view(torch.uint8).numpy().tobytes()
+    note = "initialisation draw, not trained: x" + "y" * 70000     # longer than the 64 KiB prefix too
+    header = {
+        "model.layers.0.linear_attn.A_log": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "model.layers.0.linear_attn.dt_bias": {"dtype": "BF16", "shape": [4], "data_offsets": [16, 24]},
+        "__metadata__": {"dasc_provenance": note},
+    }
+    raw = json.dumps(header).encode()
+    root = tmp_path / "m"
+    root.mkdir()
+    cfg = {**GDN_CFG, "num_hidden_layers": 2}        # one recurrent layer (0), one full attention (1)
+    (root / "config.json").write_text(json.dumps(cfg))
+    (root / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    src, got = read(root)
+    assert src.provenance == note
+    assert torch.equal(got[0][1], a) and torch.equal(got[1][1], d)

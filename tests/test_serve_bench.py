@@ -56,7 +56,7 @@ def test_recover_records_drops_the_cut_record():
     text = json.dumps(full, indent=2)
     recs, dropped = bt.recover_records(text)
     assert recs == full and dropped == 0
-    cut = text[:-1].rstrip()[:-1] + ', {"id": "c_0", "conversations": [{"from": "hu'
+    cut = text.rstrip()[:-1] + ', {"id": "c_0", "conversations": [{"from": "hu'
     recs, dropped = bt.recover_records(cut)
     assert recs == full
     assert dropped == len('{"id": "c_0", "conversations": [{"from": "hu')
@@ -185,12 +185,16 @@ def test_trace_file_round_trip_and_rejects(tmp_path):
     convs, _ = bt.select_conversations(_records(40), enc, CHAT, PARAMS)
     obj = bt.trace_to_json(convs, PARAMS, source={"file": "toy"}, tokenizer={"name": "chars"})
     assert obj["stats"]["requests"] == 4
+    p0, p1 = (sum(c.prompt_len(k) for c in convs) for k in (0, 1))
+    assert obj["stats"]["prompt_reuse_bound"] == round(p0 / (p0 + p1), 4)
     assert obj["stats"]["stored_tokens"] == sum(len(s) for c in convs for s in c.segments)
     for name in ("t.json", "t.json.gz"):
         bt.write_trace(tmp_path / name, obj)
         header, back = bt.load_trace(tmp_path / name)
         assert back == convs and header["tokenizer"] == {"name": "chars"}
     assert gzip.decompress((tmp_path / "t.json.gz").read_bytes())[:1] == b"{"
+    bt.write_trace(tmp_path / "other.json.gz", obj)          # byte-identical under any name
+    assert (tmp_path / "other.json.gz").read_bytes() == (tmp_path / "t.json.gz").read_bytes()
     bad = json.loads(json.dumps(obj))
     bad["version"] = 99
     (tmp_path / "v.json").write_text(json.dumps(bad))
@@ -252,7 +256,7 @@ class FakeSGLang:
                 self.wfile.write(body)
 
             def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path == "/flush_cache":
                     with fake.lock:
                         fake.seen.clear()
@@ -261,9 +265,12 @@ class FakeSGLang:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                fake.generate(self, payload)
+                fake.generate(self, json.loads(body))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 512          # like uvicorn's large backlog
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -347,7 +354,7 @@ def test_client_records_match_server(fake):
         assert r.cached_tokens == (0 if r.turn == 0 else c.prompt_len(r.turn - 1))
         assert r.completion_tokens == r.max_new_tokens == c.decode_tokens[r.turn]
         assert r.ttft_s >= fake.ttft_delay
-        assert r.e2e_s >= r.ttft_s + (r.max_new_tokens - 1) * fake.token_delay
+        assert r.e2e_s >= max(r.ttft_s, fake.ttft_delay + (r.max_new_tokens - 1) * fake.token_delay)
         assert r.e2e_s <= wall
     assert fake.max_in_flight == 2
     # request body: the token ids, forced decode length, greedy, streaming
@@ -428,7 +435,8 @@ def test_main_end_to_end(fake, tmp_path):
     assert all(r["cached_tokens"] == 0 for r in res["requests"] if r["turn"] == 0)
     assert "| int8 | 96 | 12 | 0 |" in (tmp_path / "int8.md").read_text()
     assert sb.main(["--trace", str(tmp_path / "t.json.gz"), "--arm", "x", "--out",
-                    str(tmp_path / "y"), "--num-conversations", "9"]) == 2
+                    str(tmp_path / "y"), "--checkpoint-capacity", "1",
+                    "--num-conversations", "9"]) == 2
 
 
 def test_plot_combines_runs(tmp_path):

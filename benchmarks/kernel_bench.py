@@ -1,0 +1,374 @@
+#!/usr/bin/env python
+"""Throughput of dasc's state-checkpoint kernels against copy bandwidth and two baselines.
+
+For each model shape (per TP rank) and batch N of slots it times, with ``triton.testing.do_bench``
+(median, L2 flushed between runs):
+
+* ``pack`` / ``load`` (dasc-nr): GB/s = (bytes read + bytes written) / time, where a pack reads and
+  writes the kept temporal units plus the conv state, and a load reads them and writes the whole
+  dense slot (kept units, zero-filled local units, conv);
+* (a) the device's copy bandwidth: ``torch`` ``dst.copy_(src)`` of a buffer the size of the pack
+  payload (2 x bytes / time), the same bytes as the op;
+* (b) a per-layer torch-indexing baseline (one gather and one scatter per recurrent layer);
+* (c) for ``pack_int8`` / ``load_int8``: SGLang 0.5.17's INT8 checkpoint store
+  (``sglang/srt/mem_cache/mamba_checkpoint_pool.py``, ``store_from_active`` / ``load_to_active``),
+  which quantises every unit; the column is skipped when SGLang does not import. dasc INT8 with
+  every unit kept is also timed, to compare kernels at equal payload.
+
+Kept sets are uneven per layer: layer l keeps a fraction from ``--keep-min`` to ``--keep-max``
+(spread over layers in a shuffled order) of its units, drawn at random with ``--seed``.
+
+Targets (issue "dasc compile must also emit the kernels"): pack/load >= 85 % of copy bandwidth at
+N >= 8, >= 5x the per-layer baseline at N = 1, INT8 pack faster than SGLang's.
+
+Run on the GPU (prints a table and appends a Markdown section with the command line and device):
+    python benchmarks/kernel_bench.py --out BENCHMARKS.md
+    PYTHONPATH=/path/to/sglang/python python benchmarks/kernel_bench.py --out BENCHMARKS.md
+Check the script itself on a CPU (Triton interpreter, tiny shapes, timings meaningless):
+    python benchmarks/kernel_bench.py --smoke --out /tmp/bench.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+SHAPES = {
+    # name: (layers, unit kind, heads per rank, dv, dk, conv inner shape)  -- SGLang 0.5.17 layouts
+    "qwen3next-tp1": (36, "gdn_head", 32, 128, 128, (8192, 3)),
+    "qwen3next-tp8": (36, "gdn_head", 4, 128, 128, (1024, 3)),
+    "kimi-linear-tp1": (20, "kda_column", 32, 128, 128, (3, 12288)),
+    "kimi-linear-tp8": (20, "kda_column", 4, 128, 128, (3, 1536)),
+}
+SMOKE_SHAPES = {
+    "tiny-gdn": (3, "gdn_head", 2, 4, 8, (24, 3)),
+    "tiny-kda": (3, "kda_column", 2, 4, 8, (3, 24)),
+}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="append a Markdown section to this file (BENCHMARKS.md)")
+    ap.add_argument("--shapes", nargs="+", default=None, help=f"subset of {list(SHAPES)}")
+    ap.add_argument("--n", nargs="+", type=int, default=[1, 8, 64], help="slots per launch")
+    ap.add_argument("--keep-min", type=float, default=1 / 3)
+    ap.add_argument("--keep-max", type=float, default=2 / 3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup (ms)")
+    ap.add_argument("--rep", type=int, default=200, help="do_bench repetition time (ms)")
+    ap.add_argument("--no-int8", action="store_true", help="skip the INT8 rows")
+    ap.add_argument("--no-sglang", action="store_true", help="skip the SGLang INT8 column")
+    ap.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes (checks the script)")
+    return ap.parse_args(argv)
+
+
+@dataclass
+class Row:
+    shape: str
+    op: str
+    n: int
+    mbytes: float          # bytes read + written per call, MB
+    us: float              # kernel time, microseconds
+    gbps: float
+    copy_gbps: float
+    per_layer_us: float | None = None
+    sglang_us: float | None = None
+    note: str = ""
+
+    @property
+    def pct_copy(self) -> float:
+        return 100.0 * self.gbps / self.copy_gbps if self.copy_gbps else float("nan")
+
+
+def kept_sets(n_units: int, layers: int, lo: float, hi: float, seed: int, torch) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    fracs = [lo + (hi - lo) * i / max(1, layers - 1) for i in range(layers)]
+    order = torch.randperm(layers, generator=g).tolist()
+    out = []
+    for l in range(layers):
+        r = max(1, round(fracs[order[l]] * n_units))
+        out.append(sorted(torch.randperm(n_units, generator=g)[:r].tolist()))
+    return out
+
+
+def make_timer(smoke: bool, warmup: int, rep: int, torch):
+    if smoke:
+        def bench(fn):
+            fn()
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times) * 1e6
+        return bench
+    import triton.testing
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+    return bench
+
+
+def load_sglang_int8():
+    try:
+        from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+        return MambaCheckpointPool, ""
+    except Exception as exc:  # SGLang not on PYTHONPATH or missing its dependencies
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
+    from dasc_compile.kernels import make_constants, render_kernel_module
+    from dasc_runtime.indexing import state_index_from_kept
+    from dasc_runtime.kernel_loader import load_kernel_module
+
+    L, kind, H, dv, dk, conv_shape = spec
+    c = make_constants(num_layers=L, unit_kind=kind, heads=H, dv=dv, dk=dk, conv_shapes=[conv_shape],
+                       int8=not args.no_int8, tile=16 if args.smoke else 4096)
+    file_name, src = render_kernel_module(c)
+    (mods / file_name).write_text(src)
+    mod = load_kernel_module(mods, file_name, interpret=args.smoke)
+    uph = 1 if kind == "gdn_head" else dk
+    n_units = H * uph
+    kept = kept_sets(n_units, L, args.keep_min, args.keep_max, args.seed, torch)
+    idx = state_index_from_kept(kept, heads=H, unit_kind=kind, dk=dk, device=device)
+    full = state_index_from_kept([list(range(n_units))] * L, heads=H, unit_kind=kind, dk=dk, device=device)
+    R = idx.num_rows
+    unit = (dv, dk) if kind == "gdn_head" else (dv,)
+    unit_elems = dv * dk if kind == "gdn_head" else dv
+    n_max = max(args.n)
+    S = 2 * n_max + 1
+    f32, bf16 = torch.float32, torch.bfloat16
+    temporal = torch.randn(L, S + 1, H, dv, dk, device=device, dtype=f32)
+    conv = [torch.randn(L, S + 1, *conv_shape, device=device).to(bf16)]
+    comp = torch.zeros(n_max + 1, R, *unit, device=device, dtype=f32)
+    comp_conv = [torch.zeros(L, n_max + 1, *conv_shape, device=device, dtype=bf16)]
+    conv_bytes = L * conv_shape[0] * conv_shape[1] * 2
+    kept_bytes = R * unit_elems * 4
+    dense_bytes = L * H * dv * dk * 4
+    offsets = idx.offsets.tolist()
+    kept_t = [torch.tensor(k, dtype=torch.int64, device=device) for k in kept]
+    rows = []
+
+    def bits(t):
+        return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+    def verify(op, fn, base, slots_written) -> str:
+        """Kernel and per-layer baseline must write bit-identical outputs (checked after timing)."""
+        outs = [(comp, 0), *[(c, 1) for c in comp_conv]] if op == "pack" else [(temporal, 1), *[(c, 1) for c in conv]]
+        results = []
+        for run in (fn, base):
+            for t, axis in outs:
+                t.select(axis, 0).fill_(0)      # keep slot 0 as the reserved padding slot
+                t.index_fill_(axis, slots_written, float("nan") if t.dtype.is_floating_point else -1)
+            run()
+            results.append([t.clone() for t, _ in outs])
+        if not all(torch.equal(bits(a), bits(b)) for a, b in zip(*results)):
+            raise SystemExit(f"kernel_bench: {name} {op} differs from the per-layer baseline")
+        return "verified"
+
+    for n in args.n:
+        src = torch.arange(1, n + 1, device=device, dtype=torch.int64)                 # active slots 1..n
+        back = torch.arange(n + 1, 2 * n + 1, device=device, dtype=torch.int64)        # active slots n+1..2n
+        dst = torch.arange(1, n + 1, device=device, dtype=torch.int64)                 # ragged slots 1..n
+        payload = n * (kept_bytes + conv_bytes)
+        buf_a = torch.empty(payload, dtype=torch.uint8, device=device)
+        buf_b = torch.empty_like(buf_a)
+        t_copy = bench(lambda: buf_b.copy_(buf_a))
+        copy_gbps = 2 * payload / t_copy / 1e3
+
+        def pack():
+            mod.pack(temporal=temporal, conv=conv, src_slots=src, comp_temporal=comp, comp_conv=comp_conv,
+                     dst_slots=dst, unit_row=idx.unit_row, check_slots=False)
+
+        def load():
+            mod.load(comp_temporal=comp, comp_conv=comp_conv, src_slots=dst, temporal=temporal, conv=conv,
+                     dst_slots=back, unit_row=idx.unit_row, check_slots=False)
+
+        def pack_per_layer():
+            for l in range(L):
+                o0, o1 = offsets[l], offsets[l + 1]
+                if o0 == o1:
+                    continue
+                u = kept_t[l]
+                if kind == "gdn_head":
+                    vals = temporal[l][src[:, None], u[None, :]]                            # [n, r, dv, dk]
+                else:
+                    vals = temporal[l][src[:, None], u[None, :] // dk, :, u[None, :] % dk]  # [n, r, dv]
+                comp[dst, o0:o1] = vals
+            for cv, cc in zip(conv, comp_conv):
+                cc[:, dst] = cv[:, src]
+
+        def load_per_layer():
+            for l in range(L):
+                o0, o1 = offsets[l], offsets[l + 1]
+                temporal[l, back] = 0
+                if o0 == o1:
+                    continue
+                u = kept_t[l]
+                vals = comp[dst, o0:o1]
+                if kind == "gdn_head":
+                    temporal[l][back[:, None], u[None, :]] = vals
+                else:
+                    temporal[l][back[:, None], u[None, :] // dk, :, u[None, :] % dk] = vals
+            for cv, cc in zip(conv, comp_conv):
+                cv[:, back] = cc[:, dst]
+
+        for op, fn, base, moved in (
+            ("pack", pack, pack_per_layer, 2 * payload),
+            ("load", load, load_per_layer, payload + n * (dense_bytes + conv_bytes)),
+        ):
+            t = bench(fn)
+            tb = bench(base)
+            rows.append(Row(name, op, n, moved / 1e6, t, moved / t / 1e3, copy_gbps, per_layer_us=tb,
+                            note=verify(op, fn, base, dst if op == "pack" else back)))
+        del buf_a, buf_b
+
+        if args.no_int8:
+            continue
+        comp_q = torch.zeros(n + 1, R, *unit, device=device, dtype=torch.int8)
+        comp_s = torch.zeros((n + 1, R) + ((dk,) if kind == "gdn_head" else ()), device=device, dtype=f32)
+        comp_cq = [torch.zeros(L, n + 1, *conv_shape, device=device, dtype=bf16)]
+        full_q = torch.zeros(n + 1, full.num_rows, *unit, device=device, dtype=torch.int8)
+        full_s = torch.zeros((n + 1, full.num_rows) + ((dk,) if kind == "gdn_head" else ()), device=device, dtype=f32)
+        scale_per_unit = dk if kind == "gdn_head" else 1
+
+        def pack_int8(q=comp_q, s=comp_s, index=idx):
+            mod.pack_int8(temporal=temporal, conv=conv, src_slots=src, comp_q=q, comp_scale=s, comp_conv=comp_cq,
+                          dst_slots=dst, unit_row=index.unit_row, check_slots=False)
+
+        def load_int8(q=comp_q, s=comp_s, index=idx):
+            mod.load_int8(comp_q=q, comp_scale=s, comp_conv=comp_cq, src_slots=dst, temporal=temporal, conv=conv,
+                          dst_slots=back, unit_row=index.unit_row, check_slots=False)
+
+        sg_pack = sg_load = None
+        if sglang_cls is not None:
+            pool = sglang_cls(num_layers=L, num_slots=n, num_heads=H, head_v_dim=dv, head_k_dim=dk,
+                              conv_shapes=[conv_shape], conv_dtype=bf16, device=device, temporal_dtype=f32)
+            active = types.SimpleNamespace(mamba_cache=types.SimpleNamespace(temporal=temporal, conv=conv))
+            sg_pack = bench(lambda: pool.store_from_active(active, src, dst))
+            sg_load = bench(lambda: pool.load_to_active(active, dst, back))
+            del pool
+
+        for op, fn, sg, rows_used in (
+            ("pack_int8", pack_int8, sg_pack, R),
+            ("load_int8", load_int8, sg_load, R),
+            ("pack_int8 (all kept)", lambda: pack_int8(full_q, full_s, full), sg_pack, full.num_rows),
+            ("load_int8 (all kept)", lambda: load_int8(full_q, full_s, full), sg_load, full.num_rows),
+        ):
+            ragged = rows_used * (unit_elems + scale_per_unit * 4) + conv_bytes      # int8 payload + scales + conv
+            if op.startswith("pack"):   # reads the kept FP32 units and conv, writes the INT8 checkpoint
+                moved = n * (rows_used * unit_elems * 4 + conv_bytes + ragged)
+            else:                       # reads the INT8 checkpoint, writes the whole dense slot and conv
+                moved = n * (ragged + dense_bytes + conv_bytes)
+            t = bench(fn)
+            rows.append(Row(name, op, n, moved / 1e6, t, moved / t / 1e3, copy_gbps, sglang_us=sg))
+    return rows
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows: list[Row], sglang_note: str) -> list[str]:
+    head = ("| shape | op | N | MB moved | time us | GB/s | copy GB/s | % copy | per-layer us | speedup "
+            "| SGLang INT8 us | vs SGLang |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        sp = None if r.per_layer_us is None else r.per_layer_us / r.us
+        vs = None if r.sglang_us is None else r.sglang_us / r.us
+        lines.append(f"| {r.shape} | {r.op} | {r.n} | {r.mbytes:.1f} | {r.us:.1f} | {r.gbps:.0f} | {r.copy_gbps:.0f} "
+                     f"| {r.pct_copy:.0f} | {fmt(r.per_layer_us, '.1f')} | {fmt(sp, '.1f')}x "
+                     f"| {fmt(r.sglang_us, '.1f')} | {fmt(vs, '.2f')}x |")
+    if sglang_note:
+        lines.append("")
+        lines.append(f"SGLang INT8 column skipped: {sglang_note}")
+    return lines
+
+
+def targets(rows: list[Row]) -> list[str]:
+    out = []
+    for r in rows:
+        if r.op in ("pack", "load") and r.n >= 8:
+            out.append(f"{'PASS' if r.pct_copy >= 85 else 'MISS'} {r.shape} {r.op} N={r.n}: "
+                       f"{r.pct_copy:.0f} % of copy bandwidth (target >= 85 %)")
+        if r.op in ("pack", "load") and r.n == 1 and r.per_layer_us:
+            sp = r.per_layer_us / r.us
+            out.append(f"{'PASS' if sp >= 5 else 'MISS'} {r.shape} {r.op} N=1: {sp:.1f}x the per-layer baseline "
+                       f"(target >= 5x)")
+        if r.op == "pack_int8" and r.sglang_us:
+            out.append(f"{'PASS' if r.us < r.sglang_us else 'MISS'} {r.shape} pack_int8 N={r.n}: {r.us:.1f} us vs "
+                       f"SGLang {r.sglang_us:.1f} us")
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    import torch
+    import triton
+
+    if args.smoke:
+        device, shapes = "cpu", dict(SMOKE_SHAPES)
+        args.n = [n for n in args.n if n <= 2] or [1]
+    else:
+        if not torch.cuda.is_available():
+            print("kernel_bench: CUDA is not available (use --smoke to check the script on a CPU)", file=sys.stderr)
+            return 2
+        device = "cuda"
+        shapes = {k: SHAPES[k] for k in (args.shapes or SHAPES)}
+    bench = make_timer(args.smoke, args.warmup, args.rep, torch)
+    if args.no_int8 or args.no_sglang:
+        sglang_cls, sglang_note = None, "--no-int8" if args.no_int8 else "--no-sglang"
+    else:
+        sglang_cls, sglang_note = load_sglang_int8()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or 'unknown'}), Triton interpreter"
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, spec in shapes.items():
+            rows += run_shape(name, spec, args, bench, device, torch, Path(tmp), sglang_cls)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    lines = table(rows, sglang_note)
+    goals = targets(rows)
+    print(f"device: {device_name}; torch {torch.__version__}, triton {triton.__version__}")
+    print("\n".join(lines))
+    print()
+    print("\n".join(goals))
+    if args.out is not None:
+        cmd = " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix()] + (argv if argv is not None else sys.argv[1:]))
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        section = [
+            "", f"## State-checkpoint kernels ({stamp})", "",
+            f"Command: `python {cmd}`", "",
+            f"Device: {device_name}; torch {torch.__version__}, triton {triton.__version__}; "
+            f"kept fraction per layer {args.keep_min:.2f}..{args.keep_max:.2f} (seed {args.seed}); "
+            "times are do_bench medians with L2 flushed; slot-value checks off (check_slots=False); "
+            "pack / load outputs were checked bit-identical to the per-layer baseline.", "",
+            "GB/s counts bytes read + written: pack moves the kept units and conv in and out; load reads them "
+            "and writes the whole dense slot (zero-filled local units). `copy GB/s` is a torch copy of the pack "
+            "payload; `speedup` is the per-layer torch-indexing baseline time / kernel time; `vs SGLang` is "
+            "SGLang's INT8 checkpoint store time / dasc time (SGLang quantises every unit).", "",
+            *lines, "", *[f"- {g}" for g in goals], "",
+        ]
+        with open(args.out, "a") as fh:
+            fh.write("\n".join(section))
+        print(f"\nappended to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
