@@ -189,7 +189,7 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
 
         def pack():
             mod.pack(temporal=temporal, conv=conv, src_slots=src, comp_temporal=comp, comp_conv=comp_conv,
-                     dst_slots=dst, unit_row=idx.unit_row, check_slots=False)
+                     dst_slots=dst, unit_row=idx.unit_row, kept_heads=idx.kept_heads, check_slots=False)
 
         def load():
             mod.load(comp_temporal=comp, comp_conv=comp_conv, src_slots=dst, temporal=temporal, conv=conv,
@@ -245,7 +245,7 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
 
         def pack_int8(q=comp_q, s=comp_s, index=idx):
             mod.pack_int8(temporal=temporal, conv=conv, src_slots=src, comp_q=q, comp_scale=s, comp_conv=comp_cq,
-                          dst_slots=dst, unit_row=index.unit_row, check_slots=False)
+                          dst_slots=dst, unit_row=index.unit_row, kept_heads=index.kept_heads, check_slots=False)
 
         def load_int8(q=comp_q, s=comp_s, index=idx):
             mod.load_int8(comp_q=q, comp_scale=s, comp_conv=comp_cq, src_slots=dst, temporal=temporal, conv=conv,
@@ -349,7 +349,9 @@ def main(argv=None) -> int:
     print()
     print("\n".join(goals))
     if args.out is not None:
-        cmd = " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix()] + (argv if argv is not None else sys.argv[1:]))
+        script = os.path.relpath(sys.argv[0])
+        script = sys.argv[0] if script.startswith("..") else script
+        cmd = " ".join(shlex.quote(a) for a in [script] + (argv if argv is not None else sys.argv[1:]))
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         section = [
             "", f"## State-checkpoint kernels ({stamp})", "",

@@ -8,7 +8,10 @@ A plan's per-layer kept-unit lists become, for one TP rank:
 * ``offsets`` int64 ``[L+1]``: ragged offsets o_0 = 0, o_l = o_(l-1) + r_l (layer l owns rows
   ``[o_(l-1), o_l)``);
 * ``unit_row`` int64 ``[L, H * units_per_head]``: the inverse map, ragged row of each unit or
-  -1 for a local (omitted) unit. This is the one tensor the kernels read;
+  -1 for a local (omitted) unit. This is the tensor every kernel reads;
+* ``kept_heads`` / ``local_heads`` int64: flat ids ``l * H + h`` of the heads holding at least one
+  kept / local unit, ascending: the work lists of ``pack`` (and ``pack_int8``) and of
+  ``refresh_copy``, so that no program is launched for a head it would skip;
 * the INT8 scale layout (App. E.1): per ragged slot the scales are ``[R, dk]`` (GDN head: one
   per k of the kept head) or ``[R]`` (KDA column: one per kept column); ``scale_lhk`` int64
   ``[n_scales, 3]`` names the (layer, rank-local head, k) of every scale in storage order.
@@ -34,6 +37,7 @@ class StateIndex:
 
     Attributes:
         unit_layer / unit_index: ``[R]``. offsets: ``[L+1]``. unit_row: ``[L, H * units_per_head]``.
+        kept_heads / local_heads: ``[P]`` flat head ids ``l * H + h`` with a kept / local unit.
         scale_lhk: ``[n_scales, 3]`` (layer, head, k) of each INT8 scale in storage order.
         heads: H on this rank. units_per_head: 1 (GDN) or d_k (KDA). dk: key dim.
         unit_kind: ``gdn_head`` | ``kda_column``.
@@ -43,6 +47,8 @@ class StateIndex:
     unit_index: torch.Tensor
     offsets: torch.Tensor
     unit_row: torch.Tensor
+    kept_heads: torch.Tensor
+    local_heads: torch.Tensor
     scale_lhk: torch.Tensor
     heads: int
     units_per_head: int
@@ -65,7 +71,8 @@ class StateIndex:
 
     def to(self, device) -> "StateIndex":
         return replace(self, **{f: getattr(self, f).to(device) for f in
-                                ("unit_layer", "unit_index", "offsets", "unit_row", "scale_lhk")})
+                                ("unit_layer", "unit_index", "offsets", "unit_row", "kept_heads",
+                                 "local_heads", "scale_lhk")})
 
 
 def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kind: str, dk: int,
@@ -105,8 +112,12 @@ def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kin
                                  ks.repeat(len(units))], dim=1)
     else:
         scale_lhk = torch.stack([unit_layer, unit_index // dk, unit_index % dk], dim=1)
+    per_head = (unit_row >= 0).reshape(len(kept), heads, uph)
+    kept_heads = torch.nonzero(per_head.any(dim=2).reshape(-1)).reshape(-1)
+    local_heads = torch.nonzero((~per_head).any(dim=2).reshape(-1)).reshape(-1)
     index = StateIndex(unit_layer=unit_layer, unit_index=unit_index,
                        offsets=torch.tensor(offsets, dtype=torch.int64), unit_row=unit_row,
+                       kept_heads=kept_heads, local_heads=local_heads,
                        scale_lhk=scale_lhk.reshape(-1, 3), heads=heads, units_per_head=uph, dk=dk,
                        unit_kind=unit_kind)
     return index.to(device)

@@ -9,12 +9,15 @@ the file is the one the plan names (its ``KEY`` and ``OPS``).
 Running the kernels on CPU tensors uses Triton's interpreter: ``interpret=True`` sets
 ``TRITON_INTERPRET=1`` while the module is executed (Triton decides at decoration time) and
 registers it under a separate name, so a compiled and an interpreted copy can coexist in one
-process. Callers must keep ``TRITON_INTERPRET=1`` set while they launch interpreted kernels.
+process. The rendered kernels call only builtins of ``triton.language`` (not its own ``@jit``
+helpers such as ``tl.max``), so this works even when triton was imported earlier without the
+variable; callers should still keep ``TRITON_INTERPRET=1`` set while launching interpreted kernels.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -22,7 +25,7 @@ from types import ModuleType
 from typing import Optional
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.schema import KernelModule
+from dasc_compile.schema import PLAN_FILENAME, KernelModule
 
 MODULE_PREFIX = "dasc_plan_kernels_"
 
@@ -67,8 +70,31 @@ def load_kernel_module(plan_dir: str | Path, file_name: str, *, key: Optional[st
     return module
 
 
-def load_plan_kernels(plan_dir: str | Path, entry: KernelModule, *, interpret: bool = False) -> ModuleType:
-    """Import the module that ``Plan.kernels`` (``entry``) names, checking its key and ops."""
+def load_plan_kernels(plan_dir: str | Path, entry: Optional[KernelModule] = None, *,
+                      interpret: bool = False) -> ModuleType:
+    """Import the module that ``Plan.kernels`` names, checking its key and ops.
+
+    Args:
+        plan_dir: the plan directory. entry: the plan's ``kernels`` record; read from
+            ``plan_dir/plan.json`` when omitted (only that field is parsed).
+        interpret: see :func:`load_kernel_module`.
+
+    Raises:
+        DascInputError: plan.json is missing or unreadable, has no kernels entry, or the module
+            does not match it (see :func:`load_kernel_module`).
+    """
+    if entry is None:
+        path = Path(plan_dir) / PLAN_FILENAME
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DascInputError(f"{path}: cannot read the plan ({type(exc).__name__}: {exc})") from None
+        if not isinstance(raw, dict) or not raw.get("kernels"):
+            raise DascInputError(f"{path}: the plan has no 'kernels' entry (compiled without kernels)")
+        try:
+            entry = KernelModule.model_validate(raw["kernels"])
+        except ValueError as exc:
+            raise DascInputError(f"{path}: field 'kernels' is not a kernel module record ({exc})") from None
     return load_kernel_module(plan_dir, entry.file, key=entry.key, ops=list(entry.ops), interpret=interpret)
 
 

@@ -7,7 +7,9 @@ Two implementations of one small interface, chosen by :func:`select_ops`:
 * the plan's generated Triton kernels (``dasc_runtime.kernel_loader``), wrapped by
   :class:`KernelOps` when the plan directory holds a kernel module and the pool is on CUDA.
 
-Both implement, for a batch of N checkpoints:
+Both implement ``store(pool, cache, src_slots, rows)`` and ``load(pool, cache, rows, dst_slots)``
+(``cache`` is SGLang's ``MambaPool.mamba_cache``, ``rows`` are compressed pool rows 1..C). The
+reference builds them from, for a batch of N checkpoints:
 
 * ``pack_units(layout, temporal, active_slots) -> units [N, n_local, *unit]`` (temporal dtype):
   the kept (global) units of each active slot in ragged order.
@@ -25,6 +27,7 @@ slot tensors are int64 ``[N]`` on the pool's device; ``unit`` is ``(d_v, d_k)`` 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -59,6 +62,30 @@ class ReferenceOps:
     """Plain-PyTorch store/load (the runtime's reference; see module docstring for shapes)."""
 
     name = "reference"
+
+    def store(self, pool, cache, src_slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Pack ``cache`` (SGLang ``MambaPool.State``) slots ``src_slots`` into ``pool`` rows ``rows``."""
+        layout = pool.layout
+        units = self.pack_units(layout, cache.temporal, src_slots)            # [N, n_local, *unit]
+        if layout.int8:
+            q, s = self.quantize(layout, units)
+            pool.write_units(pool.temporal, rows, q)
+            pool.write_units(pool.scale, rows, s)
+        else:
+            pool.write_units(pool.temporal, rows, units.to(pool.temporal.dtype))
+        for c, pc in zip(cache.conv, pool.conv):
+            pc.index_copy_(1, rows, c.index_select(1, src_slots).to(pc.dtype))
+
+    def load(self, pool, cache, rows: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """dasc-nr restore of ``pool`` rows ``rows`` into ``cache`` slots ``dst_slots`` (all layers)."""
+        layout = pool.layout
+        if layout.int8:
+            units = self.dequantize(layout, pool.read_units(pool.temporal, rows), pool.read_units(pool.scale, rows))
+        else:
+            units = pool.read_units(pool.temporal, rows)
+        self.unpack_units(layout, cache.temporal, dst_slots, units)
+        for c, pc in zip(cache.conv, pool.conv):
+            c.index_copy_(1, dst_slots, pc.index_select(1, rows).to(c.dtype))
 
     def pack_units(self, layout: RankLayout, temporal: torch.Tensor, active_slots: torch.Tensor) -> torch.Tensor:
         """Kept units of ``active_slots``: ``[N, n_local, *unit]`` in the temporal dtype (ragged order)."""
@@ -98,33 +125,69 @@ class ReferenceOps:
 
 
 class KernelOps(ReferenceOps):
-    """The plan's generated kernels behind the same interface (falls back to the reference per op).
+    """The plan's generated Triton kernels (``templates/state_kernels.py.jinja``) behind the same interface.
 
-    ``module`` is what ``dasc_runtime.kernel_loader`` returns for the plan directory; any op the
-    module does not provide is served by :class:`ReferenceOps`.
+    One launch moves all layers (and the conv state) of a batch of slots. Storage balancing
+    (``layout.storage``) needs the units staged for the all-to-all, so those pools use the reference.
+
+    Args:
+        module: the plan's kernel module (``dasc_runtime.kernel_loader.load_plan_kernels``).
+        index: this rank's ``dasc_runtime.indexing.StateIndex`` on the pool device.
     """
 
     name = "kernels"
 
-    def __init__(self, module) -> None:
+    def __init__(self, module, index) -> None:
         self.module = module
+        self.index = index
+
+    def store(self, pool, cache, src_slots: torch.Tensor, rows: torch.Tensor) -> None:
+        if pool.layout.storage is not None:
+            return super().store(pool, cache, src_slots, rows)
+        m, ix = self.module, self.index
+        if pool.layout.int8:
+            m.pack_int8(temporal=cache.temporal, conv=list(cache.conv), src_slots=src_slots, comp_q=pool.temporal,
+                        comp_scale=pool.scale, comp_conv=pool.conv, dst_slots=rows, unit_row=ix.unit_row,
+                        kept_heads=ix.kept_heads, check_slots=False)
+        else:
+            m.pack(temporal=cache.temporal, conv=list(cache.conv), src_slots=src_slots, comp_temporal=pool.temporal,
+                   comp_conv=pool.conv, dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads,
+                   check_slots=False)
+
+    def load(self, pool, cache, rows: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        if pool.layout.storage is not None:
+            return super().load(pool, cache, rows, dst_slots)
+        m, ix = self.module, self.index
+        if pool.layout.int8:
+            m.load_int8(comp_q=pool.temporal, comp_scale=pool.scale, comp_conv=pool.conv, src_slots=rows,
+                        temporal=cache.temporal, conv=list(cache.conv), dst_slots=dst_slots, unit_row=ix.unit_row,
+                        check_slots=False)
+        else:
+            m.load(comp_temporal=pool.temporal, comp_conv=pool.conv, src_slots=rows, temporal=cache.temporal,
+                   conv=list(cache.conv), dst_slots=dst_slots, unit_row=ix.unit_row, check_slots=False)
 
 
-def select_ops(plan_dir, device: torch.device | str) -> ReferenceOps:
-    """The ops for a pool on ``device``: generated kernels on CUDA when loadable, else the reference.
+def select_ops(plan, plan_dir, layout: RankLayout, device: torch.device | str, *, interpret: bool = False) -> ReferenceOps:
+    """The ops for a pool on ``device``.
 
-    Never raises for a missing kernel module (logs which path is used); the reference is exact.
+    The plan's generated kernels when the pool is on CUDA (or ``interpret`` asks for Triton's CPU
+    interpreter), the plan directory holds its kernel module and storage balancing is off; the
+    PyTorch reference otherwise (always exact), or when ``DASC_OPS=reference`` is set.
+
+    Raises:
+        DascInputError: the plan names a kernel module that does not load (stale or foreign file).
     """
     dev = torch.device(device)
-    if dev.type != "cuda" or plan_dir is None:
+    if os.environ.get("DASC_OPS", "") == "reference":
+        logger.info("dasc: DASC_OPS=reference: using the PyTorch store/load")
         return ReferenceOps()
-    try:
-        from dasc_runtime import kernel_loader  # written by the kernels helper
-    except ImportError:
-        logger.info("dasc: no kernel loader in this install; using the PyTorch reference store/load")
+    if plan is None or plan_dir is None or plan.kernels is None or (dev.type != "cuda" and not interpret):
         return ReferenceOps()
-    loader = getattr(kernel_loader, "load_plan_kernels", None)
-    if loader is None:
-        logger.info("dasc: kernel loader has no load_plan_kernels(); using the PyTorch reference store/load")
+    if layout.storage is not None:
+        logger.info("dasc: storage balancing stages units for the all-to-all; using the PyTorch store/load")
         return ReferenceOps()
-    return KernelOps(loader(plan_dir))
+    from dasc_runtime.indexing import build_state_index
+    from dasc_runtime.kernel_loader import load_plan_kernels
+
+    module = load_plan_kernels(plan_dir, plan.kernels, interpret=interpret)
+    return KernelOps(module, build_state_index(plan, tp_rank=layout.tp_rank, device=dev))

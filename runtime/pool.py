@@ -8,8 +8,8 @@ Storage per slot (slot 0 reserved, as SGLang's allocators reserve it):
 
 * temporal: ``[C+1, width, *unit]`` in the temporal dtype, or the INT8 payload ``[C+1, width,
   *unit]`` int8 plus scales ``[C+1, width, *scale_shape]`` in the temporal dtype (App. E.1);
-* conv: one ``[C+1, L, *conv_shape]`` tensor per SGLang conv tensor, in the conv dtype, whole
-  (conv state is not compressed).
+* conv: one ``[L, C+1, *conv_shape]`` tensor per SGLang conv tensor, in the conv dtype, whole
+  (conv state is not compressed; layer-major like SGLang's pool and the generated kernels).
 
 Slot ids. The pool shares one id space with SGLang's native Mamba slots ``0..M``: compressed slot
 ``c`` (1..C) is id ``M + 1 + c``. A compressed id handed out by :meth:`alloc` is a one-element
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -38,6 +39,8 @@ __all__ = ["DascCheckpointPool", "PoolCounters", "MatchedMemory", "matched_memor
 logger = logging.getLogger(__name__)
 
 TIER_HINT_ATTR = "_dasc_compressed_rows"
+# DASC_LOG_RESTORES=1: one INFO line per restored batch (evidence for smoke runs; off by default)
+_LOG_RESTORES = os.environ.get("DASC_LOG_RESTORES", "0") == "1"
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -167,7 +170,7 @@ class DascCheckpointPool:
             self.temporal = torch.zeros((rows, layout.width, *layout.unit_shape), dtype=layout.temporal_dtype,
                                         device=self.device)
             self.scale = None
-        self.conv = [torch.zeros((rows, layout.num_layers, *s), dtype=layout.conv_dtype, device=self.device)
+        self.conv = [torch.zeros((layout.num_layers, rows, *s), dtype=layout.conv_dtype, device=self.device)
                      for s in self.conv_shapes]
         # _ids[c] is the id of compressed slot c; alloc hands out one-element views of it
         self._ids = torch.arange(self.id_offset, self.id_offset + rows, dtype=torch.int64, device=self.device)
@@ -254,21 +257,11 @@ class DascCheckpointPool:
             active_slots: int64 ``[N]`` native slot ids to read.
             ckpt_slots: int64 ``[N]`` compressed ids from :meth:`alloc` to write.
         """
-        cache = active_mamba_pool.mamba_cache
         src = active_slots.reshape(-1).to(torch.int64)
-        rows = self._rows(ckpt_slots)
-        units = self.ops.pack_units(self.layout, cache.temporal, src)        # [N, n_local, *unit]
-        if self.layout.int8:
-            q, s = self.ops.quantize(self.layout, units)
-            self._write_rows(self.temporal, rows, q)
-            self._write_rows(self.scale, rows, s)
-        else:
-            self._write_rows(self.temporal, rows, units.to(self.temporal.dtype))
-        for i, c in enumerate(self.conv):
-            c.index_copy_(0, rows, cache.conv[i].index_select(1, src).transpose(0, 1).to(c.dtype))
+        self.ops.store(self, active_mamba_pool.mamba_cache, src, self._rows(ckpt_slots))
         self.counters.stores += src.numel()
 
-    def _write_rows(self, store: torch.Tensor, rows: torch.Tensor, packed: torch.Tensor) -> None:
+    def write_units(self, store: torch.Tensor, rows: torch.Tensor, packed: torch.Tensor) -> None:
         """Write packed units ``[N, n_local, ...]`` into pool rows (through storage balancing if planned)."""
         smap = self.layout.storage
         if smap is None:
@@ -281,8 +274,8 @@ class DascCheckpointPool:
         store_all_to_all(packed.transpose(0, 1).contiguous(), smap, self.layout.tp_rank, group=self.tp_group, out=out)
         store.index_copy_(0, rows, out.transpose(0, 1).contiguous())
 
-    def _read_rows(self, store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Packed units ``[N, n_local, ...]`` of pool rows (inverse of :meth:`_write_rows`)."""
+    def read_units(self, store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Packed units ``[N, n_local, ...]`` of pool rows (inverse of :meth:`write_units`)."""
         got = store.index_select(0, rows)
         smap = self.layout.storage
         if smap is None:
@@ -294,17 +287,8 @@ class DascCheckpointPool:
 
     def load_compressed(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
         """dasc-nr restore (§4.2): kept units exact, local units zero, conv copied, for every layer."""
-        cache = active_mamba_pool.mamba_cache
-        rows = self._rows(ckpt_slots)
         dst = active_slots.reshape(-1).to(torch.int64)
-        if self.layout.int8:
-            units = self.ops.dequantize(self.layout, self._read_rows(self.temporal, rows),
-                                        self._read_rows(self.scale, rows))
-        else:
-            units = self._read_rows(self.temporal, rows)
-        self.ops.unpack_units(self.layout, cache.temporal, dst, units)
-        for i, c in enumerate(self.conv):
-            cache.conv[i].index_copy_(1, dst, c.index_select(0, rows).transpose(0, 1).to(cache.conv[i].dtype))
+        self.ops.load(self, active_mamba_pool.mamba_cache, self._rows(ckpt_slots), dst)
         self.counters.loads_compressed += dst.numel()
 
     def load_to_active(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
@@ -330,10 +314,15 @@ class DascCheckpointPool:
             else:
                 self.counters.hint_misses += 1
                 hint = [int(v) > self.native_size for v in src.tolist()]
-        if all(hint):
+        n_c = sum(1 for h in hint if h)
+        if _LOG_RESTORES:
+            logger.info("dasc: restoring %d compressed (dasc-nr) + %d dense checkpoint(s) into active slots "
+                        "(totals before: compressed %d, dense %d)", n_c, len(hint) - n_c,
+                        self.counters.loads_compressed, self.counters.loads_dense)
+        if n_c == len(hint):
             self.load_compressed(active_mamba_pool, src, dst)
             return
-        if not any(hint):
+        if n_c == 0:
             active_mamba_pool.copy_from(src, dst)
             self.counters.loads_dense += src.numel()
             return

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from dasc_templates.checks import (PoolSpec, check_conv, check_dense, check_ragged, check_scratch,
+from dasc_templates.checks import (PoolSpec, check_dense, check_head_list, check_ragged, check_scratch,
                                    check_slot_ids, check_temporal, check_unit_row, spec_from_tensors)
 
 QMAX = 127
@@ -67,18 +67,21 @@ def _checked(temporal, conv, comp, comp_conv, src_slots, dst_slots, unit_row, *,
 
 def pack(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots: torch.Tensor,
          comp_temporal: torch.Tensor, comp_conv: Sequence[torch.Tensor], dst_slots: torch.Tensor,
-         unit_row: torch.Tensor, check_slots: bool = True) -> None:
+         unit_row: torch.Tensor, kept_heads: torch.Tensor, check_slots: bool = True) -> None:
     """Reference store: ``comp_temporal[dst[n], row] = unit(temporal[l, src[n]], u)``; conv copied.
 
     Shapes as the kernel's ``pack``: temporal ``[L, S+1, H, dv, dk]``, comp_temporal
     ``[C+1, R, dv, dk]`` (GDN) or ``[C+1, R, dv]`` (KDA), conv / comp_conv lists of
-    ``[L, S+1 | C+1, *shape]``, slots int64 ``[N]``, unit_row int64 ``[L, H*units_per_head]``.
+    ``[L, S+1 | C+1, *shape]``, slots int64 ``[N]``, unit_row int64 ``[L, H*units_per_head]``;
+    ``kept_heads`` (the kernel's work list) is only checked for shape, the reference copies
+    every kept unit that ``unit_row`` names.
 
     Raises:
         ValueError: as the kernel's ``pack``.
     """
     spec = _checked(temporal, conv, comp_temporal, comp_conv, src_slots, dst_slots, unit_row,
                     ragged_is_src=False, check_slots=check_slots)
+    check_head_list(spec, "kept_heads", kept_heads, device=temporal.device)
     layer, unit, rows = _kept(unit_row)
     units = _unit_view(spec, temporal)[layer[None, :], src_slots[:, None], unit[None, :]]   # [N, R, *unit]
     comp_temporal[dst_slots[:, None], rows[None, :]] = units
@@ -105,7 +108,7 @@ def load(*, comp_temporal: torch.Tensor, comp_conv: Sequence[torch.Tensor], src_
 
 
 def refresh_copy(*, scratch: torch.Tensor, temporal: torch.Tensor, dst_slots: torch.Tensor,
-                 unit_row: torch.Tensor, check_slots: bool = True) -> None:
+                 unit_row: torch.Tensor, local_heads: torch.Tensor, check_slots: bool = True) -> None:
     """Reference dasc-wr copy: ``temporal[l, dst[n], u] = scratch[l, n, u]`` for local units only.
 
     The unit kind cannot be read from a ragged pool here, so it follows ``unit_row``'s width:
@@ -127,6 +130,7 @@ def refresh_copy(*, scratch: torch.Tensor, temporal: torch.Tensor, dst_slots: to
     n = check_slot_ids("dst_slots", dst_slots, num_slots=slots, device=temporal.device,
                        check_values=check_slots, destination=True)
     check_scratch(spec, scratch, batch=n, dtype=temporal.dtype, device=temporal.device)
+    check_head_list(spec, "local_heads", local_heads, device=temporal.device)
     layer, unit = torch.nonzero(unit_row < 0, as_tuple=True)
     values = _unit_view(spec, scratch)[layer[None, :], torch.arange(n, device=scratch.device)[:, None], unit[None, :]]
     _write_units(spec, temporal, layer[None, :], dst_slots[:, None], unit[None, :], values)
@@ -161,7 +165,8 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, *, kind: str, out_dtyp
 
 def pack_int8(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots: torch.Tensor,
               comp_q: torch.Tensor, comp_scale: torch.Tensor, comp_conv: Sequence[torch.Tensor],
-              dst_slots: torch.Tensor, unit_row: torch.Tensor, check_slots: bool = True) -> None:
+              dst_slots: torch.Tensor, unit_row: torch.Tensor, kept_heads: torch.Tensor,
+              check_slots: bool = True) -> None:
     """Reference INT8 store (App. E.1, Eq. 8); shapes as the kernel's ``pack_int8``.
 
     Raises:
@@ -169,6 +174,7 @@ def pack_int8(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots
     """
     spec = _checked(temporal, conv, comp_q, comp_conv, src_slots, dst_slots, unit_row,
                     ragged_is_src=False, check_slots=check_slots, comp_scale=comp_scale)
+    check_head_list(spec, "kept_heads", kept_heads, device=temporal.device)
     layer, unit, rows = _kept(unit_row)
     units = _unit_view(spec, temporal)[layer[None, :], src_slots[:, None], unit[None, :]]
     q, s = quantize_int8(units, scale_dtype=comp_scale.dtype, kind=spec.unit_kind)
@@ -198,5 +204,4 @@ def load_int8(*, comp_q: torch.Tensor, comp_scale: torch.Tensor, comp_conv: Sequ
         c[:, dst_slots] = cc[:, src_slots]
 
 
-__all__ = ["pack", "load", "refresh_copy", "pack_int8", "load_int8", "quantize_int8", "dequantize_int8",
-           "check_conv"]
+__all__ = ["pack", "load", "refresh_copy", "pack_int8", "load_int8", "quantize_int8", "dequantize_int8"]

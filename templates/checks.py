@@ -79,18 +79,18 @@ def _check_dtype(name: str, t: torch.Tensor, dtype: Optional[torch.dtype]) -> No
 
 
 def _check_rows_contiguous(name: str, t: torch.Tensor, lead: int, what: str) -> None:
-    """Axes ``lead:`` must be row-major contiguous; the leading axes may have any stride."""
+    """Axes ``lead:`` must be row-major contiguous; the leading axes may have any positive stride."""
+    shape, strides = t.shape, t.stride()
     expect = 1
-    for axis in range(t.dim() - 1, lead - 1, -1):
-        if t.shape[axis] != 1 and t.stride(axis) != expect:
-            strides = list(t.stride())
+    for axis in range(len(shape) - 1, lead - 1, -1):
+        if shape[axis] != 1 and strides[axis] != expect:
             raise ValueError(
                 f"{name} must have contiguous {what} (only the first {lead} axes may be strided), "
-                f"got strides {strides} for shape {_shape(t)}")
-        expect *= t.shape[axis]
+                f"got strides {list(strides)} for shape {_shape(t)}")
+        expect *= shape[axis]
     for axis in range(lead):
-        if t.shape[axis] > 1 and t.stride(axis) <= 0:
-            raise ValueError(f"{name} must have a positive stride on axis {axis}, got {list(t.stride())}")
+        if shape[axis] > 1 and strides[axis] <= 0:
+            raise ValueError(f"{name} must have a positive stride on axis {axis}, got {list(strides)}")
 
 
 def check_temporal(spec: PoolSpec, temporal, *, name: str = "temporal") -> int:
@@ -170,6 +170,17 @@ def check_unit_row(spec: PoolSpec, unit_row, *, device) -> None:
         raise ValueError(f"unit_row must have dtype torch.int64, got {unit_row.dtype}")
     if not unit_row.is_contiguous():
         raise ValueError("unit_row must be contiguous, got strides " + str(list(unit_row.stride())))
+
+
+def check_head_list(spec: PoolSpec, name: str, heads, *, device) -> int:
+    """A head work list: int64 ``[P]`` flat head ids ``l * H + h`` (values are checked when built)."""
+    _check_tensor(name, heads, device)
+    if heads.dim() != 1 or heads.dtype != torch.int64 or not heads.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D torch.int64 tensor of flat head ids l * H + h, "
+                         f"got {heads.dtype} of shape {_shape(heads)}")
+    if heads.shape[0] > spec.num_layers * spec.heads:
+        raise ValueError(f"{name} must hold at most L * H = {spec.num_layers * spec.heads} ids, got {heads.shape[0]}")
+    return heads.shape[0]
 
 
 def check_slot_ids(name: str, slots, *, num_slots: int, device, check_values: bool,

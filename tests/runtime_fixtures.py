@@ -101,7 +101,7 @@ def write_checkpoint(root: Path, config: dict, tensors) -> Path:
     return root
 
 
-def compile_tiny(tmp: Path, kind: str = "gdn", **policy):
+def compile_tiny(tmp: Path, kind: str = "gdn", with_kernels: bool = False, **policy):
     """Compile a plan for the tiny GDN or KDA model; returns ``(plan, plan_dir, ckpt_dir)``."""
     from dasc_compile.compiler import compile_plan
     from dasc_compile.policy import Policy
@@ -112,8 +112,8 @@ def compile_tiny(tmp: Path, kind: str = "gdn", **policy):
     else:
         write_checkpoint(ckpt, kda_config(), kda_decay_tensors(policy.pop("seed", 0)))
     policy.setdefault("w_max", 16)
-    plan, out = compile_plan(ckpt, Policy(**policy), tmp / f"{kind}-{abs(hash(json.dumps(policy, sort_keys=True)))}.dasc",
-                             with_kernels=False)
+    name = f"{kind}-{'k' if with_kernels else 'n'}-{abs(hash(json.dumps(policy, sort_keys=True)))}.dasc"
+    plan, out = compile_plan(ckpt, Policy(**policy), tmp / name, with_kernels=with_kernels)
     return plan, out, ckpt
 
 

@@ -53,7 +53,7 @@ class FakeSideStream:
 
 class Sim:
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
-                 seed=0, kind="gdn", int8=False, check_content_every=1):
+                 seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -62,11 +62,13 @@ class Sim:
         from dasc_runtime.pool_layout import rank_layout
         from dasc_runtime.tiers import DascMambaComponent, TierPolicy
 
-        F.set_server_args()
+        F.set_server_args(chunk=chunk)
+        self.extra_buffer, self.chunk = extra_buffer, chunk
         self.rng = random.Random(seed)
         self.plan, _, _ = F.compile_tiny(tmp, kind, int8=int8) if int8 else F.compile_tiny(tmp, kind)
         cp = F.gdn_cache_params() if kind == "gdn" else F.kda_cache_params()
-        self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size)
+        self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size,
+                                               extra_buffer=extra_buffer)
         layout = rank_layout(self.plan, 0, 1, len(cp.layers))
         self.dpool = DascCheckpointPool(layout=layout, num_slots=compressed_slots, conv_shapes=cp.shape.conv,
                                         native_size=mamba_size, device="cpu")
@@ -75,7 +77,7 @@ class Sim:
         self.MAMBA = ComponentType.MAMBA
         self.cache = UnifiedRadixCache(CacheInitParams(
             req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc, page_size=1, disable=False,
-            tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+            tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=extra_buffer,
             component_registry_override={ComponentType.MAMBA: DascMambaComponent}))
         self.comp = self.cache.components[ComponentType.MAMBA]
         self.side = FakeSideStream()
@@ -125,11 +127,17 @@ class Sim:
         return t, convs
 
     def nr_of(self, temporal):
-        """dasc-nr image of a dense temporal state [L, H, dv, dk]: local units zero."""
+        """dasc-nr image of a dense temporal state [L, H, dv, dk]: local units zero; with INT8 the kept
+        units are the Eq. 8 round trip."""
         from dasc_runtime.ops import _flat_view, _unflat
 
         flat = _flat_view(self.layout, temporal.unsqueeze(1)).clone()
         flat[:, self.layout.local_flat] = 0
+        if self.layout.int8:
+            ops = self.dpool.ops
+            kept = flat[:, self.layout.kept_flat]
+            q, s = ops.quantize(self.layout, kept)
+            flat[:, self.layout.kept_flat] = ops.dequantize(self.layout, q, s)
         return _unflat(self.layout, flat)[:, 0]
 
     # ---------------------------------------------------------------- scheduler-like steps
@@ -186,17 +194,32 @@ class Sim:
             self.stats[f"restore_{tier}"] += 1
         req.kv_committed_len = len(toks)
         req.full_untruncated_fill_ids = array("q", toks)
+        ext_start = prefix
         if chunked and len(toks) - prefix >= 2:
             k = self.rng.randint(prefix + 1, len(toks) - 1)
             self._write_state(slot, toks[:k])
+            self._track(req, toks, prefix, k)
             req.set_extend_range(prefix, k)
             self._unlock_note(req)
             self.cache.cache_unfinished_req(req, chunked=True)
             self._lock_note(req)
             self.stats["unfinished"] += 1
+            ext_start = k
+        self._track(req, toks, ext_start, len(toks))
         self._write_state(slot, toks)
         req.set_extend_range(0, len(toks))
         self.inflight.append(req)
+
+    def _track(self, req, toks, start, end):
+        """Extra-buffer tracking (ScheduleBatch._prepare_mamba_track): the state at the last
+        chunk-aligned position of this extend goes to ping-pong[next_track_idx], which then flips."""
+        if not self.extra_buffer or end - start < self.chunk:
+            return
+        aligned = start + (end - start) // self.chunk * self.chunk
+        idx = req.mamba_next_track_idx
+        self._write_state(req.mamba_ping_pong_track_buffer[idx], toks[:aligned])
+        req.mamba_next_track_idx = 1 - idx
+        req.mamba_last_track_seqlen = aligned
 
     def _write_state(self, slot, toks):
         t, convs = self.state_of(toks)
@@ -319,6 +342,8 @@ class Sim:
         assert locked == comp._locked, f"step {step}: locked counts {comp._locked} != recount {locked}"
         for req in self.inflight:
             native_held.append(int(req.mamba_pool_idx))
+            if self.extra_buffer:
+                native_held += [v for v in req.mamba_ping_pong_track_buffer.tolist() if v != -1]
         free_native = self.pool.mamba_allocator.free_slots.tolist()
         every = sorted(free_native + native_held)
         assert every == list(range(1, self.M + 1)), \
@@ -356,7 +381,7 @@ class Sim:
             else:
                 assert torch.equal(self.dpool.temporal[row], packed), f"step {step}: node {node.id} payload corrupted"
             for c, e in zip(self.dpool.conv, exp_c):
-                assert torch.equal(c[row], e), f"step {step}: node {node.id} conv corrupted"
+                assert torch.equal(c[:, row], e), f"step {step}: node {node.id} conv corrupted"
 
     # ---------------------------------------------------------------- driver
 

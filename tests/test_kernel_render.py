@@ -134,6 +134,20 @@ def test_changed_template_gives_new_key(tmp_path, monkeypatch):
     assert K.kernel_key(c) != before
 
 
+@pytest.mark.parametrize("shape", [QWEN3_NEXT, KIMI_LINEAR], ids=["gdn", "kda"])
+def test_kernels_use_no_jit_helpers_of_triton_language(shape):
+    """tl.max / tl.zeros / ... are @jit functions that only run under the interpreter when
+    TRITON_INTERPRET=1 preceded the first triton import; the kernels must not depend on that."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    _, src = K.render_kernel_module(K.make_constants(**shape, int8=True))
+    code = "\n".join(line.split("#", 1)[0] for line in src.splitlines())
+    used = set(re.findall(r"\btl\.([A-Za-z_]\w*)", code))
+    assert {"reduce", "load", "store"} <= used
+    assert not [n for n in used if isinstance(getattr(tl, n, None), JITFunction)]
+
+
 def test_checks_module_has_no_jinja_delimiters():
     text = (K._template_dir() / "checks.py").read_text()
     assert not re.search(r"\{\{|\{%|\{#", text)
@@ -188,6 +202,9 @@ def test_state_index_gdn_plan_hand_computed(plans):
     assert idx.offsets.tolist() == [0, 2, 4, 7]
     assert idx.unit_row.tolist() == [[0, 1, -1, -1], [2, -1, -1, 3], [4, 5, 6, -1]]
     assert idx.num_rows == 7 and idx.scale_shape == (7, 16)
+    # work lists (flat l * H + h): heads with a kept unit for pack, with a local unit for refresh
+    assert idx.kept_heads.tolist() == [0, 1, 4, 7, 8, 9, 10]
+    assert idx.local_heads.tolist() == [2, 3, 5, 6, 11]
     # INT8 scales of a GDN row: one per k of the kept head
     assert idx.scale_lhk.shape == (7 * 16, 3)
     assert idx.scale_lhk[16 * 3 + 5].tolist() == [1, 3, 5]
@@ -209,6 +226,7 @@ def test_state_index_kda_columns():
     row = idx.unit_row
     assert row.shape == (3, 16) and row[0, 9].item() == 2 and row[2, 15].item() == 3
     assert int((row >= 0).sum()) == 4
+    assert idx.kept_heads.tolist() == [0, 1, 5] and idx.local_heads.tolist() == [0, 1, 2, 3, 4, 5]
     # KDA scale per kept column: (layer, head, k) = (0, 1, 1) for unit 9
     assert idx.scale_shape == (4,) and idx.scale_lhk.tolist() == [[0, 0, 0], [0, 0, 7], [0, 1, 1], [2, 1, 7]]
     with pytest.raises(DascInputError, match="must lie in"):
@@ -233,6 +251,7 @@ def _ptx(fn, types, num_warps=8):
     from triton.compiler import ASTSource
     import triton
 
+    assert len(types) == len(fn.arg_names), (fn.arg_names, types)
     sig = dict(zip(fn.arg_names, types))
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={}, attrs=attrs),
@@ -253,14 +272,17 @@ def test_real_shapes_compile_for_sm90(tmp_path, shape):
     (tmp_path / name).write_text(src)
     mod = load_kernel_module(tmp_path, name)
     conv = ["*bf16", "*bf16", "i64", "i32", "i64", "i32"]
-    copy = ["*fp32", "*fp32", "*i64", "*i64", "*i64", "i64", "i32", "i32"] + conv
-    quant = ["*fp32", "*i8", "*fp32", "*i64", "*i64", "*i64", "i64", "i32", "i32", "i32"] + conv
+    slots_strides = ["*i64", "*i64", "i64", "i32", "i32"]
     ptx = {
-        "pack": _ptx(mod.pack_kernel, copy),
-        "load": _ptx(mod.load_kernel, copy),
-        "refresh_copy": _ptx(mod.refresh_copy_kernel, ["*fp32", "*fp32", "*i64", "*i64", "i64", "i32", "i64", "i32"]),
-        "pack_int8": _ptx(mod.pack_int8_kernel, quant),
-        "load_int8": _ptx(mod.load_int8_kernel, ["*i8", "*fp32"] + quant[2:]),
+        # (pointers..., unit_row, [head list], src_slots, dst_slots, [n_temporal_tiles], strides..., conv...)
+        "pack": _ptx(mod.pack_kernel, ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*i64", "i32", "i64", "i32", "i32"] + conv),
+        "load": _ptx(mod.load_kernel, ["*fp32", "*fp32"] + ["*i64"] + slots_strides + conv),
+        "refresh_copy": _ptx(mod.refresh_copy_kernel,
+                             ["*fp32", "*fp32", "*i64", "*i64", "*i64", "i64", "i32", "i64", "i32"]),
+        "pack_int8": _ptx(mod.pack_int8_kernel, ["*fp32", "*i8", "*fp32", "*i64", "*i64", "*i64", "*i64", "i32",
+                                                 "i64", "i32", "i32", "i32"] + conv),
+        "load_int8": _ptx(mod.load_int8_kernel, ["*i8", "*fp32", "*fp32", "*i64", "*i64", "*i64", "i64", "i32", "i32",
+                                                 "i32"] + conv),
     }
     # dense-side accesses are 128-bit vectors (loads for pack, stores for load)
     assert re.search(r"st\.global\.v4", ptx["load"]) and re.search(r"ld\.global\.v4", ptx["load"])

@@ -1,9 +1,13 @@
 """State-checkpoint kernels vs the plain-PyTorch reference (paper §4.1, §4.2, App. B, App. E.1).
 
 CPU tests run the rendered Triton kernels under Triton's interpreter: the ``interp`` fixture
-imports each rendered module with ``TRITON_INTERPRET=1`` (``kernel_loader`` sets it only while
-the module executes, so other test modules keep compiled ``@triton.jit`` functions) and keeps
-the variable set, via ``monkeypatch``, for the duration of each test that launches kernels.
+imports each rendered module with ``TRITON_INTERPRET=1`` (``kernel_loader(interpret=True)`` sets it
+only while the module executes, under a separate module name, so other test modules keep
+compiled ``@triton.jit`` functions) and keeps the variable set, via ``monkeypatch``, for the
+duration of each test that launches kernels. This works whatever imported triton first (SGLang
+does, at collection) because the kernels use no ``@jit`` helper of triton.language
+(test_kernel_render checks that). The 64-bit test runs in a subprocess with the variable set
+before any import, so a wild pointer cannot take the session down.
 Shapes are tiny (the interpreter runs every program in Python) but use small tiles so that every
 kernel runs several v-, k- and conv-tiles. GPU tests skip cleanly without CUDA.
 
@@ -135,7 +139,7 @@ def test_pack_matches_reference_and_hand_addressing(interp, kind, shape):
     idx, kept = index_for(c)
     p = Pools(c, idx)
     want = p.clone()
-    args = dict(src_slots=slots(3, 1, 3), dst_slots=slots(2, 4, 1), unit_row=idx.unit_row)
+    args = dict(src_slots=slots(3, 1, 3), dst_slots=slots(2, 4, 1), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     mod.pack(temporal=p.temporal, conv=p.conv, comp_temporal=p.comp, comp_conv=p.comp_conv, **args)
     ref.pack(temporal=want.temporal, conv=want.conv, comp_temporal=want.comp, comp_conv=want.comp_conv, **args)
     assert_same(p.comp, want.comp)
@@ -186,7 +190,7 @@ def test_pack_load_round_trip_single_slot(interp, kind, dtype):
     p = Pools(c, idx, seed=2)
     original = p.temporal.clone()
     mod.pack(temporal=p.temporal, conv=p.conv, src_slots=slots(4), comp_temporal=p.comp, comp_conv=p.comp_conv,
-             dst_slots=slots(3), unit_row=idx.unit_row)
+             dst_slots=slots(3), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     mod.load(comp_temporal=p.comp, comp_conv=p.comp_conv, src_slots=slots(3), temporal=p.temporal, conv=p.conv,
              dst_slots=slots(2), unit_row=idx.unit_row)
     keep = (idx.unit_row >= 0)
@@ -207,7 +211,7 @@ def test_refresh_copy_writes_only_local_units(interp, kind, shape):
     before = p.temporal.clone()
     scratch = torch.randn(c["NUM_LAYERS"], 2, c["HEADS"], c["DV"], c["DK"], generator=torch.Generator().manual_seed(9))
     want = before.clone()
-    args = dict(scratch=scratch, dst_slots=slots(4, 2), unit_row=idx.unit_row)
+    args = dict(scratch=scratch, dst_slots=slots(4, 2), unit_row=idx.unit_row, local_heads=idx.local_heads)
     mod.refresh_copy(temporal=p.temporal, **args)
     ref.refresh_copy(temporal=want, **args)
     assert_same(p.temporal, want)
@@ -221,6 +225,31 @@ def test_refresh_copy_writes_only_local_units(interp, kind, shape):
 
 
 @pytest.mark.parametrize("kind", [GDN, KDA])
+def test_head_lists_may_list_every_head(interp, kind):
+    """kept_heads / local_heads only choose which programs run: listing all heads changes nothing."""
+    c = constants(kind, "tiled")
+    mod = interp(c)
+    # head 0 of layer 0 wholly kept, layer 2 wholly local: both lists are shorter than L * H = 6
+    kept = [[0], [0, 1], []] if kind == GDN else [list(range(8)), [3, 12], []]
+    idx = state_index_from_kept(kept, heads=2, unit_kind=kind, dk=8)
+    assert idx.kept_heads.tolist() == [0, 2, 3]
+    assert idx.local_heads.tolist() == ([1, 4, 5] if kind == GDN else [1, 2, 3, 4, 5])
+    every = torch.arange(c["NUM_LAYERS"] * c["HEADS"], dtype=torch.int64)
+    p = Pools(c, idx, seed=8)
+    want = p.clone()
+    mod.pack(temporal=p.temporal, conv=p.conv, src_slots=slots(2), comp_temporal=p.comp, comp_conv=p.comp_conv,
+             dst_slots=slots(3), unit_row=idx.unit_row, kept_heads=every)
+    mod.pack(temporal=want.temporal, conv=want.conv, src_slots=slots(2), comp_temporal=want.comp,
+             comp_conv=want.comp_conv, dst_slots=slots(3), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
+    assert_same(p.comp, want.comp)
+    scratch = torch.randn(c["NUM_LAYERS"], 1, c["HEADS"], c["DV"], c["DK"], generator=torch.Generator().manual_seed(2))
+    mod.refresh_copy(scratch=scratch, temporal=p.temporal, dst_slots=slots(5), unit_row=idx.unit_row, local_heads=every)
+    mod.refresh_copy(scratch=scratch, temporal=want.temporal, dst_slots=slots(5), unit_row=idx.unit_row,
+                     local_heads=idx.local_heads)
+    assert_same(p.temporal, want.temporal)
+
+
+@pytest.mark.parametrize("kind", [GDN, KDA])
 def test_nothing_kept_packs_conv_and_loads_zeros(interp, kind):
     c = constants(kind, "tiled")
     mod = interp(c)
@@ -228,11 +257,35 @@ def test_nothing_kept_packs_conv_and_loads_zeros(interp, kind):
     p = Pools(c, idx)
     assert p.comp.shape[1] == 0
     mod.pack(temporal=p.temporal, conv=p.conv, src_slots=slots(1), comp_temporal=p.comp, comp_conv=p.comp_conv,
-             dst_slots=slots(1), unit_row=idx.unit_row)
+             dst_slots=slots(1), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     assert_same(p.comp_conv[0][:, 1], p.conv[0][:, 1])
     mod.load(comp_temporal=p.comp, comp_conv=p.comp_conv, src_slots=slots(1), temporal=p.temporal, conv=p.conv,
              dst_slots=slots(3), unit_row=idx.unit_row)
     assert bool((p.temporal[:, 3] == 0).all())
+
+
+@pytest.mark.parametrize("conv_shapes", [[(6, 3), (3, 5)], []], ids=["two-conv", "no-conv"])
+def test_conv_tensor_count_is_specialised(interp, conv_shapes):
+    """The launch carries one pointer pair per conv tensor of MambaPool.State.conv (here 2 or 0)."""
+    c = make_constants(num_layers=2, unit_kind=GDN, heads=2, dv=4, dk=8, tile=16, conv_shapes=conv_shapes)
+    mod = interp(c)
+    idx = state_index_from_kept([[1], [0, 1]], heads=2, unit_kind=GDN, dk=8)
+    g = torch.Generator().manual_seed(7)
+    temporal = torch.randn(2, 4, 2, 4, 8, generator=g)
+    conv = [torch.randn(2, 4, *s, generator=g).bfloat16() for s in conv_shapes]
+    comp = torch.zeros(3, idx.num_rows, 4, 8)
+    comp_conv = [torch.zeros(2, 3, *s).bfloat16() for s in conv_shapes]
+    mod.pack(temporal=temporal, conv=conv, src_slots=slots(3), comp_temporal=comp, comp_conv=comp_conv,
+             dst_slots=slots(2), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
+    assert_same(comp[2], torch.stack([temporal[0, 3, 1], temporal[1, 3, 0], temporal[1, 3, 1]]))
+    for cv, cc in zip(conv, comp_conv):
+        assert_same(cc[:, 2], cv[:, 3])
+    mod.load(comp_temporal=comp, comp_conv=comp_conv, src_slots=slots(2), temporal=temporal, conv=conv,
+             dst_slots=slots(1), unit_row=idx.unit_row)
+    assert_same(temporal[:, 1, :, :, :][0, 0], torch.zeros(4, 8))
+    assert_same(temporal[1, 1], temporal[1, 3])
+    for cv in conv:
+        assert_same(cv[:, 1], cv[:, 3])
 
 
 # ------------------------------------------------------------------ INT8 (App. E.1, Eq. 8)
@@ -245,7 +298,7 @@ def test_int8_pack_and_load_equal_reference(interp, kind, shape):
     p = Pools(c, idx, seed=4, int8=True)
     p.temporal.mul_(torch.logspace(-3, 2, p.temporal.shape[-2]).reshape(-1, 1))   # scales span 5 decades
     want = p.clone()
-    pk = dict(src_slots=slots(5, 2), dst_slots=slots(1, 3), unit_row=idx.unit_row)
+    pk = dict(src_slots=slots(5, 2), dst_slots=slots(1, 3), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     mod.pack_int8(temporal=p.temporal, conv=p.conv, comp_q=p.comp_q, comp_scale=p.comp_scale, comp_conv=p.comp_conv, **pk)
     ref.pack_int8(temporal=want.temporal, conv=want.conv, comp_q=want.comp_q, comp_scale=want.comp_scale,
                   comp_conv=want.comp_conv, **pk)
@@ -282,7 +335,7 @@ def test_int8_hand_computed_scales_and_round_half_even(interp, kind):
     s = torch.zeros((2, idx.num_rows) + ((2,) if kind == GDN else ()))
     cc = [torch.zeros(1, 2, 2, 3, dtype=torch.bfloat16)]
     mod.pack_int8(temporal=temporal, conv=conv, src_slots=slots(1), comp_q=q, comp_scale=s, comp_conv=cc,
-                  dst_slots=slots(1), unit_row=idx.unit_row)
+                  dst_slots=slots(1), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     floor = torch.tensor(1e-8, dtype=torch.float32) / 127
     if kind == GDN:
         assert q[1, 0, :, 0].tolist() == [127, 2, -4, 0] and q[1, 0, :, 1].tolist() == [0, 0, 0, 0]
@@ -297,7 +350,7 @@ def test_int8_hand_computed_scales_and_round_half_even(interp, kind):
 def _bad_calls(c, idx):
     p = Pools(c, idx, int8=True)
     good = dict(temporal=p.temporal, conv=p.conv, src_slots=slots(1, 2), comp_temporal=p.comp, comp_conv=p.comp_conv,
-                dst_slots=slots(1, 2), unit_row=idx.unit_row)
+                dst_slots=slots(1, 2), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     wrong_heads = torch.zeros(c["NUM_LAYERS"], 6, c["HEADS"] + 1, c["DV"], c["DK"])
     return {
         "repeated destination": (dict(dst_slots=slots(2, 2)), "must not repeat a destination slot"),
@@ -315,6 +368,9 @@ def _bad_calls(c, idx):
         "conv count": (dict(conv=[]), r"must hold \d tensor"),
         "unit_row dtype": (dict(unit_row=idx.unit_row.int()), "unit_row must have dtype torch.int64"),
         "unit_row shape": (dict(unit_row=idx.unit_row[:-1]), "unit_row must have shape"),
+        "head list dtype": (dict(kept_heads=idx.kept_heads.int()), "kept_heads must be a contiguous 1-D torch.int64"),
+        "head list length": (dict(kept_heads=torch.zeros(c["NUM_LAYERS"] * c["HEADS"] + 1, dtype=torch.int64)),
+                             "kept_heads must hold at most"),
     }, good
 
 
@@ -333,13 +389,16 @@ def test_bad_inputs_raise_value_error(interp, impl, kind):
                  temporal=good["temporal"], conv=good["conv"], dst_slots=slots(3, 3), unit_row=idx.unit_row)
     scratch = torch.zeros(c["NUM_LAYERS"], 2, c["HEADS"], c["DV"], c["DK"])
     with pytest.raises(ValueError, match="scratch must have shape"):
-        mod.refresh_copy(scratch=scratch[:, :1], temporal=good["temporal"], dst_slots=slots(1, 2), unit_row=idx.unit_row)
+        mod.refresh_copy(scratch=scratch[:, :1], temporal=good["temporal"], dst_slots=slots(1, 2), unit_row=idx.unit_row,
+                         local_heads=idx.local_heads)
     with pytest.raises(ValueError, match="slot 0 is reserved"):
-        mod.refresh_copy(scratch=scratch, temporal=good["temporal"], dst_slots=slots(0, 2), unit_row=idx.unit_row)
+        mod.refresh_copy(scratch=scratch, temporal=good["temporal"], dst_slots=slots(0, 2), unit_row=idx.unit_row,
+                         local_heads=idx.local_heads)
     p = Pools(c, idx, int8=True)
     with pytest.raises(ValueError, match="comp_scale must have shape"):
         mod.pack_int8(temporal=p.temporal, conv=p.conv, src_slots=slots(1), comp_q=p.comp_q,
-                      comp_scale=p.comp_scale[:, :-1], comp_conv=p.comp_conv, dst_slots=slots(1), unit_row=idx.unit_row)
+                      comp_scale=p.comp_scale[:, :-1], comp_conv=p.comp_conv, dst_slots=slots(1), unit_row=idx.unit_row,
+                      kept_heads=idx.kept_heads)
     with pytest.raises(ValueError, match="comp_q must have dtype torch.int8"):
         mod.load_int8(comp_q=p.comp_q.float(), comp_scale=p.comp_scale, comp_conv=p.comp_conv, src_slots=slots(1),
                       temporal=p.temporal, conv=p.conv, dst_slots=slots(1), unit_row=idx.unit_row)
@@ -359,9 +418,9 @@ def test_strided_leading_axes_are_supported(interp, kind):
     comp = big[:, 1]                                                          # slot stride 3x the slot size
     assert not temporal.is_contiguous() and not comp.is_contiguous()
     mod.pack(temporal=temporal, conv=conv, src_slots=slots(3, 5), comp_temporal=comp, comp_conv=p.comp_conv,
-             dst_slots=slots(4, 2), unit_row=idx.unit_row)
+             dst_slots=slots(4, 2), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     ref.pack(temporal=want.temporal, conv=want.conv, src_slots=slots(3, 5), comp_temporal=want.comp,
-             comp_conv=want.comp_conv, dst_slots=slots(4, 2), unit_row=idx.unit_row)
+             comp_conv=want.comp_conv, dst_slots=slots(4, 2), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     assert_same(comp, want.comp)
     assert_same(p.comp_conv[0], want.comp_conv[0])
     mod.load(comp_temporal=comp, comp_conv=p.comp_conv, src_slots=slots(4), temporal=temporal, conv=conv,
@@ -402,7 +461,7 @@ _BIG_OFFSETS = textwrap.dedent("""
         temporal[:, 4] = torch.randn(L, H, dv, dk).bfloat16()
         comp[5] = 0
         mod.pack(temporal=temporal, conv=conv, src_slots=slots(4), comp_temporal=comp, comp_conv=comp_conv,
-                 dst_slots=slots(5), unit_row=idx.unit_row)
+                 dst_slots=slots(5), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
         want = torch.zeros((idx.num_rows,) + unit).bfloat16()
         for j, (l, u) in enumerate(zip(idx.unit_layer.tolist(), idx.unit_index.tolist())):
             want[j] = temporal[l, 4, u] if kind == GDN else temporal[l, 4, u // dk, :, u % dk]
@@ -425,6 +484,61 @@ def test_offsets_past_2_pow_31_elements(tmp_path):
     if proc.returncode != 0 and "can't allocate memory" in proc.stderr.lower():
         pytest.skip("not enough virtual memory for a 2^31-element view")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ compiler -> plan dir -> loader -> kernels
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_compiled_plan_kernels_end_to_end(tmp_path, monkeypatch, kind):
+    """``dasc compile`` writes the module beside plan.json; the loader finds it from plan.json alone."""
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.kernels import kernel_constants
+    from dasc_compile.policy import Policy
+    from dasc_runtime.indexing import build_state_index
+    from dasc_runtime.kernel_loader import load_plan_kernels
+    from runtime_fixtures import (gdn_config, gdn_decay_tensors, kda_config, kda_decay_tensors,
+                                  write_checkpoint)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    ckpt = tmp_path / "ckpt"
+    if kind == "gdn":
+        write_checkpoint(ckpt, gdn_config(), gdn_decay_tensors())
+    else:
+        write_checkpoint(ckpt, kda_config(), kda_decay_tensors())
+    plan, plan_dir = compile_plan(ckpt, Policy(w_max=16, int8=True), tmp_path / "plan.dasc")
+    assert plan.kernels is not None and (plan_dir / plan.kernels.file).is_file()
+    c = kernel_constants(plan)
+    assert plan.kernels.constants == c
+    mod = load_plan_kernels(plan_dir, interpret=True)
+    assert mod.KEY == plan.kernels.key
+    idx = build_state_index(plan)
+    p = Pools(c, idx, int8=True)
+    want = p.clone()
+    for impl, q in ((mod, p), (ref, want)):
+        impl.pack_int8(temporal=q.temporal, conv=q.conv, src_slots=slots(2, 5), comp_q=q.comp_q,
+                       comp_scale=q.comp_scale, comp_conv=q.comp_conv, dst_slots=slots(4, 1), unit_row=idx.unit_row,
+                       kept_heads=idx.kept_heads)
+        impl.load_int8(comp_q=q.comp_q, comp_scale=q.comp_scale, comp_conv=q.comp_conv, src_slots=slots(1),
+                       temporal=q.temporal, conv=q.conv, dst_slots=slots(3), unit_row=idx.unit_row)
+    for a, b in ((p.comp_q, want.comp_q), (p.comp_scale, want.comp_scale), (p.temporal, want.temporal),
+                 (p.conv[0], want.conv[0])):
+        assert_same(a, b)
+
+
+# ------------------------------------------------------------------ benchmark script (CPU smoke run)
+
+@pytest.mark.slow
+def test_kernel_bench_smoke_run_writes_markdown(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "kernel_bench.py"), "--smoke", "--no-sglang",
+                           "--n", "1", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "## State-checkpoint kernels" in text and "Command: `python benchmarks/kernel_bench.py --smoke" in text
+    assert "Triton interpreter" in text
+    for op in ("pack", "load", "pack_int8", "load_int8"):
+        for shape in ("tiny-gdn", "tiny-kda"):
+            assert f"| {shape} | {op} | 1 |" in text
 
 
 # ------------------------------------------------------------------ GPU (skip without CUDA)
@@ -467,9 +581,9 @@ def test_gpu_kernels_equal_reference(compiled, shape, n):
     src, dst = slots(*range(2, 2 * n + 2, 2), device="cuda"), slots(*range(n, 0, -1), device="cuda")
     for impl, q in ((mod, p), (ref, want)):
         impl.pack(temporal=q.temporal, conv=q.conv, src_slots=src, comp_temporal=q.comp, comp_conv=q.comp_conv,
-                  dst_slots=dst, unit_row=idx.unit_row)
+                  dst_slots=dst, unit_row=idx.unit_row, kept_heads=idx.kept_heads)
         impl.pack_int8(temporal=q.temporal, conv=q.conv, src_slots=src, comp_q=q.comp_q, comp_scale=q.comp_scale,
-                       comp_conv=q.comp_conv, dst_slots=dst, unit_row=idx.unit_row)
+                       comp_conv=q.comp_conv, dst_slots=dst, unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     assert_same(p.comp, want.comp)
     assert_same(p.comp_q, want.comp_q)
     assert_same(p.comp_scale, want.comp_scale)
@@ -479,7 +593,8 @@ def test_gpu_kernels_equal_reference(compiled, shape, n):
                   dst_slots=back, unit_row=idx.unit_row)
         scratch = torch.randn(c["NUM_LAYERS"], n, c["HEADS"], c["DV"], c["DK"], device="cuda",
                               generator=torch.Generator("cuda").manual_seed(1))
-        impl.refresh_copy(scratch=scratch, temporal=q.temporal, dst_slots=back, unit_row=idx.unit_row)
+        impl.refresh_copy(scratch=scratch, temporal=q.temporal, dst_slots=back, unit_row=idx.unit_row,
+                          local_heads=idx.local_heads)
         impl.load_int8(comp_q=q.comp_q, comp_scale=q.comp_scale, comp_conv=q.comp_conv, src_slots=dst,
                        temporal=q.temporal, conv=q.conv, dst_slots=src, unit_row=idx.unit_row)
     torch.cuda.synchronize()
@@ -503,7 +618,7 @@ def test_gpu_qwen3next_pool_past_2_pow_31_elements(compiled):
     comp = torch.zeros(3, idx.num_rows, 128, 128, device="cuda")
     comp_conv = [torch.zeros(36, 3, 8192, 3, device="cuda").bfloat16()]
     mod.pack(temporal=temporal, conv=conv, src_slots=slots(115, device="cuda"), comp_temporal=comp,
-             comp_conv=comp_conv, dst_slots=slots(2, device="cuda"), unit_row=idx.unit_row)
+             comp_conv=comp_conv, dst_slots=slots(2, device="cuda"), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
     want = temporal[idx.unit_layer, 115, idx.unit_index]
     assert_same(comp[2], want)
     mod.load(comp_temporal=comp, comp_conv=comp_conv, src_slots=slots(2, device="cuda"), temporal=temporal, conv=conv,

@@ -190,3 +190,57 @@ def test_budget_sizing_and_matched_memory(tmp_path):
     assert mm.flags() == "--max-mamba-cache-size 40 --dasc-pool-slots 87"
     with pytest.raises(DascInputError, match="no compressed slot fits"):
         matched_memory(dense_slots=10, native_slots=10, bytes_dense_slot=b_dense, bytes_compressed_slot=b)
+
+
+@pytest.mark.parametrize("kind,int8", [("gdn", False), ("gdn", True), ("kda", False), ("kda", True)],
+                         ids=["gdn", "gdn-int8", "kda", "kda-int8"])
+def test_kernels_reference_and_helper_reference_agree(tmp_path, monkeypatch, kind, int8):
+    """The plan's generated kernels (Triton interpreter on CPU), the pool's PyTorch path and
+    dasc_runtime.reference give bit-identical pools and restored states."""
+    from dasc_runtime import reference as helper_ref
+    from dasc_runtime.indexing import build_state_index
+    from dasc_runtime.ops import KernelOps, ReferenceOps, select_ops
+    from dasc_runtime.pool import DascCheckpointPool
+    from dasc_runtime.pool_layout import rank_layout
+
+    set_server_args()
+    plan, pdir, _ = compile_tiny(tmp_path, kind, with_kernels=True, int8=int8)
+    cp = gdn_cache_params() if kind == "gdn" else kda_cache_params()
+    layout = rank_layout(plan, 0, 1, 3)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kops = select_ops(plan, pdir, layout, "cpu", interpret=True)
+    assert isinstance(kops, KernelOps)
+    pools, states = [], []
+    for ops in (ReferenceOps(), kops):
+        pool, _ = hybrid_pools(cp, mamba_size=6)
+        fill_random(pool.mamba_pool, seed=11)
+        dp = DascCheckpointPool(layout=layout, num_slots=3, conv_shapes=cp.shape.conv, native_size=6, device="cpu",
+                                ops=ops)
+        ids = torch.cat([dp.alloc(1), dp.alloc(1)])
+        dp.store_from_active(pool.mamba_pool, torch.tensor([5, 2]), ids)
+        dp.load_to_active(pool.mamba_pool, ids.flip(0), torch.tensor([1, 3]))
+        pools.append(dp)
+        states.append(pool.mamba_pool.mamba_cache)
+    a, b = pools
+    assert torch.equal(a.temporal, b.temporal) and all(torch.equal(x, y) for x, y in zip(a.conv, b.conv))
+    if int8:
+        assert torch.equal(a.scale, b.scale)
+    assert torch.equal(states[0].temporal, states[1].temporal)
+    assert all(torch.equal(x, y) for x, y in zip(states[0].conv, states[1].conv))
+    # helper reference (dasc_runtime.reference) on the same inputs
+    pool, _ = hybrid_pools(cp, mamba_size=6)
+    fill_random(pool.mamba_pool, seed=11)
+    mc = pool.mamba_pool.mamba_cache
+    ix = build_state_index(plan)
+    comp = torch.zeros_like(a.temporal)
+    conv = [torch.zeros_like(c) for c in a.conv]
+    rows, src = torch.tensor([1, 2]), torch.tensor([5, 2])
+    if int8:
+        scale = torch.zeros_like(a.scale)
+        helper_ref.pack_int8(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_q=comp, comp_scale=scale,
+                             comp_conv=conv, dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads)
+        assert torch.equal(scale, a.scale)
+    else:
+        helper_ref.pack(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_temporal=comp, comp_conv=conv,
+                        dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads)
+    assert torch.equal(comp, a.temporal) and all(torch.equal(x, y) for x, y in zip(conv, a.conv))

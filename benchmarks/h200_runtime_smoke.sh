@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# H200 smoke of the dasc SGLang runtime, in ONE device call (see /work/shared/DEVICE-SGLANG.md).
+#
+# What it shows, with SGLang 0.5.17 serving a tiny Qwen3-Next-architecture model (config
+# .dev/sglang/qwen3next-tiny.config.json; seeded random weights, SYNTHETIC decay values, not trained):
+#   A. dense         : SGLang alone. The same 700-token prefix twice -> the 2nd request is a cache hit.
+#   B. dasc W_max=16 : --dasc-plan (4 of 8 heads kept per layer). The 2nd request is a hit restored
+#                      from the compressed pool (log: "dasc: restoring 1 compressed (dasc-nr)").
+#   C. dasc W_max=0  : a plan that keeps every head. The restore is exact, so every output equals A's.
+#   D. mismatch      : a plan compiled from other decay values -> the server refuses to start.
+# Weights are a real safetensors checkpoint (not --load-format dummy): SGLang's dummy loader gives
+# every head the same decay, so no plan could tell heads apart, and the fingerprint check needs the
+# plan to be compiled from the weights actually served.
+#
+# Run from the repository root on the device, with .dev/sglang carried:
+#   bash benchmarks/h200_runtime_smoke.sh
+# Needs .dev/sglang/{site.tar.xz,run_sglang.sh,qwen3next-tiny.config.json} (DEVICE-SGLANG.md step 1).
+# Evidence goes to stdout; server logs and client JSON to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/dasc-smoke}
+mkdir -p "$OUT"
+DEV=.dev/sglang
+CFG=$DEV/qwen3next-tiny.config.json
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export DASC_LOG_RESTORES=1
+T0=$(date +%s)
+stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+
+stamp "setup: SGLang site, dasc install"
+if [ ! -f /tmp/site/.done ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$DEV/site.tar.xz" && touch /tmp/site/.done || { echo "unpack failed"; exit 3; }
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 3; }
+python3 -c "import sglang, torch; from importlib.metadata import entry_points as e; \
+print('sglang', sglang.__version__, 'torch', torch.__version__, 'plugins', [x.value for x in e(group='sglang.srt.plugins')])"
+
+stamp "model + plans"
+python3 benchmarks/h200_smoke_model.py checkpoint "$CFG" /tmp/tiny || exit 3
+python3 benchmarks/h200_smoke_model.py checkpoint "$CFG" /tmp/tiny-other --other-decay --decay-only || exit 3
+python3 benchmarks/h200_smoke_model.py plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
+python3 benchmarks/h200_smoke_model.py plan /tmp/tiny /tmp/plan-w0.dasc --wmax 0 || exit 3
+python3 benchmarks/h200_smoke_model.py plan /tmp/tiny-other /tmp/plan-other.dasc --wmax 16 || exit 3
+
+stamp "kernel self-test (generated Triton pack/load vs PyTorch reference, CUDA)"
+if ! python3 benchmarks/h200_smoke_model.py selftest /tmp/plan-w16.dasc 2>&1 | tail -3; then
+  echo "kernel self-test failed: servers below use DASC_OPS=reference"; export DASC_OPS=reference
+fi
+
+COMMON=(--skip-tokenizer-init --mem-fraction-static 0.5 --context-length 8192 --disable-prefill-cuda-graph
+        --max-running-requests 8 --log-level info)
+
+serve() {  # serve PORT LABEL [extra flags...]: start, run the client, stop
+  local port=$1 label=$2; shift 2
+  stamp "$label: start (port $port) $*"
+  local pid
+  pid=$(bash "$DEV/run_sglang.sh" "$DEV/site.tar.xz" /tmp/tiny "$port" "${COMMON[@]}" "$@")
+  local rc=$?
+  if [ $rc -ne 0 ]; then echo "$label: server did not start (rc $rc)"; return $rc; fi
+  stamp "$label: up"
+  python3 benchmarks/h200_smoke_client.py "$port" "$label" "$OUT/client_$label.json"
+  kill -TERM -- -"$pid" 2>/dev/null; sleep 6; kill -KILL -- -"$pid" 2>/dev/null
+  echo "--- $label: dasc log lines"
+  grep -E "dasc|Prefill batch" "$OUT/server_$port.log" | grep -vE "Available plugins|  - dasc" | cut -c1-400 | tail -25
+  return 0
+}
+
+serve 30001 dense
+serve 30002 dasc_w16 --dasc-plan /tmp/plan-w16.dasc --dasc-pool-slots 64
+serve 30003 dasc_w0 --dasc-plan /tmp/plan-w0.dasc --dasc-pool-slots 64
+
+stamp "mismatch: plan compiled from other decay tensors (must refuse to start)"
+if pid=$(bash "$DEV/run_sglang.sh" "$DEV/site.tar.xz" /tmp/tiny 30004 "${COMMON[@]}" --dasc-plan /tmp/plan-other.dasc \
+         2>/dev/null); then
+  echo "MISMATCH NOT REFUSED (server started)"; kill -TERM -- -"$pid"
+else
+  echo "server exited as expected; its refusal:"
+fi
+grep -m3 -E "refusing to start" "$OUT/server_30004.log" | cut -c1-500
+
+stamp "summary"
+python3 - "$OUT" <<'EOF'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+runs = {p.stem[len("client_"):]: json.loads(p.read_text())["rows"] for p in sorted(out.glob("client_*.json"))}
+for label, rows in runs.items():
+    print(label, [(r["req"].split()[0], r["cached_tokens"]) for r in rows])
+d, w0, w16 = runs.get("dense"), runs.get("dasc_w0"), runs.get("dasc_w16")
+if d and w0:
+    print("keep-all plan restores exactly: outputs dasc_w0 == dense for every request:",
+          all(a["output_ids"] == b["output_ids"] for a, b in zip(d, w0)))
+if d and w16:
+    print("W_max=16 (dasc-nr, 24/48 heads kept): r2 output == dense r2:", d[1]["output_ids"] == w16[1]["output_ids"],
+          "| r1 (no hit) == dense r1:", d[0]["output_ids"] == w16[0]["output_ids"])
+EOF
+stamp "done"

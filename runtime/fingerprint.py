@@ -1,0 +1,124 @@
+"""Decay-tensor fingerprint of the weights SGLang actually loaded (plan safety check, DESIGN.md).
+
+The byte format is the compiler's (``dasc_compile.checkpoint.decay_fingerprint``; the runtime may
+not import it, ``tests/test_runtime_verify.py`` checks the two agree): for each decay tensor in the
+plan's ``Fingerprint.decay_tensors`` order, ``name``, ``str(dtype)``, the shape as a JSON list, the
+byte count (8 bytes little-endian) and the raw little-endian bytes, each followed by NUL.
+
+Served weights differ from the checkpoint in two ways that carry no information loss:
+
+* TP sharding: each rank holds its heads' slice (GDN ``A_log``/``dt_bias`` ``[H/P]`` on dim 0, KDA
+  ``A_log [1, 1, H/P, 1]`` on dim 2, ``dt_bias [H*d_k/P]`` on dim 0); slices are gathered over the
+  attention-TP group in rank order.
+* dtype: SGLang keeps ``A_log`` in FP32 and ``dt_bias`` in the model dtype whatever the file
+  held. The hash is therefore tried with each tensor kind cast back to every dtype the cast
+  reaches losslessly (at most 3 x 3 combinations); a lossy cast is never tried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from dasc_compile.errors import DascInputError
+
+__all__ = ["decay_sha256", "match_decay_fingerprint", "served_decay_tensors", "parse_decay_name"]
+
+_DECAY_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:.*\.)?(A_log|dt_bias)$")
+_CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def parse_decay_name(name: str) -> Optional[tuple[int, str]]:
+    """``(layer id, 'A_log' | 'dt_bias')`` of a decay tensor name, or None."""
+    m = _DECAY_RE.search(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def decay_sha256(tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """sha256 hex of ``[(name, tensor), ...]`` in the compiler's byte format (module docstring)."""
+    h = hashlib.sha256()
+    for name, t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        h.update(name.encode("utf-8") + b"\0")
+        h.update(str(t.dtype).encode("ascii") + b"\0")
+        h.update(json.dumps(list(t.shape)).encode("ascii") + b"\0")
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw + b"\0")
+    return h.hexdigest()
+
+
+def _shard_dim(t: torch.Tensor) -> int:
+    return 2 if t.dim() == 4 else 0
+
+
+def served_decay_tensors(model: torch.nn.Module, names: Sequence[str],
+                         gather: Optional[Callable[[torch.Tensor], list[torch.Tensor]]] = None) -> list[tuple[str, torch.Tensor]]:
+    """The served model's decay tensors under the plan's names, full (TP = 1) size, on CPU.
+
+    Args:
+        model: the loaded SGLang model.
+        names: ``plan.fingerprint.decay_tensors``.
+        gather: returns every attention-TP rank's slice of a local tensor in rank order (None at TP 1).
+    Raises:
+        DascInputError: a plan tensor with no counterpart in the served model (names it).
+    """
+    by_key: dict[tuple[int, str], torch.Tensor] = {}
+    for pname, p in itertools.chain(model.named_parameters(), model.named_buffers()):
+        key = parse_decay_name(pname)
+        if key is not None and key not in by_key:
+            by_key[key] = p
+    out = []
+    for name in names:
+        key = parse_decay_name(name)
+        if key is None or key not in by_key:
+            raise DascInputError(
+                f"dasc plan decay tensor '{name}' has no counterpart in the served model "
+                f"(found {len(by_key)} A_log/dt_bias parameters)")
+        local = by_key[key].detach().to("cpu").contiguous()
+        if gather is not None:
+            parts = gather(local)
+            local = torch.cat(parts, dim=_shard_dim(local)) if len(parts) > 1 else parts[0]
+        out.append((name, local))
+    return out
+
+
+def _lossless_dtypes(ts: Sequence[torch.Tensor]) -> list[torch.dtype]:
+    """The loaded dtype first, then every other dtype all ``ts`` round-trip through exactly."""
+    first = ts[0].dtype
+    out = [first]
+    for d in _CAST_DTYPES:
+        if d == first:
+            continue
+        if all(torch.equal(t.to(d).to(t.dtype), t) for t in ts):
+            out.append(d)
+    return out
+
+
+def match_decay_fingerprint(expected_sha: str, tensors: Sequence[tuple[str, torch.Tensor]]) -> Optional[dict]:
+    """Find dtypes under which the served tensors hash to ``expected_sha``.
+
+    Returns:
+        ``{'A_log': dtype, 'dt_bias': dtype, 'sha256': ...}`` on a match, None otherwise.
+    """
+    kinds: dict[str, list[int]] = {}
+    for i, (name, _) in enumerate(tensors):
+        kind = (parse_decay_name(name) or (0, "other"))[1]
+        kinds.setdefault(kind, []).append(i)
+    options = {k: _lossless_dtypes([tensors[i][1] for i in idx]) for k, idx in kinds.items()}
+    keys = list(options)
+    for combo in itertools.product(*(options[k] for k in keys)):
+        cast = dict(zip(keys, combo))
+        trial = []
+        for name, t in tensors:
+            kind = (parse_decay_name(name) or (0, "other"))[1]
+            trial.append((name, t.to(cast[kind])))
+        sha = decay_sha256(trial)
+        if sha == expected_sha:
+            return {**cast, "sha256": sha}
+    return None

@@ -1,0 +1,361 @@
+"""SGLang plugin entry point: ``dasc = "dasc_runtime.plugin:register"`` (group ``sglang.srt.plugins``).
+
+``register()`` runs in every SGLang process through ``load_plugins()`` (launcher, ``Engine``, each
+scheduler). It only registers hooks (``HookRegistry``); each hook passes straight through when no
+plan is configured, so installing dasc changes nothing until ``--dasc-plan`` / ``DASC_PLAN`` is
+given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+__all__ = ["register", "add_cli_args", "install_pool", "HOOKS"]
+
+logger = logging.getLogger("dasc")
+
+_FLAGS = (
+    ("--dasc-plan", "plan", dict(type=str, default=None,
+                                 help="dasc plan directory (or its plan.json): serve compressed state checkpoints")),
+    ("--dasc-pool-slots", "pool_slots", dict(type=int, default=None,
+                                             help="dasc: usable compressed checkpoint slots per rank")),
+    ("--dasc-pool-bytes", "pool_bytes", dict(type=int, default=None,
+                                             help="dasc: per-rank byte budget of the compressed pool "
+                                                  "(slots = budget // bytes_per_slot - 1)")),
+    ("--dasc-compressed-only", "compressed_only", dict(action="store_true", default=False,
+                                                       help="dasc: cache checkpoints only in the compressed pool "
+                                                            "(no dense spill; quality runs)")),
+    ("--dasc-demote-watermark", "demote_watermark", dict(type=int, default=None,
+                                                         help="dasc: free native slots below which dense checkpoints "
+                                                              "are demoted in the background (default 10%% of them)")),
+)
+_KWARGS = {"dasc_" + field: field for _, field, _ in _FLAGS}
+
+
+# ---------------------------------------------------------------- flag plumbing
+
+def add_cli_args(result, parser) -> None:
+    """AFTER ``ServerArgs.add_cli_args``: the ``--dasc-*`` flags."""
+    group = parser.add_argument_group("dasc (decay-aware state compression)")
+    for flag, field, kw in _FLAGS:
+        if not any(flag in a.option_strings for a in parser._actions):
+            group.add_argument(flag, dest="dasc_" + field, **kw)
+
+
+def _store_settings(server_args, raw: dict) -> None:
+    from dasc_runtime.settings import SERVER_ARGS_ATTR, DascSettings
+
+    settings = DascSettings.from_mapping(raw, source="dasc flags")
+    if settings.active:
+        object.__setattr__(server_args, SERVER_ARGS_ATTR, {k: v for k, v in raw.items() if v is not None})
+        settings.export()                 # every child process inherits DASC_*
+
+
+def from_cli_args(result, cls, args):
+    """AFTER ``ServerArgs.from_cli_args``: carry the parsed ``--dasc-*`` values."""
+    raw = {field: getattr(args, "dasc_" + field, None) for _, field, _ in _FLAGS}
+    if raw.get("plan"):
+        _store_settings(result, raw)
+    return result
+
+
+def server_args_init(original, self, *args, **kwargs):
+    """AROUND ``ServerArgs.__init__``: ``Engine(..., dasc_plan=..., dasc_pool_slots=...)`` keyword arguments."""
+    raw = {field: kwargs.pop(kw) for kw, field in _KWARGS.items() if kw in kwargs}
+    original(self, *args, **kwargs)
+    if raw.get("plan"):
+        _store_settings(self, raw)
+
+
+# ---------------------------------------------------------------- plan + pool installation
+
+def _settings():
+    from dasc_runtime.settings import current_settings
+
+    return current_settings()
+
+
+def _load_plan_once(settings):
+    from dasc_runtime.plan_io import load_plan, plan_dir_of
+    from dasc_runtime.state import STATE
+
+    if STATE.plan is None or STATE.plan_dir != str(plan_dir_of(settings.plan)):
+        STATE.plan = load_plan(settings.plan)
+        STATE.plan_dir = str(plan_dir_of(settings.plan))
+        STATE.settings = settings
+    return STATE.plan
+
+
+def _server_args():
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+    except ValueError:          # no published server args (unit tests building pools directly)
+        return None
+
+
+def _attn_tp():
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        return int(p.attn_tp_rank), int(p.attn_tp_size)
+    except Exception:
+        return 0, 1
+
+
+def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, device, settings=None,
+                 tp_rank: int | None = None, tp_size: int | None = None, tp_group=None):
+    """Build the dasc pool for ``req_pool`` (a ``HybridReqToTokenPool``) and put it in ``mamba_ckpt_pool``.
+
+    Sizing: ``--dasc-pool-slots`` C, else ``--dasc-pool-bytes`` B -> ``B // bottleneck_bytes_per_slot - 1``
+    (the plan's bottleneck rank decides, so every rank has the same C; App. C.1), else the plan's
+    ``pool_budget_bytes``, else ``2 * mamba_size`` (SGLang's INT8 pool default).
+
+    Returns:
+        the :class:`~dasc_runtime.pool.DascCheckpointPool`.
+    Raises:
+        DascRefusal / DascInputError: the plan does not fit the served state (see :mod:`dasc_runtime.verify`).
+    """
+    import torch
+
+    from dasc_runtime.ops import select_ops
+    from dasc_runtime.pool import DascCheckpointPool, slots_for_budget
+    from dasc_runtime.pool_layout import rank_layout
+    from dasc_runtime.state import STATE
+    from dasc_runtime.tiers import TierPolicy
+    from dasc_runtime.verify import DascRefusal, check_state
+
+    settings = settings or _settings()
+    plan = _load_plan_once(settings)
+    if tp_rank is None or tp_size is None:
+        tp_rank, tp_size = _attn_tp()
+    check_state(plan, layer_ids=list(mamba_layer_ids), temporal_shape=cache_params.shape.temporal,
+                conv_shapes=cache_params.shape.conv, temporal_dtype=cache_params.dtype.temporal,
+                conv_dtype=cache_params.dtype.conv, tp_rank=tp_rank, tp_size=tp_size)
+    layout = rank_layout(plan, tp_rank, tp_size, num_layers=len(mamba_layer_ids))
+    if layout.storage is not None and tp_group is None and tp_size > 1:
+        from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+        tp_group = get_attn_tp_group().device_group
+    bottleneck = plan.tp.bottleneck_bytes_per_slot
+    if settings.pool_slots is not None:
+        slots = settings.pool_slots
+    elif settings.pool_bytes is not None:
+        slots = slots_for_budget(settings.pool_bytes, bottleneck)
+    elif plan.policy.pool_budget_bytes is not None:
+        slots = slots_for_budget(plan.policy.pool_budget_bytes, bottleneck)
+    else:
+        slots = 2 * int(mamba_size)
+    ops = select_ops(plan, STATE.plan_dir, layout, device)
+    dpool = DascCheckpointPool(layout=layout, num_slots=slots, conv_shapes=cache_params.shape.conv,
+                               native_size=mamba_size, device=device, ops=ops, tp_group=tp_group)
+    mine = dpool.bytes_per_slot()
+    plan_bytes = plan.tp.payload_storage[tp_rank].bytes_per_slot
+    if mine != plan_bytes:
+        raise DascRefusal(f"bytes per compressed slot on TP rank {tp_rank}: plan {plan_bytes}, runtime layout {mine}")
+    wm = settings.demote_watermark
+    if wm is None:
+        wm = 0 if settings.compressed_only else max(1, int(mamba_size) // 10)
+    dpool.tier_policy = TierPolicy(compressed_only=settings.compressed_only, watermark=wm)
+    req_pool.mamba_ckpt_pool = dpool
+    STATE.pool = dpool
+    t = plan.totals
+    logger.info(
+        "dasc: plan %s (w_max=%s, %s, kept %d/%d units, C_ckpt=%.2f, TP %d/%d balance=%s): compressed pool %d slots x "
+        "%d bytes = %.3f GB on %s (ops: %s); native slots %d; mode %s, demote watermark %d",
+        STATE.plan_dir, plan.policy.w_max, plan.model.unit_kind, t.n_kept, t.n_units, plan.tp.c_ckpt_tp, tp_rank,
+        tp_size, plan.tp.balance, slots, mine, dpool.mem_usage_bytes() / 2 ** 30, device, ops.name, mamba_size,
+        "compressed-only" if settings.compressed_only else "two-tier", wm)
+    if torch.device(device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        logger.info("dasc: %.2f GB HBM free after the compressed pool", free / 2 ** 30)
+    return dpool
+
+
+def after_init_mamba_pool(result, req_pool, *args, **kwargs):
+    """AFTER ``HybridReqToTokenPool._init_mamba_pool``: refuse unsupported options, install the pool."""
+    settings = _settings()
+    if not settings.active:
+        return result
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    from dasc_runtime.verify import DascRefusal, check_server_args
+
+    bound = inspect.signature(HybridReqToTokenPool._init_mamba_pool).bind(req_pool, *args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    sa = _server_args()
+    if sa is not None:
+        check_server_args(sa)
+    if a.get("mamba_envelope_layout"):
+        raise DascRefusal("page-major (envelope) Mamba state layout is not supported")
+    if a.get("enable_linear_replayssm") or a.get("enable_linear_replayssm_spec"):
+        raise DascRefusal("ReplaySSM ring buffers are not supported")
+    if a.get("speculative_num_draft_tokens") is not None:
+        raise DascRefusal("speculative decoding states are not supported")
+    install_pool(req_pool, mamba_size=a["mamba_size"], cache_params=a["cache_params"],
+                 mamba_layer_ids=a["mamba_layer_ids"], device=a["device"], settings=settings)
+    return result
+
+
+def after_load_model(result, runner, *args, **kwargs):
+    """AFTER ``ModelRunner.load_model``: model type and decay-tensor fingerprint of the loaded weights."""
+    settings = _settings()
+    if not settings.active or getattr(runner, "is_draft_worker", False):
+        return result
+    from dasc_runtime.fingerprint import served_decay_tensors
+    from dasc_runtime.state import STATE
+    from dasc_runtime.verify import check_fingerprint, check_model_type, check_server_args, check_sglang_version
+
+    import sglang
+
+    check_sglang_version(getattr(sglang, "__version__", "unknown"))
+    check_server_args(getattr(runner, "server_args", None) or _server_args())
+    plan = _load_plan_once(settings)
+    hf = runner.model_config.hf_config
+    check_model_type(plan, getattr(hf, "model_type", "?"), getattr(hf, "architectures", None) or ())
+    rank, size = _attn_tp()
+    gather = None
+    if size > 1:
+        import torch.distributed as dist
+        from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+        group = get_attn_tp_group().cpu_group
+
+        def gather(t):
+            out = [None] * size
+            dist.all_gather_object(out, t, group=group)
+            return out
+    served = served_decay_tensors(runner.model, plan.fingerprint.decay_tensors, gather)
+    hit = check_fingerprint(plan, served)
+    STATE.verified_model = True
+    STATE.fingerprint_match = hit
+    logger.info("dasc: plan matches the served model (%s, %d decay tensors, sha256 %s..., dtypes A_log=%s dt_bias=%s)",
+                plan.model.model_type, len(served), hit["sha256"][:16], hit.get("A_log"), hit.get("dt_bias"))
+    return result
+
+
+def around_create_unified_radix_cache(original, ctx, server_args, params):
+    """AROUND ``registry._create_unified_radix_cache``: the two-tier Mamba component."""
+    settings = _settings()
+    if not settings.active or not ctx.is_hybrid_ssm:
+        return original(ctx, server_args, params)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    from dasc_runtime.pool import DascCheckpointPool
+    from dasc_runtime.state import STATE
+    from dasc_runtime.tiers import DascMambaComponent
+    from dasc_runtime.verify import DascRefusal
+
+    if not isinstance(getattr(params.req_to_token_pool, "mamba_ckpt_pool", None), DascCheckpointPool):
+        raise DascRefusal("the request pool has no dasc pool (unified memory pool or an unsupported model?)")
+    params.component_registry_override = {**(params.component_registry_override or {}),
+                                          ComponentType.MAMBA: DascMambaComponent}
+    cache = original(ctx, server_args, params)
+    STATE.component = cache.components[ComponentType.MAMBA]
+    logger.info("dasc: two-tier state checkpoint cache installed (%s)", type(cache).__name__)
+    return cache
+
+
+def around_collect_cow(original, batch, reqs):
+    """AROUND ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``: host-side tier of each hit source."""
+    from dasc_runtime.pool import TIER_HINT_ATTR
+    from dasc_runtime.state import STATE
+
+    pool = STATE.pool
+    if pool is None:
+        return original(batch, reqs)
+    hint = [pool.is_own_id_tensor(r.mamba_cow_src_index) for r in reqs if r.mamba_cow_src_index is not None]
+    out = original(batch, reqs)
+    src = batch.mamba_cow_src_indices
+    if src is not None and len(hint) == src.numel():
+        setattr(src, TIER_HINT_ATTR, hint)
+    return out
+
+
+def after_mamba_token_info(result, observer, *args, **kwargs):
+    """AFTER ``SchedulerPoolStatsObserver._get_mamba_token_info``: dense checkpoints occupy native slots."""
+    from dasc_runtime.state import STATE
+
+    comp = STATE.component
+    if comp is None or result is None:
+        return result
+    size = observer.req_to_token_pool.mamba_pool.size
+    result.mamba_evictable_size = comp.dense_evictable()
+    result.mamba_num_used = size - (result.mamba_available_size + result.mamba_evictable_size)
+    result.mamba_usage = result.mamba_num_used / size
+    return result
+
+
+def around_check_int8(original, checker, ps, ckpt_pool):
+    """AROUND ``SchedulerInvariantChecker._check_mamba_pool_with_int8``: the three-way dasc invariant.
+
+    native: available + dense evictable + dense protected + session-held == M;
+    compressed: available + compressed checkpoints + pending demotion targets == C.
+    """
+    from dasc_runtime.pool import DascCheckpointPool
+
+    if not isinstance(ckpt_pool, DascCheckpointPool) or getattr(ckpt_pool, "component", None) is None:
+        return original(checker, ps, ckpt_pool)
+    comp = ckpt_pool.component
+    m = checker.req_to_token_pool.mamba_pool.size
+    session = checker.pool_stats_observer.session_held_mamba_slots()
+    native = ps.mamba_available_size + comp.dense_evictable() + comp.dense_protected() + session
+    comp_total = ckpt_pool.available_size() + comp.tier_counts()["compressed"] + len(comp.pending)
+    leak = native != m or comp_total != ckpt_pool.num_slots
+    msg = (f"[dasc-native] total={m}, available={ps.mamba_available_size}, dense_evictable={comp.dense_evictable()}, "
+           f"dense_protected={comp.dense_protected()}, session_held={session}\n"
+           f"[dasc-compressed] total={ckpt_pool.num_slots}, available={ckpt_pool.available_size()}, "
+           f"cached={comp.tier_counts()['compressed']}, demoting={len(comp.pending)}")
+    return leak, msg
+
+
+def after_usage_parts(result, stats, *args, **kwargs):
+    """AFTER ``PoolStats.get_{prefill,decode}_usage_msg_parts``: dasc counters in SGLang's log lines."""
+    from dasc_runtime.state import STATE, status_line
+
+    if STATE.pool is None or not isinstance(result, list):
+        return result
+    return result + [status_line()]
+
+
+HOOKS = (
+    ("sglang.srt.server_args.ServerArgs.add_cli_args", add_cli_args, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.from_cli_args", from_cli_args, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.__init__", server_args_init, "AROUND"),
+    ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", after_init_mamba_pool, "AFTER"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner.load_model", after_load_model, "AFTER"),
+    ("sglang.srt.mem_cache.registry._create_unified_radix_cache", around_create_unified_radix_cache, "AROUND"),
+    ("sglang.srt.managers.schedule_batch.ScheduleBatch._collect_deferred_mamba_cow_and_clear", around_collect_cow,
+     "AROUND"),
+    ("sglang.srt.managers.scheduler_components.pool_stats_observer.SchedulerPoolStatsObserver._get_mamba_token_info",
+     after_mamba_token_info, "AFTER"),
+    ("sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_mamba_pool_with_int8",
+     around_check_int8, "AROUND"),
+    ("sglang.srt.managers.scheduler_components.pool_stats_observer.PoolStats.get_prefill_usage_msg_parts",
+     after_usage_parts, "AFTER"),
+    ("sglang.srt.managers.scheduler_components.pool_stats_observer.PoolStats.get_decode_usage_msg_parts",
+     after_usage_parts, "AFTER"),
+)
+
+
+def register() -> None:
+    """Entry point of the ``sglang.srt.plugins`` group: register the dasc hooks (cheap, no CUDA)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    import sglang
+
+    from dasc_runtime.verify import SUPPORTED_SGLANG
+
+    version = getattr(sglang, "__version__", "unknown")
+    hooks = HOOKS
+    if version != SUPPORTED_SGLANG:
+        # keep the flags (so a plan is refused with a clear message, not an argparse error) and
+        # refuse at start-up; no cache hook is applied to an unknown SGLang
+        logger.warning("dasc: sglang %s is installed, the dasc runtime supports %s only", version, SUPPORTED_SGLANG)
+        hooks = HOOKS[:3] + (HOOKS[4],)
+    for target, fn, kind in hooks:
+        HookRegistry.register(target, fn, getattr(HookType, kind))

@@ -1,0 +1,121 @@
+"""dasc serving settings: where they come from and how they reach every SGLang process.
+
+Sources, first match wins:
+
+1. the ``ServerArgs`` object (attribute ``_dasc_settings``, set by the plugin from the CLI flags
+   ``--dasc-*`` or from ``Engine(dasc_plan=..., ...)`` keyword arguments; pickled with the server
+   args into every scheduler process);
+2. environment variables (inherited by every child process; the plugin also exports the CLI
+   values here):
+
+   ======================  ==========================  =========================================
+   flag / Engine kwarg     environment variable        meaning
+   ======================  ==========================  =========================================
+   --dasc-plan             DASC_PLAN                   plan directory (or its plan.json)
+   --dasc-pool-slots       DASC_POOL_SLOTS             compressed slots C (usable, slot 0 extra)
+   --dasc-pool-bytes       DASC_POOL_BYTES             per-rank byte budget B: C = B // bytes - 1
+   --dasc-compressed-only  DASC_COMPRESSED_ONLY=1      no dense spill (quality runs, §5.1)
+   --dasc-demote-watermark DASC_DEMOTE_WATERMARK       free native slots below which demotion starts
+   ======================  ==========================  =========================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Mapping, Optional
+
+from dasc_compile.errors import DascInputError
+
+__all__ = ["DascSettings", "ENV_VARS", "current_settings", "SERVER_ARGS_ATTR"]
+
+SERVER_ARGS_ATTR = "_dasc_settings"
+ENV_VARS = {
+    "plan": "DASC_PLAN",
+    "pool_slots": "DASC_POOL_SLOTS",
+    "pool_bytes": "DASC_POOL_BYTES",
+    "compressed_only": "DASC_COMPRESSED_ONLY",
+    "demote_watermark": "DASC_DEMOTE_WATERMARK",
+}
+
+
+def _int(name: str, raw) -> Optional[int]:
+    if raw is None or raw == "":
+        return None
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise DascInputError(f"{name}: expected an integer, got {raw!r}") from None
+    if v < 0:
+        raise DascInputError(f"{name}: expected a non-negative integer, got {v}")
+    return v
+
+
+def _bool(raw) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    return str(raw).strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DascSettings:
+    """Resolved serving settings (see module docstring). ``plan is None`` means dasc is off."""
+
+    plan: Optional[str] = None
+    pool_slots: Optional[int] = None
+    pool_bytes: Optional[int] = None
+    compressed_only: bool = False
+    demote_watermark: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.pool_slots is not None and self.pool_bytes is not None:
+            raise DascInputError("--dasc-pool-slots and --dasc-pool-bytes are exclusive: size the pool one way")
+
+    @property
+    def active(self) -> bool:
+        return self.plan is not None
+
+    @classmethod
+    def from_mapping(cls, d: Mapping, source: str = "settings") -> "DascSettings":
+        """From a dict of field -> raw value (CLI namespace values, Engine kwargs or env strings)."""
+        plan = d.get("plan")
+        return cls(
+            plan=str(plan) if plan not in (None, "") else None,
+            pool_slots=_int(f"{source}: pool_slots", d.get("pool_slots")),
+            pool_bytes=_int(f"{source}: pool_bytes", d.get("pool_bytes")),
+            compressed_only=_bool(d.get("compressed_only", False)),
+            demote_watermark=_int(f"{source}: demote_watermark", d.get("demote_watermark")),
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "DascSettings":
+        env = os.environ if env is None else env
+        return cls.from_mapping({k: env.get(v) for k, v in ENV_VARS.items()}, source="environment")
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that carry these settings to child processes (unset fields omitted)."""
+        out = {}
+        for k, v in asdict(self).items():
+            if v is None or v is False:
+                continue
+            out[ENV_VARS[k]] = "1" if v is True else str(v)
+        return out
+
+    def export(self) -> None:
+        """Write :meth:`to_env` into ``os.environ`` (children inherit it)."""
+        os.environ.update(self.to_env())
+
+
+def current_settings(server_args=None) -> DascSettings:
+    """Settings of this process: the server args' attribute if present, else the environment."""
+    if server_args is None:
+        try:
+            from sglang.srt.runtime_context import get_server_args
+
+            server_args = get_server_args()
+        except Exception:
+            server_args = None
+    raw = getattr(server_args, SERVER_ARGS_ATTR, None) if server_args is not None else None
+    if raw:
+        return DascSettings.from_mapping(raw, source="server args")
+    return DascSettings.from_env()

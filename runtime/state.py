@@ -1,0 +1,49 @@
+"""Per-process dasc runtime state (one SGLang scheduler process = one TP rank = one pool)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["STATE", "status_line"]
+
+
+@dataclass
+class _State:
+    plan: Any = None                 # dasc_compile.schema.Plan once loaded
+    plan_dir: Optional[str] = None
+    settings: Any = None             # DascSettings
+    verified_model: bool = False     # model type + decay fingerprint checked in this process
+    fingerprint_match: Optional[dict] = None
+    pool: Any = None                 # DascCheckpointPool
+    component: Any = None            # DascMambaComponent
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+STATE = _State()
+
+
+def status_line() -> str:
+    """Counters for SGLang's prefill/decode log lines: hits and restores by tier, demotions,
+    evictions, checkpoints per tier and free compressed slots."""
+    pool, comp = STATE.pool, STATE.component
+    if pool is None:
+        return ""
+    pc = pool.counters
+    parts = [f"dasc restored d/c: {pc.loads_dense}/{pc.loads_compressed}"]
+    if comp is not None:
+        c = comp.counters
+        n = comp.tier_counts()
+        parts += [
+            f"dasc hits d/c: {c.hits_dense}/{c.hits_compressed}",
+            f"dasc ckpt d/c: {n['dense']}/{n['compressed']}",
+            f"dasc free c: {pool.available_size()}/{pool.num_slots}",
+            f"dasc demoted: {c.demotions_committed + c.demotions_sync} (pending {len(comp.pending)})",
+            f"dasc evicted d/c: {c.evictions_dense}/{c.evictions_compressed}",
+            f"dasc inserted d/c: {c.inserts_dense}/{c.inserts_compressed}",
+        ]
+    else:
+        parts.append(f"dasc free c: {pool.available_size()}/{pool.num_slots}")
+    return ", ".join(parts)

@@ -1,0 +1,136 @@
+"""Start-up checks of a plan against the served model and server options (DESIGN.md "Runtime in SGLang").
+
+Every check raises :class:`DascRefusal` (a :class:`~dasc_compile.errors.DascInputError`) with one
+line that names what differs; the server does not start. Nothing is ever silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from dasc_compile.errors import DascInputError
+from dasc_compile.schema import Plan
+
+__all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_model_type",
+           "check_state", "check_fingerprint"]
+
+SUPPORTED_SGLANG = "0.5.17"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DascRefusal(DascInputError):
+    """The plan cannot serve this model / configuration; the message names what differs."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"dasc: refusing to start: {what}")
+
+
+def check_sglang_version(version: str) -> None:
+    """Raises DascRefusal unless ``version`` is the pinned SGLang release (its internals change between releases)."""
+    if version != SUPPORTED_SGLANG:
+        raise DascRefusal(f"sglang {version} is installed; the dasc runtime is written against sglang=={SUPPORTED_SGLANG}")
+
+
+def check_server_args(sa) -> None:
+    """Refuse server options the plan cannot serve (each named with the flag that turns it off).
+
+    Checked: radix cache on and built-in (no ``--disable-radix-cache``, no ``--radix-cache-backend``),
+    no ``--enable-hierarchical-cache``, no ``--enable-unified-memory`` / ``--enable-page-major-kv-layout``
+    (page-major state layout, ``mamba_ckpt_pool`` is None there), no ``--enable-int8-mamba-checkpoint``
+    (the plan's ``int8`` composes INT8 instead), no speculative decoding, no ReplaySSM rings, no
+    session radix cache / streaming sessions, pipeline parallel size 1.
+    """
+    g = lambda name, default=None: getattr(sa, name, default)  # noqa: E731
+    bad = []
+    if g("disable_radix_cache"):
+        bad.append("--disable-radix-cache (dasc compresses radix-cached state checkpoints)")
+    if g("radix_cache_backend"):
+        bad.append(f"--radix-cache-backend={g('radix_cache_backend')} (dasc plugs into the built-in cache)")
+    if g("enable_hierarchical_cache"):
+        bad.append("--enable-hierarchical-cache (host offload of compressed checkpoints is not supported)")
+    if g("enable_unified_memory"):
+        bad.append("--enable-unified-memory (the unified memory pool has no checkpoint pool slot)")
+    if g("enable_page_major_kv_layout"):
+        bad.append("--enable-page-major-kv-layout (page-major Mamba state layout is not supported)")
+    if g("enable_int8_mamba_checkpoint"):
+        bad.append("--enable-int8-mamba-checkpoint (compile the plan with int8: true instead)")
+    if g("speculative_algorithm"):
+        bad.append(f"--speculative-algorithm {g('speculative_algorithm')} (speculative states are not supported)")
+    if g("enable_linear_replayssm") or g("enable_linear_replayssm_spec"):
+        bad.append("--enable-linear-replayssm (ring-buffered states are not supported)")
+    if g("enable_session_radix_cache"):
+        bad.append("--enable-session-radix-cache (not supported)")
+    if g("enable_streaming_session"):
+        bad.append("--enable-streaming-session (not supported)")
+    if (g("pp_size", 1) or 1) > 1:
+        bad.append(f"--pp-size {g('pp_size')} (pipeline parallelism is not supported)")
+    if bad:
+        raise DascRefusal("unsupported option(s): " + "; ".join(bad))
+
+
+def check_model_type(plan: Plan, model_type: str, architectures: Sequence[str] = ()) -> None:
+    """Raises DascRefusal when the served model type differs from the plan's."""
+    if model_type != plan.model.model_type:
+        raise DascRefusal(f"model type: plan is for '{plan.model.model_type}', the server loaded '{model_type}'")
+    if architectures and plan.model.architectures and list(architectures) != list(plan.model.architectures):
+        raise DascRefusal(f"architectures: plan {plan.model.architectures}, server {list(architectures)}")
+
+
+def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequence[int],
+                conv_shapes: Sequence[Sequence[int]], temporal_dtype: torch.dtype, conv_dtype: torch.dtype,
+                tp_rank: int, tp_size: int) -> None:
+    """Check SGLang's state cache parameters on this rank against the plan.
+
+    Args:
+        layer_ids: SGLang's mamba (recurrent) layer ids.
+        temporal_shape: per-rank temporal state ``(H/P, d_v, d_k)`` (``cache_params.shape.temporal``).
+        conv_shapes: per-rank conv state shapes (``cache_params.shape.conv``).
+        temporal_dtype / conv_dtype: SGLang's state dtypes (``cache_params.dtype``).
+    Raises:
+        DascRefusal: TP size, recurrent layer ids, heads per rank, head dims, dtypes or conv size differ.
+    """
+    m, tp = plan.model, plan.tp
+    if tp_size != tp.tp_size:
+        raise DascRefusal(f"TP size: plan compiled for tp_size={tp.tp_size}, server runs attention TP size {tp_size}")
+    if list(layer_ids) != list(m.recurrent_layer_ids):
+        raise DascRefusal(f"recurrent layer ids: plan {list(m.recurrent_layer_ids)}, server {list(layer_ids)}")
+    want = (tp.heads_per_rank, m.head_v_dim, m.head_k_dim)
+    if tuple(temporal_shape) != want:
+        raise DascRefusal(f"temporal state per rank (heads, d_v, d_k): plan {want} for TP rank {tp_rank}/{tp_size}, "
+                          f"server {tuple(temporal_shape)}")
+    pol = plan.policy
+    if temporal_dtype != _DTYPES[pol.temporal_dtype]:
+        raise DascRefusal(f"temporal state dtype: plan {pol.temporal_dtype}, server {temporal_dtype} "
+                          f"(set --mamba-ssm-dtype or recompile with temporal_dtype)")
+    if conv_dtype != _DTYPES[pol.conv_dtype]:
+        raise DascRefusal(f"conv state dtype: plan {pol.conv_dtype}, server {conv_dtype}")
+    conv_elems = sum(math.prod(s) for s in conv_shapes)
+    itemsize = torch.empty((), dtype=conv_dtype).element_size()
+    plan_conv = tp.payload_contiguous[tp_rank].bytes_conv
+    if conv_elems * itemsize * len(layer_ids) != plan_conv:
+        raise DascRefusal(f"conv state bytes per rank: plan {plan_conv}, server {conv_elems * itemsize * len(layer_ids)} "
+                          f"(shapes {[tuple(s) for s in conv_shapes]} x {len(layer_ids)} layers)")
+
+
+def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]]) -> dict:
+    """Compare the served decay tensors' fingerprint with the plan's (see :mod:`dasc_runtime.fingerprint`).
+
+    Returns:
+        the match (dtypes used and sha256).
+    Raises:
+        DascRefusal: no lossless dtype combination reproduces the plan's hash; names the first
+            tensor and both hashes.
+    """
+    from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint
+
+    hit = match_decay_fingerprint(plan.fingerprint.decay_sha256, served)
+    if hit is None:
+        first = served[0]
+        raise DascRefusal(
+            f"decay tensors of the served weights (sha256 {decay_sha256(served)[:16]}...) differ from the ones the plan "
+            f"was compiled from (sha256 {plan.fingerprint.decay_sha256[:16]}...), e.g. '{first[0]}' "
+            f"{first[1].dtype} {list(first[1].shape)}; recompile the plan from the served checkpoint")
+    return hit

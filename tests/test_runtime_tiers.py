@@ -1,0 +1,169 @@
+"""Two-tier cache scenarios with hand-checked outcomes (paper App. B.2) on SGLang 0.5.17's classes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime_fixtures import SGLANG_SKIP_REASON
+
+pytestmark = [pytest.mark.sglang,
+              pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _sim(tmp_path, **kw):
+    from runtime_sim import Sim
+
+    kw.setdefault("watermark", 0)
+    return Sim(tmp_path, seed=0, **kw)
+
+
+def _run(sim, seq, *, keep=False, chunked=False):
+    """Admit one request for ``seq``, then finish it unless ``keep``; returns the request."""
+    sim.rng.choice = lambda xs, _s=seq: _s            # deterministic pick
+    n = len(sim.inflight)
+    sim.admit(chunked=chunked)
+    req = sim.inflight[-1]
+    assert len(sim.inflight) == n + 1
+    if not keep:
+        sim.inflight.remove(req)
+        sim.inflight.append(req)
+        sim.rng.randrange = lambda k: k - 1
+        sim.finish()
+    sim.check(0, content=True)
+    return req
+
+
+def _node_of(sim, tokens):
+    """The tree node whose key ends exactly at ``tokens`` (None if absent)."""
+    for n in sim.nodes():
+        if sim.prefix_tokens(n) == list(tokens):
+            return n
+    return None
+
+
+SEQ_A = [11, 12, 13, 14]
+SEQ_B = [21, 22, 23]
+SEQ_C = [31, 32, 33, 34, 35]
+SEQ_D = [41, 42]
+
+
+def test_compressed_first_then_dense_spill_without_copy(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=1)
+    _run(sim, SEQ_A)
+    a = _node_of(sim, sim.request_tokens(SEQ_A))
+    assert sim.comp.tier(a) == "compressed" and sim.dpool.available_size() == 0
+    assert sim.pool.mamba_allocator.available_size() == sim.M         # the request's slot came back
+    req = _run(sim, SEQ_B)
+    b = _node_of(sim, sim.request_tokens(SEQ_B))
+    assert sim.comp.tier(b) == "dense"
+    # dense spill hands the finished request's own native slot to the tree (no copy)
+    assert b.component_data[sim.MAMBA].value.tolist() == [int(req.mamba_pool_idx)]
+    assert sim.pool.mamba_allocator.available_size() == sim.M - 1
+    c = sim.comp.counters
+    assert (c.inserts_compressed, c.inserts_dense) == (1, 1)
+
+
+def test_hits_restore_by_tier(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=1)
+    _run(sim, SEQ_A)                                   # compressed
+    _run(sim, SEQ_B)                                   # dense (spill)
+    child_a = sim.request_tokens(SEQ_A) + [90, 91]
+    child_b = sim.request_tokens(SEQ_B) + [92]
+    _run(sim, child_a)
+    _run(sim, child_b)
+    # each restore was compared with the exact state (dense) or its dasc-nr image (compressed)
+    assert sim.stats["restore_compressed"] == 1 and sim.stats["restore_dense"] == 1
+    assert sim.comp.counters.hits_compressed == 1 and sim.comp.counters.hits_dense == 1
+    assert sim.dpool.counters.loads_compressed == 1 and sim.dpool.counters.loads_dense == 1
+
+
+def test_watermark_demotion_commits_after_event_and_unlock_keeping_lru(tmp_path):
+    from dasc_runtime.tiers import TierPolicy
+
+    sim = _sim(tmp_path, compressed_slots=3, mamba_size=6)
+    for s in (SEQ_A, SEQ_B, SEQ_C):
+        _run(sim, s)                                   # fill the compressed pool
+    _run(sim, SEQ_D)                                   # dense
+    d = _node_of(sim, sim.request_tokens(SEQ_D))
+    assert sim.comp.tier(d) == "dense"
+    sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
+    native_free = sim.pool.mamba_allocator.available_size()
+    lru_before = sim.lru_ids()
+    sim.comp.policy = TierPolicy(watermark=native_free + 1)
+    sim.comp.maintain()                                # free native < watermark: demote the oldest dense (D)
+    assert list(sim.comp.pending) == [d.id] and sim.comp.counters.demotions_started == 1
+    ev = sim.side.events[-1]
+    assert not ev.done and d.component_data[sim.MAMBA].lock_ref == 1      # pinned, event pending
+    assert sim.lru_ids() == lru_before                                     # demotion is not an access
+    sim.comp.policy = TierPolicy(watermark=0)
+    # a hit on D while it is demoting: copy-on-write from D's still-valid native slot, D locked
+    _run(sim, sim.request_tokens(SEQ_D) + [77], keep=True)
+    assert sim.stats["restore_dense"] == 1 and d.component_data[sim.MAMBA].lock_ref == 2
+    sim.comp.maintain()
+    sim.comp.maintain()
+    assert sim.comp.tier(d) == "dense" and d.id in sim.comp.pending       # the hit holds it: no commit
+    assert sim.pool.mamba_allocator.available_size() < native_free + 1
+    sim.rng.randrange = lambda k: k - 1
+    sim.finish()                                       # the hit ends (its cleanup runs maintain)
+    sim.comp.maintain()
+    assert ev.waited >= 1 and ev.done                  # committed only after waiting for the event
+    assert sim.comp.tier(d) == "compressed" and not sim.comp.pending
+    assert d.component_data[sim.MAMBA].lock_ref == 0
+    assert sim.comp.counters.demotions_committed == 1
+    sim.check(1, content=True)
+
+
+def test_reclamation_order_follows_app_b2(tmp_path):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim = _sim(tmp_path, compressed_slots=2, mamba_size=6)
+    _run(sim, SEQ_A)                                   # compressed, oldest
+    _run(sim, SEQ_B)                                   # compressed
+    _run(sim, SEQ_C)                                   # dense
+    _run(sim, SEQ_D)                                   # dense, newest
+    a, b, c, d = (_node_of(sim, sim.request_tokens(s)) for s in (SEQ_A, SEQ_B, SEQ_C, SEQ_D))
+    free0 = sim.pool.mamba_allocator.available_size()
+    # both pools full, oldest node compressed (A): evict A, demote the oldest dense (C) into its slot
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 1 and sim.pool.mamba_allocator.available_size() == free0 + 1
+    assert _node_of(sim, sim.request_tokens(SEQ_A)) is None
+    assert sim.comp.tier(b) == "compressed" and sim.comp.tier(c) == "compressed" and sim.comp.tier(d) == "dense"
+    assert sim.comp.counters.evictions_compressed == 1 and sim.comp.counters.demotions_sync == 1
+    # compressed space free (evict B's state directly), oldest eligible dense is D: demoted, not evicted
+    sim.comp.evict_node(b)
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 1 and sim.comp.tier(d) == "compressed"
+    # no dense node left: evicting compressed states cannot free a native slot
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 0 and sim.comp.tier(c) == "compressed"
+    sim.check(2, content=True)
+
+
+def test_compressed_only_never_spills(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=2, compressed_only=True)
+    for s in (SEQ_A, SEQ_B, SEQ_C, SEQ_D):
+        _run(sim, s)
+    assert sim.comp.tier_counts() == {"dense": 0, "compressed": 2}
+    assert _node_of(sim, sim.request_tokens(SEQ_A)) is None   # the oldest compressed node made room
+    assert sim.comp.tier(_node_of(sim, sim.request_tokens(SEQ_D))) == "compressed"
+    assert sim.comp.counters.inserts_dense == 0 and sim.comp.counters.evictions_compressed == 2
+
+
+def test_chunked_prefill_inserts_compressed_and_rematches(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=4)
+    toks = SEQ_C + [36, 37, 38]
+    req = _run(sim, toks, keep=True, chunked=True)
+    assert sim.stats["unfinished"] == 1 and sim.comp.counters.inserts_compressed == 1
+    sim.rng.randrange = lambda k: k - 1
+    sim.finish()
+    sim.check(3, content=True)
+    assert sim.comp.counters.inserts_compressed == 2 and req.mamba_pool_idx is None
