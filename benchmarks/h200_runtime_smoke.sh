@@ -17,7 +17,7 @@
 # Needs .dev/sglang/{site.tar.xz,run_sglang.sh,qwen3next-tiny.config.json} (DEVICE-SGLANG.md step 1).
 # Evidence goes to stdout; server logs and client JSON to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/dasc-smoke}
+export OUT=${OUT:-/tmp/dasc-smoke}
 mkdir -p "$OUT"
 DEV=.dev/sglang
 CFG=$DEV/qwen3next-tiny.config.json

@@ -126,10 +126,11 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     from dasc_runtime.pool_layout import rank_layout
     from dasc_runtime.state import STATE
     from dasc_runtime.tiers import TierPolicy
-    from dasc_runtime.verify import DascRefusal, check_state
+    from dasc_runtime.verify import DascRefusal, check_plan_supported, check_state
 
     settings = settings or _settings()
     plan = _load_plan_once(settings)
+    check_plan_supported(plan)
     if tp_rank is None or tp_size is None:
         tp_rank, tp_size = _attn_tp()
     check_state(plan, layer_ids=list(mamba_layer_ids), temporal_shape=cache_params.shape.temporal,
@@ -208,13 +209,15 @@ def after_load_model(result, runner, *args, **kwargs):
         return result
     from dasc_runtime.fingerprint import served_decay_tensors
     from dasc_runtime.state import STATE
-    from dasc_runtime.verify import check_fingerprint, check_model_type, check_server_args, check_sglang_version
+    from dasc_runtime.verify import (check_fingerprint, check_model_type, check_plan_supported, check_server_args,
+                                     check_sglang_version)
 
     import sglang
 
     check_sglang_version(getattr(sglang, "__version__", "unknown"))
     check_server_args(getattr(runner, "server_args", None) or _server_args())
     plan = _load_plan_once(settings)
+    check_plan_supported(plan)
     hf = runner.model_config.hf_config
     check_model_type(plan, getattr(hf, "model_type", "?"), getattr(hf, "architectures", None) or ())
     rank, size = _attn_tp()

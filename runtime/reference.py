@@ -148,11 +148,17 @@ def quantize_int8(units: torch.Tensor, *, scale_dtype: torch.dtype, kind: str) -
         ``(q, s)``: q int8 of ``units``' shape; s ``[..., dk]`` (GDN) or ``[...]`` (KDA) at
         ``scale_dtype``. a = max_v |S|, s = max(a, 1e-8) / 127 in FP32 then rounded to
         scale_dtype, q = clip(round(S / s), -127, 127) with torch.round (half to even).
+
+    Both divisions are correctly rounded IEEE FP32 divisions on every device, as in the kernels
+    (``div_rn``). The divisor 127 is therefore a tensor, not a Python number: PyTorch's CUDA
+    ``div`` turns division by a host scalar into multiplication by its FP32 reciprocal
+    (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu), which differs from a / 127 in the last
+    bit for about 4 % of the scales.
     """
     x = units.to(torch.float32)
     axis = -2 if kind == "gdn_head" else -1
     amax = x.abs().amax(dim=axis, keepdim=True).clamp(min=SCALE_FLOOR)
-    scale = (amax / QMAX).to(scale_dtype)
+    scale = torch.div(amax, torch.full_like(amax, QMAX)).to(scale_dtype)
     q = torch.round(x / scale.to(torch.float32)).clamp(-QMAX, QMAX).to(torch.int8)
     return q, scale.squeeze(axis)
 

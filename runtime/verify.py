@@ -14,7 +14,8 @@ import torch
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import Plan
 
-__all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_model_type",
+__all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_plan_supported",
+           "check_model_type",
            "check_state", "check_fingerprint"]
 
 SUPPORTED_SGLANG = "0.5.17"
@@ -65,10 +66,22 @@ def check_server_args(sa) -> None:
         bad.append("--enable-session-radix-cache (not supported)")
     if g("enable_streaming_session"):
         bad.append("--enable-streaming-session (not supported)")
+    if g("disaggregation_mode") not in (None, "null"):
+        bad.append(f"--disaggregation-mode {g('disaggregation_mode')} (PD disaggregation is not supported)")
     if (g("pp_size", 1) or 1) > 1:
         bad.append(f"--pp-size {g('pp_size')} (pipeline parallelism is not supported)")
     if bad:
         raise DascRefusal("unsupported option(s): " + "; ".join(bad))
+
+
+def check_plan_supported(plan: Plan) -> None:
+    """Refuse plan features this runtime does not serve yet: dasc-wr refresh, hybrid TP balancing."""
+    if plan.policy.load_policy == "wr" and plan.refresh.any_local:
+        raise DascRefusal("the plan asks for dasc-wr (suffix refresh), which this runtime does not run yet; "
+                          "recompile with load_policy: nr")
+    if plan.tp.balance == "hybrid":
+        raise DascRefusal("the plan uses balance=hybrid (compute-head permutation of the loaded weights), "
+                          "which this runtime does not apply yet; recompile with --balance storage or off")
 
 
 def check_model_type(plan: Plan, model_type: str, architectures: Sequence[str] = ()) -> None:

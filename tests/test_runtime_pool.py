@@ -244,3 +244,17 @@ def test_kernels_reference_and_helper_reference_agree(tmp_path, monkeypatch, kin
         helper_ref.pack(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_temporal=comp, comp_conv=conv,
                         dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads)
     assert torch.equal(comp, a.temporal) and all(torch.equal(x, y) for x, y in zip(conv, a.conv))
+
+
+def test_sizing_helper_uses_the_plans_per_rank_bytes(tmp_path, capsys):
+    from dasc_runtime.sizing import main, plan_matched_memory
+
+    plan, pdir, _ = compile_tiny(tmp_path)
+    b_dense, b_comp = 3 * GDN_HEADS * GDN_D * GDN_D * 4 + 3 * 128 * 3 * 2, 9472
+    assert (plan.tp.bytes_dense_per_slot, plan.tp.bottleneck_bytes_per_slot) == (b_dense, b_comp)
+    mm = plan_matched_memory(plan, dense_slots=64, native_slots=16, scratch_slots=2)
+    # (16+1)*14592 + (C+1)*9472 + 2*9472 <= 65*14592  ->  C = floor(48*14592 / 9472) - 3 = 73 - 3 = 70
+    assert mm.compressed_slots == 70
+    assert main(["--plan", str(pdir), "--dense-slots", "64", "--native-slots", "16", "--scratch-slots", "2"]) == 0
+    assert "dasc arm:  --max-mamba-cache-size 16 --dasc-pool-slots 70" in capsys.readouterr().out
+    assert main(["--plan", str(tmp_path / "missing"), "--dense-slots", "4", "--native-slots", "2"]) == 2

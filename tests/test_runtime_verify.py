@@ -177,8 +177,20 @@ def test_server_option_refusals():
                               ("enable_int8_mamba_checkpoint", True, "compile the plan with int8"),
                               ("disable_radix_cache", True, "--disable-radix-cache"),
                               ("speculative_algorithm", "EAGLE", "speculative"),
-                              ("pp_size", 2, "--pp-size 2")]:
+                              ("pp_size", 2, "--pp-size 2"),
+                              ("disaggregation_mode", "prefill", "PD disaggregation")]:
         with pytest.raises(DascRefusal, match=msg):
             check_server_args(SimpleNamespace(**{field: value}))
     with pytest.raises(DascRefusal, match="sglang 0.5.16 is installed"):
         check_sglang_version("0.5.16")
+
+
+def test_unserved_plan_features_are_refused(tmp_path):
+    from dasc_runtime.verify import DascRefusal, check_plan_supported
+
+    check_plan_supported(compile_tiny(tmp_path)[0])
+    with pytest.raises(DascRefusal, match="dasc-wr"):
+        check_plan_supported(compile_tiny(tmp_path, load_policy="wr")[0])
+    check_plan_supported(compile_tiny(tmp_path, load_policy="wr", w_max=0)[0])   # nothing omitted: nr == wr
+    with pytest.raises(DascRefusal, match="balance=hybrid"):
+        check_plan_supported(compile_tiny(tmp_path, tp_size=2, balance="hybrid")[0])
