@@ -84,6 +84,7 @@ class Row:
     per_layer_us: float | None = None
     sglang_us: float | None = None
     note: str = ""
+    sector_mb: float | None = None   # KDA pack: bytes the memory system must move (whole 32-byte sectors), MB
 
     @property
     def pct_copy(self) -> float:
@@ -155,6 +156,15 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
     comp_conv = [torch.zeros(L, n_max + 1, *conv_shape, device=device, dtype=bf16)]
     conv_bytes = L * conv_shape[0] * conv_shape[1] * 2
     kept_bytes = R * unit_elems * 4
+    # A KDA unit is a strided column S[h, :, k] of the dense pool: DRAM moves whole 32-byte sectors,
+    # so a pack reads every sector of a dense row that holds a kept column (with 1/3..2/3 of the
+    # columns kept, nearly all of them). sector_bytes: read side of one slot at sector granularity.
+    if kind == "kda_column":
+        per_sector = 32 // temporal.element_size()
+        keep = (idx.unit_row >= 0).reshape(L, H, dk // per_sector, per_sector) if dk % per_sector == 0 else None
+        sector_bytes = None if keep is None else int(keep.any(dim=-1).sum().item()) * dv * 32
+    else:
+        sector_bytes = None
     dense_bytes = L * H * dv * dk * 4
     offsets = idx.offsets.tolist()
     kept_t = [torch.tensor(k, dtype=torch.int64, device=device) for k in kept]
@@ -230,8 +240,11 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
         ):
             t = bench(fn)
             tb = bench(base)
+            sector_mb = None
+            if op == "pack" and sector_bytes is not None:      # sector reads + kept writes + conv in and out
+                sector_mb = n * (sector_bytes + kept_bytes + 2 * conv_bytes) / 1e6
             rows.append(Row(name, op, n, moved / 1e6, t, moved / t / 1e3, copy_gbps, per_layer_us=tb,
-                            note=verify(op, fn, base, dst if op == "pack" else back)))
+                            note=verify(op, fn, base, dst if op == "pack" else back), sector_mb=sector_mb))
         del buf_a, buf_b
 
         if args.no_int8:
@@ -300,8 +313,14 @@ def targets(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
         if r.op in ("pack", "load") and r.n >= 8:
-            out.append(f"{'PASS' if r.pct_copy >= 85 else 'MISS'} {r.shape} {r.op} N={r.n}: "
-                       f"{r.pct_copy:.0f} % of copy bandwidth (target >= 85 %)")
+            line = (f"{'PASS' if r.pct_copy >= 85 else 'MISS'} {r.shape} {r.op} N={r.n}: "
+                    f"{r.pct_copy:.0f} % of copy bandwidth (target >= 85 %)")
+            if r.sector_mb:
+                ceiling = 100.0 * r.mbytes / r.sector_mb
+                sector_pct = 100.0 * (r.sector_mb * 1e6 / (r.us * 1e3)) / r.copy_gbps
+                line += (f"; counted at 32-byte sectors it moves {r.sector_mb:.1f} MB, not {r.mbytes:.1f}: "
+                         f"{sector_pct:.0f} % of copy bandwidth, ceiling {ceiling:.0f} % on the payload count")
+            out.append(line)
         if r.op in ("pack", "load") and r.n == 1 and r.per_layer_us:
             sp = r.per_layer_us / r.us
             out.append(f"{'PASS' if sp >= 5 else 'MISS'} {r.shape} {r.op} N=1: {sp:.1f}x the per-layer baseline "

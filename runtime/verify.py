@@ -7,7 +7,7 @@ line that names what differs; the server does not start. Nothing is ever silentl
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 

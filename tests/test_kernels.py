@@ -345,6 +345,74 @@ def test_int8_hand_computed_scales_and_round_half_even(interp, kind):
         assert s[1, 0].item() == 1.0 and s[1, 1] == floor
 
 
+@pytest.mark.parametrize("kind", [GDN, KDA])
+def test_int8_scale_is_a_correctly_rounded_division(interp, kind):
+    """s = fl(a / 127) (IEEE division), not a * fl(1 / 127): for a = 1.125 the two differ by one ulp.
+
+    PyTorch's CUDA div by a Python scalar multiplies by the reciprocal, which made the GPU
+    reference disagree with the kernels on ~4 % of the scales (see ``reference.quantize_int8``).
+    """
+    a = torch.tensor(1.125)
+    exact = a / torch.tensor(127.0)                       # CPU tensor / tensor: IEEE division
+    assert exact.item() != (a * (torch.tensor(1.0) / torch.tensor(127.0))).item()
+    units = torch.tensor([0.5, -1.125, 0.25, 1.0]).reshape(4, 1) if kind == GDN else torch.tensor([0.5, -1.125, 0.25, 1.0])
+    q_ref, s_ref = ref.quantize_int8(units, scale_dtype=torch.float32, kind=kind)
+    assert s_ref.reshape(-1)[0].view(torch.int32).item() == exact.view(torch.int32).item()
+    c = make_constants(num_layers=1, unit_kind=kind, heads=1, dv=4, dk=1, conv_shapes=[(2, 3)], int8=True, tile=4)
+    mod = interp(c)
+    idx = state_index_from_kept([[0]], heads=1, unit_kind=kind, dk=1)
+    temporal = torch.zeros(1, 2, 1, 4, 1)
+    temporal[0, 1, 0, :, 0] = units.reshape(-1)
+    unit = (4, 1) if kind == GDN else (4,)
+    q = torch.zeros((2, 1) + unit, dtype=torch.int8)
+    s = torch.zeros((2, 1) + ((1,) if kind == GDN else ()))
+    cc = [torch.zeros(1, 2, 2, 3, dtype=torch.bfloat16)]
+    mod.pack_int8(temporal=temporal, conv=[torch.ones(1, 2, 2, 3, dtype=torch.bfloat16)], src_slots=slots(1),
+                  comp_q=q, comp_scale=s, comp_conv=cc, dst_slots=slots(1), unit_row=idx.unit_row,
+                  kept_heads=idx.kept_heads)
+    assert_same(s[1].reshape(-1), exact.reshape(1))
+    assert q[1].reshape(-1).tolist() == q_ref.reshape(-1).tolist() == [56, -127, 28, 113]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # interpreter on NaN lanes
+@pytest.mark.parametrize("int8", [False, True], ids=["copy", "int8"])
+def test_kda_sparse_and_dense_tiles_store_only_kept_columns(interp, int8):
+    """KDA pack reads a tile whole when >= 1/4 of its columns are kept, else only the kept columns.
+
+    Heads below keep 1, 2, 4 and 8 of 16 columns (both sides of the switch); the local columns hold
+    NaN and +-inf, which a whole-tile read loads into registers but must never store or mix into
+    a kept column's INT8 scale.
+    """
+    c = make_constants(num_layers=2, unit_kind=KDA, heads=2, dv=4, dk=16, conv_shapes=[(3, 24)], int8=True,
+                       tile=64)
+    assert (c["BLOCK_V"], c["BLOCK_K"], c["Q_BLOCK_V"], c["Q_BLOCK_K"]) == (4, 16, 4, 16)
+    mod = interp(c)
+    kept = [[3, 16, 18, 20, 22, 24, 26, 28, 30], [0, 5, 9, 15, 18, 27]]
+    idx = state_index_from_kept(kept, heads=2, unit_kind=KDA, dk=16)
+    p = Pools(c, idx, S=3, C=2, seed=11, int8=True)
+    local = (idx.unit_row < 0).reshape(2, 1, 2, 1, 16).expand(2, 4, 2, 4, 16)
+    poison = torch.tensor([float("nan"), float("inf"), -float("inf")]).repeat(2 * 4 * 2 * 4 * 16 // 3 + 1)
+    p.temporal[local] = poison[: int(local.sum())]
+    want = p.clone()
+    args = dict(src_slots=slots(3, 1), dst_slots=slots(1, 2), unit_row=idx.unit_row, kept_heads=idx.kept_heads)
+    for impl, q in ((mod, p), (ref, want)):
+        if int8:
+            impl.pack_int8(temporal=q.temporal, conv=q.conv, comp_q=q.comp_q, comp_scale=q.comp_scale,
+                           comp_conv=q.comp_conv, **args)
+        else:
+            impl.pack(temporal=q.temporal, conv=q.conv, comp_temporal=q.comp, comp_conv=q.comp_conv, **args)
+    if int8:
+        assert_same(p.comp_q, want.comp_q)
+        assert_same(p.comp_scale, want.comp_scale)
+        assert bool(torch.isfinite(p.comp_scale).all())
+    else:
+        assert_same(p.comp, want.comp)
+        for l, ids in enumerate(kept):
+            for j, u in enumerate(ids):
+                assert_same(p.comp[1, idx.offsets[l].item() + j], unit_of(p.temporal, KDA, l, 3, u, 16))
+        assert bool(torch.isfinite(p.comp).all())
+
+
 # ------------------------------------------------------------------ input validation (kernels and reference)
 
 def _bad_calls(c, idx):
@@ -381,6 +449,9 @@ def test_bad_inputs_raise_value_error(interp, impl, kind):
     mod = interp(c) if impl == "kernel" else ref
     idx, _ = index_for(c)
     cases, good = _bad_calls(c, idx)
+    # a good call first: the kernel module then remembers its layout, which must hide no error
+    # (value checks such as slot 0 share the good call's layout and must still run)
+    mod.pack(**good)
     for name, (change, message) in cases.items():
         with pytest.raises(ValueError, match=message):
             mod.pack(**{**good, **change})
@@ -388,6 +459,8 @@ def test_bad_inputs_raise_value_error(interp, impl, kind):
         mod.load(comp_temporal=good["comp_temporal"], comp_conv=good["comp_conv"], src_slots=slots(1, 1),
                  temporal=good["temporal"], conv=good["conv"], dst_slots=slots(3, 3), unit_row=idx.unit_row)
     scratch = torch.zeros(c["NUM_LAYERS"], 2, c["HEADS"], c["DV"], c["DK"])
+    mod.refresh_copy(scratch=scratch, temporal=good["temporal"].clone(), dst_slots=slots(1, 2), unit_row=idx.unit_row,
+                     local_heads=idx.local_heads)
     with pytest.raises(ValueError, match="scratch must have shape"):
         mod.refresh_copy(scratch=scratch[:, :1], temporal=good["temporal"], dst_slots=slots(1, 2), unit_row=idx.unit_row,
                          local_heads=idx.local_heads)
@@ -600,6 +673,21 @@ def test_gpu_kernels_equal_reference(compiled, shape, n):
     torch.cuda.synchronize()
     assert_same(p.temporal, want.temporal)
     assert_same(p.conv[0], want.conv[0])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kind", [GDN, KDA])
+def test_gpu_reference_quantize_is_device_independent(kind):
+    """Eq. 8 in the reference gives bit-identical q and s on CUDA and on the CPU (IEEE divisions)."""
+    g = torch.Generator().manual_seed(3)
+    units = torch.randn(64, 128, 128, generator=g) * torch.logspace(-3, 2, 128).reshape(-1, 1)
+    if kind == KDA:
+        units = units.transpose(-1, -2).reshape(-1, 128)
+    q_cpu, s_cpu = ref.quantize_int8(units, scale_dtype=torch.float32, kind=kind)
+    q_gpu, s_gpu = ref.quantize_int8(units.cuda(), scale_dtype=torch.float32, kind=kind)
+    assert_same(s_gpu.cpu(), s_cpu)
+    assert_same(q_gpu.cpu(), q_cpu)
 
 
 @pytest.mark.gpu

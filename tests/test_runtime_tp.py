@@ -11,7 +11,6 @@ import os
 import socket
 from types import SimpleNamespace
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
