@@ -35,6 +35,7 @@ import torch
 from safetensors import safe_open
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.schema import decay_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     from dasc_compile.arch import ArchSpec
@@ -467,30 +468,13 @@ def decay_bytes(tensors: list[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in tensors)
 
 
-def _raw_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().to("cpu").contiguous()
-    if t.numel() == 0:
-        return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def decay_fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> str:
     """sha256 (hex) over the decay tensors, in order: name, dtype, shape and raw bytes of each.
 
-    Per tensor the hash takes ``name``, ``str(dtype)`` (e.g. ``torch.bfloat16``), the shape as a
-    JSON list, the byte count (8 bytes, little-endian) and the raw little-endian bytes (bfloat16
-    reinterpreted as bytes, never converted), each field followed by a NUL separator. The runtime
-    recomputes it from the weights SGLang loaded (schema ``Fingerprint.decay_sha256``).
+    The byte format is part of the plan contract and lives in
+    :func:`dasc_compile.schema.decay_sha256`; the runtime recomputes it from the weights SGLang loaded.
     """
-    h = hashlib.sha256()
-    for name, t in tensors:
-        raw = _raw_bytes(t)
-        h.update(name.encode("utf-8") + b"\0")
-        h.update(str(t.dtype).encode("ascii") + b"\0")
-        h.update(json.dumps(list(t.shape)).encode("ascii") + b"\0")
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw + b"\0")
-    return h.hexdigest()
+    return decay_sha256(tensors)
 
 
 def config_fingerprint(config: dict) -> str:

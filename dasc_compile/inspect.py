@@ -280,7 +280,7 @@ def render_report(plan: Plan, console: Console) -> None:
     Raises:
         DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
     """
-    m, pol, t, tp = plan.model, plan.policy, plan.totals, plan.tp
+    m, pol, t = plan.model, plan.policy, plan.totals
     console.rule(f"[bold]dasc plan[/bold]  {escape(m.model_type)} ({escape(', '.join(m.architectures))})")
     if is_initialisation_draw(plan):
         console.print(Panel(

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from dasc_compile.policy import Policy
 
@@ -328,6 +328,35 @@ def compute_content_hash(plan: Plan) -> str:
 def with_content_hash(plan: Plan) -> Plan:
     """``plan`` with its ``content_hash`` set (see :func:`compute_content_hash`)."""
     return plan.model_copy(update={"content_hash": compute_content_hash(plan)})
+
+
+def decay_sha256(tensors) -> str:
+    """``Fingerprint.decay_sha256``: sha256 (hex) over decay tensors, the byte format both the compiler
+    (from the checkpoint) and the runtime (from the weights SGLang loaded) must reproduce.
+
+    Args:
+        tensors: sequence of ``(name, tensor)`` in ``Fingerprint.decay_tensors`` order; tensors of any
+            dtype and device (bfloat16 is hashed as its raw bytes, never converted).
+    Per tensor the hash takes ``name``, ``str(dtype)`` (e.g. ``torch.bfloat16``), the shape as a JSON
+    list, the byte count (8 bytes, little-endian) and the raw little-endian bytes, each field followed
+    by a NUL separator.
+    """
+    h = hashlib.sha256()
+    for name, t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(_uint8()).numpy().tobytes() if t.numel() else b""
+        h.update(name.encode("utf-8") + b"\0")
+        h.update(str(t.dtype).encode("ascii") + b"\0")
+        h.update(json.dumps(list(t.shape)).encode("ascii") + b"\0")
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw + b"\0")
+    return h.hexdigest()
+
+
+def _uint8():
+    import torch  # the schema itself does not need torch; only the fingerprint of tensors does
+
+    return torch.uint8
 
 
 def json_schema() -> dict:

@@ -1,7 +1,7 @@
 """Decay-tensor fingerprint of the weights SGLang actually loaded (plan safety check, DESIGN.md).
 
-The byte format is the compiler's (``dasc_compile.checkpoint.decay_fingerprint``; the runtime may
-not import it, ``tests/test_runtime_verify.py`` checks the two agree): for each decay tensor in the
+The byte format is the plan contract's (``dasc_compile.schema.decay_sha256``, shared with the
+compiler's ``dasc_compile.checkpoint.decay_fingerprint``): for each decay tensor in the
 plan's ``Fingerprint.decay_tensors`` order, ``name``, ``str(dtype)``, the shape as a JSON list, the
 byte count (8 bytes little-endian) and the raw little-endian bytes, each followed by NUL.
 
@@ -17,15 +17,14 @@ Served weights differ from the checkpoint in two ways that carry no information 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import re
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.schema import decay_sha256 as _schema_decay_sha256
 
 __all__ = ["decay_sha256", "match_decay_fingerprint", "served_decay_tensors", "parse_decay_name"]
 
@@ -40,17 +39,8 @@ def parse_decay_name(name: str) -> Optional[tuple[int, str]]:
 
 
 def decay_sha256(tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
-    """sha256 hex of ``[(name, tensor), ...]`` in the compiler's byte format (module docstring)."""
-    h = hashlib.sha256()
-    for name, t in tensors:
-        t = t.detach().to("cpu").contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        h.update(name.encode("utf-8") + b"\0")
-        h.update(str(t.dtype).encode("ascii") + b"\0")
-        h.update(json.dumps(list(t.shape)).encode("ascii") + b"\0")
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw + b"\0")
-    return h.hexdigest()
+    """sha256 hex of ``[(name, tensor), ...]`` in the plan's byte format (:func:`dasc_compile.schema.decay_sha256`)."""
+    return _schema_decay_sha256(tensors)
 
 
 def _shard_dim(t: torch.Tensor) -> int:

@@ -16,3 +16,23 @@ def test_committed_schema_matches_model_and_version():
     assert committed == json_schema(), (
         "the Plan model changed but plan.schema.json did not: bump SCHEMA_VERSION and run "
         "`python -m dasc_compile.schema --write`")
+
+
+# sha256 of the published schema text for each SCHEMA_VERSION. Changing the Plan model changes the
+# hash; the version must be bumped and a new line added (old lines stay: a version never changes).
+KNOWN_SCHEMAS = {
+    1: "caed28085c99c199fd9646d97119ef3669538ab47f0daf771e5732c273f55515",
+}
+
+
+def test_schema_change_requires_version_bump():
+    import hashlib
+
+    from dasc_compile.schema import schema_text
+
+    got = hashlib.sha256(schema_text().encode()).hexdigest()
+    assert SCHEMA_VERSION in KNOWN_SCHEMAS, (
+        f"SCHEMA_VERSION {SCHEMA_VERSION} has no recorded hash: add {SCHEMA_VERSION}: '{got}' to KNOWN_SCHEMAS")
+    assert got == KNOWN_SCHEMAS[SCHEMA_VERSION], (
+        f"the Plan schema changed but SCHEMA_VERSION is still {SCHEMA_VERSION}: bump it, regenerate "
+        f"plan.schema.json and record the new hash ({got})")
