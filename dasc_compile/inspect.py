@@ -10,7 +10,7 @@ What is shown, and where it comes from in the paper:
   * the retained-fraction heatmap r_{l,h} (layer x head, as in App. A.1 Figs. 5-8) and the
     histogram of retention horizons H_s (Eq. 3).
 
-The keys of :func:`inspect_json` are documented in ``docs/inspect-json.md``.
+The keys of :func:`inspect_json` are documented in README.md ("dasc inspect --json keys").
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _json_safe(x: Any) -> Any:
 
 
 def inspect_json(plan: Plan) -> dict:
-    """The machine-readable inspection document (keys in docs/inspect-json.md).
+    """The machine-readable inspection document (keys documented in README.md).
 
     Every value is plain JSON: ``json.dumps(doc, allow_nan=False)`` succeeds; infinite values
     (e.g. horizons of units that never decay) are the string ``"Infinity"``, as in plan.json.
