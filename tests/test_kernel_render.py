@@ -148,6 +148,23 @@ def test_kernels_use_no_jit_helpers_of_triton_language(shape):
     assert not [n for n in used if isinstance(getattr(tl, n, None), JITFunction)]
 
 
+@pytest.mark.parametrize("shape", [QWEN3_NEXT, KIMI_LINEAR], ids=["gdn", "kda"])
+def test_kernels_read_no_module_globals(tmp_path, shape):
+    """Triton re-checks every module global a kernel reads on each launch (Python, ~1 us each):
+    the kernels declare their constants as local constexprs instead, so that list stays empty."""
+    from triton.runtime.jit import JITFunction
+
+    name, src = K.render_kernel_module(K.make_constants(**shape, int8=True))
+    (tmp_path / name).write_text(src)
+    mod = load_kernel_module(tmp_path, name)
+    kernels = [v for v in vars(mod).values() if isinstance(v, JITFunction)]
+    assert {"pack_kernel", "load_kernel", "refresh_copy_kernel", "pack_int8_kernel", "load_int8_kernel",
+            "_conv_tile_copy"} <= {k.__name__ for k in kernels}
+    for k in kernels:
+        assert k.cache_key and not k.used_global_vals, (k.__name__, sorted(n for n, _ in k.used_global_vals))
+    assert mod.TILES_PER_HEAD.value == 4 and mod.HEADS.value == shape["heads"]
+
+
 def test_checks_module_has_no_jinja_delimiters():
     text = (K._template_dir() / "checks.py").read_text()
     assert not re.search(r"\{\{|\{%|\{#", text)
@@ -287,5 +304,7 @@ def test_real_shapes_compile_for_sm90(tmp_path, shape):
     # dense-side accesses are 128-bit vectors (loads for pack, stores for load)
     assert re.search(r"st\.global\.v4", ptx["load"]) and re.search(r"ld\.global\.v4", ptx["load"])
     assert re.search(r"st\.global\.v4", ptx["pack"])
+    if shape is KIMI_LINEAR:   # KDA pack reads whole tiles of kept columns with 128-bit vectors
+        assert re.search(r"ld\.global\.v4", ptx["pack"]) and re.search(r"ld\.global\.v4", ptx["pack_int8"])
     # Eq. 8 uses IEEE division and the round-half-even constant 1.5 * 2^23 survives compilation
     assert "div.rn.f32" in ptx["pack_int8"] and "0f4B400000" in ptx["pack_int8"]
