@@ -18,6 +18,36 @@ from dasc_compile.errors import DascInputError
 from dasc_compile.schema import PLAN_FILENAME, SCHEMA_VERSION, Plan, canonical_json, compute_content_hash
 
 
+PLAN_FILE_PATTERNS = (PLAN_FILENAME, "dasc_kernels_*.py")
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse an output path whose replacement would destroy anything but an earlier dasc plan.
+
+    ``out`` may be absent, or an existing directory holding only a plan (``plan.json`` and rendered
+    ``dasc_kernels_*.py`` modules). Anything else (a file, a directory with other content such as
+    the model's own checkpoint, the current directory or one of its parents) is refused.
+
+    Raises:
+        DascInputError: naming ``out`` and why it cannot be replaced.
+    """
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise DascInputError(f"{out}: output path exists and is not a directory; choose another --out")
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents:
+        raise DascInputError(f"{out}: --out must not be the current directory or one of its parents")
+    others = sorted(p.name for p in out.iterdir()
+                    if not any(p.match(pat) for pat in PLAN_FILE_PATTERNS) or not p.is_file())
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise DascInputError(
+            f"{out}: output directory exists and holds more than a dasc plan ({shown}); "
+            f"choose another --out or remove it")
+
+
 def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None = None) -> Path:
     """Write ``plan`` (its content hash must be set) and ``files`` (name -> text) into ``out_dir``.
 
@@ -28,8 +58,7 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
         DascInputError: ``out_dir`` exists and is not a directory, or cannot be written.
     """
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise DascInputError(f"{out}: output path exists and is not a directory")
+    check_replaceable(out)
     parent = out.parent if str(out.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +108,9 @@ def load_plan(path: str | Path) -> Plan:
         raise DascInputError(f"{p}: not a readable JSON plan ({exc})") from None
     if not isinstance(raw, dict):
         raise DascInputError(f"{p}: a plan must be a JSON object")
+    if "schema_version" not in raw or "content_hash" not in raw:
+        raise DascInputError(f"{p}: not a dasc plan (no 'schema_version' / 'content_hash' field); pass a plan.json "
+                             f"written by 'dasc compile'")
     ver = raw.get("schema_version")
     if ver != SCHEMA_VERSION:
         raise DascInputError(

@@ -77,6 +77,8 @@ def inspect_cmd(
     from dasc_compile import inspect as insp
 
     try:
+        if plot is not None and plot.suffix.lower() != ".png":
+            raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
         plan = load_plan(plan_path)
         if plot is not None:
             insp.plot_plan(plan, plot)
@@ -105,6 +107,8 @@ def reference_cmd(
     from dasc_compile import reference
 
     try:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise DascInputError(f"{out}: --out must be a new or empty directory")
         if full_size:
             reference.write_full_size(name, out, seed=seed)
         else:
@@ -115,8 +119,27 @@ def reference_cmd(
 
 
 def main() -> None:
-    """Entry point of the ``dasc`` console script."""
-    app()
+    """Entry point of the ``dasc`` console script.
+
+    Command-line usage errors (a non-integer ``--wmax``, an unknown option, a missing argument)
+    are printed as one ``error:`` line with exit status 2, like every other bad input.
+    """
+    try:  # recent typer releases vendor click as typer._click
+        from typer._click import exceptions as cx
+    except ImportError:  # pragma: no cover - older typer on plain click
+        from click import exceptions as cx
+
+    try:
+        rc = app(standalone_mode=False)
+    except cx.UsageError as exc:
+        msg = exc.format_message()
+        if msg:  # an empty message follows the help text that a bare `dasc` prints
+            hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
+            err.print(f"error: {msg}{hint}", markup=False)
+        sys.exit(2)
+    except cx.Abort:
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dasc_compile.errors import DascInputError
 
-FamilyName = Literal["gdn", "kda", "kda_safe_gate", "mamba2"]
+FamilyName = Literal["gdn", "kda", "kda_safe_gate"]
 StateDType = Literal["float32", "bfloat16", "float16"]
 
 
@@ -46,11 +46,11 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    w_max: Optional[int] = Field(default=None, ge=0)
-    a_s: Optional[float] = None
-    eps: float = Field(default=1e-3, gt=0.0, lt=1.0)
+    w_max: Optional[int] = Field(default=None, ge=0, le=2**40)
+    a_s: Optional[float] = Field(default=None, allow_inf_nan=False)
+    eps: float = Field(default=1e-3, gt=0.0, lt=1.0, allow_inf_nan=False)
     family: Optional[FamilyName] = None
-    safe_gate_lower_bound: float = Field(default=-5.0, lt=0.0)
+    safe_gate_lower_bound: float = Field(default=-5.0, lt=0.0, allow_inf_nan=False)
     load_policy: Literal["nr", "wr"] = "nr"
     tp_size: int = Field(default=1, ge=1)
     balance: Literal["off", "storage", "hybrid"] = "off"
@@ -58,7 +58,7 @@ class Policy(BaseModel):
     conv_dtype: StateDType = "bfloat16"
     int8: bool = False
     random_seed: Optional[int] = Field(default=None, ge=0)
-    pool_budget_bytes: Optional[int] = Field(default=None, gt=0)
+    pool_budget_bytes: Optional[int] = Field(default=None, gt=0, le=2**50)
 
 
 def _format_validation_error(source: str, err: ValidationError) -> str:

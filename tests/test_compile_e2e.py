@@ -163,3 +163,44 @@ def test_checkout_shim_runs(tmp_path):
                         str(tmp_path / "p"), "-q"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("plan.json")
+
+
+def test_out_dir_holding_other_files_is_refused_and_kept(tmp_path):
+    ck = small_gdn(tmp_path / "gdn")
+    r = _cli("compile", ck, "--wmax", 16, "--out", ck)       # the model's own directory
+    assert r.exit_code == 2 and "holds more than a dasc plan" in r.output
+    assert (ck / "model.safetensors").exists() and (ck / "config.json").exists()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("keep me")
+    r = _cli("compile", ck, "--wmax", 16, "--out", victim)
+    assert r.exit_code == 2 and (victim / "notes.txt").read_text() == "keep me"
+    # an earlier plan directory is replaced whole
+    assert _cli("compile", ck, "--wmax", 16, "--out", tmp_path / "p").exit_code == 0
+    assert _cli("compile", ck, "--wmax", 4, "--out", tmp_path / "p").exit_code == 0
+    assert load_plan(tmp_path / "p").policy.w_max == 4
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--wmax", "abc"], "Invalid value for '--wmax'"),
+    (["--wmax", "16", "--bogus"], "No such option: --bogus"),
+    (["--wmax", "99999999999999999999"], "policy field 'w_max'"),
+    (["--wmax", "16", "--a-s", "nan"], "policy field 'a_s': Input should be a finite number"),
+])
+def test_console_script_usage_errors_are_one_line(tmp_path, args, needle):
+    ck = small_gdn(tmp_path / "gdn")
+    r = subprocess.run([sys.executable, "-c", "from dasc_compile.cli import main; main()", "compile", str(ck),
+                        *args, "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_inspect_refuses_non_plan_and_non_png(tmp_path):
+    ck = small_gdn(tmp_path / "gdn")
+    r = _cli("inspect", ck / "config.json")
+    assert r.exit_code == 2 and "not a dasc plan" in r.output
+    assert _cli("compile", ck, "--wmax", 16, "--out", tmp_path / "p").exit_code == 0
+    r = _cli("inspect", tmp_path / "p", "--plot", tmp_path / "x.svg")
+    assert r.exit_code == 2 and "ending in .png" in r.output
