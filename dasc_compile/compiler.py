@@ -152,8 +152,11 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
         bytes_compressed_checkpoint=b_kept_t + b_conv,
         c_ckpt=ratio(b_dense_t + b_conv, b_kept_t + b_conv),
         unit_bytes=ub,
-        usable_slots=usable_slots(policy.pool_budget_bytes, b_kept_t + b_conv),
-        usable_slots_dense=usable_slots(policy.pool_budget_bytes, b_dense_t + b_conv),
+        # pool_budget_bytes is per rank: the whole-model slot count is meaningful only at TP = 1
+        # (under TP the bottleneck rank decides: plan.tp.usable_slots)
+        usable_slots=usable_slots(policy.pool_budget_bytes, b_kept_t + b_conv) if policy.tp_size == 1 else None,
+        usable_slots_dense=(usable_slots(policy.pool_budget_bytes, b_dense_t + b_conv)
+                            if policy.tp_size == 1 else None),
     )
     P = policy.tp_size
     tp = build_tp_plan(

@@ -204,3 +204,14 @@ def test_inspect_refuses_non_plan_and_non_png(tmp_path):
     assert _cli("compile", ck, "--wmax", 16, "--out", tmp_path / "p").exit_code == 0
     r = _cli("inspect", tmp_path / "p", "--plot", tmp_path / "x.svg")
     assert r.exit_code == 2 and "ending in .png" in r.output
+
+
+def test_usable_slots_per_rank_budget(tmp_path):
+    ck = small_gdn(tmp_path / "gdn")
+    plan, _ = compile_plan(ck, Policy(w_max=16, pool_budget_bytes=384 * 10), tmp_path / "a", with_kernels=False)
+    assert (plan.totals.usable_slots, plan.totals.usable_slots_dense) == (9, 7)   # 3840 // 384 - 1, 3840 // 448 - 1
+    kda = small_kda(tmp_path / "kda")           # 2 heads: TP = 2 gives one head per rank
+    plan, _ = compile_plan(kda, Policy(w_max=4, tp_size=2, pool_budget_bytes=10_000), tmp_path / "b",
+                           with_kernels=False)
+    assert plan.totals.usable_slots is None       # the budget is per rank: only the TP figure applies
+    assert plan.tp.usable_slots == 10_000 // plan.tp.bottleneck_bytes_per_slot - 1
