@@ -2,7 +2,9 @@
 
 A plan directory holds ``plan.json`` (written last) and the rendered kernel module(s). It is
 built in a temporary sibling directory and renamed into place, so a failure leaves nothing
-half-written and an existing plan at the same path is replaced whole.
+half-written and an existing plan at the same path is replaced whole. Reading is
+:func:`dasc_compile.schema.load_plan` (re-exported here with ``plan_json_path``), the one plan
+reader shared with the runtime.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from dasc_compile.errors import DascInputError
-from dasc_compile.schema import PLAN_FILENAME, SCHEMA_VERSION, Plan, canonical_json, compute_content_hash
+from dasc_compile.schema import PLAN_FILENAME, Plan, canonical_json
+from dasc_compile.schema import load_plan, plan_json_path  # re-exported: the one plan reader
+
+__all__ = ["PLAN_FILE_PATTERNS", "check_replaceable", "load_plan", "plan_json_path", "write_plan_dir"]
 
 
 PLAN_FILE_PATTERNS = (PLAN_FILENAME, "dasc_kernels_*.py")
@@ -81,49 +84,3 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def plan_json_path(path: str | Path) -> Path:
-    p = Path(path)
-    return p / PLAN_FILENAME if p.is_dir() else p
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Read and verify a plan (``plan.json`` or its directory).
-
-    Checks: the file exists and parses; ``schema_version`` equals this dasc's
-    :data:`~dasc_compile.schema.SCHEMA_VERSION`; the stored ``content_hash`` matches the content.
-
-    Raises:
-        DascInputError: naming the file and what is wrong.
-    """
-    p = plan_json_path(path)
-    if not p.is_file():
-        raise DascInputError(f"{p}: plan file not found")
-    import json
-
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise DascInputError(f"{p}: not a readable JSON plan ({exc})") from None
-    if not isinstance(raw, dict):
-        raise DascInputError(f"{p}: a plan must be a JSON object")
-    if "schema_version" not in raw or "content_hash" not in raw:
-        raise DascInputError(f"{p}: not a dasc plan (no 'schema_version' / 'content_hash' field); pass a plan.json "
-                             f"written by 'dasc compile'")
-    ver = raw.get("schema_version")
-    if ver != SCHEMA_VERSION:
-        raise DascInputError(
-            f"{p}: plan schema_version {ver!r} is not supported by this dasc (expects {SCHEMA_VERSION}); recompile the plan")
-    try:
-        plan = Plan.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise DascInputError(f"{p}: plan field '{loc}': {first['msg']}") from None
-    want = compute_content_hash(plan)
-    if plan.content_hash != want:
-        raise DascInputError(
-            f"{p}: content_hash {plan.content_hash[:12]}... does not match the content ({want[:12]}...): "
-            f"the plan was edited or corrupted; recompile it")
-    return plan

@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.schema import DascInputError
 from dasc_compile.schema import decay_sha256 as _schema_decay_sha256
 
 __all__ = ["decay_sha256", "match_decay_fingerprint", "served_decay_tensors", "parse_decay_name"]

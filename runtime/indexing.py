@@ -27,8 +27,7 @@ from typing import Sequence
 
 import torch
 
-from dasc_compile.errors import DascInputError
-from dasc_compile.schema import Plan
+from dasc_compile.schema import DascInputError, Plan
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,8 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from dasc_compile.errors import DascInputError
-from dasc_compile.schema import PLAN_FILENAME, KernelModule
+from dasc_compile.schema import PLAN_FILENAME, DascInputError, KernelModule
 
 MODULE_PREFIX = "dasc_plan_kernels_"
 

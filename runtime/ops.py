@@ -21,7 +21,9 @@ reference builds them from, for a batch of N checkpoints:
 
 Shapes: ``temporal`` is SGLang's ``MambaPool.mamba_cache.temporal`` ``[L, M+1, H/P, d_v, d_k]``;
 slot tensors are int64 ``[N]`` on the pool's device; ``unit`` is ``(d_v, d_k)`` (GDN head) or
-``(d_v,)`` (KDA column ``S[h, :, k]``).
+``(d_v,)`` (KDA column ``S[h, :, k]``). The pool's ``layout`` holds ``kept_flat`` on the pool
+device (moved once when the pool is built), so a store / load copies no indices; the ``.to`` in
+the reference is then a no-op, kept for callers that pass a host layout (benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class ReferenceOps:
         """Kept units of ``active_slots``: ``[N, n_local, *unit]`` in the temporal dtype (ragged order)."""
         states = temporal.index_select(1, active_slots)                      # [L, N, H, dv, dk]
         flat = _flat_view(layout, states)
-        return flat.index_select(1, layout.kept_flat.to(flat.device))
+        return flat.index_select(1, layout.kept_flat.to(flat.device))     # no-op for the pool's layout
 
     def unpack_units(self, layout: RankLayout, temporal: torch.Tensor, dst_slots: torch.Tensor,
                      units: torch.Tensor) -> None:

@@ -228,10 +228,11 @@ def after_load_model(result, runner, *args, **kwargs):
 
         group = get_attn_tp_group().cpu_group
 
-        def gather(t):
+        def _gather(t):
             out = [None] * size
             dist.all_gather_object(out, t, group=group)
             return out
+        gather = _gather
     served = served_decay_tensors(runner.model, plan.fingerprint.decay_tensors, gather)
     hit = check_fingerprint(plan, served)
     STATE.verified_model = True

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import logging
 import math
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.schema import DascInputError
 from dasc_runtime.ops import ReferenceOps
 from dasc_runtime.pool_layout import RankLayout
 
@@ -138,7 +139,8 @@ class DascCheckpointPool:
     """Ragged compressed checkpoints of one TP rank (see module docstring).
 
     Args:
-        layout: this rank's :class:`RankLayout`.
+        layout: this rank's :class:`RankLayout`; the pool keeps a copy whose index tensors
+            (``kept_flat``, ``local_flat``) live on ``device``, moved once here (``self.layout``).
         num_slots: usable compressed slots C (storage holds C + 1 rows).
         conv_shapes: SGLang's per-rank conv state shapes (``cache_params.shape.conv``).
         native_size: M, SGLang's ``MambaPool.size``; compressed ids start at ``M + 1``.
@@ -153,11 +155,13 @@ class DascCheckpointPool:
                  device: str | torch.device, ops: Optional[ReferenceOps] = None, tp_group=None) -> None:
         if num_slots < 1:
             raise DascInputError(f"dasc pool needs at least one usable slot, got {num_slots}")
-        self.layout = layout
         self.num_slots = int(num_slots)
         self.native_size = int(native_size)
         self.id_offset = self.native_size + 1
         self.device = torch.device(device)
+        # index tensors on the pool device once, not on every store / load (ops.py)
+        self.layout = dataclasses.replace(layout, kept_flat=layout.kept_flat.to(self.device),
+                                          local_flat=layout.local_flat.to(self.device))
         self.ops = ops if ops is not None else ReferenceOps()
         self.tp_group = tp_group
         self.conv_shapes = [tuple(int(x) for x in s) for s in conv_shapes]

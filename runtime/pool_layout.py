@@ -22,8 +22,7 @@ from typing import Optional
 
 import torch
 
-from dasc_compile.errors import DascInputError
-from dasc_compile.schema import Plan, StorageMap
+from dasc_compile.schema import DascInputError, Plan, StorageMap
 
 __all__ = ["RankLayout", "rank_layout"]
 

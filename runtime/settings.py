@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.schema import DascInputError
 
 __all__ = ["DascSettings", "ENV_VARS", "current_settings", "SERVER_ARGS_ATTR"]
 

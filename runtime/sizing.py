@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.schema import DascInputError
 from dasc_runtime.plan_io import load_plan
 from dasc_runtime.pool import MatchedMemory, matched_memory
 

@@ -27,7 +27,7 @@ STATE = _State()
 
 def status_line() -> str:
     """Counters for SGLang's prefill/decode log lines: hits and restores by tier, demotions,
-    evictions, checkpoints per tier and free compressed slots."""
+    evictions, checkpoints per tier, free compressed slots and states not cached (``skipped``)."""
     pool, comp = STATE.pool, STATE.component
     if pool is None:
         return ""
@@ -43,6 +43,7 @@ def status_line() -> str:
             f"dasc demoted: {c.demotions_committed + c.demotions_sync} (pending {len(comp.pending)})",
             f"dasc evicted d/c: {c.evictions_dense}/{c.evictions_compressed}",
             f"dasc inserted d/c: {c.inserts_dense}/{c.inserts_compressed}",
+            f"dasc skipped: {c.skipped}",
         ]
     else:
         parts.append(f"dasc free c: {pool.available_size()}/{pool.num_slots}")

@@ -16,7 +16,9 @@ Policy (App. B.2):
 
 * insertion is compressed-first; when the compressed pool is full a finished request hands its
   native slot to the tree (no copy), an unfinished one uses SGLang's donate. ``compressed_only``
-  turns dense spill off and evicts the oldest unlocked compressed checkpoint instead;
+  turns dense spill off and evicts the oldest unlocked compressed checkpoint instead; when every
+  compressed checkpoint is locked by running requests the state is not cached (backpressure, App.
+  B.2; counted in ``TierCounters.skipped``) and the request goes on;
 * reclamation of native slots (``evict(mamba_num=n)``) walks the LRU from the oldest unlocked
   node: compressed space free -> demote the oldest dense node; both full and the oldest node is
   dense -> evict it; the oldest node is compressed -> evict it and demote the oldest dense node
@@ -24,8 +26,17 @@ Policy (App. B.2):
 * watermark demotion: after each cache call, when free native slots fall below the watermark,
   the oldest unlocked dense nodes are packed on a side stream (an event records completion) while
   SGLang's lock pins the node; the new tier is committed, and the native slot freed, only once
-  the event has completed and no hit holds the node. Commits happen at the next cache call
-  (deterministic, so every TP rank commits in the same step).
+  the event has completed and no hit holds the node. ``maintain`` (after each cache call) never
+  blocks: it commits only demotions whose event ``query()`` reports complete, and with TP > 1 only
+  those complete on every rank (one all-reduce MIN of the flags on the attention-TP CPU group,
+  :func:`~dasc_runtime.tp_transfer.agree_all`), so every TP rank commits the same demotions in
+  the same step. Only the reclamation walk, which needs the native slot now, waits
+  (``event.synchronize()``); it commits every candidate, so it is deterministic without a
+  collective;
+* storage balancing (``layout.storage``): the pack issues an all-to-all on the TP group; on a side
+  stream it could interleave with the model's TP collectives on the main stream in a different
+  order on different ranks (a cross-rank deadlock), so such pools demote synchronously on the
+  current stream (:meth:`DascMambaComponent.demote_now`), never on the side stream.
 
 Invariants kept (checked by ``tests/test_runtime_tiers_random.py`` after every operation):
 ``native free + dense nodes + request-held == M``; ``compressed free + compressed nodes == C``;
@@ -46,6 +57,7 @@ from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaC
 from sglang.srt.mem_cache.unified_cache.components.tree_component import EvictLayer
 
 from dasc_runtime.pool import DascCheckpointPool
+from dasc_runtime.tp_transfer import agree_all
 
 __all__ = ["DascMambaComponent", "TierCounters", "TierPolicy", "DENSE", "COMPRESSED", "TIER_KEY"]
 
@@ -76,9 +88,10 @@ class TierCounters:
     inserts_dense: int = 0          # states that entered the tree in a native slot (dense spill)
     demotions_started: int = 0      # async demotions launched (watermark)
     demotions_committed: int = 0    # async demotions committed after their event
-    demotions_sync: int = 0         # demotions done on the request path (reclamation)
+    demotions_sync: int = 0         # demotions on the current stream (reclamation; every one with storage balancing)
     evictions_dense: int = 0
     evictions_compressed: int = 0
+    skipped: int = 0                # states not cached: compressed-only pool full of locked checkpoints
 
 
 class _DoneEvent:
@@ -141,6 +154,7 @@ class DascMambaComponent(MambaComponent):
         self.policy: TierPolicy = getattr(dpool, "tier_policy", None) or TierPolicy()
         self.counters = TierCounters()
         self.side = SideStream(dpool.device)
+        self.tp_cpu_group = None        # attention-TP CPU group for agree_all (TP > 1), resolved on first use
         self.pending: dict[int, _Demotion] = {}
         self._epoch = 0
         self._count = {DENSE: 0, COMPRESSED: 0}
@@ -224,7 +238,12 @@ class DascMambaComponent(MambaComponent):
     # ------------------------------------------------------------------ insertion (compressed-first)
 
     def _alloc_compressed(self) -> Optional[torch.Tensor]:
-        """A compressed slot, or None (dense spill). Compressed-only mode evicts to make room."""
+        """A compressed slot (int64 ``[1]``), or None.
+
+        None means dense spill, or in compressed-only mode that every compressed checkpoint is
+        locked by running requests (App. B.2 backpressure: the caller does not cache the state).
+        Compressed-only mode evicts the oldest unlocked compressed checkpoints to make room.
+        """
         c = self.dpool.alloc(1)
         if c is not None or not self.policy.compressed_only:
             return c
@@ -233,10 +252,6 @@ class DascMambaComponent(MambaComponent):
             self.evict_node(x)
             c = self.dpool.alloc(1)
             x = self._oldest(COMPRESSED) if c is None else None
-        if c is None:
-            raise RuntimeError(
-                f"dasc compressed pool exhausted: all {self.dpool.num_slots} compressed checkpoints are locked by "
-                "running requests; raise --dasc-pool-slots / --dasc-pool-bytes")
         return c
 
     def prepare_for_caching_req(self, req, insert_params, token_ids_len: int, is_finished: bool) -> Optional[int]:
@@ -250,6 +265,16 @@ class DascMambaComponent(MambaComponent):
             setattr(insert_params, _PARAMS_TIER, DENSE)
             return out
         c = self._alloc_compressed()
+        if c is None and self.policy.compressed_only:
+            # every compressed checkpoint is locked: do not cache this state (App. B.2 backpressure).
+            # Cache length 0 is SGLang's own "nothing to cache" path: no insert, and its cleanup
+            # frees the request's slots (finished) or keeps them (unfinished).
+            insert_params.mamba_value = None
+            setattr(insert_params, _PARAMS_TIER, DENSE)
+            self.counters.skipped += 1
+            logger.debug("dasc: compressed pool full of locked checkpoints; state of %s not cached",
+                         getattr(req, "rid", "?"))
+            return 0
         if c is None:                                       # dense spill (App. B.2)
             out = super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
             setattr(insert_params, _PARAMS_TIER, DENSE)
@@ -375,7 +400,10 @@ class DascMambaComponent(MambaComponent):
         return old
 
     def demote_now(self, node) -> None:
-        """Synchronous demotion (request path): pack on the current stream, swap, free the native slot."""
+        """Synchronous demotion: pack on the current stream, swap, free the native slot.
+
+        Used by the reclamation walk, and for every demotion of a storage-balanced pool.
+        """
         cd = node.component_data[self.component_type]
         assert cd.lock_ref == 0 and self.tier(node) == DENSE and node.id not in self.pending
         c = self.dpool.alloc(1)
@@ -386,7 +414,16 @@ class DascMambaComponent(MambaComponent):
         self.counters.demotions_sync += 1
 
     def demote_async(self, node) -> None:
-        """Start a background demotion: pin the node, pack on the side stream, record the event."""
+        """Start a background demotion: pin the node, pack on the side stream, record the event.
+
+        With storage balancing (``dpool.layout.storage``) the pack is an NCCL all-to-all on the TP
+        group; issued on a side stream it could interleave with the model's TP collectives on the
+        main stream differently on each rank (cross-rank deadlock), so the demotion is done
+        synchronously on the current stream instead (:meth:`demote_now`, committed at once).
+        """
+        if self.dpool.layout.storage is not None:
+            self.demote_now(node)
+            return
         cd = node.component_data[self.component_type]
         assert cd.lock_ref == 0 and self.tier(node) == DENSE and node.id not in self.pending
         c = self.dpool.alloc(1)
@@ -399,7 +436,7 @@ class DascMambaComponent(MambaComponent):
         self.counters.demotions_started += 1
 
     def _commit(self, d: _Demotion) -> None:
-        d.event.synchronize()
+        """Swap the node to its packed slot and free the native one (the event has completed)."""
         node = d.node
         del self.pending[node.id]
         old = self._swap_to_compressed(node, d.target)
@@ -407,15 +444,19 @@ class DascMambaComponent(MambaComponent):
         self.cache.req_to_token_pool.mamba_allocator.free(old)
         self.counters.demotions_committed += 1
 
-    def commit_ready(self, *, include_current_epoch: bool = False) -> int:
+    def commit_ready(self, *, include_current_epoch: bool = False, wait: bool = False) -> int:
         """Commit pending demotions whose only holder is the demotion pin; returns how many.
 
         A demotion launched in the current epoch (cache call) is left for the next one unless
         ``include_current_epoch``; one whose node is a copy-on-write source staged in this epoch
-        always waits (the staged copy reads the native slot).
+        is skipped (the staged copy reads the native slot). Without ``wait`` (``maintain``) a
+        candidate is committed only if its event has completed (``query()``) on every TP rank
+        (:func:`~dasc_runtime.tp_transfer.agree_all` when TP > 1), so the scheduler thread never blocks on the GPU; with
+        ``wait`` (the reclamation walk, which needs the slot now) every candidate's event is
+        synchronized and committed.
         """
         ct = self.component_type
-        done = 0
+        cands = []
         for nid in sorted(self.pending):
             d = self.pending[nid]
             if d.epoch == self._epoch and not include_current_epoch:
@@ -424,12 +465,32 @@ class DascMambaComponent(MambaComponent):
             if cd.metadata.get(_STAGED_KEY) == self._epoch:
                 continue
             if cd.lock_ref == 1:     # only the pin: no hit holds it
-                self._commit(d)
-                done += 1
-        return done
+                cands.append(d)
+        if not wait and cands:
+            ready = self._ready_on_all_ranks(cands)
+            cands = [d for d, ok in zip(cands, ready) if ok]
+        for d in cands:
+            if wait:
+                d.event.synchronize()
+            self._commit(d)
+        return len(cands)
+
+    def _ready_on_all_ranks(self, cands: list[_Demotion]) -> list[bool]:
+        """Per candidate: its event has completed here and, with TP > 1, on every attention-TP rank."""
+        flags = [bool(d.event.query()) for d in cands]
+        if self.dpool.layout.tp_size <= 1:
+            return flags
+        if self.tp_cpu_group is None:
+            from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+            self.tp_cpu_group = get_attn_tp_group().cpu_group
+        return agree_all(flags, self.tp_cpu_group)
 
     def maintain(self) -> None:
-        """Commit finished demotions, then start watermark demotions (runs after every cache call)."""
+        """Commit completed demotions (never waits on an event), then start watermark demotions.
+
+        Runs after every cache call on the scheduler thread; see :meth:`commit_ready`.
+        """
         if self._maintaining:
             return
         self._maintaining = True
@@ -474,7 +535,7 @@ class DascMambaComponent(MambaComponent):
         tc = self.tree_core
         while tracker[ct] < self._evict_request:
             if self.pending:
-                n = self.commit_ready(include_current_epoch=True)
+                n = self.commit_ready(include_current_epoch=True, wait=True)
                 if n:
                     tracker[ct] += n
                     continue

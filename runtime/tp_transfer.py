@@ -17,6 +17,9 @@ rows of dim 0). Conv states never move: they stay on the rank that computes them
 :func:`permute_coupled_tensor` applies a compute-head permutation (Fig. 9 (a)) to one checkpoint
 tensor as described by the plan's :class:`~dasc_compile.schema.CoupledTensor`.
 
+:func:`agree_all` ANDs per-rank flags over a (CPU) group: the TP ranks' agreement on which
+watermark demotions ``dasc_runtime.tiers`` commits.
+
 Only the plan schema is imported from dasc; this module never imports the compiler.
 """
 
@@ -30,6 +33,7 @@ import torch.distributed as dist
 from dasc_compile.schema import CoupledTensor, StorageMap
 
 __all__ = [
+    "agree_all",
     "load_all_to_all",
     "load_reference",
     "permute_coupled_tensor",
@@ -146,6 +150,27 @@ def load_all_to_all(storage: torch.Tensor, smap: StorageMap, rank: int, *, group
     dist.all_to_all_single(out[keep:n], storage[keep:t].contiguous(), output_split_sizes=list(smap.send_splits[rank]),
                            input_split_sizes=smap.recv_splits(rank), group=group)
     return out
+
+
+def agree_all(flags: list[bool], group: Optional[dist.ProcessGroup] = None) -> list[bool]:
+    """Element-wise AND of ``flags`` over every rank of ``group`` (a CPU / gloo process group).
+
+    Used by ``dasc_runtime.tiers`` so every TP rank commits the same watermark demotions. Every
+    rank of ``group`` must call it with a list of the same length (the candidate demotions in
+    node-id order, identical on every rank). One ``all_reduce(MIN)`` of an int32 ``[len(flags)]``
+    CPU tensor (none for an empty list): it waits for the other ranks' scheduler threads, never for the GPU.
+
+    Args:
+        flags: this rank's flags.
+        group: process group (default: the world group).
+    Returns:
+        list of bool, True where every rank passed True.
+    """
+    if not flags:                   # same length on every rank: all return here together
+        return []
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return [bool(x) for x in t.tolist()]
 
 
 def permute_coupled_tensor(tensor: torch.Tensor, coupled: CoupledTensor, bundle_order: Sequence[int]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Start-up checks of a plan against the served model and server options (DESIGN.md "Runtime in SGLang").
 
-Every check raises :class:`DascRefusal` (a :class:`~dasc_compile.errors.DascInputError`) with one
+Every check raises :class:`DascRefusal` (a :class:`~dasc_compile.schema.DascInputError`) with one
 line that names what differs; the server does not start. Nothing is ever silently ignored.
 """
 
@@ -11,8 +11,7 @@ from typing import Sequence
 
 import torch
 
-from dasc_compile.errors import DascInputError
-from dasc_compile.schema import Plan
+from dasc_compile.schema import DascInputError, Plan
 
 __all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_plan_supported",
            "check_model_type",

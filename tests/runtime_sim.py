@@ -53,7 +53,7 @@ class FakeSideStream:
 
 class Sim:
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
-                 seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4):
+                 seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -65,7 +65,10 @@ class Sim:
         F.set_server_args(chunk=chunk)
         self.extra_buffer, self.chunk = extra_buffer, chunk
         self.rng = random.Random(seed)
-        self.plan, _, _ = F.compile_tiny(tmp, kind, int8=int8) if int8 else F.compile_tiny(tmp, kind)
+        policy = dict(int8=True) if int8 else {}
+        if balance is not None:         # e.g. "storage": a TP=1 storage map (no all-to-all, layout.storage set)
+            policy["balance"] = balance
+        self.plan, _, _ = F.compile_tiny(tmp, kind, **policy)
         cp = F.gdn_cache_params() if kind == "gdn" else F.kda_cache_params()
         self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size,
                                                extra_buffer=extra_buffer)

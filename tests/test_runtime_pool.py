@@ -258,3 +258,21 @@ def test_sizing_helper_uses_the_plans_per_rank_bytes(tmp_path, capsys):
     assert main(["--plan", str(pdir), "--dense-slots", "64", "--native-slots", "16", "--scratch-slots", "2"]) == 0
     assert "dasc arm:  --max-mamba-cache-size 16 --dasc-pool-slots 70" in capsys.readouterr().out
     assert main(["--plan", str(tmp_path / "missing"), "--dense-slots", "4", "--native-slots", "2"]) == 2
+
+
+def test_pool_moves_layout_indices_to_its_device_once(tmp_path):
+    from dasc_runtime.pool import DascCheckpointPool
+    from dasc_runtime.pool_layout import rank_layout
+
+    plan, _, _ = compile_tiny(tmp_path)
+    cp = gdn_cache_params()
+    layout = rank_layout(plan, 0, 1, num_layers=len(cp.layers))
+    assert layout.kept_flat.device.type == "cpu"
+    # "meta" stands in for a CUDA pool on this CPU machine: the pool's own layout holds the index
+    # tensors on the pool device, so store / load never copy them again
+    dp = DascCheckpointPool(layout=layout, num_slots=2, conv_shapes=cp.shape.conv, native_size=4, device="meta")
+    assert dp.layout.kept_flat.device.type == "meta" and dp.layout.local_flat.device.type == "meta"
+    assert dp.layout.kept_flat.shape == layout.kept_flat.shape and dp.layout.n_local == layout.n_local
+    assert layout.kept_flat.device.type == "cpu"                  # the caller's layout is left as it was
+    cpu = DascCheckpointPool(layout=layout, num_slots=2, conv_shapes=cp.shape.conv, native_size=4, device="cpu")
+    assert torch.equal(cpu.layout.kept_flat, layout.kept_flat) and torch.equal(cpu.layout.local_flat, layout.local_flat)

@@ -115,7 +115,11 @@ def test_watermark_demotion_commits_after_event_and_unlock_keeping_lru(tmp_path)
     sim.rng.randrange = lambda k: k - 1
     sim.finish()                                       # the hit ends (its cleanup runs maintain)
     sim.comp.maintain()
-    assert ev.waited >= 1 and ev.done                  # committed only after waiting for the event
+    # the pack has not completed: maintain neither waits for the event nor commits
+    assert ev.waited == 0 and not ev.done and d.id in sim.comp.pending and sim.comp.tier(d) == "dense"
+    ev.done = True                                     # the side-stream pack completes
+    sim.comp.maintain()
+    assert ev.waited == 0                              # committed on query(), never blocking
     assert sim.comp.tier(d) == "compressed" and not sim.comp.pending
     assert d.component_data[sim.MAMBA].lock_ref == 0
     assert sim.comp.counters.demotions_committed == 1
@@ -167,3 +171,72 @@ def test_chunked_prefill_inserts_compressed_and_rematches(tmp_path):
     sim.finish()
     sim.check(3, content=True)
     assert sim.comp.counters.inserts_compressed == 2 and req.mamba_pool_idx is None
+
+
+def test_maintain_never_waits_but_reclamation_does(tmp_path):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim = _sim(tmp_path, compressed_slots=2, mamba_size=6)
+    for s in (SEQ_A, SEQ_B, SEQ_C):
+        _run(sim, s)                                   # A, B compressed; C dense
+    c = _node_of(sim, sim.request_tokens(SEQ_C))
+    sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
+    free0 = sim.pool.mamba_allocator.available_size()
+    sim.comp.demote_async(c)
+    ev = sim.side.events[-1]
+    sim.comp.maintain()                                # launched in this epoch: not a candidate yet
+    sim.comp.maintain()                                # a candidate, but its event has not completed
+    assert c.id in sim.comp.pending and ev.waited == 0 and sim.comp.counters.demotions_committed == 0
+    assert sim.pool.mamba_allocator.available_size() == free0
+    # SGLang needs a native slot now: the walk waits for the pack and commits it (frees C's slot)
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 1 and ev.waited == 1 and not sim.comp.pending
+    assert sim.comp.tier(c) == "compressed" and sim.comp.counters.demotions_committed == 1
+    assert sim.pool.mamba_allocator.available_size() == free0 + 1
+    sim.check(4, content=True)
+
+
+def test_storage_balanced_pool_demotes_on_the_current_stream(tmp_path):
+    from dasc_runtime.tiers import TierPolicy
+
+    # a TP=1 storage map: layout.storage is set (a real TP>1 pool would all-to-all on every pack)
+    sim = _sim(tmp_path, compressed_slots=1, mamba_size=6, balance="storage")
+    assert sim.dpool.layout.storage is not None
+    _run(sim, SEQ_A)                                   # compressed
+    _run(sim, SEQ_B)                                   # dense (spill)
+    b = _node_of(sim, sim.request_tokens(SEQ_B))
+    sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
+    free0 = sim.pool.mamba_allocator.available_size()
+    sim.comp.policy = TierPolicy(watermark=free0 + 1)
+    sim.comp.maintain()                                # watermark demotion of B
+    # no side-stream pack and nothing pending: B was packed on the current stream and committed
+    assert sim.side.events == [] and not sim.comp.pending
+    assert sim.comp.tier(b) == "compressed" and sim.comp.counters.demotions_sync == 1
+    assert sim.comp.counters.demotions_started == 0
+    assert sim.pool.mamba_allocator.available_size() == free0 + 1
+    sim.check(5, content=True)
+
+
+def test_compressed_only_skips_caching_when_every_checkpoint_is_locked(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=1, compressed_only=True)
+    _run(sim, SEQ_A)                                   # A takes the only compressed slot
+    a = _node_of(sim, sim.request_tokens(SEQ_A))
+    held = _run(sim, sim.request_tokens(SEQ_A) + [90, 91], keep=True)   # a running hit locks A
+    assert a.component_data[sim.MAMBA].lock_ref == 1
+    free0 = sim.pool.mamba_allocator.available_size()
+    _run(sim, SEQ_B)                                   # finished: nothing can be evicted -> not cached
+    assert _node_of(sim, sim.request_tokens(SEQ_B)) is None
+    assert sim.comp.counters.skipped == 1
+    assert sim.pool.mamba_allocator.available_size() == free0   # B's native slot came back
+    del sim.rng.randrange                              # the chunk split draws from the seeded rng
+    _run(sim, SEQ_C, chunked=True)                     # unfinished chunk and the finish: both skipped
+    assert sim.stats["unfinished"] == 1 and sim.comp.counters.skipped == 3
+    assert _node_of(sim, sim.request_tokens(SEQ_C)) is None
+    # the hit itself: A is still locked by it while its state is prepared, so it is skipped too
+    sim.inflight.remove(held)
+    sim.inflight.append(held)
+    sim.finish()
+    assert sim.comp.counters.skipped == 4 and a.component_data[sim.MAMBA].lock_ref == 0
+    assert sim.comp.tier_counts() == {"dense": 0, "compressed": 1} and sim.comp.counters.inserts_dense == 0
+    assert sim.pool.mamba_allocator.available_size() == sim.M
+    sim.check(6, content=True)

@@ -1,0 +1,43 @@
+"""The runtime imports only the plan contract from the compiler (DESIGN.md "Data flow")."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+ALLOWED = {"dasc_compile.schema"}
+
+
+def _compiler_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a ``dasc_compile`` module in ``path`` (any nesting level)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "dasc_compile"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == "dasc_compile":
+            if node.module == "dasc_compile":       # from dasc_compile import x -> module dasc_compile.x
+                out += [(node.lineno, f"dasc_compile.{a.name}") for a in node.names]
+            else:
+                out.append((node.lineno, node.module))
+    return out
+
+
+def test_runtime_imports_only_the_schema():
+    files = sorted(RUNTIME.glob("*.py"))
+    assert len(files) > 10
+    bad = [f"{f.name}:{line}: {mod}" for f in files for line, mod in _compiler_imports(f) if mod not in ALLOWED]
+    assert not bad, "runtime modules import the compiler beyond dasc_compile.schema:\n" + "\n".join(bad)
+    # the checker sees a real import (the pool imports DascInputError from the schema)
+    assert [m for _, m in _compiler_imports(RUNTIME / "pool.py")] == ["dasc_compile.schema"]
+
+
+def test_schema_module_stays_light_and_reexports_the_error():
+    code = ("import sys, dasc_compile.schema as s, dasc_compile.errors as e\n"
+            "assert s.DascInputError is e.DascInputError\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('dasc_compile', 'dasc_runtime'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "['dasc_compile', 'dasc_compile.errors', 'dasc_compile.policy', 'dasc_compile.schema']"
