@@ -134,9 +134,27 @@ def build_state_index(plan: Plan, *, tp_rank: int = 0, device: torch.device | st
     """
     if not 0 <= tp_rank < plan.tp.tp_size:
         raise DascInputError(f"plan.json: tp_rank must lie in [0, {plan.tp.tp_size}), got {tp_rank}")
-    kept = plan.tp.rank_local_units([list(layer.kept_units) for layer in plan.layers], tp_rank)
-    return state_index_from_kept(kept, heads=plan.tp.heads_per_rank, unit_kind=plan.model.unit_kind,
-                                 dk=plan.model.head_k_dim, device=device)
+    return state_index_from_kept(rank_kept_units(plan, tp_rank), heads=plan.tp.heads_per_rank,
+                                 unit_kind=plan.model.unit_kind, dk=plan.model.head_k_dim, device=device)
+
+
+def rank_kept_units(plan: Plan, tp_rank: int) -> list[list[int]]:
+    """Per recurrent layer, the sorted rank-local kept unit ids of TP rank ``tp_rank`` of ``plan``.
+
+    The one place the runtime maps a plan's ``LayerPlan.kept_units`` (original head numbering) to a
+    rank's local ids ``j * units_per_head + k`` (j indexes the rank's ``[H/P, d_v, d_k]`` temporal
+    state), through ``plan.tp.rank_local_units`` (SGLang's contiguous head sharding, or the plan's
+    compute-head permutation, App. B.1 (a)). Concatenated over layers this is the rank's packed
+    (ragged) order; :func:`build_state_index` and ``dasc_runtime.pool_layout.rank_layout`` both
+    build on it.
+
+    Returns:
+        ``L`` lists of int unit ids, each ascending.
+    Raises:
+        ValueError: ``tp_rank`` outside ``[0, tp_size)`` (callers check first and raise
+            DascInputError with their own message).
+    """
+    return plan.tp.rank_local_units([list(layer.kept_units) for layer in plan.layers], tp_rank)
 
 
 def ragged_pool_shapes(constants: dict, *, num_slots: int, num_rows: int) -> dict[str, tuple[tuple[int, ...], str]]:

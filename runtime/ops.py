@@ -18,6 +18,7 @@ reference builds them from, for a batch of N checkpoints:
 * ``quantize`` / ``dequantize``: App. E.1 Eq. 8, symmetric INT8 in ``[-127, 127]``, one scale per
   (layer, head, k) taken over d_v; max / divide / round in FP32, scale stored in the temporal dtype
   and re-read from that dtype for the division, so quantize and dequantize see the same scale.
+  Both call ``dasc_runtime.reference.quantize_int8`` / ``dequantize_int8`` (one implementation).
 
 Shapes: ``temporal`` is SGLang's ``MambaPool.mamba_cache.temporal`` ``[L, M+1, H/P, d_v, d_k]``;
 slot tensors are int64 ``[N]`` on the pool's device; ``unit`` is ``(d_v, d_k)`` (GDN head) or
@@ -34,13 +35,11 @@ import os
 import torch
 
 from dasc_runtime.pool_layout import RankLayout
+from dasc_runtime.reference import QMAX, SCALE_FLOOR, dequantize_int8, quantize_int8
 
 __all__ = ["ReferenceOps", "KernelOps", "select_ops", "QMAX", "SCALE_FLOOR"]
 
 logger = logging.getLogger(__name__)
-
-QMAX = 127
-SCALE_FLOOR = 1e-8
 
 
 def _flat_view(layout: RankLayout, states: torch.Tensor) -> torch.Tensor:
@@ -110,23 +109,18 @@ class ReferenceOps:
 
         GDN head units ``[d_v, d_k]`` reduce over d_v -> one scale per k (``[N, n, d_k]``); a KDA
         column ``[d_v]`` gets one scale (``[N, n]``). Scales are stored in ``layout.temporal_dtype``.
+        Delegates to :func:`dasc_runtime.reference.quantize_int8` (the one Eq. 8 implementation,
+        true IEEE division by 127 on every device).
         """
-        x = units.to(torch.float32)
-        dim = -2 if layout.unit_kind == "gdn_head" else -1
-        amax = x.abs().amax(dim=dim)
-        # a true division (tensor / tensor): CUDA's tensor / scalar multiplies by the FP32 reciprocal,
-        # one bit off the kernels' IEEE division on ~5 % of scales
-        amax = amax.clamp(min=SCALE_FLOOR)
-        scale = torch.div(amax, torch.full_like(amax, QMAX)).to(layout.temporal_dtype)
-        s = scale.to(torch.float32).unsqueeze(dim)
-        q = torch.round(x / s).clamp(-QMAX, QMAX).to(torch.int8)
-        return q, scale
+        return quantize_int8(units, scale_dtype=layout.temporal_dtype, kind=layout.unit_kind)
 
     @staticmethod
     def dequantize(layout: RankLayout, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """``q * s`` in FP32, cast to ``layout.temporal_dtype`` (inverse of :meth:`quantize`)."""
-        dim = -2 if layout.unit_kind == "gdn_head" else -1
-        return (q.to(torch.float32) * scale.to(torch.float32).unsqueeze(dim)).to(layout.temporal_dtype)
+        """``q * s`` in FP32, cast to ``layout.temporal_dtype`` (inverse of :meth:`quantize`).
+
+        Delegates to :func:`dasc_runtime.reference.dequantize_int8`.
+        """
+        return dequantize_int8(q, scale, kind=layout.unit_kind, out_dtype=layout.temporal_dtype)
 
 
 class KernelOps(ReferenceOps):

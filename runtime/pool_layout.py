@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from dasc_compile.schema import DascInputError, Plan, StorageMap
+from dasc_runtime.indexing import rank_kept_units, state_index_from_kept
 
 __all__ = ["RankLayout", "rank_layout"]
 
@@ -119,16 +120,12 @@ def rank_layout(plan: Plan, tp_rank: int, tp_size: int, num_layers: int | None =
     hl = tp.heads_per_rank
     uph = m.head_k_dim if kda else 1
     upl = hl * uph
-    units = tp.rank_local_units([lp.kept_units for lp in plan.layers], tp_rank)
-    offsets = [0]
-    flat: list[int] = []
-    for li, ids in enumerate(units):
-        offsets.append(offsets[-1] + len(ids))
-        flat.extend(li * upl + u for u in ids)
-    kept = torch.tensor(flat, dtype=torch.int64)
-    mask = torch.ones(L * upl, dtype=torch.bool)
-    mask[kept] = False
-    local = torch.nonzero(mask).flatten().to(torch.int64)
+    units = rank_kept_units(plan, tp_rank)
+    # the rank's StateIndex (host) carries the ragged order; flat unit id f = l * upl + u
+    index = state_index_from_kept(units, heads=hl, unit_kind=m.unit_kind, dk=m.head_k_dim)
+    offsets = index.offsets.tolist()
+    kept = index.unit_layer * upl + index.unit_index
+    local = torch.nonzero(index.unit_row.reshape(-1) < 0).flatten()
     n_local = offsets[-1]
     storage = tp.storage if tp.balance == "storage" else None
     width = storage.slot_width if storage is not None else n_local

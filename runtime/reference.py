@@ -20,8 +20,8 @@ import torch
 from dasc_templates.checks import (PoolSpec, check_dense, check_head_list, check_ragged, check_scratch,
                                    check_slot_ids, check_temporal, check_unit_row, spec_from_tensors)
 
-QMAX = 127
-SCALE_FLOOR = 1e-8
+QMAX = 127           # Eq. 8: symmetric INT8 range [-QMAX, QMAX]
+SCALE_FLOOR = 1e-8   # Eq. 8: lower bound on max |S| before dividing by QMAX
 
 
 def _kept(unit_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -210,4 +210,5 @@ def load_int8(*, comp_q: torch.Tensor, comp_scale: torch.Tensor, comp_conv: Sequ
         c[:, dst_slots] = cc[:, src_slots]
 
 
-__all__ = ["pack", "load", "refresh_copy", "pack_int8", "load_int8", "quantize_int8", "dequantize_int8"]
+__all__ = ["pack", "load", "refresh_copy", "pack_int8", "load_int8", "quantize_int8", "dequantize_int8",
+           "QMAX", "SCALE_FLOOR"]
