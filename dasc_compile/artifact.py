@@ -70,8 +70,8 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
         raise DascInputError(f"{out}: cannot create the plan directory ({exc.strerror})") from None
     try:
         for name, text in (files or {}).items():
-            (tmp / name).write_text(text)
-        (tmp / PLAN_FILENAME).write_text(canonical_json(plan))
+            (tmp / name).write_text(text, encoding="utf-8")
+        (tmp / PLAN_FILENAME).write_text(canonical_json(plan), encoding="utf-8")
         os.chmod(tmp, 0o755)
         old = None
         if out.exists():

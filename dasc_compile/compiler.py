@@ -237,7 +237,7 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
         constants = kernel_constants(plan)
         file_name, source = render_kernel_module(constants)
         files[file_name] = source
-        plan = plan.model_copy(update={"kernels": kernel_module_entry(constants, file_name)})
+        plan = plan.model_copy(update={"kernels": kernel_module_entry(constants, file_name, source)})
     plan = with_content_hash(plan)
     out = Path(out_dir) if out_dir is not None else default_out_dir(model)
     return plan, write_plan_dir(plan, out, files)

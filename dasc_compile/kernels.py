@@ -217,13 +217,20 @@ def render_kernel_module(constants: dict) -> tuple[str, str]:
     return file_name, source
 
 
-def kernel_module_entry(constants: dict, file_name: str) -> KernelModule:
+def kernel_module_entry(constants: dict, file_name: str, source: str | None = None) -> KernelModule:
     """The ``Plan.kernels`` record of a rendered module.
 
+    Args:
+        constants: the specialisation dict. file_name: the name :func:`render_kernel_module` gave.
+        source: the rendered text (rendered again from ``constants`` when omitted); its sha256 is
+            recorded so the runtime refuses an edited module.
     Raises:
         ValueError: ``file_name`` is not the name :func:`render_kernel_module` gives these constants.
     """
     key = kernel_key(constants)
     if file_name != kernel_file_name(key):
         raise ValueError(f"file_name must be {kernel_file_name(key)} for these constants, got {file_name}")
-    return KernelModule(file=file_name, key=key, ops=kernel_ops(constants), constants=dict(constants))
+    if source is None:
+        source = render_kernel_module(constants)[1]
+    return KernelModule(file=file_name, key=key, ops=kernel_ops(constants), constants=dict(constants),
+                        source_sha256=hashlib.sha256(source.encode("utf-8")).hexdigest())

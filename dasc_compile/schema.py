@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from dasc_compile.errors import DascInputError  # re-exported: the runtime imports it from this contract module
 from dasc_compile.policy import Policy
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PLAN_FILENAME = "plan.json"
 
 UnitKind = Literal["gdn_head", "kda_column"]
@@ -295,6 +295,7 @@ class KernelModule(_Frozen):
     key: str                                # hash of (template sources, constants, dasc, triton versions)
     ops: list[str]
     constants: dict[str, int | str | bool]
+    source_sha256: str                      # sha256 of the rendered file's UTF-8 bytes: an edited file is refused
 
 
 class Plan(_Frozen):

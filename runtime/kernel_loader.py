@@ -16,6 +16,7 @@ variable; callers should still keep ``TRITON_INTERPRET=1`` set while launching i
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -35,7 +36,8 @@ def module_name(key: str, *, interpret: bool = False) -> str:
 
 
 def load_kernel_module(plan_dir: str | Path, file_name: str, *, key: Optional[str] = None,
-                       ops: Optional[list[str]] = None, interpret: bool = False) -> ModuleType:
+                       ops: Optional[list[str]] = None, interpret: bool = False,
+                       source_sha256: Optional[str] = None) -> ModuleType:
     """Import ``plan_dir / file_name`` once per (key, interpret) and return the module.
 
     Args:
@@ -43,6 +45,7 @@ def load_kernel_module(plan_dir: str | Path, file_name: str, *, key: Optional[st
         key: expected cache key (``KernelModule.key``); the module's ``KEY`` must match.
         ops: host wrappers the module must define (``KernelModule.ops``).
         interpret: import with ``TRITON_INTERPRET=1`` (kernels then run on CPU tensors).
+        source_sha256: expected sha256 of the file's bytes (``KernelModule.source_sha256``).
 
     Raises:
         DascInputError: the file is missing, is not a dasc kernel module, or its key / ops
@@ -59,6 +62,11 @@ def load_kernel_module(plan_dir: str | Path, file_name: str, *, key: Optional[st
         raise DascInputError(f"{path}: not a dasc kernel module (no KEY line)")
     if key is not None and file_key != key:
         raise DascInputError(f"{path}: kernel key {file_key[:16]}... does not match plan.json's {key[:16]}...")
+    if source_sha256 is not None:
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != source_sha256:
+            raise DascInputError(f"{path}: kernel module content (sha256 {got[:16]}...) differs from the one "
+                                 f"plan.json records ({source_sha256[:16]}...): it was edited; recompile the plan")
     name = module_name(file_key, interpret=interpret)
     module = sys.modules.get(name)
     if module is None:
@@ -94,7 +102,8 @@ def load_plan_kernels(plan_dir: str | Path, entry: Optional[KernelModule] = None
             entry = KernelModule.model_validate(raw["kernels"])
         except ValueError as exc:
             raise DascInputError(f"{path}: field 'kernels' is not a kernel module record ({exc})") from None
-    return load_kernel_module(plan_dir, entry.file, key=entry.key, ops=list(entry.ops), interpret=interpret)
+    return load_kernel_module(plan_dir, entry.file, key=entry.key, ops=list(entry.ops), interpret=interpret,
+                              source_sha256=entry.source_sha256)
 
 
 def _read_key(source: str) -> Optional[str]:

@@ -124,7 +124,8 @@ def kda_plan() -> Plan:
                 payload_storage=only, bottleneck_rank=0, bottleneck_bytes_per_slot=400, bytes_dense_per_slot=544,
                 c_ckpt_tp=544 / 400)
     kernels = KernelModule(file="dasc_kernels_0123abcd.py", key="0123abcd" * 8,
-                           ops=["pack", "load", "refresh_copy"], constants={"NUM_LAYERS": 2, "GDN": False})
+                           ops=["pack", "load", "refresh_copy"], constants={"NUM_LAYERS": 2, "GDN": False},
+                           source_sha256="c" * 64)
     return with_content_hash(Plan(
         dasc_version="0.1.0", model=model,
         fingerprint=Fingerprint(config_sha256="a" * 64, decay_sha256="b" * 64, decay_tensors=[]),

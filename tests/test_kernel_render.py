@@ -12,6 +12,8 @@ import shutil
 import sys
 
 import jinja2
+import hashlib
+
 import pytest
 import torch
 
@@ -308,3 +310,20 @@ def test_real_shapes_compile_for_sm90(tmp_path, shape):
         assert re.search(r"ld\.global\.v4", ptx["pack"]) and re.search(r"ld\.global\.v4", ptx["pack_int8"])
     # Eq. 8 uses IEEE division and the round-half-even constant 1.5 * 2^23 survives compilation
     assert "div.rn.f32" in ptx["pack_int8"] and "0f4B400000" in ptx["pack_int8"]
+
+
+def test_edited_kernel_module_is_refused(tmp_path):
+    """plan.json records the rendered file's sha256; an edit that keeps the KEY line is still refused."""
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import Policy
+    from dasc_compile.reference import write_decay_only
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.kernel_loader import load_plan_kernels
+
+    ck = write_decay_only("kimi-linear-48b-a3b", tmp_path / "ck")
+    plan, out = compile_plan(ck, Policy(w_max=16), tmp_path / "p")
+    path = out / plan.kernels.file
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == plan.kernels.source_sha256
+    path.write_text(path.read_text(encoding="utf-8") + "\n# harmless-looking edit\n", encoding="utf-8")
+    with pytest.raises(DascInputError, match="it was edited"):
+        load_plan_kernels(out)
