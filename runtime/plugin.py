@@ -29,6 +29,10 @@ _FLAGS = (
     ("--dasc-demote-watermark", "demote_watermark", dict(type=int, default=None,
                                                          help="dasc: free native slots below which dense checkpoints "
                                                               "are demoted in the background (default 10%% of them)")),
+    ("--dasc-dummy-decay-ok", "dummy_decay_ok", dict(action="store_true", default=False,
+                                                     help="dasc: with --load-format dummy only, serve a plan compiled "
+                                                          "from another checkpoint's decay values (latency "
+                                                          "benchmarks; the random weights cannot match)")),
 )
 _KWARGS = {"dasc_" + field: field for _, field, _ in _FLAGS}
 
@@ -234,7 +238,9 @@ def after_load_model(result, runner, *args, **kwargs):
             return out
         gather = _gather
     served = served_decay_tensors(runner.model, plan.fingerprint.decay_tensors, gather)
-    hit = check_fingerprint(plan, served)
+    sa = getattr(runner, "server_args", None) or _server_args()
+    hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok,
+                            load_format=str(getattr(sa, "load_format", "")))
     STATE.verified_model = True
     STATE.fingerprint_match = hit
     logger.info("dasc: plan matches the served model (%s, %d decay tensors, sha256 %s..., dtypes A_log=%s dt_bias=%s)",

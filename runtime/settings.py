@@ -16,6 +16,9 @@ Sources, first match wins:
    --dasc-pool-bytes       DASC_POOL_BYTES             per-rank byte budget B: C = B // bytes - 1
    --dasc-compressed-only  DASC_COMPRESSED_ONLY=1      no dense spill (quality runs, §5.1)
    --dasc-demote-watermark DASC_DEMOTE_WATERMARK       free native slots below which demotion starts
+   --dasc-dummy-decay-ok   DASC_DUMMY_DECAY_OK=1       with ``--load-format dummy`` only: serve a plan
+                                                       whose decay fingerprint differs from the
+                                                       (random) served weights; latency benchmarks
    ======================  ==========================  =========================================
 """
 
@@ -36,6 +39,7 @@ ENV_VARS = {
     "pool_bytes": "DASC_POOL_BYTES",
     "compressed_only": "DASC_COMPRESSED_ONLY",
     "demote_watermark": "DASC_DEMOTE_WATERMARK",
+    "dummy_decay_ok": "DASC_DUMMY_DECAY_OK",
 }
 
 
@@ -66,6 +70,7 @@ class DascSettings:
     pool_bytes: Optional[int] = None
     compressed_only: bool = False
     demote_watermark: Optional[int] = None
+    dummy_decay_ok: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_slots is not None and self.pool_bytes is not None:
@@ -85,6 +90,7 @@ class DascSettings:
             pool_bytes=_int(f"{source}: pool_bytes", d.get("pool_bytes")),
             compressed_only=_bool(d.get("compressed_only", False)),
             demote_watermark=_int(f"{source}: demote_watermark", d.get("demote_watermark")),
+            dummy_decay_ok=_bool(d.get("dummy_decay_ok", False)),
         )
 
     @classmethod

@@ -6,6 +6,7 @@ line that names what differs; the server does not start. Nothing is ever silentl
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Sequence
 
@@ -18,6 +19,7 @@ __all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_ser
            "check_state", "check_fingerprint"]
 
 SUPPORTED_SGLANG = "0.5.17"
+logger = logging.getLogger("dasc")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -127,22 +129,40 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
                           f"(shapes {[tuple(s) for s in conv_shapes]} x {len(layer_ids)} layers)")
 
 
-def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]]) -> dict:
+def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *, dummy_decay_ok: bool = False,
+                      load_format: str = "") -> dict:
     """Compare the served decay tensors' fingerprint with the plan's (see :mod:`dasc_runtime.fingerprint`).
 
+    Args:
+        plan: the loaded plan. served: ``[(name, tensor), ...]`` of the served model, in
+            ``plan.fingerprint.decay_tensors`` order (``A_log`` / ``dt_bias`` ``[H]``, any float dtype).
+        dummy_decay_ok: ``--dasc-dummy-decay-ok``: accept a mismatch, but only when
+            ``load_format == "dummy"`` (SGLang's random weights give every head the same decay, so no
+            plan compiled from a real checkpoint can match them; latency does not depend on the
+            values). A mismatch is then logged as a warning and the result has ``"stand_in": True``.
+        load_format: the server's ``--load-format``.
     Returns:
-        the match (dtypes used and sha256).
+        the match (dtypes used and sha256), or for an accepted dummy mismatch
+        ``{"sha256": <served>, "stand_in": True}``.
     Raises:
-        DascRefusal: no lossless dtype combination reproduces the plan's hash; names the first
-            tensor and both hashes.
+        DascRefusal: no lossless dtype combination reproduces the plan's hash (names the first
+            tensor and both hashes), or ``dummy_decay_ok`` with a load format other than ``dummy``.
     """
     from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint
 
+    if dummy_decay_ok and load_format != "dummy":
+        raise DascRefusal(f"--dasc-dummy-decay-ok needs --load-format dummy (got {load_format or 'auto'!r}): real "
+                          "weights must match the plan's decay fingerprint")
     hit = match_decay_fingerprint(plan.fingerprint.decay_sha256, served)
     if hit is None:
         first = served[0]
-        raise DascRefusal(
-            f"decay tensors of the served weights (sha256 {decay_sha256(served)[:16]}...) differ from the ones the plan "
-            f"was compiled from (sha256 {plan.fingerprint.decay_sha256[:16]}...), e.g. '{first[0]}' "
-            f"{first[1].dtype} {list(first[1].shape)}; recompile the plan from the served checkpoint")
+        served_sha = decay_sha256(served)
+        msg = (f"decay tensors of the served weights (sha256 {served_sha[:16]}...) differ from the ones the plan "
+               f"was compiled from (sha256 {plan.fingerprint.decay_sha256[:16]}...), e.g. '{first[0]}' "
+               f"{first[1].dtype} {list(first[1].shape)}")
+        if dummy_decay_ok:
+            logger.warning("dasc: %s; accepted (--dasc-dummy-decay-ok, dummy weights): the plan's masks come from "
+                           "its own checkpoint, not from the served values", msg)
+            return {"sha256": served_sha, "stand_in": True}
+        raise DascRefusal(msg + "; recompile the plan from the served checkpoint")
     return hit

@@ -35,12 +35,14 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     out["hooks_total"] = len(HOOKS)
 
     # 1. the CLI flag (python -m sglang.launch_server ... --dasc-plan PLAN) and the environment
-    for k in ("DASC_PLAN", "DASC_POOL_SLOTS", "DASC_POOL_BYTES", "DASC_COMPRESSED_ONLY", "DASC_DEMOTE_WATERMARK"):
+    for k in ("DASC_PLAN", "DASC_POOL_SLOTS", "DASC_POOL_BYTES", "DASC_COMPRESSED_ONLY", "DASC_DEMOTE_WATERMARK",
+              "DASC_DUMMY_DECAY_OK"):
         os.environ.pop(k, None)
     from sglang.srt.server_args import ServerArgs, prepare_server_args, set_global_server_args_for_scheduler
 
     sa = prepare_server_args(["--model-path", "dummy", "--page-size", "1", "--dasc-plan", plan_dir,
-                              "--dasc-pool-slots", "5", "--dasc-demote-watermark", "2"])
+                              "--dasc-pool-slots", "5", "--dasc-demote-watermark", "2",
+                              "--dasc-dummy-decay-ok"])
     out["cli_settings"] = getattr(sa, "_dasc_settings", None)
     out["cli_env"] = {k: v for k, v in os.environ.items() if k.startswith("DASC_")}
     import pickle

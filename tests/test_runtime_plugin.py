@@ -44,10 +44,11 @@ def test_entry_point_and_every_hook_applied(findings):
 
 def test_flag_reaches_server_args_env_and_pickled_copies(findings):
     plan = findings["_gdn_dir"]
-    want = {"plan": plan, "pool_slots": 5, "compressed_only": False, "demote_watermark": 2}
+    want = {"plan": plan, "pool_slots": 5, "compressed_only": False, "demote_watermark": 2, "dummy_decay_ok": True}
     assert findings["cli_settings"] == want
     assert findings["pickled_settings"] == want                 # what a spawned scheduler receives
-    assert findings["cli_env"] == {"DASC_PLAN": plan, "DASC_POOL_SLOTS": "5", "DASC_DEMOTE_WATERMARK": "2"}
+    assert findings["cli_env"] == {"DASC_PLAN": plan, "DASC_POOL_SLOTS": "5", "DASC_DEMOTE_WATERMARK": "2",
+                                   "DASC_DUMMY_DECAY_OK": "1"}
     assert findings["kwarg_settings"] == {"plan": plan, "compressed_only": True}   # Engine(dasc_plan=...)
     assert findings["plain_settings"] is None
 

@@ -77,6 +77,32 @@ def test_served_fingerprint_matches_plan_across_tp_and_dtype(tmp_path):
         served_decay_tensors(torch.nn.Linear(2, 2), names)
 
 
+def test_dummy_decay_ok_only_with_dummy_weights(tmp_path, caplog):
+    """--dasc-dummy-decay-ok: a mismatch is a warning for --load-format dummy, still a refusal otherwise."""
+    from dasc_runtime.fingerprint import decay_sha256, served_decay_tensors
+    from dasc_runtime.verify import DascRefusal, check_fingerprint
+
+    plan, _, _ = compile_tiny(tmp_path)
+    names = plan.fingerprint.decay_tensors
+    # SGLang's dummy loader: every head gets the same small values
+    dummy = [(n, torch.full_like(t, 1e-3)) for n, t in gdn_decay_tensors()]
+    served = served_decay_tensors(_GdnModel(dummy), names)
+    with pytest.raises(DascRefusal, match="differ from the ones the plan was compiled from"):
+        check_fingerprint(plan, served, load_format="dummy")
+    with caplog.at_level("WARNING", logger="dasc"):
+        hit = check_fingerprint(plan, served, dummy_decay_ok=True, load_format="dummy")
+    assert hit == {"sha256": decay_sha256(served), "stand_in": True}
+    assert hit["sha256"] != plan.fingerprint.decay_sha256
+    assert "accepted (--dasc-dummy-decay-ok" in caplog.text
+    for fmt in ("auto", "safetensors", ""):
+        with pytest.raises(DascRefusal, match="--dasc-dummy-decay-ok needs --load-format dummy"):
+            check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)
+    # matching weights stay a plain match under the flag
+    exact = served_decay_tensors(_GdnModel(gdn_decay_tensors()), names)
+    assert check_fingerprint(plan, exact, dummy_decay_ok=True, load_format="dummy")["sha256"] == \
+        plan.fingerprint.decay_sha256
+
+
 def test_plan_loader_checks_version_and_hash(tmp_path):
     from dasc_compile.errors import DascInputError
 
