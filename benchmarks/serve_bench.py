@@ -39,7 +39,7 @@ import random
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit
@@ -359,6 +359,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--vocab-size", type=int, default=None,
                     help="served model's vocab; ids >= it are mapped to id %% vocab_size")
     ap.add_argument("--num-conversations", type=int, default=None, help="use the first N only")
+    ap.add_argument("--decode-clip", type=int, default=None,
+                    help="clip every decode length to this many tokens (prompts are unchanged: they hold "
+                         "the recorded replies); scales a run down without rebuilding the trace")
     ap.add_argument("--seed", type=int, default=None,
                     help="permute the order in which conversations start (default: trace order)")
     ap.add_argument("--warmup", type=int, default=1, help="short untimed requests before the run")
@@ -377,10 +380,14 @@ def main(argv: Iterable[str] | None = None) -> int:
             raise DascInputError(f"--vocab-size: expected >= 2, got {a.vocab_size}")
         if a.concurrency < 1:
             raise DascInputError(f"--concurrency: expected >= 1, got {a.concurrency}")
+        if a.decode_clip is not None and a.decode_clip < 1:
+            raise DascInputError(f"--decode-clip: expected >= 1 tokens, got {a.decode_clip}")
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     reqs = [turn_requests(i, c, vocab_size=a.vocab_size) for i, c in enumerate(convs)]
+    if a.decode_clip is not None:
+        reqs = [[replace(r, max_new_tokens=min(r.max_new_tokens, a.decode_clip)) for r in conv] for conv in reqs]
     remapped = (sum(1 for c in convs for s in c.segments for t in s if t >= a.vocab_size)
                 if a.vocab_size else 0)
     order = list(range(len(convs)))
@@ -416,6 +423,7 @@ def main(argv: Iterable[str] | None = None) -> int:
               "conversations": len(convs), "url": a.url, "concurrency": a.concurrency,
               "max_running_requests": a.max_running_requests, "vocab_size": a.vocab_size,
               "ids_remapped": remapped, "seed": a.seed, "warmup": a.warmup,
+              "decode_clip": a.decode_clip,
               "flushed": not a.no_flush, "server_info": info, "warnings": warnings}
     result = {"format": RESULT_FORMAT, "version": RESULT_VERSION, "config": config,
               "summary": summary, "requests": [asdict(r) for r in records]}

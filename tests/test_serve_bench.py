@@ -437,6 +437,20 @@ def test_main_end_to_end(fake, tmp_path):
     assert sb.main(["--trace", str(tmp_path / "t.json.gz"), "--arm", "x", "--out",
                     str(tmp_path / "y"), "--checkpoint-capacity", "1",
                     "--num-conversations", "9"]) == 2
+    # --decode-clip: decode lengths (3, 5, 2) clipped to 4 -> (3, 4, 2); prompts unchanged
+    n_before = len(fake.log)
+    assert sb.main(["--trace", str(tmp_path / "t.json.gz"), "--url", fake.url, "--arm", "clip",
+                    "--checkpoint-capacity", "1", "--decode-clip", "4", "--warmup", "0",
+                    "--out", str(tmp_path / "clip")]) == 0
+    clip = json.loads((tmp_path / "clip.json").read_text())
+    assert clip["config"]["decode_clip"] == 4
+    assert sorted({(r["turn"], r["max_new_tokens"], r["completion_tokens"]) for r in clip["requests"]}) == \
+        [(0, 3, 3), (1, 4, 4), (2, 2, 2)]
+    sent = [e["payload"]["sampling_params"]["max_new_tokens"] for e in fake.log[n_before:]]
+    assert sorted(sent) == sorted([3, 4, 2] * 4)
+    assert [r["prompt_tokens"] for r in clip["requests"]] == [r["prompt_tokens"] for r in res["requests"]]
+    assert sb.main(["--trace", str(tmp_path / "t.json.gz"), "--arm", "x", "--out", str(tmp_path / "y"),
+                    "--checkpoint-capacity", "1", "--decode-clip", "0"]) == 2
 
 
 def test_plot_combines_runs(tmp_path):

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Matched-memory serving benchmark on H200s (issue: serving benchmark; paper §5.3): Kimi-Linear-48B-A3B's
+# real config with SGLang's dummy weights, plans compiled from the bundled reference checkpoint
+# (decay values = initialisation draws, not trained weights: the compression each arm gets comes
+# from those stand-in values), one SGLang 0.5.17 server per GPU group, arms run side by side.
+#
+# Run from the repo root on the device with .dev/sglang, .dev/dascwhl and .whl carried:
+#   PHASE=arms ARMS="dense int8 dasc-nr-w512 dasc-nr-w128" SEEDS="0 1 2" bash benchmarks/h200_serving_bench.sh
+#   PHASE=tp    TP=4 ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200_serving_bench.sh
+# Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
+# NCONV (conversations, 64), CONC (client concurrency, 64), CLIP (decode clip, 128), DEADLINE (s, 540),
+# GPUS ("0 1 2 3"), TRANSFER=1 (PHASE=tp: also run tp_transfer_bench at --tp $TP first).
+# Results: $OUT/serving-$PHASE.tar.gz (manifest.json, per arm server.log and sSEED.json / .md).
+set -uo pipefail
+export OUT=${OUT:-/tmp/dasc-serving-out}; mkdir -p "$OUT"
+PHASE=${PHASE:-arms}; TP=${TP:-1}; SEEDS=${SEEDS:-"0 1"}; GPUS=${GPUS:-"0 1 2 3"}
+DENSE_SLOTS=${DENSE_SLOTS:-48}; NATIVE_SLOTS=${NATIVE_SLOTS:-40}; MRR=${MRR:-8}
+NCONV=${NCONV:-64}; CONC=${CONC:-64}; CLIP=${CLIP:-128}; DEADLINE=${DEADLINE:-540}
+ARMS=${ARMS:-"dense int8 dasc-nr-w512 dasc-nr-w128 dasc-nr-w64 dasc-nr-w16 dasc-nr-w128-int8"}
+TRACE=benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+T0=$(date +%s); stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+
+stamp "setup ($(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' '))"
+if [ ! -f /tmp/site/.done ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .dev/sglang/site.tar.xz && touch /tmp/site/.done || exit 3
+fi
+if [ ! -f /tmp/site/.dasc ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl .dev/dascwhl/dasc-*.whl > "$OUT/pip.log" 2>&1 && touch /tmp/site/.dasc || { cat "$OUT/pip.log"; exit 3; }
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p /tmp/kimi && cp plans/reference/kimi-linear-48b-a3b/config.json /tmp/kimi/config.json
+
+PLANS=/tmp/plans; mkdir -p $PLANS
+compile() {  # compile W INT8 BALANCE
+  local w=$1 i8=$2 bal=$3 name pol=()
+  name="w$w$([ "$i8" = 1 ] && echo -int8)-tp$TP-$bal"
+  [ -f "$PLANS/$name/plan.json" ] && return 0
+  if [ "$i8" = 1 ]; then printf 'int8: true\n' > /tmp/int8.yaml; pol=(--policy /tmp/int8.yaml); fi
+  python3 -m dasc_compile.cli compile plans/reference/kimi-linear-48b-a3b --wmax "$w" --tp "$TP" \
+      --balance "$bal" "${pol[@]}" --out "$PLANS/$name" | tail -1 || exit 3
+}
+for arm in $ARMS; do
+  case $arm in
+    dense|int8) compile 128 0 off ;;
+    dasc-nr-w*) w=${arm#dasc-nr-w}; w=${w%%-*}
+                compile "$w" "$([[ $arm == *-int8* ]] && echo 1 || echo 0)" "$([[ $arm == *-storage* ]] && echo storage || echo off)" ;;
+  esac
+done
+python3 benchmarks/serving_arms.py --plans $PLANS --tp "$TP" --dense-slots "$DENSE_SLOTS" \
+    --native-slots "$NATIVE_SLOTS" --arms $ARMS --out /tmp/arms.json || exit 3
+
+if [ "$PHASE" = tp ] && [ "${TRANSFER:-1}" = 1 ]; then
+  stamp "tp_transfer_bench --tp $TP"
+  timeout 240 python3 benchmarks/tp_transfer_bench.py --tp "$TP" \
+      --wmax 16 128 --n 1 8 64 --out "$OUT/tp_transfer.md" --json "$OUT/tp_transfer.json" \
+      > "$OUT/tp_transfer.log" 2>&1; echo "tp_transfer rc=$?"; tail -30 "$OUT/tp_transfer.log"
+fi
+
+stamp "arms: $ARMS (TP $TP, seeds $SEEDS)"
+LEFT=$(( DEADLINE - ($(date +%s) - T0) ))
+python3 benchmarks/run_serving.py --arms-json /tmp/arms.json --plans $PLANS --model /tmp/kimi \
+    --gpus $GPUS --gpus-per-arm "$TP" --trace $TRACE --num-conversations "$NCONV" --decode-clip "$CLIP" \
+    --concurrency "$CONC" --max-running-requests "$MRR" --vocab-size 163840 --seeds $SEEDS \
+    --deadline-s "$LEFT" --work "/tmp/serving-$PHASE" 2>&1 | tee "$OUT/run.log"
+cp /tmp/arms.json "/tmp/serving-$PHASE/arms.json"
+tar -C /tmp -czf "$OUT/serving-$PHASE.tar.gz" "serving-$PHASE"
+stamp done
