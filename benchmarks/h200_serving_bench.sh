@@ -6,10 +6,10 @@
 #
 # Run from the repo root on the device with .dev/sglang, .dev/dascwhl and .whl carried:
 #   PHASE=arms ARMS="dense int8 dasc-nr-w512 dasc-nr-w128" SEEDS="0 1 2" bash benchmarks/h200_serving_bench.sh
-#   PHASE=tp    TP=4 ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200_serving_bench.sh
+#   PHASE=tp TP=4 TRANSFER=before ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200_serving_bench.sh
 # Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
 # NCONV (conversations, 64), CONC (client concurrency, 64), CLIP (decode clip, 128), DEADLINE (s, 540),
-# GPUS ("0 1 2 3"), TRANSFER=1 (PHASE=tp: also run tp_transfer_bench at --tp $TP first).
+# GPUS ("0 1 2 3"), TRANSFER=before|after (also run tp_transfer_bench at --tp $XTP, default $TP).
 # Results: $OUT/serving-$PHASE.tar.gz (manifest.json, per arm server.log and sSEED.json / .md).
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-serving-out}; mkdir -p "$OUT"
@@ -52,13 +52,14 @@ done
 python3 benchmarks/serving_arms.py --plans $PLANS --tp "$TP" --dense-slots "$DENSE_SLOTS" \
     --native-slots "$NATIVE_SLOTS" --arms $ARMS --out /tmp/arms.json || exit 3
 
-if [ "$PHASE" = tp ] && [ "${TRANSFER:-1}" = 1 ]; then
-  stamp "tp_transfer_bench --tp $TP"
-  timeout 240 python3 benchmarks/tp_transfer_bench.py --tp "$TP" \
-      --wmax 16 128 --n 1 8 64 --out "$OUT/tp_transfer.md" --json "$OUT/tp_transfer.json" \
-      > "$OUT/tp_transfer.log" 2>&1; echo "tp_transfer rc=$?"; tail -30 "$OUT/tp_transfer.log"
-fi
-
+transfer() {  # storage balancing all-to-all on the GPUs (exactness + cost), P = $XTP
+  stamp "tp_transfer_bench --tp $XTP"
+  timeout "${XTIMEOUT:-240}" python3 benchmarks/tp_transfer_bench.py --tp "$XTP" --wmax 16 128 --n 1 8 64 \
+      --out "$OUT/tp_transfer.md" --json "$OUT/tp_transfer.json" > "$OUT/tp_transfer.log" 2>&1
+  echo "tp_transfer rc=$?"; tail -25 "$OUT/tp_transfer.log"
+}
+XTP=${XTP:-$TP}
+[ "${TRANSFER:-none}" = before ] && transfer
 stamp "arms: $ARMS (TP $TP, seeds $SEEDS)"
 LEFT=$(( DEADLINE - ($(date +%s) - T0) ))
 python3 benchmarks/run_serving.py --arms-json /tmp/arms.json --plans $PLANS --model /tmp/kimi \
@@ -66,5 +67,6 @@ python3 benchmarks/run_serving.py --arms-json /tmp/arms.json --plans $PLANS --mo
     --concurrency "$CONC" --max-running-requests "$MRR" --vocab-size 163840 --seeds $SEEDS \
     --deadline-s "$LEFT" --work "/tmp/serving-$PHASE" 2>&1 | tee "$OUT/run.log"
 cp /tmp/arms.json "/tmp/serving-$PHASE/arms.json"
+[ "${TRANSFER:-none}" = after ] && transfer
 tar -C /tmp -czf "$OUT/serving-$PHASE.tar.gz" "serving-$PHASE"
 stamp done

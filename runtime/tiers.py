@@ -47,6 +47,7 @@ the LRU order is the order before any demotion.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -92,6 +93,8 @@ class TierCounters:
     evictions_dense: int = 0
     evictions_compressed: int = 0
     skipped: int = 0                # states not cached: compressed-only pool full of locked checkpoints
+    host_waits: int = 0             # pending demotions the reclamation walk waited for on the host
+    host_wait_s: float = 0.0        # scheduler-thread time spent in those waits (seconds)
 
 
 class _DoneEvent:
@@ -471,7 +474,10 @@ class DascMambaComponent(MambaComponent):
             cands = [d for d, ok in zip(cands, ready) if ok]
         for d in cands:
             if wait:
+                t0 = time.perf_counter()
                 d.event.synchronize()
+                self.counters.host_waits += 1
+                self.counters.host_wait_s += time.perf_counter() - t0
             self._commit(d)
         return len(cands)
 

@@ -192,6 +192,7 @@ def test_maintain_never_waits_but_reclamation_does(tmp_path):
     res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
     assert res.mamba_num_evicted == 1 and ev.waited == 1 and not sim.comp.pending
     assert sim.comp.tier(c) == "compressed" and sim.comp.counters.demotions_committed == 1
+    assert sim.comp.counters.host_waits == 1 and sim.comp.counters.host_wait_s >= 0.0   # counted for the log
     assert sim.pool.mamba_allocator.available_size() == free0 + 1
     sim.check(4, content=True)
 
