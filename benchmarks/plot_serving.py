@@ -14,6 +14,7 @@ writes ``out/serving.png`` and ``out/serving.md``.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -35,13 +36,61 @@ def load_results(paths: Sequence[str | Path]) -> list[dict]:
     out = []
     for p in paths:
         try:
-            obj = json.loads(Path(p).read_text())
+            raw = Path(p).read_bytes()
+            obj = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
         except (OSError, ValueError) as e:
             raise DascInputError(f"{p}: cannot read result JSON ({e})") from None
         if not isinstance(obj, dict) or obj.get("format") != RESULT_FORMAT:
             raise DascInputError(f"{p}: expected a {RESULT_FORMAT!r} file from serve_bench.py")
-        out.append(obj["summary"])
+        summ = dict(obj["summary"])
+        summ["_seed"] = (obj.get("config") or {}).get("seed")
+        out.append(summ)
     return out
+
+
+def paired_ratios(summaries: Sequence[dict], baseline: str,
+                  keys: Sequence[str] = ("ttft_mean_s", "e2e_mean_s")) -> dict[str, dict[str, tuple]]:
+    """Per arm and statistic: the ratio arm / ``baseline`` paired by seed (same conversation order).
+
+    For every seed both arms ran, ``arm[key] / baseline[key]``; returns
+    ``{arm: {key: (mean, min, max, n_seeds)}}`` for arms sharing at least one seed with the
+    baseline (the baseline itself included, at 1.0). Runs without a seed are not paired.
+    """
+    by: dict[tuple[str, object], dict] = {}
+    for s in summaries:
+        if s.get("_seed") is not None:
+            by[(s["arm"], s["_seed"])] = s
+    base = {seed: s for (arm, seed), s in by.items() if arm == baseline}
+    out: dict[str, dict[str, tuple]] = {}
+    for arm in dict.fromkeys(s["arm"] for s in summaries):
+        per = {}
+        for k in keys:
+            rs = [by[(arm, seed)][k] / b[k] for seed, b in sorted(base.items(), key=lambda x: str(x[0]))
+                  if (arm, seed) in by and b.get(k) and by[(arm, seed)].get(k) is not None]
+            if rs:
+                per[k] = (sum(rs) / len(rs), min(rs), max(rs), len(rs))
+        if per:
+            out[arm] = per
+    return out
+
+
+def ratio_markdown(summaries: Sequence[dict], baselines: Sequence[str]) -> str:
+    """Table of seed-paired ratios of mean TTFT and mean E2E against each baseline arm present."""
+    present = {s["arm"] for s in summaries}
+    bases = [b for b in baselines if b in present]
+    if not bases:
+        return ""
+    rat = {b: paired_ratios(summaries, b) for b in bases}
+    head = ["arm"] + [f"{k} / {b}" for b in bases for k in ("mean TTFT", "mean E2E")]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for arm in dict.fromkeys(s["arm"] for s in summaries):
+        cells = [arm]
+        for b in bases:
+            for k in ("ttft_mean_s", "e2e_mean_s"):
+                v = rat[b].get(arm, {}).get(k)
+                cells.append(f"{v[0]:.3f} ({v[1]:.3f}-{v[2]:.3f}, {v[3]} seeds)" if v else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(["Seed-paired ratios (mean of per-seed ratios; range over seeds):", "", *lines]) + "\n"
 
 
 def combine_arms(summaries: Sequence[dict]) -> list[dict]:
@@ -114,14 +163,20 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="+", help="result JSON files from serve_bench.py")
     ap.add_argument("--out", required=True, help="output prefix: writes PREFIX.png and PREFIX.md")
+    ap.add_argument("--baseline", action="append", default=None,
+                    help="arm to compare against, paired by seed (repeatable; default: dense and int8)")
     a = ap.parse_args(argv)
     try:
-        rows = combine_arms(load_results(a.results))
+        summaries = load_results(a.results)
+        rows = combine_arms(summaries)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(a.out)
     md = combined_markdown(rows)
+    rt = ratio_markdown(summaries, a.baseline or ["dense", "int8"])
+    if rt:
+        md += "\n" + rt
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_name(out.name + ".md").write_text(md)
     plot(rows, out.with_name(out.name + ".png"))

@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     rows = ["| model | w_max | mode | bottleneck rank | bottleneck MiB/slot | dense MiB/slot/rank | C_ckpt TP=1 | C_ckpt TP | M_remote units |",
             "|---|---|---|---|---|---|---|---|---|"]
     violations = []
+    provenances: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.model:
             for w in args.wmax:
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
                     plan, _ = compile_plan(model, Policy(w_max=w, tp_size=args.tp, balance=mode),
                                            Path(tmp) / "p", with_kernels=False)
                     tp = plan.tp
+                    provenances.setdefault(plan.model.model_type, plan.model.provenance)
                     caps[mode] = tp.c_ckpt_tp
                     rows.append(f"| {plan.model.model_type} | {w} | {mode} | {tp.bottleneck_rank} | "
                                 f"{mib(tp.bottleneck_bytes_per_slot)} | {mib(tp.bytes_dense_per_slot)} | "
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
                     print(rows[-1], flush=True)
                 if caps["storage"] < caps["off"] - 1e-12 or caps["hybrid"] < caps["off"] - 1e-12:
                     violations.append((model, w, caps))
-    provenance = plan.model.provenance
+    provenance = "; ".join(f"{k}: {v}" for k, v in provenances.items())
     section = "\n".join([
         f"## TP placement: bottleneck payload and C_ckpt at TP={args.tp}",
         "",

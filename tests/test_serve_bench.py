@@ -472,3 +472,22 @@ def test_plot_combines_runs(tmp_path):
     assert "| dasc | 128 | 2 | 0 | 0.500 |" in (tmp_path / "fig.md").read_text()
     with pytest.raises(DascInputError, match="checkpoint-capacity"):
         ps.combine_arms(ps.load_results(files + [result("dasc", 64, 1.0, 1.0, "d.json")]))
+
+
+def test_paired_ratios_pair_by_seed(tmp_path):
+    def result(arm, seed, ttft, e2e, name):
+        s = sb.summarize([_rec(0, 0, ttft, e2e, 100, 40)], arm=arm, checkpoint_capacity=8, wall_s=1.0)
+        sb.write_json(tmp_path / name, {"format": sb.RESULT_FORMAT, "summary": s, "config": {"seed": seed}})
+        return str(tmp_path / name)
+
+    files = [result("dense", 0, 2.0, 4.0, "d0.json"), result("dense", 1, 4.0, 8.0, "d1.json"),
+             result("dasc", 0, 1.0, 3.0, "c0.json"), result("dasc", 1, 3.0, 6.0, "c1.json"),
+             result("dasc", 2, 9.0, 9.0, "c2.json")]          # seed 2 has no dense run: not paired
+    rat = ps.paired_ratios(ps.load_results(files), "dense")
+    # TTFT: 1/2 and 3/4 -> mean 0.625; E2E: 3/4 and 6/8 -> 0.75
+    assert rat["dasc"]["ttft_mean_s"] == pytest.approx((0.625, 0.5, 0.75, 2))
+    assert rat["dasc"]["e2e_mean_s"] == pytest.approx((0.75, 0.75, 0.75, 2))
+    assert rat["dense"]["ttft_mean_s"] == pytest.approx((1.0, 1.0, 1.0, 2))
+    md = ps.ratio_markdown(ps.load_results(files), ["dense", "int8"])   # int8 absent: one baseline
+    assert "| dasc | 0.625 (0.500-0.750, 2 seeds) | 0.750 (0.750-0.750, 2 seeds) |" in md
+    assert ps.ratio_markdown(ps.load_results(files), ["int8"]) == ""
