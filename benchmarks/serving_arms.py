@@ -164,6 +164,15 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
         if not cands:
             raise DascInputError(f"{plans}: no compiled plan for TP={tp} to read the dense slot bytes from")
         name = cands[0]
+        # every plan of this TP degree must describe the same model and dense slot, else the
+        # Dense / INT8 budget would silently follow whichever plan sorts first
+        seen = {}
+        for c in cands:
+            other = load_plan(Path(plans) / c)
+            seen.setdefault((other.fingerprint.config_sha256, other.tp.bytes_dense_per_slot), c)
+        if len(seen) > 1:
+            raise DascInputError(f"{plans}: TP={tp} plans disagree on the model or dense slot bytes "
+                                 f"({', '.join(seen.values())}); keep one model's plans per directory")
     plan_dir = Path(plans) / name
     if not (plan_dir / "plan.json").is_file():
         raise DascInputError(f"{plan_dir}: no plan.json (compile it with dasc compile ... --out {plan_dir})")
@@ -202,7 +211,11 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
 
 
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
-    """Arms by name: a DEFAULT_ARMS name, or ``dasc-nr-wW[-int8][-storage]`` for any W."""
+    """Arms by name: a DEFAULT_ARMS name, or ``dasc-nr-wW[-int8][-storage]`` for any W (ASCII digits).
+
+    Raises:
+        DascInputError: a name of neither form (one line naming it).
+    """
     known = {a.name: a for a in DEFAULT_ARMS}
     out = []
     for n in names:
@@ -210,7 +223,8 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             out.append(known[n])
             continue
         parts = n.split("-")
-        if len(parts) >= 3 and parts[:2] == ["dasc", "nr"] and parts[2].startswith("w") and parts[2][1:].isdigit():
+        if len(parts) >= 3 and parts[:2] == ["dasc", "nr"] and parts[2].startswith("w") and parts[2][1:].isascii() \
+                and parts[2][1:].isdigit():
             rest = parts[3:]
             if set(rest) <= {"int8", "storage"} and len(set(rest)) == len(rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
@@ -221,6 +235,8 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
 
 
 def main(argv=None) -> int:
+    """CLI (module docstring). Returns 0, or 2 with ``error: ...`` on stderr for bad input (arms, slots,
+    plans, an unwritable ``--out``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=Path, required=True, help="directory of compiled plans (plan_name dirs)")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
@@ -237,7 +253,11 @@ def main(argv=None) -> int:
         return 2
     text = json.dumps(arms, indent=1)
     if a.out:
-        a.out.write_text(text)
+        try:
+            a.out.write_text(text)
+        except OSError as e:
+            print(f"error: --out {a.out}: cannot write the arms JSON ({e.strerror or e})", file=sys.stderr)
+            return 2
     for x in arms:
         print(f"{x['arm']:>20}: capacity {x['capacity']:4d} (native {x['native_slots']}, ckpt {x['ckpt_slots']}), "
               f"C_ckpt {x['c_ckpt']:.3f}, used {x['used_bytes'] / 2**20:.1f} / {x['budget_bytes'] / 2**20:.1f} MiB  "
