@@ -44,7 +44,7 @@ def status_line() -> str:
             f"dasc evicted d/c: {c.evictions_dense}/{c.evictions_compressed}",
             f"dasc inserted d/c: {c.inserts_dense}/{c.inserts_compressed}",
             f"dasc skipped: {c.skipped}",
-            f"dasc host waits: {c.host_waits} ({c.host_wait_s * 1e3:.0f} ms)",
+            f"dasc reclaim waits: {c.reclaim_waits} ({c.reclaim_wait_host_s * 1e3:.0f} ms host)",
         ]
     else:
         parts.append(f"dasc free c: {pool.available_size()}/{pool.num_slots}")

@@ -93,8 +93,8 @@ class TierCounters:
     evictions_dense: int = 0
     evictions_compressed: int = 0
     skipped: int = 0                # states not cached: compressed-only pool full of locked checkpoints
-    host_waits: int = 0             # pending demotions the reclamation walk waited for on the host
-    host_wait_s: float = 0.0        # scheduler-thread time spent in those waits (seconds)
+    reclaim_waits: int = 0          # pending demotions the reclamation walk had to wait for
+    reclaim_wait_host_s: float = 0.0  # scheduler-thread time spent in those waits (s; ~0 with stream waits)
 
 
 class _DoneEvent:
@@ -132,6 +132,40 @@ class SideStream:
         return ev
 
 
+def reclaim_wait_mode() -> str:
+    """``DASC_RECLAIM_WAIT``: how the reclamation walk orders itself after a pending demotion.
+
+    ``stream`` (default): the current CUDA stream waits on the demotion's event (``wait_event``, no
+    host block). Safe because every later write to the freed native slot is issued on SGLang's
+    schedule stream after this point, or on its forward stream, which waits on the schedule stream
+    before each forward (sglang/srt/managers/scheduler.py, 0.5.17). ``host``: the scheduler thread
+    blocks in ``event.synchronize()`` (the earlier behaviour; kept to compare the two on a GPU).
+
+    Raises:
+        DascInputError: any other value.
+    """
+    import os
+
+    mode = os.environ.get("DASC_RECLAIM_WAIT", "stream").strip().lower() or "stream"
+    if mode not in ("stream", "host"):
+        from dasc_compile.schema import DascInputError
+
+        raise DascInputError(f"DASC_RECLAIM_WAIT: expected 'stream' or 'host', got {mode!r}")
+    return mode
+
+
+def _order_after(event, mode: str, device) -> None:
+    """Make later work see a pending demotion's pack as done (see :func:`reclaim_wait_mode`).
+
+    A CUDA event under ``stream`` makes the current stream of its device wait on it; anything else
+    (``host`` mode, or the CPU / test completion records, which have no stream) is synchronized.
+    """
+    if mode == "stream" and isinstance(event, torch.cuda.Event):
+        torch.cuda.current_stream(torch.device(device)).wait_event(event)
+        return
+    event.synchronize()
+
+
 @dataclass
 class _Demotion:
     node: object                    # UnifiedTreeNode
@@ -157,6 +191,7 @@ class DascMambaComponent(MambaComponent):
         self.policy: TierPolicy = getattr(dpool, "tier_policy", None) or TierPolicy()
         self.counters = TierCounters()
         self.side = SideStream(dpool.device)
+        self.reclaim_wait = reclaim_wait_mode()
         self.tp_cpu_group = None        # attention-TP CPU group for agree_all (TP > 1), resolved on first use
         self.pending: dict[int, _Demotion] = {}
         self._epoch = 0
@@ -475,9 +510,9 @@ class DascMambaComponent(MambaComponent):
         for d in cands:
             if wait:
                 t0 = time.perf_counter()
-                d.event.synchronize()
-                self.counters.host_waits += 1
-                self.counters.host_wait_s += time.perf_counter() - t0
+                _order_after(d.event, self.reclaim_wait, self.dpool.device)
+                self.counters.reclaim_waits += 1
+                self.counters.reclaim_wait_host_s += time.perf_counter() - t0
             self._commit(d)
         return len(cands)
 

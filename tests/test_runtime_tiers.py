@@ -192,7 +192,7 @@ def test_maintain_never_waits_but_reclamation_does(tmp_path):
     res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
     assert res.mamba_num_evicted == 1 and ev.waited == 1 and not sim.comp.pending
     assert sim.comp.tier(c) == "compressed" and sim.comp.counters.demotions_committed == 1
-    assert sim.comp.counters.host_waits == 1 and sim.comp.counters.host_wait_s >= 0.0   # counted for the log
+    assert sim.comp.counters.reclaim_waits == 1 and sim.comp.counters.reclaim_wait_host_s >= 0.0  # for the log
     assert sim.pool.mamba_allocator.available_size() == free0 + 1
     sim.check(4, content=True)
 
@@ -241,3 +241,44 @@ def test_compressed_only_skips_caching_when_every_checkpoint_is_locked(tmp_path)
     assert sim.comp.tier_counts() == {"dense": 0, "compressed": 1} and sim.comp.counters.inserts_dense == 0
     assert sim.pool.mamba_allocator.available_size() == sim.M
     sim.check(6, content=True)
+
+
+def test_reclaim_wait_mode_and_order_after(monkeypatch):
+    """DASC_RECLAIM_WAIT: 'stream' (default) / 'host'; records without a CUDA stream are synchronized."""
+    from runtime_sim import FakeEvent
+
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.tiers import _order_after, reclaim_wait_mode
+
+    monkeypatch.delenv("DASC_RECLAIM_WAIT", raising=False)
+    assert reclaim_wait_mode() == "stream"
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", " Host ")
+    assert reclaim_wait_mode() == "host"
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", "spin")
+    with pytest.raises(DascInputError, match="DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'spin'"):
+        reclaim_wait_mode()
+    for mode in ("stream", "host"):
+        ev = FakeEvent()
+        _order_after(ev, mode, "cpu")
+        assert ev.waited == 1 and ev.done
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stream_wait_orders_later_work_after_the_side_stream_pack():
+    """On a GPU the stream mode does not block the host, yet later current-stream work sees the pack."""
+    from dasc_runtime.tiers import _order_after
+
+    dev = torch.device("cuda")
+    src = torch.zeros(1 << 20, device=dev)
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)          # ~0.1 s of GPU time before the "pack" lands
+        src.fill_(1.0)
+        ev = torch.cuda.Event()
+        ev.record(side)
+    _order_after(ev, "stream", dev)
+    assert not ev.query()                        # the host did not wait
+    seen = src.clone()                           # issued on the current stream after the wait
+    torch.cuda.synchronize(dev)
+    assert torch.equal(seen, torch.ones_like(seen))
