@@ -49,7 +49,8 @@ def _now() -> float:
 
 
 class Runner:
-    """Shared state of one invocation (see module docstring)."""
+    """Shared state of one invocation: arguments, the wall-clock deadline (``time.monotonic`` s) and
+    the manifest written to ``WORK/manifest.json`` (atomically: temporary file, then rename)."""
 
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -117,6 +118,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
+    """Start one arm's server on ``gpus`` (TP = len(gpus)), warm it up, replay every seed, stop it.
+
+    Args:
+        r: the shared runner (arguments, deadline, manifest).
+        arm: one entry of ``serving_arms.py --out`` (``arm``, ``kind``, ``flags`` with ``{plans}``,
+            ``capacity`` in slots).
+        gpus: CUDA device indices for ``CUDA_VISIBLE_DEVICES``. port: the server's HTTP port.
+    Never raises: start-up deaths, replay failures and deadline cuts are recorded in the arm's
+    manifest entry (``failures``); the server's process group is always stopped.
+    """
     a = r.a
     name = arm["arm"]
     d = a.work / name
@@ -206,6 +217,8 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
 
 
 def main(argv=None) -> int:
+    """CLI (see module docstring). Returns 0 when the queue is done (failed arms are in the
+    manifest), 2 for bad arguments (an unknown ``--only`` arm, GPUs that do not split into groups)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms-json", type=Path, required=True)
     ap.add_argument("--only", nargs="*", default=None, help="run these arm names only, in this order")
