@@ -10,6 +10,9 @@
 # Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
 # NCONV (conversations, 64), CONC (client concurrency, 64), CLIP (decode clip, 128), DEADLINE (s, 540),
 # GPUS ("0 1 2 3"), TRANSFER=before|after (also run tp_transfer_bench at --tp $XTP, default $TP).
+#   PHASE=rates bash benchmarks/h200_serving_bench.sh   (prefill / decode rates without pauses, GPU 0:
+#       SGLang's own benchmark.one_batch at batch 1 and 8, inputs 2,048 and 8,192 tokens; feed them to
+#       benchmarks/serving_regime.py --prefill-tok-s / --decode-step-s; not yet run on the device)
 # Results: $OUT/serving-$PHASE.tar.gz (manifest.json, per arm server.log and sSEED.json / .md).
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-serving-out}; mkdir -p "$OUT"
@@ -32,6 +35,16 @@ if [ ! -f /tmp/site/.dasc ]; then
 fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p /tmp/kimi && cp plans/reference/kimi-linear-48b-a3b/config.json /tmp/kimi/config.json
+
+if [ "$PHASE" = rates ]; then
+  stamp "one_batch rates"
+  CUDA_VISIBLE_DEVICES=${GPUS%% *} timeout "${DEADLINE}" python3 -m sglang.benchmark.one_batch --model-path /tmp/kimi \
+      --load-format dummy --attention-backend triton --sampling-backend pytorch --context-length 17408 \
+      --max-running-requests 8 --batch-size 1 8 --input-len 2048 8192 --output-len 16 \
+      --result-filename "$OUT/one_batch.jsonl" > "$OUT/one_batch.log" 2>&1
+  echo "one_batch rc=$?"; grep -iE "prefill|decode|throughput|latency" "$OUT/one_batch.log" | tail -30
+  stamp done; exit 0
+fi
 
 PLANS=/tmp/plans; mkdir -p $PLANS
 compile() {  # compile W INT8 BALANCE
