@@ -75,6 +75,8 @@ XTP=${XTP:-$TP}
 [ "${TRANSFER:-none}" = before ] && transfer
 stamp "arms: $ARMS (TP $TP, seeds $SEEDS)"
 LEFT=$(( DEADLINE - ($(date +%s) - T0) ))
+# keep room for the transfer benchmark and the tar of the results when they come after the arms
+[ "${TRANSFER:-none}" = after ] && LEFT=$(( LEFT - ${XTIMEOUT:-240} - 20 ))
 python3 benchmarks/run_serving.py --arms-json /tmp/arms.json --plans $PLANS --model /tmp/kimi \
     --gpus $GPUS --gpus-per-arm "$TP" --trace $TRACE --num-conversations "$NCONV" --decode-clip "$CLIP" \
     --concurrency "$CONC" --max-running-requests "$MRR" --vocab-size 163840 --seeds $SEEDS \

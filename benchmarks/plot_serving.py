@@ -59,6 +59,9 @@ def paired_ratios(summaries: Sequence[dict], baseline: str,
     by: dict[tuple[str, object], dict] = {}
     for s in summaries:
         if s.get("_seed") is not None:
+            if (s["arm"], s["_seed"]) in by:
+                raise DascInputError(f"arm {s['arm']!r} has two runs with seed {s['_seed']}: pair them one "
+                                     "to one (pass each run once)")
             by[(s["arm"], s["_seed"])] = s
     base = {seed: s for (arm, seed), s in by.items() if arm == baseline}
     out: dict[str, dict[str, tuple]] = {}

@@ -13,7 +13,10 @@ started, and a further seed is not begun, unless the time left covers it (a seed
 the slowest seed so far plus a margin). What ran is in ``WORK/manifest.json`` (per arm: flags,
 launch settings, start-up time, seeds done, failures, GPU memory in use, the server's last dasc
 counter line), each run's ``WORK/ARM/sSEED.json``/``.md`` (serve_bench results), and the server
-logs ``WORK/ARM/server.log``.
+logs ``WORK/ARM/server.log``. Every arm gets its own port (``--base-port`` + n); an arm whose port
+is already taken is not started. A server that exits is noticed after start-up, the warm-up and
+each seed, and recorded. Servers run in their own sessions, so SIGTERM / SIGINT / SIGHUP to this
+script stop every live one (whole process group) before it exits.
 
 Example (on the device, SGLang importable from /tmp/site)::
 
@@ -30,6 +33,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -56,10 +60,19 @@ class Runner:
         self.a = a
         self.t0 = _now()
         self.deadline = self.t0 + a.deadline_s
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()     # re-entered by the signal handler (main thread)
         self.manifest: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                                "arms": {}, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
         self.max_seed_s = 0.0
+        self.procs: set[subprocess.Popen] = set()   # live servers, stopped by a signal handler too
+        self._ports = 0
+
+    def next_port(self) -> int:
+        """A port not handed to any earlier arm of this invocation (``--base-port`` + n)."""
+        with self.lock:
+            port = self.a.base_port + self._ports
+            self._ports += 1
+        return port
 
     def left(self) -> float:
         return self.deadline - _now()
@@ -68,11 +81,20 @@ class Runner:
         print(f"[{_now() - self.t0:6.0f}s] {msg}", flush=True)
 
     def save(self) -> None:
+        # Workers update their arm's record without the lock; a dump that meets such an update
+        # ("dictionary changed size during iteration") is simply retried. Write and rename stay
+        # under the lock: the temporary file is shared by all workers.
         with self.lock:
-            text = json.dumps(self.manifest, indent=1, default=str)
-        tmp = self.a.work / "manifest.json.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.a.work / "manifest.json")
+            for attempt in range(5):
+                try:
+                    text = json.dumps(self.manifest, indent=1, default=str)
+                    break
+                except RuntimeError:
+                    if attempt == 4:
+                        raise
+            tmp = self.a.work / "manifest.json.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.a.work / "manifest.json")
 
 
 def _healthy(port: int) -> bool:
@@ -103,18 +125,48 @@ def _tail(path: Path, pattern: str | None = None, n: int = 1, limit: int = 600) 
     return [ln[:limit] for ln in lines[-n:]]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
+def _port_busy(port: int) -> bool:
+    """True when something already listens on ``127.0.0.1:port`` (a stale server would answer
+    ``/health`` in place of the one being started)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # TIME_WAIT is not "busy"
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """Stop a server started with ``start_new_session=True``: SIGTERM its process group, wait up
+    to ``grace_s`` for the leader, then SIGKILL the whole group, also when the leader had already
+    exited (SGLang's scheduler / detokenizer children can outlive it and hold GPU memory the next
+    arm on these GPUs needs), and wait up to 10 s for the group to empty."""
+    pgid = proc.pid
+    if proc.poll() is None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:             # group already empty
         return
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except Exception:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    end = _now() + 10
+    while _now() < end:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except Exception:
-            pass
+            os.killpg(pgid, 0)
+        except OSError:
+            return
+        time.sleep(0.2)
 
 
 def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
@@ -125,8 +177,10 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
         arm: one entry of ``serving_arms.py --out`` (``arm``, ``kind``, ``flags`` with ``{plans}``,
             ``capacity`` in slots).
         gpus: CUDA device indices for ``CUDA_VISIBLE_DEVICES``. port: the server's HTTP port.
-    Never raises: start-up deaths, replay failures and deadline cuts are recorded in the arm's
-    manifest entry (``failures``); the server's process group is always stopped.
+    Never raises: a busy port, start-up deaths, a server that exits during the warm-up or a seed
+    (checked after each; later seeds are then not run), replay failures and deadline cuts are
+    recorded in the arm's manifest entry (``failures``); the server's process group is always
+    stopped, children included.
     """
     a = r.a
     name = arm["arm"]
@@ -147,20 +201,37 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), PYTHONUNBUFFERED="1")
     log = d / "server.log"
     t_start = _now()
+    if _port_busy(port):
+        rec["failures"].append(f"not started: port {port} is already in use (a server left from an earlier run?)")
+        r.log(f"{name}: port {port} busy, arm not started")
+        r.save()
+        return
     r.log(f"{name}: start on GPU {gpus}: {' '.join(flags)}")
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = None
+
+    def died(stage: str) -> bool:
+        """Record a server that exited (``stage``: where it was noticed); True if it did."""
+        if proc.poll() is None:
+            return False
+        rec["failures"].append(f"server exited ({proc.returncode}) {stage}")
+        rec["log_tail"] = _tail(log, n=40)
+        r.log(f"{name}: server died {stage}: " + " | ".join(_tail(log, n=6)))
+        return True
+
     try:
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with r.lock:
+            r.procs.add(proc)
         while not _healthy(port):
-            if proc.poll() is not None:
-                rec["failures"].append(f"server exited ({proc.returncode}) during start-up")
-                rec["log_tail"] = _tail(log, n=40)
-                r.log(f"{name}: server died: " + " | ".join(_tail(log, n=6)))
+            if died("during start-up"):
                 return
             if r.left() < 30:
                 rec["failures"].append("deadline reached during start-up")
                 return
             time.sleep(2)
+        if died("during start-up, yet the port answered /health (another server holds it)"):
+            return
         rec["startup_s"] = round(_now() - t_start, 1)
         rec["gpu_mem_mib_after_start"] = _gpu_mem_mib(gpus)
         rec["startup_lines"] = (_tail(log, "Mamba Cache is allocated", 2) + _tail(log, "dasc", 6)
@@ -178,6 +249,8 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
             rec["warmup_s"] = round(_now() - t, 1)
             rec["warmup_rc"] = w.returncode
             r.log(f"{name}: warm-up rc={w.returncode} in {rec['warmup_s']} s")
+            if died("during the warm-up"):
+                return
         for seed in a.seeds:
             est = max(r.max_seed_s * 1.15 + 15, a.min_seed_s)
             if r.left() < est:
@@ -194,6 +267,7 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
             except subprocess.TimeoutExpired:
                 rec["failures"].append(f"seed {seed}: replay cut by the deadline")
                 r.log(f"{name}: seed {seed} cut by the deadline")
+                died(f"during seed {seed}")
                 break
             dt = _now() - t
             with r.lock:
@@ -207,10 +281,15 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
             rec.setdefault("dasc_counters", {})[str(seed)] = _tail(log, "dasc", 1)
             r.log(f"{name}: seed {seed} rc={b.returncode} in {dt:.0f} s")
             r.save()
+            if died(f"during seed {seed} (its requests failed)" if b.returncode else f"after seed {seed}"):
+                break
     except Exception as e:  # record and go on with the next arm
         rec["failures"].append(f"{type(e).__name__}: {e}")
     finally:
-        _stop(proc)
+        if proc is not None:
+            _stop(proc)
+            with r.lock:
+                r.procs.discard(proc)
         rec["log_last"] = _tail(log, n=3)
         rec["dasc_last"] = _tail(log, "dasc", 3)
         r.save()
@@ -262,8 +341,7 @@ def main(argv=None) -> int:
     for x in arms:
         q.put(x)
 
-    def worker(gi: int, gpus: list[int]) -> None:
-        k = 0
+    def worker(gpus: list[int]) -> None:
         while True:
             try:
                 arm = q.get_nowait()
@@ -275,15 +353,30 @@ def main(argv=None) -> int:
                         f"not started: {r.left():.0f} s left < {a.min_arm_s:.0f} s"], "seeds_done": []}
                 r.log(f"{arm['arm']}: not started ({r.left():.0f} s left)")
                 continue
-            run_arm(r, arm, gpus, a.base_port + 10 * gi + k)
-            k += 1
+            run_arm(r, arm, gpus, r.next_port())
 
-    threads = [threading.Thread(target=worker, args=(gi, g), daemon=True) for gi, g in enumerate(groups)]
-    for i, t in enumerate(threads):
-        t.start()
-        time.sleep(3 if i < len(threads) - 1 else 0)   # stagger the first imports a little
-    for t in threads:
-        t.join()
+    def on_signal(signum, frame) -> None:
+        # Servers run in their own sessions: a signal to this process group does not reach them.
+        with r.lock:
+            live = list(r.procs)
+            r.manifest["interrupted"] = f"signal {signum} after {_now() - r.t0:.0f} s"
+        r.log(f"signal {signum}: stopping {len(live)} server(s)")
+        for p in live:
+            _stop(p, grace_s=5)
+        r.save()
+        raise SystemExit(128 + signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        threads = [threading.Thread(target=worker, args=(g,), daemon=True) for g in groups]
+        for i, t in enumerate(threads):
+            t.start()
+            time.sleep(3 if i < len(threads) - 1 else 0)   # stagger the first imports a little
+        for t in threads:
+            t.join()
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
     r.manifest["wall_s"] = round(_now() - r.t0, 1)
     r.save()
     done = {n: v.get("seeds_done") for n, v in r.manifest["arms"].items()}

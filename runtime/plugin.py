@@ -239,12 +239,18 @@ def after_load_model(result, runner, *args, **kwargs):
         gather = _gather
     served = served_decay_tensors(runner.model, plan.fingerprint.decay_tensors, gather)
     sa = getattr(runner, "server_args", None) or _server_args()
-    hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok,
-                            load_format=str(getattr(sa, "load_format", "")))
+    # the format that actually picked the loader (SGLang can switch dummy to ipc_cache), else the flag
+    fmt = getattr(getattr(runner, "load_config", None), "load_format", None) or getattr(sa, "load_format", "")
+    hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok, load_format=fmt)
     STATE.verified_model = True
     STATE.fingerprint_match = hit
-    logger.info("dasc: plan matches the served model (%s, %d decay tensors, sha256 %s..., dtypes A_log=%s dt_bias=%s)",
-                plan.model.model_type, len(served), hit["sha256"][:16], hit.get("A_log"), hit.get("dt_bias"))
+    if hit.get("stand_in"):
+        logger.info("dasc: serving plan %s on dummy weights (%s, %d decay tensors; masks from the plan's own "
+                    "checkpoint)", plan.model.model_type, fmt, len(served))
+    else:
+        logger.info("dasc: plan matches the served model (%s, %d decay tensors, sha256 %s..., dtypes A_log=%s "
+                    "dt_bias=%s)", plan.model.model_type, len(served), hit["sha256"][:16], hit.get("A_log"),
+                    hit.get("dt_bias"))
     return result
 
 

@@ -30,8 +30,10 @@ Policy (App. B.2):
   blocks: it commits only demotions whose event ``query()`` reports complete, and with TP > 1 only
   those complete on every rank (one all-reduce MIN of the flags on the attention-TP CPU group,
   :func:`~dasc_runtime.tp_transfer.agree_all`), so every TP rank commits the same demotions in
-  the same step. Only the reclamation walk, which needs the native slot now, waits
-  (``event.synchronize()``); it commits every candidate, so it is deterministic without a
+  the same step. Only the reclamation walk, which needs the native slot now, waits, and only at
+  the device level: the current (schedule) stream ``wait_event``s on each candidate
+  (``DASC_RECLAIM_WAIT=host``: the host blocks in ``event.synchronize()``; see
+  :func:`reclaim_wait_mode`); it commits every candidate, so it is deterministic without a
   collective;
 * storage balancing (``layout.storage``): the pack issues an all-to-all on the TP group; on a side
   stream it could interleave with the model's TP collectives on the main stream in a different
@@ -138,7 +140,11 @@ def reclaim_wait_mode() -> str:
     ``stream`` (default): the current CUDA stream waits on the demotion's event (``wait_event``, no
     host block). Safe because every later write to the freed native slot is issued on SGLang's
     schedule stream after this point, or on its forward stream, which waits on the schedule stream
-    before each forward (sglang/srt/managers/scheduler.py, 0.5.17). ``host``: the scheduler thread
+    before each forward (sglang/srt/managers/scheduler.py, 0.5.17; state zeroing and copy-on-write
+    of hits are deferred to the forward stream), and a later demotion's side stream first waits on
+    the schedule stream (:meth:`SideStream.run`). The argument rests on those waits and on the
+    configurations ``verify.check_server_args`` refuses (host offload, PD transfer, speculative
+    states, pipeline parallelism); re-check it on an SGLang upgrade. ``host``: the scheduler thread
     blocks in ``event.synchronize()`` (the earlier behaviour; kept to compare the two on a GPU).
 
     Raises:
@@ -490,8 +496,8 @@ class DascMambaComponent(MambaComponent):
         is skipped (the staged copy reads the native slot). Without ``wait`` (``maintain``) a
         candidate is committed only if its event has completed (``query()``) on every TP rank
         (:func:`~dasc_runtime.tp_transfer.agree_all` when TP > 1), so the scheduler thread never blocks on the GPU; with
-        ``wait`` (the reclamation walk, which needs the slot now) every candidate's event is
-        synchronized and committed.
+        ``wait`` (the reclamation walk, which needs the slot now) every candidate is committed after
+        the current stream has been ordered behind its event (:func:`_order_after`).
         """
         ct = self.component_type
         cands = []

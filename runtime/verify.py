@@ -130,7 +130,7 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
 
 
 def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *, dummy_decay_ok: bool = False,
-                      load_format: str = "") -> dict:
+                      load_format="") -> dict:
     """Compare the served decay tensors' fingerprint with the plan's (see :mod:`dasc_runtime.fingerprint`).
 
     Args:
@@ -140,7 +140,11 @@ def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *,
             ``load_format == "dummy"`` (SGLang's random weights give every head the same decay, so no
             plan compiled from a real checkpoint can match them; latency does not depend on the
             values). A mismatch is then logged as a warning and the result has ``"stand_in": True``.
-        load_format: the server's ``--load-format``.
+        load_format: the format the weights were loaded with: a str (``server_args.load_format``) or
+            SGLang's ``LoadFormat`` enum (``ModelRunner.load_config.load_format``, what actually
+            picked the loader); compared by value and case-insensitively, as SGLang's
+            ``LoadConfig`` does (``configs/load_config.py``). Note ``str(LoadFormat.DUMMY)`` is
+            ``'LoadFormat.DUMMY'``, which is refused: pass the value or the enum itself.
     Returns:
         the match (dtypes used and sha256), or for an accepted dummy mismatch
         ``{"sha256": <served>, "stand_in": True}``.
@@ -150,8 +154,9 @@ def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *,
     """
     from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint
 
-    if dummy_decay_ok and load_format != "dummy":
-        raise DascRefusal(f"--dasc-dummy-decay-ok needs --load-format dummy (got {load_format or 'auto'!r}): real "
+    fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
+    if dummy_decay_ok and fmt != "dummy":
+        raise DascRefusal(f"--dasc-dummy-decay-ok needs --load-format dummy (got {fmt or 'auto'!r}): real "
                           "weights must match the plan's decay fingerprint")
     hit = match_decay_fingerprint(plan.fingerprint.decay_sha256, served)
     if hit is None:

@@ -94,8 +94,16 @@ def test_dummy_decay_ok_only_with_dummy_weights(tmp_path, caplog):
     assert hit == {"sha256": decay_sha256(served), "stand_in": True}
     assert hit["sha256"] != plan.fingerprint.decay_sha256
     assert "accepted (--dasc-dummy-decay-ok" in caplog.text
-    for fmt in ("auto", "safetensors", ""):
+    for fmt in ("auto", "safetensors", "", "ipc_cache", "LoadFormat.DUMMY", "dummy-ish"):
         with pytest.raises(DascRefusal, match="--dasc-dummy-decay-ok needs --load-format dummy"):
+            check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)
+    # SGLang's LoadFormat enum (ModelRunner.load_config.load_format) and its case-insensitive parse
+    from sglang.srt.configs.load_config import LoadFormat
+
+    for fmt in (LoadFormat.DUMMY, "DUMMY", " Dummy "):
+        assert check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)["stand_in"] is True
+    for fmt in (LoadFormat.AUTO, LoadFormat.SAFETENSORS, LoadFormat.IPC_CACHE):
+        with pytest.raises(DascRefusal, match=f"got '{fmt.value}'"):
             check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)
     # matching weights stay a plain match under the flag
     exact = served_decay_tensors(_GdnModel(gdn_decay_tensors()), names)

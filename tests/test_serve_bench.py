@@ -491,3 +491,5 @@ def test_paired_ratios_pair_by_seed(tmp_path):
     md = ps.ratio_markdown(ps.load_results(files), ["dense", "int8"])   # int8 absent: one baseline
     assert "| dasc | 0.625 (0.500-0.750, 2 seeds) | 0.750 (0.750-0.750, 2 seeds) |" in md
     assert ps.ratio_markdown(ps.load_results(files), ["int8"]) == ""
+    with pytest.raises(DascInputError, match="two runs with seed 0"):
+        ps.paired_ratios(ps.load_results(files + [result("dasc", 0, 1.0, 1.0, "c0b.json")]), "dense")
