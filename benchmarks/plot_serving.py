@@ -168,9 +168,19 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output prefix: writes PREFIX.png and PREFIX.md")
     ap.add_argument("--baseline", action="append", default=None,
                     help="arm to compare against, paired by seed (repeatable; default: dense and int8)")
+    ap.add_argument("--capacity", action="append", default=[], metavar="ARM=SLOTS",
+                    help="replace the checkpoint capacity an arm's runs recorded (repeatable), e.g. when the "
+                         "recorded figure counted slots that cannot hold a checkpoint")
     a = ap.parse_args(argv)
     try:
         summaries = load_results(a.results)
+        for item in a.capacity:
+            arm, sep, val = item.partition("=")
+            if not sep or not val.strip().isdigit() or not any(x["arm"] == arm for x in summaries):
+                raise DascInputError(f"--capacity {item!r}: expected ARM=SLOTS with an arm present in the results")
+            for x in summaries:
+                if x["arm"] == arm:
+                    x["checkpoint_capacity"] = int(val)
         rows = combine_arms(summaries)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,8 +17,12 @@ a checkpoint pool:
   :func:`dasc_runtime.sizing.plan_matched_memory` (bottleneck rank's compressed bytes a slot,
   slot 0 reserved, plus any scratch).
 
-Checkpoint capacity (the x axis of the figure) is ``M`` for Dense and ``M' + C`` otherwise: state
-slots of either kind a checkpoint can occupy (running requests draw from the native ones).
+Checkpoint capacity (the x axis of the figure): the state slots a cached checkpoint can occupy.
+Dense: ``M`` (shared with running requests). dasc: ``M' + C`` (dense checkpoints stay in native
+slots, shared with running requests, and are demoted into the C compressed ones). INT8: ``C`` only.
+With ``--enable-int8-mamba-checkpoint`` SGLang 0.5.17 commits *every* cached state into the INT8
+pool (``MambaComponent._commit_int8_checkpoint``, sglang/srt/mem_cache/unified_cache/components/
+mamba_component.py), so its ``M'`` native slots serve running requests only.
 
 CPU use (prints the arms as JSON; plans are compiled with ``dasc compile``)::
 
@@ -193,7 +197,7 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
         return ArmLaunch(arm=arm.name, kind="int8", plan=None,
                          flags=["--max-mamba-cache-size", str(native_slots), "--enable-int8-mamba-checkpoint",
                                 "--int8-mamba-ckpt-size", str(c)],
-                         native_slots=native_slots, ckpt_slots=int(c), capacity=native_slots + int(c),
+                         native_slots=native_slots, ckpt_slots=int(c), capacity=int(c),
                          budget_bytes=budget, used_bytes=used, bytes_native_slot=b_dense, bytes_ckpt_slot=b8,
                          c_ckpt=b_dense / b8, int8=True)
     mm = plan_matched_memory(plan, dense_slots=dense_slots, native_slots=native_slots,

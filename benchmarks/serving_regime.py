@@ -37,7 +37,12 @@ other R), and KV/state memory never blocks admission.
 Cache scenarios (``--scenarios``): ``none`` (every request misses), ``all`` (turn k > 0 reuses turn
 k-1's whole prompt, floored to the 64-token state checkpoint grid of SGLang's mamba radix cache:
 ``floor(prev_prompt / 64) * 64``); ``--hit-fraction f`` adds a scenario where each turn k > 0 hits
-so with probability f (``random.Random(--hit-seed)``, drawn in trace order).
+so with probability f (``random.Random(--hit-seed)``, drawn in trace order); ``--capacity K ...``
+adds one ``cap=K`` scenario per K: a finite LRU state-checkpoint cache of K state slots shared with
+the running requests decides each hit at admission (``serving_regime_cache.py`` documents the
+model, its knobs ``--slots-per-running``, ``--ckpts-per-request``, ``--track-interval``, and its
+validation against the H200 arms, ``--validate-capacity``). Several ``--order-seed`` values make
+every row the mean over those orders.
 
 Validation against the H200 runs (Kimi-Linear-48B-A3B, dummy weights, SGLang 0.5.17, R = 8,
 clip 128, trace ``sharegpt_qwen_n128_d512_s0``; every arm, token hit rates 4-30 %):
@@ -86,6 +91,8 @@ slots prefill in parallel: a sign that the ``slot`` model asks more of one GPU t
 Run (plain python3):
     python3 benchmarks/serving_regime.py --trace benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz \\
         --concurrency 24 64 --max-running 8 --clip 16 128 --num-conversations 48 64
+    python3 benchmarks/serving_regime.py --concurrency 24 --clip 8 --num-conversations 80 \\
+        --order-seed 0 1 2 --capacity 52 62 81 92 114 --validate-capacity
 """
 
 from __future__ import annotations
@@ -97,7 +104,7 @@ import math
 import random
 import sys
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -108,6 +115,8 @@ for _p in (str(_HERE.parent), str(_HERE)):
 from build_trace import TraceConversation, load_trace  # noqa: E402
 from dasc_compile.errors import DascInputError  # noqa: E402
 from serve_bench import percentile  # noqa: E402
+from serving_regime_cache import (INT8_POOL_SLOTS, MEASURED_CAPACITY, CacheModel,  # noqa: E402
+                                  CheckpointCache)
 
 PREFILL_MODELS = ("interleaved", "shared", "slot")
 CHECKPOINT_GRID = 64          # tokens between SGLang mamba state checkpoints (prefix-match grid)
@@ -260,7 +269,15 @@ def _prefill_s(r: SimRequest, rates: ServiceRates) -> float:
     return (r.prompt_tokens - r.cached_tokens) / rates.prefill_tok_s + rates.prefill_overhead_s
 
 
-def _run_queue(clients: _Clients, max_running: int, rates: ServiceRates) -> float:
+def _admit(tm: RequestTiming, t: float, cache: CheckpointCache | None) -> None:
+    """``tm`` takes a running slot at ``t``; with a ``cache``, a checkpoint miss zeroes its hit."""
+    tm.admitted_s = t
+    if cache is not None and not cache.admit(tm.req):
+        tm.req = replace(tm.req, cached_tokens=0)
+
+
+def _run_queue(clients: _Clients, max_running: int, rates: ServiceRates,
+               cache: CheckpointCache | None) -> float:
     """``slot`` / ``shared`` models: R slots, FCFS; returns prefill busy seconds."""
     waiting = deque(clients.start())
     free, heap, seq, busy, prefill_free = max_running, [], itertools.count(), 0.0, 0.0
@@ -269,7 +286,7 @@ def _run_queue(clients: _Clients, max_running: int, rates: ServiceRates) -> floa
         while free and waiting:
             tm = waiting.popleft()
             free -= 1
-            tm.admitted_s = t
+            _admit(tm, t, cache)
             p = _prefill_s(tm.req, rates)
             start = max(t, prefill_free) if rates.model == "shared" else t
             tm.first_token_s = start + p
@@ -283,6 +300,8 @@ def _run_queue(clients: _Clients, max_running: int, rates: ServiceRates) -> floa
     while heap:
         t, _, tm = heapq.heappop(heap)
         free += 1
+        if cache is not None:
+            cache.finish(tm.req)
         nxt = clients.after(tm)
         if nxt is not None:
             waiting.append(nxt)
@@ -290,7 +309,8 @@ def _run_queue(clients: _Clients, max_running: int, rates: ServiceRates) -> floa
     return busy
 
 
-def _run_interleaved(clients: _Clients, max_running: int, rates: ServiceRates) -> float:
+def _run_interleaved(clients: _Clients, max_running: int, rates: ServiceRates,
+                     cache: CheckpointCache | None) -> float:
     """``interleaved`` model (SGLang's scheduler loop); returns GPU seconds spent in prefill."""
     waiting = deque(clients.start())
     running: list[list] = []           # [timing, decode steps left], admission order
@@ -299,6 +319,8 @@ def _run_interleaved(clients: _Clients, max_running: int, rates: ServiceRates) -
 
     def finished(tms: list[RequestTiming]) -> None:
         for tm in tms:
+            if cache is not None:
+                cache.finish(tm.req)
             nxt = clients.after(tm)
             if nxt is not None:
                 waiting.append(nxt)
@@ -315,7 +337,7 @@ def _run_interleaved(clients: _Clients, max_running: int, rates: ServiceRates) -
             while (chunked is None and waiting and budget > 0
                    and len(running) + len(batch) < max_running):
                 tm = waiting.popleft()
-                tm.admitted_s = t
+                _admit(tm, t, cache)
                 need = tm.req.prompt_tokens - tm.req.cached_tokens
                 take = min(need, budget)
                 budget, tokens = budget - take, tokens + take
@@ -351,11 +373,16 @@ def _run_interleaved(clients: _Clients, max_running: int, rates: ServiceRates) -
 
 
 def simulate(reqs: Sequence[Sequence[SimRequest]], *, concurrency: int, max_running: int,
-             rates: ServiceRates, order: Sequence[int] | None = None) -> SimResult:
+             rates: ServiceRates, order: Sequence[int] | None = None,
+             cache: CheckpointCache | None = None) -> SimResult:
     """Replay ``reqs`` (per conversation, turns in order) through the service model of ``rates``.
 
     Args:
         order: the order in which workers take conversations (default: trace order).
+        cache: a fresh finite checkpoint cache (``serving_regime_cache.py``) built for
+            ``max_running``; each request's ``cached_tokens`` is then what it reuses on a hit
+            (build ``reqs`` with scenario ``all``) and a miss at admission replaces it with 0 in
+            the returned timing's ``req``. None: ``cached_tokens`` are taken as given.
     Raises: DascInputError for ``concurrency`` or ``max_running`` < 1 or bad rates.
     """
     rates.check()
@@ -364,7 +391,7 @@ def simulate(reqs: Sequence[Sequence[SimRequest]], *, concurrency: int, max_runn
                              f"got {concurrency} and {max_running}")
     clients = _Clients(reqs, list(range(len(reqs))) if order is None else order, concurrency)
     run = _run_interleaved if rates.model == "interleaved" else _run_queue
-    busy = run(clients, max_running, rates)
+    busy = run(clients, max_running, rates, cache)
     tms = sorted(clients.timings, key=lambda tm: (tm.req.conv, tm.req.turn))
     return SimResult(timings=tuple(tms), wall_s=max((tm.finish_s for tm in tms), default=0.0),
                      prefill_busy_s=busy)
@@ -405,22 +432,36 @@ def table_row(setting: tuple, scenario: str, s: dict, none: dict) -> str:
 def run_setting(convs: Sequence[TraceConversation], *, concurrency: int, max_running: int,
                 clip: int | None, rates: ServiceRates, scenarios: Sequence[str],
                 hit_fraction: float | None = None, hit_seed: int = 0,
-                order_seed: int | None = None) -> dict[str, dict]:
+                order_seed: int | None = None, capacities: Sequence[int] = (),
+                cache_model: CacheModel = CacheModel()) -> dict[str, dict]:
     """:func:`summarize` per scenario (``none`` always first) for one grid point; ``convs`` are
-    the N conversations replayed; ``order_seed`` permutes them as ``serve_bench --seed`` does."""
+    the N conversations replayed; ``order_seed`` permutes them as ``serve_bench --seed`` does.
+
+    Each K of ``capacities`` adds scenario ``cap=K``: a :class:`CheckpointCache` of K state slots
+    (knobs from ``cache_model``) decides every hit; its summary also has ``ckpt_lookups``,
+    ``ckpt_hits`` and ``evictions`` (counts).
+    Raises: DascInputError from :func:`build_requests`, :func:`simulate` or the cache (a K below
+    ``slots_per_running * max_running`` names ``--capacity``).
+    """
     order = list(range(len(convs)))
     if order_seed is not None:
         random.Random(order_seed).shuffle(order)
     names = ["none"] + [s for s in scenarios if s != "none"]
     if hit_fraction is not None:
         names.append(f"hit={hit_fraction:g}")
+    caches = {f"cap={k}": cache_model.cache(k, max_running) for k in capacities}
     out = {}
-    for name in names:
-        reqs = build_requests(convs, scenario="hit" if name.startswith("hit=") else name, clip=clip,
+    for name in names + list(caches):
+        scenario = "hit" if name.startswith("hit=") else "all" if name in caches else name
+        reqs = build_requests(convs, scenario=scenario, clip=clip,
                               hit_fraction=hit_fraction if hit_fraction is not None else 1.0,
                               hit_seed=hit_seed)
+        cache = caches.get(name)
         out[name] = summarize(simulate(reqs, concurrency=concurrency, max_running=max_running,
-                                       rates=rates, order=order))
+                                       rates=rates, order=order, cache=cache))
+        if cache is not None:
+            out[name].update(ckpt_lookups=cache.stats.lookups, ckpt_hits=cache.stats.hits,
+                             evictions=cache.stats.evictions)
     return out
 
 
@@ -442,8 +483,72 @@ def validation_report(convs: Sequence[TraceConversation], rates: ServiceRates,
     return "\n".join(lines) + "\n"
 
 
+def run_setting_seeds(convs: Sequence[TraceConversation], *, order_seeds: Sequence[int | None],
+                      **kw) -> dict[str, dict]:
+    """:func:`run_setting` (``kw``: its keyword args) once per order of ``order_seeds``; every
+    numeric summary field is the mean over the orders (the measured runs average seeds too).
+    Raises: DascInputError as :func:`run_setting`, or for an empty ``order_seeds``."""
+    if not order_seeds:
+        raise DascInputError("--order-seed: expected at least one seed")
+    got = [run_setting(convs, order_seed=o, **kw) for o in order_seeds]
+    return {name: {f: sum(g[name][f] for g in got) / len(got) for f in got[0][name]}
+            for name in got[0]}
+
+
+def capacity_validation_report(convs: Sequence[TraceConversation], rates: ServiceRates, *,
+                               other_model: str = "slot", cache_model: CacheModel = CacheModel(),
+                               seeds: Sequence[int] = (0, 1, 2)) -> str:
+    """Markdown: MEASURED_CAPACITY (R = 8) next to the ``cap=K`` predictions of ``rates.model`` and
+    ``other_model`` (same rates), each the mean over the order seeds ``seeds`` (the measured runs'
+    ``serve_bench --seed`` 0, 1, 2), and one extra row per INT8 arm with its checkpoints confined to
+    the INT8 pool (``K_eff = s * R + INT8_POOL_SLOTS``, ``serving_regime_cache.py``); then the mean
+    absolute error of the hit rates over the runs, with the INT8 arms as one pool and as K_eff.
+    A run whose K is below ``s * R`` reads ``K < sR`` and is left out of the error.
+    Raises: DascInputError for a bad ``other_model`` or cache knobs."""
+    models = [rates] + [replace(rates, model=other_model)] * (other_model != rates.model)
+    for r in models:
+        r.check()
+    names = [r.model for r in models]
+    lines = [f"cache model {cache_model.label()}; hit rates and TTFT means over order seeds "
+             f"{list(seeds)}\n",
+             "| regime | arm | K | hits measured | " + " | ".join(f"hits {m}" for m in names)
+             + " | bound (all) | TTFT measured (s) | " + " | ".join(f"TTFT {m} (s)" for m in names)
+             + " |", "|---|---|---:|---:|" + "---:|" * (2 * len(names) + 2)]
+    err = {m: [0.0, 0.0] for m in names}      # summed |error|: [INT8 arm as K, as K_eff]
+    n_runs, need = 0, cache_model.slots_per_running * 8
+    for regime, arm, k, c, n, clip, m_hit, m_ttft in MEASURED_CAPACITY:
+        label = f"| {regime} (C={c}, N={n}) "
+        if k < need:
+            lines.append(f"{label}| {arm} | {k} | {m_hit:.3f} |" + " K < sR |" * len(names)
+                         + f" | {m_ttft:.2f} |" + " |" * len(names))
+            continue
+        n_runs += 1
+        rows = [(arm, k, 0)] if arm != "int8" else [
+            (arm, k, 1), ("int8 as K_eff (INT8 pool only)", need + INT8_POOL_SLOTS, 2)]
+        for name, kk, which in rows:          # which: 0 both errors, 1 the first, 2 the second
+            hit, ttft = [], []
+            for r in models:
+                g = run_setting_seeds(convs[:n], order_seeds=seeds, concurrency=c, max_running=8,
+                                      clip=clip, rates=r, scenarios=("all",), capacities=(kk,),
+                                      cache_model=cache_model)
+                hit.append(g[f"cap={kk}"]["hit_rate"])
+                ttft.append(g[f"cap={kk}"]["ttft_mean_s"])
+                for e in (0, 1):
+                    if which in (0, e + 1):
+                        err[r.model][e] += abs(hit[-1] - m_hit)
+            lines.append(f"{label}| {name} | {kk} | {m_hit:.3f} | "
+                         + " | ".join(f"{h:.3f}" for h in hit) + f" | {g['all']['hit_rate']:.3f} "
+                         f"| {m_ttft:.2f} | " + " | ".join(f"{t:.2f}" for t in ttft) + " |")
+    lines.append("")
+    for m in names:
+        lines.append(f"mean |hits predicted - measured| ({m}, {n_runs} runs): {err[m][0] / n_runs:.3f} "
+                     f"with every arm one pool, {err[m][1] / n_runs:.3f} with the INT8 arm as K_eff")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Iterable[str] | None = None) -> int:
-    """CLI: Markdown table for the grid (and ``--validate``); exit 0, or 2 on bad input."""
+    """CLI: Markdown table for the grid (and ``--validate``, ``--validate-capacity``); exit 0, or 2
+    on bad input (e.g. a ``--capacity`` below ``--slots-per-running`` x ``--max-running``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", default=str(_HERE / "traces" / "sharegpt_qwen_n128_d512_s0.json.gz"))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[24])
@@ -453,13 +558,26 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--scenarios", nargs="+", default=["none", "all"], choices=("none", "all"))
     ap.add_argument("--hit-fraction", type=float, default=None)
     ap.add_argument("--hit-seed", type=int, default=0)
-    ap.add_argument("--order-seed", type=int, default=None, help="serve_bench --seed order")
+    ap.add_argument("--order-seed", type=int, nargs="+", default=None,
+                    help="serve_bench --seed order(s); several: rows are means over them")
     ap.add_argument("--prefill-model", choices=PREFILL_MODELS, default="interleaved")
     ap.add_argument("--prefill-tok-s", type=float, default=20000.0)
     ap.add_argument("--prefill-overhead-s", type=float, default=0.0)
     ap.add_argument("--decode-step-s", type=float, default=0.0117)
     ap.add_argument("--chunk-tokens", type=int, default=8192)
     ap.add_argument("--validate", action="store_true", help="also compare with MEASURED runs")
+    ap.add_argument("--capacity", type=int, nargs="+", default=[],
+                    help="state slots K of a finite checkpoint cache; one cap=K row each")
+    ap.add_argument("--slots-per-running", type=int, default=3,
+                    help="state slots a running request holds")
+    ap.add_argument("--ckpts-per-request", type=int, default=2,
+                    help="checkpoints a finished request inserts (prompt-end first)")
+    ap.add_argument("--track-interval", type=int, default=0,
+                    help="tokens; > 0: a 2nd checkpoint only if decode reaches a multiple (SGLang: 256)")
+    ap.add_argument("--validate-capacity", action="store_true",
+                    help="also compare cap=K hit rates with MEASURED_CAPACITY runs")
+    ap.add_argument("--other-model", choices=PREFILL_MODELS, default="slot",
+                    help="second prefill model shown by --validate-capacity")
     a = ap.parse_args(argv)
     try:
         rates = ServiceRates(prefill_tok_s=a.prefill_tok_s, decode_step_s=a.decode_step_s,
@@ -475,19 +593,35 @@ def main(argv: Iterable[str] | None = None) -> int:
                                  f"{a.concurrency} / {a.max_running}")
         if any(c < 0 for c in a.clip):
             raise DascInputError(f"--clip: expected >= 0 tokens (0 = no clip), got {a.clip}")
+        cache_model = CacheModel(slots_per_running=a.slots_per_running,
+                                 ckpts_per_request=a.ckpts_per_request,
+                                 track_interval=a.track_interval)
+        for r in a.max_running:          # every K and knob checked before any replay
+            for k in a.capacity:
+                cache_model.cache(k, r)
+        if a.validate_capacity:
+            cache_model.cache(cache_model.slots_per_running * 8, 8)
         print(f"prefill model `{rates.model}`, prefill {rates.prefill_tok_s:g} tok/s + "
               f"{rates.prefill_overhead_s:g} s, decode {rates.decode_step_s * 1e3:g} ms/step, "
-              f"chunk {rates.chunk_tokens} tokens, order seed {a.order_seed}\n\n{TABLE_HEAD}")
+              f"chunk {rates.chunk_tokens} tokens, order seed(s) {a.order_seed}"
+              + (f", cache model {cache_model.label()}" if a.capacity else "") + f"\n\n{TABLE_HEAD}")
         for c, r, clip, n in itertools.product(a.concurrency, a.max_running, a.clip,
                                                a.num_conversations):
             sub = convs[:n] if n else convs
-            got = run_setting(sub, concurrency=c, max_running=r, clip=clip or None, rates=rates,
-                              scenarios=a.scenarios, hit_fraction=a.hit_fraction,
-                              hit_seed=a.hit_seed, order_seed=a.order_seed)
+            got = run_setting_seeds(sub, order_seeds=a.order_seed or [None], concurrency=c,
+                                    max_running=r, clip=clip or None, rates=rates,
+                                    scenarios=a.scenarios, hit_fraction=a.hit_fraction,
+                                    hit_seed=a.hit_seed, capacities=a.capacity,
+                                    cache_model=cache_model)
             for name, s in got.items():
                 print(table_row((c, r, clip, len(sub)), name, s, got["none"]))
         if a.validate:
-            print("\nValidation (R = 8, cache `none`):\n\n" + validation_report(convs, rates, a.order_seed))
+            print("\nValidation (R = 8, cache `none`):\n\n" + validation_report(
+                convs, rates, a.order_seed[0] if a.order_seed else None))
+        if a.validate_capacity:
+            print("\nCapacity validation (R = 8, clip 128):\n\n"
+                  + capacity_validation_report(convs, rates, other_model=a.other_model,
+                                               cache_model=cache_model))
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

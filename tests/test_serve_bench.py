@@ -491,5 +491,8 @@ def test_paired_ratios_pair_by_seed(tmp_path):
     md = ps.ratio_markdown(ps.load_results(files), ["dense", "int8"])   # int8 absent: one baseline
     assert "| dasc | 0.625 (0.500-0.750, 2 seeds) | 0.750 (0.750-0.750, 2 seeds) |" in md
     assert ps.ratio_markdown(ps.load_results(files), ["int8"]) == ""
+    assert ps.main(files + ["--out", str(tmp_path / "fig"), "--capacity", "dasc=3"]) == 0
+    assert "| dasc | 3 | 3 | 0 |" in (tmp_path / "fig.md").read_text()
+    assert ps.main(files + ["--out", str(tmp_path / "fig"), "--capacity", "int8=3"]) == 2
     with pytest.raises(DascInputError, match="two runs with seed 0"):
         ps.paired_ratios(ps.load_results(files + [result("dasc", 0, 1.0, 1.0, "c0b.json")]), "dense")

@@ -149,12 +149,13 @@ def test_arm_launch_matched_budget(kimi_plans, arm):
     assert r.used_bytes == (M_NATIVE + 1) * KIMI_B_DENSE + (r.ckpt_slots + 1) * r.bytes_ckpt_slot
     assert r.used_bytes + r.bytes_ckpt_slot > budget
     assert r.ckpt_slots == (budget - (M_NATIVE + 1) * KIMI_B_DENSE) // r.bytes_ckpt_slot - 1 >= 1
-    assert r.capacity == M_NATIVE + r.ckpt_slots
+    # INT8: SGLang caches every checkpoint in the INT8 pool, the native slots only run requests
+    assert r.capacity == (r.ckpt_slots if arm.kind == "int8" else M_NATIVE + r.ckpt_slots)
     assert r.c_ckpt == pytest.approx(KIMI_B_DENSE / r.bytes_ckpt_slot, rel=1e-12)
     if arm.kind == "int8":
         assert r.flags == ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
                            "--int8-mamba-ckpt-size", "27"]
-        assert (r.ckpt_slots, r.capacity, r.bytes_ckpt_slot) == (27, 67, 12_288_000)
+        assert (r.ckpt_slots, r.capacity, r.bytes_ckpt_slot) == (27, 27, 12_288_000)
         assert r.used_bytes == 41 * 43_417_600 + 28 * 12_288_000 == 2_124_185_600
         assert r.plan is None and r.int8 and r.kept_fraction is None
         return
@@ -287,7 +288,7 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
     int8 = arms[1]
     assert int8["flags"] == ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
                              "--int8-mamba-ckpt-size", "27"]
-    assert (int8["capacity"], int8["ckpt_slots"], int8["native_slots"]) == (67, 27, 40)
+    assert (int8["capacity"], int8["ckpt_slots"], int8["native_slots"]) == (27, 27, 40)
     assert (int8["budget_bytes"], int8["used_bytes"], int8["bytes_ckpt_slot"]) == (2_127_462_400, 2_124_185_600,
                                                                                    12_288_000)
     w128 = arms[3]
@@ -295,7 +296,7 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
                                                               dense_slots=48, native_slots=40))))
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == len(sa.DEFAULT_ARMS)
-    assert "--int8-mamba-ckpt-size 27" in printed[1] and "capacity   67" in printed[1]
+    assert "--int8-mamba-ckpt-size 27" in printed[1] and "capacity   27" in printed[1]
 
 
 @pytest.mark.parametrize("args,match", [

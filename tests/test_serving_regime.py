@@ -1,6 +1,8 @@
 """Serving-regime planner (benchmarks/serving_regime.py): hand-computed replays of the three
 prefill models, the 64-token state checkpoint floor, the hit-fraction scenario, and the
-invariant that full prefix hits never raise the mean TTFT on the real trace.
+invariant that full prefix hits never raise the mean TTFT on the real trace; the finite
+checkpoint cache (benchmarks/serving_regime_cache.py): a hand case evicted / kept, the LRU order,
+the decode-track rule, capacity checks, and hits that never fall as K grows on the real trace.
 
 Hand cases use prefill 100 tokens/s and 0.25 s decode steps, so every time is a multiple of
 0.25 s and exact in binary floating point. Three conversations, C = 3 workers, R = 2 slots:
@@ -21,6 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import build_trace as bt  # noqa: E402
 import serving_regime as sr  # noqa: E402
+import serving_regime_cache as src  # noqa: E402
 from dasc_compile.errors import DascInputError  # noqa: E402
 
 TRACE = ROOT / "benchmarks" / "traces" / "sharegpt_qwen_n128_d512_s0.json.gz"
@@ -178,3 +181,127 @@ def test_cli_table(capsys):
     assert len(rows) == 2 * 3                       # 2 settings x (none, all, hit=0.5)
     assert [ln.split("|")[5].strip() for ln in rows[:3]] == ["none", "all", "hit=0.5"]
     assert rows[0].split("|")[11].strip() == "1.000"
+
+
+# --- finite checkpoint cache (benchmarks/serving_regime_cache.py, scenario cap=K) ---------------
+# Hand case at 64 tokens/s (64 tokens = 1 s), one running slot (R = 1), two workers:
+#   c0: turn 0 prompt 128 (2 s), d = 1; turn 1 prompt 192, d = 1 (a hit reuses 128 tokens: 1 s
+#       prefill, a miss 3 s); c1: turn 0 prompt 64 (1 s), d = 1.
+# Every model runs c0t0 [0, 2], then c1t0 [2, 3] (sent first), then c0t1 from 3; c0t1 is sent at 2.
+# With s = 1 slot per running request and c = 2 checkpoints per finished request:
+#   t=2 c0t0 ends: cache {c0t0.0, c0t0.1}; c1t0 admitted: 1 running + 2 cached = 3 slots.
+#   t=3 c1t0 ends: inserts c1t0.0 and c1t0.1, each evicting the LRU one when 0 running + cached
+#   would exceed K. K = 3: c0t0.0 is evicted by c1t0.1 -> c0t1 misses (first token 6, TTFT 4).
+#   K = 4: all four fit -> c0t1 hits (first token 4, TTFT 2, 128 tokens cached).
+CAP_HAND = [[req(0, 0, 128, 1, 0), req(0, 1, 192, 1, 128)], [req(1, 0, 64, 1, 0)]]
+
+
+def cache_rates(model: str) -> sr.ServiceRates:
+    return sr.ServiceRates(prefill_tok_s=64.0, decode_step_s=0.25, model=model)
+
+
+@pytest.mark.parametrize("model", sr.PREFILL_MODELS)
+@pytest.mark.parametrize("capacity,hit", [(3, False), (4, True)])
+def test_capacity_hand_evicted_or_kept(model, capacity, hit):
+    cache = src.CheckpointCache(capacity, max_running=1, slots_per_running=1, ckpts_per_request=2)
+    res = sr.simulate(CAP_HAND, concurrency=2, max_running=1, rates=cache_rates(model), cache=cache)
+    c0t0, c0t1, c1t0 = res.timings
+    assert (c0t0.finish_s, c1t0.admitted_s, c1t0.finish_s) == (2.0, 2.0, 3.0)
+    assert (c0t1.sent_s, c0t1.admitted_s) == (2.0, 3.0)
+    assert c0t1.req.cached_tokens == (128 if hit else 0)
+    assert c0t1.first_token_s == (4.0 if hit else 6.0) and c0t1.ttft_s == (2.0 if hit else 4.0)
+    assert (cache.stats.lookups, cache.stats.hits) == (1, int(hit))
+    # evicted: K = 3: c0t0.0 (by c1t0.1), c0t0.1 (at c0t1's admission), c1t0.0 (by c0t1.1);
+    # K = 4: c0t0.1 (at c0t1's admission, c0t0.0 being refreshed), c1t0.0 (by c0t1.1)
+    assert cache.stats.evictions == 3 - hit and cache.stats.inserts == 6
+    assert list(cache.lru) == [(1, 0, 1)] + [(0, 0, 0)] * hit + [(0, 1, 0), (0, 1, 1)]
+    assert cache.running == 0 and cache.stats.peak_cached == capacity
+    assert sr.summarize(res)["hit_rate"] == (128 / 384 if hit else 0.0)
+
+
+def _ck(conv, turn, prompt=100, decode=4):
+    return req(conv, turn, prompt, decode)
+
+
+def test_cache_lru_refresh_and_eviction_order():
+    # K = 5, R = 2, s = 1, c = 1; keys (conv, turn, 0)
+    cache = src.CheckpointCache(5, max_running=2, slots_per_running=1, ckpts_per_request=1)
+    for conv in (0, 1):
+        assert not cache.admit(_ck(conv, 0))
+        cache.finish(_ck(conv, 0))
+    assert list(cache.lru) == [(0, 0, 0), (1, 0, 0)]
+    assert cache.admit(_ck(0, 1))                      # hit: refreshed, stays cached
+    assert list(cache.lru) == [(1, 0, 0), (0, 0, 0)]
+    cache.finish(_ck(0, 1))
+    assert not cache.admit(_ck(2, 0)) and not cache.admit(_ck(3, 0))   # 2 running + 3 cached = 5
+    cache.finish(_ck(2, 0))                            # 1 running + 4 cached = 5
+    assert not cache.admit(_ck(4, 0))                  # 2 running: evict the LRU (1, 0, 0)
+    assert list(cache.lru) == [(0, 0, 0), (0, 1, 0), (2, 0, 0)]
+    cache.finish(_ck(3, 0))                            # 1 running + 4 cached
+    assert list(cache.lru) == [(0, 0, 0), (0, 1, 0), (2, 0, 0), (3, 0, 0)]
+    assert not cache.admit(_ck(1, 1))                  # its turn-0 checkpoint is gone
+    assert list(cache.lru) == [(0, 1, 0), (2, 0, 0), (3, 0, 0)]     # (0, 0, 0) made room
+    assert (cache.stats.lookups, cache.stats.hits, cache.stats.evictions) == (2, 1, 2)
+    assert cache.stats.peak_cached == 4
+
+
+def test_track_interval_checkpoint_count():
+    cm = src.CheckpointCache(10, max_running=1, slots_per_running=1, ckpts_per_request=2,
+                             track_interval=256)
+    # decode steps reach P + 1 .. P + d - 1 tokens
+    assert cm.ckpts_of(req(0, 0, 250, 8)) == 2         # reaches 256
+    assert cm.ckpts_of(req(0, 0, 256, 8)) == 1         # 257..263
+    assert cm.ckpts_of(req(0, 0, 240, 16)) == 1        # 241..255
+    assert cm.ckpts_of(req(0, 0, 240, 17)) == 2        # 241..256
+    assert cm.ckpts_of(req(0, 0, 255, 1)) == 1         # no decode step
+    off = src.CheckpointCache(10, max_running=1, slots_per_running=1, ckpts_per_request=2)
+    assert off.ckpts_of(req(0, 0, 256, 8)) == 2
+
+
+def test_capacity_below_running_needs_raises():
+    with pytest.raises(DascInputError, match="--capacity: K=23 .* 24 .* R=8"):
+        src.CheckpointCache(23, max_running=8)
+    src.CheckpointCache(24, max_running=8)              # exactly the running needs is allowed
+    with pytest.raises(DascInputError, match="--capacity"):
+        sr.run_setting(HAND, concurrency=2, max_running=2, clip=None, rates=rates("slot"),
+                       scenarios=("none",), capacities=(6,),
+                       cache_model=src.CacheModel(slots_per_running=4))
+    with pytest.raises(DascInputError, match="--slots-per-running"):
+        src.CheckpointCache(10, max_running=1, slots_per_running=0)
+    with pytest.raises(DascInputError, match="--ckpts-per-request"):
+        src.CheckpointCache(10, max_running=1, ckpts_per_request=-1)
+    with pytest.raises(DascInputError, match="--track-interval"):
+        src.CheckpointCache(10, max_running=1, track_interval=-256)
+    assert sr.main(["--trace", str(SMALL_TRACE), "--max-running", "8", "--capacity", "23"]) == 2
+
+
+def test_larger_capacity_never_lowers_hits_on_trace():
+    # default (interleaved) model; the slot/shared models can dip by <= 0.01 at a few K on
+    # C=64 N=64, since the order of lookups depends on the timing the hits change
+    _, convs = bt.load_trace(TRACE)
+    r = sr.ServiceRates()
+    for c, n, clip, ks in ((24, 48, 128, range(24, 90)), (32, 80, 8, range(24, 110, 2))):
+        got = sr.run_setting(convs[:n], concurrency=c, max_running=8, clip=clip, rates=r,
+                             scenarios=("all",), capacities=tuple(ks))
+        hits = [got[f"cap={k}"]["hit_rate"] for k in ks]
+        assert all(a <= b for a, b in zip(hits, hits[1:])), (c, n, clip)
+        assert hits[0] < 0.1 and hits[-1] == got["all"]["hit_rate"]
+        # never evicting (K >= s R + c x requests): exactly the `all` scenario
+        big = 24 + 2 * 4 * n
+        full = sr.run_setting(convs[:n], concurrency=c, max_running=8, clip=clip, rates=r,
+                              scenarios=("all",), capacities=(big,))
+        assert full[f"cap={big}"]["evictions"] == 0
+        assert full[f"cap={big}"]["ttft_mean_s"] == full["all"]["ttft_mean_s"]
+
+
+def test_cli_capacity_rows_and_validation(capsys):
+    assert sr.main(["--trace", str(SMALL_TRACE), "--concurrency", "4", "--max-running", "2",
+                    "--clip", "16", "--capacity", "6", "40", "--order-seed", "0", "1"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert [ln.split("|")[5].strip() for ln in rows] == ["none", "all", "cap=6", "cap=40"]
+    assert rows[3].split("|")[6] == rows[1].split("|")[6]        # 40 slots never evict on 8 convs
+    assert sr.main(["--trace", str(TRACE), "--num-conversations", "8", "--validate-capacity"]) == 0
+    out = capsys.readouterr().out
+    table = [ln for ln in out.splitlines() if ln.startswith("| A ") or ln.startswith("| B ")]
+    assert len(table) == len(src.MEASURED_CAPACITY) + 2           # + the INT8 arm as K_eff, twice
+    assert "| B (C=24, N=48) | dasc-nr-w512 | 74 | 0.304 |" in out
