@@ -49,6 +49,7 @@ the LRU order is the order before any demotion.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ import torch
 from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaComponent
 from sglang.srt.mem_cache.unified_cache.components.tree_component import EvictLayer
 
+from dasc_compile.schema import DascInputError
 from dasc_runtime.pool import DascCheckpointPool
 from dasc_runtime.tp_transfer import agree_all
 
@@ -150,12 +152,8 @@ def reclaim_wait_mode() -> str:
     Raises:
         DascInputError: any other value.
     """
-    import os
-
     mode = os.environ.get("DASC_RECLAIM_WAIT", "stream").strip().lower() or "stream"
     if mode not in ("stream", "host"):
-        from dasc_compile.schema import DascInputError
-
         raise DascInputError(f"DASC_RECLAIM_WAIT: expected 'stream' or 'host', got {mode!r}")
     return mode
 
