@@ -166,7 +166,10 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
     else:
         cands = sorted(p.name for p in Path(plans).glob(f"w*-tp{tp}-*") if (p / "plan.json").is_file())
         if not cands:
-            raise DascInputError(f"{plans}: no compiled plan for TP={tp} to read the dense slot bytes from")
+            what = "does not exist" if not Path(plans).is_dir() else f"holds no w*-tp{tp}-*/plan.json"
+            raise DascInputError(f"{plans}: no compiled plan for TP={tp} to read the dense slot bytes from "
+                                 f"({what}; e.g. dasc compile MODEL --wmax 128 --tp {tp} "
+                                 f"--out {plans}/{plan_name(128, tp=tp)})")
         name = cands[0]
         # every plan of this TP degree must describe the same model and dense slot, else the
         # Dense / INT8 budget would silently follow whichever plan sorts first

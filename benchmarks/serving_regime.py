@@ -549,22 +549,31 @@ def capacity_validation_report(convs: Sequence[TraceConversation], rates: Servic
 def main(argv: Iterable[str] | None = None) -> int:
     """CLI: Markdown table for the grid (and ``--validate``, ``--validate-capacity``); exit 0, or 2
     on bad input (e.g. a ``--capacity`` below ``--slots-per-running`` x ``--max-running``)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--trace", default=str(_HERE / "traces" / "sharegpt_qwen_n128_d512_s0.json.gz"))
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[24])
-    ap.add_argument("--max-running", type=int, nargs="+", default=[8])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Columns: C = conversations in flight (client concurrency), R = max running requests, "
+               "N = conversations replayed; 'wait share of TTFT' = part of TTFT spent waiting for a "
+               "running slot. Figures are model predictions, not measurements (module docstring).")
+    ap.add_argument("--trace", default=str(_HERE / "traces" / "sharegpt_qwen_n128_d512_s0.json.gz"),
+                    help="serving trace (benchmarks/build_trace.py format)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[24], help="C: conversations in flight")
+    ap.add_argument("--max-running", type=int, nargs="+", default=[8],
+                    help="R: the server's --max-running-requests")
     ap.add_argument("--clip", type=int, nargs="+", default=[128], help="decode clip (tokens); 0 = none")
     ap.add_argument("--num-conversations", type=int, nargs="+", default=[0], help="first N; 0 = all")
-    ap.add_argument("--scenarios", nargs="+", default=["none", "all"], choices=("none", "all"))
-    ap.add_argument("--hit-fraction", type=float, default=None)
-    ap.add_argument("--hit-seed", type=int, default=0)
+    ap.add_argument("--scenarios", nargs="+", default=["none", "all"], choices=("none", "all"),
+                    help="none: every turn misses; all: every turn > 0 reuses the previous prompt")
+    ap.add_argument("--hit-fraction", type=float, default=None,
+                    help="also a scenario where each turn > 0 hits with this probability")
+    ap.add_argument("--hit-seed", type=int, default=0, help="seed of the --hit-fraction draws")
     ap.add_argument("--order-seed", type=int, nargs="+", default=None,
                     help="serve_bench --seed order(s); several: rows are means over them")
-    ap.add_argument("--prefill-model", choices=PREFILL_MODELS, default="interleaved")
-    ap.add_argument("--prefill-tok-s", type=float, default=20000.0)
-    ap.add_argument("--prefill-overhead-s", type=float, default=0.0)
-    ap.add_argument("--decode-step-s", type=float, default=0.0117)
-    ap.add_argument("--chunk-tokens", type=int, default=8192)
+    ap.add_argument("--prefill-model", choices=PREFILL_MODELS, default="interleaved",
+                    help="how prefill shares the GPU with decode (module docstring)")
+    ap.add_argument("--prefill-tok-s", type=float, default=20000.0, help="prefill rate, tokens/s")
+    ap.add_argument("--prefill-overhead-s", type=float, default=0.0, help="fixed seconds per prefill")
+    ap.add_argument("--decode-step-s", type=float, default=0.0117, help="seconds per decode step")
+    ap.add_argument("--chunk-tokens", type=int, default=8192, help="prefill chunk (--chunked-prefill-size)")
     ap.add_argument("--validate", action="store_true", help="also compare with MEASURED runs")
     ap.add_argument("--capacity", type=int, nargs="+", default=[],
                     help="state slots K of a finite checkpoint cache; one cap=K row each")
@@ -584,6 +593,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                              prefill_overhead_s=a.prefill_overhead_s, chunk_tokens=a.chunk_tokens,
                              model=a.prefill_model)
         rates.check()
+        if a.hit_fraction is not None and not 0.0 <= a.hit_fraction <= 1.0:
+            raise DascInputError(f"--hit-fraction: expected a value in [0, 1], got {a.hit_fraction}")
         _, convs = load_trace(a.trace)
         for n in a.num_conversations:
             if not 0 <= n <= len(convs):
@@ -603,7 +614,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             cache_model.cache(cache_model.slots_per_running * 8, 8)
         print(f"prefill model `{rates.model}`, prefill {rates.prefill_tok_s:g} tok/s + "
               f"{rates.prefill_overhead_s:g} s, decode {rates.decode_step_s * 1e3:g} ms/step, "
-              f"chunk {rates.chunk_tokens} tokens, order seed(s) {a.order_seed}"
+              f"chunk {rates.chunk_tokens} tokens, order seed(s) {a.order_seed or 'none (trace order)'}"
               + (f", cache model {cache_model.label()}" if a.capacity else "") + f"\n\n{TABLE_HEAD}")
         for c, r, clip, n in itertools.product(a.concurrency, a.max_running, a.clip,
                                                a.num_conversations):
