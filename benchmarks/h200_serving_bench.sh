@@ -9,7 +9,10 @@
 #   PHASE=tp TP=4 TRANSFER=before ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200_serving_bench.sh
 # Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
 # NCONV (conversations, 64), CONC (client concurrency, 64), CLIP (decode clip, 128), DEADLINE (s, 540),
-# GPUS ("0 1 2 3"), TRANSFER=before|after (also run tp_transfer_bench at --tp $XTP, default $TP).
+# GPUS ("0 1 2 3"), TRANSFER=before|after (also run tp_transfer_bench at --tp $XTP, default $TP),
+# GPUTEST=1 (first run the CUDA test of the runtime's stream-ordered reclamation wait; if it fails,
+# every dasc arm falls back to DASC_RECLAIM_WAIT=host and run.log says so).
+# Arms may carry -hostwait (dasc arms): the same arm with DASC_RECLAIM_WAIT=host, for an A/B.
 #   PHASE=rates bash benchmarks/h200_serving_bench.sh   (prefill / decode rates without pauses, GPU 0:
 #       SGLang's own benchmark.one_batch at batch 1 and 8, inputs 2,048 and 8,192 tokens; feed them to
 #       benchmarks/serving_regime.py --prefill-tok-s / --decode-step-s; not yet run on the device)
@@ -44,6 +47,17 @@ if [ "$PHASE" = rates ]; then
       --result-filename "$OUT/one_batch.jsonl" > "$OUT/one_batch.log" 2>&1
   echo "one_batch rc=$?"; grep -iE "prefill|decode|throughput|latency" "$OUT/one_batch.log" | tail -30
   stamp done; exit 0
+fi
+
+if [ "${GPUTEST:-0}" = 1 ]; then
+  stamp "GPU test: stream-ordered reclamation wait"
+  if CUDA_VISIBLE_DEVICES=${GPUS%% *} timeout 180 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+      tests/test_runtime_tiers.py -k "stream_wait or order_after or reclaim_wait" > "$OUT/gputest.log" 2>&1; then
+    echo "gputest: passed ($(tail -1 "$OUT/gputest.log"))"
+  else
+    echo "gputest: FAILED, dasc arms fall back to DASC_RECLAIM_WAIT=host"; tail -30 "$OUT/gputest.log"
+    export DASC_RECLAIM_WAIT=host
+  fi
 fi
 
 PLANS=/tmp/plans; mkdir -p $PLANS

@@ -169,6 +169,14 @@ def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         time.sleep(0.2)
 
 
+def server_env(arm: dict, gpus: list[int]) -> dict[str, str]:
+    """Environment of an arm's server: this process's, the arm's ``env`` (``serving_arms``: e.g.
+    ``DASC_RECLAIM_WAIT=host`` for a ``-hostwait`` arm), then ``CUDA_VISIBLE_DEVICES`` = ``gpus``
+    and unbuffered Python output (these two always win)."""
+    return {**os.environ, **arm.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+            "PYTHONUNBUFFERED": "1"}
+
+
 def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
     """Start one arm's server on ``gpus`` (TP = len(gpus)), warm it up, replay every seed, stop it.
 
@@ -198,7 +206,7 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
            "--cuda-graph-max-bs", str(a.max_running_requests), "--tp-size", str(len(gpus)),
            *a.server_flag, *flags]
     rec["command"] = " ".join(cmd)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), PYTHONUNBUFFERED="1")
+    env = server_env(arm, gpus)
     log = d / "server.log"
     t_start = _now()
     if _port_busy(port):
@@ -206,7 +214,8 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
         r.log(f"{name}: port {port} busy, arm not started")
         r.save()
         return
-    r.log(f"{name}: start on GPU {gpus}: {' '.join(flags)}")
+    r.log(f"{name}: start on GPU {gpus}: {' '.join(flags)}"
+          + "".join(f" ({k}={v})" for k, v in arm.get("env", {}).items()))
     proc = None
 
     def died(stage: str) -> bool:

@@ -15,7 +15,10 @@ a checkpoint pool:
   ``C = floor((B - (M'+1) b_dense) / b_int8) - 1``.
 * ``dasc-nr-wW`` (and ``...-int8``): the dasc compressed pool, ``C`` from
   :func:`dasc_runtime.sizing.plan_matched_memory` (bottleneck rank's compressed bytes a slot,
-  slot 0 reserved, plus any scratch).
+  slot 0 reserved, plus any scratch). A ``-hostwait`` suffix runs the same arm with
+  ``DASC_RECLAIM_WAIT=host`` in the server's environment (the reclamation walk waits for pending
+  demotions on the host instead of ordering the current stream after them), for an A/B of that
+  synchronisation at equal memory.
 
 Checkpoint capacity (the x axis of the figure): the state slots a cached checkpoint can occupy.
 Dense: ``M`` (shared with running requests). dasc: ``M' + C`` (dense checkpoints stay in native
@@ -51,19 +54,24 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 @dataclass(frozen=True)
 class ArmSpec:
     """One arm. ``kind``: ``dense`` | ``int8`` (SGLang's INT8 pool) | ``dasc`` (dasc-nr, plan with
-    ``w_max`` and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``)."""
+    ``w_max`` and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``);
+    ``reclaim_wait``: the runtime's ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``, dasc arms only)."""
 
     name: str
     kind: str
     w_max: Optional[int] = None
     int8: bool = False
     balance: str = "off"
+    reclaim_wait: str = "stream"
 
     def __post_init__(self) -> None:
         if self.kind not in ("dense", "int8", "dasc"):
             raise DascInputError(f"arm {self.name!r}: kind must be dense, int8 or dasc, got {self.kind!r}")
         if (self.kind == "dasc") != (self.w_max is not None):
             raise DascInputError(f"arm {self.name!r}: w_max is set exactly for dasc arms")
+        if self.reclaim_wait not in ("stream", "host") or (self.reclaim_wait == "host" and self.kind != "dasc"):
+            raise DascInputError(f"arm {self.name!r}: reclaim_wait must be 'stream', or 'host' on a dasc arm, "
+                                 f"got {self.reclaim_wait!r}")
 
 
 # paper §5.3: Dense, SGLang INT8, dasc-nr at four w_max, dasc-nr + INT8
@@ -118,6 +126,7 @@ class ArmLaunch:
     Attributes:
         flags: extra ``sglang.launch_server`` flags (the plan path is ``{plans}/{plan}``).
         native_slots: ``--max-mamba-cache-size``; ckpt_slots: INT8 or dasc pool slots (usable).
+        env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``).
         capacity: checkpoint capacity (slots), see the module docstring.
         budget_bytes / used_bytes: per-rank state memory; used <= budget.
         bytes_native_slot / bytes_ckpt_slot: bytes of one slot of each pool.
@@ -142,6 +151,7 @@ class ArmLaunch:
     balance: str = "off"
     kept_fraction: Optional[float] = None
     notes: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int, tp: int = 1,
@@ -214,11 +224,13 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
                      capacity=mm.native_slots + mm.compressed_slots, budget_bytes=mm.budget_bytes,
                      used_bytes=mm.used_bytes, bytes_native_slot=b_dense,
                      bytes_ckpt_slot=mm.bytes_compressed_slot, c_ckpt=b_dense / mm.bytes_compressed_slot,
-                     w_max=arm.w_max, int8=arm.int8, balance=arm.balance, kept_fraction=kept / total_units)
+                     w_max=arm.w_max, int8=arm.int8, balance=arm.balance, kept_fraction=kept / total_units,
+                     env={"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {})
 
 
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
-    """Arms by name: a DEFAULT_ARMS name, or ``dasc-nr-wW[-int8][-storage]`` for any W (ASCII digits).
+    """Arms by name: a DEFAULT_ARMS name, or ``dasc-nr-wW[-int8][-storage][-hostwait]`` for any W
+    (ASCII digits; suffixes in any order, each at most once).
 
     Raises:
         DascInputError: a name of neither form (one line naming it).
@@ -233,11 +245,13 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
         if len(parts) >= 3 and parts[:2] == ["dasc", "nr"] and parts[2].startswith("w") and parts[2][1:].isascii() \
                 and parts[2][1:].isdigit():
             rest = parts[3:]
-            if set(rest) <= {"int8", "storage"} and len(set(rest)) == len(rest):
+            if set(rest) <= {"int8", "storage", "hostwait"} and len(set(rest)) == len(rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
-                                   balance="storage" if "storage" in rest else "off"))
+                                   balance="storage" if "storage" in rest else "off",
+                                   reclaim_wait="host" if "hostwait" in rest else "stream"))
                 continue
-        raise DascInputError(f"arm {n!r}: expected one of {sorted(known)} or dasc-nr-wW[-int8][-storage]")
+        raise DascInputError(f"arm {n!r}: expected one of {sorted(known)} or "
+                             f"dasc-nr-wW[-int8][-storage][-hostwait]")
     return out
 
 
@@ -268,7 +282,7 @@ def main(argv=None) -> int:
     for x in arms:
         print(f"{x['arm']:>20}: capacity {x['capacity']:4d} (native {x['native_slots']}, ckpt {x['ckpt_slots']}), "
               f"C_ckpt {x['c_ckpt']:.3f}, used {x['used_bytes'] / 2**20:.1f} / {x['budget_bytes'] / 2**20:.1f} MiB  "
-              f"{' '.join(x['flags'])}")
+              f"{' '.join(x['flags'])}{''.join(f' ({k}={v})' for k, v in x['env'].items())}")
     return 0
 
 

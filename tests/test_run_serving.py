@@ -78,3 +78,14 @@ def test_arm_not_started_on_a_busy_port(tmp_path):
 def test_ports_are_unique_per_invocation(tmp_path):
     r = rs.Runner(_args(tmp_path, 30100))
     assert [r.next_port() for _ in range(12)] == list(range(30100, 30112))
+
+
+def test_server_env_carries_the_arms_env_and_pins_the_gpus(monkeypatch):
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", "stream")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    arm = {"arm": "dasc-nr-w512-hostwait", "env": {"DASC_RECLAIM_WAIT": "host", "CUDA_VISIBLE_DEVICES": "9"}}
+    env = rs.server_env(arm, [0, 1])
+    assert env["DASC_RECLAIM_WAIT"] == "host" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == os.environ["PATH"]
+    plain = rs.server_env({"arm": "dense"}, [3])      # arms JSON written before the env field existed
+    assert plain["DASC_RECLAIM_WAIT"] == "stream" and plain["CUDA_VISIBLE_DEVICES"] == "3"

@@ -258,11 +258,22 @@ def test_parse_arms():
     (a,) = sa.parse_arms(["dasc-nr-w256-int8-storage"])
     assert (a.name, a.kind, a.w_max, a.int8, a.balance) == ("dasc-nr-w256-int8-storage", "dasc", 256, True, "storage")
     (b,) = sa.parse_arms(["dasc-nr-w32-storage"])
-    assert (b.w_max, b.int8, b.balance) == (32, False, "storage")
+    assert (b.w_max, b.int8, b.balance, b.reclaim_wait) == (32, False, "storage", "stream")
+    (c,) = sa.parse_arms(["dasc-nr-w512-hostwait"])
+    assert (c.w_max, c.int8, c.balance, c.reclaim_wait) == (512, False, "off", "host")
+
+
+def test_hostwait_arm_same_memory_as_its_stream_twin_and_sets_the_env(kimi_plans):
+    """-hostwait changes only the server's DASC_RECLAIM_WAIT; flags, slots and bytes are the twin's."""
+    stream, host = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, native_slots=40)
+                    for a in sa.parse_arms(["dasc-nr-w128", "dasc-nr-w128-hostwait"]))
+    assert stream.env == {} and host.env == {"DASC_RECLAIM_WAIT": "host"}
+    assert (host.flags, host.capacity, host.used_bytes) == (stream.flags, stream.capacity, stream.used_bytes)
 
 
 @pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
-                                  "dasc-wr-w64", "dasc-nr-w\u00b2", "Dense", "int4"])
+                                  "dasc-wr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
+                                  "dasc-nr-w64-hostwait-hostwait", "int8-hostwait"])
 def test_parse_arms_rejects(name):
     msg = _one_line_error(lambda: sa.parse_arms(["dense", name]), "expected one of")
     assert repr(name) in msg
@@ -272,6 +283,8 @@ def test_parse_arms_rejects(name):
     (dict(name="x", kind="fp8"), "kind must be dense, int8 or dasc"),
     (dict(name="x", kind="dasc"), "w_max is set exactly for dasc arms"),
     (dict(name="x", kind="int8", w_max=64), "w_max is set exactly for dasc arms"),
+    (dict(name="x", kind="dense", reclaim_wait="host"), "reclaim_wait must be 'stream', or 'host' on a dasc arm"),
+    (dict(name="x", kind="dasc", w_max=64, reclaim_wait="spin"), "got 'spin'"),
 ])
 def test_arm_spec_rejects(kw, match):
     _one_line_error(lambda: sa.ArmSpec(**kw), match)
