@@ -501,7 +501,7 @@ def capacity_validation_report(convs: Sequence[TraceConversation], rates: Servic
     """Markdown: MEASURED_CAPACITY (R = 8) next to the ``cap=K`` predictions of ``rates.model`` and
     ``other_model`` (same rates), each the mean over the order seeds ``seeds`` (the measured runs'
     ``serve_bench --seed`` 0, 1, 2), and one extra row per INT8 arm with its checkpoints confined to
-    the INT8 pool (``K_eff = s * R + INT8_POOL_SLOTS``, ``serving_regime_cache.py``); then the mean
+    the INT8 pool (``K_eff = s * R + INT8_POOL_SLOTS[regime]``, ``serving_regime_cache.py``); then the mean
     absolute error of the hit rates over the runs, with the INT8 arms as one pool and as K_eff.
     A run whose K is below ``s * R`` reads ``K < sR`` and is left out of the error.
     Raises: DascInputError for a bad ``other_model`` or cache knobs."""
@@ -524,7 +524,7 @@ def capacity_validation_report(convs: Sequence[TraceConversation], rates: Servic
             continue
         n_runs += 1
         rows = [(arm, k, 0)] if arm != "int8" else [
-            (arm, k, 1), ("int8 as K_eff (INT8 pool only)", need + INT8_POOL_SLOTS, 2)]
+            (arm, k, 1), ("int8 as K_eff (INT8 pool only)", need + INT8_POOL_SLOTS[regime], 2)]
         for name, kk, which in rows:          # which: 0 both errors, 1 the first, 2 the second
             hit, ttft = [], []
             for r in models:

@@ -302,6 +302,7 @@ def test_cli_capacity_rows_and_validation(capsys):
     assert rows[3].split("|")[6] == rows[1].split("|")[6]        # 40 slots never evict on 8 convs
     assert sr.main(["--trace", str(TRACE), "--num-conversations", "8", "--validate-capacity"]) == 0
     out = capsys.readouterr().out
-    table = [ln for ln in out.splitlines() if ln.startswith("| A ") or ln.startswith("| B ")]
-    assert len(table) == len(src.MEASURED_CAPACITY) + 2           # + the INT8 arm as K_eff, twice
+    table = [ln for ln in out.splitlines() if ln[:4] in ("| A ", "| B ") or ln.startswith("| C (")]
+    assert len(table) == len(src.MEASURED_CAPACITY) + 3           # + the INT8 arm as K_eff, once a regime
+    assert "| C (C=24, N=80) | int8 as K_eff (INT8 pool only) | 65 | 0.527 |" in out   # 3 * 8 + 41
     assert "| B (C=24, N=48) | dasc-nr-w512 | 74 | 0.304 |" in out
