@@ -630,7 +630,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             print("\nValidation (R = 8, cache `none`):\n\n" + validation_report(
                 convs, rates, a.order_seed[0] if a.order_seed else None))
         if a.validate_capacity:
-            print("\nCapacity validation (R = 8, clip 128):\n\n"
+            print("\nCapacity validation (R = 8; regimes A, B at clip 128, C at clip 8):\n\n"
                   + capacity_validation_report(convs, rates, other_model=a.other_model,
                                                cache_model=cache_model))
     except DascInputError as e:

@@ -50,10 +50,11 @@ The order of lookups depends on the timing that hits change, so the hit rate nee
 (no LRU stack property): ``interleaved`` was monotone on every setting tried; ``slot`` and
 ``shared`` dip by <= 0.01 at a few K (C = 64, N = 64; C = 32, N = 80, clip 8).
 
-Validation (H200, Kimi-Linear-48B-A3B dummy weights, SGLang 0.5.17, R = 8, clip 128, trace
-``sharegpt_qwen_n128_d512_s0``, means of 3 order seeds, ``benchmarks/results/
-2026-11-29-h200-kimi-linear-48b``; token hit rate = cached / prompt tokens; A: C = 64, N = 64;
-B: C = 24, N = 48; reuse bound (``all``) 0.66). Predictions: ``interleaved`` at the default rates,
+Validation (H200, Kimi-Linear-48B-A3B dummy weights, SGLang 0.5.17, R = 8, trace
+``sharegpt_qwen_n128_d512_s0``, means of 3 order seeds; token hit rate = cached / prompt tokens;
+A: C = 64, N = 64, clip 128 and B: C = 24, N = 48, clip 128 from ``benchmarks/results/
+2026-11-29-h200-kimi-linear-48b``; C: C = 24, N = 80, clip 8 from the directory named below the
+table; reuse bound (``all``) 0.66). Predictions: ``interleaved`` at the default rates,
 mean of order seeds 0-2 (``slot`` is within 0.025 of it on every row; ``--validate-capacity``
 prints both, with TTFT):
 
@@ -91,8 +92,9 @@ C is the run this model planned (H200 x2, C = 24, N = 80, clip 8, M = 52, M' = 4
 ``benchmarks/results/2026-11-29-h200x2-kimi-linear-48b-c24-clip8``). There the default model is
 the best of the three and the s = 6 fit from A and B fails: every cache model under-predicts the
 arms that hold part of the working set (Dense 0.23 measured, 0.07-0.09 predicted; w128 0.41 vs
-0.07-0.34), and all get the arms at the reuse bound right. Its TTFT ratio was optimistic: at full
-reuse against Dense it predicted 0.42 (``interleaved``) and 0.54 (``slot``), while 0.60-0.64 was
+0.07-0.34) except INT8, which they over-predict as one pool (0.45-0.66 vs 0.53); all get the arms
+at the reuse bound right. Its TTFT ratio was optimistic: at full
+reuse against Dense it predicted 0.42 (``interleaved``) and 0.54 (``slot``), while 0.60-0.71 was
 measured, since Dense kept 23 % of the tokens where the model gave it 9 %.
 
 Measured hits of 0.005-0.04 in arms the model puts at ~0 are prefixes two ShareGPT conversations
