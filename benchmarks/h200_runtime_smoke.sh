@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 smoke of the dasc SGLang runtime, in ONE device call (see /work/shared/DEVICE-SGLANG.md).
+# H200 smoke of the dasc SGLang runtime, in ONE device call (the recipe: benchmarks/device/README.md).
 #
 # What it shows, with SGLang 0.5.17 serving a tiny Qwen3-Next-architecture model (config
 # .dev/sglang/qwen3next-tiny.config.json; seeded random weights, SYNTHETIC decay values, not trained):
@@ -14,7 +14,8 @@
 #
 # Run from the repository root on the device, with .dev/sglang carried:
 #   bash benchmarks/h200_runtime_smoke.sh
-# Needs .dev/sglang/{site.tar.xz,run_sglang.sh,qwen3next-tiny.config.json} (DEVICE-SGLANG.md step 1).
+# Needs .dev/sglang/{site.tar.xz,run_sglang.sh,qwen3next-tiny.config.json} and .dev/dascwhl, made on the CPU
+# machine by `bash benchmarks/device/prepare_carry.sh`.
 # Evidence goes to stdout; server logs and client JSON to $OUT.
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-smoke}

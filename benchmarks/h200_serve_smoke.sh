@@ -4,7 +4,7 @@
 # end to end -- NOT the matched-memory serving benchmark (that needs a real-size model, several arms and
 # seeds; see BENCHMARKS.md). Same model and setup as h200_runtime_smoke.sh (tiny Qwen3-Next architecture,
 # seeded random weights, synthetic decay values). Run from the repo root with .dev/sglang and
-# .dev/dascwhl carried:  bash benchmarks/h200_serve_smoke.sh
+# .dev/dascwhl carried (benchmarks/device/prepare_carry.sh):  bash benchmarks/h200_serve_smoke.sh
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-serve-smoke}; mkdir -p "$OUT"
 DEV=.dev/sglang

@@ -4,7 +4,9 @@
 # (decay values = initialisation draws, not trained weights: the compression each arm gets comes
 # from those stand-in values), one SGLang 0.5.17 server per GPU group, arms run side by side.
 #
-# Run from the repo root on the device with .dev/sglang, .dev/dascwhl and .whl carried:
+# Run from the repo root on the device with .dev/sglang and .dev/dascwhl carried (make them with
+# benchmarks/device/prepare_carry.sh; the SGLang tarball already holds pydantic 2.14.4, so a carried
+# .whl folder is optional and installed over it only when present):
 #   PHASE=arms ARMS="dense int8 dasc-nr-w512 dasc-nr-w128" SEEDS="0 1 2" bash benchmarks/h200_serving_bench.sh
 #   PHASE=tp TP=4 TRANSFER=before ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200_serving_bench.sh
 # Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
@@ -33,8 +35,9 @@ if [ ! -f /tmp/site/.done ]; then
   mkdir -p /tmp/site && tar -C /tmp/site -xJf .dev/sglang/site.tar.xz && touch /tmp/site/.done || exit 3
 fi
 if [ ! -f /tmp/site/.dasc ]; then
+  extra=(); compgen -G ".whl/*.whl" > /dev/null && extra=(.whl/*.whl)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl .dev/dascwhl/dasc-*.whl > "$OUT/pip.log" 2>&1 && touch /tmp/site/.dasc || { cat "$OUT/pip.log"; exit 3; }
+      "${extra[@]}" .dev/dascwhl/dasc-*.whl > "$OUT/pip.log" 2>&1 && touch /tmp/site/.dasc || { cat "$OUT/pip.log"; exit 3; }
 fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p /tmp/kimi && cp plans/reference/kimi-linear-48b-a3b/config.json /tmp/kimi/config.json

@@ -27,15 +27,17 @@ With ``--enable-int8-mamba-checkpoint`` SGLang 0.5.17 commits *every* cached sta
 pool (``MambaComponent._commit_int8_checkpoint``, sglang/srt/mem_cache/unified_cache/components/
 mamba_component.py), so its ``M'`` native slots serve running requests only.
 
-CPU use (prints the arms as JSON; plans are compiled with ``dasc compile``)::
+CPU use (plans are compiled with ``dasc compile``; prints one line per arm, and ``--out`` writes
+the arms as JSON for ``run_serving.py``)::
 
-    python benchmarks/serving_arms.py --plans /tmp/plans --dense-slots 48 --native-slots 40
+    .venv/bin/python benchmarks/serving_arms.py --plans /tmp/plans --dense-slots 48 --native-slots 40
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,7 +48,8 @@ if str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))
 from dasc_compile.errors import DascInputError  # noqa: E402
 
-__all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "int8_bytes_per_slot", "arm_launch", "main"]
+__all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "compile_hint", "missing_plans",
+           "int8_bytes_per_slot", "arm_launch", "main"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -89,6 +92,30 @@ DEFAULT_ARMS: tuple[ArmSpec, ...] = (
 def plan_name(w_max: int, int8: bool = False, tp: int = 1, balance: str = "off") -> str:
     """Directory name of a compiled plan, e.g. ``w128-int8-tp1-off``."""
     return f"w{w_max}{'-int8' if int8 else ''}-tp{tp}-{balance}"
+
+
+def compile_hint(arm: ArmSpec, tp: int, out: Path | str) -> str:
+    """The ``dasc compile`` command line that writes the plan a dasc ``arm`` needs to ``out``
+    (``--policy`` with ``int8: true`` for an INT8 arm, ``--balance storage`` for a storage arm)."""
+    extra = (" --balance storage" if arm.balance == "storage" else "") + \
+        (" --policy INT8.yaml (a policy file holding 'int8: true')" if arm.int8 else "")
+    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}"
+
+
+def missing_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
+    """Check that every dasc arm's plan exists under ``plans`` before any arm is sized.
+
+    Raises:
+        DascInputError: one line naming every missing plan directory (not only the first), with
+            the compile command of the first.
+    """
+    gone = [a for a in arms if a.kind == "dasc"
+            and not (Path(plans) / plan_name(a.w_max, a.int8, tp, a.balance) / "plan.json").is_file()]
+    if len(gone) > 1:
+        names = ", ".join(sorted({plan_name(a.w_max, a.int8, tp, a.balance) for a in gone}))
+        first = Path(plans) / plan_name(gone[0].w_max, gone[0].int8, tp, gone[0].balance)
+        raise DascInputError(f"{plans}: no plan.json for {names} (compile each, e.g. "
+                             f"{compile_hint(gone[0], tp, first)})")
 
 
 def int8_bytes_per_slot(plan) -> int:
@@ -192,7 +219,7 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
                                  f"({', '.join(seen.values())}); keep one model's plans per directory")
     plan_dir = Path(plans) / name
     if not (plan_dir / "plan.json").is_file():
-        raise DascInputError(f"{plan_dir}: no plan.json (compile it with dasc compile ... --out {plan_dir})")
+        raise DascInputError(f"{plan_dir}: no plan.json (compile it with {compile_hint(arm, tp, plan_dir)})")
     plan = load_plan(plan_dir)
     b_dense = plan.tp.bytes_dense_per_slot
     budget = (dense_slots + 1) * b_dense
@@ -262,27 +289,40 @@ def main(argv=None) -> int:
     ap.add_argument("--plans", type=Path, required=True, help="directory of compiled plans (plan_name dirs)")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
     ap.add_argument("--native-slots", type=int, required=True, help="M': native slots of the other arms")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS])
+    ap.add_argument("--tp", type=int, default=1, help="TP degree P the plans were compiled for (>= 1)")
+    ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS],
+                    help="arm names: dense, int8, or dasc-nr-wW[-int8][-storage][-hostwait] "
+                         f"(default: {' '.join(a.name for a in DEFAULT_ARMS)})")
     ap.add_argument("--out", type=Path, default=None, help="write the arms as JSON here")
     a = ap.parse_args(argv)
     try:
+        if a.tp < 1:
+            raise DascInputError(f"--tp: expected a TP degree >= 1, got {a.tp}")
+        specs = parse_arms(a.arms)
+        missing_plans(specs, a.plans, a.tp)
         arms = [asdict(arm_launch(s, plans=a.plans, dense_slots=a.dense_slots, native_slots=a.native_slots,
-                                  tp=a.tp)) for s in parse_arms(a.arms)]
+                                  tp=a.tp)) for s in specs]
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     text = json.dumps(arms, indent=1)
     if a.out:
+        tmp = a.out.with_name(f".{a.out.name}.tmp{os.getpid()}")
         try:
-            a.out.write_text(text)
+            tmp.write_text(text)
+            os.replace(tmp, a.out)
         except OSError as e:
+            if tmp.parent.is_dir():
+                tmp.unlink(missing_ok=True)
             print(f"error: --out {a.out}: cannot write the arms JSON ({e.strerror or e})", file=sys.stderr)
             return 2
+    width = max(len(x["arm"]) for x in arms)
     for x in arms:
-        print(f"{x['arm']:>20}: capacity {x['capacity']:4d} (native {x['native_slots']}, ckpt {x['ckpt_slots']}), "
-              f"C_ckpt {x['c_ckpt']:.3f}, used {x['used_bytes'] / 2**20:.1f} / {x['budget_bytes'] / 2**20:.1f} MiB  "
-              f"{' '.join(x['flags'])}{''.join(f' ({k}={v})' for k, v in x['env'].items())}")
+        flags = " ".join(f.replace("{plans}", str(a.plans)) for f in x["flags"])
+        print(f"{x['arm']:>{width}}: capacity {x['capacity']:4d} (native {x['native_slots']}, "
+              f"ckpt {x['ckpt_slots']}), C_ckpt {x['c_ckpt']:.3f}, used {x['used_bytes'] / 2**20:.1f} / "
+              f"{x['budget_bytes'] / 2**20:.1f} MiB  {flags}"
+              f"{''.join(f' ({k}={v})' for k, v in x['env'].items())}")
     return 0
 
 

@@ -310,12 +310,26 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == len(sa.DEFAULT_ARMS)
     assert "--int8-mamba-ckpt-size 27" in printed[1] and "capacity   27" in printed[1]
+    assert f"--dasc-plan {kimi_plans}/w128-tp1-off " in printed[3] and "{plans}" not in printed[3]
+    assert [p.name for p in tmp_path.iterdir()] == ["arms.json"]          # no temporary file left
+
+
+def test_compile_hints_name_the_policy_and_balance():
+    (a, b) = sa.parse_arms(["dasc-nr-w64-int8-storage", "dasc-nr-w16"])
+    assert sa.compile_hint(a, 2, "/p/w64-int8-tp2-storage") == (
+        "dasc compile MODEL --wmax 64 --tp 2 --balance storage --policy INT8.yaml (a policy file holding "
+        "'int8: true') --out /p/w64-int8-tp2-storage")
+    assert sa.compile_hint(b, 1, "/p/x") == "dasc compile MODEL --wmax 16 --tp 1 --out /p/x"
 
 
 @pytest.mark.parametrize("args,match", [
     (["--native-slots", "49"], "M'=49"),
     (["--native-slots", "40", "--arms", "dense", "dasc-nr-wx"], "'dasc-nr-wx'"),
-    (["--native-slots", "40", "--tp", "4"], "TP=4"),
+    (["--native-slots", "40", "--tp", "4"], "no plan.json for w128-int8-tp4-off, w128-tp4-off, w16-tp4-off"),
+    (["--native-slots", "40", "--arms", "dense", "--tp", "4"], "no compiled plan for TP=4"),
+    (["--native-slots", "40", "--tp", "0"], "--tp: expected a TP degree >= 1, got 0"),
+    (["--native-slots", "40", "--arms", "dasc-nr-w8", "dasc-nr-w9-int8-storage"],
+     "no plan.json for w8-tp1-off, w9-int8-tp1-storage (compile each"),
     (["--native-slots", "40", "--arms", "dasc-nr-w8"], "w8-tp1-off: no plan.json"),
     (["--native-slots", "40", "--out", "{tmp}/no/such/dir/arms.json"], "--out"),
 ])

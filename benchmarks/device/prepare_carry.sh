@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the three git-ignored folders that an H200 device call carries (the device machine has no
+# network; one call may send at most 64 MiB: tracked files + carried folders):
+#   .dev/sglang   SGLang 0.5.17 and its start-up needs as one xz tarball (~57 MiB), plus the
+#                 helper scripts of benchmarks/device/sglang/ (run_sglang.sh, smoke_client.py,
+#                 qwen3next-tiny.config.json) used by benchmarks/h200_runtime_smoke.sh
+#   .dev/dascwhl  this checkout as a wheel (rebuild after any change under runtime/ or dasc_compile/)
+#   .whl          only with --pydantic: pydantic 2 and its needs for CPython 3.12, for calls that do
+#                 not carry the SGLang tarball (the H200 image has no pydantic; the tarball holds the
+#                 same versions, so the h200_*.sh drivers do not need .whl)
+# Usage (repo root, CPU machine with pip access to PyPI or a mirror):
+#   bash benchmarks/device/prepare_carry.sh               # tarball (only if missing) + dasc wheel
+#   bash benchmarks/device/prepare_carry.sh --no-site     # skip the SGLang tarball (~5 min to build)
+#   bash benchmarks/device/prepare_carry.sh --pydantic    # also .whl (kernel / TP runs without SGLang)
+# Then name .dev/sglang and .dev/dascwhl (and .whl if made) in the device call's `carry`; the H200
+# drivers (benchmarks/h200_*.sh) unpack and install them. Exit 2 when what travels would not fit in
+# 64 MiB (tracked files + the carried folders).
+set -euo pipefail
+SITE=1; PYD=0
+for arg in "$@"; do
+  case $arg in
+    --no-site) SITE=0 ;;
+    --pydantic) PYD=1 ;;
+    *) echo "error: unknown option '$arg' (expected --no-site and/or --pydantic)" >&2; exit 2 ;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+mkdir -p .dev/sglang .dev/dascwhl
+cp benchmarks/device/sglang/run_sglang.sh benchmarks/device/sglang/smoke_client.py \
+   benchmarks/device/sglang/qwen3next-tiny.config.json .dev/sglang/
+if [ "$SITE" = 1 ] && [ ! -s .dev/sglang/site.tar.xz ]; then
+  echo "building .dev/sglang/site.tar.xz (downloads the wheels of benchmarks/device/sglang/wheels.txt)"
+  bash benchmarks/device/sglang/build_site.sh .dev/sglang/site.tar.xz
+fi
+rm -f .dev/dascwhl/*.whl
+"$PY" -m pip wheel -q --no-deps -w .dev/dascwhl . && rm -rf build
+rm -rf .whl
+if [ "$PYD" = 1 ]; then
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .whl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+fi
+tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+carried=$(du -cb .dev/sglang .dev/dascwhl $([ -d .whl ] && echo .whl) | tail -1 | cut -f1)
+total=$((tracked + carried)); limit=$((64 * 1024 * 1024))
+printf 'tracked files %.1f MiB + carried %.1f MiB = %.1f MiB of the 64 MiB a device call may send\n' \
+    "$(echo "$tracked / 1048576" | bc -l)" "$(echo "$carried / 1048576" | bc -l)" "$(echo "$total / 1048576" | bc -l)"
+[ "$total" -le "$limit" ] || { echo "error: over the 64 MiB limit by $(( (total - limit) / 1024 )) KiB" >&2; exit 2; }
