@@ -207,6 +207,8 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
            *a.server_flag, *flags]
     rec["command"] = " ".join(cmd)
     env = server_env(arm, gpus)
+    # what the runtime will read, whether it came from the arm (-hostwait) or the driver's own env
+    rec["env"] = {k: env[k] for k in sorted(env) if k.startswith("DASC_")}
     log = d / "server.log"
     t_start = _now()
     if _port_busy(port):
@@ -215,7 +217,7 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
         r.save()
         return
     r.log(f"{name}: start on GPU {gpus}: {' '.join(flags)}"
-          + "".join(f" ({k}={v})" for k, v in arm.get("env", {}).items()))
+          + "".join(f" ({k}={v})" for k, v in rec["env"].items()))
     proc = None
 
     def died(stage: str) -> bool:

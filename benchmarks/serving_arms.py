@@ -48,7 +48,7 @@ if str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))
 from dasc_compile.errors import DascInputError  # noqa: E402
 
-__all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "compile_hint", "missing_plans",
+__all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "compile_hint", "check_plans",
            "int8_bytes_per_slot", "arm_launch", "main"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -74,7 +74,7 @@ class ArmSpec:
             raise DascInputError(f"arm {self.name!r}: w_max is set exactly for dasc arms")
         if self.reclaim_wait not in ("stream", "host") or (self.reclaim_wait == "host" and self.kind != "dasc"):
             raise DascInputError(f"arm {self.name!r}: reclaim_wait must be 'stream', or 'host' on a dasc arm, "
-                                 f"got {self.reclaim_wait!r}")
+                                 f"got {self.reclaim_wait!r} on a {self.kind} arm")
 
 
 # paper §5.3: Dense, SGLang INT8, dasc-nr at four w_max, dasc-nr + INT8
@@ -95,27 +95,40 @@ def plan_name(w_max: int, int8: bool = False, tp: int = 1, balance: str = "off")
 
 
 def compile_hint(arm: ArmSpec, tp: int, out: Path | str) -> str:
-    """The ``dasc compile`` command line that writes the plan a dasc ``arm`` needs to ``out``
-    (``--policy`` with ``int8: true`` for an INT8 arm, ``--balance storage`` for a storage arm)."""
-    extra = (" --balance storage" if arm.balance == "storage" else "") + \
-        (" --policy INT8.yaml (a policy file holding 'int8: true')" if arm.int8 else "")
-    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}"
-
-
-def missing_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
-    """Check that every dasc arm's plan exists under ``plans`` before any arm is sized.
+    """The ``dasc compile`` command line (a string) that writes the plan a dasc ``arm`` needs to
+    ``out``: ``--balance storage`` for a storage arm, ``--policy INT8.yaml`` for an INT8 arm, with
+    a note after the command saying what that policy file holds.
 
     Raises:
-        DascInputError: one line naming every missing plan directory (not only the first), with
-            the compile command of the first.
+        DascInputError: ``arm`` is not a dasc arm (Dense and INT8 need no plan of their own).
     """
-    gone = [a for a in arms if a.kind == "dasc"
-            and not (Path(plans) / plan_name(a.w_max, a.int8, tp, a.balance) / "plan.json").is_file()]
-    if len(gone) > 1:
-        names = ", ".join(sorted({plan_name(a.w_max, a.int8, tp, a.balance) for a in gone}))
-        first = Path(plans) / plan_name(gone[0].w_max, gone[0].int8, tp, gone[0].balance)
-        raise DascInputError(f"{plans}: no plan.json for {names} (compile each, e.g. "
-                             f"{compile_hint(gone[0], tp, first)})")
+    if arm.kind != "dasc":
+        raise DascInputError(f"arm {arm.name!r}: only dasc arms are compiled from a plan, not {arm.kind!r}")
+    extra = (" --balance storage" if arm.balance == "storage" else "") + (" --policy INT8.yaml" if arm.int8 else "")
+    note = "; INT8.yaml holds 'int8: true'" if arm.int8 else ""
+    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}{note}"
+
+
+def check_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
+    """Check, before any arm is sized, that every dasc arm's plan ``plans/<plan_name>/plan.json``
+    exists.
+
+    Args:
+        arms: the arms (Dense and INT8 arms need no plan of their own and are skipped here).
+        plans: directory of compiled plans. tp: the TP degree P of the plan names.
+    Raises:
+        DascInputError: one line naming every missing plan directory (sorted by w_max, INT8,
+            balance), with the compile command of the first.
+    """
+    gone = sorted({(a.w_max, a.int8, a.balance): a for a in arms if a.kind == "dasc"
+                   and not (Path(plans) / plan_name(a.w_max, a.int8, tp, a.balance) / "plan.json").is_file()
+                   }.items())
+    if gone:
+        names = ", ".join(plan_name(w, i8, tp, bal) for (w, i8, bal), _ in gone)
+        first = gone[0][1]
+        hint = compile_hint(first, tp, Path(plans) / plan_name(first.w_max, first.int8, tp, first.balance))
+        raise DascInputError(f"{plans}: no plan.json for {names} (compile {'each' if len(gone) > 1 else 'it'}: "
+                             f"{hint})")
 
 
 def int8_bytes_per_slot(plan) -> int:
@@ -299,7 +312,9 @@ def main(argv=None) -> int:
         if a.tp < 1:
             raise DascInputError(f"--tp: expected a TP degree >= 1, got {a.tp}")
         specs = parse_arms(a.arms)
-        missing_plans(specs, a.plans, a.tp)
+        check_plans(specs, a.plans, a.tp)
+        if a.out is not None and (a.out.name in ("", ".", "..") or a.out.is_dir()):
+            raise DascInputError(f"--out {a.out}: expected a file path for the arms JSON, got a directory")
         arms = [asdict(arm_launch(s, plans=a.plans, dense_slots=a.dense_slots, native_slots=a.native_slots,
                                   tp=a.tp)) for s in specs]
     except DascInputError as e:

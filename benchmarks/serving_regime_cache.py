@@ -92,8 +92,8 @@ C is the run this model planned (H200 x2, C = 24, N = 80, clip 8, M = 52, M' = 4
 ``benchmarks/results/2026-11-29-h200x2-kimi-linear-48b-c24-clip8``). There the default model is
 the best of the three and the s = 6 fit from A and B fails: every cache model under-predicts the
 arms that hold part of the working set (Dense 0.23 measured, 0.07-0.09 predicted; w128 0.41 vs
-0.07-0.34) except INT8, which they over-predict as one pool (0.45-0.66 vs 0.53); all get the arms
-at the reuse bound right. Its TTFT ratio was optimistic: at full
+0.07-0.34). INT8 as one pool gets 0.45-0.66 against 0.53 measured (over-predicted by s = 3 and
+s = 6, under by s = 5). All get the arms at the reuse bound right. Its TTFT ratio was optimistic: at full
 reuse against Dense it predicted 0.42 (``interleaved``) and 0.54 (``slot``), while 0.60-0.71 was
 measured, since Dense kept 23 % of the tokens where the model gave it 9 %.
 

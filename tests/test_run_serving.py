@@ -60,17 +60,22 @@ def _args(tmp_path: Path, port: int) -> argparse.Namespace:
                               base_port=port)
 
 
-def test_arm_not_started_on_a_busy_port(tmp_path):
+def test_arm_not_started_on_a_busy_port(tmp_path, monkeypatch):
     """A server left on the port would answer /health for the new one: the arm is refused, nothing launched."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.listen()
+        for k in [k for k in os.environ if k.startswith("DASC_")]:
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("DASC_RECLAIM_WAIT", "host")      # e.g. the driver's GPUTEST fallback
+        monkeypatch.setenv("DASC_POOL_SLOTS", "9")
         r = rs.Runner(_args(tmp_path, port))
         arm = {"arm": "dense", "kind": "dense", "flags": ["--max-mamba-cache-size", "48"], "capacity": 48}
         rs.run_arm(r, arm, [0], port)
     rec = json.loads((tmp_path / "manifest.json").read_text())["arms"]["dense"]
     assert rec["seeds_done"] == [] and rec["port"] == port
+    assert rec["env"] == {"DASC_POOL_SLOTS": "9", "DASC_RECLAIM_WAIT": "host"}
     assert rec["failures"] == [f"not started: port {port} is already in use (a server left from an earlier run?)"]
     assert "startup_s" not in rec and not r.procs and not (tmp_path / "dense" / "server.log").exists()
 

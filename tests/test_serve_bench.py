@@ -313,11 +313,13 @@ class FakeSGLang:
                                                        "completion_tokens": len(out),
                                                        "cached_tokens": cached}}
                 chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
-        chunk(b"data: [DONE]\n\n")
-        chunk(b"")
+        # book the end before the client can see it: once [DONE] is written the client may send
+        # the conversation's next turn, whose handler thread could otherwise run first
         with self.lock:
             self.in_flight -= 1
             entry["t_out"] = time.perf_counter()
+        chunk(b"data: [DONE]\n\n")
+        chunk(b"")
 
     def close(self):
         self.server.shutdown()

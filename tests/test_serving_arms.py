@@ -17,6 +17,7 @@ conv channels 3 * 32 * 128 = 12288, temporal float32, conv bfloat16):
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from dataclasses import asdict
@@ -283,7 +284,7 @@ def test_parse_arms_rejects(name):
     (dict(name="x", kind="fp8"), "kind must be dense, int8 or dasc"),
     (dict(name="x", kind="dasc"), "w_max is set exactly for dasc arms"),
     (dict(name="x", kind="int8", w_max=64), "w_max is set exactly for dasc arms"),
-    (dict(name="x", kind="dense", reclaim_wait="host"), "reclaim_wait must be 'stream', or 'host' on a dasc arm"),
+    (dict(name="x", kind="dense", reclaim_wait="host"), "'host' on a dasc arm, got 'host' on a dense arm"),
     (dict(name="x", kind="dasc", w_max=64, reclaim_wait="spin"), "got 'spin'"),
 ])
 def test_arm_spec_rejects(kw, match):
@@ -317,20 +318,37 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
 def test_compile_hints_name_the_policy_and_balance():
     (a, b) = sa.parse_arms(["dasc-nr-w64-int8-storage", "dasc-nr-w16"])
     assert sa.compile_hint(a, 2, "/p/w64-int8-tp2-storage") == (
-        "dasc compile MODEL --wmax 64 --tp 2 --balance storage --policy INT8.yaml (a policy file holding "
-        "'int8: true') --out /p/w64-int8-tp2-storage")
+        "dasc compile MODEL --wmax 64 --tp 2 --balance storage --policy INT8.yaml --out /p/w64-int8-tp2-storage"
+        "; INT8.yaml holds 'int8: true'")
     assert sa.compile_hint(b, 1, "/p/x") == "dasc compile MODEL --wmax 16 --tp 1 --out /p/x"
+    _one_line_error(lambda: sa.compile_hint(sa.DEFAULT_ARMS[1], 1, "/p/x"), "only dasc arms are compiled")
+
+
+def test_check_plans_names_every_missing_plan_sorted_by_w_max(tmp_path):
+    specs = sa.parse_arms(["dense", "dasc-nr-w512", "dasc-nr-w64", "dasc-nr-w128-int8", "dasc-nr-w64"])
+    msg = _one_line_error(lambda: sa.check_plans(specs, tmp_path), "no plan.json for ")
+    assert "w64-tp1-off, w128-int8-tp1-off, w512-tp1-off (compile each: dasc compile MODEL --wmax 64 " in msg
+    for name in ("w64-tp1-off", "w128-int8-tp1-off"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "plan.json").write_text("{}")
+    msg = _one_line_error(lambda: sa.check_plans(specs, tmp_path), re.escape("no plan.json for w512-tp1-off (compile it:"))
+    assert msg.endswith("--wmax 512 --tp 1 --out " + str(tmp_path / "w512-tp1-off") + ")")
+    (tmp_path / "w512-tp1-off").mkdir()
+    (tmp_path / "w512-tp1-off" / "plan.json").write_text("{}")
+    sa.check_plans(specs, tmp_path)                      # all present: no error
 
 
 @pytest.mark.parametrize("args,match", [
     (["--native-slots", "49"], "M'=49"),
     (["--native-slots", "40", "--arms", "dense", "dasc-nr-wx"], "'dasc-nr-wx'"),
-    (["--native-slots", "40", "--tp", "4"], "no plan.json for w128-int8-tp4-off, w128-tp4-off, w16-tp4-off"),
+    (["--native-slots", "40", "--tp", "4"], "no plan.json for w16-tp4-off, w64-tp4-off, w128-tp4-off, w128-int8-tp4-off, w512-tp4-off"),
     (["--native-slots", "40", "--arms", "dense", "--tp", "4"], "no compiled plan for TP=4"),
     (["--native-slots", "40", "--tp", "0"], "--tp: expected a TP degree >= 1, got 0"),
     (["--native-slots", "40", "--arms", "dasc-nr-w8", "dasc-nr-w9-int8-storage"],
-     "no plan.json for w8-tp1-off, w9-int8-tp1-storage (compile each"),
-    (["--native-slots", "40", "--arms", "dasc-nr-w8"], "w8-tp1-off: no plan.json"),
+     "no plan.json for w8-tp1-off, w9-int8-tp1-storage (compile each: dasc compile MODEL --wmax 8 --tp 1 --out"),
+    (["--native-slots", "40", "--out", "{tmp}"], "expected a file path for the arms JSON, got a directory"),
+    (["--native-slots", "40", "--out", "."], "--out .: expected a file path"),
+    (["--native-slots", "40", "--arms", "dasc-nr-w8"], "no plan.json for w8-tp1-off (compile it: dasc compile"),
     (["--native-slots", "40", "--out", "{tmp}/no/such/dir/arms.json"], "--out"),
 ])
 def test_main_bad_input(kimi_plans, tmp_path, capsys, args, match):

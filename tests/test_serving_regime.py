@@ -306,3 +306,13 @@ def test_cli_capacity_rows_and_validation(capsys):
     assert len(table) == len(src.MEASURED_CAPACITY) + 3           # + the INT8 arm as K_eff, once a regime
     assert "| C (C=24, N=80) | int8 as K_eff (INT8 pool only) | 65 | 0.527 |" in out   # 3 * 8 + 41
     assert "| B (C=24, N=48) | dasc-nr-w512 | 74 | 0.304 |" in out
+
+
+def test_every_regime_with_an_int8_arm_has_its_int8_pool_size():
+    """--validate-capacity looks up INT8_POOL_SLOTS[regime] for each INT8 row; a regime added to
+    MEASURED_CAPACITY without its pool size would fail there with a KeyError."""
+    regimes = {row[0] for row in src.MEASURED_CAPACITY if row[1] == "int8"}
+    assert regimes == set(src.INT8_POOL_SLOTS) == {"A", "B", "C"}
+    for regime, arm, k, *_ in src.MEASURED_CAPACITY:
+        if arm == "int8":          # the one-pool K counts M' = 40 native slots plus the INT8 pool
+            assert k == 40 + src.INT8_POOL_SLOTS[regime]

@@ -4,7 +4,8 @@
 #   .dev/sglang   SGLang 0.5.17 and its start-up needs as one xz tarball (~57 MiB), plus the
 #                 helper scripts of benchmarks/device/sglang/ (run_sglang.sh, smoke_client.py,
 #                 qwen3next-tiny.config.json) used by benchmarks/h200_runtime_smoke.sh
-#   .dev/dascwhl  this checkout as a wheel (rebuild after any change under runtime/ or dasc_compile/)
+#   .dev/dascwhl  this checkout as a wheel (rebuilt on every run: re-run after any change to the
+#                 packaged folders dasc_compile/, runtime/, templates/ or plans/)
 #   .whl          only with --pydantic: pydantic 2 and its needs for CPython 3.12, for calls that do
 #                 not carry the SGLang tarball (the H200 image has no pydantic; the tarball holds the
 #                 same versions, so the h200_*.sh drivers do not need .whl)
@@ -12,6 +13,7 @@
 #   bash benchmarks/device/prepare_carry.sh               # tarball (only if missing) + dasc wheel
 #   bash benchmarks/device/prepare_carry.sh --no-site     # skip the SGLang tarball (~5 min to build)
 #   bash benchmarks/device/prepare_carry.sh --pydantic    # also .whl (kernel / TP runs without SGLang)
+# Without --pydantic an existing .whl/ is removed, so that it cannot travel by mistake.
 # Then name .dev/sglang and .dev/dascwhl (and .whl if made) in the device call's `carry`; the H200
 # drivers (benchmarks/h200_*.sh) unpack and install them. Exit 2 when what travels would not fit in
 # 64 MiB (tracked files + the carried folders).
@@ -33,17 +35,23 @@ if [ "$SITE" = 1 ] && [ ! -s .dev/sglang/site.tar.xz ]; then
   echo "building .dev/sglang/site.tar.xz (downloads the wheels of benchmarks/device/sglang/wheels.txt)"
   bash benchmarks/device/sglang/build_site.sh .dev/sglang/site.tar.xz
 fi
-rm -f .dev/dascwhl/*.whl
-"$PY" -m pip wheel -q --no-deps -w .dev/dascwhl . && rm -rf build
+tmpw=$(mktemp -d)
+if ! "$PY" -m pip wheel -q --no-deps -w "$tmpw" .; then
+  rm -rf "$tmpw" build; echo "error: pip wheel of $ROOT failed (the wheel in .dev/dascwhl is unchanged)" >&2; exit 3
+fi
+rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw" build
 rm -rf .whl
 if [ "$PYD" = 1 ]; then
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
       -d .whl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 fi
-tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-carried=$(du -cb .dev/sglang .dev/dascwhl $([ -d .whl ] && echo .whl) | tail -1 | cut -f1)
-total=$((tracked + carried)); limit=$((64 * 1024 * 1024))
-printf 'tracked files %.1f MiB + carried %.1f MiB = %.1f MiB of the 64 MiB a device call may send\n' \
-    "$(echo "$tracked / 1048576" | bc -l)" "$(echo "$carried / 1048576" | bc -l)" "$(echo "$total / 1048576" | bc -l)"
+# what a call sends: tracked files, untracked files git does not ignore, and the carried folders
+sizes() { "$PY" -c 'import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))'; }
+tree=$(git ls-files -z --cached --others --exclude-standard | sizes)
+carried=$(find .dev/sglang .dev/dascwhl $([ -d .whl ] && echo .whl) -type f -print0 | sizes)
+total=$((tree + carried)); limit=$((64 * 1024 * 1024))
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+echo "working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib "$total") MiB of the 64 MiB a device call may send"
+[ -s .dev/sglang/site.tar.xz ] || echo "warning: .dev/sglang/site.tar.xz is missing (--no-site): the drivers need it, and it is not counted above" >&2
 [ "$total" -le "$limit" ] || { echo "error: over the 64 MiB limit by $(( (total - limit) / 1024 )) KiB" >&2; exit 2; }
