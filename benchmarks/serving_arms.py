@@ -48,7 +48,7 @@ if str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))
 from dasc_compile.errors import DascInputError  # noqa: E402
 
-__all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "compile_hint", "check_plans",
+__all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "arm_plan_dir", "compile_hint", "check_plans",
            "int8_bytes_per_slot", "arm_launch", "main"]
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -94,6 +94,11 @@ def plan_name(w_max: int, int8: bool = False, tp: int = 1, balance: str = "off")
     return f"w{w_max}{'-int8' if int8 else ''}-tp{tp}-{balance}"
 
 
+def arm_plan_dir(arm: ArmSpec, plans: Path | str, tp: int = 1) -> Path:
+    """``plans/<plan_name>`` of a dasc ``arm`` (the folder holding its ``plan.json``)."""
+    return Path(plans) / plan_name(arm.w_max, arm.int8, tp, arm.balance)
+
+
 def compile_hint(arm: ArmSpec, tp: int, out: Path | str) -> str:
     """The ``dasc compile`` command line (a string) that writes the plan a dasc ``arm`` needs to
     ``out``: ``--balance storage`` for a storage arm, ``--policy INT8.yaml`` for an INT8 arm, with
@@ -120,13 +125,11 @@ def check_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
         DascInputError: one line naming every missing plan directory (sorted by w_max, INT8,
             balance), with the compile command of the first.
     """
-    gone = sorted({(a.w_max, a.int8, a.balance): a for a in arms if a.kind == "dasc"
-                   and not (Path(plans) / plan_name(a.w_max, a.int8, tp, a.balance) / "plan.json").is_file()
-                   }.items())
+    gone = [a for _, a in sorted({(a.w_max, a.int8, a.balance): a for a in arms if a.kind == "dasc"
+                                  and not (arm_plan_dir(a, plans, tp) / "plan.json").is_file()}.items())]
     if gone:
-        names = ", ".join(plan_name(w, i8, tp, bal) for (w, i8, bal), _ in gone)
-        first = gone[0][1]
-        hint = compile_hint(first, tp, Path(plans) / plan_name(first.w_max, first.int8, tp, first.balance))
+        names = ", ".join(arm_plan_dir(a, plans, tp).name for a in gone)
+        hint = compile_hint(gone[0], tp, arm_plan_dir(gone[0], plans, tp))
         raise DascInputError(f"{plans}: no plan.json for {names} (compile {'each' if len(gone) > 1 else 'it'}: "
                              f"{hint})")
 
@@ -212,7 +215,7 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
     if not 1 <= native_slots <= dense_slots:
         raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
     if arm.kind == "dasc":
-        name = plan_name(arm.w_max, arm.int8, tp, arm.balance)
+        name = arm_plan_dir(arm, plans, tp).name
     else:
         cands = sorted(p.name for p in Path(plans).glob(f"w*-tp{tp}-*") if (p / "plan.json").is_file())
         if not cands:
