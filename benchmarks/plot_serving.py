@@ -6,7 +6,7 @@ computed within a run and then averaged over the runs (P95 is not pooled). The f
 Fig. 4(a-c): mean TTFT and mean E2E latency against the arm's state checkpoint capacity, one
 point per arm; with several runs the bar spans their smallest and largest mean.
 
-    python benchmarks/plot_serving.py out/dense_s*.json out/int8_s*.json out/dasc_s*.json \\
+    python -m benchmarks.plot_serving out/dense_s*.json out/int8_s*.json out/dasc_s*.json \\
         --out out/serving
 writes ``out/serving.png`` and ``out/serving.md``.
 """
@@ -21,12 +21,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-from dasc_compile.errors import DascInputError  # noqa: E402
-from serve_bench import RESULT_FORMAT, TABLE_HEAD, table_row  # noqa: E402
+from benchmarks.serve_bench import RESULT_FORMAT, TABLE_HEAD, table_row
+from dasc_compile.errors import DascInputError
 
 STATS = ("ttft_mean_s", "ttft_p95_s", "e2e_mean_s", "e2e_p95_s", "cache_hit_token_rate")
 

@@ -20,7 +20,7 @@ script stop every live one (whole process group) before it exits.
 
 Example (on the device, SGLang importable from /tmp/site)::
 
-    python3 benchmarks/run_serving.py --arms-json /tmp/arms.json --plans /tmp/plans \\
+    python3 -m benchmarks.run_serving --arms-json /tmp/arms.json --plans /tmp/plans \\
         --model /tmp/kimi --gpus 0 1 2 3 --trace benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz \\
         --num-conversations 64 --decode-clip 128 --concurrency 64 --max-running-requests 8 \\
         --seeds 0 1 --deadline-s 540 --work /tmp/serving
@@ -41,8 +41,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-SERVE_BENCH = _HERE / "serve_bench.py"
+REPO = Path(__file__).resolve().parent.parent
+# The replay client runs isolated from this machine's site (stdlib only; no PYTHONPATH, no site
+# packages): the repository root is its only import root, for ``benchmarks`` and ``dasc_compile.errors``.
+SERVE_BENCH = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.serve_bench"]
+SERVE_BENCH_CWD = REPO
 
 COMMON_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--load-format", "dummy",
                 "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--log-level", "info"]
@@ -248,14 +251,14 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
         rec["startup_lines"] = (_tail(log, "Mamba Cache is allocated", 2) + _tail(log, "dasc", 6)
                                 + _tail(log, "int8", 2) + _tail(log, "max_total_num_tokens", 1))
         r.log(f"{name}: up in {rec['startup_s']} s")
-        base = [sys.executable, "-I", "-S", str(SERVE_BENCH), "--trace", str(a.trace),
+        base = [*SERVE_BENCH, "--trace", str(Path(a.trace).resolve()),
                 "--url", f"http://127.0.0.1:{port}", "--arm", name,
                 "--checkpoint-capacity", str(arm["capacity"]), "--concurrency", str(a.concurrency),
                 "--max-running-requests", str(a.max_running_requests), "--vocab-size", str(a.vocab_size)]
         if a.warmup_conversations:
             t = _now()
             w = subprocess.run(base + ["--num-conversations", str(a.warmup_conversations), "--decode-clip", "16",
-                                       "--out", str(d / "warmup")],
+                                       "--out", str((d / "warmup").resolve())], cwd=SERVE_BENCH_CWD,
                                capture_output=True, text=True, timeout=max(30, r.left() - 20))
             rec["warmup_s"] = round(_now() - t, 1)
             rec["warmup_rc"] = w.returncode
@@ -270,11 +273,12 @@ def run_arm(r: Runner, arm: dict, gpus: list[int], port: int) -> None:
                 break
             t = _now()
             cmd_b = base + ["--num-conversations", str(a.num_conversations), "--seed", str(seed),
-                            "--out", str(d / f"s{seed}")]
+                            "--out", str((d / f"s{seed}").resolve())]
             if a.decode_clip:
                 cmd_b += ["--decode-clip", str(a.decode_clip)]
             try:
-                b = subprocess.run(cmd_b, capture_output=True, text=True, timeout=max(10, r.left() - 10))
+                b = subprocess.run(cmd_b, cwd=SERVE_BENCH_CWD, capture_output=True, text=True,
+                                   timeout=max(10, r.left() - 10))
             except subprocess.TimeoutExpired:
                 rec["failures"].append(f"seed {seed}: replay cut by the deadline")
                 r.log(f"{name}: seed {seed} cut by the deadline")

@@ -22,7 +22,7 @@ Outputs ``<out>.json`` (config, summary, per-request records) and ``<out>.md`` (
 
 Example (server already started with --skip-tokenizer-init --load-format dummy
 --max-running-requests 32):
-    python3 benchmarks/serve_bench.py --trace benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz \\
+    python3 -m benchmarks.serve_bench --trace benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz \\
         --url http://127.0.0.1:30000 --arm dense --checkpoint-capacity 64 \\
         --concurrency 256 --max-running-requests 32 --vocab-size 151936 --out out/dense_s0
 """
@@ -44,12 +44,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-from build_trace import TurnRequest, load_trace, turn_requests  # noqa: E402
-from dasc_compile.errors import DascInputError  # noqa: E402
+from benchmarks.build_trace import TurnRequest, load_trace, turn_requests
+from dasc_compile.errors import DascInputError
 
 RESULT_FORMAT = "dasc-serving-result"
 RESULT_VERSION = 1

@@ -30,7 +30,7 @@ mamba_component.py), so its ``M'`` native slots serve running requests only.
 CPU use (plans are compiled with ``dasc compile``; prints one line per arm, and ``--out`` writes
 the arms as JSON for ``run_serving.py``)::
 
-    .venv/bin/python benchmarks/serving_arms.py --plans /tmp/plans --dense-slots 48 --native-slots 40
+    .venv/bin/python -m benchmarks.serving_arms --plans /tmp/plans --dense-slots 48 --native-slots 40
 """
 
 from __future__ import annotations
@@ -43,10 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-_HERE = Path(__file__).resolve().parent
-if str(_HERE.parent) not in sys.path:
-    sys.path.insert(0, str(_HERE.parent))
-from dasc_compile.errors import DascInputError  # noqa: E402
+from dasc_compile.errors import DascInputError
 
 __all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "arm_plan_dir", "compile_hint", "check_plans",
            "int8_bytes_per_slot", "arm_launch", "main"]

@@ -5,7 +5,7 @@ Markdown table; `--out BENCHMARKS.md` appends it with the command line. The deca
 reference checkpoints are an initialisation draw, not trained weights: the figures describe that
 draw, not the released models.
 
-    python benchmarks/tp_capacity.py --model DIR [--model DIR ...] --tp 8 --wmax 16 64 128 512 [--out BENCHMARKS.md]
+    python -m benchmarks.tp_capacity --model DIR [--model DIR ...] --tp 8 --wmax 16 64 128 512 [--out BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     section = "\n".join([
         f"## TP placement: bottleneck payload and C_ckpt at TP={args.tp}",
         "",
-        f"Command: `python {' '.join(['benchmarks/tp_capacity.py'] + sys.argv[1:])}` "
+        f"Command: `python {' '.join(['-m', 'benchmarks.tp_capacity'] + sys.argv[1:])}` "
         f"(CPU, {platform.machine()}; pure accounting, no device).",
         f"Decay values: {provenance}.",
         "",

@@ -28,11 +28,11 @@ equal ``store_reference`` computed from every rank's regenerated slot. The scrip
 check fails on any rank.
 
 GPU (2 H200s; the tree on PYTHONPATH):
-    python benchmarks/tp_transfer_bench.py --tp 2 --out BENCHMARKS.md --json rows.json
+    python -m benchmarks.tp_transfer_bench --tp 2 --out BENCHMARKS.md --json rows.json
 Where the GPU machine lacks the compiler's imports (safetensors, jinja2), compile here and carry DIR:
-    python benchmarks/tp_transfer_bench.py --compile-only DIR      (then: --plans DIR on the GPU machine)
+    python -m benchmarks.tp_transfer_bench --compile-only DIR      (then: --plans DIR on the GPU machine)
 CPU check of the script (gloo, Triton interpreter, tiny configs derived from the bundled ones):
-    python benchmarks/tp_transfer_bench.py --device cpu --tp 2 --n 1 3 --warmup 1 --repeats 2
+    python -m benchmarks.tp_transfer_bench --device cpu --tp 2 --n 1 3 --warmup 1 --repeats 2
 """
 
 from __future__ import annotations
@@ -380,7 +380,7 @@ def section(args, gathered: list[dict], rows: list[dict], lines: list[str]) -> s
     devices = ", ".join(f"rank {g['rank']}: {g['device']}" for g in gathered)
     provenance = sorted({r["provenance"] for r in rows})
     shapes = sorted({(r["name"], r["layers"], r["heads_local"], tuple(r["unit"]), r["unit_bytes"]) for r in rows})
-    cmd = "python " + shlex.join([sys.argv[0], *sys.argv[1:]])
+    cmd = "python -m benchmarks.tp_transfer_bench " + shlex.join(sys.argv[1:])
     backend = "nccl" if args.device == "cuda" else "gloo, Triton interpreter, tiny configs (timings meaningless)"
     return "\n".join([
         f"## Storage balancing across ranks: all-to-all store / load vs pack (TP={args.tp}, {args.device})",

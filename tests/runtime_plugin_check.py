@@ -13,11 +13,10 @@ import warnings
 from types import SimpleNamespace
 
 warnings.filterwarnings("ignore")
-sys.path.insert(0, os.path.dirname(__file__))
 
 import torch  # noqa: E402
 
-import runtime_fixtures as F  # noqa: E402
+import runtime_fixtures as F  # noqa: E402  (run as a script: its own folder is on the path)
 
 
 def main(plan_dir: str, kda_plan_dir: str) -> dict:

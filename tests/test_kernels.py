@@ -509,7 +509,6 @@ def test_strided_leading_axes_are_supported(interp, kind):
 _BIG_OFFSETS = textwrap.dedent("""
     import os, sys, torch
     os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, {tests!r})
     from test_kernels import constants, index_for, slots, assert_same, GDN, KDA
     from dasc_compile.kernels import render_kernel_module
     from dasc_runtime.kernel_loader import load_kernel_module
@@ -552,8 +551,9 @@ _BIG_OFFSETS = textwrap.dedent("""
 def test_offsets_past_2_pow_31_elements(tmp_path):
     """Pools whose layer and slot offsets pass 2^31 elements (run in a subprocess: a 32-bit
     overflow would be a wild pointer, which must not take the test session down)."""
-    script = _BIG_OFFSETS.format(tests=str(REPO / "tests"), tmp=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=REPO)
+    script = _BIG_OFFSETS.format(tmp=str(tmp_path))   # run in tests/, so that test_kernels imports
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=REPO / "tests")
     if proc.returncode != 0 and "can't allocate memory" in proc.stderr.lower():
         pytest.skip("not enough virtual memory for a 2^31-element view")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
@@ -603,11 +603,11 @@ def test_compiled_plan_kernels_end_to_end(tmp_path, monkeypatch, kind):
 @pytest.mark.slow
 def test_kernel_bench_smoke_run_writes_markdown(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "kernel_bench.py"), "--smoke", "--no-sglang",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel_bench", "--smoke", "--no-sglang",
                            "--n", "1", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
-    assert "## State-checkpoint kernels" in text and "Command: `python benchmarks/kernel_bench.py --smoke" in text
+    assert "## State-checkpoint kernels" in text and "Command: `python -m benchmarks.kernel_bench --smoke" in text
     assert "Triton interpreter" in text
     for op in ("pack", "load", "pack_int8", "load_int8"):
         for shape in ("tiny-gdn", "tiny-kda"):

@@ -7,14 +7,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import run_serving as rs
 
-import run_serving as rs  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _state(pid: int) -> str:

@@ -17,7 +17,6 @@ import gzip
 import json
 import math
 import random
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,13 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import build_trace as bt
+from benchmarks import plot_serving as ps
+from benchmarks import serve_bench as sb
+from dasc_compile.errors import DascInputError
 
-import build_trace as bt  # noqa: E402
-import plot_serving as ps  # noqa: E402
-import serve_bench as sb  # noqa: E402
-from dasc_compile.errors import DascInputError  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CHAT = bt.ChatFormat(im_start=1000, im_end=1001)
 

@@ -19,21 +19,19 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import serving_arms as sa
+from dasc_compile.compiler import compile_plan
+from dasc_compile.errors import DascInputError
+from dasc_compile.policy import Policy
+from dasc_runtime.plan_io import load_plan
+from dasc_runtime.sizing import plan_matched_memory
 
-import serving_arms as sa  # noqa: E402
-from dasc_compile.compiler import compile_plan  # noqa: E402
-from dasc_compile.errors import DascInputError  # noqa: E402
-from dasc_compile.policy import Policy  # noqa: E402
-from dasc_runtime.plan_io import load_plan  # noqa: E402
-from dasc_runtime.sizing import plan_matched_memory  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 KIMI = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b"
 QWEN35 = ROOT / "plans" / "reference" / "qwen3.5-27b"

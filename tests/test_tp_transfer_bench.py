@@ -8,20 +8,20 @@ from the compiled plan). A P = 1 run in this process that flips one loaded bit m
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "tp_transfer_bench.py"
+SCRIPT = [sys.executable, "-m", "benchmarks.tp_transfer_bench"]
 TINY = ["--device", "cpu", "--tp", "2", "--wmax", "16", "--warmup", "0", "--repeats", "1"]
 
 
 def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out_json = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--json", str(out_json), *extra],
+    proc = subprocess.run([*SCRIPT, *TINY, "--json", str(out_json), *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     rows = json.loads(out_json.read_text()) if out_json.exists() else []
     return proc, rows
@@ -29,10 +29,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list
 
 def _bench():
     """The benchmark script as a module."""
-    spec = importlib.util.spec_from_file_location("tp_transfer_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.tp_transfer_bench")
 
 
 def _expected_maps(tmp_path: Path) -> dict[str, tuple[int, int, list[int]]]:

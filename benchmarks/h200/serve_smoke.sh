@@ -2,9 +2,9 @@
 # H200: the serving client (benchmarks/serve_bench.py) against real SGLang 0.5.17 servers, dense and
 # --dasc-plan, on the 8-conversation smoke trace. A check that the trace, client and plugin work together
 # end to end -- NOT the matched-memory serving benchmark (that needs a real-size model, several arms and
-# seeds; see BENCHMARKS.md). Same model and setup as h200_runtime_smoke.sh (tiny Qwen3-Next architecture,
+# seeds; see BENCHMARKS.md). Same model and setup as runtime_smoke.sh (tiny Qwen3-Next architecture,
 # seeded random weights, synthetic decay values). Run from the repo root with .dev/sglang and
-# .dev/dascwhl carried (benchmarks/device/prepare_carry.sh):  bash benchmarks/h200_serve_smoke.sh
+# .dev/dascwhl carried (benchmarks/h200/prepare_carry.sh):  bash benchmarks/h200/serve_smoke.sh
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-serve-smoke}; mkdir -p "$OUT"
 DEV=.dev/sglang
@@ -13,8 +13,8 @@ T0=$(date +%s); stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 stamp setup
 [ -f /tmp/site/.done ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf "$DEV/site.tar.xz" && touch /tmp/site/.done; } || exit 3
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dev/dascwhl/dasc-*.whl > "$OUT/pip.log" 2>&1 || exit 3
-python3 benchmarks/h200_smoke_model.py checkpoint "$DEV/qwen3next-tiny.config.json" /tmp/tiny > /dev/null || exit 3
-python3 benchmarks/h200_smoke_model.py plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
+python3 -m benchmarks.h200.smoke_model checkpoint "$DEV/qwen3next-tiny.config.json" /tmp/tiny > /dev/null || exit 3
+python3 -m benchmarks.h200.smoke_model plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
 TRACE=benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz
 COMMON=(--skip-tokenizer-init --mem-fraction-static 0.5 --context-length 16384 --disable-prefill-cuda-graph
         --max-running-requests 8 --log-level info)
@@ -23,7 +23,7 @@ arm() {  # arm PORT LABEL CAPACITY [flags]
   stamp "$label: start $*"
   local pid; pid=$(bash "$DEV/run_sglang.sh" "$DEV/site.tar.xz" /tmp/tiny "$port" "${COMMON[@]}" "$@") || { echo "$label: no server"; return 1; }
   stamp "$label: up"
-  timeout 120 python3 -I -S benchmarks/serve_bench.py --trace "$TRACE" --url "http://127.0.0.1:$port" --arm "$label" \
+  timeout 120 python3 -E -s -S -m benchmarks.serve_bench --trace "$TRACE" --url "http://127.0.0.1:$port" --arm "$label" \
       --checkpoint-capacity "$cap" --concurrency 8 --max-running-requests 8 --vocab-size 151936 --seed 0 \
       --out "$OUT/$label" 2>&1 | tail -12
   kill -TERM -- -"$pid" 2>/dev/null; sleep 4; kill -KILL -- -"$pid" 2>/dev/null

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 smoke of the dasc SGLang runtime, in ONE device call (the recipe: benchmarks/device/README.md).
+# H200 smoke of the dasc SGLang runtime, in ONE device call (the recipe: benchmarks/h200/README.md).
 #
 # What it shows, with SGLang 0.5.17 serving a tiny Qwen3-Next-architecture model (config
 # .dev/sglang/qwen3next-tiny.config.json; seeded random weights, SYNTHETIC decay values, not trained):
@@ -13,9 +13,9 @@
 # plan to be compiled from the weights actually served.
 #
 # Run from the repository root on the device, with .dev/sglang carried:
-#   bash benchmarks/h200_runtime_smoke.sh
+#   bash benchmarks/h200/runtime_smoke.sh
 # Needs .dev/sglang/{site.tar.xz,run_sglang.sh,qwen3next-tiny.config.json} and .dev/dascwhl, made on the CPU
-# machine by `bash benchmarks/device/prepare_carry.sh`.
+# machine by `bash benchmarks/h200/prepare_carry.sh`.
 # Evidence goes to stdout; server logs and client JSON to $OUT.
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-smoke}
@@ -42,14 +42,14 @@ python3 -c "import sglang, torch; from importlib.metadata import entry_points as
 print('sglang', sglang.__version__, 'torch', torch.__version__, 'plugins', [x.value for x in e(group='sglang.srt.plugins')])"
 
 stamp "model + plans"
-python3 benchmarks/h200_smoke_model.py checkpoint "$CFG" /tmp/tiny || exit 3
-python3 benchmarks/h200_smoke_model.py checkpoint "$CFG" /tmp/tiny-other --other-decay --decay-only || exit 3
-python3 benchmarks/h200_smoke_model.py plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
-python3 benchmarks/h200_smoke_model.py plan /tmp/tiny /tmp/plan-w0.dasc --wmax 0 || exit 3
-python3 benchmarks/h200_smoke_model.py plan /tmp/tiny-other /tmp/plan-other.dasc --wmax 16 || exit 3
+python3 -m benchmarks.h200.smoke_model checkpoint "$CFG" /tmp/tiny || exit 3
+python3 -m benchmarks.h200.smoke_model checkpoint "$CFG" /tmp/tiny-other --other-decay --decay-only || exit 3
+python3 -m benchmarks.h200.smoke_model plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
+python3 -m benchmarks.h200.smoke_model plan /tmp/tiny /tmp/plan-w0.dasc --wmax 0 || exit 3
+python3 -m benchmarks.h200.smoke_model plan /tmp/tiny-other /tmp/plan-other.dasc --wmax 16 || exit 3
 
 stamp "kernel self-test (generated Triton pack/load vs PyTorch reference, CUDA)"
-if ! python3 benchmarks/h200_smoke_model.py selftest /tmp/plan-w16.dasc 2>&1 | tail -3; then
+if ! python3 -m benchmarks.h200.smoke_model selftest /tmp/plan-w16.dasc 2>&1 | tail -3; then
   echo "kernel self-test failed: servers below use DASC_OPS=reference"; export DASC_OPS=reference
 fi
 
@@ -64,7 +64,7 @@ serve() {  # serve PORT LABEL [extra flags...]: start, run the client, stop
   local rc=$?
   if [ $rc -ne 0 ]; then echo "$label: server did not start (rc $rc)"; return $rc; fi
   stamp "$label: up"
-  python3 benchmarks/h200_smoke_client.py "$port" "$label" "$OUT/client_$label.json"
+  python3 benchmarks/h200/runtime_smoke_client.py "$port" "$label" "$OUT/client_$label.json"
   kill -TERM -- -"$pid" 2>/dev/null; sleep 6; kill -KILL -- -"$pid" 2>/dev/null
   echo "--- $label: dasc log lines"
   grep -E "dasc|Prefill batch" "$OUT/server_$port.log" | grep -vE "Available plugins|  - dasc" | cut -c1-300 | tail -12

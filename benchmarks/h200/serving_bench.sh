@@ -5,10 +5,10 @@
 # from those stand-in values), one SGLang 0.5.17 server per GPU group, arms run side by side.
 #
 # Run from the repo root on the device with .dev/sglang and .dev/dascwhl carried (make them with
-# benchmarks/device/prepare_carry.sh; the SGLang tarball already holds pydantic 2.14.4, so a carried
+# benchmarks/h200/prepare_carry.sh; the SGLang tarball already holds pydantic 2.14.4, so a carried
 # .whl folder is optional and installed over it only when present):
-#   PHASE=arms ARMS="dense int8 dasc-nr-w512 dasc-nr-w128" SEEDS="0 1 2" bash benchmarks/h200_serving_bench.sh
-#   PHASE=tp TP=4 TRANSFER=before ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200_serving_bench.sh
+#   PHASE=arms ARMS="dense int8 dasc-nr-w512 dasc-nr-w128" SEEDS="0 1 2" bash benchmarks/h200/serving_bench.sh
+#   PHASE=tp TP=4 TRANSFER=before ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200/serving_bench.sh
 # Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
 # NCONV (conversations, 64), CONC (client concurrency, 64), CLIP (decode clip, 128), DEADLINE (s, 540),
 # GPUS ("0 1 2 3"), TRANSFER=before|after (also run tp_transfer_bench at --tp $XTP, default $TP),
@@ -16,9 +16,9 @@
 # passes, with no test skipped, every dasc arm runs with DASC_RECLAIM_WAIT=host: the driver prints
 # so, and each arm's manifest entry records the DASC_* variables its server saw under "env").
 # Arms may carry -hostwait (dasc arms): the same arm with DASC_RECLAIM_WAIT=host, for an A/B.
-#   PHASE=rates bash benchmarks/h200_serving_bench.sh   (prefill / decode rates without pauses, GPU 0:
-#       SGLang's own benchmark.one_batch at batch 1 and 8, inputs 2,048 and 8,192 tokens; feed them to
-#       benchmarks/serving_regime.py --prefill-tok-s / --decode-step-s; not yet run on the device)
+#   PHASE=rates bash benchmarks/h200/serving_bench.sh   (prefill / decode rates without pauses, GPU 0:
+#       SGLang's own benchmark.one_batch at batch 1 and 8, inputs 2,048 and 8,192 tokens; not yet run on
+#       the device)
 # Results: $OUT/serving-$PHASE.tar.gz (manifest.json, per arm server.log and sSEED.json / .md).
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-serving-out}; mkdir -p "$OUT"
@@ -89,12 +89,12 @@ for arm in $ARMS; do
                 compile "$w" "$([[ $arm == *-int8* ]] && echo 1 || echo 0)" "$([[ $arm == *-storage* ]] && echo storage || echo off)" ;;
   esac
 done
-python3 benchmarks/serving_arms.py --plans $PLANS --tp "$TP" --dense-slots "$DENSE_SLOTS" \
+python3 -m benchmarks.serving_arms --plans $PLANS --tp "$TP" --dense-slots "$DENSE_SLOTS" \
     --native-slots "$NATIVE_SLOTS" --arms $ARMS --out /tmp/arms.json || exit 3
 
 transfer() {  # storage balancing all-to-all on the GPUs (exactness + cost), P = $XTP
   stamp "tp_transfer_bench --tp $XTP"
-  timeout "${XTIMEOUT:-240}" python3 benchmarks/tp_transfer_bench.py --tp "$XTP" --wmax 16 128 --n 1 8 64 \
+  timeout "${XTIMEOUT:-240}" python3 -m benchmarks.tp_transfer_bench --tp "$XTP" --wmax 16 128 --n 1 8 64 \
       --out "$OUT/tp_transfer.md" --json "$OUT/tp_transfer.json" > "$OUT/tp_transfer.log" 2>&1
   echo "tp_transfer rc=$?"; tail -25 "$OUT/tp_transfer.log"
 }
@@ -104,7 +104,7 @@ stamp "arms: $ARMS (TP $TP, seeds $SEEDS)"
 LEFT=$(( DEADLINE - ($(date +%s) - T0) ))
 # keep room for the transfer benchmark and the tar of the results when they come after the arms
 [ "${TRANSFER:-none}" = after ] && LEFT=$(( LEFT - ${XTIMEOUT:-240} - 20 ))
-python3 benchmarks/run_serving.py --arms-json /tmp/arms.json --plans $PLANS --model /tmp/kimi \
+python3 -m benchmarks.run_serving --arms-json /tmp/arms.json --plans $PLANS --model /tmp/kimi \
     --gpus $GPUS --gpus-per-arm "$TP" --trace $TRACE --num-conversations "$NCONV" --decode-clip "$CLIP" \
     --concurrency "$CONC" --max-running-requests "$MRR" --vocab-size 163840 --seeds $SEEDS \
     --deadline-s "$LEFT" --work "/tmp/serving-$PHASE" 2>&1 | tee "$OUT/run.log"

@@ -1,6 +1,6 @@
 """Client of the H200 runtime smoke: the same long prefix twice, then prefix + suffix (stdlib only).
 
-Usage: python h200_smoke_client.py PORT LABEL OUT_JSON
+Usage: python benchmarks/h200/runtime_smoke_client.py PORT LABEL OUT_JSON
 Prints one line per request (prompt / cached tokens, output ids) and writes them to OUT_JSON.
 """
 

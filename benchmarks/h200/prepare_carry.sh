@@ -2,20 +2,20 @@
 # Build the three git-ignored folders that an H200 device call carries (the device machine has no
 # network; one call may send at most 64 MiB: tracked files + carried folders):
 #   .dev/sglang   SGLang 0.5.17 and its start-up needs as one xz tarball (~57 MiB), plus the
-#                 helper scripts of benchmarks/device/sglang/ (run_sglang.sh, smoke_client.py,
-#                 qwen3next-tiny.config.json) used by benchmarks/h200_runtime_smoke.sh
+#                 helper scripts of benchmarks/h200/sglang/ (run_sglang.sh, smoke_client.py,
+#                 qwen3next-tiny.config.json) used by benchmarks/h200/runtime_smoke.sh
 #   .dev/dascwhl  this checkout as a wheel (rebuilt on every run: re-run after any change to the
 #                 packaged folders dasc_compile/, runtime/, templates/ or plans/)
 #   .whl          only with --pydantic: pydantic 2 and its needs for CPython 3.12, for calls that do
 #                 not carry the SGLang tarball (the H200 image has no pydantic; the tarball holds the
-#                 same versions, so the h200_*.sh drivers do not need .whl)
+#                 same versions, so the benchmarks/h200/*.sh drivers do not need .whl)
 # Usage (repo root, CPU machine with pip access to PyPI or a mirror):
-#   bash benchmarks/device/prepare_carry.sh               # tarball (only if missing) + dasc wheel
-#   bash benchmarks/device/prepare_carry.sh --no-site     # skip the SGLang tarball (~5 min to build)
-#   bash benchmarks/device/prepare_carry.sh --pydantic    # also .whl (kernel / TP runs without SGLang)
+#   bash benchmarks/h200/prepare_carry.sh               # tarball (only if missing) + dasc wheel
+#   bash benchmarks/h200/prepare_carry.sh --no-site     # skip the SGLang tarball (~5 min to build)
+#   bash benchmarks/h200/prepare_carry.sh --pydantic    # also .whl (kernel / TP runs without SGLang)
 # Without --pydantic an existing .whl/ is removed, so that it cannot travel by mistake.
 # Then name .dev/sglang and .dev/dascwhl (and .whl if made) in the device call's `carry`; the H200
-# drivers (benchmarks/h200_*.sh) unpack and install them. Exit 2 when what travels would not fit in
+# drivers (benchmarks/h200/*.sh) unpack and install them. Exit 2 when what travels would not fit in
 # 64 MiB (tracked files + the carried folders).
 set -euo pipefail
 SITE=1; PYD=0
@@ -29,11 +29,11 @@ done
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 mkdir -p .dev/sglang .dev/dascwhl
-cp benchmarks/device/sglang/run_sglang.sh benchmarks/device/sglang/smoke_client.py \
-   benchmarks/device/sglang/qwen3next-tiny.config.json .dev/sglang/
+cp benchmarks/h200/sglang/run_sglang.sh benchmarks/h200/sglang/smoke_client.py \
+   benchmarks/h200/sglang/qwen3next-tiny.config.json .dev/sglang/
 if [ "$SITE" = 1 ] && [ ! -s .dev/sglang/site.tar.xz ]; then
-  echo "building .dev/sglang/site.tar.xz (downloads the wheels of benchmarks/device/sglang/wheels.txt)"
-  bash benchmarks/device/sglang/build_site.sh .dev/sglang/site.tar.xz
+  echo "building .dev/sglang/site.tar.xz (downloads the wheels of benchmarks/h200/sglang/wheels.txt)"
+  bash benchmarks/h200/sglang/build_site.sh .dev/sglang/site.tar.xz
 fi
 tmpw=$(mktemp -d)
 if ! "$PY" -m pip wheel -q --no-deps -w "$tmpw" .; then

@@ -1,4 +1,4 @@
-"""Tiny Qwen3-Next checkpoint, plans and a kernel self-test for the H200 runtime smoke (h200_runtime_smoke.sh).
+"""Tiny Qwen3-Next checkpoint, plans and a kernel self-test for the H200 runtime smoke (runtime_smoke.sh).
 
 Subcommands (run on the device, one call):
 
