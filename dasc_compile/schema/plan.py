@@ -1,34 +1,30 @@
-"""The plan artifact's schema (DESIGN.md "Plan artifact"): the one contract between compiler and runtime.
+"""The plan's pydantic models (DESIGN.md "Plan artifact"): what ``plan.json`` holds, field by field.
 
-The runtime imports only this module and the generated kernels: it also gets the plan reader
-(:func:`load_plan`) and :class:`DascInputError` (re-exported) from here. Rules for ``SCHEMA_VERSION``:
-bump it whenever a field is added, removed, renamed or changes meaning or type; the committed
-JSON schema (``dasc_compile/schema/plan.schema.json``) must be regenerated in the same commit
-(``python -m dasc_compile.schema --write``); ``tests/test_schema_version.py`` fails otherwise.
+Rules for ``SCHEMA_VERSION``: bump it whenever a field is added, removed, renamed or changes meaning
+or type; the committed JSON schema (``dasc_compile/schema/plan.schema.json``) must be regenerated in
+the same commit (``python -m dasc_compile.schema --write``); ``tests/test_schema_version.py`` fails
+otherwise. Python-side names may differ from the JSON keys through a pydantic alias (the JSON key,
+and so the plan bytes, stay; e.g. ``StorageMap.n_packed`` is written as ``n_local``).
 
 Units in this file: token counts are tokens; every ``bytes_*`` field is bytes; unit indices are
 flat indices ``u = h * units_per_head + k`` into a layer's ``[H, units_per_head]`` unit grid
-(GDN: units_per_head = 1, u = value head h; KDA: units_per_head = d_k, u = column S[h, :, k]).
+(GDN: units_per_head = 1, u = value head h; KDA: units_per_head = d_k, u = column S[h, :, k]);
+the unit shapes and bytes themselves come from :class:`dasc_compile.schema.units.UnitSpec`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import sys
-from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from dasc_compile.errors import DascInputError  # re-exported: the runtime imports it from this contract module
 from dasc_compile.policy import Policy
 
 SCHEMA_VERSION = 2
 PLAN_FILENAME = "plan.json"
 
-UnitKind = Literal["gdn_head", "kda_column"]
+#: ``ModelInfo.unit_kind``: the names of :data:`dasc_compile.schema.units.UNIT_KINDS`.
+UnitKindName = Literal["gdn_head", "kda_column"]
 
 
 class _Frozen(BaseModel):
@@ -56,7 +52,7 @@ class ModelInfo(_Frozen):
     recurrent_layer_ids: list[int]          # 0-indexed model layer ids, increasing
     full_attention_layer_ids: list[int]
     family: str                             # gdn | kda | kda_safe_gate | mamba2
-    unit_kind: UnitKind
+    unit_kind: UnitKindName
     num_value_heads: int                    # H_v (GDN) / H (KDA)
     num_key_heads: int                      # H_k (GDN); == H for KDA
     head_k_dim: int                         # d_k
@@ -314,128 +310,3 @@ class Plan(_Frozen):
     tp: TPPlan
     refresh: RefreshPlan
     kernels: Optional[KernelModule] = None
-
-
-def canonical_json(plan: Plan) -> str:
-    """Deterministic JSON of ``plan``: field order fixed by the schema, compact separators, one
-    trailing newline. Infinite horizons are written as the string ``"Infinity"``."""
-    return plan.model_dump_json() + "\n"  # compact; inf -> "Infinity" (ser_json_inf_nan="strings")
-
-
-def compute_content_hash(plan: Plan) -> str:
-    """sha256 hex of the canonical JSON of ``plan`` with ``content_hash`` blanked."""
-    blank = plan.model_copy(update={"content_hash": ""})
-    return hashlib.sha256(canonical_json(blank).encode()).hexdigest()
-
-
-def with_content_hash(plan: Plan) -> Plan:
-    """``plan`` with its ``content_hash`` set (see :func:`compute_content_hash`)."""
-    return plan.model_copy(update={"content_hash": compute_content_hash(plan)})
-
-
-def plan_json_path(path: str | Path) -> Path:
-    """``path/plan.json`` when ``path`` is a directory, else ``path`` itself."""
-    p = Path(path)
-    return p / PLAN_FILENAME if p.is_dir() else p
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Read and verify a plan (``plan.json`` or its directory): the one plan reader of compiler and runtime.
-
-    Checks, in order: the file exists; it parses as a JSON object with ``schema_version`` and
-    ``content_hash`` fields; ``schema_version`` equals :data:`SCHEMA_VERSION`; the content
-    validates against :class:`Plan`; the stored ``content_hash`` equals
-    :func:`compute_content_hash` (always checked: an empty hash is refused too).
-
-    Args:
-        path: plan directory or its ``plan.json``.
-    Returns:
-        the validated :class:`Plan`.
-    Raises:
-        DascInputError: one line naming the file and what is wrong.
-    """
-    p = plan_json_path(path)
-    if not p.is_file():
-        raise DascInputError(f"{p}: dasc plan not found (pass the plan directory or its {PLAN_FILENAME})")
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise DascInputError(f"{p}: not a readable JSON plan ({exc})") from None
-    if not isinstance(raw, dict):
-        raise DascInputError(f"{p}: a plan must be a JSON object")
-    if "schema_version" not in raw or "content_hash" not in raw:
-        raise DascInputError(f"{p}: not a dasc plan (no 'schema_version' / 'content_hash' field); pass a plan.json "
-                             f"written by 'dasc compile'")
-    ver = raw.get("schema_version")
-    if ver != SCHEMA_VERSION:
-        raise DascInputError(
-            f"{p}: plan schema_version {ver!r} is not {SCHEMA_VERSION}, the version this dasc reads; "
-            f"recompile the plan with this dasc version")
-    try:
-        plan = Plan.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise DascInputError(f"{p}: plan field '{loc}': {first['msg']}") from None
-    want = compute_content_hash(plan)
-    if plan.content_hash != want:
-        raise DascInputError(
-            f"{p}: content_hash does not match the plan's content (stored {plan.content_hash[:12] or 'empty'}..., "
-            f"computed {want[:12]}...): the plan was edited or corrupted; recompile it")
-    return plan
-
-
-def decay_sha256(tensors) -> str:
-    """``Fingerprint.decay_sha256``: sha256 (hex) over decay tensors, the byte format both the compiler
-    (from the checkpoint) and the runtime (from the weights SGLang loaded) must reproduce.
-
-    Args:
-        tensors: sequence of ``(name, tensor)`` in ``Fingerprint.decay_tensors`` order; tensors of any
-            dtype and device (bfloat16 is hashed as its raw bytes, never converted).
-    Per tensor the hash takes ``name``, ``str(dtype)`` (e.g. ``torch.bfloat16``), the shape as a JSON
-    list, the byte count (8 bytes, little-endian) and the raw little-endian bytes, each field followed
-    by a NUL separator.
-    """
-    h = hashlib.sha256()
-    for name, t in tensors:
-        t = t.detach().to("cpu").contiguous()
-        raw = t.reshape(-1).view(_uint8()).numpy().tobytes() if t.numel() else b""
-        h.update(name.encode("utf-8") + b"\0")
-        h.update(str(t.dtype).encode("ascii") + b"\0")
-        h.update(json.dumps(list(t.shape)).encode("ascii") + b"\0")
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw + b"\0")
-    return h.hexdigest()
-
-
-def _uint8():
-    import torch  # the schema itself does not need torch; only the fingerprint of tensors does
-
-    return torch.uint8
-
-
-def json_schema() -> dict:
-    """The published JSON schema of :class:`Plan` (committed as plan.schema.json)."""
-    schema = Plan.model_json_schema()
-    schema["x-dasc-schema-version"] = SCHEMA_VERSION
-    return schema
-
-
-SCHEMA_PATH = Path(__file__).with_name("schema") / "plan.schema.json"
-
-
-def schema_text() -> str:
-    return json.dumps(json_schema(), indent=1, sort_keys=True) + "\n"
-
-
-def finite_or_inf(x: float) -> float:
-    return math.inf if x == math.inf else float(x)
-
-
-if __name__ == "__main__":  # python -m dasc_compile.schema --write
-    if "--write" in sys.argv:
-        SCHEMA_PATH.parent.mkdir(exist_ok=True)
-        SCHEMA_PATH.write_text(schema_text())
-        print(f"wrote {SCHEMA_PATH}")
-    else:
-        sys.stdout.write(schema_text())

@@ -1,0 +1,280 @@
+"""One state unit's shape, INT8 scales and bytes: the single place both compiler and runtime size state from.
+
+A *unit* is what dasc keeps or omits (paper §4.1, DESIGN.md "Decay families"): a GDN value head's
+whole temporal state ``[d_v, d_k]`` (``gdn_head``) or one KDA column ``S[h, :, k]``, ``[d_v]``
+(``kda_column``). :class:`UnitSpec` is frozen and computes, from the unit kind, the head dims, the
+state dtypes and INT8 or not, every shape and byte count that the accounting (App. C.1), the kernels
+and the runtime pool need, the way vLLM's ``MambaSpec`` computes its page bytes. It also holds the
+one dtype-bytes table (:meth:`UnitSpec.itemsize`) and the one usable-slots formula
+(:func:`usable_slots`, App. C.1: ``floor(B / b) - 1``, slot 0 reserved as in SGLang).
+
+Unit kinds are data (:data:`UNIT_KINDS`, one :class:`UnitKind` each); a decay family names its kind
+(``DecayFamily.unit_kind``) instead of branching on it. A new family whose unit is a whole head
+(Mamba2) reuses a kind's layout; a family with another unit adds one :class:`UnitKind` here and its
+name to ``plan.UnitKindName`` (a schema change: bump ``SCHEMA_VERSION``).
+
+This module imports neither torch nor pydantic: the runtime may import it anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dasc_compile.errors import DascInputError
+
+__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "unit_kind", "usable_slots"]
+
+#: Bytes per element of every dtype name a plan or policy uses (torch names without ``torch.``).
+DTYPE_ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
+#: Dtypes the temporal and conv state may have (``Policy.temporal_dtype`` / ``conv_dtype``).
+STATE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class UnitKind:
+    """How one kind of unit sits in a layer's temporal state ``[H, d_v, d_k]`` (dk fastest).
+
+    Attributes:
+        name: the plan's ``ModelInfo.unit_kind`` (``gdn_head`` | ``kda_column``).
+        whole_head: True when a unit is a head's whole ``[d_v, d_k]`` state (one unit per head, d_k
+            INT8 scales per unit); False when a unit is a column ``S[h, :, k]`` (d_k units per head,
+            ``[d_v]`` each, one scale).
+        conv_channels_first: SGLang 0.5.17's conv state layout per layer and rank
+            (``configs/mamba_utils.py``): True for ``Mamba2StateShape`` ``(conv_dim / P, K - 1)``,
+            False for ``KimiLinearStateShape`` ``(K - 1, conv_dim / P)``.
+        families: the decay families whose unit this is (for messages).
+    """
+
+    name: str
+    whole_head: bool
+    conv_channels_first: bool
+    families: tuple[str, ...]
+
+
+UNIT_KINDS: dict[str, UnitKind] = {
+    k.name: k for k in (
+        UnitKind(name="gdn_head", whole_head=True, conv_channels_first=True, families=("gdn",)),
+        UnitKind(name="kda_column", whole_head=False, conv_channels_first=False, families=("kda", "kda_safe_gate")),
+    )
+}
+
+
+def unit_kind(name: str) -> UnitKind:
+    """The :class:`UnitKind` called ``name``.
+
+    Raises:
+        DascInputError: ``name`` is not a known unit kind (the message lists the known ones).
+    """
+    try:
+        return UNIT_KINDS[name]
+    except (KeyError, TypeError):
+        raise DascInputError(f"unit kind {name!r} is not known; expected one of {sorted(UNIT_KINDS)}") from None
+
+
+def usable_slots(budget_bytes: int | None, bytes_per_slot: int) -> int | None:
+    """Usable slots of a pool of ``budget_bytes``: ``max(0, floor(B / b) - 1)`` (App. C.1).
+
+    Slot 0 of every SGLang state pool is reserved padding, hence the ``- 1``; under TP, ``b`` is the
+    bottleneck rank's bytes per slot and ``B`` the per-rank budget.
+
+    Args:
+        budget_bytes: pool budget B in bytes, or ``None`` (no budget given: returns ``None``).
+        bytes_per_slot: bytes of one slot b (> 0).
+    Returns:
+        the number of usable slots (>= 0), or ``None`` without a budget.
+    Raises:
+        ValueError: ``bytes_per_slot <= 0``.
+    """
+    if budget_bytes is None:
+        return None
+    if bytes_per_slot <= 0:
+        raise ValueError(f"bytes_per_slot must be > 0, got {bytes_per_slot}")
+    return max(0, int(budget_bytes) // int(bytes_per_slot) - 1)
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """Shapes, INT8 scales and bytes of one model's state units (paper §4.1, App. B Scheme 2, App. E.1).
+
+    Attributes:
+        kind: ``gdn_head`` | ``kda_column`` (see :data:`UNIT_KINDS`).
+        d_v / d_k: value and key dims of one head's temporal state ``[d_v, d_k]``.
+        temporal_dtype: dtype name of the temporal state (``float32`` in SGLang); INT8 scales use it.
+        conv_dim: conv-state channels of one layer at TP = 1. conv_kernel: K (the state keeps K - 1 columns).
+        conv_dtype: dtype name of the conv state (``bfloat16`` in SGLang).
+        int8: kept units are stored as symmetric INT8 with one scale per (layer, head, k) over d_v (Eq. 8).
+    Raises (at construction):
+        DascInputError: unknown kind or dtype name, or a non-positive dimension.
+    """
+
+    kind: str
+    d_v: int
+    d_k: int
+    temporal_dtype: str
+    conv_dim: int
+    conv_kernel: int
+    conv_dtype: str
+    int8: bool
+
+    def __post_init__(self) -> None:
+        unit_kind(self.kind)
+        for name in ("d_v", "d_k", "conv_dim", "conv_kernel"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DascInputError(f"unit spec: {name} must be a positive integer, got {value!r}")
+        self.itemsize(self.temporal_dtype)
+        self.itemsize(self.conv_dtype)
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_plan(cls, plan) -> "UnitSpec":
+        """The unit spec of a :class:`~dasc_compile.schema.Plan` (its ``model`` and ``policy``)."""
+        m, pol = plan.model, plan.policy
+        return cls(kind=m.unit_kind, d_v=m.head_v_dim, d_k=m.head_k_dim, temporal_dtype=pol.temporal_dtype,
+                   conv_dim=m.conv_dim, conv_kernel=m.conv_kernel, conv_dtype=pol.conv_dtype, int8=bool(pol.int8))
+
+    # -- dtypes -------------------------------------------------------------------------------
+
+    @staticmethod
+    def itemsize(dtype_name: str) -> int:
+        """Bytes per element of ``dtype_name``: float32 4, bfloat16 2, float16 2, int8 1.
+
+        A ``torch.`` prefix (``str(torch.float32)``) is accepted.
+
+        Raises:
+            DascInputError: an unknown dtype name (the message names it and lists the known ones).
+        """
+        name = dtype_name[6:] if isinstance(dtype_name, str) and dtype_name.startswith("torch.") else dtype_name
+        try:
+            return DTYPE_ITEMSIZE[name]
+        except (KeyError, TypeError):
+            raise DascInputError(f"dtype {dtype_name!r} is not a state dtype dasc knows; expected one of "
+                                 f"{sorted(DTYPE_ITEMSIZE)}") from None
+
+    @property
+    def stored_dtype(self) -> str:
+        """Dtype name of a kept unit's payload in the compressed pool: ``int8`` or the temporal dtype."""
+        return "int8" if self.int8 else self.temporal_dtype
+
+    @property
+    def scale_dtype(self) -> str:
+        """Dtype name of the INT8 scales (the temporal dtype, App. E.1)."""
+        return self.temporal_dtype
+
+    # -- one unit -----------------------------------------------------------------------------
+
+    @property
+    def unit_layout(self) -> UnitKind:
+        return UNIT_KINDS[self.kind]
+
+    @property
+    def units_per_head(self) -> int:
+        """Units per head U: 1 (whole head, GDN) or d_k (columns, KDA); flat id ``u = h * U + k``."""
+        return 1 if self.unit_layout.whole_head else self.d_k
+
+    @property
+    def unit_shape(self) -> tuple[int, ...]:
+        """Shape of one unit: ``(d_v, d_k)`` (GDN head) or ``(d_v,)`` (KDA column ``S[h, :, k]``)."""
+        return (self.d_v, self.d_k) if self.unit_layout.whole_head else (self.d_v,)
+
+    @property
+    def unit_elems(self) -> int:
+        """Elements of one unit: d_v * d_k (GDN) or d_v (KDA)."""
+        return math.prod(self.unit_shape)
+
+    @property
+    def scale_shape(self) -> tuple[int, ...]:
+        """INT8 scales of one unit: ``(d_k,)`` (GDN head) or ``(1,)`` (KDA column).
+
+        One scale per (layer, head, k), shared over d_v (App. E.1 Eq. 8). The kernels' ragged scale
+        tensor is ``[C+1, R, d_k]`` (GDN) and ``[C+1, R]`` (KDA: the trailing 1 is dropped).
+        """
+        return (self.d_k,) if self.unit_layout.whole_head else (1,)
+
+    @property
+    def scale_elems(self) -> int:
+        return math.prod(self.scale_shape)
+
+    @property
+    def unit_bytes(self) -> int:
+        """Bytes of one kept unit in the compressed pool.
+
+        ``unit_elems * itemsize(temporal_dtype)``; with INT8: ``unit_elems * 1 + scale_elems *
+        itemsize(temporal_dtype)`` (payload plus its scales, App. E.1).
+        """
+        if self.int8:
+            return self.unit_elems * self.itemsize("int8") + self.scale_elems * self.itemsize(self.scale_dtype)
+        return self.unit_elems * self.itemsize(self.temporal_dtype)
+
+    @property
+    def dense_unit_bytes(self) -> int:
+        """Bytes of one unit in SGLang's dense temporal state (temporal dtype, no INT8)."""
+        return self.unit_elems * self.itemsize(self.temporal_dtype)
+
+    # -- one layer ----------------------------------------------------------------------------
+
+    def temporal_layer_shape(self, num_heads_on_rank: int) -> tuple[int, int, int]:
+        """One layer's dense temporal state on one rank: ``(H, d_v, d_k)`` (SGLang, dk fastest)."""
+        return (int(num_heads_on_rank), self.d_v, self.d_k)
+
+    def temporal_layer_bytes(self, num_heads_on_rank: int) -> int:
+        """Bytes of one layer's dense temporal state ``[H, d_v, d_k]`` at the temporal dtype."""
+        return math.prod(self.temporal_layer_shape(num_heads_on_rank)) * self.itemsize(self.temporal_dtype)
+
+    def conv_layer_shape(self, tp_size: int = 1) -> tuple[int, int]:
+        """One layer's conv state on one rank, as SGLang 0.5.17 lays it out.
+
+        ``(conv_dim / P, K - 1)`` for ``conv_channels_first`` kinds (GDN, ``Mamba2StateShape``), else
+        ``(K - 1, conv_dim / P)`` (KDA, ``KimiLinearStateShape``).
+
+        Raises:
+            DascInputError: ``tp_size`` < 1 or it does not divide ``conv_dim``.
+        """
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+            raise DascInputError(f"unit spec: tp_size must be a positive integer, got {tp_size!r}")
+        if self.conv_dim % tp_size:
+            raise DascInputError(f"conv_dim = {self.conv_dim} does not split evenly over tp_size = {tp_size} ranks")
+        channels, window = self.conv_dim // tp_size, self.conv_kernel - 1
+        return (channels, window) if self.unit_layout.conv_channels_first else (window, channels)
+
+    def conv_bytes_per_layer(self, tp_size: int = 1) -> int:
+        """Bytes of one layer's conv state on one rank: (conv_dim / P) * (K - 1) * itemsize(conv_dtype)."""
+        return math.prod(self.conv_layer_shape(tp_size)) * self.itemsize(self.conv_dtype)
+
+    # -- tensors (torch is used only through the tensor passed in) -----------------------------
+
+    def units_view(self, state):
+        """A layer's temporal state ``[..., H, d_v, d_k]`` as unit rows ``[..., H * U, unit_elems]``.
+
+        Row ``u = h * U + k`` is unit u: GDN (U = 1) the head's ``[d_v, d_k]`` flattened; KDA
+        (U = d_k) the column ``S[h, :, k]`` (d_v elements). Follows ``torch.reshape``: GDN rows are a
+        view of ``state`` when its ``[H, d_v, d_k]`` axes are contiguous; KDA columns are strided in
+        memory, so they come back as a copy (write them back with :meth:`state_from_units`).
+
+        Raises:
+            ValueError: ``state`` does not end in ``[H, d_v, d_k]`` with this spec's d_v, d_k.
+        """
+        shape = tuple(state.shape)
+        if len(shape) < 3 or shape[-2:] != (self.d_v, self.d_k):
+            raise ValueError(f"state must have shape [..., H, d_v={self.d_v}, d_k={self.d_k}], got {list(shape)}")
+        lead, h = shape[:-3], shape[-3]
+        if self.unit_layout.whole_head:
+            return state.reshape(*lead, h, self.unit_elems)
+        return state.transpose(-1, -2).reshape(*lead, h * self.d_k, self.d_v)
+
+    def state_from_units(self, rows):
+        """Inverse of :meth:`units_view`: rows ``[..., H * U, unit_elems]`` -> state ``[..., H, d_v, d_k]``.
+
+        Raises:
+            ValueError: the rows' trailing shape is not ``[H * U, unit_elems]``.
+        """
+        shape = tuple(rows.shape)
+        u = self.units_per_head
+        if len(shape) < 2 or shape[-1] != self.unit_elems or shape[-2] % u:
+            raise ValueError(f"rows must have shape [..., H * {u}, {self.unit_elems}], got {list(shape)}")
+        lead, h = shape[:-2], shape[-2] // u
+        if self.unit_layout.whole_head:
+            return rows.reshape(*lead, h, self.d_v, self.d_k)
+        return rows.reshape(*lead, h, self.d_k, self.d_v).transpose(-1, -2)
