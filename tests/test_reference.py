@@ -79,7 +79,8 @@ def test_bundled_files_are_reproducible(tmp_path, name):
 
 def test_bundled_total_size_is_small():
     total = sum(p.stat().st_size for p in BUNDLED.rglob("*") if p.is_file())
-    assert total < 512 * 1024
+    # initialisation draws + calibrated references + trained-decay copies; a device call carries the tree
+    assert total < 1536 * 1024
 
 
 def test_bundled_reader_sees_provenance():
