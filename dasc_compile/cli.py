@@ -73,15 +73,17 @@ def inspect_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram."),
 ) -> None:
     """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""
-    from dasc_compile.artifact import load_plan
     from dasc_compile import inspect as insp
+    from dasc_compile.schema import load_plan
 
     try:
         if plot is not None and plot.suffix.lower() != ".png":
             raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
-        plan = load_plan(plan_path)
+        plan = load_plan(plan_path)   # also checks the kernel module beside plan.json
         if plot is not None:
-            insp.plot_plan(plan, plot)
+            from dasc_compile.plot import plot_plan
+
+            plot_plan(plan, plot)
     except DascInputError as exc:
         _fail(exc)
     except OSError as exc:
@@ -116,6 +118,28 @@ def reference_cmd(
     except DascInputError as exc:
         _fail(exc)
     Console().print(f"wrote {out}")
+
+
+@app.command("size")
+def size_cmd(
+    plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
+    max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="R: running requests of every arm."),
+    dense_slots: Optional[int] = typer.Option(None, "--dense-slots", help="M: the Dense arm's native slots (or give --budget)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="State budget per TP rank, e.g. 2147483648 or 2GiB (fixes M)."),
+    strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy", help="extra_buffer | extra_buffer_lazy | no_buffer."),
+    no_overlap: bool = typer.Option(False, "--disable-overlap-schedule", help="Size for SGLang without its overlap scheduler."),
+    pair_plan: Optional[str] = typer.Option(None, "--pair-plan", help="The same plan compiled with the other --int8 setting."),
+    as_json: bool = typer.Option(False, "--json", help="Print the arms as one JSON list."),
+) -> None:
+    """Native and compressed slots, capacity and SGLang flags of every arm at equal state memory (App. C.1)."""
+    from dasc_runtime.sizing import size_command
+
+    try:
+        size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,
+                     budget=budget, strategy=strategy, overlap_schedule=not no_overlap, pair_plan=pair_plan,
+                     as_json=as_json)
+    except DascInputError as exc:
+        _fail(exc)
 
 
 def main() -> None:

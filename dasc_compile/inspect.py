@@ -10,10 +10,10 @@ What is shown, and where it comes from in the paper:
   * the retained fraction r_{l,h} per (layer, head) (App. A.1 Figs. 5-8) and the histogram of
     retention horizons H_s (Eq. 3), as data.
 
-This module also holds the derived data the picture is drawn from (:func:`retained_fraction_matrix`,
-:func:`head_summary`, ...). The PNG itself (``--plot``: heatmap, horizon histogram, per-rank bytes)
-is drawn by :func:`dasc_compile.plot.plot_plan`, which stays reachable as
-``dasc_compile.inspect.plot_plan``.
+The plan is read by :func:`dasc_compile.schema.load_plan` (the one reader). The derived data
+(retained fractions, per-rank tables, number formats) live in :mod:`dasc_compile.plan_views`, shared
+with the PNG (``--plot``: heatmap, horizon histogram, per-rank bytes) that
+:func:`dasc_compile.plot.plot_plan` draws.
 
 The keys of :func:`inspect_json` are documented in README.md ("dasc inspect --json keys").
 """
@@ -21,115 +21,27 @@ The keys of :func:`inspect_json` are documented in README.md ("dasc inspect --js
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from dasc_compile.errors import DascInputError
-from dasc_compile.schema import LayerPlan, Plan, RankPayload
+from dasc_compile.plan_views import (
+    by_rank,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_tokens,
+    head_summary,
+    is_initialisation_draw,
+    kept_per_head,
+    permuted_layer_ids,
+)
+from dasc_compile.schema import Plan
 
 #: Version of the ``--json`` document layout; bump when a key is removed, renamed or changes meaning.
 INSPECT_FORMAT = 1
-
-_INIT_DRAW = re.compile(r"not trained|initiali[sz]ation draw", re.IGNORECASE)
-
-
-# ----------------------------------------------------------------------------------------------
-# loading and derived data
-
-
-def load_plan_for_inspect(path: str | Path) -> Plan:
-    """Read and verify a plan for inspection: ``plan.json`` or the plan directory holding it.
-
-    Delegates to :func:`dasc_compile.artifact.load_plan` (schema_version and content hash checks).
-
-    Raises:
-        DascInputError: the file is missing, is not a plan, has another schema_version, or its
-            content hash does not match (one line naming the file).
-    """
-    from dasc_compile.artifact import load_plan
-
-    return load_plan(path)
-
-
-def is_initialisation_draw(plan: Plan) -> bool:
-    """True when the plan's provenance says its decay values were drawn, not trained (MODELS.md)."""
-    return bool(_INIT_DRAW.search(plan.model.provenance))
-
-
-def kept_per_head(layer: LayerPlan) -> list[int]:
-    """Global (kept) units per head of one layer: int list ``[H]``.
-
-    Flat unit id ``u = h * units_per_head + k`` (schema.py), so head ``h`` = ``u // units_per_head``.
-    GDN (units_per_head = 1): each entry is 0 or 1; KDA: 0..d_k kept key channels.
-
-    Raises:
-        DascInputError: ``n_units != num_heads * units_per_head`` or a kept unit id is outside
-            ``[0, n_units)`` (a malformed plan).
-    """
-    H, U = layer.num_heads, layer.units_per_head
-    if U <= 0 or layer.n_units != H * U:
-        raise DascInputError(f"plan layer {layer.layer_id}: n_units {layer.n_units} != num_heads {H} "
-                             f"* units_per_head {U}")
-    counts = [0] * H
-    for u in layer.kept_units:
-        if not 0 <= u < layer.n_units:
-            raise DascInputError(f"plan layer {layer.layer_id}: kept unit {u} outside [0, {layer.n_units})")
-        counts[u // U] += 1
-    return counts
-
-
-def retained_fraction_matrix(plan: Plan) -> tuple[list[int], np.ndarray]:
-    """Retained fraction r_{l,h} of every (recurrent layer, head) pair (paper App. A.1, Figs. 5-8).
-
-    KDA: the fraction of a head's d_k key channels that are global,
-    r_{l,h} = (1/d_k) * sum_k 1[H_s(l,h,k) > W_max]; GDN: 1.0 if the head is kept else 0.0.
-
-    Returns:
-        ``(layer_ids, matrix)``: ``layer_ids`` are the model layer indices (0-indexed) of the
-        recurrent layers in plan order, length L; ``matrix`` is float64 ``[L, H_max]`` in [0, 1],
-        NaN where a layer has fewer than ``H_max`` heads. Full-attention layers are not rows.
-    Raises:
-        DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
-    """
-    h_max = max((lp.num_heads for lp in plan.layers), default=0)
-    mat = np.full((len(plan.layers), h_max), np.nan, dtype=np.float64)
-    for i, lp in enumerate(plan.layers):
-        mat[i, :lp.num_heads] = np.asarray(kept_per_head(lp), dtype=np.float64) / lp.units_per_head
-    return [lp.layer_id for lp in plan.layers], mat
-
-
-def head_summary(plan: Plan) -> dict[str, Any]:
-    """Counts of layer-head pairs that are mixed (0 < r < 1), all omitted (r = 0), all retained
-    (r = 1), and the min / max over layers of the mean retained fraction (App. A.1 captions)."""
-    _, mat = retained_fraction_matrix(plan)
-    vals = mat[~np.isnan(mat)]
-    means = [float(np.nanmean(row)) for row in mat if not np.all(np.isnan(row))]
-    return {
-        "pairs": int(vals.size),
-        "mixed": int(((vals > 0) & (vals < 1)).sum()),
-        "all_omitted": int((vals == 0).sum()),
-        "all_retained": int((vals == 1).sum()),
-        "layer_mean_fraction_min": min(means) if means else None,
-        "layer_mean_fraction_max": max(means) if means else None,
-    }
-
-
-def _by_rank(payloads: list[RankPayload]) -> dict[int, RankPayload]:
-    return {p.rank: p for p in payloads}
-
-
-def permuted_layer_ids(plan: Plan) -> list[int] | None:
-    """Model layer ids whose compute-head order is not the identity; None without a permutation."""
-    if plan.tp.permutation is None:
-        return None
-    return [p.layer_id for p in plan.tp.permutation if p.head_order != sorted(p.head_order)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +67,8 @@ def inspect_json(plan: Plan) -> dict:
     Token counts are tokens, ``bytes_*`` are bytes per state checkpoint (one slot).
 
     Raises:
-        DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
+        DascInputError: a layer's unit ids are inconsistent (see
+            :func:`dasc_compile.plan_views.kept_per_head`).
     """
     layers = []
     for lp in plan.layers:
@@ -182,8 +95,8 @@ def inspect_json(plan: Plan) -> dict:
             "bytes_conv": lp.bytes_conv,
         })
     tp = plan.tp
-    stages = {"contiguous": _by_rank(tp.payload_contiguous), "compute": _by_rank(tp.payload_compute),
-              "storage": _by_rank(tp.payload_storage)}
+    stages = {"contiguous": by_rank(tp.payload_contiguous), "compute": by_rank(tp.payload_compute),
+              "storage": by_rank(tp.payload_storage)}
     ranks = []
     for r in range(tp.tp_size):
         entry: dict[str, Any] = {"rank": r}
@@ -234,32 +147,6 @@ def inspect_json(plan: Plan) -> dict:
 # rich report
 
 
-def fmt_bytes(n: int | float) -> str:
-    """Bytes in binary units with 3 significant figures: ``640 B``, ``1.50 KiB``, ``2.00 GiB``."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}" if n >= 100 else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def fmt_ratio(x: float) -> str:
-    """A compression ratio: ``1.40x``, or ``inf`` when nothing is kept."""
-    return "inf" if math.isinf(x) else f"{x:.2f}x"
-
-
-def fmt_tokens(x: float) -> str:
-    """A horizon in tokens: ``inf``, ``3.47``, ``180.2``, ``12,345``, ``3.1e+07``."""
-    if math.isinf(x):
-        return "inf"
-    if x < 10:
-        return f"{x:.2f}"
-    if x < 1000:
-        return f"{x:.1f}"
-    return f"{x:,.0f}" if x < 1e7 else f"{x:.1e}"
-
-
 def _opt(x: Any) -> str:
     return "-" if x is None else str(x)
 
@@ -282,7 +169,8 @@ def render_report(plan: Plan, console: Console) -> None:
     ratios (Eq. 6), refresh window (Eq. 7), per-rank payloads (App. B.1, Fig. 9) and kernels.
 
     Raises:
-        DascInputError: a layer's unit ids are inconsistent (see :func:`kept_per_head`).
+        DascInputError: a layer's unit ids are inconsistent (see
+            :func:`dasc_compile.plan_views.kept_per_head`).
     """
     m, pol, t = plan.model, plan.policy, plan.totals
     console.rule(f"[bold]dasc plan[/bold]  {escape(m.model_type)} ({escape(', '.join(m.architectures))})")
@@ -387,7 +275,7 @@ def _render_tp(plan: Plan, console: Console) -> None:
     for stage in ("contiguous", "compute", "storage"):
         rt.add_column(f"{stage} units", justify="right")
         rt.add_column(f"{stage} bytes/slot", justify="right")
-    stages = [_by_rank(tp.payload_contiguous), _by_rank(tp.payload_compute), _by_rank(tp.payload_storage)]
+    stages = [by_rank(tp.payload_contiguous), by_rank(tp.payload_compute), by_rank(tp.payload_storage)]
     for r in range(tp.tp_size):
         cells = [str(r) + (" *" if r == tp.bottleneck_rank else "")]
         for table in stages:
@@ -410,21 +298,3 @@ def _render_tp(plan: Plan, console: Console) -> None:
         lines.append(f"compute-head permutation: {len(perm)} of {len(tp.permutation)} layers reordered")
     for line in lines:
         console.print(line, highlight=False)
-
-
-# ----------------------------------------------------------------------------------------------
-# --plot lives in dasc_compile.plot (matplotlib); re-exported here for existing callers
-
-
-def __getattr__(name: str) -> Any:
-    """Resolve ``plot_plan`` from :mod:`dasc_compile.plot` on first use.
-
-    dasc_compile.plot imports this module, so importing it back at module level would be a cycle;
-    this hook (PEP 562) keeps ``from dasc_compile.inspect import plot_plan`` and
-    ``inspect.plot_plan(...)`` working without one.
-    """
-    if name == "plot_plan":
-        from dasc_compile.plot import plot_plan
-
-        return plot_plan
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,9 +6,9 @@ Panels, and where they come from in the paper:
   * under TP, bytes per slot on each rank for the contiguous / compute / storage stages and the
     bottleneck rank (App. B.1, Fig. 9).
 
-The data behind the panels (retained fractions, provenance check, per-rank tables) and the text
-and JSON reports live in :mod:`dasc_compile.inspect`; matplotlib is imported only when
-:func:`plot_plan` runs. ``dasc_compile.inspect.plot_plan`` still resolves to :func:`plot_plan`.
+The data behind the panels (retained fractions, provenance check, per-rank tables) live in
+:mod:`dasc_compile.plan_views`, shared with the text and JSON reports of :mod:`dasc_compile.inspect`;
+matplotlib is imported only when :func:`plot_plan` runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.inspect import _by_rank, fmt_ratio, is_initialisation_draw, retained_fraction_matrix
+from dasc_compile.plan_views import by_rank, fmt_ratio, is_initialisation_draw, retained_fraction_matrix
 from dasc_compile.schema import Plan
 
 __all__ = ["plot_plan"]
@@ -133,7 +133,7 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
         all_vals = []
         for j, (name, pl) in enumerate([("contiguous", tp.payload_contiguous), ("compute", tp.payload_compute),
                                         ("storage", tp.payload_storage)]):
-            by = _by_rank(pl)
+            by = by_rank(pl)
             vals = [by[r].bytes_per_slot / div if r in by else 0.0 for r in ranks]
             all_vals += vals
             axr.bar(ranks + (j - 1) * width, vals, width=width, label=name, color=viridis(0.15 + 0.35 * j))

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from dasc_compile.artifact import load_plan
+from dasc_compile.schema import load_plan
 from dasc_compile.cli import app
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError

@@ -1,4 +1,4 @@
-"""``dasc inspect`` (dasc_compile/inspect.py) on two hand-built plans with hand-computed figures.
+"""``dasc inspect`` (dasc_compile/inspect.py, plan_views.py, plot.py) on two hand-built plans with hand-computed figures.
 
 GDN plan (Qwen3-Next-like, tiny): model layers 0..3, recurrent [0, 2], 4 value heads, 2 key heads,
 d_k = d_v = 4, conv K = 4, TP = 2 with storage balancing.
@@ -33,6 +33,8 @@ import torch
 from rich.console import Console
 
 from dasc_compile import inspect as insp
+from dasc_compile import plan_views
+from dasc_compile.plot import plot_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.horizons import HORIZON_BIN_EDGES, horizon_histogram, horizon_quantiles
 from dasc_compile.policy import Policy
@@ -49,6 +51,7 @@ from dasc_compile.schema import (
     Totals,
     TPPlan,
     canonical_json,
+    load_plan,
     with_content_hash,
 )
 
@@ -141,14 +144,14 @@ def plan(request) -> Plan:
 # ---- heatmap data ----------------------------------------------------------------------------
 
 def test_retained_fraction_matrix_gdn_is_head_indicator():
-    ids, mat = insp.retained_fraction_matrix(gdn_plan())
+    ids, mat = plan_views.retained_fraction_matrix(gdn_plan())
     assert ids == [0, 2]
     assert mat.dtype == np.float64 and mat.shape == (2, 4)
     np.testing.assert_array_equal(mat, [[0, 1, 1, 1], [0, 0, 0, 1]])
 
 
 def test_retained_fraction_matrix_kda_is_channel_fraction():
-    ids, mat = insp.retained_fraction_matrix(kda_plan())
+    ids, mat = plan_views.retained_fraction_matrix(kda_plan())
     assert ids == [1, 2]
     np.testing.assert_array_equal(mat, [[0.5, 0.25], [0.0, 1.0]])
 
@@ -157,11 +160,11 @@ def test_kept_unit_out_of_range_is_an_input_error():
     p = kda_plan()
     bad = p.layers[0].model_copy(update={"kept_units": [0, 1, 8]})
     with pytest.raises(DascInputError, match="layer 1: kept unit 8 outside"):
-        insp.retained_fraction_matrix(p.model_copy(update={"layers": [bad, p.layers[1]]}))
+        plan_views.retained_fraction_matrix(p.model_copy(update={"layers": [bad, p.layers[1]]}))
 
 
 def test_head_summary_counts_mixed_pairs():
-    hs = insp.head_summary(kda_plan())
+    hs = plan_views.head_summary(kda_plan())
     assert hs == {"pairs": 4, "mixed": 2, "all_omitted": 1, "all_retained": 1,
                   "layer_mean_fraction_min": 0.375, "layer_mean_fraction_max": 0.5}
 
@@ -262,7 +265,7 @@ def test_plot_writes_a_png_atomically(plan, tmp_path):
     import matplotlib.image
 
     out = tmp_path / "plan.png"
-    insp.plot_plan(plan, out)
+    plot_plan(plan, out)
     assert out.read_bytes()[:8] == PNG_MAGIC
     img = matplotlib.image.imread(out)
     assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 300
@@ -271,7 +274,7 @@ def test_plot_writes_a_png_atomically(plan, tmp_path):
 
 def test_plot_into_missing_directory_is_an_input_error(tmp_path):
     with pytest.raises(DascInputError, match="cannot write the plot"):
-        insp.plot_plan(gdn_plan(), tmp_path / "no-such-dir" / "x.png")
+        plot_plan(gdn_plan(), tmp_path / "no-such-dir" / "x.png")
 
 
 # ---- loading ---------------------------------------------------------------------------------
@@ -279,7 +282,7 @@ def test_plot_into_missing_directory_is_an_input_error(tmp_path):
 def test_load_plan_from_file_or_directory(tmp_path):
     p = gdn_plan()
     (tmp_path / "plan.json").write_text(canonical_json(p))
-    assert insp.load_plan_for_inspect(tmp_path) == p
-    assert insp.load_plan_for_inspect(tmp_path / "plan.json") == p
+    assert load_plan(tmp_path) == p
+    assert load_plan(tmp_path / "plan.json") == p
     with pytest.raises(DascInputError):
-        insp.load_plan_for_inspect(tmp_path / "missing")
+        load_plan(tmp_path / "missing")

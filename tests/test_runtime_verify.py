@@ -132,18 +132,17 @@ def test_plan_loader_checks_version_and_hash(tmp_path):
 
 
 def test_one_plan_reader_for_compiler_and_runtime(tmp_path):
-    from dasc_compile import artifact, schema
+    from dasc_compile import schema
     from dasc_compile.errors import DascInputError
 
     from dasc_runtime.plan_io import load_plan
 
-    assert artifact.load_plan is schema.load_plan and artifact.plan_json_path is schema.plan_json_path
     plan, pdir, _ = compile_tiny(tmp_path)
-    assert load_plan(pdir) == artifact.load_plan(pdir / "plan.json") == plan
+    assert load_plan(pdir) == schema.load_plan(pdir / "plan.json") == plan
     raw = json.loads((pdir / "plan.json").read_text())
     raw["content_hash"] = ""                               # an empty hash is checked too, not skipped
     (pdir / "plan.json").write_text(json.dumps(raw))
-    for load in (load_plan, artifact.load_plan):
+    for load in (load_plan, schema.load_plan):
         with pytest.raises(DascInputError, match="content_hash does not match"):
             load(pdir)
     (pdir / "plan.json").write_text("[1, 2]")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from dasc_compile.policy import Policy
 
@@ -178,18 +178,29 @@ class StorageMap(_Frozen):
     ``send_splits[r]`` and output splits ``recv_splits(s)``; load is the same call with the roles
     swapped. ``send_splits[r][r] == 0`` (kept units are copied locally).
     """
+    # This docstring is part of the published JSON schema (its "description"): editing it changes the
+    # schema hash and needs a SCHEMA_VERSION bump. ``n_local`` in it is the JSON key of ``n_packed``
+    # (the units are kept ones; "local" there meant rank-local), and ``local_start`` is the start in
+    # the rank's packed order.
 
-    n_local: list[int]                      # n_r: units rank r packs (compute layout)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings", populate_by_name=True)
+
+    n_packed: list[int] = Field(alias="n_local")   # n_r: units rank r packs (compute layout)
     targets: list[int]                      # t_r: units rank r stores
     keep: list[int]                         # min(n_r, t_r)
     slot_width: int                         # ceil(N / P) units allocated per slot on every rank
-    runs: list[list[list[int]]]             # per rank: [[local_start, count, dest_rank, dest_pos], ...]
+    runs: list[list[list[int]]]             # per rank: [[packed_start, count, dest_rank, dest_pos], ...]
     send_splits: list[list[int]]            # [P][P] units rank r sends to rank s during store
     m_remote: int                           # sum_r max(0, n_r - t_r): units that cross ranks
 
     @property
+    def n_local(self) -> list[int]:
+        """Old Python name of :attr:`n_packed` (kept until ``dasc_runtime`` reads ``n_packed``)."""
+        return self.n_packed
+
+    @property
     def tp_size(self) -> int:
-        return len(self.n_local)
+        return len(self.n_packed)
 
     @property
     def skip_all_to_all(self) -> bool:
@@ -247,8 +258,8 @@ class TPPlan(_Frozen):
             return list(range(self.heads_per_rank * self.tp_size))
         return list(self.permutation[layer_index].head_order)
 
-    def rank_local_units(self, kept_units: list[list[int]], rank: int) -> list[list[int]]:
-        """Per layer, the rank-local flat unit ids rank ``rank`` packs, in ragged (packing) order.
+    def rank_kept_units(self, kept_units: list[list[int]], rank: int) -> list[list[int]]:
+        """Per layer, the kept units rank ``rank`` packs, as ids into its own heads, in ragged (packing) order.
 
         Args:
             kept_units: per recurrent layer, the kept flat unit ids ``u = h * units_per_head + k`` in
@@ -257,8 +268,8 @@ class TPPlan(_Frozen):
         Returns:
             per layer, sorted rank-local ids ``j * units_per_head + k`` where j in ``[0, H_v / P)``
             indexes the rank's local temporal state ``[H_v / P, d_v, d_k]`` after the permutation.
-            Concatenating the layers gives the rank's packed order (length ``n_local[rank]``) that
-            :class:`StorageMap` indexes.
+            Concatenating the layers gives the rank's packed order (length ``StorageMap.n_packed[rank]``)
+            that :class:`StorageMap` indexes.
         Raises:
             ValueError: rank out of range or a layer count that does not match the plan.
         """
@@ -275,6 +286,9 @@ class TPPlan(_Frozen):
             assert len(ids) == self.kept_per_rank_layer[rank][i], (rank, i, len(ids))
             out.append(ids)
         return out
+
+    #: Old name of :meth:`rank_kept_units` (the class docstring, part of the JSON schema, names it).
+    rank_local_units = rank_kept_units
 
 
 class RefreshPlan(_Frozen):
