@@ -1,6 +1,6 @@
 """Run serving-benchmark arms on the GPU machine, several at once (one SGLang server per GPU group).
 
-For each arm (from ``benchmarks/serving_arms.py --out arms.json``) a worker that owns
+For each arm (from ``python -m benchmarks.serving_arms --out arms.json``) a worker that owns
 ``--gpus-per-arm`` GPUs starts ``sglang.launch_server`` with the common flags plus the arm's
 matched-memory flags, waits for ``/health``, replays a short untimed warm-up (first Triton
 compiles and autotuning happen there, not inside a timed run; the client flushes the cache before
