@@ -1,41 +1,332 @@
-"""Matched-memory launch settings for a plan (paper App. C.1): ``python -m dasc_runtime.sizing``.
+"""Matched state memory for the serving arms (paper App. C.1, §5.3): the one place arms are sized.
 
-Dense arm: ``--max-mamba-cache-size M``. dasc arm: ``--max-mamba-cache-size M'`` and
-``--dasc-pool-slots C`` with ``(M'+1) b_dense + (C+1) b_compressed + scratch <= (M+1) b_dense`` per
-TP rank, b_dense = the plan's dense bytes per slot on one rank (temporal + conv), b_compressed =
-the bottleneck rank's compressed bytes per slot (every rank allocates the same C).
+``dasc size PLAN`` and the serving benchmarks (``benchmarks/serving_arms.py``) both call
+:func:`size_arms`. All byte figures are per TP rank:
+
+* ``b_dense``: one SGLang native Mamba slot, temporal ``[L, H/P, d_v, d_k]`` + conv windows
+  (the plan's ``tp.bytes_dense_per_slot``; SGLang's ``mamba2_cache_params.mamba_cache_per_req``);
+* ``b_int8``: one slot of SGLang's INT8 checkpoint pool (:func:`int8_bytes_per_slot`, after
+  ``MambaCheckpointPool.estimate_mem_usage_bytes``);
+* ``b_c``: one dasc compressed slot (the bottleneck rank's ``tp.bottleneck_bytes_per_slot``), and
+  ``b_c8`` for the same kept units stored as INT8 (:func:`compressed_bytes_per_slot`).
+
+Rules (SGLang 0.5.17, ``mem_cache/kv_cache_configurator.py``):
+
+* **Running capacity.** SGLang caps running requests at ``floor(native slots / k)``, ``k`` from
+  ``KVCacheConfigurator._calculate_mamba_ratio``: 3, plus 2 for ``extra_buffer`` with the overlap
+  scheduler (1 without it, 1 for ``extra_buffer_lazy``), plus 0 for ``no_buffer``
+  (:func:`slots_per_running_request`). Every arm runs the same ``R = --max-running-requests``, so
+  the arms with a checkpoint pool keep ``M' = k * R`` native slots, the fewest that run R.
+* **Equal memory.** Dense keeps ``M`` native slots, ``(M + 1) * b_dense`` bytes (SGLang allocates
+  one padding slot, ``(max_mamba_cache_size + 1) * mamba_cache_per_req``); that is every arm's
+  budget B. An arm with a pool of C slots of b bytes uses ``(M' + 1) b_dense + (C + 1) b`` (slot 0
+  of every pool reserved) and C is the largest that fits (:func:`dasc_runtime.pool.matched_memory`).
+  A budget in bytes fixes ``M = floor(B / b_dense) - 1`` and then charges Dense's real allocation.
+* **Checkpoint capacity.** Dense: M (shared with running requests). SGLang INT8: C only (with
+  ``--enable-int8-mamba-checkpoint`` SGLang commits every cached state into that pool). dasc:
+  ``M' + C`` (dense checkpoints stay in native slots and are demoted into the C compressed ones).
 
 Example::
 
-    python -m dasc_runtime.sizing --plan kimi.dasc --dense-slots 512 --native-slots 256 --scratch-slots 8
+    dasc size kimi.dasc --dense-slots 512 --max-running-requests 32
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
 
-from dasc_compile.schema import DascInputError
+from dasc_compile.schema import DascInputError, UnitSpec
 from dasc_runtime.plan_io import load_plan
 from dasc_runtime.pool import MatchedMemory, matched_memory
 
-__all__ = ["plan_matched_memory", "main"]
+__all__ = ["STRATEGIES", "ArmSizing", "slots_per_running_request", "int8_bytes_per_slot", "compressed_bytes_per_slot",
+           "dense_slots_for_budget", "size_arms", "plan_matched_memory", "parse_bytes", "size_command", "main"]
+
+#: ``--mamba-radix-cache-strategy`` values dasc sizes for (SGLang's ``auto`` resolves to
+#: ``extra_buffer`` for Kimi-Linear / Qwen3-Next with the overlap scheduler; name it explicitly).
+STRATEGIES: tuple[str, ...] = ("extra_buffer", "extra_buffer_lazy", "no_buffer")
+_GIB = 2 ** 30
+
+
+def slots_per_running_request(strategy: str, *, overlap_schedule: bool = True) -> int:
+    """Native Mamba slots SGLang 0.5.17 reserves per running request, k (``_calculate_mamba_ratio``).
+
+    ``k = 3 + {extra_buffer: 2 with the overlap scheduler, else 1; extra_buffer_lazy: 1;
+    no_buffer: 0}``, with ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` unset and the radix cache on.
+    SGLang then caps ``--max-running-requests`` at ``floor(--max-mamba-cache-size / k)``.
+
+    Raises:
+        DascInputError: an unknown strategy, or ``extra_buffer_lazy`` without the overlap scheduler
+            (SGLang asserts the same).
+    """
+    if strategy not in STRATEGIES:
+        raise DascInputError(f"--mamba-radix-cache-strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if strategy == "extra_buffer_lazy" and not overlap_schedule:
+        raise DascInputError("--mamba-radix-cache-strategy extra_buffer_lazy needs the overlap scheduler "
+                             "(drop --disable-overlap-schedule)")
+    extra = {"extra_buffer": 2 if overlap_schedule else 1, "extra_buffer_lazy": 1, "no_buffer": 0}[strategy]
+    return 3 + extra
+
+
+def int8_bytes_per_slot(plan) -> int:
+    """Bytes of one slot of SGLang's INT8 checkpoint pool on one TP rank, for the plan's model.
+
+    One slot of ``MambaCheckpointPool.estimate_mem_usage_bytes`` (sglang/srt/mem_cache/
+    mamba_checkpoint_pool.py, 0.5.17): ``L * (H/P) * d_v * d_k`` int8 bytes, ``L * (H/P) * d_k``
+    scales in the temporal dtype, and the conv windows ``L * (conv_dim/P) * (K-1)`` in the conv
+    dtype. Every unit INT8, none omitted: ``L * (H/P) * U * unit_bytes(int8) + L * conv`` with the
+    plan's :class:`~dasc_compile.schema.UnitSpec`.
+
+    Args:
+        plan: a loaded :class:`dasc_compile.schema.Plan`.
+    Returns:
+        bytes (int).
+    Raises:
+        DascInputError: a state dtype the unit spec does not know.
+    """
+    spec = UnitSpec.from_plan(plan)
+    spec8 = UnitSpec(**{**asdict(spec), "int8": True})
+    layers = len(plan.model.recurrent_layer_ids)
+    temporal = layers * plan.tp.heads_per_rank * spec8.units_per_head * spec8.unit_bytes
+    return temporal + layers * spec.conv_bytes_per_layer(plan.tp.tp_size)
+
+
+def compressed_bytes_per_slot(plan, *, int8: Optional[bool] = None) -> int:
+    """Bytes of one dasc compressed slot on the bottleneck TP rank (App. C.1: the same C on every rank).
+
+    ``int8=None`` (or the plan's own setting): the plan's ``tp.bottleneck_bytes_per_slot``. The other
+    setting: the plan's kept units (``payload_storage[r].n_alloc``) at that setting's unit bytes plus
+    the rank's conv bytes, maximised over ranks: what the same selection compiled with ``--int8`` /
+    ``--no-int8`` allocates.
+    """
+    if int8 is None or bool(int8) == bool(plan.policy.int8):
+        return int(plan.tp.bottleneck_bytes_per_slot)
+    spec = UnitSpec(**{**asdict(UnitSpec.from_plan(plan)), "int8": bool(int8)})
+    return max(p.n_alloc * spec.unit_bytes + p.bytes_conv for p in plan.tp.payload_storage)
+
+
+def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
+    """Dense native slots M a per-rank state budget holds: ``floor(B / b_dense) - 1`` (slot 0 is padding).
+
+    Raises:
+        DascInputError: the budget holds no usable slot.
+    """
+    m = int(budget_bytes) // int(bytes_dense_slot) - 1
+    if m < 1:
+        raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({bytes_dense_slot} bytes a slot "
+                             f"on one TP rank, one padding slot)")
+    return m
+
+
+@dataclass(frozen=True)
+class ArmSizing:
+    """One arm at matched state memory (per TP rank; slots are SGLang pool slots, bytes are bytes).
+
+    Attributes:
+        arm: ``dense`` | ``int8`` | ``dasc-nr-w{W}`` | ``dasc-nr-w{W}-int8``; kind: dense | int8 | dasc.
+        native_slots: ``--max-mamba-cache-size``; ckpt_slots: INT8 or dasc pool slots (usable).
+        capacity: checkpoint capacity in slots (module docstring); max_running_requests: R.
+        budget_bytes / used_bytes: state memory, used <= budget; bytes_native_slot / bytes_ckpt_slot.
+        c_ckpt: ``b_dense / b_ckpt`` (1 for Dense). flags: the SGLang launch flags of this arm;
+        ``{plan}`` stands for the arm's plan path where ``plan`` is None (no plan given for it).
+        w_max / int8 / plan: the dasc plan's w_max, INT8 storage and path (None for Dense / INT8).
+    """
+
+    arm: str
+    kind: str
+    native_slots: int
+    ckpt_slots: int
+    capacity: int
+    max_running_requests: int
+    budget_bytes: int
+    used_bytes: int
+    bytes_native_slot: int
+    bytes_ckpt_slot: int
+    c_ckpt: float
+    flags: tuple[str, ...]
+    w_max: Optional[int] = None
+    int8: bool = False
+    plan: Optional[str] = None
+
+
+def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = None,
+              budget_bytes: Optional[int] = None, strategy: str = "extra_buffer", overlap_schedule: bool = True,
+              arms: Sequence[str] = ("dense", "int8", "dasc", "dasc-int8"), plan_path: Optional[str] = None,
+              pair_plan_path: Optional[str] = None, scratch_slots: int = 0) -> list[ArmSizing]:
+    """Size the arms at equal running capacity and equal state memory (module docstring).
+
+    Args:
+        plan: the dasc plan (a loaded Plan): its model gives b_dense / b_int8, its selection b_c.
+        max_running_requests: R, the same for every arm (>= 1).
+        dense_slots / budget_bytes: exactly one: Dense's M, or a per-rank budget that fixes M.
+        strategy / overlap_schedule: SGLang's ``--mamba-radix-cache-strategy`` and whether the
+            overlap scheduler runs (``--disable-overlap-schedule`` absent); they fix k.
+        arms: which arms, any of ``dense``, ``int8``, ``dasc`` (the plan's kept units in the
+            temporal dtype), ``dasc-int8`` (the same units INT8, App. E).
+        plan_path / pair_plan_path: paths for ``--dasc-plan`` of the arm with the plan's own INT8
+            setting / the other one (``{plan}`` in the flags where None).
+        scratch_slots: staging charged to dasc, in compressed slots (0 with generated kernels).
+    Returns:
+        one :class:`ArmSizing` per arm, in the order asked.
+    Raises:
+        DascInputError: R < 1, both or neither of M and budget, M < k * R (Dense could not run R),
+            no pool slot fits, an unknown arm or strategy.
+    """
+    k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
+    r = max_running_requests
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise DascInputError(f"--max-running-requests: expected an integer >= 1, got {r!r}")
+    if (dense_slots is None) == (budget_bytes is None):
+        raise DascInputError("give exactly one of --dense-slots M and --budget BYTES")
+    b_dense = int(plan.tp.bytes_dense_per_slot)
+    m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
+    m_native = k * r
+    if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
+        raise DascInputError(f"--dense-slots {m}: SGLang runs at most floor(M / {k}) requests with {strategy}"
+                             f"{'' if overlap_schedule else ' without the overlap scheduler'}, so "
+                             f"--max-running-requests {r} needs M >= {m_native}")
+    common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
+        (() if overlap_schedule else ("--disable-overlap-schedule",))
+    budget = (m + 1) * b_dense
+    out: list[ArmSizing] = []
+    for name in arms:
+        if name == "dense":
+            out.append(ArmSizing(arm="dense", kind="dense", native_slots=m, ckpt_slots=0, capacity=m,
+                                 max_running_requests=r, budget_bytes=budget, used_bytes=budget,
+                                 bytes_native_slot=b_dense, bytes_ckpt_slot=0, c_ckpt=1.0,
+                                 flags=common + ("--max-mamba-cache-size", str(m))))
+            continue
+        if name == "int8":
+            b8 = int8_bytes_per_slot(plan)
+            mm = _pool(m, m_native, b_dense, b8, 0, "SGLang INT8")
+            out.append(ArmSizing(arm="int8", kind="int8", native_slots=m_native, ckpt_slots=mm.compressed_slots,
+                                 capacity=mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
+                                 used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b8,
+                                 c_ckpt=b_dense / b8, int8=True,
+                                 flags=common + ("--max-mamba-cache-size", str(m_native),
+                                                 "--enable-int8-mamba-checkpoint", "--int8-mamba-ckpt-size",
+                                                 str(mm.compressed_slots))))
+            continue
+        if name not in ("dasc", "dasc-int8"):
+            raise DascInputError(f"arm {name!r}: expected dense, int8, dasc or dasc-int8")
+        i8 = name == "dasc-int8"
+        own = i8 == bool(plan.policy.int8)
+        path = plan_path if own else pair_plan_path
+        b_c = compressed_bytes_per_slot(plan, int8=i8)
+        mm = _pool(m, m_native, b_dense, b_c, scratch_slots * b_c, f"dasc-nr{'+INT8' if i8 else ''}")
+        label = f"dasc-nr-w{plan.policy.w_max}{'-int8' if i8 else ''}"
+        out.append(ArmSizing(arm=label, kind="dasc", native_slots=m_native, ckpt_slots=mm.compressed_slots,
+                             capacity=m_native + mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
+                             used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b_c,
+                             c_ckpt=b_dense / b_c, w_max=plan.policy.w_max, int8=i8, plan=path,
+                             flags=common + ("--max-mamba-cache-size", str(m_native), "--dasc-plan",
+                                             path if path is not None else "{plan}", "--dasc-pool-slots",
+                                             str(mm.compressed_slots))))
+    return out
+
+
+def _pool(m: int, m_native: int, b_dense: int, b: int, scratch: int, what: str) -> MatchedMemory:
+    try:
+        return matched_memory(dense_slots=m, native_slots=m_native, bytes_dense_slot=b_dense,
+                              bytes_compressed_slot=b, scratch_bytes=scratch)
+    except DascInputError:
+        raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave "
+                             f"{(m - m_native) * b_dense} bytes beside the M'={m_native} native slots, one "
+                             f"{what} slot needs {b} bytes (+1 reserved); raise --dense-slots or lower "
+                             f"--max-running-requests") from None
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0) -> MatchedMemory:
-    """:func:`~dasc_runtime.pool.matched_memory` with the plan's per-rank byte figures.
+    """:func:`~dasc_runtime.pool.matched_memory` with the plan's per-rank byte figures (any M').
 
     ``scratch_slots``: staging charged to dasc in compressed-slot units (the PyTorch store/load path
     stages up to one batch of hits; the generated kernels stage nothing).
     """
-    b_dense = plan.tp.bytes_dense_per_slot
     b_comp = plan.tp.bottleneck_bytes_per_slot
-    return matched_memory(dense_slots=dense_slots, native_slots=native_slots, bytes_dense_slot=b_dense,
-                          bytes_compressed_slot=b_comp, scratch_bytes=scratch_slots * b_comp)
+    return matched_memory(dense_slots=dense_slots, native_slots=native_slots,
+                          bytes_dense_slot=plan.tp.bytes_dense_per_slot, bytes_compressed_slot=b_comp,
+                          scratch_bytes=scratch_slots * b_comp)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2147483648"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB are powers of 10, KiB/MiB/GiB of 2).
+
+    Raises:
+        DascInputError: not a positive size.
+    """
+    mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = mt.group(2).lower() if mt else None
+    if mt is None or unit not in _UNITS or float(mt.group(1)) * _UNITS[unit] < 1:
+        raise DascInputError(f"--budget: expected a positive size in bytes such as 2147483648 or 2GiB, got {text!r}")
+    return int(float(mt.group(1)) * _UNITS[unit])
+
+
+def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_slots: Optional[int] = None,
+                 budget: Optional[str] = None, strategy: str = "extra_buffer", overlap_schedule: bool = True,
+                 pair_plan: Optional[str] = None, as_json: bool = False, out=None) -> None:
+    """``dasc size PLAN``: print every arm's slots, capacity and SGLang flags (module docstring).
+
+    Args:
+        plan_path: the plan directory or plan.json; pair_plan: the same selection compiled with the
+            other INT8 setting (same model, w_max and kept units), named in that arm's flags.
+        max_running_requests, dense_slots, budget (a size string), strategy, overlap_schedule: see
+            :func:`size_arms`. as_json: print one JSON document (a list of arms) instead of text.
+    Raises:
+        DascInputError: a bad plan, a pair plan that differs, or sizes that do not fit (one line).
+    """
+    out = out or sys.stdout
+    if max_running_requests is None:
+        raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
+    plan = load_plan(plan_path)
+    if pair_plan is not None:
+        other = load_plan(pair_plan)
+        same = (other.fingerprint == plan.fingerprint and other.policy.w_max == plan.policy.w_max
+                and [lp.kept_units for lp in other.layers] == [lp.kept_units for lp in plan.layers])
+        if not same or bool(other.policy.int8) == bool(plan.policy.int8):
+            raise DascInputError(f"--pair-plan {pair_plan}: expected the same model, w_max and kept units as "
+                                 f"{plan_path} with int8={not plan.policy.int8}")
+        if compressed_bytes_per_slot(plan, int8=other.policy.int8) != other.tp.bottleneck_bytes_per_slot:
+            raise DascInputError(f"--pair-plan {pair_plan}: its bytes per compressed slot differ from the same units "
+                                 f"of {plan_path} at int8={other.policy.int8}")
+    arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,
+                     budget_bytes=None if budget is None else parse_bytes(budget), strategy=strategy,
+                     overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan)
+    if as_json:
+        out.write(json.dumps([asdict(a) for a in arms], indent=1) + "\n")
+        return
+    k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
+    b = arms[0].budget_bytes
+    out.write(f"plan {plan_path}: {plan.model.model_type}, w_max {plan.policy.w_max}, TP {plan.tp.tp_size} "
+              f"(bytes per TP rank), {plan.model.provenance}\n")
+    out.write(f"budget {b} B ({b / _GIB:.3f} GiB) = Dense's {arms[0].native_slots} + 1 native slots x "
+              f"{arms[0].bytes_native_slot} B; every arm runs {max_running_requests} requests "
+              f"({strategy}: {k} native slots a request, so M' = {k * max_running_requests})\n")
+    w = max(len(a.arm) for a in arms)
+    m = b // arms[0].bytes_native_slot - 1
+    for a in arms:
+        pool = f"{a.ckpt_slots} x {a.bytes_ckpt_slot} B" if a.ckpt_slots else "-"
+        out.write(f"{a.arm:>{w}}: native {a.native_slots:>5}, pool {pool:>18}, capacity {a.capacity:>5} "
+                  f"({a.capacity / m:.2f}x Dense), C_ckpt {a.c_ckpt:.2f}, used {a.used_bytes / _GIB:.3f} GiB\n")
+        out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")
+    if any(a.kind == "dasc" and a.plan is None for a in arms):
+        flip = "--int8" if not plan.policy.int8 else "--no-int8"
+        out.write(f"{{plan}}: compile the same model with --wmax {plan.policy.w_max} {flip} and pass it as "
+                  f"--pair-plan to check it\n")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dasc_runtime.sizing", description=__doc__.splitlines()[0])
+    """``python -m dasc_runtime.sizing --plan P --dense-slots M --native-slots M'``: the dasc arm's flags
+    for a chosen M' (``dasc size`` sizes M' from --max-running-requests). Returns 0, or 2 with one
+    ``error:`` line on stderr."""
+    ap = argparse.ArgumentParser(prog="python -m dasc_runtime.sizing", description=main.__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, help="plan directory or plan.json")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
     ap.add_argument("--native-slots", type=int, required=True, help="M': native slots kept for the dasc arm")
