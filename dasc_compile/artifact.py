@@ -1,40 +1,133 @@
-"""Writing and reading the plan directory atomically (DESIGN.md "Plan artifact").
+"""Writing the plan directory atomically (DESIGN.md "Plan artifact").
 
 A plan directory holds ``plan.json`` (written last) and the rendered kernel module(s). It is
-built in a temporary sibling directory and renamed into place, so a failure leaves nothing
-half-written and an existing plan at the same path is replaced whole. Reading is
-:func:`dasc_compile.schema.load_plan` (re-exported here with ``plan_json_path``), the one plan
-reader shared with the runtime.
+built in a temporary sibling directory and moved into place by :func:`dasc_compile.atomic.replace_dir`,
+so a failure or an interrupt leaves nothing half-written, and the ``--out`` path always holds either
+the earlier plan or the new one. An existing ``--out`` is replaced only when it holds an earlier dasc
+plan, recognised by its content (:func:`is_dasc_plan_file`: a ``plan.json`` whose bytes hash to its own
+``content_hash``), never by file names alone. Reading is :func:`dasc_compile.schema.load_plan`
+(re-exported here with ``plan_json_path``), the one plan reader shared with the runtime.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from dasc_compile import atomic
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import PLAN_FILENAME, Plan, canonical_json
 from dasc_compile.schema import load_plan, plan_json_path  # re-exported: the one plan reader
 
-__all__ = ["PLAN_FILE_PATTERNS", "check_replaceable", "load_plan", "plan_json_path", "write_plan_dir"]
+__all__ = ["KERNEL_FILE_PATTERN", "check_replaceable", "is_dasc_plan_file", "load_plan", "plan_json_path",
+           "write_plan_dir"]
+
+#: Rendered kernel modules that may sit beside plan.json (and their ``__pycache__`` after an import).
+KERNEL_FILE_PATTERN = "dasc_kernels_*.py"
+_PYCACHE_PATTERN = "dasc_kernels_*.pyc"
+#: Largest plan.json read when recognising an earlier plan, bytes (real plans are well under 10 MB).
+MAX_PLAN_BYTES = 256 * 2**20
+_HASH_FIELD = re.compile(rb'"content_hash"\s*:\s*"([0-9a-f]{64})"')
+#: Room kept in a file name for the temporary suffixes (``.<name>.tmp-XXXXXXXX``), bytes.
+_NAME_ROOM = 24
 
 
-PLAN_FILE_PATTERNS = (PLAN_FILENAME, "dasc_kernels_*.py")
+def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
+    """Whether ``path`` is a ``plan.json`` written by dasc (of any schema version) and not edited since.
+
+    A dasc plan is a JSON object with an integer ``schema_version`` and a 64-hex ``content_hash``,
+    and the sha256 of its bytes with that hash value blanked (``"content_hash":""``) equals the hash:
+    the canonical form dasc writes (:func:`dasc_compile.schema.compute_content_hash`).
+
+    Returns:
+        ``(True, "")`` or ``(False, why)`` with a short reason for messages.
+    """
+    try:
+        if not path.is_file():
+            return False, "not a regular file"
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            return False, f"larger than {MAX_PLAN_BYTES} bytes"
+        raw = path.read_bytes()
+    except OSError as exc:
+        return False, f"unreadable ({exc.strerror or exc})"
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False, "not JSON"
+    if not isinstance(obj, dict) or type(obj.get("schema_version")) is not int or "content_hash" not in obj:
+        return False, "no schema_version / content_hash fields"
+    m = _HASH_FIELD.search(raw)
+    if m is None or obj.get("content_hash") != m.group(1).decode():
+        return False, "no content hash"
+    blank = raw[:m.start(1)] + raw[m.end(1):]
+    if hashlib.sha256(blank).hexdigest() != m.group(1).decode():
+        return False, "content_hash does not match its content (edited since dasc wrote it)"
+    return True, ""
+
+
+def _is_plan_companion(p: Path) -> bool:
+    """A file dasc puts beside plan.json: a rendered kernel module, or its bytecode cache."""
+    if p.is_symlink():
+        return False
+    if p.is_file():
+        return p.match(KERNEL_FILE_PATTERN)
+    if p.is_dir() and p.name == "__pycache__":
+        return all(c.is_file() and not c.is_symlink() and c.match(_PYCACHE_PATTERN) for c in p.iterdir())
+    return False
+
+
+def _resolve_out(out: Path) -> Path:
+    """``out`` itself, or the directory a symbolic link ``out`` points to.
+
+    Raises:
+        DascInputError: a dangling link, a link to a non-directory, an unusable path (name too
+            long, a file in place of a parent directory, permissions, a link loop).
+    """
+    try:
+        if out.is_symlink():
+            target = Path(os.path.realpath(out))
+            if not target.exists():
+                raise DascInputError(f"{out}: --out is a symbolic link to {target}, which does not exist; "
+                                     f"remove the link or pass another --out")
+            if not target.is_dir():
+                raise DascInputError(f"{out}: --out is a symbolic link to {target}, which is not a directory")
+            out = target
+        os.lstat(out)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot use this --out path ({exc.strerror or exc})") from None
+    name_max = 255
+    try:
+        name_max = os.pathconf(out.parent if str(out.parent) else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        pass
+    n = len(os.fsencode(out.name))
+    if n + _NAME_ROOM > name_max:
+        raise DascInputError(f"{out}: --out name is {n} bytes long; expected at most {name_max - _NAME_ROOM} "
+                             f"(the file system allows {name_max}, dasc adds a temporary suffix)")
+    return out
 
 
 def check_replaceable(out: Path) -> None:
     """Refuse an output path whose replacement would destroy anything but an earlier dasc plan.
 
-    ``out`` may be absent, or an existing directory holding only a plan (``plan.json`` and rendered
-    ``dasc_kernels_*.py`` modules). Anything else (a file, a directory with other content such as
-    the model's own checkpoint, the current directory or one of its parents) is refused.
+    ``out`` may be absent, an empty directory, or a directory holding an earlier plan: a
+    ``plan.json`` that :func:`is_dasc_plan_file` recognises, plus rendered ``dasc_kernels_*.py``
+    modules (and their ``__pycache__``). Anything else (a file, a user's own ``plan.json``, an
+    edited plan, a directory with other content such as the model's checkpoint, the current
+    directory or one of its parents) is refused.
 
     Raises:
         DascInputError: naming ``out`` and why it cannot be replaced.
     """
-    if not out.exists():
+    out = _resolve_out(out)
+    if not os.path.lexists(out):
         return
     if not out.is_dir():
         raise DascInputError(f"{out}: output path exists and is not a directory; choose another --out")
@@ -42,44 +135,64 @@ def check_replaceable(out: Path) -> None:
     target = out.resolve()
     if target == here or target in here.parents:
         raise DascInputError(f"{out}: --out must not be the current directory or one of its parents")
-    others = sorted(p.name for p in out.iterdir()
-                    if not any(p.match(pat) for pat in PLAN_FILE_PATTERNS) or not p.is_file())
+    try:
+        entries = sorted(out.iterdir())
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot list the output directory ({exc.strerror or exc})") from None
+    if not entries:
+        return
+    plan_file = out / PLAN_FILENAME
+    others = sorted(p.name for p in entries if p != plan_file and not _is_plan_companion(p))
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise DascInputError(
             f"{out}: output directory exists and holds more than a dasc plan ({shown}); "
+            f"choose another --out or remove it")
+    ok, why = is_dasc_plan_file(plan_file) if os.path.lexists(plan_file) else (False, f"no {PLAN_FILENAME}")
+    if not ok:
+        raise DascInputError(
+            f"{out}: output directory exists but does not hold a plan written by dasc ({PLAN_FILENAME}: {why}); "
             f"choose another --out or remove it")
 
 
 def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None = None) -> Path:
     """Write ``plan`` (its content hash must be set) and ``files`` (name -> text) into ``out_dir``.
 
-    The directory is assembled under a temporary name beside ``out_dir`` and moved into place
-    with ``os.replace``; ``plan.json`` is written last. Returns the final directory.
+    First undoes an interrupted earlier replacement of ``out_dir`` (:func:`dasc_compile.atomic.recover`),
+    then checks that ``out_dir`` may be replaced (:func:`check_replaceable`). The directory is
+    assembled under a temporary name beside ``out_dir`` (``plan.json`` last, each file fsynced) and
+    moved into place atomically. A symbolic link ``out_dir`` is followed: the directory it points
+    to is replaced. Returns the final directory.
 
     Raises:
-        DascInputError: ``out_dir`` exists and is not a directory, or cannot be written.
+        DascInputError: ``out_dir`` may not be replaced, or cannot be written (no space, read-only,
+            permissions, name too long); nothing is left behind and an earlier plan is kept.
     """
     out = Path(out_dir)
+    try:
+        atomic.recover(_resolve_out(out))
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot restore the plan an interrupted run moved aside "
+                             f"({exc.strerror or exc})") from None
     check_replaceable(out)
+    out = _resolve_out(out)
     parent = out.parent if str(out.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
     except OSError as exc:
-        raise DascInputError(f"{out}: cannot create the plan directory ({exc.strerror})") from None
+        raise DascInputError(f"{out}: cannot create the plan directory ({exc.strerror or exc})") from None
     try:
-        for name, text in (files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        (tmp / PLAN_FILENAME).write_text(canonical_json(plan), encoding="utf-8")
+        for name, text in [*(files or {}).items(), (PLAN_FILENAME, canonical_json(plan))]:
+            with open(tmp / name, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o755)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-            os.replace(out, old / "plan")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        atomic.replace_dir(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DascInputError(f"{out}: cannot write the plan ({exc.strerror or exc}); nothing was changed") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

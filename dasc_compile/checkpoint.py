@@ -24,16 +24,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import DascInputError, short_repr
 from dasc_compile.safetensors_header import (
     DTYPE_BYTES,
     MAX_HEADER_BYTES,
@@ -44,6 +45,7 @@ from dasc_compile.safetensors_header import (
     read_safetensors_header,
 )
 from dasc_compile.schema import decay_sha256
+from dasc_compile.userfiles import load_json_file, require_regular_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from dasc_compile.arch import ArchSpec
@@ -87,16 +89,14 @@ class CheckpointSource:
 # ----------------------------------------------------------------------------- locating
 
 
+#: Largest config.json / index read, bytes (real configs are KBs; indexes of 1T-parameter models a few MB).
+MAX_CONFIG_BYTES = 16 * 2**20
+MAX_INDEX_BYTES = 256 * 2**20
+
+
 def _load_json(path: Path, what: str):
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8"))
-    except FileNotFoundError:
-        raise DascInputError(f"{path}: {what} not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DascInputError(f"{path}: {what} is not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise DascInputError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    """Parse a config / index (regular file, bounded size and nesting; see :mod:`dasc_compile.userfiles`)."""
+    return load_json_file(path, what, MAX_INDEX_BYTES if what == "index" else MAX_CONFIG_BYTES)
 
 
 def _load_config(config: str | Path | None, beside: Path, model: Path) -> tuple[dict, Path]:
@@ -119,22 +119,40 @@ def _files_from_headers(files: list[Path]) -> dict[str, Path]:
     return out
 
 
+def _shard_path(index: Path, tensor: str, shard) -> Path:
+    """The file a ``weight_map`` entry names, which must lie inside the index's directory.
+
+    A shard is named relative to the index (plain names, or sub-folders without ``..``); an absolute
+    path or one climbing out is refused, so an index never makes dasc read files elsewhere.
+    Symbolic links inside the directory (the Hugging Face cache's snapshot links) are followed.
+    """
+    if not isinstance(shard, str):
+        raise DascInputError(f"{index}: field 'weight_map' must map tensor names to shard file names, "
+                             f"got {short_repr(shard)} for tensor {short_repr(tensor)}")
+    posix = PurePosixPath(shard.replace("\\", "/"))
+    if not shard.strip() or posix.is_absolute() or Path(shard).is_absolute() or ".." in posix.parts or "\0" in shard:
+        raise DascInputError(
+            f"{index}: names shard {short_repr(shard)} for tensor {short_repr(tensor)}; expected a file name inside "
+            f"the index's directory (no absolute path, no '..')")
+    p = index.parent / shard
+    if not os.path.lexists(p):
+        raise DascInputError(f"{index}: names shard '{shard}' (for tensor {short_repr(tensor)}), but {p} does not exist")
+    require_regular_file(p, "shard")
+    return p
+
+
 def _files_from_index(index: Path) -> dict[str, Path]:
     obj = _load_json(index, "index")
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict):
         raise DascInputError(f"{index}: field 'weight_map' must map tensor names to shard file names")
     shards: dict[str, Path] = {}
-    for shard in set(wm.values()):
-        if not isinstance(shard, str):
-            raise DascInputError(f"{index}: field 'weight_map' must map tensor names to shard file names, "
-                                 f"got {shard!r}")
-        p = index.parent / shard
-        if not p.is_file():
-            name = next(k for k, v in wm.items() if v == shard)
-            raise DascInputError(f"{index}: names shard '{shard}' (for tensor '{name}'), but {p} does not exist")
-        shards[shard] = p
-    return {name: shards[shard] for name, shard in wm.items()}
+    out: dict[str, Path] = {}
+    for name, shard in wm.items():
+        if not (isinstance(shard, str) and shard in shards):
+            shards[shard] = _shard_path(index, name, shard)   # raises for a non-string entry
+        out[name] = shards[shard]
+    return out
 
 
 _DECAY_SUFFIXES = (".A_log", ".dt_bias")
@@ -176,7 +194,7 @@ def _read_metadata(path: Path) -> dict[str, str]:
             meta, _end = json.JSONDecoder().raw_decode(head[len(_META_PREFIX):].decode("utf-8", "ignore").lstrip())
             if isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()):
                 return meta
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             pass   # metadata longer than the prefix read, or corrupt: let safetensors decide
     with _safe_open(path) as fh:
         return fh.metadata() or {}

@@ -11,7 +11,7 @@ import torch
 
 from dasc_compile import __version__
 from dasc_compile.arch import ArchSpec, arch_from_config, check_against_tensors, text_config
-from dasc_compile.artifact import write_plan_dir
+from dasc_compile.artifact import check_replaceable, write_plan_dir
 from dasc_compile.checkpoint import config_fingerprint, decay_fingerprint, open_checkpoint, read_decay_tensors
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
@@ -23,15 +23,7 @@ from dasc_compile.horizons import (
     static_log_decay,
     unit_refresh_window,
 )
-from dasc_compile.layout import (
-    compression_ratios,
-    conv_bytes_per_layer,
-    dense_temporal_bytes_per_layer,
-    ragged_offsets,
-    ratio,
-    unit_bytes,
-    usable_slots,
-)
+from dasc_compile.accounting import compression_ratios, ragged_offsets, ratio
 from dasc_compile.policy import Policy
 from dasc_compile.schema import (
     Fingerprint,
@@ -41,6 +33,7 @@ from dasc_compile.schema import (
     Plan,
     RefreshPlan,
     Totals,
+    usable_slots,
     with_content_hash,
 )
 from dasc_compile.selection import random_count_matched, select_global
@@ -65,13 +58,65 @@ def resolve_family_policy(spec: ArchSpec, policy: Policy) -> Policy:
 
 
 def layer_horizons(spec: ArchSpec, policy: Policy, tensors: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """Retention horizons per recurrent layer (Eq. 2, 3): float64 ``[n_units]`` each, tokens."""
+    """Retention horizons per recurrent layer (Eq. 2, 3): float64 ``[n_units]`` each, tokens.
+
+    Raises:
+        DascInputError: a unit's static log-decay is NaN (e.g. ``exp(A_log)`` overflows to inf while
+            ``softplus(a_s + dt_bias)`` underflows to 0: ``inf * 0``), naming both tensors and the unit.
+    """
     out = []
     for i in range(len(spec.recurrent_layer_ids)):
-        a_log = tensors[2 * i][1]
-        dt_bias = tensors[2 * i + 1][1]
+        (a_name, a_log), (d_name, dt_bias) = tensors[2 * i], tensors[2 * i + 1]
         g = static_log_decay(spec.family, a_log, dt_bias, policy.a_s, policy.safe_gate_lower_bound)
+        bad = torch.isnan(g).nonzero().flatten()
+        if bad.numel():
+            u = int(bad[0])
+            raise DascInputError(
+                f"{a_name} / {d_name}: the static log-decay of {bad.numel()} unit(s) is not a number (first: unit {u}, "
+                f"A_log {float(a_log.reshape(-1)[u // (g.numel() // a_log.numel())]):.3g}, dt_bias "
+                f"{float(dt_bias.reshape(-1)[u]):.3g}: exp(A_log) * softplus(a_s + dt_bias) is inf * 0); "
+                f"expected decay values whose product is finite")
         out.append(retention_horizon(g, policy.eps))
+    return out
+
+
+def check_servable(plan: Plan) -> None:
+    """Refuse a plan the runtime would refuse at start-up for a reason fixed at compile time.
+
+    Raises:
+        DascInputError: ``pool_budget_bytes`` holds no usable slot of the bottleneck rank
+            (``floor(B / bytes_per_slot) - 1 < 1``, App. C.1; SGLang reserves slot 0).
+    """
+    budget = plan.policy.pool_budget_bytes
+    per_slot = plan.tp.bottleneck_bytes_per_slot
+    if budget is not None and per_slot > 0 and budget // per_slot - 1 < 1:
+        raise DascInputError(
+            f"policy field 'pool_budget_bytes': {budget} bytes hold no usable compressed slot (one slot is {per_slot} "
+            f"bytes on the bottleneck rank and slot 0 is reserved); expected at least {2 * per_slot} bytes")
+
+
+def plan_warnings(plan: Plan) -> list[str]:
+    """Things about a valid plan that its user should know, one line each (printed on stderr by the CLI).
+
+    Nothing kept (every hit restores a zero temporal state); a balance mode at TP size 1 (it changes
+    nothing); plan features this dasc's runtime refuses to serve (dasc-wr refresh, hybrid balancing).
+    """
+    out = []
+    t, pol = plan.totals, plan.policy
+    if t.n_kept == 0 and t.n_units > 0:
+        longest = max(lp.horizon_quantiles.max for lp in plan.layers)
+        out.append(f"nothing is kept: no unit has a retention horizon above w_max = {pol.w_max} tokens (longest "
+                   f"{longest:.4g}); a compressed checkpoint holds only the conv state and every hit restores a zero "
+                   f"temporal state")
+    if pol.balance != "off" and pol.tp_size == 1:
+        out.append(f"balance '{pol.balance}' changes nothing at TP size 1 (one rank holds every unit); pass --tp P "
+                   f"to balance across P ranks")
+    if pol.load_policy == "wr" and plan.refresh.any_local:
+        out.append("load_policy 'wr': this dasc's SGLang runtime does not run dasc-wr yet and refuses this plan "
+                   "(it serves load_policy 'nr')")
+    if plan.tp.balance == "hybrid":
+        out.append("balance 'hybrid': this dasc's SGLang runtime does not permute the loaded weights yet and refuses "
+                   "this plan (it serves balance 'off' and 'storage')")
     return out
 
 
@@ -87,13 +132,16 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
     Raises:
         DascInputError: ``tp_size`` incompatible with the heads (from the TP stage).
     """
-    from dasc_compile.tp import build_tp_plan  # TP stage (App. B.1)
+    from dasc_compile.tp import build_tp_plan, check_tp_config  # TP stage (App. B.1)
 
+    P = policy.tp_size
+    check_tp_config(spec, P, policy.balance, quantization_config)   # before any per-rank shape is taken
     w_max = policy.w_max
     n_l = spec.n_units_per_layer
-    ub = unit_bytes(spec, policy)
-    dense_l = dense_temporal_bytes_per_layer(spec, policy)
-    conv_l = conv_bytes_per_layer(spec, policy)
+    unit = spec.unit_spec(policy)                   # shapes and bytes of one unit, layer and conv state
+    ub = unit.unit_bytes
+    dense_l = unit.temporal_layer_bytes(spec.num_value_heads)
+    conv_l = unit.conv_bytes_per_layer(1)
 
     kept_sets: list[torch.Tensor] = []
     for layer_id, h in zip(spec.recurrent_layer_ids, horizons):
@@ -158,12 +206,11 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
         usable_slots_dense=(usable_slots(policy.pool_budget_bytes, b_dense_t + b_conv)
                             if policy.tp_size == 1 else None),
     )
-    P = policy.tp_size
     tp = build_tp_plan(
         spec, [lp.kept_units for lp in layers], policy,
         bytes_per_unit=ub,
-        conv_bytes_per_layer_rank=conv_bytes_per_layer(spec, policy, P),
-        dense_temporal_bytes_per_layer_rank=dense_l // P,
+        conv_bytes_per_layer_rank=unit.conv_bytes_per_layer(P),
+        dense_temporal_bytes_per_layer_rank=unit.temporal_layer_bytes(spec.num_value_heads // P),
         quantization_config=quantization_config,
     )
     model = ModelInfo(
@@ -216,8 +263,14 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
     """
     if policy.w_max is None:
         raise DascInputError("w_max is not set: pass --wmax N or set 'w_max' in the policy file")
+    out = Path(out_dir) if out_dir is not None else default_out_dir(model)
+    check_replaceable(out)   # early: a refused --out costs no reading (checked again when writing)
     src = open_checkpoint(model, config)
     spec = arch_from_config(src.config, str(src.config_path), policy.family)
+    if not spec.recurrent_layer_ids:
+        raise DascInputError(
+            f"{src.config_path}: the config makes no layer recurrent ({spec.layer_kind_source} lists only full "
+            f"attention); dasc compresses recurrent state, expected at least one linear-attention layer")
     check_against_tensors(spec, src.tensor_files.keys(), str(src.root))
     policy = resolve_family_policy(spec, policy)
     tensors = read_decay_tensors(src, spec)
@@ -230,6 +283,7 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
     plan = build_plan(spec, policy, horizons, fingerprint=fingerprint, provenance=src.provenance,
                       quantization_config=text_config(src.config).get("quantization_config")
                       or src.config.get("quantization_config"))
+    check_servable(plan)
     files: dict[str, str] = {}
     if with_kernels:
         from dasc_compile.kernels import kernel_constants, kernel_module_entry, render_kernel_module
@@ -239,5 +293,4 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
         files[file_name] = source
         plan = plan.model_copy(update={"kernels": kernel_module_entry(constants, file_name, source)})
     plan = with_content_hash(plan)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(model)
     return plan, write_plan_dir(plan, out, files)

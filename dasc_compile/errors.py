@@ -16,3 +16,31 @@ class DascInputError(ValueError):
     """
 
     exit_code = 2
+
+
+#: Echoed input in error messages is cut to about this many characters.
+ECHO_CHARS = 200
+
+
+def _make_repr():
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset, r.maxfrozenset = 3, 6, 6, 6, 6, 6
+    r.maxstring, r.maxother, r.maxlong = ECHO_CHARS, ECHO_CHARS, 60
+    return r
+
+
+_REPR = _make_repr()
+
+
+def short_repr(value, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters without ever building
+    the full repr (a nested or alias-expanded input can be gigabytes long)."""
+    s = _REPR.repr(value)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def short_text(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters; ``...`` marks a cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -10,13 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import DascInputError, short_repr, short_text
+from dasc_compile.strict_yaml import load_yaml_file
 
 FamilyName = Literal["gdn", "kda", "kda_safe_gate"]
 StateDType = Literal["float32", "bfloat16", "float16"]
+#: Largest ``random_seed``: the per-layer seed ``seed * 1_000_003 + layer_id`` must fit 64 bits.
+MAX_RANDOM_SEED = 2**43
+#: Largest ``tp_size`` accepted (far above any real tensor-parallel group).
+MAX_TP_SIZE = 4096
 
 
 class Policy(BaseModel):
@@ -61,46 +65,74 @@ class Policy(BaseModel):
     pool_budget_bytes: Optional[int] = Field(default=None, gt=0, le=2**50)
 
 
+    # Bounds checked by validators rather than Field(le=...): the class (and its docstring) is part of
+    # the published plan schema, which these input checks must not change.
+    @field_validator("random_seed")
+    @classmethod
+    def _seed_fits_the_generator(cls, v: Optional[int]) -> Optional[int]:
+        # the per-layer seed seed * 1_000_003 + layer_id must fit torch.Generator's 64 bits
+        if v is not None and v > MAX_RANDOM_SEED:
+            raise ValueError(f"Input should be less than or equal to {MAX_RANDOM_SEED}")
+        return v
+
+    @field_validator("tp_size")
+    @classmethod
+    def _tp_size_bounded(cls, v: int) -> int:
+        if v > MAX_TP_SIZE:
+            raise ValueError(f"Input should be less than or equal to {MAX_TP_SIZE}")
+        return v
+
+
 def _format_validation_error(source: str, err: ValidationError) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    loc = short_text(".".join(str(p) for p in first["loc"]) or "<root>", 80)
     if first["type"] == "extra_forbidden":
         known = ", ".join(Policy.model_fields)
         return f"{source}: unknown policy key '{loc}' (known keys: {known})"
-    return f"{source}: policy field '{loc}': {first['msg']} (got {first.get('input')!r})"
+    got = first.get("input")
+    hint = ""
+    if isinstance(got, bool) and first["type"] == "literal_error":
+        hint = " (quote the value: a bare true/false is a boolean)"
+    return f"{source}: policy field '{loc}': {first['msg']} (got {short_repr(got)}{hint})"
 
 
 def load_policy_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML policy file into a dict of raw (unvalidated) fields.
 
+    Read strictly (:func:`dasc_compile.strict_yaml.load_yaml_file`: YAML 1.2 core types, unique
+    keys, bounded alias expansion, regular UTF-8 files of at most 1 MiB).
+
     Raises:
-        DascInputError: the file is missing, is not valid YAML, or is not a mapping.
+        DascInputError: the file is missing or unreadable, is not valid YAML, repeats a key,
+            expands too far, or is not a mapping with string keys.
     """
     p = Path(path)
-    if not p.is_file():
-        raise DascInputError(f"{p}: policy file not found")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise DascInputError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = load_yaml_file(p, "policy file")
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise DascInputError(f"{p}: a policy must be a YAML mapping of fields, got {type(data).__name__}")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise DascInputError(f"{p}: policy keys must be field names (strings), got {short_repr(bad[0])}")
     return data
 
 
 def resolve_policy(path: str | Path | None = None, **overrides: Any) -> Policy:
     """Build a :class:`Policy` from an optional YAML file, then CLI overrides (``None`` = unset).
 
+    The file is validated in pydantic strict mode: a value of the wrong type is refused, never
+    converted (``w_max: true`` is not 1, ``int8: "yes"`` is not true, ``w_max: "64"`` is not 64);
+    integers are accepted for float fields.
+
     Raises:
         DascInputError: unknown key, wrong type or out-of-range value, naming the file (or
-            ``--flag``) and the field.
+            ``command-line flags``) and the field.
     """
     fields: dict[str, Any] = load_policy_file(path) if path is not None else {}
     source = str(path) if path is not None else "policy"
     try:
-        Policy(**fields)
+        Policy.model_validate(fields, strict=True)
     except ValidationError as exc:
         raise DascInputError(_format_validation_error(source, exc)) from None
     given = {k: v for k, v in overrides.items() if v is not None}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -87,7 +88,11 @@ def _prod(shape: tuple[int, ...]) -> int:
 def _precheck(path: Path) -> None:
     """Cheap checks before safetensors parses the header: exists, 8-byte length, limit, truncation."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):   # a FIFO or device would block or never end
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, device or socket)"
+            raise DascInputError(f"{path}: is {kind}, expected a .safetensors file")
+        size = st.st_size
         with open(path, "rb") as fh:
             head = fh.read(8)
     except FileNotFoundError:
@@ -120,8 +125,10 @@ def _parse_header(path: Path) -> SafetensorsHeader:
         raise DascInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DascInputError(f"{path}: corrupt safetensors header: not valid JSON ({exc})") from None
+    except (UnicodeDecodeError, ValueError) as exc:   # ValueError: also a number Python cannot convert
+        raise DascInputError(f"{path}: corrupt safetensors header: not valid JSON ({str(exc)[:160]})") from None
+    except RecursionError:
+        raise DascInputError(f"{path}: corrupt safetensors header: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise DascInputError(f"{path}: corrupt safetensors header: expected a JSON object, got {type(obj).__name__}")
     data_bytes = size - 8 - n

@@ -1,0 +1,144 @@
+"""Atomic placement of a finished directory (a plan, a reference checkpoint) at its final path.
+
+Invariant: at every instant the destination path holds either the old directory or the new one,
+never neither and never a mix, even when SIGINT / SIGTERM arrive or the process dies between steps.
+
+* When the destination does not exist, one ``rename`` moves the new directory there.
+* When it exists, Linux ``renameat2(RENAME_EXCHANGE)`` swaps the two directories in one step (the
+  new one appears at the destination, the old one at the staging path, which is then removed).
+* Where the exchange is not available (another OS, a file system without it, an old libc), the old
+  directory is first renamed aside to a sibling ``.<name>.old-XXXX/dir`` and the new one renamed
+  into place; a failure of the second rename moves the old one back. A crash between the two
+  renames (SIGKILL, power loss) leaves the old directory aside; :func:`recover` puts it back the
+  next time the destination is written.
+
+SIGINT and SIGTERM are held back (in the main thread, through the Python signal handlers) during
+the swap and delivered right after it, so Ctrl-C never lands between two renames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["aside_dirs", "recover", "replace_dir", "signals_held"]
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_ASIDE_INFIX = ".old-"
+_ASIDE_ENTRY = "dir"
+_HELD_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold back SIGINT / SIGTERM for the duration of the block, then deliver them once.
+
+    Works by swapping the Python-level handlers (Python runs them in the main thread whichever
+    thread the kernel picked), so it is a no-op outside the main thread. A held signal is raised
+    again after the block, reaching the handler that was installed before it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum, _frame):
+        pending.append(signum)
+
+    old = {}
+    try:
+        for s in _HELD_SIGNALS:
+            old[s] = signal.signal(s, hold)
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if pending:
+            signal.raise_signal(pending[0])
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where unsupported.
+
+    Raises:
+        OSError: the call is supported but failed (permissions, read-only file system, ...).
+    """
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):   # not Linux / glibc < 2.28
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def aside_dirs(dest: Path) -> list[Path]:
+    """Directories that :func:`replace_dir` moved ``dest`` aside to and did not remove, newest first."""
+    parent = dest.parent
+    try:
+        found = [p for p in parent.iterdir()
+                 if p.name.startswith(f".{dest.name}{_ASIDE_INFIX}") and (p / _ASIDE_ENTRY).is_dir()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
+def recover(dest: Path) -> Path | None:
+    """Undo an interrupted fallback replacement of ``dest``; returns the directory put back, if any.
+
+    When ``dest`` is missing and a directory moved aside by :func:`replace_dir` exists, the newest
+    one is renamed back to ``dest``. When ``dest`` exists, leftovers aside are removed.
+
+    Raises:
+        OSError: the rename back failed.
+    """
+    found = aside_dirs(dest)
+    if not found:
+        return None
+    put_back = None
+    if not os.path.lexists(dest):
+        with signals_held():
+            os.rename(found[0] / _ASIDE_ENTRY, dest)
+        put_back = found[0]
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True)
+    return put_back
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Move directory ``new`` to ``dest``; an existing ``dest`` directory is replaced and removed.
+
+    ``new`` and ``dest`` must be on one file system (``new`` is normally a sibling of ``dest``).
+    See the module docstring for the invariant and the steps.
+
+    Raises:
+        OSError: a rename failed; ``dest`` then still holds what it held before.
+    """
+    with signals_held():
+        if not os.path.lexists(dest):
+            os.rename(new, dest)
+            return
+        if _exchange(new, dest):
+            shutil.rmtree(new, ignore_errors=True)   # ``new`` now holds the old directory
+            return
+        aside = Path(tempfile.mkdtemp(prefix=f".{dest.name}{_ASIDE_INFIX}", dir=dest.parent))
+        os.rename(dest, aside / _ASIDE_ENTRY)
+        try:
+            os.rename(new, dest)
+        except BaseException:
+            os.rename(aside / _ASIDE_ENTRY, dest)
+            os.rmdir(aside)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,121 @@
+"""Reading files a user points dasc at (config.json, index, policy) without hanging or crashing.
+
+Each reader opens the path without blocking (``O_NONBLOCK``: a FIFO or a device never stalls the
+process), requires a regular file of bounded size, and turns every OS / decoding / parsing problem,
+including JSON nested deeper than Python can parse and integers with more digits than Python
+converts, into one :class:`DascInputError` line naming the file and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from dasc_compile.errors import DascInputError
+
+__all__ = ["MAX_JSON_DEPTH", "load_json_file", "read_user_bytes", "require_regular_file"]
+
+#: Deepest nesting accepted in a JSON file dasc reads (real configs nest 3-4 levels).
+MAX_JSON_DEPTH = 64
+
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def _not_regular(path: Path, what: str, mode: int) -> DascInputError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return DascInputError(f"{path}: {what} is {kind}; expected a regular file")
+
+
+def require_regular_file(path: Path, what: str) -> os.stat_result:
+    """``os.stat`` of ``path``, which must be a regular file (symbolic links are followed).
+
+    Raises:
+        DascInputError: missing, unreadable, or a directory / FIFO / device / socket.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise DascInputError(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise DascInputError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, what, st.st_mode)
+    return st
+
+
+def read_user_bytes(path: str | Path, what: str, max_bytes: int) -> bytes:
+    """All bytes of the regular file ``path`` (at most ``max_bytes``), opened without blocking.
+
+    Raises:
+        DascInputError: missing, unreadable, not a regular file, or larger than ``max_bytes``.
+    """
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise DascInputError(f"{p}: {what} not found") from None
+    except IsADirectoryError:
+        raise DascInputError(f"{p}: {what} is a directory; expected a regular file") from None
+    except OSError as exc:
+        raise DascInputError(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(p, what, st.st_mode)
+        if st.st_size > max_bytes:
+            raise DascInputError(f"{p}: {what} is {st.st_size} bytes; expected at most {max_bytes}")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise DascInputError(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise DascInputError(f"{p}: {what} is larger than {max_bytes} bytes")
+    return data
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in o)
+    return deepest
+
+
+def load_json_file(path: str | Path, what: str, max_bytes: int = 64 * 2**20, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse the JSON file ``path`` (UTF-8, at most ``max_bytes``, nested at most ``max_depth`` levels).
+
+    Raises:
+        DascInputError: as :func:`read_user_bytes`; not UTF-8; not valid JSON (with line and column);
+            nested too deeply; a number Python cannot convert.
+    """
+    p = Path(path)
+    raw = read_user_bytes(p, what, max_bytes)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DascInputError(f"{p}: {what} is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); "
+                             f"expected a JSON file") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DascInputError(f"{p}: {what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise DascInputError(f"{p}: {what} is nested too deeply to parse; expected at most {max_depth} levels") from None
+    except ValueError as exc:   # e.g. an integer with more digits than Python converts
+        raise DascInputError(f"{p}: {what} is not valid JSON ({str(exc)[:120]})") from None
+    depth = _depth(obj)
+    if depth > max_depth:
+        raise DascInputError(f"{p}: {what} is nested {depth} levels deep; expected at most {max_depth}")
+    return obj
