@@ -1,11 +1,15 @@
 """The ``dasc`` command line (typer): ``compile``, ``inspect``, ``reference``.
 
-Every bad input ends in one line ``error: <what, where, expected>`` on stderr and exit status 2.
+Every bad input ends in one line ``error: <what, where, expected>`` on stderr and exit status 2;
+how every other ending looks (closed pipe, Ctrl-C, an internal error) is :mod:`dasc_compile.cli_exit`.
+Things a user should know about a valid plan are ``warning: ...`` lines on stderr.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -23,6 +27,21 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 def _fail(exc: Exception) -> None:
     err.print(f"error: {exc}", markup=False)
     raise typer.Exit(code=2)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from dasc_compile import __version__
+        from dasc_compile.schema import SCHEMA_VERSION
+
+        typer.echo(f"dasc {__version__} (plan schema_version {SCHEMA_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the dasc version and the plan schema version, then exit.")) -> None:
+    """Decay-Aware State Compression: compile and inspect state-checkpoint plans."""
 
 
 @app.command("compile")
@@ -45,7 +64,7 @@ def compile_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the plan path."),
 ) -> None:
     """Compile a dasc plan from a checkpoint's decay tensors."""
-    from dasc_compile.compiler import compile_plan
+    from dasc_compile.compiler import compile_plan, plan_warnings
     from dasc_compile.policy import resolve_policy
 
     try:
@@ -54,14 +73,18 @@ def compile_cmd(
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
         _fail(exc)
+    for line in plan_warnings(plan):
+        err.print(f"warning: {line}", markup=False)
     con = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
     if quiet:
-        con.print(str(path / "plan.json"))
+        con.print(str(path / "plan.json"), markup=False)
         return
     t = plan.totals
+    c_temp = f"{t.c_temp_ragged:.2f}x" if math.isfinite(t.c_temp_ragged) else "inf (nothing kept)"
     con.print(f"wrote {path / 'plan.json'}  ({plan.model.model_type}, {t.num_recurrent_layers} {plan.model.family} layers, "
-              f"kept {t.n_kept}/{t.n_units} units, C_temp {t.c_temp_ragged:.2f}x, C_ckpt {t.c_ckpt:.2f}x"
-              + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")")
+              f"kept {t.n_kept}/{t.n_units} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
+              + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")",
+              markup=False)
     if "not trained" in plan.model.provenance:
         con.print(f"note: decay values are an {plan.model.provenance}")
 
@@ -109,15 +132,50 @@ def reference_cmd(
     from dasc_compile import reference
 
     try:
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise DascInputError(f"{out}: --out must be a new or empty directory")
-        if full_size:
-            reference.write_full_size(name, out, seed=seed)
-        else:
-            reference.write_decay_only(name, out, seed=seed)
+        if not 0 <= seed <= MAX_REFERENCE_SEED:
+            raise DascInputError(f"--seed {seed}: expected an integer in [0, {MAX_REFERENCE_SEED}] (torch.Generator seeds are 64-bit)")
+        _write_new_dir(out, lambda tmp: (reference.write_full_size if full_size else reference.write_decay_only)(
+            name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)
-    Console().print(f"wrote {out}")
+    Console().print(f"wrote {out}", markup=False)
+
+
+#: Largest ``dasc reference --seed`` (torch.Generator.manual_seed takes 64-bit seeds).
+MAX_REFERENCE_SEED = 2**63 - 1
+
+
+def _write_new_dir(out: Path, write) -> None:
+    """Run ``write(tmp)`` into a temporary sibling of ``out``, then move it to ``out`` (new or empty).
+
+    Nothing is left behind on failure or interrupt (no ``config.json.tmp``, no half a checkpoint).
+
+    Raises:
+        DascInputError: ``out`` exists and is not an empty directory, or cannot be written.
+    """
+    import shutil
+    import tempfile
+
+    from dasc_compile import atomic
+
+    try:
+        if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
+            raise DascInputError(f"{out}: --out must be a new or empty directory")
+        parent = out.parent if str(out.parent) else Path(".")
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o755)
+        atomic.replace_dir(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DascInputError(f"{out}: cannot write ({exc.strerror or exc}); nothing was written") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 @app.command("size")
@@ -142,28 +200,46 @@ def size_cmd(
         _fail(exc)
 
 
-def main() -> None:
-    """Entry point of the ``dasc`` console script.
+# `dasc eval` (quality cost of a plan, horizon validation): its body lives in dasc_compile.eval.command
+from dasc_compile.eval.command import eval_cmd  # noqa: E402
 
-    Command-line usage errors (a non-integer ``--wmax``, an unknown option, a missing argument)
-    are printed as one ``error:`` line with exit status 2, like every other bad input.
+app.command("eval")(eval_cmd)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status; never raises.
+
+    Usage errors (a non-integer ``--wmax``, an unknown option, a missing argument) are one
+    ``error:`` line with status 2, like every other bad input; closed pipes, signals and internal
+    errors end as :func:`dasc_compile.cli_exit.run_guarded` describes.
     """
+    from dasc_compile.cli_exit import run_guarded
+
     try:  # recent typer releases vendor click as typer._click
         from typer._click import exceptions as cx
     except ImportError:  # pragma: no cover - older typer on plain click
         from click import exceptions as cx
 
-    try:
-        rc = app(standalone_mode=False)
-    except cx.UsageError as exc:
-        msg = exc.format_message()
-        if msg:  # an empty message follows the help text that a bare `dasc` prints
-            hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
-            err.print(f"error: {msg}{hint}", markup=False)
-        sys.exit(2)
-    except cx.Abort:
-        sys.exit(1)
-    sys.exit(rc if isinstance(rc, int) else 0)
+    def body() -> int:
+        try:
+            rc = app(args=argv, prog_name="dasc", standalone_mode=False)
+        except cx.UsageError as exc:
+            msg = exc.format_message()
+            if msg:  # an empty message follows the help text that a bare `dasc` prints
+                hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
+                err.print(f"error: {msg}{hint}", markup=False)
+            return 2
+        except cx.ClickException as exc:   # other click errors (e.g. a file option that cannot be opened)
+            err.print(f"error: {exc.format_message()}", markup=False)
+            return exc.exit_code or 2
+        return rc if isinstance(rc, int) else 0
+
+    return run_guarded(body)
+
+
+def main() -> None:
+    """Entry point of the ``dasc`` console script: ``sys.exit(run())``."""
+    sys.exit(run())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,184 @@
+"""How a ``dasc`` process ends: closed pipes, full disks on stdout, signals and unexpected errors.
+
+:func:`run_guarded` runs the CLI and turns every way it can end into an exit status and at most one
+line on stderr, never a traceback:
+
+=====================================  ======================================================  ======
+condition                              what the user sees                                      status
+=====================================  ======================================================  ======
+stdout closed early (``| head -1``)    nothing more; the work goes on to its end                the work's
+stdout cannot be written (ENOSPC)      ``error: cannot write to standard output (...)``        2
+bad input (:class:`DascInputError`)    ``error: <message>``                                   2
+SIGINT (Ctrl-C) / SIGTERM              ``error: interrupted (SIGINT)``                         130 / 143
+anything else (a bug)                  ``error: internal error (<type>: <message>) ...``       1
+=====================================  ======================================================  ======
+
+A closed stdout is not an error, as for other Unix filters: later output is discarded and the
+exit status is the one the command would have had (0 when ``dasc compile ... | true`` wrote its plan).
+Setting ``DASC_TRACEBACK=1`` prints the traceback of an internal error as well.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Callable
+
+from dasc_compile.errors import DascInputError, short_text
+
+__all__ = ["Interrupted", "StdoutGuard", "run_guarded"]
+
+
+class Interrupted(BaseException):
+    """SIGINT / SIGTERM arrived (raised by the handlers :func:`run_guarded` installs).
+
+    A ``BaseException`` so that ``except Exception`` blocks do not swallow it, and not a
+    ``KeyboardInterrupt`` so that typer does not turn it into a silent exit.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class _StdoutError(DascInputError):
+    """Standard output cannot be written (not a closed pipe): one line, exit status 2."""
+
+
+class StdoutGuard:
+    """A stand-in for ``sys.stdout`` that survives a closed pipe and reports other write errors once.
+
+    On ``BrokenPipeError`` the pipe is marked closed, the real stdout descriptor is pointed at
+    ``/dev/null`` (so Python's final flush cannot fail) and later writes are discarded. Any other
+    ``OSError`` (a full disk, ``/dev/full``) raises :class:`_StdoutError` once.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.pipe_closed = False
+        self.error: OSError | None = None
+
+    def _silence(self) -> None:
+        try:
+            fd = self._stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except OSError:
+            pass
+
+    def _failed(self, exc: OSError):
+        if isinstance(exc, BrokenPipeError):
+            self.pipe_closed = True
+            self._silence()
+            return None
+        first = self.error is None
+        self.error = exc
+        self._silence()
+        if first:
+            raise _StdoutError(f"cannot write to standard output ({exc.strerror or exc})") from None
+        return None
+
+    def write(self, text):
+        if self.pipe_closed or self.error is not None:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._failed(exc)
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.pipe_closed or self.error is not None:
+            return
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._failed(exc)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(signum)
+
+
+def _install_handlers() -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[s] = signal.signal(s, _raise_interrupted)
+        except (OSError, ValueError):
+            pass
+    return old
+
+
+def run_guarded(body: Callable[[], int]) -> int:
+    """Run ``body`` (the CLI; returns an exit status) and return the status to exit with.
+
+    Installs :class:`StdoutGuard` as ``sys.stdout`` and SIGINT / SIGTERM handlers for the call,
+    restores both afterwards, and flushes stdout inside the guard (so a full disk is reported
+    here, not by Python at shutdown). See the module docstring for the outcomes.
+    """
+    guard = StdoutGuard(sys.stdout)
+    saved_stdout = sys.stdout
+    sys.stdout = guard
+    old_handlers = _install_handlers()
+    try:
+        try:
+            rc = body()
+            guard.flush()
+        except Interrupted as exc:
+            _say(f"error: interrupted ({exc.name})")
+            rc = 128 + exc.signum
+        except KeyboardInterrupt:
+            _say("error: interrupted (SIGINT)")
+            rc = 130
+        except DascInputError as exc:
+            _say(f"error: {exc}")
+            rc = 2
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except MemoryError:
+            _say("error: out of memory; this is a bug in dasc for inputs that passed validation "
+                 "(rerun with DASC_TRACEBACK=1 and report it)")
+            rc = 1
+        except Exception as exc:   # last resort: one line, never a traceback
+            if os.environ.get("DASC_TRACEBACK"):
+                traceback.print_exc()
+            msg = short_text(str(exc).splitlines()[0] if str(exc) else "", 300)
+            _say(f"error: internal error ({type(exc).__name__}{': ' + msg if msg else ''}); this is a bug in dasc "
+                 f"(rerun with DASC_TRACEBACK=1 and report it)")
+            rc = 1
+        if guard.error is not None and rc == 0:
+            rc = 2
+        return rc
+    finally:
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        sys.stdout = saved_stdout
