@@ -1,0 +1,126 @@
+"""The cached-prefix protocol's arms on real (tiny) transformers models: dense, nr, wr, Random."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dasc_compile.eval.arms import (arm_cache, keep_grids, plan_kept_units, random_kept_units, replay_window,
+                                    RANDOM_SEEDS)
+from dasc_compile.schema import load_plan
+from conftest import compile_for
+
+PREFIX = [(7 * i + 3) % 251 for i in range(80)]
+SUFFIX = [(11 * i + 5) % 251 for i in range(20)]
+
+
+def _prefix_cache(em, prefix=PREFIX):
+    cache = em.new_cache()
+    em.forward(prefix, cache)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def gdn_plan(gdn_dir, tmp_path_factory):
+    return load_plan(compile_for(gdn_dir, 16, tmp_path_factory.mktemp("p") / "gdn16.dasc"), verify_kernels=False)
+
+
+@pytest.fixture(scope="module")
+def kda_plan(kda_dir, tmp_path_factory):
+    return load_plan(compile_for(kda_dir, 64, tmp_path_factory.mktemp("p") / "kda64.dasc"), verify_kernels=False)
+
+
+@pytest.mark.parametrize("which", ["gdn", "kda"])
+def test_dense_equals_full_prompt_forward(which, gdn_model, kda_model):
+    em = gdn_model if which == "gdn" else kda_model
+    full = em.forward(PREFIX + SUFFIX, em.new_cache())
+    cache = arm_cache(em, _prefix_cache(em), PREFIX, "dense", None)
+    split = em.forward(SUFFIX, cache)
+    assert torch.allclose(split, full[len(PREFIX):], atol=1e-4, rtol=1e-4), (split - full[len(PREFIX):]).abs().max()
+    # the prefix changes the suffix: the check is not passing on a model that ignores its state
+    assert not torch.allclose(em.forward(SUFFIX, em.new_cache()), full[len(PREFIX):], atol=1e-3)
+
+
+@pytest.mark.parametrize("which", ["gdn", "kda"])
+def test_nr_with_keep_all_plan_equals_dense(which, gdn_model, kda_model, gdn_dir, kda_dir, tmp_path):
+    em, d = (gdn_model, gdn_dir) if which == "gdn" else (kda_model, kda_dir)
+    plan = load_plan(compile_for(d, 0, tmp_path / "all.dasc"), verify_kernels=False)   # H_s > 0: every unit kept
+    assert plan.totals.n_kept == plan.totals.n_units
+    grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
+    pc = _prefix_cache(em)
+    dense = em.forward(SUFFIX, arm_cache(em, pc, PREFIX, "dense", None))
+    nr = em.forward(SUFFIX, arm_cache(em, pc, PREFIX, "nr", grids))
+    assert torch.equal(dense, nr)
+
+
+def _unit_view(state, em):
+    """[H, units_per_head, ...] view of a key-major state [1, H, d_k, d_v]."""
+    s = state[0]
+    return s.reshape(em.num_heads, 1, -1) if em.units_per_head == 1 else s
+
+
+def _hand_scratch(em, window):
+    """Scratch replay built independently: run the first n_p - W tokens, zero every linear layer, run the window."""
+    cache = em.new_cache()
+    em.forward(PREFIX[:len(PREFIX) - window], cache)
+    for lid in em.layer_ids:
+        layer = cache.layers[lid]
+        layer.recurrent_states.zero_()
+        layer.conv_states.zero_()
+        layer.has_previous_state = False
+    em.forward(PREFIX[len(PREFIX) - window:], cache)
+    return cache
+
+
+@pytest.mark.parametrize("which", ["gdn", "kda"])
+def test_wr_changes_only_local_units_and_equals_hand_built_replay(which, gdn_model, kda_model, gdn_plan, kda_plan):
+    em, plan = (gdn_model, gdn_plan) if which == "gdn" else (kda_model, kda_plan)
+    assert 0 < plan.totals.n_kept < plan.totals.n_units
+    grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
+    window = replay_window(plan, len(PREFIX))
+    assert 4 <= window < len(PREFIX)
+    pc = _prefix_cache(em)
+    before = copy.deepcopy(pc)
+    wr = arm_cache(em, pc, PREFIX, "wr", grids, window)
+    hand = _hand_scratch(em, window)
+    for lid, grid in zip(em.layer_ids, grids):
+        got = _unit_view(wr.layers[lid].recurrent_states, em)
+        old = _unit_view(before.layers[lid].recurrent_states, em)
+        ref = _unit_view(hand.layers[lid].recurrent_states, em)
+        assert torch.equal(got[grid], old[grid])                          # global units: exactly as stored
+        assert torch.allclose(got[~grid], ref[~grid], atol=1e-5, rtol=1e-4)   # local units: the scratch replay
+        assert not torch.allclose(got[~grid], old[~grid], atol=1e-4)     # and they did change
+        assert torch.equal(wr.layers[lid].conv_states, before.layers[lid].conv_states)
+    for lid in range(len(pc.layers)):
+        if lid not in em.layer_ids:                                      # full-attention KV untouched
+            assert torch.equal(wr.layers[lid].keys, before.layers[lid].keys)
+            assert wr.layers[lid].keys.shape[-2] == len(PREFIX)
+    # the prefix checkpoint itself is not modified by applying an arm
+    for lid in em.layer_ids:
+        assert torch.equal(pc.layers[lid].recurrent_states, before.layers[lid].recurrent_states)
+
+
+@pytest.mark.parametrize("which", ["gdn", "kda"])
+def test_nr_zeroes_exactly_the_local_units(which, gdn_model, kda_model, gdn_plan, kda_plan):
+    em, plan = (gdn_model, gdn_plan) if which == "gdn" else (kda_model, kda_plan)
+    grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
+    pc = _prefix_cache(em)
+    nr = arm_cache(em, pc, PREFIX, "nr", grids)
+    for lid, grid in zip(em.layer_ids, grids):
+        got, old = _unit_view(nr.layers[lid].recurrent_states, em), _unit_view(pc.layers[lid].recurrent_states, em)
+        assert torch.equal(got[grid], old[grid])
+        assert torch.count_nonzero(got[~grid]) == 0
+        assert torch.count_nonzero(old[~grid]) > 0
+
+
+def test_random_masks_are_count_matched_and_equal_compiled_random_plans(gdn_dir, kda_plan, kda_dir, tmp_path):
+    plan = kda_plan
+    draws = {s: random_kept_units(plan, s) for s in RANDOM_SEEDS}
+    for s, kept in draws.items():
+        assert [len(k) for k in kept] == [lp.n_kept for lp in plan.layers]
+        assert all(len(set(k)) == len(k) and all(0 <= u < lp.n_units for u in k) for k, lp in zip(kept, plan.layers))
+    assert len({tuple(map(tuple, k)) for k in draws.values()}) == len(RANDOM_SEEDS)   # five different masks
+    compiled = load_plan(compile_for(kda_dir, 64, tmp_path / "r.dasc", random_seed=2027), verify_kernels=False)
+    assert plan_kept_units(compiled) == draws[2027]
