@@ -51,7 +51,7 @@ from dasc_compile.checkpoint import PROVENANCE_KEY
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.horizons import retention_horizon, static_log_decay
-from dasc_compile.layout import conv_bytes_per_layer, dense_temporal_bytes_per_layer, unit_bytes
+from dasc_compile.accounting import conv_bytes_per_layer, dense_temporal_bytes_per_layer, unit_bytes
 from dasc_compile.policy import Policy
 from dasc_compile.provenance import CALIBRATED_PREFIX
 from dasc_compile.reference import _write_json, _write_sparse_shard

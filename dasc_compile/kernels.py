@@ -29,6 +29,7 @@ import jinja2
 import dasc_compile
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import KernelModule, Plan
+from dasc_compile.schema.units import STATE_DTYPES, UNIT_KINDS, UnitSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 MODULE_TEMPLATE = "state_kernels.py.jinja"
@@ -37,8 +38,6 @@ BASE_OPS = ("pack", "load", "refresh_copy")
 INT8_OPS = ("pack_int8", "load_int8")
 DEFAULT_TILE = 4096          # elements per program: 16 KiB of FP32, 16 per thread at 8 warps
 DEFAULT_NUM_WARPS = 8
-_DTYPES = ("float32", "bfloat16", "float16")
-_UNIT_KINDS = ("gdn_head", "kda_column")
 
 
 def _template_dir() -> Path:
@@ -80,15 +79,15 @@ def make_constants(*, num_layers: int, unit_kind: str, heads: int, dv: int, dk: 
         DascInputError: a non-positive dim, unknown unit kind or dtype, a conv shape that is
             not 2-D, or a tile that is not a power of two.
     """
-    if unit_kind not in _UNIT_KINDS:
-        raise DascInputError(f"kernel constants: unit_kind must be one of {_UNIT_KINDS}, got {unit_kind!r}")
+    if unit_kind not in UNIT_KINDS:
+        raise DascInputError(f"kernel constants: unit_kind must be one of {tuple(UNIT_KINDS)}, got {unit_kind!r}")
     for name, value in (("num_layers", num_layers), ("heads", heads), ("dv", dv), ("dk", dk),
                         ("num_warps", num_warps)):
         if int(value) < 1:
             raise DascInputError(f"kernel constants: {name} must be >= 1, got {value}")
     for name, value in (("temporal_dtype", temporal_dtype), ("conv_dtype", conv_dtype)):
-        if value not in _DTYPES:
-            raise DascInputError(f"kernel constants: {name} must be one of {_DTYPES}, got {value!r}")
+        if value not in STATE_DTYPES:
+            raise DascInputError(f"kernel constants: {name} must be one of {STATE_DTYPES}, got {value!r}")
     if tile < 1 or tile & (tile - 1):
         raise DascInputError(f"kernel constants: tile must be a power of two, got {tile}")
     block_k = _next_pow2(dk)
@@ -99,7 +98,7 @@ def make_constants(*, num_layers: int, unit_kind: str, heads: int, dv: int, dk: 
         "HEADS": int(heads),
         "DV": int(dv),
         "DK": int(dk),
-        "UNITS_PER_HEAD": 1 if unit_kind == "gdn_head" else int(dk),
+        "UNITS_PER_HEAD": 1 if UNIT_KINDS[unit_kind].whole_head else int(dk),
         "TEMPORAL_DTYPE": temporal_dtype,
         "CONV_DTYPE": conv_dtype,
         "SCALE_DTYPE": temporal_dtype,
@@ -126,8 +125,8 @@ def kernel_constants(plan: Plan, tp_rank_heads: Optional[int] = None) -> dict:
     """Specialisation dict for one TP rank of ``plan`` (see :func:`make_constants`).
 
     H is ``tp_rank_heads`` or ``plan.tp.heads_per_rank``; the conv channels are split over
-    P = num_value_heads / H ranks. Conv layout follows SGLang 0.5.17
-    (``configs/mamba_utils.py``): ``Mamba2StateShape`` ``(conv_dim / P, K-1)`` for head units,
+    P = num_value_heads / H ranks. The conv layout is :meth:`UnitSpec.conv_layer_shape` (SGLang 0.5.17
+    ``configs/mamba_utils.py``): ``Mamba2StateShape`` ``(conv_dim / P, K-1)`` for head units,
     ``KimiLinearStateShape`` ``(K-1, conv_dim / P)`` for KDA columns. Dtypes and INT8 come
     from the plan's policy; the ragged row count R is *not* a constant (it is the length of
     the index tensors and varies per rank under storage balancing).
@@ -143,8 +142,7 @@ def kernel_constants(plan: Plan, tp_rank_heads: Optional[int] = None) -> dict:
     tp = m.num_value_heads // heads
     if m.conv_dim % tp:
         raise DascInputError(f"plan.json: model.conv_dim={m.conv_dim} must split evenly over {tp} ranks")
-    channels, window = m.conv_dim // tp, m.conv_kernel - 1
-    conv_shape = (channels, window) if m.unit_kind == "gdn_head" else (window, channels)
+    conv_shape = UnitSpec.from_plan(plan).conv_layer_shape(tp)
     return make_constants(
         num_layers=len(plan.layers), unit_kind=m.unit_kind, heads=heads, dv=m.head_v_dim,
         dk=m.head_k_dim, conv_shapes=[conv_shape], temporal_dtype=plan.policy.temporal_dtype,

@@ -24,10 +24,10 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from dasc_compile.arch import ArchSpec
+from dasc_compile.archspec import ArchSpec
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
-from dasc_compile.schema import LayerPermutation, RankPayload, StorageMap, TPPlan
+from dasc_compile.schema import LayerPermutation, RankPayload, StorageMap, TPPlan, usable_slots
 from dasc_compile.tp_coupled import coupled_tensors
 
 __all__ = [
@@ -41,22 +41,11 @@ __all__ = [
     "coupled_tensors",
     "head_costs",
     "phi",
-    "rank_local_units",
 ]
 
 
 # --------------------------------------------------------------------------------------------------
 # validation
-
-
-def _head_fields(spec: ArchSpec) -> tuple[str, str]:
-    """Config field names of H_v and H_k for error messages."""
-    if spec.family == "gdn":
-        pre = "text_config." if spec.model_type in ("qwen3_5", "qwen3_5_moe") else ""
-        return f"{pre}linear_num_value_heads", f"{pre}linear_num_key_heads"
-    if spec.family in ("kda", "kda_safe_gate"):
-        return "linear_attn_config.num_heads", "linear_attn_config.num_heads"
-    return "num_heads", "n_groups"
 
 
 def check_tp_config(spec: ArchSpec, tp_size: int, balance: str, quantization_config: Optional[Mapping] = None) -> None:
@@ -68,7 +57,7 @@ def check_tp_config(spec: ArchSpec, tp_size: int, balance: str, quantization_con
             checkpoint's weights are quantized (``quantization_config`` present: permuting packed
             quantized rows is not supported, use ``storage``).
     """
-    hv_field, hk_field = _head_fields(spec)
+    hv_field, hk_field = spec.head_fields
     hv, hk = spec.num_value_heads, spec.num_key_heads
     if hv % tp_size != 0:
         raise DascInputError(
@@ -272,7 +261,7 @@ def bundle_order_from_owner(owner: Sequence[int], tp_size: int) -> list[int]:
 # (b) storage balancing
 
 
-def balance_storage(n_local: Sequence[int], tp_size: Optional[int] = None) -> StorageMap:
+def balance_storage(n_packed: Sequence[int], tp_size: Optional[int] = None) -> StorageMap:
     """Storage balancing of Fig. 9 (b): targets, keep-first, excess/deficit pairing, splits.
 
     N = sum n_r, (q, m) = divmod(N, P); ranks sorted by ``(-n_r, r)``, the first m get
@@ -282,18 +271,18 @@ def balance_storage(n_local: Sequence[int], tp_size: Optional[int] = None) -> St
     ``M_remote = sum_r max(0, n_r - t_r)`` is the minimum for these targets.
 
     Args:
-        n_local: units each rank packs (compute layout), ``[P]``, non-negative.
+        n_packed: units each rank packs (compute layout), ``[P]``, non-negative.
     Returns:
         :class:`~dasc_compile.schema.StorageMap`.
     Raises:
-        ValueError: negative counts or ``tp_size`` not matching ``len(n_local)``.
+        ValueError: negative counts or ``tp_size`` not matching ``len(n_packed)``.
     """
-    n = [int(x) for x in n_local]
+    n = [int(x) for x in n_packed]
     p = len(n)
     if tp_size is not None and tp_size != p:
-        raise ValueError(f"n_local must have tp_size = {tp_size} entries, got {p}")
+        raise ValueError(f"n_packed must have tp_size = {tp_size} entries, got {p}")
     if p == 0 or any(x < 0 for x in n):
-        raise ValueError(f"n_local must be non-empty and non-negative, got {n}")
+        raise ValueError(f"n_packed must be non-empty and non-negative, got {n}")
     total = sum(n)
     q, m = divmod(total, p)
     targets = [q] * p
@@ -313,7 +302,7 @@ def balance_storage(n_local: Sequence[int], tp_size: Optional[int] = None) -> St
         else:
             runs[r].append([j, 1, s, pos])
     return StorageMap(
-        n_local=n, targets=targets, keep=keep, slot_width=-(-total // p), runs=runs,
+        n_packed=n, targets=targets, keep=keep, slot_width=-(-total // p), runs=runs,
         send_splits=send, m_remote=sum(max(0, a - t) for a, t in zip(n, targets)))
 
 
@@ -390,9 +379,7 @@ def build_tp_plan(spec: ArchSpec, kept_units: Sequence[Sequence[int]], policy: P
     bottleneck = max(range(p), key=lambda r: (payload_storage[r].bytes_per_slot, -r))
     bn_bytes = payload_storage[bottleneck].bytes_per_slot
     dense = n_layers * (dense_temporal_bytes_per_layer_rank + conv_bytes_per_layer_rank)
-    usable = None
-    if policy.pool_budget_bytes is not None and bn_bytes > 0:
-        usable = max(0, policy.pool_budget_bytes // bn_bytes - 1)
+    usable = usable_slots(policy.pool_budget_bytes, bn_bytes) if bn_bytes > 0 else None
     return TPPlan(
         tp_size=p, balance=mode, heads_per_rank=hl, units_per_head=u_h, bytes_per_unit=bytes_per_unit,
         kept_per_rank_layer=compute.tolist(),
@@ -403,13 +390,3 @@ def build_tp_plan(spec: ArchSpec, kept_units: Sequence[Sequence[int]], policy: P
         m_remote=storage.m_remote if storage is not None else 0, usable_slots=usable,
         permutation=permutation, storage=storage)
 
-
-def rank_local_units(plan_tp: TPPlan, kept_units: Sequence[Sequence[int]], rank: int) -> list[list[int]]:
-    """Per recurrent layer, the rank-local unit ids TP rank ``rank`` packs, in ragged order.
-
-    Thin wrapper of :meth:`TPPlan.rank_local_units` (the runtime calls the method directly, since
-    it imports only the schema). ``kept_units`` is ``[l.kept_units for l in plan.layers]`` (original
-    head numbering); the result uses ids ``j * U + k`` into the rank's local state
-    ``[H_v / P, d_v, d_k]`` after the optional permutation, sorted per layer.
-    """
-    return plan_tp.rank_local_units([list(k) for k in kept_units], rank)

@@ -10,7 +10,7 @@ segments of that axis, as :class:`~dasc_compile.schema.CoupledTensor` records fo
 
 from __future__ import annotations
 
-from dasc_compile.arch import ArchSpec
+from dasc_compile.archspec import ArchSpec
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import CoupledTensor
 

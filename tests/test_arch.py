@@ -4,6 +4,7 @@ import pytest
 
 from dasc_compile.arch import arch_from_config, check_against_tensors
 from dasc_compile.errors import DascInputError
+from dasc_compile.policy import Policy
 
 QWEN3_NEXT = {
     "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48,
@@ -23,7 +24,9 @@ def test_qwen3_next_interval_gives_36_gdn_layers():
     assert len(s.recurrent_layer_ids) == 36 and s.full_attention_layer_ids[:3] == (3, 7, 11)
     assert s.family == "gdn" and s.units_per_head == 1 and s.n_units_per_layer == 32
     assert s.conv_dim == 2 * 16 * 128 + 32 * 128 == 8192
-    assert s.temporal_shape(8) == (4, 128, 128) and s.conv_numel(8) == 1024 * 3
+    unit = s.unit_spec(Policy())
+    assert unit.temporal_layer_shape(32 // 8) == (4, 128, 128) and unit.conv_layer_shape(8) == (1024, 3)
+    assert s.head_fields == ("linear_num_value_heads", "linear_num_key_heads") and s.unit_kind == "gdn_head"
     assert s.a_log_names[0] == "model.layers.0.linear_attn.A_log"
 
 
@@ -33,7 +36,8 @@ def test_kimi_linear_one_indexed_kda_layers():
     assert s.full_attention_layer_ids == (3, 7, 11, 15, 19, 23, 26)
     assert s.family == "kda" and s.n_units_per_layer == 32 * 128 == 4096
     assert s.a_log_shape == (1, 1, 32, 1) and s.dt_bias_shape == (4096,)
-    assert s.conv_numel(1) == 3 * 4096 * 3
+    assert s.unit_spec(Policy()).conv_layer_shape(1) == (3, 3 * 4096) and s.units_per_head == 128
+    assert s.unit_kind == "kda_column" and s.head_fields == ("linear_attn_config.num_heads",) * 2
 
 
 def test_kimi_safe_gate_from_config_and_policy():

@@ -14,7 +14,8 @@ from dasc_compile.horizons import (
     static_log_decay,
     unit_refresh_window,
 )
-from dasc_compile.layout import compression_ratios, ragged_offsets, usable_slots
+from dasc_compile.accounting import compression_ratios, ragged_offsets
+from dasc_compile.schema import usable_slots
 from dasc_compile.selection import random_count_matched, select_global
 
 LN_EPS = math.log(1e-3)  # -6.907755...

@@ -27,7 +27,6 @@ from dasc_compile.tp import (
     coupled_tensors,
     head_costs,
     phi,
-    rank_local_units,
 )
 from dasc_runtime.tp_transfer import load_reference, permute_coupled_tensor, store_reference
 
@@ -337,7 +336,7 @@ def test_hybrid_by_hand():
     assert [x.n_kept for x in tp.payload_contiguous] == [8, 2]
     # rank-local units: layer 0 rank 0 computes original heads [0,1,4,5] (kept 0,1,5 -> local 0,1,3);
     # layer 1 rank 0 heads [2,3,4,5] (kept 2 -> 0); layer 2 identity order, rank 0 heads 0..3 (kept 3)
-    assert rank_local_units(tp, KEPT, 0) == [[0, 1, 3], [0], [3]]
+    assert tp.rank_kept_units(KEPT, 0) == [[0, 1, 3], [0], [3]]
     assert tp.rank_local_units(KEPT, 1) == [[0, 1], [0, 1], [3]]
     names = [c.name for c in tp.permutation[1].coupled_tensors]
     assert "model.layers.1.linear_attn.in_proj_qkvz.weight" in names

@@ -5,6 +5,10 @@ To add an architecture, write one module here and list it in :data:`FAMILY_MODUL
 
 import importlib
 
+from dasc_compile.families.base import FAMILIES, MODEL_PARSERS
+
+__all__ = ["FAMILIES", "FAMILY_MODULES", "MODEL_PARSERS", "load_all"]
+
 FAMILY_MODULES = ("gdn", "kda")
 
 

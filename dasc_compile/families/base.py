@@ -1,20 +1,22 @@
 """Decay families and the model-type registry.
 
 A *decay family* knows how one recurrent layer's decay tensors turn into static log-decays
-g_s(u) per state unit (paper Eq. 2). A *model parser* turns a model's config.json into an
-:class:`~dasc_compile.arch.ArchSpec`. Adding an architecture (e.g. Mamba2) means one new module
-in this package that calls :func:`register_family` and :func:`register_model_type`.
+g_s(u) per state unit (paper Eq. 2), and names its unit kind (a key of
+:data:`dasc_compile.schema.units.UNIT_KINDS`, which gives every shape and byte count of the unit). A
+*model parser* turns a model's config.json into an :class:`~dasc_compile.archspec.ArchSpec`. Adding an
+architecture (e.g. Mamba2) means one new module in this package that calls :func:`register_family`
+and :func:`register_model_type` (and lists itself in ``FAMILY_MODULES``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dasc_compile.arch import ArchSpec
+from dasc_compile.archspec import ArchSpec
+from dasc_compile.schema.units import lookup_unit_kind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +25,9 @@ class DecayFamily:
 
     Attributes:
         name: ``gdn`` | ``kda`` | ``kda_safe_gate`` | ``mamba2``.
-        unit_kind: ``gdn_head`` (unit = a value head's whole ``[d_v, d_k]`` state) or
-            ``kda_column`` (unit = column ``S[h, :, k]``, ``[d_v]``).
+        unit_kind: a key of :data:`~dasc_compile.schema.units.UNIT_KINDS`: ``gdn_head`` (unit = a
+            value head's whole ``[d_v, d_k]`` state) or ``kda_column`` (unit = column ``S[h, :, k]``,
+            ``[d_v]``); checked when the family is created.
         default_a_s: representative gate input a_s (Eq. 2 text: -0.3 softplus, 0.8 safe gate).
         static_log_decay: ``f(a_log, dt_bias, a_s, lower_bound) -> g_s`` where ``a_log`` is
             float64 ``[H]``, ``dt_bias`` float64 ``[H * units_per_head]`` and the result is
@@ -36,12 +39,16 @@ class DecayFamily:
     default_a_s: float
     static_log_decay: Callable[[torch.Tensor, torch.Tensor, float, float], torch.Tensor]
 
+    def __post_init__(self) -> None:
+        lookup_unit_kind(self.unit_kind)   # raises DascInputError for a kind the schema does not know
+
 
 FAMILIES: dict[str, DecayFamily] = {}
-MODEL_PARSERS: dict[str, Callable[[dict, str], "ArchSpec"]] = {}
+MODEL_PARSERS: dict[str, Callable[[dict, str], ArchSpec]] = {}
 
 
 def register_family(family: DecayFamily) -> DecayFamily:
+    """Add ``family`` to :data:`FAMILIES` under its name; returns it (for a module-level constant)."""
     FAMILIES[family.name] = family
     return family
 

@@ -7,7 +7,7 @@ per layer ``[H_v, d_v, d_k]`` FP32, conv state ``[2*H_k*d_k + H_v*d_v, K-1]`` BF
 
 from __future__ import annotations
 
-from dasc_compile.arch import ArchSpec, _layer_kinds, require, text_config
+from dasc_compile.archspec import ArchSpec, layer_kinds, require, text_config
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import DecayFamily, register_family, register_model_type, softplus_gate
 
@@ -28,8 +28,9 @@ def parse_gdn(config: dict, source: str) -> ArchSpec:
     kconv = require(cfg, "linear_conv_kernel_dim", where)
     if hv % hk != 0:
         raise DascInputError(f"{where}: linear_num_value_heads ({hv}) must be a multiple of linear_num_key_heads ({hk})")
-    rec, kind_src = _layer_kinds(cfg, num_layers, where, {"linear_attention"})
+    rec, kind_src = layer_kinds(cfg, num_layers, where, {"linear_attention"})
     prefix = "model.language_model.layers." if nested else "model.layers."
+    field_prefix = "text_config." if config["model_type"] in ("qwen3_5", "qwen3_5_moe") else ""
     a_names = tuple(f"{prefix}{i}.linear_attn.A_log" for i in rec)
     d_names = tuple(f"{prefix}{i}.linear_attn.dt_bias" for i in rec)
     return ArchSpec(
@@ -43,10 +44,9 @@ def parse_gdn(config: dict, source: str) -> ArchSpec:
         num_key_heads=hk,
         head_k_dim=dk,
         head_v_dim=dv,
-        units_per_head=1,
+        unit_kind=GDN.unit_kind,
         conv_kernel=kconv,
         conv_dim=2 * hk * dk + hv * dv,
-        conv_shard_blocks=(hk * dk, hk * dk, hv * dv),
         a_log_names=a_names,
         dt_bias_names=d_names,
         a_log_shape=(hv,),
@@ -54,4 +54,5 @@ def parse_gdn(config: dict, source: str) -> ArchSpec:
         safe_gate_lower_bound=None,
         layer_kind_source=kind_src,
         recurrent_tensor_marker=".linear_attn.",
+        head_fields=(f"{field_prefix}linear_num_value_heads", f"{field_prefix}linear_num_key_heads"),
     )

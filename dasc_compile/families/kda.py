@@ -9,7 +9,7 @@ State (SGLang ``KimiLinearStateShape``): temporal ``[H, d, d]`` FP32, conv ``[K-
 
 from __future__ import annotations
 
-from dasc_compile.arch import ArchSpec, _layer_kinds, require
+from dasc_compile.archspec import ArchSpec, layer_kinds, require
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import DecayFamily, register_family, register_model_type, safe_gate, softplus_gate
 
@@ -39,7 +39,7 @@ def parse_kimi_linear(config: dict, source: str) -> ArchSpec:
     h = require(lac, "num_heads", where)
     d = require(lac, "head_dim", where)
     kconv = require(lac, "short_conv_kernel_size", where)
-    rec, kind_src = _layer_kinds(config, num_layers, source, {"linear_attention", "kda"})
+    rec, kind_src = layer_kinds(config, num_layers, source, {"linear_attention", "kda"})
     bound = _safe_gate_bound(config, lac)
     prefix = "model.layers."
     return ArchSpec(
@@ -53,10 +53,9 @@ def parse_kimi_linear(config: dict, source: str) -> ArchSpec:
         num_key_heads=h,
         head_k_dim=d,
         head_v_dim=d,
-        units_per_head=d,
+        unit_kind=KDA.unit_kind,
         conv_kernel=kconv,
         conv_dim=3 * h * d,
-        conv_shard_blocks=(h * d, h * d, h * d),
         a_log_names=tuple(f"{prefix}{i}.self_attn.A_log" for i in rec),
         dt_bias_names=tuple(f"{prefix}{i}.self_attn.dt_bias" for i in rec),
         a_log_shape=(1, 1, h, 1),
@@ -64,4 +63,5 @@ def parse_kimi_linear(config: dict, source: str) -> ArchSpec:
         safe_gate_lower_bound=bound,
         layer_kind_source=kind_src,
         recurrent_tensor_marker=".self_attn.",
+        head_fields=("linear_attn_config.num_heads", "linear_attn_config.num_heads"),
     )

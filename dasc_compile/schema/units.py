@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "unit_kind", "usable_slots"]
+__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "lookup_unit_kind", "usable_slots"]
 
 #: Bytes per element of every dtype name a plan or policy uses (torch names without ``torch.``).
 DTYPE_ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
@@ -60,7 +60,7 @@ UNIT_KINDS: dict[str, UnitKind] = {
 }
 
 
-def unit_kind(name: str) -> UnitKind:
+def lookup_unit_kind(name: str) -> UnitKind:
     """The :class:`UnitKind` called ``name``.
 
     Raises:
@@ -118,7 +118,7 @@ class UnitSpec:
     int8: bool
 
     def __post_init__(self) -> None:
-        unit_kind(self.kind)
+        lookup_unit_kind(self.kind)
         for name in ("d_v", "d_k", "conv_dim", "conv_kernel"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

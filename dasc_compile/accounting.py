@@ -1,6 +1,11 @@
-"""Ragged layout and byte accounting (paper §4.1 Eq. 6, App. B Schemes 1-2, App. C.1, App. E.1).
+"""Byte accounting of state checkpoints and the ragged layout (paper §4.1 Eq. 6, App. B Schemes 1-2,
+App. C.1, App. E.1).
 
-All byte figures are per state checkpoint (one slot) unless named otherwise.
+All byte figures are per state checkpoint (one slot) unless named otherwise. Shapes and bytes of one
+unit, one layer's dense temporal state and its conv state come from
+:class:`~dasc_compile.schema.units.UnitSpec` (``spec.unit_spec(policy)``); this module turns them into
+the per-layer and whole-model figures the plan records. The usable-slots formula is
+:func:`dasc_compile.schema.units.usable_slots` (shared with the runtime).
 """
 
 from __future__ import annotations
@@ -8,46 +13,43 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from dasc_compile.arch import ArchSpec
+from dasc_compile.archspec import ArchSpec
 from dasc_compile.policy import Policy
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
-
-
-def dtype_bytes(name: str) -> int:
-    """Bytes per element of a state dtype name (``float32`` -> 4, ``bfloat16`` -> 2, ...)."""
-    return DTYPE_BYTES[name]
+__all__ = ["compression_ratios", "conv_bytes_per_layer", "dense_temporal_bytes_per_layer", "dense_unit_bytes",
+           "ragged_offsets", "ratio", "unit_bytes"]
 
 
 def unit_bytes(spec: ArchSpec, policy: Policy) -> int:
-    """Bytes of one kept temporal unit as stored in the compressed pool.
+    """Bytes of one kept temporal unit as stored in the compressed pool (:attr:`UnitSpec.unit_bytes`).
 
     GDN head unit ``[d_v, d_k]``: d_v*d_k*itemsize; KDA column ``[d_v]``: d_v*itemsize. With
     ``policy.int8`` (App. E.1 Eq. 8) the payload is 1 byte per element plus one scale per
     (layer, head, k) in the temporal dtype: a GDN head carries d_k scales, a KDA column one.
+
+    Raises:
+        DascInputError: a dtype name the schema's dtype table does not know.
     """
-    elems = spec.head_v_dim * (spec.head_k_dim if spec.units_per_head == 1 else 1)
-    scales = spec.head_k_dim if spec.units_per_head == 1 else 1
-    if policy.int8:
-        return elems * 1 + scales * dtype_bytes(policy.temporal_dtype)
-    return elems * dtype_bytes(policy.temporal_dtype)
+    return spec.unit_spec(policy).unit_bytes
 
 
 def dense_unit_bytes(spec: ArchSpec, policy: Policy) -> int:
     """Bytes of one unit in the dense (uncompressed) temporal state, at ``temporal_dtype``."""
-    elems = spec.head_v_dim * (spec.head_k_dim if spec.units_per_head == 1 else 1)
-    return elems * dtype_bytes(policy.temporal_dtype)
+    return spec.unit_spec(policy).dense_unit_bytes
 
 
 def dense_temporal_bytes_per_layer(spec: ArchSpec, policy: Policy, tp_size: int = 1) -> int:
-    """One layer's dense temporal state ``[H_v / P, d_v, d_k]`` in bytes."""
-    h, dv, dk = spec.temporal_shape(tp_size)
-    return h * dv * dk * dtype_bytes(policy.temporal_dtype)
+    """One layer's dense temporal state ``[H_v / P, d_v, d_k]`` on one rank, bytes."""
+    return spec.unit_spec(policy).temporal_layer_bytes(spec.num_value_heads // tp_size)
 
 
 def conv_bytes_per_layer(spec: ArchSpec, policy: Policy, tp_size: int = 1) -> int:
-    """One layer's conv state on one rank, bytes: (conv_dim / P) * (K - 1) * itemsize(conv_dtype)."""
-    return spec.conv_numel(tp_size) * dtype_bytes(policy.conv_dtype)
+    """One layer's conv state on one rank, bytes: (conv_dim / P) * (K - 1) * itemsize(conv_dtype).
+
+    Raises:
+        DascInputError: ``tp_size`` does not divide the conv channels (see :meth:`UnitSpec.conv_layer_shape`).
+    """
+    return spec.unit_spec(policy).conv_bytes_per_layer(tp_size)
 
 
 def ragged_offsets(kept_counts: Sequence[int]) -> list[int]:
@@ -79,15 +81,3 @@ def compression_ratios(n_units: Sequence[int], kept: Sequence[int]) -> dict[str,
         "r_max": r_max,
         "r_mean": r_mean,
     }
-
-
-def usable_slots(budget_bytes: int | None, bytes_per_slot: int) -> int | None:
-    """floor(B / bytes_per_slot) - 1, slot 0 reserved as in SGLang (App. C.1); at least 0.
-
-    ``None`` when no budget was given.
-    """
-    if budget_bytes is None:
-        return None
-    if bytes_per_slot <= 0:
-        raise ValueError(f"bytes_per_slot must be > 0, got {bytes_per_slot}")
-    return max(0, budget_bytes // bytes_per_slot - 1)
