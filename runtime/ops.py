@@ -1,49 +1,69 @@
-"""Store / load between SGLang's active Mamba state and the compressed pool (paper §4.1-4.2, App. E.1).
+"""Store / load between SGLang's active Mamba state and the compressed pool's tensors (paper §4.1-4.3, App. E.1).
 
 Two implementations of one small interface, chosen by :func:`select_ops`:
 
-* :class:`ReferenceOps`: plain PyTorch (index_select / index_copy), runs on CPU and GPU. It is the
-  runtime's reference and the path used on CPU.
-* the plan's generated Triton kernels (``dasc_runtime.kernel_loader``), wrapped by
-  :class:`KernelOps` when the plan directory holds a kernel module and the pool is on CUDA.
+* :class:`TorchOps`: plain PyTorch (index_select / index_copy) on CPU or GPU; the path used on
+  CPU, with storage balancing (it stages the packed units for the all-to-all of
+  :mod:`dasc_runtime.tp_transfer`), and under ``DASC_OPS=torch``;
+* :class:`KernelOps`: the plan's generated Triton kernels (``dasc_runtime.kernel_loader``), when
+  the plan directory holds a kernel module and the pool is on CUDA.
 
-Both implement ``store(pool, cache, src_slots, rows)`` and ``load(pool, cache, rows, dst_slots)``
-(``cache`` is SGLang's ``MambaPool.mamba_cache``, ``rows`` are compressed pool rows 1..C). The
-reference builds them from, for a batch of N checkpoints:
+The pool calls them; they never call back into the pool (the dependency runs one way: pool ->
+ops -> rank layout, TP transfer, PyTorch kernels). Every call gets the rank's
+:class:`~dasc_runtime.rank_layout.RankLayout`, SGLang's ``MambaPool.mamba_cache`` (``cache``:
+``temporal [L, M+1, H/P, d_v, d_k]``, ``conv``: list of ``[L, M+1, *conv_shape]``) and the pool's
+:class:`CheckpointTensors`; slot tensors are int64 ``[N]`` on the pool device, ``rows`` are
+compressed pool rows 1..C.
 
-* ``pack_units(layout, temporal, active_slots) -> units [N, n_local, *unit]`` (temporal dtype):
-  the kept (global) units of each active slot in ragged order.
+:class:`TorchOps` is built from, for a batch of N checkpoints:
+
+* ``pack_units(layout, temporal, active_slots) -> units [N, n_kept, *unit]`` (temporal dtype):
+  the kept (global) units of each active slot in ragged order;
 * ``unpack_units(layout, temporal, dst_slots, units)``: dasc-nr restore, kept units written
-  exactly, local units zero, every layer of each ``dst`` slot rewritten.
-* ``quantize`` / ``dequantize``: App. E.1 Eq. 8, symmetric INT8 in ``[-127, 127]``, one scale per
-  (layer, head, k) taken over d_v; max / divide / round in FP32, scale stored in the temporal dtype
-  and re-read from that dtype for the division, so quantize and dequantize see the same scale.
-  Both call ``dasc_runtime.reference.quantize_int8`` / ``dequantize_int8`` (one implementation).
+  exactly, local units zero, every layer of each ``dst`` slot rewritten;
+* ``quantize`` / ``dequantize``: App. E.1 Eq. 8 through
+  :func:`dasc_runtime.torch_kernels.quantize_int8` / ``dequantize_int8`` (one implementation).
 
-Shapes: ``temporal`` is SGLang's ``MambaPool.mamba_cache.temporal`` ``[L, M+1, H/P, d_v, d_k]``;
-slot tensors are int64 ``[N]`` on the pool's device; ``unit`` is ``(d_v, d_k)`` (GDN head) or
-``(d_v,)`` (KDA column ``S[h, :, k]``). The pool's ``layout`` holds ``kept_flat`` on the pool
-device (moved once when the pool is built), so a store / load copies no indices; the ``.to`` in
-the reference is then a no-op, kept for callers that pass a host layout (benchmarks, tests).
+``unit`` is ``(d_v, d_k)`` (GDN head) or ``(d_v,)`` (KDA column ``S[h, :, k]``). The pool's layout
+holds its index tensors on the pool device (moved once when the pool is built), so a store / load
+copies no indices; the ``.to`` below is then a no-op, kept for callers that pass a host layout
+(benchmarks, tests).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import NamedTuple, Optional
 
 import torch
 
-from dasc_runtime.pool_layout import RankLayout
-from dasc_runtime.reference import QMAX, SCALE_FLOOR, dequantize_int8, quantize_int8
+from dasc_compile.schema import DascInputError
+from dasc_runtime.rank_layout import RankLayout
+from dasc_runtime.torch_kernels import QMAX, SCALE_FLOOR, dequantize_int8, quantize_int8
 
-__all__ = ["ReferenceOps", "KernelOps", "select_ops", "QMAX", "SCALE_FLOOR"]
+__all__ = ["CheckpointTensors", "TorchOps", "KernelOps", "select_ops", "flat_units", "unflat_units",
+           "QMAX", "SCALE_FLOOR"]
 
 logger = logging.getLogger(__name__)
 
 
-def _flat_view(layout: RankLayout, states: torch.Tensor) -> torch.Tensor:
-    """``[L, N, H, d_v, d_k]`` -> ``[N, L * units_per_layer, *unit]`` (a copy when KDA)."""
+class CheckpointTensors(NamedTuple):
+    """The compressed pool's storage (slot 0 reserved).
+
+    Attributes:
+        temporal: ``[C+1, width, *unit]`` in the temporal dtype, or the INT8 payload (int8).
+        scale: ``[C+1, width, *scale_shape]`` INT8 scales in the temporal dtype, or None.
+        conv: one ``[L, C+1, *conv_shape]`` tensor per SGLang conv tensor, in the conv dtype.
+    """
+
+    temporal: torch.Tensor
+    scale: Optional[torch.Tensor]
+    conv: list
+
+
+def flat_units(layout: RankLayout, states: torch.Tensor) -> torch.Tensor:
+    """``[L, N, H, d_v, d_k]`` -> ``[N, L * units_per_layer, *unit]``, flat unit id ``f`` on dim 1 (a copy for KDA)."""
     L, n = states.shape[0], states.shape[1]
     if layout.unit_kind == "gdn_head":
         return states.transpose(0, 1).reshape(n, L * layout.heads_local, layout.d_v, layout.d_k)
@@ -51,57 +71,90 @@ def _flat_view(layout: RankLayout, states: torch.Tensor) -> torch.Tensor:
     return states.permute(1, 0, 2, 4, 3).reshape(n, L * layout.heads_local * layout.d_k, layout.d_v)
 
 
-def _unflat(layout: RankLayout, flat: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`_flat_view`: ``[N, L * upl, *unit]`` -> ``[L, N, H, d_v, d_k]``."""
+def unflat_units(layout: RankLayout, flat: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`flat_units`: ``[N, L * units_per_layer, *unit]`` -> ``[L, N, H, d_v, d_k]``."""
     n, L, h = flat.shape[0], layout.num_layers, layout.heads_local
     if layout.unit_kind == "gdn_head":
         return flat.reshape(n, L, h, layout.d_v, layout.d_k).transpose(0, 1)
     return flat.reshape(n, L, h, layout.d_k, layout.d_v).permute(1, 0, 2, 4, 3)
 
 
-class ReferenceOps:
-    """Plain-PyTorch store/load (the runtime's reference; see module docstring for shapes)."""
+class TorchOps:
+    """Plain-PyTorch store/load (see module docstring for shapes).
 
-    name = "reference"
+    Args:
+        tp_group: process group of the storage-balancing all-to-all (``layout.storage``; default:
+            the world group); unused without storage balancing.
+    """
 
-    def store(self, pool, cache, src_slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Pack ``cache`` (SGLang ``MambaPool.State``) slots ``src_slots`` into ``pool`` rows ``rows``."""
-        layout = pool.layout
-        units = self.pack_units(layout, cache.temporal, src_slots)            # [N, n_local, *unit]
+    name = "torch"
+
+    def __init__(self, *, tp_group=None) -> None:
+        self.tp_group = tp_group
+
+    def store(self, layout: RankLayout, cache, src_slots: torch.Tensor, rows: torch.Tensor,
+              ckpt: CheckpointTensors) -> None:
+        """Pack ``cache`` slots ``src_slots`` into ``ckpt`` rows ``rows`` (all layers, conv whole)."""
+        units = self.pack_units(layout, cache.temporal, src_slots)            # [N, n_kept, *unit]
         if layout.int8:
             q, s = self.quantize(layout, units)
-            pool.write_units(pool.temporal, rows, q)
-            pool.write_units(pool.scale, rows, s)
+            self._write_rows(layout, ckpt.temporal, rows, q)
+            self._write_rows(layout, ckpt.scale, rows, s)
         else:
-            pool.write_units(pool.temporal, rows, units.to(pool.temporal.dtype))
-        for c, pc in zip(cache.conv, pool.conv):
+            self._write_rows(layout, ckpt.temporal, rows, units.to(ckpt.temporal.dtype))
+        for c, pc in zip(cache.conv, ckpt.conv):
             pc.index_copy_(1, rows, c.index_select(1, src_slots).to(pc.dtype))
 
-    def load(self, pool, cache, rows: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        """dasc-nr restore of ``pool`` rows ``rows`` into ``cache`` slots ``dst_slots`` (all layers)."""
-        layout = pool.layout
+    def load(self, layout: RankLayout, cache, rows: torch.Tensor, dst_slots: torch.Tensor,
+             ckpt: CheckpointTensors) -> None:
+        """dasc-nr restore of ``ckpt`` rows ``rows`` into ``cache`` slots ``dst_slots`` (all layers)."""
         if layout.int8:
-            units = self.dequantize(layout, pool.read_units(pool.temporal, rows), pool.read_units(pool.scale, rows))
+            units = self.dequantize(layout, self._read_rows(layout, ckpt.temporal, rows),
+                                    self._read_rows(layout, ckpt.scale, rows))
         else:
-            units = pool.read_units(pool.temporal, rows)
+            units = self._read_rows(layout, ckpt.temporal, rows)
         self.unpack_units(layout, cache.temporal, dst_slots, units)
-        for c, pc in zip(cache.conv, pool.conv):
+        for c, pc in zip(cache.conv, ckpt.conv):
             c.index_copy_(1, dst_slots, pc.index_select(1, rows).to(c.dtype))
 
+    def _write_rows(self, layout: RankLayout, store: torch.Tensor, rows: torch.Tensor, packed: torch.Tensor) -> None:
+        """Write packed units ``[N, n_kept, ...]`` into ``store`` rows (through storage balancing if planned)."""
+        smap = layout.storage
+        if smap is None:
+            store.index_copy_(0, rows, packed)
+            return
+        from dasc_runtime.tp_transfer import store_all_to_all
+
+        n = packed.shape[0]
+        out = torch.zeros((layout.width, n, *packed.shape[2:]), dtype=packed.dtype, device=packed.device)
+        store_all_to_all(packed.transpose(0, 1).contiguous(), smap, layout.tp_rank, group=self.tp_group, out=out)
+        store.index_copy_(0, rows, out.transpose(0, 1).contiguous())
+
+    def _read_rows(self, layout: RankLayout, store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Packed units ``[N, n_kept, ...]`` of ``store`` rows (inverse of :meth:`_write_rows`)."""
+        got = store.index_select(0, rows)
+        smap = layout.storage
+        if smap is None:
+            return got
+        from dasc_runtime.tp_transfer import load_all_to_all
+
+        out = load_all_to_all(got.transpose(0, 1).contiguous(), smap, layout.tp_rank, group=self.tp_group)
+        return out.transpose(0, 1)
+
     def pack_units(self, layout: RankLayout, temporal: torch.Tensor, active_slots: torch.Tensor) -> torch.Tensor:
-        """Kept units of ``active_slots``: ``[N, n_local, *unit]`` in the temporal dtype (ragged order)."""
+        """Kept units of ``active_slots``: ``[N, n_kept, *unit]`` in the temporal dtype (ragged order)."""
         states = temporal.index_select(1, active_slots)                      # [L, N, H, dv, dk]
-        flat = _flat_view(layout, states)
+        flat = flat_units(layout, states)
         return flat.index_select(1, layout.kept_flat.to(flat.device))     # no-op for the pool's layout
 
     def unpack_units(self, layout: RankLayout, temporal: torch.Tensor, dst_slots: torch.Tensor,
                      units: torch.Tensor) -> None:
-        """dasc-nr restore into ``dst_slots``: kept units from ``units [N, n_local, *unit]``, local units 0."""
+        """dasc-nr restore into ``dst_slots``: kept units from ``units [N, n_kept, *unit]``, local units 0."""
         n = dst_slots.numel()
         full = torch.zeros((n, layout.num_layers * layout.units_per_layer, *layout.unit_shape),
                            dtype=temporal.dtype, device=temporal.device)
         full.index_copy_(1, layout.kept_flat.to(full.device), units.to(temporal.dtype))
-        temporal.index_copy_(1, dst_slots, _unflat(layout, full).contiguous())
+        temporal.index_copy_(1, dst_slots, unflat_units(layout, full).contiguous())
 
     @staticmethod
     def quantize(layout: RankLayout, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,84 +162,104 @@ class ReferenceOps:
 
         GDN head units ``[d_v, d_k]`` reduce over d_v -> one scale per k (``[N, n, d_k]``); a KDA
         column ``[d_v]`` gets one scale (``[N, n]``). Scales are stored in ``layout.temporal_dtype``.
-        Delegates to :func:`dasc_runtime.reference.quantize_int8` (the one Eq. 8 implementation,
-        true IEEE division by 127 on every device).
+        Delegates to :func:`dasc_runtime.torch_kernels.quantize_int8` (true IEEE division by 127 on
+        every device).
         """
         return quantize_int8(units, scale_dtype=layout.temporal_dtype, kind=layout.unit_kind)
 
     @staticmethod
     def dequantize(layout: RankLayout, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """``q * s`` in FP32, cast to ``layout.temporal_dtype`` (inverse of :meth:`quantize`).
-
-        Delegates to :func:`dasc_runtime.reference.dequantize_int8`.
-        """
+        """``q * s`` in FP32, cast to ``layout.temporal_dtype`` (inverse of :meth:`quantize`)."""
         return dequantize_int8(q, scale, kind=layout.unit_kind, out_dtype=layout.temporal_dtype)
 
 
-class KernelOps(ReferenceOps):
+#: Transitional alias for ``benchmarks/`` (owned by another pass); remove when
+#: ``grep -rn ReferenceOps benchmarks`` finds nothing.
+ReferenceOps = TorchOps
+
+
+class KernelOps(TorchOps):
     """The plan's generated Triton kernels (``templates/state_kernels.py.jinja``) behind the same interface.
 
-    One launch moves all layers (and the conv state) of a batch of slots. Storage balancing
-    (``layout.storage``) needs the units staged for the all-to-all, so those pools use the reference.
+    One launch moves all layers (and the conv state) of a batch of slots; the kernels read the
+    layout's :attr:`~dasc_runtime.rank_layout.RankLayout.index` (``unit_row``, ``kept_heads``).
+    Storage balancing (``layout.storage``) needs the units staged for the all-to-all, so such
+    layouts take the :class:`TorchOps` path.
 
     Args:
         module: the plan's kernel module (``dasc_runtime.kernel_loader.load_plan_kernels``).
-        index: this rank's ``dasc_runtime.indexing.StateIndex`` on the pool device.
+        tp_group: as :class:`TorchOps`.
     """
 
     name = "kernels"
 
-    def __init__(self, module, index) -> None:
+    def __init__(self, module, *, tp_group=None) -> None:
+        super().__init__(tp_group=tp_group)
         self.module = module
-        self.index = index
 
-    def store(self, pool, cache, src_slots: torch.Tensor, rows: torch.Tensor) -> None:
-        if pool.layout.storage is not None:
-            return super().store(pool, cache, src_slots, rows)
-        m, ix = self.module, self.index
-        if pool.layout.int8:
-            m.pack_int8(temporal=cache.temporal, conv=list(cache.conv), src_slots=src_slots, comp_q=pool.temporal,
-                        comp_scale=pool.scale, comp_conv=pool.conv, dst_slots=rows, unit_row=ix.unit_row,
+    def store(self, layout: RankLayout, cache, src_slots: torch.Tensor, rows: torch.Tensor,
+              ckpt: CheckpointTensors) -> None:
+        if layout.storage is not None:
+            return super().store(layout, cache, src_slots, rows, ckpt)
+        m, ix = self.module, layout.index
+        if layout.int8:
+            m.pack_int8(temporal=cache.temporal, conv=list(cache.conv), src_slots=src_slots, comp_q=ckpt.temporal,
+                        comp_scale=ckpt.scale, comp_conv=ckpt.conv, dst_slots=rows, unit_row=ix.unit_row,
                         kept_heads=ix.kept_heads, check_slots=False)
         else:
-            m.pack(temporal=cache.temporal, conv=list(cache.conv), src_slots=src_slots, comp_temporal=pool.temporal,
-                   comp_conv=pool.conv, dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads,
+            m.pack(temporal=cache.temporal, conv=list(cache.conv), src_slots=src_slots, comp_temporal=ckpt.temporal,
+                   comp_conv=ckpt.conv, dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads,
                    check_slots=False)
 
-    def load(self, pool, cache, rows: torch.Tensor, dst_slots: torch.Tensor) -> None:
-        if pool.layout.storage is not None:
-            return super().load(pool, cache, rows, dst_slots)
-        m, ix = self.module, self.index
-        if pool.layout.int8:
-            m.load_int8(comp_q=pool.temporal, comp_scale=pool.scale, comp_conv=pool.conv, src_slots=rows,
+    def load(self, layout: RankLayout, cache, rows: torch.Tensor, dst_slots: torch.Tensor,
+             ckpt: CheckpointTensors) -> None:
+        if layout.storage is not None:
+            return super().load(layout, cache, rows, dst_slots, ckpt)
+        m, ix = self.module, layout.index
+        if layout.int8:
+            m.load_int8(comp_q=ckpt.temporal, comp_scale=ckpt.scale, comp_conv=ckpt.conv, src_slots=rows,
                         temporal=cache.temporal, conv=list(cache.conv), dst_slots=dst_slots, unit_row=ix.unit_row,
                         check_slots=False)
         else:
-            m.load(comp_temporal=pool.temporal, comp_conv=pool.conv, src_slots=rows, temporal=cache.temporal,
+            m.load(comp_temporal=ckpt.temporal, comp_conv=ckpt.conv, src_slots=rows, temporal=cache.temporal,
                    conv=list(cache.conv), dst_slots=dst_slots, unit_row=ix.unit_row, check_slots=False)
 
 
-def select_ops(plan, plan_dir, layout: RankLayout, device: torch.device | str, *, interpret: bool = False) -> ReferenceOps:
+def ops_mode() -> str:
+    """``DASC_OPS``: ``auto`` (default: kernels where they apply, else PyTorch) or ``torch`` (always PyTorch).
+
+    Raises:
+        DascInputError: any other value.
+    """
+    mode = os.environ.get("DASC_OPS", "").strip().lower() or "auto"
+    if mode not in ("auto", "torch"):
+        raise DascInputError(f"DASC_OPS: expected 'auto' or 'torch', got {mode!r}")
+    return mode
+
+
+def select_ops(plan, plan_dir, layout: RankLayout, device: torch.device | str, *, interpret: bool = False,
+               tp_group=None) -> TorchOps:
     """The ops for a pool on ``device``.
 
     The plan's generated kernels when the pool is on CUDA (or ``interpret`` asks for Triton's CPU
     interpreter), the plan directory holds its kernel module and storage balancing is off; the
-    PyTorch reference otherwise (always exact), or when ``DASC_OPS=reference`` is set.
+    PyTorch path otherwise (always exact), or when ``DASC_OPS=torch`` is set.
 
+    Args:
+        tp_group: the attention-TP device group for storage balancing (see :class:`TorchOps`).
     Raises:
-        DascInputError: the plan names a kernel module that does not load (stale or foreign file).
+        DascInputError: the plan names a kernel module that does not load (stale or foreign file),
+            or ``DASC_OPS`` has an unknown value.
     """
     dev = torch.device(device)
-    if os.environ.get("DASC_OPS", "") == "reference":
-        logger.info("dasc: DASC_OPS=reference: using the PyTorch store/load")
-        return ReferenceOps()
+    if ops_mode() == "torch":
+        logger.info("dasc: DASC_OPS=torch: using the PyTorch store/load")
+        return TorchOps(tp_group=tp_group)
     if plan is None or plan_dir is None or plan.kernels is None or (dev.type != "cuda" and not interpret):
-        return ReferenceOps()
+        return TorchOps(tp_group=tp_group)
     if layout.storage is not None:
         logger.info("dasc: storage balancing stages units for the all-to-all; using the PyTorch store/load")
-        return ReferenceOps()
-    from dasc_runtime.indexing import build_state_index
+        return TorchOps(tp_group=tp_group)
     from dasc_runtime.kernel_loader import load_plan_kernels
 
-    module = load_plan_kernels(plan_dir, plan.kernels, interpret=interpret)
-    return KernelOps(module, build_state_index(plan, tp_rank=layout.tp_rank, device=dev))
+    return KernelOps(load_plan_kernels(plan_dir, plan.kernels, interpret=interpret), tp_group=tp_group)

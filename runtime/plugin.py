@@ -48,11 +48,12 @@ def add_cli_args(result, parser) -> None:
 
 
 def _store_settings(server_args, raw: dict) -> None:
-    from dasc_runtime.settings import SERVER_ARGS_ATTR, DascSettings
+    from dasc_runtime.settings import DascSettings
+    from dasc_runtime.side_channels import attach_settings
 
     settings = DascSettings.from_mapping(raw, source="dasc flags")
     if settings.active:
-        object.__setattr__(server_args, SERVER_ARGS_ATTR, {k: v for k, v in raw.items() if v is not None})
+        attach_settings(server_args, raw)
         settings.export()                 # every child process inherits DASC_*
 
 
@@ -81,14 +82,14 @@ def _settings():
 
 
 def _load_plan_once(settings):
+    from dasc_runtime.state import STATE as INSTALLED
     from dasc_runtime.plan_io import load_plan, plan_dir_of
-    from dasc_runtime.state import STATE
 
-    if STATE.plan is None or STATE.plan_dir != str(plan_dir_of(settings.plan)):
-        STATE.plan = load_plan(settings.plan)
-        STATE.plan_dir = str(plan_dir_of(settings.plan))
-        STATE.settings = settings
-    return STATE.plan
+    if INSTALLED.plan is None or INSTALLED.plan_dir != str(plan_dir_of(settings.plan)):
+        INSTALLED.plan = load_plan(settings.plan)
+        INSTALLED.plan_dir = str(plan_dir_of(settings.plan))
+        INSTALLED.settings = settings
+    return INSTALLED.plan
 
 
 def _server_args():
@@ -125,10 +126,11 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     """
     import torch
 
+    from dasc_runtime.state import STATE as INSTALLED
     from dasc_runtime.ops import select_ops
     from dasc_runtime.pool import DascCheckpointPool, slots_for_budget
-    from dasc_runtime.pool_layout import rank_layout
-    from dasc_runtime.state import STATE
+    from dasc_runtime.rank_layout import build_rank_layout
+    from dasc_runtime.side_channels import attach_tier_policy
     from dasc_runtime.tiers import TierPolicy
     from dasc_runtime.verify import DascRefusal, check_plan_supported, check_state
 
@@ -140,7 +142,7 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     check_state(plan, layer_ids=list(mamba_layer_ids), temporal_shape=cache_params.shape.temporal,
                 conv_shapes=cache_params.shape.conv, temporal_dtype=cache_params.dtype.temporal,
                 conv_dtype=cache_params.dtype.conv, tp_rank=tp_rank, tp_size=tp_size)
-    layout = rank_layout(plan, tp_rank, tp_size, num_layers=len(mamba_layer_ids))
+    layout = build_rank_layout(plan, tp_rank, tp_size, num_layers=len(mamba_layer_ids), device=device)
     if layout.storage is not None and tp_group is None and tp_size > 1:
         from sglang.srt.distributed.parallel_state import get_attn_tp_group
 
@@ -154,9 +156,9 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
         slots = slots_for_budget(plan.policy.pool_budget_bytes, bottleneck)
     else:
         slots = 2 * int(mamba_size)
-    ops = select_ops(plan, STATE.plan_dir, layout, device)
+    ops = select_ops(plan, INSTALLED.plan_dir, layout, device, tp_group=tp_group)
     dpool = DascCheckpointPool(layout=layout, num_slots=slots, conv_shapes=cache_params.shape.conv,
-                               native_size=mamba_size, device=device, ops=ops, tp_group=tp_group)
+                               native_size=mamba_size, device=device, ops=ops)
     mine = dpool.bytes_per_slot()
     plan_bytes = plan.tp.payload_storage[tp_rank].bytes_per_slot
     if mine != plan_bytes:
@@ -164,14 +166,14 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     wm = settings.demote_watermark
     if wm is None:
         wm = 0 if settings.compressed_only else max(1, int(mamba_size) // 10)
-    dpool.tier_policy = TierPolicy(compressed_only=settings.compressed_only, watermark=wm)
+    attach_tier_policy(dpool, TierPolicy(compressed_only=settings.compressed_only, watermark=wm))
     req_pool.mamba_ckpt_pool = dpool
-    STATE.pool = dpool
+    INSTALLED.pool = dpool
     t = plan.totals
     logger.info(
         "dasc: plan %s (w_max=%s, %s, kept %d/%d units, C_ckpt=%.2f, TP %d/%d balance=%s): compressed pool %d slots x "
         "%d bytes = %.3f GB on %s (ops: %s); native slots %d; mode %s, demote watermark %d",
-        STATE.plan_dir, plan.policy.w_max, plan.model.unit_kind, t.n_kept, t.n_units, plan.tp.c_ckpt_tp, tp_rank,
+        INSTALLED.plan_dir, plan.policy.w_max, plan.model.unit_kind, t.n_kept, t.n_units, plan.tp.c_ckpt_tp, tp_rank,
         tp_size, plan.tp.balance, slots, mine, dpool.mem_usage_bytes() / 2 ** 30, device, ops.name, mamba_size,
         "compressed-only" if settings.compressed_only else "two-tier", wm)
     if torch.device(device).type == "cuda":
@@ -212,7 +214,7 @@ def after_load_model(result, runner, *args, **kwargs):
     if not settings.active or getattr(runner, "is_draft_worker", False):
         return result
     from dasc_runtime.fingerprint import served_decay_tensors
-    from dasc_runtime.state import STATE
+    from dasc_runtime.state import STATE as INSTALLED
     from dasc_runtime.verify import (check_fingerprint, check_model_type, check_plan_supported, check_server_args,
                                      check_sglang_version)
 
@@ -242,8 +244,8 @@ def after_load_model(result, runner, *args, **kwargs):
     # the format that actually picked the loader (SGLang can switch dummy to ipc_cache), else the flag
     fmt = getattr(getattr(runner, "load_config", None), "load_format", None) or getattr(sa, "load_format", "")
     hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok, load_format=fmt)
-    STATE.verified_model = True
-    STATE.fingerprint_match = hit
+    INSTALLED.verified_model = True
+    INSTALLED.fingerprint_match = hit
     if hit.get("stand_in"):
         logger.info("dasc: serving plan %s on dummy weights (%s, %d decay tensors; masks from the plan's own "
                     "checkpoint)", plan.model.model_type, fmt, len(served))
@@ -261,9 +263,9 @@ def around_create_unified_radix_cache(original, ctx, server_args, params):
         return original(ctx, server_args, params)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
-    from dasc_runtime.pool import DascCheckpointPool
-    from dasc_runtime.state import STATE
+    from dasc_runtime.state import STATE as INSTALLED
     from dasc_runtime.tiers import DascMambaComponent
+    from dasc_runtime.pool import DascCheckpointPool
     from dasc_runtime.verify import DascRefusal
 
     if not isinstance(getattr(params.req_to_token_pool, "mamba_ckpt_pool", None), DascCheckpointPool):
@@ -271,32 +273,32 @@ def around_create_unified_radix_cache(original, ctx, server_args, params):
     params.component_registry_override = {**(params.component_registry_override or {}),
                                           ComponentType.MAMBA: DascMambaComponent}
     cache = original(ctx, server_args, params)
-    STATE.component = cache.components[ComponentType.MAMBA]
+    INSTALLED.component = cache.components[ComponentType.MAMBA]
     logger.info("dasc: two-tier state checkpoint cache installed (%s)", type(cache).__name__)
     return cache
 
 
 def around_collect_cow(original, batch, reqs):
     """AROUND ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``: host-side tier of each hit source."""
-    from dasc_runtime.pool import TIER_HINT_ATTR
-    from dasc_runtime.state import STATE
+    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.side_channels import attach_tier_hint
 
-    pool = STATE.pool
+    pool = INSTALLED.pool
     if pool is None:
         return original(batch, reqs)
     hint = [pool.is_own_id_tensor(r.mamba_cow_src_index) for r in reqs if r.mamba_cow_src_index is not None]
     out = original(batch, reqs)
     src = batch.mamba_cow_src_indices
     if src is not None and len(hint) == src.numel():
-        setattr(src, TIER_HINT_ATTR, hint)
+        attach_tier_hint(src, hint)
     return out
 
 
 def after_mamba_token_info(result, observer, *args, **kwargs):
     """AFTER ``SchedulerPoolStatsObserver._get_mamba_token_info``: dense checkpoints occupy native slots."""
-    from dasc_runtime.state import STATE
+    from dasc_runtime.state import STATE as INSTALLED
 
-    comp = STATE.component
+    comp = INSTALLED.component
     if comp is None or result is None:
         return result
     size = observer.req_to_token_pool.mamba_pool.size
@@ -313,10 +315,11 @@ def around_check_int8(original, checker, ps, ckpt_pool):
     compressed: available + compressed checkpoints + pending demotion targets == C.
     """
     from dasc_runtime.pool import DascCheckpointPool
+    from dasc_runtime.side_channels import component_of
 
-    if not isinstance(ckpt_pool, DascCheckpointPool) or getattr(ckpt_pool, "component", None) is None:
+    comp = component_of(ckpt_pool) if isinstance(ckpt_pool, DascCheckpointPool) else None
+    if comp is None:
         return original(checker, ps, ckpt_pool)
-    comp = ckpt_pool.component
     m = checker.req_to_token_pool.mamba_pool.size
     session = checker.pool_stats_observer.session_held_mamba_slots()
     native = ps.mamba_available_size + comp.dense_evictable() + comp.dense_protected() + session
@@ -331,9 +334,9 @@ def around_check_int8(original, checker, ps, ckpt_pool):
 
 def after_usage_parts(result, stats, *args, **kwargs):
     """AFTER ``PoolStats.get_{prefill,decode}_usage_msg_parts``: dasc counters in SGLang's log lines."""
-    from dasc_runtime.state import STATE, status_line
+    from dasc_runtime.state import STATE as INSTALLED, status_line
 
-    if STATE.pool is None or not isinstance(result, list):
+    if INSTALLED.pool is None or not isinstance(result, list):
         return result
     return result + [status_line()]
 

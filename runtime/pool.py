@@ -11,6 +11,9 @@ Storage per slot (slot 0 reserved, as SGLang's allocators reserve it):
 * conv: one ``[L, C+1, *conv_shape]`` tensor per SGLang conv tensor, in the conv dtype, whole
   (conv state is not compressed; layer-major like SGLang's pool and the generated kernels).
 
+The pool owns the slots and their tensors (:class:`~dasc_runtime.ops.CheckpointTensors`) and hands
+them to its ops (:mod:`dasc_runtime.ops`) for every store and load; the ops never call back.
+
 Slot ids. The pool shares one id space with SGLang's native Mamba slots ``0..M``: compressed slot
 ``c`` (1..C) is id ``M + 1 + c``. A compressed id handed out by :meth:`alloc` is a one-element
 view of a fixed id tensor, so the pool recognises its own ids from tensor metadata
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -31,15 +33,15 @@ from typing import Optional, Sequence
 import torch
 
 from dasc_compile.schema import DascInputError
-from dasc_runtime.ops import ReferenceOps
-from dasc_runtime.pool_layout import RankLayout
+from dasc_runtime.ops import CheckpointTensors, TorchOps
+from dasc_runtime.rank_layout import RankLayout
+from dasc_runtime.side_channels import tier_hint
 
 __all__ = ["DascCheckpointPool", "PoolCounters", "MatchedMemory", "matched_memory", "slots_for_budget",
            "bytes_per_slot"]
 
 logger = logging.getLogger(__name__)
 
-TIER_HINT_ATTR = "_dasc_compressed_rows"
 # DASC_LOG_RESTORES=1: one INFO line per restored batch (evidence for smoke runs; off by default)
 _LOG_RESTORES = os.environ.get("DASC_LOG_RESTORES", "0") == "1"
 
@@ -139,20 +141,20 @@ class DascCheckpointPool:
     """Ragged compressed checkpoints of one TP rank (see module docstring).
 
     Args:
-        layout: this rank's :class:`RankLayout`; the pool keeps a copy whose index tensors
-            (``kept_flat``, ``local_flat``) live on ``device``, moved once here (``self.layout``).
+        layout: this rank's :class:`RankLayout`; the pool keeps it with its index tensors on
+            ``device``, moved once here when they are elsewhere (``self.layout``).
         num_slots: usable compressed slots C (storage holds C + 1 rows).
         conv_shapes: SGLang's per-rank conv state shapes (``cache_params.shape.conv``).
         native_size: M, SGLang's ``MambaPool.size``; compressed ids start at ``M + 1``.
         device: where the pool lives (SGLang's mamba pool device).
-        ops: store/load implementation (:class:`~dasc_runtime.ops.ReferenceOps` by default).
-        tp_group: process group for storage balancing (``layout.storage``), else unused.
+        ops: store/load implementation (:class:`~dasc_runtime.ops.TorchOps` on the world group
+            by default; :func:`~dasc_runtime.ops.select_ops` picks one with the TP group).
     Raises:
         DascInputError: ``num_slots < 1``.
     """
 
     def __init__(self, *, layout: RankLayout, num_slots: int, conv_shapes: Sequence[Sequence[int]], native_size: int,
-                 device: str | torch.device, ops: Optional[ReferenceOps] = None, tp_group=None) -> None:
+                 device: str | torch.device, ops: Optional[TorchOps] = None) -> None:
         if num_slots < 1:
             raise DascInputError(f"dasc pool needs at least one usable slot, got {num_slots}")
         self.num_slots = int(num_slots)
@@ -160,10 +162,8 @@ class DascCheckpointPool:
         self.id_offset = self.native_size + 1
         self.device = torch.device(device)
         # index tensors on the pool device once, not on every store / load (ops.py)
-        self.layout = dataclasses.replace(layout, kept_flat=layout.kept_flat.to(self.device),
-                                          local_flat=layout.local_flat.to(self.device))
-        self.ops = ops if ops is not None else ReferenceOps()
-        self.tp_group = tp_group
+        self.layout = layout.to(self.device)
+        self.ops = ops if ops is not None else TorchOps()
         self.conv_shapes = [tuple(int(x) for x in s) for s in conv_shapes]
         rows = self.num_slots + 1
         if layout.int8:
@@ -176,6 +176,7 @@ class DascCheckpointPool:
             self.scale = None
         self.conv = [torch.zeros((layout.num_layers, rows, *s), dtype=layout.conv_dtype, device=self.device)
                      for s in self.conv_shapes]
+        self.tensors = CheckpointTensors(temporal=self.temporal, scale=self.scale, conv=self.conv)
         # _ids[c] is the id of compressed slot c; alloc hands out one-element views of it
         self._ids = torch.arange(self.id_offset, self.id_offset + rows, dtype=torch.int64, device=self.device)
         self._ids_ptr = self._ids.untyped_storage().data_ptr()
@@ -262,37 +263,13 @@ class DascCheckpointPool:
             ckpt_slots: int64 ``[N]`` compressed ids from :meth:`alloc` to write.
         """
         src = active_slots.reshape(-1).to(torch.int64)
-        self.ops.store(self, active_mamba_pool.mamba_cache, src, self._rows(ckpt_slots))
+        self.ops.store(self.layout, active_mamba_pool.mamba_cache, src, self._rows(ckpt_slots), self.tensors)
         self.counters.stores += src.numel()
-
-    def write_units(self, store: torch.Tensor, rows: torch.Tensor, packed: torch.Tensor) -> None:
-        """Write packed units ``[N, n_local, ...]`` into pool rows (through storage balancing if planned)."""
-        smap = self.layout.storage
-        if smap is None:
-            store.index_copy_(0, rows, packed)
-            return
-        from dasc_runtime.tp_transfer import store_all_to_all
-
-        n = packed.shape[0]
-        out = torch.zeros((self.layout.width, n, *packed.shape[2:]), dtype=packed.dtype, device=packed.device)
-        store_all_to_all(packed.transpose(0, 1).contiguous(), smap, self.layout.tp_rank, group=self.tp_group, out=out)
-        store.index_copy_(0, rows, out.transpose(0, 1).contiguous())
-
-    def read_units(self, store: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Packed units ``[N, n_local, ...]`` of pool rows (inverse of :meth:`write_units`)."""
-        got = store.index_select(0, rows)
-        smap = self.layout.storage
-        if smap is None:
-            return got
-        from dasc_runtime.tp_transfer import load_all_to_all
-
-        out = load_all_to_all(got.transpose(0, 1).contiguous(), smap, self.layout.tp_rank, group=self.tp_group)
-        return out.transpose(0, 1)
 
     def load_compressed(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
         """dasc-nr restore (§4.2): kept units exact, local units zero, conv copied, for every layer."""
         dst = active_slots.reshape(-1).to(torch.int64)
-        self.ops.load(self, active_mamba_pool.mamba_cache, self._rows(ckpt_slots), dst)
+        self.ops.load(self.layout, active_mamba_pool.mamba_cache, self._rows(ckpt_slots), dst, self.tensors)
         self.counters.loads_compressed += dst.numel()
 
     def load_to_active(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
@@ -300,7 +277,7 @@ class DascCheckpointPool:
 
         ``ckpt_slots`` may mix native ids (``<= M``: exact ``MambaPool.copy_from``, a dense hit) and
         compressed ids (dasc-nr). The split comes from the host hint the plugin attaches
-        (attribute ``_dasc_compressed_rows``: list of bool) or, without it, from one device read.
+        (:func:`dasc_runtime.side_channels.tier_hint`: list of bool) or, without it, from one device read.
 
         Args:
             active_mamba_pool: SGLang's ``MambaPool``.
@@ -311,7 +288,7 @@ class DascCheckpointPool:
         dst = active_slots.reshape(-1)
         if src.numel() == 0:
             return
-        hint = getattr(ckpt_slots, TIER_HINT_ATTR, None)
+        hint = tier_hint(ckpt_slots)
         if hint is None or len(hint) != src.numel():
             if self.is_own_id_tensor(src):
                 hint = [True] * src.numel()

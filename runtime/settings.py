@@ -2,9 +2,9 @@
 
 Sources, first match wins:
 
-1. the ``ServerArgs`` object (attribute ``_dasc_settings``, set by the plugin from the CLI flags
-   ``--dasc-*`` or from ``Engine(dasc_plan=..., ...)`` keyword arguments; pickled with the server
-   args into every scheduler process);
+1. the ``ServerArgs`` object (the ``settings`` channel of :mod:`dasc_runtime.side_channels`, set
+   by the plugin from the CLI flags ``--dasc-*`` or from ``Engine(dasc_plan=..., ...)`` keyword
+   arguments; pickled with the server args into every scheduler process);
 2. environment variables (inherited by every child process; the plugin also exports the CLI
    values here):
 
@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
 from dasc_compile.schema import DascInputError
+from dasc_runtime.side_channels import settings_of
 
-__all__ = ["DascSettings", "ENV_VARS", "current_settings", "SERVER_ARGS_ATTR"]
+__all__ = ["DascSettings", "ENV_VARS", "current_settings"]
 
-SERVER_ARGS_ATTR = "_dasc_settings"
 ENV_VARS = {
     "plan": "DASC_PLAN",
     "pool_slots": "DASC_POOL_SLOTS",
@@ -121,7 +121,7 @@ def current_settings(server_args=None) -> DascSettings:
             server_args = get_server_args()
         except Exception:
             server_args = None
-    raw = getattr(server_args, SERVER_ARGS_ATTR, None) if server_args is not None else None
+    raw = settings_of(server_args)
     if raw:
         return DascSettings.from_mapping(raw, source="server args")
     return DascSettings.from_env()

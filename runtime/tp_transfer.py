@@ -5,8 +5,8 @@ units of all recurrent layers in ragged order into ``packed [n_r, *unit]`` (``un
 for GDN, ``[d_v]`` for KDA; any dtype, e.g. FP32 or the INT8 payload). Store moves them into
 storage slots ``[slot_width, *unit]`` (``slot_width = ceil(N / P)``), load moves them back:
 
-* :func:`store_reference` / :func:`load_reference`: all P ranks in one process, following the
-  plan's destination map unit run by unit run (the plain-PyTorch reference).
+* :func:`store_all_ranks` / :func:`load_all_ranks`: all P ranks in one process, following the
+  plan's destination map unit run by unit run (plain PyTorch; what the all-to-all is tested against).
 * :func:`store_all_to_all` / :func:`load_all_to_all`: one rank of a ``torch.distributed`` group; a
   local copy of the kept prefix plus one ``all_to_all_single`` with variable splits, skipped when
   ``M_remote == 0``. The same code runs on gloo (CPU) and NCCL (GPU).
@@ -16,9 +16,6 @@ rows of dim 0). Conv states never move: they stay on the rank that computes them
 
 :func:`permute_coupled_tensor` applies a compute-head permutation (Fig. 9 (a)) to one checkpoint
 tensor as described by the plan's :class:`~dasc_compile.schema.CoupledTensor`.
-
-:func:`agree_all` ANDs per-rank flags over a (CPU) group: the TP ranks' agreement on which
-watermark demotions ``dasc_runtime.tiers`` commits.
 
 Only the plan schema is imported from dasc; this module never imports the compiler.
 """
@@ -34,11 +31,11 @@ from dasc_compile.schema import CoupledTensor, StorageMap
 
 __all__ = [
     "agree_all",
+    "load_all_ranks",
     "load_all_to_all",
-    "load_reference",
     "permute_coupled_tensor",
+    "store_all_ranks",
     "store_all_to_all",
-    "store_reference",
 ]
 
 
@@ -47,8 +44,8 @@ def _check_packed(t: torch.Tensor, rows: int, what: str) -> None:
         raise ValueError(f"{what} must have at least {rows} rows on dim 0, got shape {tuple(t.shape)}")
 
 
-def store_reference(packed: Sequence[torch.Tensor], smap: StorageMap) -> list[torch.Tensor]:
-    """Store mapping for all P ranks in one process (reference for :func:`store_all_to_all`).
+def store_all_ranks(packed: Sequence[torch.Tensor], smap: StorageMap) -> list[torch.Tensor]:
+    """Store mapping for all P ranks in one process (what :func:`store_all_to_all` must equal).
 
     Args:
         packed: P tensors, rank r's ``[n_r, *unit]`` (same trailing shape and dtype on every rank).
@@ -62,7 +59,7 @@ def store_reference(packed: Sequence[torch.Tensor], smap: StorageMap) -> list[to
     if len(packed) != p:
         raise ValueError(f"packed must hold {p} rank tensors, got {len(packed)}")
     for r in range(p):
-        _check_packed(packed[r], smap.n_local[r], f"packed[{r}]")
+        _check_packed(packed[r], smap.n_packed[r], f"packed[{r}]")
     trail, dtype, device = packed[0].shape[1:], packed[0].dtype, packed[0].device
     out = [torch.zeros((smap.slot_width, *trail), dtype=dtype, device=device) for _ in range(p)]
     for r in range(p):
@@ -71,8 +68,8 @@ def store_reference(packed: Sequence[torch.Tensor], smap: StorageMap) -> list[to
     return out
 
 
-def load_reference(storage: Sequence[torch.Tensor], smap: StorageMap) -> list[torch.Tensor]:
-    """Load mapping for all P ranks in one process: the inverse of :func:`store_reference`.
+def load_all_ranks(storage: Sequence[torch.Tensor], smap: StorageMap) -> list[torch.Tensor]:
+    """Load mapping for all P ranks in one process: the inverse of :func:`store_all_ranks`.
 
     Args:
         storage: P tensors ``[>= t_s, *unit]`` (storage slots).
@@ -87,7 +84,7 @@ def load_reference(storage: Sequence[torch.Tensor], smap: StorageMap) -> list[to
     for s in range(p):
         _check_packed(storage[s], smap.targets[s], f"storage[{s}]")
     trail, dtype, device = storage[0].shape[1:], storage[0].dtype, storage[0].device
-    out = [torch.empty((smap.n_local[r], *trail), dtype=dtype, device=device) for r in range(p)]
+    out = [torch.empty((smap.n_packed[r], *trail), dtype=dtype, device=device) for r in range(p)]
     for r in range(p):
         for start, count, src, pos in smap.runs[r]:
             out[r][start:start + count] = storage[src][pos:pos + count].to(out[r].device)
@@ -114,7 +111,7 @@ def store_all_to_all(packed: torch.Tensor, smap: StorageMap, rank: int, *, group
     Raises:
         ValueError: shapes that do not match the map.
     """
-    n, t, keep = smap.n_local[rank], smap.targets[rank], smap.keep[rank]
+    n, t, keep = smap.n_packed[rank], smap.targets[rank], smap.keep[rank]
     _check_packed(packed, n, "packed")
     if out is None:
         out = torch.zeros((smap.slot_width, *packed.shape[1:]), dtype=packed.dtype, device=packed.device)
@@ -139,7 +136,7 @@ def load_all_to_all(storage: torch.Tensor, smap: StorageMap, rank: int, *, group
     Raises:
         ValueError: shapes that do not match the map.
     """
-    n, t, keep = smap.n_local[rank], smap.targets[rank], smap.keep[rank]
+    n, t, keep = smap.n_packed[rank], smap.targets[rank], smap.keep[rank]
     _check_packed(storage, t, "storage")
     if out is None:
         out = torch.empty((n, *storage.shape[1:]), dtype=storage.dtype, device=storage.device)
@@ -199,3 +196,8 @@ def permute_coupled_tensor(tensor: torch.Tensor, coupled: CoupledTensor, bundle_
         blk = length // nb
         index[start:start + length] = (start + order[:, None] * blk + torch.arange(blk)[None, :]).reshape(-1)
     return tensor.index_select(axis, index.to(tensor.device))
+
+
+#: Transitional alias for ``benchmarks/`` (owned by another pass); remove when
+#: ``grep -rn store_reference benchmarks`` finds nothing.
+store_reference = store_all_ranks

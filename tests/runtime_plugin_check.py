@@ -20,6 +20,8 @@ import runtime_fixtures as F  # noqa: E402  (run as a script: its own folder is 
 
 
 def main(plan_dir: str, kda_plan_dir: str) -> dict:
+    from dasc_runtime.side_channels import settings_of, tier_hint, tier_policy_of
+
     out: dict = {}
     from importlib.metadata import entry_points
 
@@ -42,16 +44,16 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     sa = prepare_server_args(["--model-path", "dummy", "--page-size", "1", "--dasc-plan", plan_dir,
                               "--dasc-pool-slots", "5", "--dasc-demote-watermark", "2",
                               "--dasc-dummy-decay-ok"])
-    out["cli_settings"] = getattr(sa, "_dasc_settings", None)
+    out["cli_settings"] = settings_of(sa)
     out["cli_env"] = {k: v for k, v in os.environ.items() if k.startswith("DASC_")}
     import pickle
 
-    out["pickled_settings"] = getattr(pickle.loads(pickle.dumps(sa)), "_dasc_settings", None)
+    out["pickled_settings"] = settings_of(pickle.loads(pickle.dumps(sa)))
     # 2. Engine(...) keyword arguments reach ServerArgs the same way
     sa_kw = ServerArgs(model_path="dummy", page_size=1, dasc_plan=plan_dir, dasc_compressed_only=True)
-    out["kwarg_settings"] = getattr(sa_kw, "_dasc_settings", None)
+    out["kwarg_settings"] = settings_of(sa_kw)
     plain = ServerArgs(model_path="dummy", page_size=1)
-    out["plain_settings"] = getattr(plain, "_dasc_settings", None)
+    out["plain_settings"] = settings_of(plain)
 
     # 3. the pool hook: HybridReqToTokenPool gets the dasc pool in mamba_ckpt_pool
     sa._mamba_cache_chunk_size = 64
@@ -62,7 +64,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     ck = pool.mamba_ckpt_pool
     out["pool_type"] = type(ck).__name__
     out["pool_slots"] = ck.num_slots if isinstance(ck, DascCheckpointPool) else None
-    out["pool_watermark"] = ck.tier_policy.watermark if isinstance(ck, DascCheckpointPool) else None
+    out["pool_watermark"] = tier_policy_of(ck).watermark if isinstance(ck, DascCheckpointPool) else None
 
     # 4. the cache hook: the built-in factory builds UnifiedRadixCache with the two-tier component
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -86,7 +88,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     batch = SimpleNamespace()
     ScheduleBatch._collect_deferred_mamba_cow_and_clear(batch, reqs)
     out["cow_src"] = batch.mamba_cow_src_indices.tolist()
-    out["cow_hint"] = getattr(batch.mamba_cow_src_indices, "_dasc_compressed_rows", None)
+    out["cow_hint"] = tier_hint(batch.mamba_cow_src_indices)
     out["clear"] = batch.mamba_clear_indices.tolist()
     ck.free(cid)
 
@@ -98,7 +100,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
                    mamba_evictable_size=0)
     out["prefill_log_parts"] = ps.get_prefill_usage_msg_parts()
     obs = SimpleNamespace(req_to_token_pool=pool)
-    comp._count["dense"] = 2                     # two dense checkpoints, one locked (bookkeeping only)
+    comp._count["dense"] = 2                 # two dense checkpoints, one locked (bookkeeping only)
     comp._locked["dense"] = 1
     fixed = SchedulerPoolStatsObserver._get_mamba_token_info.__wrapped__  # original
     from dasc_runtime.plugin import after_mamba_token_info
@@ -121,9 +123,9 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     del fixed
 
     # 7. refusals: a plan compiled for another model; an option the plan cannot serve
-    from dasc_runtime.state import STATE
+    from dasc_runtime.state import STATE as INSTALLED
 
-    STATE.reset()
+    INSTALLED.reset()
     os.environ["DASC_PLAN"] = kda_plan_dir
     sa_k = ServerArgs(model_path="dummy", page_size=1)
     sa_k._mamba_cache_chunk_size = 64
@@ -133,7 +135,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
         out["mismatch"] = "started"
     except Exception as exc:                   # DascRefusal
         out["mismatch"] = f"{type(exc).__name__}: {exc}"
-    STATE.reset()
+    INSTALLED.reset()
     os.environ["DASC_PLAN"] = plan_dir
     sa_h = ServerArgs(model_path="dummy", page_size=1, enable_hierarchical_cache=True)
     sa_h._mamba_cache_chunk_size = 64
@@ -145,7 +147,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
         out["hicache"] = f"{type(exc).__name__}: {exc}"
     # 8. no plan anywhere: every hook passes through (SGLang's own pools and cache)
     os.environ.pop("DASC_PLAN", None)
-    STATE.reset()
+    INSTALLED.reset()
     set_global_server_args_for_scheduler(plain)
     p2, _ = F.hybrid_pools(F.gdn_cache_params(), mamba_size=8)
     out["no_plan_pool"] = repr(p2.mamba_ckpt_pool)

@@ -59,7 +59,8 @@ class Sim:
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
         from dasc_runtime.pool import DascCheckpointPool
-        from dasc_runtime.pool_layout import rank_layout
+        from dasc_runtime.rank_layout import build_rank_layout
+        from dasc_runtime.side_channels import attach_tier_policy
         from dasc_runtime.tiers import DascMambaComponent, TierPolicy
 
         F.set_server_args(chunk=chunk)
@@ -72,10 +73,10 @@ class Sim:
         cp = F.gdn_cache_params() if kind == "gdn" else F.kda_cache_params()
         self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size,
                                                extra_buffer=extra_buffer)
-        layout = rank_layout(self.plan, 0, 1, len(cp.layers))
+        layout = build_rank_layout(self.plan, 0, 1, len(cp.layers))
         self.dpool = DascCheckpointPool(layout=layout, num_slots=compressed_slots, conv_shapes=cp.shape.conv,
                                         native_size=mamba_size, device="cpu")
-        self.dpool.tier_policy = TierPolicy(compressed_only=compressed_only, watermark=watermark)
+        attach_tier_policy(self.dpool, TierPolicy(compressed_only=compressed_only, watermark=watermark))
         self.pool.mamba_ckpt_pool = self.dpool
         self.MAMBA = ComponentType.MAMBA
         self.cache = UnifiedRadixCache(CacheInitParams(
@@ -132,16 +133,16 @@ class Sim:
     def nr_of(self, temporal):
         """dasc-nr image of a dense temporal state [L, H, dv, dk]: local units zero; with INT8 the kept
         units are the Eq. 8 round trip."""
-        from dasc_runtime.ops import _flat_view, _unflat
+        from dasc_runtime.ops import flat_units, unflat_units
 
-        flat = _flat_view(self.layout, temporal.unsqueeze(1)).clone()
+        flat = flat_units(self.layout, temporal.unsqueeze(1)).clone()
         flat[:, self.layout.local_flat] = 0
         if self.layout.int8:
             ops = self.dpool.ops
             kept = flat[:, self.layout.kept_flat]
             q, s = ops.quantize(self.layout, kept)
             flat[:, self.layout.kept_flat] = ops.dequantize(self.layout, q, s)
-        return _unflat(self.layout, flat)[:, 0]
+        return unflat_units(self.layout, flat)[:, 0]
 
     # ---------------------------------------------------------------- scheduler-like steps
 

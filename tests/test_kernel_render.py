@@ -20,7 +20,7 @@ import torch
 from dasc_compile import kernels as K
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import KernelModule
-from dasc_runtime import indexing
+from dasc_runtime import rank_layout
 from dasc_runtime.kernel_loader import load_kernel_module, load_plan_kernels, module_name
 from runtime_fixtures import GDN_KEPT_W16, SGLANG_SKIP_REASON, compile_tiny
 
@@ -213,7 +213,7 @@ def test_loader_imports_once_per_key_and_checks_key(tmp_path):
 # ------------------------------------------------------------------ index tensors
 
 def test_state_index_gdn_plan_hand_computed(plans):
-    idx = indexing.build_state_index(plans["gdn"])
+    idx = rank_layout.build_state_index(plans["gdn"])
     # runtime_fixtures: W_max = 16 keeps heads {0, 1} / {0, 3} / {0, 1, 2}
     assert [sorted(l.kept_units) for l in plans["gdn"].layers] == GDN_KEPT_W16
     assert idx.unit_layer.tolist() == [0, 0, 1, 1, 2, 2, 2]
@@ -231,15 +231,15 @@ def test_state_index_gdn_plan_hand_computed(plans):
 
 def test_state_index_tp_rank_is_rank_local(plans):
     # TP=2: rank 1 holds heads {2, 3}: layer 0 keeps none, layer 1 keeps head 3 -> local 1, layer 2 head 2 -> 0
-    idx = indexing.build_state_index(plans["gdn_tp2"], tp_rank=1)
+    idx = rank_layout.build_state_index(plans["gdn_tp2"], tp_rank=1)
     assert idx.unit_row.tolist() == [[-1, -1], [-1, 0], [1, -1]]
     assert idx.offsets.tolist() == [0, 0, 1, 2]
     with pytest.raises(DascInputError, match="tp_rank"):
-        indexing.build_state_index(plans["gdn_tp2"], tp_rank=2)
+        rank_layout.build_state_index(plans["gdn_tp2"], tp_rank=2)
 
 
 def test_state_index_kda_columns():
-    idx = indexing.state_index_from_kept([[9, 0, 7], [], [15]], heads=2, unit_kind="kda_column", dk=8)
+    idx = rank_layout.state_index_from_kept([[9, 0, 7], [], [15]], heads=2, unit_kind="kda_column", dk=8)
     assert idx.unit_layer.tolist() == [0, 0, 0, 2] and idx.unit_index.tolist() == [0, 7, 9, 15]
     assert idx.offsets.tolist() == [0, 3, 3, 4]
     row = idx.unit_row
@@ -249,17 +249,17 @@ def test_state_index_kda_columns():
     # KDA scale per kept column: (layer, head, k) = (0, 1, 1) for unit 9
     assert idx.scale_shape == (4,) and idx.scale_lhk.tolist() == [[0, 0, 0], [0, 0, 7], [0, 1, 1], [2, 1, 7]]
     with pytest.raises(DascInputError, match="must lie in"):
-        indexing.state_index_from_kept([[16]], heads=2, unit_kind="kda_column", dk=8)
+        rank_layout.state_index_from_kept([[16]], heads=2, unit_kind="kda_column", dk=8)
     with pytest.raises(DascInputError, match="repeats"):
-        indexing.state_index_from_kept([[1, 1]], heads=2, unit_kind="kda_column", dk=8)
+        rank_layout.state_index_from_kept([[1, 1]], heads=2, unit_kind="kda_column", dk=8)
 
 
 def test_ragged_pool_shapes():
     c = K.make_constants(**KIMI_LINEAR, int8=True)
-    shapes = indexing.ragged_pool_shapes(c, num_slots=10, num_rows=1000)
+    shapes = rank_layout.ragged_pool_shapes(c, num_slots=10, num_rows=1000)
     assert shapes == {"comp_q": ((11, 1000, 128), "int8"), "comp_scale": ((11, 1000), "float32"),
                       "comp_conv0": ((20, 11, 3, 12288), "bfloat16")}
-    g = indexing.ragged_pool_shapes(K.make_constants(**QWEN3_NEXT), num_slots=3, num_rows=7)
+    g = rank_layout.ragged_pool_shapes(K.make_constants(**QWEN3_NEXT), num_slots=3, num_rows=7)
     assert g["comp_temporal"] == ((4, 7, 128, 128), "float32")
 
 

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from dasc_compile.kernels import make_constants, render_kernel_module
-from dasc_runtime import reference as ref
-from dasc_runtime.indexing import StateIndex, state_index_from_kept
+from dasc_runtime import torch_kernels as ref
+from dasc_runtime.rank_layout import StateIndex, state_index_from_kept
 from dasc_runtime.kernel_loader import load_kernel_module
 
 REPO = Path(__file__).resolve().parent.parent
@@ -512,7 +512,7 @@ _BIG_OFFSETS = textwrap.dedent("""
     from test_kernels import constants, index_for, slots, assert_same, GDN, KDA
     from dasc_compile.kernels import render_kernel_module
     from dasc_runtime.kernel_loader import load_kernel_module
-    from dasc_runtime import reference as ref
+    from dasc_runtime import torch_kernels as ref
     for kind in (GDN, KDA):
         c = constants(kind, "tiled", dtype="bfloat16")
         name, src = render_kernel_module(c)
@@ -567,7 +567,7 @@ def test_compiled_plan_kernels_end_to_end(tmp_path, monkeypatch, kind):
     from dasc_compile.compiler import compile_plan
     from dasc_compile.kernels import kernel_constants
     from dasc_compile.policy import Policy
-    from dasc_runtime.indexing import build_state_index
+    from dasc_runtime.rank_layout import build_state_index
     from dasc_runtime.kernel_loader import load_plan_kernels
     from runtime_fixtures import (gdn_config, gdn_decay_tensors, kda_config, kda_decay_tensors,
                                   write_checkpoint)

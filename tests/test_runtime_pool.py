@@ -16,14 +16,14 @@ pytestmark = [pytest.mark.sglang,
 
 def _make(tmp_path, kind="gdn", num_slots=6, mamba_size=8, **policy):
     from dasc_runtime.pool import DascCheckpointPool
-    from dasc_runtime.pool_layout import rank_layout
+    from dasc_runtime.rank_layout import build_rank_layout
 
     set_server_args()
     plan, _, _ = compile_tiny(tmp_path, kind, **policy)
     cp = gdn_cache_params() if kind == "gdn" else kda_cache_params()
     pool, alloc = hybrid_pools(cp, mamba_size=mamba_size)
     fill_random(pool.mamba_pool, seed=3)
-    layout = rank_layout(plan, 0, 1, num_layers=len(cp.layers))
+    layout = build_rank_layout(plan, 0, 1, num_layers=len(cp.layers))
     dp = DascCheckpointPool(layout=layout, num_slots=num_slots, conv_shapes=cp.shape.conv,
                             native_size=pool.mamba_pool.size, device="cpu")
     return plan, pool, dp
@@ -67,7 +67,7 @@ def test_store_then_load_gdn_kept_exact_local_zero(tmp_path):
     src = torch.tensor([2, 5])
     ids = torch.cat([dp.alloc(1), dp.alloc(1)])
     dp.store_from_active(mp, src, ids)
-    assert dp.layout.n_local == 7 and dp.layout.offsets == (0, 2, 4, 7)
+    assert dp.layout.n_kept == 7 and dp.layout.offsets == (0, 2, 4, 7)
     # the ragged rows hold exactly the kept heads, layer by layer (App. B Scheme 2)
     rows = dp.slots_of(ids)
     for i, s in enumerate(src.tolist()):
@@ -88,7 +88,7 @@ def test_keep_everything_reproduces_dense_bit_for_bit(tmp_path):
     # w_max = 0 keeps every unit with a positive horizon: the compressed slot is the dense state
     _, pool, dp = _make(tmp_path, w_max=0)
     mp = pool.mamba_pool
-    assert dp.layout.keeps_everything and dp.layout.n_local == 3 * GDN_HEADS
+    assert dp.layout.keeps_everything and dp.layout.n_kept == 3 * GDN_HEADS
     before_t = mp.mamba_cache.temporal[:, 4].clone()
     before_c = [c[:, 4].clone() for c in mp.mamba_cache.conv]
     ids = dp.alloc(1)
@@ -100,7 +100,7 @@ def test_keep_everything_reproduces_dense_bit_for_bit(tmp_path):
 
 
 def test_mixed_batch_dense_copy_and_compressed_restore(tmp_path):
-    from dasc_runtime.pool import TIER_HINT_ATTR
+    from dasc_runtime.side_channels import attach_tier_hint, tier_hint
 
     _, pool, dp = _make(tmp_path)
     mp = pool.mamba_pool
@@ -113,7 +113,8 @@ def test_mixed_batch_dense_copy_and_compressed_restore(tmp_path):
         mp.mamba_cache.temporal[:, 5:7] = 7.0
         s = src.clone()
         if hinted:
-            setattr(s, TIER_HINT_ATTR, [False, True])
+            attach_tier_hint(s, [False, True])
+            assert tier_hint(s) == [False, True]
         misses = dp.counters.hint_misses
         dp.load_to_active(mp, s, torch.tensor([5, 6]))
         assert torch.equal(mp.mamba_cache.temporal[:, 5], exp_d)   # exact dense copy
@@ -196,22 +197,22 @@ def test_budget_sizing_and_matched_memory(tmp_path):
                          ids=["gdn", "gdn-int8", "kda", "kda-int8"])
 def test_kernels_reference_and_helper_reference_agree(tmp_path, monkeypatch, kind, int8):
     """The plan's generated kernels (Triton interpreter on CPU), the pool's PyTorch path and
-    dasc_runtime.reference give bit-identical pools and restored states."""
-    from dasc_runtime import reference as helper_ref
-    from dasc_runtime.indexing import build_state_index
-    from dasc_runtime.ops import KernelOps, ReferenceOps, select_ops
+    dasc_runtime.torch_kernels give bit-identical pools and restored states; the kernels read the
+    layout's own index, which equals a StateIndex built from the plan."""
+    from dasc_runtime import torch_kernels
+    from dasc_runtime.ops import KernelOps, TorchOps, select_ops
     from dasc_runtime.pool import DascCheckpointPool
-    from dasc_runtime.pool_layout import rank_layout
+    from dasc_runtime.rank_layout import build_rank_layout, build_state_index
 
     set_server_args()
     plan, pdir, _ = compile_tiny(tmp_path, kind, with_kernels=True, int8=int8)
     cp = gdn_cache_params() if kind == "gdn" else kda_cache_params()
-    layout = rank_layout(plan, 0, 1, 3)
+    layout = build_rank_layout(plan, 0, 1, 3)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kops = select_ops(plan, pdir, layout, "cpu", interpret=True)
     assert isinstance(kops, KernelOps)
     pools, states = [], []
-    for ops in (ReferenceOps(), kops):
+    for ops in (TorchOps(), kops):
         pool, _ = hybrid_pools(cp, mamba_size=6)
         fill_random(pool.mamba_pool, seed=11)
         dp = DascCheckpointPool(layout=layout, num_slots=3, conv_shapes=cp.shape.conv, native_size=6, device="cpu",
@@ -227,21 +228,22 @@ def test_kernels_reference_and_helper_reference_agree(tmp_path, monkeypatch, kin
         assert torch.equal(a.scale, b.scale)
     assert torch.equal(states[0].temporal, states[1].temporal)
     assert all(torch.equal(x, y) for x, y in zip(states[0].conv, states[1].conv))
-    # helper reference (dasc_runtime.reference) on the same inputs
+    # the PyTorch kernels (dasc_runtime.torch_kernels) on the same inputs
     pool, _ = hybrid_pools(cp, mamba_size=6)
     fill_random(pool.mamba_pool, seed=11)
     mc = pool.mamba_pool.mamba_cache
     ix = build_state_index(plan)
+    assert all(torch.equal(getattr(ix, f), getattr(layout.index, f)) for f in ("unit_row", "kept_heads", "offsets"))
     comp = torch.zeros_like(a.temporal)
     conv = [torch.zeros_like(c) for c in a.conv]
     rows, src = torch.tensor([1, 2]), torch.tensor([5, 2])
     if int8:
         scale = torch.zeros_like(a.scale)
-        helper_ref.pack_int8(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_q=comp, comp_scale=scale,
+        torch_kernels.pack_int8(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_q=comp, comp_scale=scale,
                              comp_conv=conv, dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads)
         assert torch.equal(scale, a.scale)
     else:
-        helper_ref.pack(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_temporal=comp, comp_conv=conv,
+        torch_kernels.pack(temporal=mc.temporal, conv=list(mc.conv), src_slots=src, comp_temporal=comp, comp_conv=conv,
                         dst_slots=rows, unit_row=ix.unit_row, kept_heads=ix.kept_heads)
     assert torch.equal(comp, a.temporal) and all(torch.equal(x, y) for x, y in zip(conv, a.conv))
 
@@ -262,17 +264,18 @@ def test_sizing_helper_uses_the_plans_per_rank_bytes(tmp_path, capsys):
 
 def test_pool_moves_layout_indices_to_its_device_once(tmp_path):
     from dasc_runtime.pool import DascCheckpointPool
-    from dasc_runtime.pool_layout import rank_layout
+    from dasc_runtime.rank_layout import build_rank_layout
 
     plan, _, _ = compile_tiny(tmp_path)
     cp = gdn_cache_params()
-    layout = rank_layout(plan, 0, 1, num_layers=len(cp.layers))
+    layout = build_rank_layout(plan, 0, 1, num_layers=len(cp.layers))
     assert layout.kept_flat.device.type == "cpu"
     # "meta" stands in for a CUDA pool on this CPU machine: the pool's own layout holds the index
     # tensors on the pool device, so store / load never copy them again
     dp = DascCheckpointPool(layout=layout, num_slots=2, conv_shapes=cp.shape.conv, native_size=4, device="meta")
     assert dp.layout.kept_flat.device.type == "meta" and dp.layout.local_flat.device.type == "meta"
-    assert dp.layout.kept_flat.shape == layout.kept_flat.shape and dp.layout.n_local == layout.n_local
+    assert dp.layout.index.unit_row.device.type == "meta"          # the kernels' index moved with it
+    assert dp.layout.kept_flat.shape == layout.kept_flat.shape and dp.layout.n_kept == layout.n_kept
     assert layout.kept_flat.device.type == "cpu"                  # the caller's layout is left as it was
     cpu = DascCheckpointPool(layout=layout, num_slots=2, conv_shapes=cp.shape.conv, native_size=4, device="cpu")
     assert torch.equal(cpu.layout.kept_flat, layout.kept_flat) and torch.equal(cpu.layout.local_flat, layout.local_flat)

@@ -248,7 +248,7 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
     from runtime_sim import FakeEvent
 
     from dasc_compile.schema import DascInputError
-    from dasc_runtime.tiers import _order_after, reclaim_wait_mode
+    from dasc_runtime.tiers import _order_after as order_after, reclaim_wait_mode
 
     monkeypatch.delenv("DASC_RECLAIM_WAIT", raising=False)
     assert reclaim_wait_mode() == "stream"
@@ -259,14 +259,14 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
         reclaim_wait_mode()
     for mode in ("stream", "host"):
         ev = FakeEvent()
-        _order_after(ev, mode, "cpu")
+        order_after(ev, mode, "cpu")
         assert ev.waited == 1 and ev.done
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stream_wait_orders_later_work_after_the_side_stream_pack():
     """On a GPU the stream mode does not block the host, yet later current-stream work sees the pack."""
-    from dasc_runtime.tiers import _order_after
+    from dasc_runtime.tiers import _order_after as order_after
 
     dev = torch.device("cuda")
     src = torch.zeros(1 << 20, device=dev)
@@ -277,7 +277,7 @@ def test_stream_wait_orders_later_work_after_the_side_stream_pack():
         src.fill_(1.0)
         ev = torch.cuda.Event()
         ev.record(side)
-    _order_after(ev, "stream", dev)
+    order_after(ev, "stream", dev)
     assert not ev.query()                        # the host did not wait
     seen = src.clone()                           # issued on the current stream after the wait
     torch.cuda.synchronize(dev)

@@ -28,13 +28,13 @@ def _rank(rank: int, port: int, plan_dir: str, q) -> None:
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=2)
-        from dasc_runtime.ops import _flat_view, _unflat
+        from dasc_runtime.ops import flat_units, unflat_units
         from dasc_runtime.plan_io import load_plan
         from dasc_runtime.pool import DascCheckpointPool
-        from dasc_runtime.pool_layout import rank_layout
+        from dasc_runtime.rank_layout import build_rank_layout
 
         plan = load_plan(plan_dir)
-        layout = rank_layout(plan, rank, 2, 3)
+        layout = build_rank_layout(plan, rank, 2, 3)
         g = torch.Generator().manual_seed(100 + rank)
         temporal = torch.randn((3, 5, 2, GDN_D, GDN_D), generator=g)
         conv = [torch.randn((3, 5, 64, 3), generator=g).to(torch.bfloat16)]
@@ -43,15 +43,15 @@ def _rank(rank: int, port: int, plan_dir: str, q) -> None:
         ids = torch.cat([pool.alloc(1), pool.alloc(1)])           # same ids on both ranks (same tree decisions)
         expect = []
         for s in (1, 3):
-            flat = _flat_view(layout, temporal[:, s:s + 1]).clone()
+            flat = flat_units(layout, temporal[:, s:s + 1]).clone()
             flat[:, layout.local_flat] = 0
-            expect.append(_unflat(layout, flat)[:, 0])
+            expect.append(unflat_units(layout, flat)[:, 0])
         pool.store_from_active(active, torch.tensor([1, 3]), ids)
         stored_rows = int((pool.temporal[1].abs().sum(dim=(1, 2)) > 0).sum())
         pool.load_to_active(active, ids, torch.tensor([2, 4]))
         ok = all(torch.equal(temporal[:, d], e) for d, e in zip((2, 4), expect))
         ok_conv = torch.equal(conv[0][:, 2], conv[0][:, 1]) and torch.equal(conv[0][:, 4], conv[0][:, 3])
-        q.put((rank, ok, ok_conv, layout.n_local, layout.width, stored_rows))
+        q.put((rank, ok, ok_conv, layout.n_kept, layout.width, stored_rows))
         dist.destroy_process_group()
     except Exception as exc:  # pragma: no cover - reported to the parent
         q.put((rank, repr(exc)))
@@ -61,7 +61,7 @@ def test_storage_balanced_store_load_is_exact(tmp_path):
     plan, pdir, _ = compile_tiny(tmp_path, tp_size=2, balance="storage")
     smap = plan.tp.storage
     # rank-local kept units: rank 0 {0,1},{0},{0,1} -> 5; rank 1 {},{1},{0} -> 2; targets 4 / 3
-    assert smap.n_local == [5, 2] and smap.targets == [4, 3] and smap.m_remote == 1 and smap.slot_width == 4
+    assert smap.n_packed == [5, 2] and smap.targets == [4, 3] and smap.m_remote == 1 and smap.slot_width == 4
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
@@ -72,5 +72,5 @@ def test_storage_balanced_store_load_is_exact(tmp_path):
     for p in procs:
         p.join(timeout=60)
     assert all(len(g) == 6 for g in got), got
-    # (rank, restored == dasc-nr image, conv exact, n_local, slot width, rows holding data in the slot)
+    # (rank, restored == dasc-nr image, conv exact, n_kept, slot width, rows holding data in the slot)
     assert got == [(0, True, True, 5, 4, 4), (1, True, True, 2, 4, 3)]

@@ -208,17 +208,17 @@ def test_state_checks_name_what_differs(tmp_path):
 def test_plan_for_other_tp_size_or_hybrid_balance_is_refused(tmp_path):
     from dasc_compile.errors import DascInputError
 
-    from dasc_runtime.pool_layout import rank_layout
+    from dasc_runtime.rank_layout import build_rank_layout
 
     plan, _, _ = compile_tiny(tmp_path, tp_size=2)
     with pytest.raises(DascInputError, match="compiled for tp_size=2, the server runs attention TP size 1"):
-        rank_layout(plan, 0, 1)
-    lay = [rank_layout(plan, r, 2) for r in (0, 1)]
+        build_rank_layout(plan, 0, 1)
+    lay = [build_rank_layout(plan, r, 2) for r in (0, 1)]
     # contiguous sharding: rank 0 holds heads 0-1, rank 1 heads 2-3 (kept: {0,1} {0,3} {0,1,2})
     assert [l.rank_units for l in lay] == [((0, 1), (0,), (0, 1)), ((), (1,), (0,))]
     hplan, _, _ = compile_tiny(tmp_path, tp_size=2, balance="hybrid")
     with pytest.raises(DascInputError, match="balance=hybrid"):
-        rank_layout(hplan, 0, 2)
+        build_rank_layout(hplan, 0, 2)
 
 
 def test_server_option_refusals():

@@ -28,7 +28,7 @@ from dasc_compile.tp import (
     head_costs,
     phi,
 )
-from dasc_runtime.tp_transfer import load_reference, permute_coupled_tensor, store_reference
+from dasc_runtime.tp_transfer import load_all_ranks, permute_coupled_tensor, store_all_ranks
 
 PROPS = settings(max_examples=40, deadline=None)
 
@@ -269,9 +269,9 @@ def test_store_then_load_is_identity(n, seed):
     s = balance_storage(n)
     g = torch.Generator().manual_seed(seed)
     packed = [torch.randn(k, 3, 2, generator=g) for k in n]
-    storage = store_reference(packed, s)
+    storage = store_all_ranks(packed, s)
     assert all(t.shape == (s.slot_width, 3, 2) for t in storage)
-    back = load_reference(storage, s)
+    back = load_all_ranks(storage, s)
     assert all(torch.equal(a, b) for a, b in zip(packed, back))
     # every stored row is one packed row, at the place the map says
     for r in range(len(n)):

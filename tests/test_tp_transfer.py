@@ -1,8 +1,8 @@
 """Storage-balancing data movement (paper App. B.1, Fig. 9 (b) runtime store / load).
 
-The single-process reference (:func:`store_reference` / :func:`load_reference`) against hand-built
+The single-process mapping (:func:`store_all_ranks` / :func:`load_all_ranks`) against hand-built
 maps, and the ``torch.distributed`` path (:func:`store_all_to_all` / :func:`load_all_to_all`) on
-the gloo backend with P = 2 and P = 4 CPU processes: store must equal the reference bit for bit,
+the gloo backend with P = 2 and P = 4 CPU processes: store must equal the single-process mapping bit for bit,
 load(store(x)) must return x exactly, and a map with M_remote = 0 must not call the collective.
 """
 
@@ -19,11 +19,11 @@ from dasc_compile.schema import CoupledTensor
 from dasc_compile.tp import balance_storage
 from dasc_runtime.tp_transfer import (
     agree_all,
+    load_all_ranks,
     load_all_to_all,
-    load_reference,
     permute_coupled_tensor,
+    store_all_ranks,
     store_all_to_all,
-    store_reference,
 )
 
 # per P: several rank-count vectors, including balanced (no transfer), empty ranks and one heavy rank
@@ -40,25 +40,25 @@ def _packed(n: list[int], dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     return [torch.randn(k, 2, 3, generator=g).to(dtype) for k in n]
 
 
-def test_reference_hand_case():
+def test_all_ranks_hand_case():
     # n=[2,7,0,4] -> t=[3,4,3,3]; rank 1 units 4,5,6 -> (0,2),(2,0),(2,1); rank 3 unit 3 -> (2,2)
     s = balance_storage([2, 7, 0, 4])
     packed = [torch.arange(k, dtype=torch.float32) + 10 * r for r, k in enumerate([2, 7, 0, 4])]
-    storage = store_reference(packed, s)
+    storage = store_all_ranks(packed, s)
     assert storage[0].tolist() == [0, 1, 14, 0]          # slot width 4, last row is padding
     assert storage[1].tolist() == [10, 11, 12, 13]
     assert storage[2].tolist() == [15, 16, 33, 0]
     assert storage[3].tolist() == [30, 31, 32, 0]
-    back = load_reference(storage, s)
+    back = load_all_ranks(storage, s)
     assert [b.tolist() for b in back] == [p.tolist() for p in packed]
 
 
-def test_reference_rejects_short_inputs():
+def test_all_ranks_rejects_short_inputs():
     s = balance_storage([2, 1])
     with pytest.raises(ValueError, match="packed\\[0\\]"):
-        store_reference([torch.zeros(1, 3), torch.zeros(1, 3)], s)
+        store_all_ranks([torch.zeros(1, 3), torch.zeros(1, 3)], s)
     with pytest.raises(ValueError, match="2 rank tensors"):
-        store_reference([torch.zeros(2, 3)], s)
+        store_all_ranks([torch.zeros(2, 3)], s)
 
 
 def test_permute_coupled_tensor_segments():
@@ -82,7 +82,7 @@ def _run_cases(rank: int, world: int, group, calls: dict) -> None:
         s = balance_storage(n)
         for dtype in (torch.float32, torch.int8):
             packed = _packed(n, dtype, seed=100 * i + (dtype == torch.int8))
-            expect = store_reference(packed, s)
+            expect = store_all_ranks(packed, s)
             before = calls["n"]
             stored = store_all_to_all(packed[rank].contiguous(), s, rank, group=group)
             assert stored.shape == (s.slot_width, 2, 3) and stored.dtype == dtype
@@ -95,9 +95,9 @@ def _run_cases(rank: int, world: int, group, calls: dict) -> None:
             store_all_to_all(packed[rank].contiguous(), s, rank, group=group, out=pool)
             assert torch.equal(pool[:s.targets[rank]], expect[rank][:s.targets[rank]])
             assert bool((pool[s.slot_width:] == 7).all())
-            active = torch.zeros(s.n_local[rank] + 1, 2, 3).to(dtype)
+            active = torch.zeros(s.n_packed[rank] + 1, 2, 3).to(dtype)
             load_all_to_all(pool, s, rank, group=group, out=active)
-            assert torch.equal(active[:s.n_local[rank]], packed[rank])
+            assert torch.equal(active[:s.n_packed[rank]], packed[rank])
 
 
 def _worker(rank: int, world: int, port: int) -> None:
@@ -126,5 +126,5 @@ def _worker(rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def test_all_to_all_gloo_matches_reference():
+def test_all_to_all_gloo_matches_all_ranks():
     mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)

@@ -1,10 +1,12 @@
-"""Plain-PyTorch reference of the state-checkpoint kernels (same keyword signatures).
+"""The state-checkpoint kernels written in plain PyTorch (same keyword signatures, same checks).
 
 Each function mirrors a host wrapper of the rendered kernel module
 (``templates/state_kernels.py.jinja``) and runs the same input checks
 (``dasc_templates.checks``); the unit kind is read from the ragged pool's rank
-(``[C+1, R, dv, dk]`` GDN head, ``[C+1, R, dv]`` KDA column). Tests compare the kernels with
-these bit for bit (copies, zero-fill) and with exact equality (INT8, Eq. 8).
+(``[C+1, R, dv, dk]`` GDN head, ``[C+1, R, dv]`` KDA column). Tests compare the Triton kernels with
+these bit for bit (copies, zero-fill) and with exact equality (INT8, Eq. 8). :func:`quantize_int8`
+/ :func:`dequantize_int8` are also the one Eq. 8 implementation the runtime's
+:class:`~dasc_runtime.ops.TorchOps` uses.
 
 Layouts (SGLang 0.5.17): dense temporal ``[L, S+1, H, dv, dk]`` with dk fastest for GDN and
 KDA alike (fla's KDA kernels address ``h*V*K + v*K + k``), so a KDA unit ``S[h, :, k]`` is
@@ -68,12 +70,12 @@ def _checked(temporal, conv, comp, comp_conv, src_slots, dst_slots, unit_row, *,
 def pack(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots: torch.Tensor,
          comp_temporal: torch.Tensor, comp_conv: Sequence[torch.Tensor], dst_slots: torch.Tensor,
          unit_row: torch.Tensor, kept_heads: torch.Tensor, check_slots: bool = True) -> None:
-    """Reference store: ``comp_temporal[dst[n], row] = unit(temporal[l, src[n]], u)``; conv copied.
+    """PyTorch ``pack``: ``comp_temporal[dst[n], row] = unit(temporal[l, src[n]], u)``; conv copied.
 
     Shapes as the kernel's ``pack``: temporal ``[L, S+1, H, dv, dk]``, comp_temporal
     ``[C+1, R, dv, dk]`` (GDN) or ``[C+1, R, dv]`` (KDA), conv / comp_conv lists of
     ``[L, S+1 | C+1, *shape]``, slots int64 ``[N]``, unit_row int64 ``[L, H*units_per_head]``;
-    ``kept_heads`` (the kernel's work list) is only checked for shape, the reference copies
+    ``kept_heads`` (the kernel's work list) is only checked for shape, this copies
     every kept unit that ``unit_row`` names.
 
     Raises:
@@ -92,7 +94,7 @@ def pack(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots: tor
 def load(*, comp_temporal: torch.Tensor, comp_conv: Sequence[torch.Tensor], src_slots: torch.Tensor,
          temporal: torch.Tensor, conv: Sequence[torch.Tensor], dst_slots: torch.Tensor,
          unit_row: torch.Tensor, check_slots: bool = True) -> None:
-    """Reference dasc-nr restore: zero the destination slots, scatter kept units, copy conv.
+    """PyTorch ``load`` (dasc-nr restore): zero the destination slots, scatter kept units, copy conv.
 
     Raises:
         ValueError: as the kernel's ``load``.
@@ -109,7 +111,7 @@ def load(*, comp_temporal: torch.Tensor, comp_conv: Sequence[torch.Tensor], src_
 
 def refresh_copy(*, scratch: torch.Tensor, temporal: torch.Tensor, dst_slots: torch.Tensor,
                  unit_row: torch.Tensor, local_heads: torch.Tensor, check_slots: bool = True) -> None:
-    """Reference dasc-wr copy: ``temporal[l, dst[n], u] = scratch[l, n, u]`` for local units only.
+    """PyTorch ``refresh_copy`` (dasc-wr): ``temporal[l, dst[n], u] = scratch[l, n, u]`` for local units only.
 
     The unit kind cannot be read from a ragged pool here, so it follows ``unit_row``'s width:
     H columns (GDN heads) or H * dk columns (KDA columns).
@@ -173,7 +175,7 @@ def pack_int8(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots
               comp_q: torch.Tensor, comp_scale: torch.Tensor, comp_conv: Sequence[torch.Tensor],
               dst_slots: torch.Tensor, unit_row: torch.Tensor, kept_heads: torch.Tensor,
               check_slots: bool = True) -> None:
-    """Reference INT8 store (App. E.1, Eq. 8); shapes as the kernel's ``pack_int8``.
+    """PyTorch ``pack_int8`` (App. E.1, Eq. 8); shapes as the kernel's ``pack_int8``.
 
     Raises:
         ValueError: as the kernel's ``pack_int8``.
@@ -193,7 +195,7 @@ def pack_int8(*, temporal: torch.Tensor, conv: Sequence[torch.Tensor], src_slots
 def load_int8(*, comp_q: torch.Tensor, comp_scale: torch.Tensor, comp_conv: Sequence[torch.Tensor],
               src_slots: torch.Tensor, temporal: torch.Tensor, conv: Sequence[torch.Tensor],
               dst_slots: torch.Tensor, unit_row: torch.Tensor, check_slots: bool = True) -> None:
-    """Reference INT8 restore: zero the destination slots, write q * s for kept units, copy conv.
+    """PyTorch ``load_int8``: zero the destination slots, write q * s for kept units, copy conv.
 
     Raises:
         ValueError: as the kernel's ``load_int8``.

@@ -1,0 +1,151 @@
+"""Every value dasc attaches to an object outside its own API, each with the reason SGLang forces it.
+
+SGLang 0.5.17 builds the cache component itself, passes fixed ``Params`` dataclasses between its
+cache calls and hands the model runner a bare id tensor, so some facts dasc needs have no field to
+travel in. Each such fact travels in exactly one named channel below, written and read only through
+the helpers of this module: this file is the complete list of dasc's footprints on objects it does
+not define, and the place to re-check on an SGLang upgrade.
+
+==================  ==================================  ======================================================
+channel             carried on                          why SGLang's API leaves no other way
+==================  ==================================  ======================================================
+settings            ``ServerArgs._dasc_settings``        ``ServerArgs`` (``server_args.py``) has no extension
+                                                        field; an attribute is pickled with it into every
+                                                        spawned scheduler process.
+tier policy         ``DascCheckpointPool.tier_policy``   SGLang's cache registry (``mem_cache/registry.py``)
+                                                        builds the Mamba component from ``CacheInitParams``,
+                                                        which has no field for dasc's options; the pool in
+                                                        ``req_to_token_pool.mamba_ckpt_pool`` is the one dasc
+                                                        object the component can reach.
+component           ``DascCheckpointPool.component``     ``SchedulerInvariantChecker._check_mamba_pool_with_int8``
+                                                        receives the checkpoint pool only; the per-tier
+                                                        counts it must check live in the component.
+insert tier         ``InsertParams._dasc_tier``          ``prepare_for_caching_req`` decides the tier;
+                                                        ``commit_insert_component_data`` and
+                                                        ``cleanup_after_caching_req`` of the same insert see
+                                                        only ``InsertParams`` (``base_prefix_cache.py``), whose
+                                                        one Mamba field is ``mamba_value``.
+copy-on-write hint  ``_dasc_compressed_rows`` on         ``ModelRunner`` passes ``load_to_active`` only the
+                    ``ScheduleBatch.mamba_cow_src_      concatenated source ids; telling native from compressed
+                    indices``                           ids by value would read device memory (a sync) on the
+                                                        forward path.
+node tier           ``ComponentData.metadata            SGLang's per-node ``metadata`` dict (its extension
+                    ["dasc_tier"]``                     point): the tier of the node's state, on the host.
+staged epoch        ``ComponentData.metadata            the same dict: the cache call in which the node became
+                    ["dasc_staged_epoch"]``             a staged copy-on-write source (not demoted or evicted
+                                                        before the next call; ``finalize_match_result_in_cache``
+                                                        runs before the scheduler locks the node).
+==================  ==================================  ======================================================
+
+This module imports nothing (no torch, no SGLang), so every other runtime module may use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = [
+    "SERVER_ARGS_ATTR", "TIER_HINT_ATTR", "INSERT_TIER_ATTR", "TIER_KEY", "STAGED_KEY",
+    "attach_settings", "settings_of",
+    "attach_tier_policy", "tier_policy_of",
+    "attach_component", "component_of",
+    "set_insert_tier", "insert_tier",
+    "attach_tier_hint", "tier_hint",
+    "node_tier", "set_node_tier", "pop_node_tier", "mark_staged", "is_staged",
+]
+
+SERVER_ARGS_ATTR = "_dasc_settings"
+INSERT_TIER_ATTR = "_dasc_tier"
+TIER_HINT_ATTR = "_dasc_compressed_rows"
+TIER_KEY = "dasc_tier"
+STAGED_KEY = "dasc_staged_epoch"
+
+
+# ---------------------------------------------------------------- ServerArgs -> every scheduler process
+
+def attach_settings(server_args, raw: dict) -> None:
+    """Store the raw ``--dasc-*`` values (field -> value, ``None`` entries dropped) on ``server_args``.
+
+    ``object.__setattr__`` because SGLang may freeze the dataclass; the dict pickles with it.
+    """
+    object.__setattr__(server_args, SERVER_ARGS_ATTR, {k: v for k, v in raw.items() if v is not None})
+
+
+def settings_of(server_args) -> Optional[dict]:
+    """The raw values :func:`attach_settings` stored on ``server_args``, or None."""
+    return getattr(server_args, SERVER_ARGS_ATTR, None) if server_args is not None else None
+
+
+# ---------------------------------------------------------------- pool <-> component
+
+def attach_tier_policy(pool, policy) -> None:
+    """Give the pool the :class:`~dasc_runtime.tiers.TierPolicy` its component will read at construction."""
+    pool.tier_policy = policy
+
+
+def tier_policy_of(pool) -> Any:
+    """The tier policy attached to ``pool``, or None (the component then uses the default policy)."""
+    return getattr(pool, "tier_policy", None)
+
+
+def attach_component(pool, component) -> None:
+    """Record on ``pool`` the two-tier component that owns its slots (read by the invariant-check hook)."""
+    pool.component = component
+
+
+def component_of(pool) -> Any:
+    """The component :func:`attach_component` recorded on ``pool``, or None (no two-tier cache built)."""
+    return getattr(pool, "component", None)
+
+
+# ---------------------------------------------------------------- one insert: prepare -> commit -> cleanup
+
+def set_insert_tier(insert_params, tier: str) -> None:
+    """Record the tier ``prepare_for_caching_req`` chose for this insert's ``mamba_value``."""
+    setattr(insert_params, INSERT_TIER_ATTR, tier)
+
+
+def insert_tier(insert_params, default: str) -> str:
+    """The tier recorded by :func:`set_insert_tier`, else ``default`` (SGLang's own dense value)."""
+    if insert_params is None:
+        return default
+    return getattr(insert_params, INSERT_TIER_ATTR, default)
+
+
+# ---------------------------------------------------------------- hit batch -> load_to_active
+
+def attach_tier_hint(src_ids, hint: list[bool]) -> None:
+    """Mark which rows of the batch's copy-on-write source ids (int64 ``[N]``) are compressed ids."""
+    setattr(src_ids, TIER_HINT_ATTR, hint)
+
+
+def tier_hint(src_ids) -> Optional[list[bool]]:
+    """The per-row hint of :func:`attach_tier_hint` (list of bool, True = compressed), or None."""
+    return getattr(src_ids, TIER_HINT_ATTR, None)
+
+
+# ---------------------------------------------------------------- node metadata (ComponentData.metadata)
+
+def node_tier(component_data, default: Optional[str] = None) -> Optional[str]:
+    """Tier recorded for the node's Mamba state (``dense`` | ``compressed``), else ``default``."""
+    return component_data.metadata.get(TIER_KEY, default)
+
+
+def set_node_tier(component_data, tier: str) -> None:
+    """Record the tier of the node's Mamba state."""
+    component_data.metadata[TIER_KEY] = tier
+
+
+def pop_node_tier(component_data) -> Optional[str]:
+    """Remove and return the node's recorded tier (None when it had none)."""
+    return component_data.metadata.pop(TIER_KEY, None)
+
+
+def mark_staged(component_data, epoch: int) -> None:
+    """The node became a staged copy-on-write source during cache call ``epoch``."""
+    component_data.metadata[STAGED_KEY] = epoch
+
+
+def is_staged(component_data, epoch: int) -> bool:
+    """True when the node was staged as a copy-on-write source during cache call ``epoch``."""
+    return component_data.metadata.get(STAGED_KEY) == epoch
