@@ -2,7 +2,7 @@
 
 For each model (default: Qwen3-Next-80B-A3B and Kimi-Linear-48B-A3B) this script
 
-1. writes the full-size reference checkpoint (:func:`dasc_compile.reference.write_full_size`:
+1. writes the full-size reference checkpoint (:func:`dasc_compile.refckpt.write_full_size`:
    every real tensor, sharded with an index, non-decay tensors are sparse holes) under ``--root``
    unless it is already there;
 2. runs ``compile_plan(model, Policy(w_max), out_dir)`` (what ``dasc compile`` runs) ``--repeats``
@@ -183,7 +183,7 @@ def _checkpoint_stats(root: Path) -> dict:
 def ensure_checkpoint(name: str, root: Path) -> Path:
     out = root / name
     if not (out / "model.safetensors.index.json").exists():
-        from dasc_compile.reference import write_full_size
+        from dasc_compile.refckpt import write_full_size
 
         print(f"writing full-size reference checkpoint {out} (sparse) ...", file=sys.stderr)
         write_full_size(name, out, seed=0)
@@ -205,7 +205,7 @@ def markdown(results: dict, argv: list[str]) -> str:
         f"Command: `.venv/bin/python -m benchmarks.compile_bench {' '.join(argv)}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
         f"{results['torch']}, safetensors {results['safetensors']}.  ",
-        "Checkpoints: full-size reference checkpoints (`python -m dasc_compile.reference --full-size`): every "
+        "Checkpoints: full-size reference checkpoints (`python -m dasc_compile.refckpt --full-size`): every "
         "real tensor name, shape and dtype, sharded as published; decay values are an initialisation draw, not "
         "trained; all other tensors are sparse holes. Each run is a fresh process with the checkpoint's pages "
         "dropped from the page cache first. Wall time is the `compile_plan` call (plan + kernels written), "

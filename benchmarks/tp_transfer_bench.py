@@ -131,7 +131,7 @@ def compile_cases(args, work: Path) -> list[dict]:
     for i, name in enumerate(args.model):
         src = reference_dir(name)
         if args.device == "cpu":
-            from dasc_compile.reference import write_decay_only
+            from dasc_compile.refckpt import write_decay_only
             cfg = json.loads((src / "config.json").read_text())
             heads, layers = TINY_SHAPES.get(cfg.get("model_type"), (2 * args.tp, 3))
             heads = -(-heads // args.tp) * args.tp

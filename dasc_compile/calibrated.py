@@ -3,7 +3,7 @@
 Labelled everywhere "synthetic, calibrated to published statistics; not trained weights"
 (:data:`dasc_compile.provenance.CALIBRATED_PREFIX`, stored in the safetensors metadata key
 ``dasc_provenance``; ``dasc inspect`` shows it as ``provenance.kind = paper-calibrated``). Formats
-(config, tensor names, shapes, dtypes) are the real ones of :mod:`dasc_compile.reference_configs`;
+(config, tensor names, shapes, dtypes) are the real ones of :mod:`dasc_compile.refckpt_formats`;
 only the values are made up. Targets: :mod:`dasc_compile.calibrated_targets`.
 
 The synthesis, deterministic for a seed (``numpy.random.default_rng(seed)``):
@@ -54,8 +54,8 @@ from dasc_compile.horizons import retention_horizon, static_log_decay
 from dasc_compile.accounting import conv_bytes_per_layer, dense_temporal_bytes_per_layer, unit_bytes
 from dasc_compile.policy import Policy
 from dasc_compile.provenance import CALIBRATED_PREFIX
-from dasc_compile.reference import _write_json, _write_sparse_shard
-from dasc_compile.reference_configs import REFERENCE_CONFIGS
+from dasc_compile.refckpt import write_json, write_sparse_shard
+from dasc_compile.refckpt_formats import REFERENCE_CONFIGS
 
 __all__ = ["CALIBRATED_NAMES", "calibrated_config", "kept_for_capacity", "provenance_note", "survival_anchors",
            "synthesize", "trained_decays_dir", "write_bundled_calibrated", "write_calibrated"]
@@ -347,10 +347,10 @@ def write_calibrated(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     cfg, tensors, note = synthesize(name, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", cfg)
+    write_json(out / "config.json", cfg)
     params = [(n, tuple(x.shape), _ST[x.dtype]) for n, x in tensors]
     raw = {n: x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for n, x in tensors}
-    _write_sparse_shard(out / "model.safetensors", params, raw, {"format": "pt", PROVENANCE_KEY: note})
+    write_sparse_shard(out / "model.safetensors", params, raw, {"format": "pt", PROVENANCE_KEY: note})
     return out
 
 

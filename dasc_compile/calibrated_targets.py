@@ -62,7 +62,7 @@ class ModelTargets:
 
     Attributes:
         name: CLI / bundle name (``dasc reference NAME``; ``plans/reference/NAME/``).
-        base: the reference config it uses (:data:`dasc_compile.reference_configs.REFERENCE_CONFIGS`
+        base: the reference config it uses (:data:`dasc_compile.refckpt_formats.REFERENCE_CONFIGS`
             key), or None for Kimi-K3 (:data:`KIMI_K3_CONFIG`).
         paper_model: the trained model the figures describe.
         median_alpha: median of alpha_s = exp(g_s) over all units of all recurrent layers, or None.

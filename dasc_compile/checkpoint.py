@@ -178,7 +178,7 @@ _META_PREFIX = b'{"__metadata__":'
 def _read_metadata(path: Path) -> dict[str, str]:
     """The ``__metadata__`` map of one file, reading as little of its header as possible.
 
-    safetensors' own writer (and :mod:`dasc_compile.reference`) put ``__metadata__`` first in the
+    safetensors' own writer (and :mod:`dasc_compile.refckpt`) put ``__metadata__`` first in the
     header: then only that object is decoded from the first KiBs. Otherwise the whole header is
     parsed by safetensors. Raises DascInputError as :func:`_safe_open`.
     """

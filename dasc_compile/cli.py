@@ -129,12 +129,12 @@ def reference_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation draw of the decay tensors."),
 ) -> None:
     """Write a reference checkpoint (exact names/shapes/dtypes; decay values = initialisation draw, not trained)."""
-    from dasc_compile import reference
+    from dasc_compile import refckpt
 
     try:
         if not 0 <= seed <= MAX_REFERENCE_SEED:
             raise DascInputError(f"--seed {seed}: expected an integer in [0, {MAX_REFERENCE_SEED}] (torch.Generator seeds are 64-bit)")
-        _write_new_dir(out, lambda tmp: (reference.write_full_size if full_size else reference.write_decay_only)(
+        _write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
             name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)

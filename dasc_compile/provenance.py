@@ -7,7 +7,7 @@ words name its kind; this module is the one place that maps notes to kinds:
 =================================  ===========================================================  ===========
 kind                               note begins with                                             written by
 =================================  ===========================================================  ===========
-``initialisation-draw``            ``initialisation draw, not trained``                        :mod:`dasc_compile.reference`
+``initialisation-draw``            ``initialisation draw, not trained``                        :mod:`dasc_compile.refckpt`
 ``paper-calibrated``               ``synthetic, calibrated to published statistics; not ...``  :mod:`dasc_compile.calibrated`
 ``real-A_log+synthetic-dt_bias``   ``real A_log plus synthetic dt_bias``                        :mod:`dasc_compile.calibrated`
 ``trained``                        anything else (no ``dasc_provenance`` key: real weights)     -

@@ -316,7 +316,7 @@ def test_edited_kernel_module_is_refused(tmp_path):
     """plan.json records the rendered file's sha256; an edit that keeps the KEY line is still refused."""
     from dasc_compile.compiler import compile_plan
     from dasc_compile.policy import Policy
-    from dasc_compile.reference import write_decay_only
+    from dasc_compile.refckpt import write_decay_only
     from dasc_compile.schema import DascInputError
     from dasc_runtime.kernel_loader import load_plan_kernels
 

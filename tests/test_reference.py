@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dasc_compile import reference as ref
+from dasc_compile import refckpt as ref
 from dasc_compile.arch import arch_from_config
 from dasc_compile.checkpoint import open_checkpoint, read_decay_tensors, read_safetensors_header
 from dasc_compile.errors import DascInputError

@@ -3,7 +3,7 @@
 Subcommands (run on the device, one call):
 
 * ``checkpoint CONFIG OUT``: a full safetensors checkpoint in the on-disk Qwen3-Next format
-  (names / shapes / dtypes from ``dasc_compile.reference.parameter_table``): every weight a
+  (names / shapes / dtypes from ``dasc_compile.refckpt.parameter_table``): every weight a
   seeded random draw (std 0.02, norms 1), the decay tensors set to SYNTHETIC values (not trained):
   per recurrent layer, value head h has exp(A_log) = A[(h + layer) % 8] with
   A = (0.02, 0.05, 0.1, 0.3, 1, 3, 8, 15) and dt_bias = 1, i.e. retention horizons of about
@@ -39,7 +39,7 @@ def write_checkpoint(config_path: str, out: str, *, shift: int = 0, seed: int = 
     """Write ``out/config.json`` + ``out/model.safetensors`` (see module docstring)."""
     from safetensors.torch import save_file
 
-    from dasc_compile.reference import parameter_table
+    from dasc_compile.refckpt import parameter_table
 
     cfg = json.loads(Path(config_path).read_text())
     out_dir = Path(out)

@@ -22,7 +22,7 @@ from dasc_compile.compiler import compile_plan, layer_horizons, resolve_family_p
 from dasc_compile.inspect import head_summary
 from dasc_compile.policy import Policy
 from dasc_compile.provenance import CALIBRATED_PREFIX, provenance_kind
-from dasc_compile.reference_configs import REFERENCE_CONFIGS, parameter_table
+from dasc_compile.refckpt_formats import REFERENCE_CONFIGS, parameter_table
 
 BUNDLED = Path(__file__).resolve().parents[2] / "plans" / "reference"
 PAPER = [n for n, t in TARGETS.items() if t.capacity]          # models with published figures

@@ -3,7 +3,7 @@
 Data, not weights: for each reference model (Qwen3-Next-80B-A3B, Kimi-Linear-48B-A3B,
 Qwen3.5-27B) its ``config.json`` (:data:`REFERENCE_CONFIGS`, :func:`resolve_config`) and every
 tensor of its real checkpoint as ``(name, shape, safetensors dtype)`` (:func:`parameter_table`).
-:mod:`dasc_compile.reference` writes checkpoints in these formats, with decay tensors drawn
+:mod:`dasc_compile.refckpt` writes checkpoints in these formats, with decay tensors drawn
 from the initialisation, and re-exports the names above.
 
 Where the formats come from:

@@ -1,4 +1,6 @@
-"""Reference checkpoints: the real formats of three hybrid models, decay values drawn from their initialisation.
+"""Reference checkpoints (``refckpt``): the real formats of three hybrid models, decay values drawn from
+their initialisation. ``dasc reference`` and ``plans/reference/`` are this module's; elsewhere in dasc
+"reference" means nothing else.
 
 Trained weights cannot be downloaded here, but each model's config, tensor names, shapes and
 dtypes are public. This module writes checkpoints in exactly those formats, with the decay
@@ -18,7 +20,7 @@ Two forms:
   (ext4, xfs, tmpfs, btrfs).
 
 The formats (published configs, every tensor's name, shape and dtype, and where each comes from)
-live in :mod:`dasc_compile.reference_configs`; :data:`REFERENCE_CONFIGS`, :data:`MODEL_NAMES`,
+live in :mod:`dasc_compile.refckpt_formats`; :data:`REFERENCE_CONFIGS`, :data:`MODEL_NAMES`,
 :func:`resolve_config` and :func:`parameter_table` are re-exported here.
 
 Initialisation schemes (MODELS.md "How these models are initialised"):
@@ -46,13 +48,14 @@ from pathlib import Path
 import torch
 
 from dasc_compile.arch import ArchSpec, arch_from_config
-from dasc_compile.checkpoint import DEFAULT_INDEX_NAME, PROVENANCE_KEY
+from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTES, PROVENANCE_KEY
 from dasc_compile.errors import DascInputError
-from dasc_compile.reference_configs import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
+from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
 
 __all__ = [
     "GDN_SCHEME", "KDA_SAFE_SCHEME", "KDA_SCHEME", "MODEL_NAMES", "Param", "REFERENCE_CONFIGS", "draw_decay", "main",
     "parameter_table", "provenance_note", "resolve_config", "write_bundled", "write_decay_only", "write_full_size",
+    "write_json", "write_sparse_shard",
 ]
 
 GDN_SCHEME = "gdn (transformers Qwen3-Next/Qwen3.5): A_log = log(U(0.01, 16)) per value head, dt_bias = 1"
@@ -61,8 +64,8 @@ KDA_SCHEME = ("kda (fla): A_log = log(U(1, 16)) per head; dt = exp(U(ln 1e-3, ln
 KDA_SAFE_SCHEME = ("kda safe gate (fla): A_log = 0; dt = exp(U(ln 1e-3, ln 1e-1)) clamped >= 1e-4 per "
                    "(head, key channel), dt_bias = dt + log(-expm1(-dt))")
 
-_ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
+#: torch dtype -> safetensors dtype name of the decay tensors written (the reader's file-format table, inverted)
+_ST_DTYPE = {dt: name for name, dt in DECAY_DTYPES.items()}
 
 
 def provenance_note(scheme: str, seed: int) -> str:
@@ -122,7 +125,8 @@ def _raw(t: torch.Tensor) -> bytes:
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
+    """Write ``obj`` as indented JSON (2 spaces, trailing newline) to ``path`` through a ``.tmp`` sibling."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
@@ -142,10 +146,10 @@ def write_decay_only(model: str | dict, out_dir: str | Path, seed: int = 0) -> P
     tensors, scheme = draw_decay(cfg, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", cfg)
+    write_json(out / "config.json", cfg)
     params = [(n, tuple(t.shape), _ST_DTYPE[t.dtype]) for n, t in tensors]
     # own writer rather than safetensors.save_file: its metadata map has no fixed order, these bytes do
-    _write_sparse_shard(out / "model.safetensors", params, {n: _raw(t) for n, t in tensors},
+    write_sparse_shard(out / "model.safetensors", params, {n: _raw(t) for n, t in tensors},
                         {"format": "pt", PROVENANCE_KEY: provenance_note(scheme, seed)})
     return out
 
@@ -154,7 +158,7 @@ def _shards(params: list[Param], shard_bytes: float) -> list[list[Param]]:
     shards: list[list[Param]] = [[]]
     size = 0
     for prm in params:
-        n = math.prod(prm[1]) * _ITEMSIZE[prm[2]]
+        n = math.prod(prm[1]) * DTYPE_BYTES[prm[2]]
         if shards[-1] and size + n > shard_bytes:
             shards.append([])
             size = 0
@@ -163,13 +167,22 @@ def _shards(params: list[Param], shard_bytes: float) -> list[list[Param]]:
     return shards
 
 
-def _write_sparse_shard(path: Path, params: list[Param], data: dict[str, bytes], metadata: dict[str, str]) -> int:
+def write_sparse_shard(path: Path, params: list[Param], data: dict[str, bytes], metadata: dict[str, str]) -> int:
+    """Write one safetensors file holding ``params`` (name, shape, safetensors dtype), own writer.
+
+    Only the tensors in ``data`` (name -> raw little-endian bytes) are written; every other tensor is a
+    hole that reads as zeros. The header (``metadata`` first, tensors widest dtype first) has a fixed
+    byte order, so the same inputs give the same file. Returns the bytes of tensor data (holes included).
+
+    Raises:
+        AssertionError: a ``data`` entry does not have its tensor's byte size (a caller bug).
+    """
     # wider dtypes first (as safetensors' own writer) keeps every tensor aligned to its element size
-    order = sorted(params, key=lambda prm: -_ITEMSIZE[prm[2]])
+    order = sorted(params, key=lambda prm: -DTYPE_BYTES[prm[2]])
     header: dict = {"__metadata__": metadata}
     off = 0
     for name, shape, dt in order:
-        n = math.prod(shape) * _ITEMSIZE[dt]
+        n = math.prod(shape) * DTYPE_BYTES[dt]
         header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -216,17 +229,17 @@ def write_full_size(model: str | dict, out_dir: str | Path, seed: int = 0, shard
     note = provenance_note(scheme, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", cfg)
+    write_json(out / "config.json", cfg)
     shards = _shards(params, shard_bytes)
     weight_map: dict[str, str] = {}
     total = 0
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         names = {prm[0] for prm in shard}
-        total += _write_sparse_shard(out / fname, shard, {n: b for n, b in data.items() if n in names},
+        total += write_sparse_shard(out / fname, shard, {n: b for n, b in data.items() if n in names},
                                      {"format": "pt", PROVENANCE_KEY: note})
         weight_map.update({prm[0]: fname for prm in shard})
-    _write_json(out / DEFAULT_INDEX_NAME, {"metadata": {"total_size": total, PROVENANCE_KEY: note},
+    write_json(out / DEFAULT_INDEX_NAME, {"metadata": {"total_size": total, PROVENANCE_KEY: note},
                                            "weight_map": weight_map})
     for stale in out.glob("model-*-of-*.safetensors"):   # shards of an earlier run with another count
         if stale.name not in set(weight_map.values()):
@@ -240,11 +253,11 @@ def write_bundled(root: str | Path, seed: int = 0) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dasc_compile.reference --model NAME --out DIR [--full-size] [--seed S]``.
+    """``python -m dasc_compile.refckpt --model NAME --out DIR [--full-size] [--seed S]``.
 
     ``--model all`` writes every reference model to ``DIR/<name>/``.
     """
-    ap = argparse.ArgumentParser(prog="python -m dasc_compile.reference", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dasc_compile.refckpt", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_NAMES)}, or 'all'")
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--full-size", action="store_true", help="every real tensor, sparse on disk, sharded with an index")
