@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from dasc_compile import atomic
@@ -25,7 +24,7 @@ from dasc_compile.schema import PLAN_FILENAME, Plan, canonical_json
 from dasc_compile.schema import load_plan, plan_json_path  # re-exported: the one plan reader
 
 __all__ = ["KERNEL_FILE_PATTERN", "check_replaceable", "is_dasc_plan_file", "load_plan", "plan_json_path",
-           "write_plan_dir"]
+           "prepare_out", "recover_out", "write_plan_dir"]
 
 #: Rendered kernel modules that may sit beside plan.json (and their ``__pycache__`` after an import).
 KERNEL_FILE_PATTERN = "dasc_kernels_*.py"
@@ -33,8 +32,8 @@ _PYCACHE_PATTERN = "dasc_kernels_*.pyc"
 #: Largest plan.json read when recognising an earlier plan, bytes (real plans are well under 10 MB).
 MAX_PLAN_BYTES = 256 * 2**20
 _HASH_FIELD = re.compile(rb'"content_hash"\s*:\s*"([0-9a-f]{64})"')
-#: Room kept in a file name for the temporary suffixes (``.<name>.tmp-XXXXXXXX``), bytes.
-_NAME_ROOM = 24
+#: Room kept in a file name for the temporary suffixes (``.<name>.tmp-<pid>-XXXXXXXX``), bytes.
+_NAME_ROOM = 32
 
 
 def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
@@ -48,6 +47,8 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
         ``(True, "")`` or ``(False, why)`` with a short reason for messages.
     """
     try:
+        if path.is_symlink():
+            return False, "a symbolic link, which dasc never writes"
         if not path.is_file():
             return False, "not a regular file"
         if path.stat().st_size > MAX_PLAN_BYTES:
@@ -88,20 +89,6 @@ def _resolve_out(out: Path) -> Path:
         DascInputError: a dangling link, a link to a non-directory, an unusable path (name too
             long, a file in place of a parent directory, permissions, a link loop).
     """
-    try:
-        if out.is_symlink():
-            target = Path(os.path.realpath(out))
-            if not target.exists():
-                raise DascInputError(f"{out}: --out is a symbolic link to {target}, which does not exist; "
-                                     f"remove the link or pass another --out")
-            if not target.is_dir():
-                raise DascInputError(f"{out}: --out is a symbolic link to {target}, which is not a directory")
-            out = target
-        os.lstat(out)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot use this --out path ({exc.strerror or exc})") from None
     name_max = 255
     try:
         name_max = os.pathconf(out.parent if str(out.parent) else ".", "PC_NAME_MAX")
@@ -109,9 +96,32 @@ def _resolve_out(out: Path) -> Path:
         pass
     n = len(os.fsencode(out.name))
     if n + _NAME_ROOM > name_max:
-        raise DascInputError(f"{out}: --out name is {n} bytes long; expected at most {name_max - _NAME_ROOM} "
+        raise DascInputError(f"{_show(out)}: --out name is {n} bytes long; expected at most {name_max - _NAME_ROOM} "
                              f"(the file system allows {name_max}, dasc adds a temporary suffix)")
+    try:
+        if out.is_symlink():
+            target = Path(os.path.realpath(out))
+            try:
+                os.stat(out)
+            except FileNotFoundError:
+                raise DascInputError(f"{_show(out)}: --out is a symbolic link to {_show(target)}, which does not "
+                                     f"exist; remove the link or pass another --out") from None
+            if not target.is_dir():
+                raise DascInputError(f"{_show(out)}: --out is a symbolic link to {_show(target)}, which is not a "
+                                     f"directory")
+            return _resolve_out(target)
+        os.lstat(out)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise DascInputError(f"{_show(out)}: cannot use this --out path ({exc.strerror or exc})") from None
     return out
+
+
+def _show(p: Path) -> str:
+    """``p`` for a message, the middle cut out when it is very long."""
+    s = str(p)
+    return s if len(s) <= 240 else s[:100] + "..." + s[-137:]
 
 
 def check_replaceable(out: Path) -> None:
@@ -130,15 +140,15 @@ def check_replaceable(out: Path) -> None:
     if not os.path.lexists(out):
         return
     if not out.is_dir():
-        raise DascInputError(f"{out}: output path exists and is not a directory; choose another --out")
+        raise DascInputError(f"{_show(out)}: output path exists and is not a directory; choose another --out")
     here = Path.cwd().resolve()
     target = out.resolve()
     if target == here or target in here.parents:
-        raise DascInputError(f"{out}: --out must not be the current directory or one of its parents")
+        raise DascInputError(f"{_show(out)}: --out must not be the current directory or one of its parents")
     try:
         entries = sorted(out.iterdir())
     except OSError as exc:
-        raise DascInputError(f"{out}: cannot list the output directory ({exc.strerror or exc})") from None
+        raise DascInputError(f"{_show(out)}: cannot list the output directory ({exc.strerror or exc})") from None
     if not entries:
         return
     plan_file = out / PLAN_FILENAME
@@ -146,20 +156,53 @@ def check_replaceable(out: Path) -> None:
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise DascInputError(
-            f"{out}: output directory exists and holds more than a dasc plan ({shown}); "
+            f"{_show(out)}: output directory exists and holds more than a dasc plan ({shown}); "
             f"choose another --out or remove it")
     ok, why = is_dasc_plan_file(plan_file) if os.path.lexists(plan_file) else (False, f"no {PLAN_FILENAME}")
     if not ok:
         raise DascInputError(
-            f"{out}: output directory exists but does not hold a plan written by dasc ({PLAN_FILENAME}: {why}); "
+            f"{_show(out)}: output directory exists but does not hold a plan written by dasc ({PLAN_FILENAME}: {why}); "
             f"choose another --out or remove it")
+
+
+def recover_out(out: Path) -> None:
+    """Undo an interrupted earlier replacement of ``out`` (:func:`dasc_compile.atomic.recover`).
+
+    A replacement that died between its two renames left the earlier plan aside: it is put back,
+    so ``out`` holds it again whatever this run then does. ``dasc compile`` calls this first.
+
+    Raises:
+        DascInputError: the earlier plan cannot be put back; ``out`` is not a usable path.
+    """
+    try:
+        atomic.recover(_resolve_out(out))
+    except OSError as exc:
+        raise DascInputError(f"{_show(out)}: cannot restore the plan an interrupted run moved aside "
+                             f"({exc.strerror or exc})") from None
+
+
+def prepare_out(out: Path) -> Path:
+    """Make ``out`` ready to receive a plan: undo an interrupted earlier replacement, then check it.
+
+    Called at the start of ``dasc compile`` (before any checkpoint is read) and again when writing.
+    A replacement that died between its two renames (:mod:`dasc_compile.atomic`, fallback path) left
+    the earlier plan aside: it is put back first, so ``out`` holds it again even if this run fails.
+
+    Returns:
+        the path the plan will be written to (``out``, or the directory a symbolic link points to).
+    Raises:
+        DascInputError: as :func:`check_replaceable`, or the earlier plan cannot be put back.
+    """
+    recover_out(out)
+    check_replaceable(out)
+    return _resolve_out(out)
 
 
 def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None = None) -> Path:
     """Write ``plan`` (its content hash must be set) and ``files`` (name -> text) into ``out_dir``.
 
-    First undoes an interrupted earlier replacement of ``out_dir`` (:func:`dasc_compile.atomic.recover`),
-    then checks that ``out_dir`` may be replaced (:func:`check_replaceable`). The directory is
+    First :func:`prepare_out` (undo an interrupted earlier replacement, check that ``out_dir`` may be
+    replaced). The directory is
     assembled under a temporary name beside ``out_dir`` (``plan.json`` last, each file fsynced) and
     moved into place atomically. A symbolic link ``out_dir`` is followed: the directory it points
     to is replaced. Returns the final directory.
@@ -168,20 +211,11 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
         DascInputError: ``out_dir`` may not be replaced, or cannot be written (no space, read-only,
             permissions, name too long); nothing is left behind and an earlier plan is kept.
     """
-    out = Path(out_dir)
+    out = prepare_out(Path(out_dir))
     try:
-        atomic.recover(_resolve_out(out))
+        tmp = atomic.staging_dir(out)
     except OSError as exc:
-        raise DascInputError(f"{out}: cannot restore the plan an interrupted run moved aside "
-                             f"({exc.strerror or exc})") from None
-    check_replaceable(out)
-    out = _resolve_out(out)
-    parent = out.parent if str(out.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot create the plan directory ({exc.strerror or exc})") from None
+        raise DascInputError(f"{_show(out)}: cannot create the plan directory ({exc.strerror or exc})") from None
     try:
         for name, text in [*(files or {}).items(), (PLAN_FILENAME, canonical_json(plan))]:
             with open(tmp / name, "w", encoding="utf-8") as fh:
@@ -192,7 +226,7 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
         atomic.replace_dir(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DascInputError(f"{out}: cannot write the plan ({exc.strerror or exc}); nothing was changed") from None
+        raise DascInputError(f"{_show(out)}: cannot write the plan ({exc.strerror or exc}); nothing was changed") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

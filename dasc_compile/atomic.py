@@ -28,11 +28,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["aside_dirs", "recover", "replace_dir", "signals_held"]
+__all__ = ["aside_dirs", "recover", "replace_dir", "signals_held", "staging_dir"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _ASIDE_INFIX = ".old-"
+_STAGING_INFIX = ".tmp-"
 _ASIDE_ENTRY = "dir"
 _HELD_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s)
 
@@ -84,6 +85,41 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def staging_dir(dest: Path) -> Path:
+    """Create the empty staging directory ``.<name>.tmp-<pid>-XXXX`` beside ``dest`` (same file system).
+
+    The pid lets :func:`recover` remove staging directories whose process died (SIGKILL, power loss).
+
+    Raises:
+        OSError: the parent cannot be created or written.
+    """
+    parent = dest.parent if str(dest.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{dest.name}{_STAGING_INFIX}{os.getpid()}-", dir=parent))
+
+
+def _dead_staging_dirs(dest: Path) -> list[Path]:
+    prefix = f".{dest.name}{_STAGING_INFIX}"
+    out = []
+    try:
+        entries = list(dest.parent.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        if not p.name.startswith(prefix) or p.is_symlink() or not p.is_dir():
+            continue
+        pid = p.name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            out.append(p)
+        except OSError:
+            pass   # alive (another user's process) or unknown: leave it
+    return out
+
+
 def aside_dirs(dest: Path) -> list[Path]:
     """Directories that :func:`replace_dir` moved ``dest`` aside to and did not remove, newest first."""
     parent = dest.parent
@@ -99,11 +135,14 @@ def recover(dest: Path) -> Path | None:
     """Undo an interrupted fallback replacement of ``dest``; returns the directory put back, if any.
 
     When ``dest`` is missing and a directory moved aside by :func:`replace_dir` exists, the newest
-    one is renamed back to ``dest``. When ``dest`` exists, leftovers aside are removed.
+    one is renamed back to ``dest``. When ``dest`` exists, leftovers aside are removed. Staging
+    directories (:func:`staging_dir`) of processes that no longer run are removed too.
 
     Raises:
         OSError: the rename back failed.
     """
+    for p in _dead_staging_dirs(dest):
+        shutil.rmtree(p, ignore_errors=True)
     found = aside_dirs(dest)
     if not found:
         return None

@@ -11,7 +11,7 @@ import torch
 
 from dasc_compile import __version__
 from dasc_compile.arch import ArchSpec, arch_from_config, check_against_tensors, text_config
-from dasc_compile.artifact import check_replaceable, write_plan_dir
+from dasc_compile.artifact import prepare_out, write_plan_dir
 from dasc_compile.checkpoint import config_fingerprint, decay_fingerprint, open_checkpoint, read_decay_tensors
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
@@ -264,7 +264,7 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
     if policy.w_max is None:
         raise DascInputError("w_max is not set: pass --wmax N or set 'w_max' in the policy file")
     out = Path(out_dir) if out_dir is not None else default_out_dir(model)
-    check_replaceable(out)   # early: a refused --out costs no reading (checked again when writing)
+    prepare_out(out)   # early: a refused --out costs no reading; an interrupted replacement is undone
     src = open_checkpoint(model, config)
     spec = arch_from_config(src.config, str(src.config_path), policy.family)
     if not spec.recurrent_layer_ids:
