@@ -1,6 +1,6 @@
 """The committed JSON schema must match the pydantic model; changing one without a version bump fails.
 
-If this fails after an intended schema change: bump SCHEMA_VERSION in dasc_compile/schema.py, then
+If this fails after an intended schema change: bump SCHEMA_VERSION in dasc_compile/schema/plan.py, then
 run `python -m dasc_compile.schema --write` and commit both.
 """
 

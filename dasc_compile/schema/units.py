@@ -43,19 +43,17 @@ class UnitKind:
         conv_channels_first: SGLang 0.5.17's conv state layout per layer and rank
             (``configs/mamba_utils.py``): True for ``Mamba2StateShape`` ``(conv_dim / P, K - 1)``,
             False for ``KimiLinearStateShape`` ``(K - 1, conv_dim / P)``.
-        families: the decay families whose unit this is (for messages).
     """
 
     name: str
     whole_head: bool
     conv_channels_first: bool
-    families: tuple[str, ...]
 
 
 UNIT_KINDS: dict[str, UnitKind] = {
     k.name: k for k in (
-        UnitKind(name="gdn_head", whole_head=True, conv_channels_first=True, families=("gdn",)),
-        UnitKind(name="kda_column", whole_head=False, conv_channels_first=False, families=("kda", "kda_safe_gate")),
+        UnitKind(name="gdn_head", whole_head=True, conv_channels_first=True),       # GDN value head
+        UnitKind(name="kda_column", whole_head=False, conv_channels_first=False),   # KDA column S[h, :, k]
     )
 }
 
