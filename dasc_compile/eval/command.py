@@ -94,7 +94,12 @@ def _prompts(em, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len,
         source.append(f"builtin-retrieval:{n_ret}:seed={seed}")
     if not out:
         raise DascInputError("no prompts: give --prompts FILE, --sharegpt N or --retrieval N > 0")
-    return out, "+".join(source)
+    text = [p for p in out if p.answer is None]
+    ret = [p for p in out if p.answer is not None]
+    mixed = []          # interleave text and retrieval prompts, so a time-capped run keeps both kinds
+    for i in range(max(len(text), len(ret))):
+        mixed += text[i:i + 1] + ret[i:i + 1]
+    return mixed, "+".join(source)
 
 
 def _check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
@@ -127,8 +132,11 @@ def _model_record(model: Path, em, spec, tensors, provenance) -> dict:
 def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = None, sharegpt: Optional[int] = None,
              sharegpt_offset: int = 0, retrieval: Optional[int] = None, arms: str = "dense,nr,wr,random",
              prefix_len: int = 512, suffix_len: int = 64, gen_tokens: int = 16, device: str = "cpu", seed: int = 0,
-             progress: bool = True) -> dict:
+             progress: bool = True, time_budget_s: Optional[float] = None) -> dict:
     """The cached-prefix evaluation of ``plans`` on ``model`` (see :mod:`dasc_compile.eval.protocol`).
+
+    ``time_budget_s`` (benchmarks only): start no new prompt after this many seconds; the record then
+    covers the prompts evaluated (``protocol.n_prompts``, ``prompts_sha256``, ``stopped_early``).
 
     Raises:
         DascInputError: no plan, bad options, a model without recurrent layers, a plan compiled from
@@ -150,11 +158,19 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     cases = [make_case(em, plan, label, arm_t) for label, plan in loaded]
     from rich.progress import Progress
 
+    import time
+
+    t0, done = time.time(), []
     with Progress(console=_err, transient=True, disable=not progress) as bar:
         task = bar.add_task(f"dasc eval: {len(prompts)} prompts x {len(cases)} plan(s)", total=len(prompts))
         for p in prompts:
+            if time_budget_s is not None and done and time.time() - t0 > time_budget_s:
+                break
             run_prompt(em, p, cases, arm_t, gen_tokens)
+            done.append(p)
             bar.advance(task)
+    stopped_early = len(done) < len(prompts)
+    prompts = done
     per_plan = [{"plan": plan_record(c.plan, c.label), "arms": summarize_plan(c)} for c in cases]
     return {
         "dasc_eval_version": EVAL_JSON_VERSION,
@@ -165,7 +181,8 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
             "prefix_len": prefix_len, "suffix_len": suffix_len, "gen_tokens": gen_tokens, "arms": list(arm_t),
             "random_seeds": list(RANDOM_SEEDS), "prompt_source": source, "n_prompts": len(prompts),
             "n_retrieval_prompts": sum(p.answer is not None for p in prompts), "prompts_sha256": prompts_hash(prompts),
-            "device": str(em.device), "dtype": "float32",
+            "device": str(em.device), "dtype": "float32", "stopped_early": stopped_early,
+            "wall_s": round(time.time() - t0, 3),
         },
         "plan": per_plan[0]["plan"],
         "arms": per_plan[0]["arms"],

