@@ -5,8 +5,8 @@ built in a temporary sibling directory and moved into place by :func:`dasc_compi
 so a failure or an interrupt leaves nothing half-written, and the ``--out`` path always holds either
 the earlier plan or the new one. An existing ``--out`` is replaced only when it holds an earlier dasc
 plan, recognised by its content (:func:`is_dasc_plan_file`: a ``plan.json`` whose bytes hash to its own
-``content_hash``), never by file names alone. Reading is :func:`dasc_compile.schema.load_plan`
-(re-exported here with ``plan_json_path``), the one plan reader shared with the runtime.
+``content_hash``), never by file names alone. Reading is :func:`dasc_compile.schema.load_plan`, the
+one plan reader shared with the runtime.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 from dasc_compile import atomic
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import PLAN_FILENAME, Plan, canonical_json
-from dasc_compile.schema import load_plan, plan_json_path  # re-exported: the one plan reader
 
-__all__ = ["KERNEL_FILE_PATTERN", "check_replaceable", "is_dasc_plan_file", "load_plan", "plan_json_path",
-           "prepare_out", "recover_out", "write_plan_dir"]
+__all__ = ["KERNEL_FILE_PATTERN", "check_replaceable", "is_dasc_plan_file", "prepare_out", "recover_out",
+           "write_plan_dir"]
 
 #: Rendered kernel modules that may sit beside plan.json (and their ``__pycache__`` after an import).
 KERNEL_FILE_PATTERN = "dasc_kernels_*.py"

@@ -89,7 +89,7 @@ def check_servable(plan: Plan) -> None:
     """
     budget = plan.policy.pool_budget_bytes
     per_slot = plan.tp.bottleneck_bytes_per_slot
-    if budget is not None and per_slot > 0 and budget // per_slot - 1 < 1:
+    if budget is not None and per_slot > 0 and usable_slots(budget, per_slot) < 1:
         raise DascInputError(
             f"policy field 'pool_budget_bytes': {budget} bytes hold no usable compressed slot (one slot is {per_slot} "
             f"bytes on the bottleneck rank and slot 0 is reserved); expected at least {2 * per_slot} bytes")
