@@ -177,6 +177,7 @@ def kernel_key(constants: dict) -> str:
 
 
 def kernel_file_name(key: str) -> str:
+    """``dasc_kernels_<key[:16]>.py``: the module's file name inside the plan directory."""
     return f"{FILE_PREFIX}{key[:16]}.py"
 
 

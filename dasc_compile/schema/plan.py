@@ -200,6 +200,7 @@ class StorageMap(_Frozen):
 
     @property
     def tp_size(self) -> int:
+        """P: the number of ranks the map covers."""
         return len(self.n_packed)
 
     @property

@@ -165,6 +165,7 @@ class UnitSpec:
 
     @property
     def unit_layout(self) -> UnitKind:
+        """The :class:`UnitKind` of :attr:`kind` (how a unit sits in the ``[H, d_v, d_k]`` state)."""
         return UNIT_KINDS[self.kind]
 
     @property
@@ -193,6 +194,7 @@ class UnitSpec:
 
     @property
     def scale_elems(self) -> int:
+        """INT8 scales per unit: d_k (GDN head) or 1 (KDA column)."""
         return math.prod(self.scale_shape)
 
     @property
