@@ -82,7 +82,7 @@ def _settings():
 
 
 def _load_plan_once(settings):
-    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.installed import INSTALLED
     from dasc_runtime.plan_io import load_plan, plan_dir_of
 
     if INSTALLED.plan is None or INSTALLED.plan_dir != str(plan_dir_of(settings.plan)):
@@ -126,7 +126,7 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     """
     import torch
 
-    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.installed import INSTALLED
     from dasc_runtime.ops import select_ops
     from dasc_runtime.pool import DascCheckpointPool, slots_for_budget
     from dasc_runtime.rank_layout import build_rank_layout
@@ -214,7 +214,7 @@ def after_load_model(result, runner, *args, **kwargs):
     if not settings.active or getattr(runner, "is_draft_worker", False):
         return result
     from dasc_runtime.fingerprint import served_decay_tensors
-    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.installed import INSTALLED
     from dasc_runtime.verify import (check_fingerprint, check_model_type, check_plan_supported, check_server_args,
                                      check_sglang_version)
 
@@ -263,8 +263,8 @@ def around_create_unified_radix_cache(original, ctx, server_args, params):
         return original(ctx, server_args, params)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
-    from dasc_runtime.state import STATE as INSTALLED
-    from dasc_runtime.tiers import DascMambaComponent
+    from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.mamba_component import DascMambaComponent
     from dasc_runtime.pool import DascCheckpointPool
     from dasc_runtime.verify import DascRefusal
 
@@ -280,7 +280,7 @@ def around_create_unified_radix_cache(original, ctx, server_args, params):
 
 def around_collect_cow(original, batch, reqs):
     """AROUND ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``: host-side tier of each hit source."""
-    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.installed import INSTALLED
     from dasc_runtime.side_channels import attach_tier_hint
 
     pool = INSTALLED.pool
@@ -296,13 +296,13 @@ def around_collect_cow(original, batch, reqs):
 
 def after_mamba_token_info(result, observer, *args, **kwargs):
     """AFTER ``SchedulerPoolStatsObserver._get_mamba_token_info``: dense checkpoints occupy native slots."""
-    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.installed import INSTALLED
 
     comp = INSTALLED.component
     if comp is None or result is None:
         return result
     size = observer.req_to_token_pool.mamba_pool.size
-    result.mamba_evictable_size = comp.dense_evictable()
+    result.mamba_evictable_size = comp.book.dense_evictable()
     result.mamba_num_used = size - (result.mamba_available_size + result.mamba_evictable_size)
     result.mamba_usage = result.mamba_num_used / size
     return result
@@ -322,19 +322,20 @@ def around_check_int8(original, checker, ps, ckpt_pool):
         return original(checker, ps, ckpt_pool)
     m = checker.req_to_token_pool.mamba_pool.size
     session = checker.pool_stats_observer.session_held_mamba_slots()
-    native = ps.mamba_available_size + comp.dense_evictable() + comp.dense_protected() + session
-    comp_total = ckpt_pool.available_size() + comp.tier_counts()["compressed"] + len(comp.pending)
+    book = comp.book
+    native = ps.mamba_available_size + book.dense_evictable() + book.dense_protected() + session
+    comp_total = ckpt_pool.available_size() + book.counts()["compressed"] + len(comp.pending)
     leak = native != m or comp_total != ckpt_pool.num_slots
-    msg = (f"[dasc-native] total={m}, available={ps.mamba_available_size}, dense_evictable={comp.dense_evictable()}, "
-           f"dense_protected={comp.dense_protected()}, session_held={session}\n"
+    msg = (f"[dasc-native] total={m}, available={ps.mamba_available_size}, dense_evictable={book.dense_evictable()}, "
+           f"dense_protected={book.dense_protected()}, session_held={session}\n"
            f"[dasc-compressed] total={ckpt_pool.num_slots}, available={ckpt_pool.available_size()}, "
-           f"cached={comp.tier_counts()['compressed']}, demoting={len(comp.pending)}")
+           f"cached={book.counts()['compressed']}, demoting={len(comp.pending)}")
     return leak, msg
 
 
 def after_usage_parts(result, stats, *args, **kwargs):
     """AFTER ``PoolStats.get_{prefill,decode}_usage_msg_parts``: dasc counters in SGLang's log lines."""
-    from dasc_runtime.state import STATE as INSTALLED, status_line
+    from dasc_runtime.installed import INSTALLED, status_line
 
     if INSTALLED.pool is None or not isinstance(result, list):
         return result

@@ -30,7 +30,6 @@ import torch.distributed as dist
 from dasc_compile.schema import CoupledTensor, StorageMap
 
 __all__ = [
-    "agree_all",
     "load_all_ranks",
     "load_all_to_all",
     "permute_coupled_tensor",
@@ -147,27 +146,6 @@ def load_all_to_all(storage: torch.Tensor, smap: StorageMap, rank: int, *, group
     dist.all_to_all_single(out[keep:n], storage[keep:t].contiguous(), output_split_sizes=list(smap.send_splits[rank]),
                            input_split_sizes=smap.recv_splits(rank), group=group)
     return out
-
-
-def agree_all(flags: list[bool], group: Optional[dist.ProcessGroup] = None) -> list[bool]:
-    """Element-wise AND of ``flags`` over every rank of ``group`` (a CPU / gloo process group).
-
-    Used by ``dasc_runtime.tiers`` so every TP rank commits the same watermark demotions. Every
-    rank of ``group`` must call it with a list of the same length (the candidate demotions in
-    node-id order, identical on every rank). One ``all_reduce(MIN)`` of an int32 ``[len(flags)]``
-    CPU tensor (none for an empty list): it waits for the other ranks' scheduler threads, never for the GPU.
-
-    Args:
-        flags: this rank's flags.
-        group: process group (default: the world group).
-    Returns:
-        list of bool, True where every rank passed True.
-    """
-    if not flags:                   # same length on every rank: all return here together
-        return []
-    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-    return [bool(x) for x in t.tolist()]
 
 
 def permute_coupled_tensor(tensor: torch.Tensor, coupled: CoupledTensor, bundle_order: Sequence[int]) -> torch.Tensor:

@@ -100,8 +100,8 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
                    mamba_evictable_size=0)
     out["prefill_log_parts"] = ps.get_prefill_usage_msg_parts()
     obs = SimpleNamespace(req_to_token_pool=pool)
-    comp._count["dense"] = 2                 # two dense checkpoints, one locked (bookkeeping only)
-    comp._locked["dense"] = 1
+    comp.book.count["dense"] = 2                 # two dense checkpoints, one locked (bookkeeping only)
+    comp.book.locked["dense"] = 1
     fixed = SchedulerPoolStatsObserver._get_mamba_token_info.__wrapped__  # original
     from dasc_runtime.plugin import after_mamba_token_info
 
@@ -118,12 +118,12 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     out["invariant_ok"] = SchedulerInvariantChecker._check_mamba_pool_with_int8(checker, ps2, ck)
     ps2.mamba_available_size = 5
     out["invariant_leak"] = SchedulerInvariantChecker._check_mamba_pool_with_int8(checker, ps2, ck)
-    comp._count["dense"] = 0
-    comp._locked["dense"] = 0
+    comp.book.count["dense"] = 0
+    comp.book.locked["dense"] = 0
     del fixed
 
     # 7. refusals: a plan compiled for another model; an option the plan cannot serve
-    from dasc_runtime.state import STATE as INSTALLED
+    from dasc_runtime.installed import INSTALLED
 
     INSTALLED.reset()
     os.environ["DASC_PLAN"] = kda_plan_dir

@@ -1,14 +1,15 @@
 """A CPU simulation of SGLang's scheduler driving the two-tier dasc cache (for the tier tests).
 
 It builds SGLang 0.5.17's HybridReqToTokenPool, KV allocator and UnifiedRadixCache with
-:class:`dasc_runtime.tiers.DascMambaComponent`, then runs requests the way the scheduler does:
+:class:`dasc_runtime.mamba_component.DascMambaComponent`, then runs requests the way the scheduler does:
 ``Req.init_next_round_input`` (match + staged copy-on-write), ``inc_lock_ref`` (admission),
 ``alloc_req_slots``, KV allocation with eviction, a "forward" that performs the staged restore
 (``DascCheckpointPool.load_to_active``) and writes a state that is a pure function of the token
 prefix, ``cache_unfinished_req`` for chunked prefill and ``cache_finished_req``.
 
-:meth:`Sim.check` verifies every invariant named in ``dasc_runtime.tiers`` plus SGLang's own
-``sanity_check``; it raises ``AssertionError`` naming the violated invariant.
+:meth:`Sim.check` verifies every invariant named in ``dasc_runtime.mamba_component``,
+``dasc_runtime.tiers`` and ``dasc_runtime.demotion`` plus SGLang's own ``sanity_check``; it raises
+``AssertionError`` naming the violated invariant.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ class Sim:
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+        from dasc_runtime.mamba_component import DascMambaComponent
         from dasc_runtime.pool import DascCheckpointPool
         from dasc_runtime.rank_layout import build_rank_layout
         from dasc_runtime.side_channels import attach_tier_policy
-        from dasc_runtime.tiers import DascMambaComponent, TierPolicy
+        from dasc_runtime.tiers import TierPolicy
 
         F.set_server_args(chunk=chunk)
         self.extra_buffer, self.chunk = extra_buffer, chunk
@@ -85,7 +87,7 @@ class Sim:
             component_registry_override={ComponentType.MAMBA: DascMambaComponent}))
         self.comp = self.cache.components[ComponentType.MAMBA]
         self.side = FakeSideStream()
-        self.comp.side = self.side
+        self.comp.demotions.side = self.side
         self.layout = layout
         self.M, self.C = mamba_size, compressed_slots
         self.inflight: list = []            # admitted, locked, not finished
@@ -342,8 +344,8 @@ class Sim:
                 comp_held += dp.slots_of(cd.value)
             if content:
                 self._check_content(step, n, t)
-        assert count == comp.tier_counts(), f"step {step}: tier counts {comp.tier_counts()} != recount {count}"
-        assert locked == comp._locked, f"step {step}: locked counts {comp._locked} != recount {locked}"
+        assert count == comp.book.counts(), f"step {step}: tier counts {comp.book.counts()} != recount {count}"
+        assert locked == comp.book.locked, f"step {step}: locked counts {comp.book.locked} != recount {locked}"
         for req in self.inflight:
             native_held.append(int(req.mamba_pool_idx))
             if self.extra_buffer:
@@ -361,7 +363,7 @@ class Sim:
             f"step {step}: compressed slots leaked or double-owned: free={sorted(dp._free)} held={sorted(comp_held)}"
         assert all(dp._in_use[c] for c in comp_held) and not any(dp._in_use[c] for c in dp._free), \
             f"step {step}: allocator flags disagree with ownership"
-        assert comp.dense_evictable() + comp.dense_protected() == count["dense"]
+        assert comp.book.dense_evictable() + comp.book.dense_protected() == count["dense"]
         for nid, (_, value, tier) in self.harness_locks.items():
             n = comp.tree_core._node_arena.get(nid)
             assert n is not None, f"step {step}: locked node {nid} was deleted"

@@ -156,7 +156,7 @@ def test_compressed_only_never_spills(tmp_path):
     sim = _sim(tmp_path, compressed_slots=2, compressed_only=True)
     for s in (SEQ_A, SEQ_B, SEQ_C, SEQ_D):
         _run(sim, s)
-    assert sim.comp.tier_counts() == {"dense": 0, "compressed": 2}
+    assert sim.comp.book.counts() == {"dense": 0, "compressed": 2}
     assert _node_of(sim, sim.request_tokens(SEQ_A)) is None   # the oldest compressed node made room
     assert sim.comp.tier(_node_of(sim, sim.request_tokens(SEQ_D))) == "compressed"
     assert sim.comp.counters.inserts_dense == 0 and sim.comp.counters.evictions_compressed == 2
@@ -238,7 +238,7 @@ def test_compressed_only_skips_caching_when_every_checkpoint_is_locked(tmp_path)
     sim.inflight.append(held)
     sim.finish()
     assert sim.comp.counters.skipped == 4 and a.component_data[sim.MAMBA].lock_ref == 0
-    assert sim.comp.tier_counts() == {"dense": 0, "compressed": 1} and sim.comp.counters.inserts_dense == 0
+    assert sim.comp.book.counts() == {"dense": 0, "compressed": 1} and sim.comp.counters.inserts_dense == 0
     assert sim.pool.mamba_allocator.available_size() == sim.M
     sim.check(6, content=True)
 
@@ -248,7 +248,7 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
     from runtime_sim import FakeEvent
 
     from dasc_compile.schema import DascInputError
-    from dasc_runtime.tiers import _order_after as order_after, reclaim_wait_mode
+    from dasc_runtime.demotion import order_after, reclaim_wait_mode
 
     monkeypatch.delenv("DASC_RECLAIM_WAIT", raising=False)
     assert reclaim_wait_mode() == "stream"
@@ -266,7 +266,7 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stream_wait_orders_later_work_after_the_side_stream_pack():
     """On a GPU the stream mode does not block the host, yet later current-stream work sees the pack."""
-    from dasc_runtime.tiers import _order_after as order_after
+    from dasc_runtime.demotion import order_after
 
     dev = torch.device("cuda")
     src = torch.zeros(1 << 20, device=dev)
@@ -282,3 +282,32 @@ def test_stream_wait_orders_later_work_after_the_side_stream_pack():
     seen = src.clone()                           # issued on the current stream after the wait
     torch.cuda.synchronize(dev)
     assert torch.equal(seen, torch.ones_like(seen))
+
+
+def test_tier_book_counts_follow_tier_and_lock_changes():
+    """TierBook on SGLang's ComponentData: counts move with the tier; locked counts with lock_ref 0 <-> 1."""
+    from sglang.srt.mem_cache.unified_cache.components.tree_component import ComponentData
+
+    from dasc_runtime.side_channels import node_tier
+    from dasc_runtime.tiers import TierBook
+
+    book = TierBook()
+    a, b = ComponentData(), ComponentData()
+    assert book.tier(a) is None                                   # no state: no tier
+    a.value, b.value = torch.tensor([3]), torch.tensor([12])
+    assert book.tier(a) == "dense"                                # SGLang's own value: dense until told
+    book.set(a, "dense")
+    book.set(b, "compressed")
+    a.lock_ref = 1
+    book.on_lock(a)
+    assert book.counts() == {"dense": 1, "compressed": 1} and (book.dense_evictable(), book.dense_protected()) == (0, 1)
+    book.set(a, "compressed")                                     # a locked node changes tier (demotion commit)
+    assert book.counts() == {"dense": 0, "compressed": 2} and book.locked == {"dense": 0, "compressed": 1}
+    assert node_tier(a) == "compressed"
+    a.lock_ref = 0
+    book.on_unlock(a)
+    book.clear(b)
+    assert book.counts() == {"dense": 0, "compressed": 1} and book.locked == {"dense": 0, "compressed": 0}
+    assert node_tier(b) is None
+    book.reset()
+    assert book.counts() == {"dense": 0, "compressed": 0}

@@ -61,7 +61,7 @@ def test_random_ops_keep_invariants(tmp_path, name, kwargs, share):
     assert s["restore_compressed"] > 0 and c.evictions_compressed > 0 and c.inserts_compressed > 0
     if kwargs.get("compressed_only"):
         assert c.inserts_dense == 0 and s["restore_dense"] == 0 and c.demotions_sync == 0
-        assert sim.comp.tier_counts()["dense"] == 0
+        assert sim.comp.book.counts()["dense"] == 0
     else:
         assert s["restore_dense"] > 0 and c.inserts_dense > 0
         assert c.demotions_committed > 0 and c.demotions_sync > 0 and c.evictions_dense > 0

@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 
 from dasc_compile.schema import CoupledTensor
 from dasc_compile.tp import balance_storage
+from dasc_runtime.demotion import agree_all
 from dasc_runtime.tp_transfer import (
-    agree_all,
     load_all_ranks,
     load_all_to_all,
     permute_coupled_tensor,
@@ -115,7 +115,7 @@ def _worker(rank: int, world: int, port: int) -> None:
         _run_cases(rank, world, None, calls)
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         _run_cases(rank % 2, 2, pairs[rank // 2], calls)
-        # agree_all (the tiers' commit agreement): flag j is False only on rank j -> AND over 4 ranks
+        # agree_all (the demotion engine's commit agreement): flag j is False only on rank j -> AND over 4 ranks
         assert agree_all([j != rank for j in range(5)]) == [False, False, False, False, True]
         # on a pair only that pair's flags count: the even rank of each pair says False for slot 0
         assert agree_all([rank % 2 == 1, True, rank < 2], group=pairs[rank // 2]) == [False, True, rank < 2]

@@ -1,15 +1,23 @@
-"""Per-process dasc runtime state (one SGLang scheduler process = one TP rank = one pool)."""
+"""What dasc installed in this process (one SGLang scheduler process = one TP rank = one pool).
+
+The plugin's hooks are free functions that SGLang calls with its own arguments; the objects they
+share (the loaded plan, the pool, the two-tier component) are recorded here once, when the hooks
+build them. Nothing here is recurrent state: ``INSTALLED`` is a registry of this process's dasc
+objects, empty until a plan is served.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["STATE", "status_line"]
+__all__ = ["INSTALLED", "Installed", "status_line"]
 
 
 @dataclass
-class _State:
+class Installed:
+    """This process's dasc objects (all None / False until the plugin installs them)."""
+
     plan: Any = None                 # dasc_compile.schema.Plan once loaded
     plan_dir: Optional[str] = None
     settings: Any = None             # DascSettings
@@ -19,23 +27,24 @@ class _State:
     component: Any = None            # DascMambaComponent
 
     def reset(self) -> None:
+        """Forget everything (tests that install several plans in one process)."""
         self.__init__()
 
 
-STATE = _State()
+INSTALLED = Installed()
 
 
 def status_line() -> str:
     """Counters for SGLang's prefill/decode log lines: hits and restores by tier, demotions,
     evictions, checkpoints per tier, free compressed slots and states not cached (``skipped``)."""
-    pool, comp = STATE.pool, STATE.component
+    pool, comp = INSTALLED.pool, INSTALLED.component
     if pool is None:
         return ""
     pc = pool.counters
     parts = [f"dasc restored d/c: {pc.loads_dense}/{pc.loads_compressed}"]
     if comp is not None:
         c = comp.counters
-        n = comp.tier_counts()
+        n = comp.book.counts()
         parts += [
             f"dasc hits d/c: {c.hits_dense}/{c.hits_compressed}",
             f"dasc ckpt d/c: {n['dense']}/{n['compressed']}",
