@@ -1,36 +1,25 @@
 """Arms of the matched-memory serving benchmark and their SGLang launch flags (paper §5.3, App. C.1).
 
-Every arm gets the same state-memory budget per TP rank, the Dense arm's native pool:
-``B = (M + 1) * b_dense`` bytes, ``M`` = the Dense arm's ``--max-mamba-cache-size`` (SGLang's
-``MambaPool`` reserves one slot, hence ``M + 1``), ``b_dense`` = bytes of one dense state
-checkpoint on a rank (temporal ``[L, H/P, d_v, d_k]`` + conv windows; the plan's
-``tp.bytes_dense_per_slot``). The other arms keep ``M'`` native slots (running requests need
-``ratio * max_running_requests`` of them, SGLang's ``kv_cache_configurator``) and spend the rest on
-a checkpoint pool:
+The sizing itself (budget ``B = (M + 1) * b_dense``, the ``M' = k * R`` native slots that run
+``R = --max-running-requests`` requests under SGLang's ``--mamba-radix-cache-strategy``, the INT8
+and dasc pool slots, checkpoint capacity) lives in :mod:`dasc_runtime.sizing`, the same code as
+``dasc size``; this module maps benchmark arm names to plans and records what a run needs:
 
-* ``int8``: SGLang's own INT8 checkpoint pool (``--enable-int8-mamba-checkpoint
-  --int8-mamba-ckpt-size C``), ``b_int8`` bytes a slot as SGLang 0.5.17's
-  ``MambaCheckpointPool.estimate_mem_usage_bytes`` counts them (int8 temporal + one scale per
-  (layer, head, k) in the temporal dtype + conv windows; slot 0 reserved);
-  ``C = floor((B - (M'+1) b_dense) / b_int8) - 1``.
-* ``dasc-nr-wW`` (and ``...-int8``): the dasc compressed pool, ``C`` from
-  :func:`dasc_runtime.sizing.plan_matched_memory` (bottleneck rank's compressed bytes a slot,
-  slot 0 reserved, plus any scratch). A ``-hostwait`` suffix runs the same arm with
-  ``DASC_RECLAIM_WAIT=host`` in the server's environment (the reclamation walk waits for pending
-  demotions on the host instead of ordering the current stream after them), for an A/B of that
-  synchronisation at equal memory.
+* ``dense`` (``--max-mamba-cache-size M``), ``int8`` (SGLang's ``--enable-int8-mamba-checkpoint
+  --int8-mamba-ckpt-size C``);
+* ``dasc-nr-wW`` (and ``...-int8``, ``...-storage``): the dasc compressed pool of the plan
+  :func:`plan_name` names. A ``-hostwait`` suffix runs the same arm with ``DASC_RECLAIM_WAIT=host``
+  in the server's environment (the reclamation walk waits for pending demotions on the host
+  instead of ordering the current stream after them), for an A/B of that synchronisation.
 
-Checkpoint capacity (the x axis of the figure): the state slots a cached checkpoint can occupy.
-Dense: ``M`` (shared with running requests). dasc: ``M' + C`` (dense checkpoints stay in native
-slots, shared with running requests, and are demoted into the C compressed ones). INT8: ``C`` only.
-With ``--enable-int8-mamba-checkpoint`` SGLang 0.5.17 commits *every* cached state into the INT8
-pool (``MambaComponent._commit_int8_checkpoint``, sglang/srt/mem_cache/unified_cache/components/
-mamba_component.py), so its ``M'`` native slots serve running requests only.
+Every arm's flags name ``--max-running-requests R`` and ``--mamba-radix-cache-strategy`` explicitly.
+Checkpoint capacity (the x axis of the figures): Dense M, INT8 C (SGLang 0.5.17 commits every
+cached state into its INT8 pool, ``MambaComponent._commit_int8_checkpoint``), dasc ``M' + C``.
 
 CPU use (plans are compiled with ``dasc compile``; prints one line per arm, and ``--out`` writes
-the arms as JSON for ``run_serving.py``)::
+the arms as JSON for ``run_serving.py`` / ``run_open_loop.py``)::
 
-    .venv/bin/python -m benchmarks.serving_arms --plans /tmp/plans --dense-slots 48 --native-slots 40
+    .venv/bin/python -m benchmarks.serving_arms --plans /tmp/plans --dense-slots 48 --max-running-requests 8
 """
 
 from __future__ import annotations
@@ -46,10 +35,7 @@ from typing import Optional, Sequence
 from dasc_compile.errors import DascInputError
 
 __all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "arm_plan_dir", "compile_hint", "check_plans",
-           "int8_bytes_per_slot", "arm_launch", "main"]
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
+           "arm_launch", "main"]
 
 @dataclass(frozen=True)
 class ArmSpec:
@@ -131,34 +117,6 @@ def check_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
                              f"{hint})")
 
 
-def int8_bytes_per_slot(plan) -> int:
-    """Bytes of one slot of SGLang's INT8 checkpoint pool on one rank, for the plan's model.
-
-    Mirrors ``MambaCheckpointPool.estimate_mem_usage_bytes`` (sglang/srt/mem_cache/
-    mamba_checkpoint_pool.py, 0.5.17) for one slot: ``L * (H/P) * d_v * d_k`` int8 bytes,
-    ``L * (H/P) * d_k`` scales in the temporal dtype, and the conv windows in their dtype
-    (``tp.payload_*[r].bytes_conv``, the same bytes the plan charges a dasc slot).
-
-    Args:
-        plan: a loaded :class:`dasc_compile.schema.Plan`.
-    Returns:
-        bytes (int).
-    Raises:
-        DascInputError: a temporal dtype outside float32 / bfloat16 / float16.
-    """
-    m, pol, tp = plan.model, plan.policy, plan.tp
-    dt = _DTYPE_BYTES.get(pol.temporal_dtype)
-    if dt is None:
-        raise DascInputError(f"plan policy.temporal_dtype: expected one of {sorted(_DTYPE_BYTES)}, "
-                             f"got {pol.temporal_dtype!r}")
-    n_layers = len(m.recurrent_layer_ids)
-    h = tp.heads_per_rank
-    qdata = n_layers * h * m.head_v_dim * m.head_k_dim
-    scale = n_layers * h * m.head_k_dim * dt
-    conv = tp.payload_contiguous[0].bytes_conv
-    return qdata + scale + conv
-
-
 @dataclass
 class ArmLaunch:
     """Launch settings of one arm at the matched budget (bytes per TP rank).
@@ -194,23 +152,22 @@ class ArmLaunch:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int, tp: int = 1,
-               scratch_slots: int = 0) -> ArmLaunch:
-    """Matched-memory flags of ``arm`` (see module docstring).
+def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_requests: int,
+               strategy: str = "extra_buffer", tp: int = 1, scratch_slots: int = 0) -> ArmLaunch:
+    """Matched-memory flags of ``arm`` from :func:`dasc_runtime.sizing.size_arms` (module docstring).
 
     Args:
         plans: directory holding the compiled plans (:func:`plan_name` sub-directories); every arm
             reads ``b_dense`` from a plan (Dense and INT8 from any plan of that TP degree).
-        dense_slots: M; native_slots: M' (<= M) for the INT8 and dasc arms; tp: TP degree P.
+        dense_slots: M; max_running_requests: R (every arm); strategy: SGLang's
+            ``--mamba-radix-cache-strategy``; tp: TP degree P.
         scratch_slots: staging charged to dasc, in compressed slots (0 with generated kernels).
     Raises:
-        DascInputError: no plan for the arm, M' > M, or no checkpoint slot fits the budget.
+        DascInputError: no plan for the arm, M < k R, or no checkpoint slot fits the budget.
     """
     from dasc_runtime.plan_io import load_plan
-    from dasc_runtime.sizing import plan_matched_memory
+    from dasc_runtime.sizing import size_arms
 
-    if not 1 <= native_slots <= dense_slots:
-        raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
     if arm.kind == "dasc":
         name = arm_plan_dir(arm, plans, tp).name
     else:
@@ -234,38 +191,21 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, native_slots: int
     if not (plan_dir / "plan.json").is_file():
         raise DascInputError(f"{plan_dir}: no plan.json (compile it with {compile_hint(arm, tp, plan_dir)})")
     plan = load_plan(plan_dir)
-    b_dense = plan.tp.bytes_dense_per_slot
-    budget = (dense_slots + 1) * b_dense
-    if arm.kind == "dense":
-        return ArmLaunch(arm=arm.name, kind="dense", plan=None,
-                         flags=["--max-mamba-cache-size", str(dense_slots)], native_slots=dense_slots,
-                         ckpt_slots=0, capacity=dense_slots, budget_bytes=budget, used_bytes=budget,
-                         bytes_native_slot=b_dense, bytes_ckpt_slot=0, c_ckpt=1.0)
-    if arm.kind == "int8":
-        b8 = int8_bytes_per_slot(plan)
-        c = (budget - (native_slots + 1) * b_dense) // b8 - 1
-        if c < 1:
-            raise DascInputError(f"int8 arm: no INT8 slot fits M={dense_slots}, M'={native_slots}")
-        used = (native_slots + 1) * b_dense + (c + 1) * b8
-        return ArmLaunch(arm=arm.name, kind="int8", plan=None,
-                         flags=["--max-mamba-cache-size", str(native_slots), "--enable-int8-mamba-checkpoint",
-                                "--int8-mamba-ckpt-size", str(c)],
-                         native_slots=native_slots, ckpt_slots=int(c), capacity=int(c),
-                         budget_bytes=budget, used_bytes=used, bytes_native_slot=b_dense, bytes_ckpt_slot=b8,
-                         c_ckpt=b_dense / b8, int8=True)
-    mm = plan_matched_memory(plan, dense_slots=dense_slots, native_slots=native_slots,
-                             scratch_slots=scratch_slots)
+    if arm.kind == "dasc" and bool(plan.policy.int8) != arm.int8:
+        raise DascInputError(f"{plan_dir}: plan has int8={plan.policy.int8}, arm {arm.name!r} needs int8={arm.int8}")
+    which = {"dense": "dense", "int8": "int8"}.get(arm.kind, "dasc-int8" if arm.int8 else "dasc")
+    sz = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots, strategy=strategy,
+                   arms=[which], plan_path=f"{{plans}}/{name}", scratch_slots=scratch_slots)[0]
+    common = dict(arm=arm.name, kind=arm.kind, flags=list(sz.flags), native_slots=sz.native_slots,
+                  ckpt_slots=sz.ckpt_slots, capacity=sz.capacity, budget_bytes=sz.budget_bytes,
+                  used_bytes=sz.used_bytes, bytes_native_slot=sz.bytes_native_slot,
+                  bytes_ckpt_slot=sz.bytes_ckpt_slot, c_ckpt=sz.c_ckpt, int8=sz.int8)
+    if arm.kind != "dasc":
+        return ArmLaunch(plan=None, **common)
     kept = sum(p.n_kept for p in plan.tp.payload_contiguous)
     total_units = len(plan.model.recurrent_layer_ids) * plan.model.num_value_heads * plan.tp.units_per_head
-    return ArmLaunch(arm=arm.name, kind="dasc", plan=name,
-                     flags=["--max-mamba-cache-size", str(mm.native_slots), "--dasc-plan", f"{{plans}}/{name}",
-                            "--dasc-pool-slots", str(mm.compressed_slots)],
-                     native_slots=mm.native_slots, ckpt_slots=mm.compressed_slots,
-                     capacity=mm.native_slots + mm.compressed_slots, budget_bytes=mm.budget_bytes,
-                     used_bytes=mm.used_bytes, bytes_native_slot=b_dense,
-                     bytes_ckpt_slot=mm.bytes_compressed_slot, c_ckpt=b_dense / mm.bytes_compressed_slot,
-                     w_max=arm.w_max, int8=arm.int8, balance=arm.balance, kept_fraction=kept / total_units,
-                     env={"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {})
+    return ArmLaunch(plan=name, w_max=arm.w_max, balance=arm.balance, kept_fraction=kept / total_units,
+                     env={"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {}, **common)
 
 
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
@@ -301,7 +241,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=Path, required=True, help="directory of compiled plans (plan_name dirs)")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
-    ap.add_argument("--native-slots", type=int, required=True, help="M': native slots of the other arms")
+    ap.add_argument("--max-running-requests", type=int, required=True,
+                    help="R: every arm runs R requests; the non-Dense arms keep k * R native slots")
+    ap.add_argument("--strategy", default="extra_buffer",
+                    help="SGLang's --mamba-radix-cache-strategy (extra_buffer | extra_buffer_lazy | no_buffer)")
     ap.add_argument("--tp", type=int, default=1, help="TP degree P the plans were compiled for (>= 1)")
     ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS],
                     help="arm names: dense, int8, or dasc-nr-wW[-int8][-storage][-hostwait] "
@@ -315,8 +258,9 @@ def main(argv=None) -> int:
         check_plans(specs, a.plans, a.tp)
         if a.out is not None and (a.out.name in ("", ".", "..") or a.out.is_dir()):
             raise DascInputError(f"--out {a.out}: expected a file path for the arms JSON, got a directory")
-        arms = [asdict(arm_launch(s, plans=a.plans, dense_slots=a.dense_slots, native_slots=a.native_slots,
-                                  tp=a.tp)) for s in specs]
+        arms = [asdict(arm_launch(s, plans=a.plans, dense_slots=a.dense_slots,
+                                  max_running_requests=a.max_running_requests, strategy=a.strategy, tp=a.tp))
+                for s in specs]
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""Matched-memory arms of the serving benchmark (benchmarks/serving_arms.py, paper §5.3, App. C.1).
+"""Matched-memory arms of the serving benchmark (benchmarks/serving_arms.py over dasc_runtime.sizing,
+paper §5.3, App. C.1). More sizing tests against SGLang's own estimates: tests/test_sizing.py.
 
 Plans are compiled by the real compiler from the bundled reference checkpoints (config + decay
 tensors only, no kernels). The INT8 slot bytes are checked against SGLang 0.5.17 itself: the state
@@ -29,13 +30,14 @@ from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
 from dasc_runtime.plan_io import load_plan
-from dasc_runtime.sizing import plan_matched_memory
+from dasc_runtime.sizing import int8_bytes_per_slot, plan_matched_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 
 KIMI = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b"
 QWEN35 = ROOT / "plans" / "reference" / "qwen3.5-27b"
-M, M_NATIVE = 48, 40
+M, M_NATIVE, R = 48, 40, 8          # M' = 5 R native slots (extra_buffer with overlap)
+COMMON = ["--max-running-requests", "8", "--mamba-radix-cache-strategy", "extra_buffer"]
 KIMI_B_DENSE = 20 * (32 * 128 * 128 * 4 + 3 * 12288 * 2)
 KIMI_B_INT8 = 20 * 32 * 128 * 128 + 20 * 32 * 128 * 4 + 1_474_560
 # the DEFAULT_ARMS dasc plans, (w_max, int8)
@@ -109,7 +111,7 @@ def test_int8_bytes_per_slot_matches_sglang(tmp_path, monkeypatch, ref, tp, env,
     assert list(plan.model.recurrent_layer_ids) == list(cp.layers)
     assert plan.tp.heads_per_rank == cp.shape.temporal[0]
     assert plan.tp.bytes_dense_per_slot == cp.mamba_cache_per_req
-    got = sa.int8_bytes_per_slot(plan)
+    got = int8_bytes_per_slot(plan)
     assert got == _sglang_int8_slot_bytes(cp) == hand
 
 
@@ -125,22 +127,22 @@ def test_kimi_sglang_state_layout_and_hand_numbers():
 def test_int8_bytes_per_slot_rejects_unknown_temporal_dtype(kimi_plans):
     plan = load_plan(kimi_plans / sa.plan_name(128))
     bad = plan.model_copy(update={"policy": plan.policy.model_copy(update={"temporal_dtype": "float8"})})
-    with pytest.raises(DascInputError, match="temporal_dtype.*float8"):
-        sa.int8_bytes_per_slot(bad)
+    with pytest.raises(DascInputError, match="float8"):
+        int8_bytes_per_slot(bad)
 
 
 # --- 2. arm_launch at M = 48, M' = 40 ----------------------------------------------------------
 
 @pytest.mark.parametrize("arm", sa.DEFAULT_ARMS, ids=lambda a: a.name)
 def test_arm_launch_matched_budget(kimi_plans, arm):
-    r = sa.arm_launch(arm, plans=kimi_plans, dense_slots=M, native_slots=M_NATIVE)
+    r = sa.arm_launch(arm, plans=kimi_plans, dense_slots=M, max_running_requests=R)
     budget = (M + 1) * KIMI_B_DENSE
     assert r.budget_bytes == budget == 2_127_462_400
     assert r.bytes_native_slot == KIMI_B_DENSE
     assert r.used_bytes <= budget
     assert r.arm == arm.name and r.kind == arm.kind
     if arm.kind == "dense":
-        assert r.flags == ["--max-mamba-cache-size", "48"]
+        assert r.flags == COMMON + ["--max-mamba-cache-size", "48"]
         assert (r.native_slots, r.ckpt_slots, r.capacity, r.used_bytes, r.c_ckpt) == (48, 0, 48, budget, 1.0)
         return
     # the other arms: M' native slots, slot 0 of each pool reserved, no room for one more ckpt slot
@@ -152,7 +154,7 @@ def test_arm_launch_matched_budget(kimi_plans, arm):
     assert r.capacity == (r.ckpt_slots if arm.kind == "int8" else M_NATIVE + r.ckpt_slots)
     assert r.c_ckpt == pytest.approx(KIMI_B_DENSE / r.bytes_ckpt_slot, rel=1e-12)
     if arm.kind == "int8":
-        assert r.flags == ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
+        assert r.flags == COMMON + ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
                            "--int8-mamba-ckpt-size", "27"]
         assert (r.ckpt_slots, r.capacity, r.bytes_ckpt_slot) == (27, 27, 12_288_000)
         assert r.used_bytes == 41 * 43_417_600 + 28 * 12_288_000 == 2_124_185_600
@@ -162,7 +164,7 @@ def test_arm_launch_matched_budget(kimi_plans, arm):
     plan = load_plan(kimi_plans / name)
     mm = plan_matched_memory(plan, dense_slots=M, native_slots=M_NATIVE)
     assert r.plan == name and (r.w_max, r.int8, r.balance) == (arm.w_max, arm.int8, "off")
-    assert r.flags == ["--max-mamba-cache-size", "40", "--dasc-plan", f"{{plans}}/{name}",
+    assert r.flags == COMMON + ["--max-mamba-cache-size", "40", "--dasc-plan", f"{{plans}}/{name}",
                        "--dasc-pool-slots", str(mm.compressed_slots)]
     assert r.ckpt_slots == mm.compressed_slots and r.used_bytes == mm.used_bytes
     assert r.bytes_ckpt_slot == plan.tp.bottleneck_bytes_per_slot
@@ -173,7 +175,7 @@ def test_arm_launch_matched_budget(kimi_plans, arm):
 
 
 def test_dasc_capacity_orders_with_w_max_and_int8(kimi_plans):
-    cap = {a.name: sa.arm_launch(a, plans=kimi_plans, dense_slots=M, native_slots=M_NATIVE).capacity
+    cap = {a.name: sa.arm_launch(a, plans=kimi_plans, dense_slots=M, max_running_requests=R).capacity
            for a in sa.DEFAULT_ARMS}
     # a larger w_max keeps fewer units (fewer bytes a slot, more slots); INT8 storage shrinks slots further
     assert cap["dasc-nr-w512"] >= cap["dasc-nr-w128"] >= cap["dasc-nr-w64"] >= cap["dasc-nr-w16"]
@@ -183,8 +185,8 @@ def test_dasc_capacity_orders_with_w_max_and_int8(kimi_plans):
 
 def test_scratch_slots_are_charged_to_dasc(kimi_plans):
     arm = _arm("dasc-nr-w128")
-    r0 = sa.arm_launch(arm, plans=kimi_plans, dense_slots=M, native_slots=M_NATIVE)
-    r2 = sa.arm_launch(arm, plans=kimi_plans, dense_slots=M, native_slots=M_NATIVE, scratch_slots=2)
+    r0 = sa.arm_launch(arm, plans=kimi_plans, dense_slots=M, max_running_requests=R)
+    r2 = sa.arm_launch(arm, plans=kimi_plans, dense_slots=M, max_running_requests=R, scratch_slots=2)
     b = r0.bytes_ckpt_slot
     assert r2.ckpt_slots == r0.ckpt_slots - 2
     assert r2.used_bytes == (M_NATIVE + 1) * KIMI_B_DENSE + (r2.ckpt_slots + 1 + 2) * b <= r2.budget_bytes
@@ -201,27 +203,28 @@ def _one_line_error(fn, match: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["dense", "int8", "dasc-nr-w128"])
-@pytest.mark.parametrize("native", [49, 0, -3])
-def test_native_slots_out_of_range(kimi_plans, name, native):
-    _one_line_error(lambda: sa.arm_launch(_arm(name), plans=kimi_plans, dense_slots=M, native_slots=native),
-                    rf"native slots M'={native} must be in \[1, M=48\]")
+@pytest.mark.parametrize("r", [10, 0, -3])
+def test_running_requests_out_of_range(kimi_plans, name, r):
+    # M = 48 runs at most floor(48 / 5) = 9 requests
+    _one_line_error(lambda: sa.arm_launch(_arm(name), plans=kimi_plans, dense_slots=M, max_running_requests=r),
+                    "needs M >= 50" if r == 10 else "--max-running-requests: expected an integer >= 1")
 
 
 def test_missing_dasc_plan_dir(kimi_plans):
     msg = _one_line_error(
         lambda: sa.arm_launch(sa.ArmSpec("dasc-nr-w32", "dasc", 32), plans=kimi_plans, dense_slots=M,
-                              native_slots=M_NATIVE), "no plan.json")
+                              max_running_requests=R), "no plan.json")
     assert "w32-tp1-off" in msg
     _one_line_error(lambda: sa.arm_launch(sa.parse_arms(["dasc-nr-w128-storage"])[0], plans=kimi_plans,
-                                          dense_slots=M, native_slots=M_NATIVE), "w128-tp1-storage: no plan.json")
+                                          dense_slots=M, max_running_requests=R), "w128-tp1-storage: no plan.json")
 
 
 @pytest.mark.parametrize("name", ["dense", "int8"])
 def test_no_plan_of_the_tp_degree(kimi_plans, tmp_path, name):
-    _one_line_error(lambda: sa.arm_launch(_arm(name), plans=kimi_plans, dense_slots=M, native_slots=M_NATIVE, tp=2),
+    _one_line_error(lambda: sa.arm_launch(_arm(name), plans=kimi_plans, dense_slots=M, max_running_requests=R, tp=2),
                     "no compiled plan for TP=2")
     _one_line_error(lambda: sa.arm_launch(_arm(name), plans=tmp_path / "nowhere", dense_slots=M,
-                                          native_slots=M_NATIVE), "no compiled plan for TP=1")
+                                          max_running_requests=R), "no compiled plan for TP=1")
 
 
 @pytest.mark.parametrize("name", ["dense", "int8"])
@@ -230,26 +233,33 @@ def test_mixed_models_in_plans_dir_refused(kimi_plans, tmp_path, name):
     d = tmp_path / "mixed"
     shutil.copytree(kimi_plans / sa.plan_name(128), d / sa.plan_name(128))
     compile_plan(QWEN35, Policy(w_max=64), d / sa.plan_name(64), with_kernels=False)
-    _one_line_error(lambda: sa.arm_launch(_arm(name), plans=d, dense_slots=M, native_slots=M_NATIVE),
+    _one_line_error(lambda: sa.arm_launch(_arm(name), plans=d, dense_slots=M, max_running_requests=R),
                     "TP=1 plans disagree on the model or dense slot bytes")
 
 
 def test_no_checkpoint_slot_fits(kimi_plans):
-    # M' = M leaves no bytes for a checkpoint pool
-    _one_line_error(lambda: sa.arm_launch(_arm("int8"), plans=kimi_plans, dense_slots=M, native_slots=M),
-                    "int8 arm: no INT8 slot fits M=48, M'=48")
-    _one_line_error(lambda: sa.arm_launch(_arm("dasc-nr-w128"), plans=kimi_plans, dense_slots=M, native_slots=M),
-                    "no compressed slot fits")
-    # boundary, w16 (b_compressed between b_dense / 2 and b_dense): M' = 46 leaves 2 b_dense, room for
-    # slot 0 + exactly one usable slot; one slot of scratch or M' = 47 (1 b_dense left) leaves none usable
+    # M = M' = 40 (R = 8) leaves no bytes for a checkpoint pool
+    _one_line_error(lambda: sa.arm_launch(_arm("int8"), plans=kimi_plans, dense_slots=40, max_running_requests=R),
+                    "no SGLang INT8 checkpoint slot fits: Dense's M=40")
+    _one_line_error(lambda: sa.arm_launch(_arm("dasc-nr-w128"), plans=kimi_plans, dense_slots=40,
+                                          max_running_requests=R), "no dasc-nr checkpoint slot fits")
+    # boundary, w16 (b_compressed between b_dense / 2 and b_dense): M = 42 leaves 2 b_dense beside
+    # M' = 40, room for slot 0 + exactly one usable slot; one slot of scratch or M = 41 leaves none usable
     w16 = _arm("dasc-nr-w16")
-    r = sa.arm_launch(w16, plans=kimi_plans, dense_slots=M, native_slots=M - 2)
+    r = sa.arm_launch(w16, plans=kimi_plans, dense_slots=42, max_running_requests=R)
     assert KIMI_B_DENSE / 2 < r.bytes_ckpt_slot < KIMI_B_DENSE
-    assert r.ckpt_slots == 1 and r.capacity == 47
-    _one_line_error(lambda: sa.arm_launch(w16, plans=kimi_plans, dense_slots=M, native_slots=M - 2, scratch_slots=1),
-                    "no compressed slot fits")
-    _one_line_error(lambda: sa.arm_launch(w16, plans=kimi_plans, dense_slots=M, native_slots=M - 1),
-                    "no compressed slot fits: M=48, M'=47")
+    assert r.ckpt_slots == 1 and r.capacity == 41
+    _one_line_error(lambda: sa.arm_launch(w16, plans=kimi_plans, dense_slots=42, max_running_requests=R,
+                                          scratch_slots=1), "no dasc-nr checkpoint slot fits")
+    _one_line_error(lambda: sa.arm_launch(w16, plans=kimi_plans, dense_slots=41, max_running_requests=R),
+                    "no dasc-nr checkpoint slot fits: Dense's M=41")
+
+
+def test_int8_arm_needs_an_int8_plan(kimi_plans, tmp_path):
+    d = tmp_path / "p"
+    shutil.copytree(kimi_plans / sa.plan_name(128), d / sa.plan_name(128, True))
+    _one_line_error(lambda: sa.arm_launch(_arm("dasc-nr-w128-int8"), plans=d, dense_slots=M, max_running_requests=R),
+                    "plan has int8=False")
 
 
 def test_parse_arms():
@@ -264,7 +274,7 @@ def test_parse_arms():
 
 def test_hostwait_arm_same_memory_as_its_stream_twin_and_sets_the_env(kimi_plans):
     """-hostwait changes only the server's DASC_RECLAIM_WAIT; flags, slots and bytes are the twin's."""
-    stream, host = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, native_slots=40)
+    stream, host = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
                     for a in sa.parse_arms(["dasc-nr-w128", "dasc-nr-w128-hostwait"]))
     assert stream.env == {} and host.env == {"DASC_RECLAIM_WAIT": "host"}
     assert (host.flags, host.capacity, host.used_bytes) == (stream.flags, stream.capacity, stream.used_bytes)
@@ -293,19 +303,19 @@ def test_arm_spec_rejects(kw, match):
 
 def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
     out = tmp_path / "arms.json"
-    rc = sa.main(["--plans", str(kimi_plans), "--dense-slots", "48", "--native-slots", "40", "--out", str(out)])
+    rc = sa.main(["--plans", str(kimi_plans), "--dense-slots", "48", "--max-running-requests", "8", "--out", str(out)])
     assert rc == 0
     arms = json.loads(out.read_text())
     assert [x["arm"] for x in arms] == [a.name for a in sa.DEFAULT_ARMS]
     int8 = arms[1]
-    assert int8["flags"] == ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
+    assert int8["flags"] == COMMON + ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
                              "--int8-mamba-ckpt-size", "27"]
     assert (int8["capacity"], int8["ckpt_slots"], int8["native_slots"]) == (27, 27, 40)
     assert (int8["budget_bytes"], int8["used_bytes"], int8["bytes_ckpt_slot"]) == (2_127_462_400, 2_124_185_600,
                                                                                    12_288_000)
     w128 = arms[3]
     assert w128 == json.loads(json.dumps(asdict(sa.arm_launch(_arm("dasc-nr-w128"), plans=kimi_plans,
-                                                              dense_slots=48, native_slots=40))))
+                                                              dense_slots=48, max_running_requests=8))))
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == len(sa.DEFAULT_ARMS)
     assert "--int8-mamba-ckpt-size 27" in printed[1] and "capacity   27" in printed[1]
@@ -337,17 +347,18 @@ def test_check_plans_names_every_missing_plan_sorted_by_w_max(tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--native-slots", "49"], "M'=49"),
-    (["--native-slots", "40", "--arms", "dense", "dasc-nr-wx"], "'dasc-nr-wx'"),
-    (["--native-slots", "40", "--tp", "4"], "no plan.json for w16-tp4-off, w64-tp4-off, w128-tp4-off, w128-int8-tp4-off, w512-tp4-off"),
-    (["--native-slots", "40", "--arms", "dense", "--tp", "4"], "no compiled plan for TP=4"),
-    (["--native-slots", "40", "--tp", "0"], "--tp: expected a TP degree >= 1, got 0"),
-    (["--native-slots", "40", "--arms", "dasc-nr-w8", "dasc-nr-w9-int8-storage"],
+    (["--max-running-requests", "10"], "needs M >= 50"),
+    (["--max-running-requests", "8", "--strategy", "auto"], "mamba-radix-cache-strategy"),
+    (["--max-running-requests", "8", "--arms", "dense", "dasc-nr-wx"], "'dasc-nr-wx'"),
+    (["--max-running-requests", "8", "--tp", "4"], "no plan.json for w16-tp4-off, w64-tp4-off, w128-tp4-off, w128-int8-tp4-off, w512-tp4-off"),
+    (["--max-running-requests", "8", "--arms", "dense", "--tp", "4"], "no compiled plan for TP=4"),
+    (["--max-running-requests", "8", "--tp", "0"], "--tp: expected a TP degree >= 1, got 0"),
+    (["--max-running-requests", "8", "--arms", "dasc-nr-w8", "dasc-nr-w9-int8-storage"],
      "no plan.json for w8-tp1-off, w9-int8-tp1-storage (compile each: dasc compile MODEL --wmax 8 --tp 1 --out"),
-    (["--native-slots", "40", "--out", "{tmp}"], "expected a file path for the arms JSON, got a directory"),
-    (["--native-slots", "40", "--out", "."], "--out .: expected a file path"),
-    (["--native-slots", "40", "--arms", "dasc-nr-w8"], "no plan.json for w8-tp1-off (compile it: dasc compile"),
-    (["--native-slots", "40", "--out", "{tmp}/no/such/dir/arms.json"], "--out"),
+    (["--max-running-requests", "8", "--out", "{tmp}"], "expected a file path for the arms JSON, got a directory"),
+    (["--max-running-requests", "8", "--out", "."], "--out .: expected a file path"),
+    (["--max-running-requests", "8", "--arms", "dasc-nr-w8"], "no plan.json for w8-tp1-off (compile it: dasc compile"),
+    (["--max-running-requests", "8", "--out", "{tmp}/no/such/dir/arms.json"], "--out"),
 ])
 def test_main_bad_input(kimi_plans, tmp_path, capsys, args, match):
     args = [x.replace("{tmp}", str(tmp_path)) for x in args]

@@ -9,7 +9,8 @@
 # .whl folder is optional and installed over it only when present):
 #   PHASE=arms ARMS="dense int8 dasc-nr-w512 dasc-nr-w128" SEEDS="0 1 2" bash benchmarks/h200/serving_bench.sh
 #   PHASE=tp TP=4 TRANSFER=before ARMS="dasc-nr-w128 dasc-nr-w128-storage" SEEDS="0" bash benchmarks/h200/serving_bench.sh
-# Settings (env): DENSE_SLOTS (M, default 48), NATIVE_SLOTS (M', 40), MRR (max running requests, 8),
+# Settings (env): DENSE_SLOTS (M, default 48), MRR (max running requests, 8; the non-Dense arms keep 5 * MRR
+# native slots, SGLang's extra_buffer strategy, which every arm names),
 # NCONV (conversations, 64), CONC (client concurrency, 64), CLIP (decode clip, 128), DEADLINE (s, 540),
 # GPUS ("0 1 2 3"), TRANSFER=before|after (also run tp_transfer_bench at --tp $XTP, default $TP),
 # GPUTEST=1 (first run the CUDA test of the runtime's stream-ordered reclamation wait; unless it
@@ -23,7 +24,7 @@
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-serving-out}; mkdir -p "$OUT"
 PHASE=${PHASE:-arms}; TP=${TP:-1}; SEEDS=${SEEDS:-"0 1"}; GPUS=${GPUS:-"0 1 2 3"}
-DENSE_SLOTS=${DENSE_SLOTS:-48}; NATIVE_SLOTS=${NATIVE_SLOTS:-40}; MRR=${MRR:-8}
+DENSE_SLOTS=${DENSE_SLOTS:-48}; MRR=${MRR:-8}
 NCONV=${NCONV:-64}; CONC=${CONC:-64}; CLIP=${CLIP:-128}; DEADLINE=${DEADLINE:-540}
 ARMS=${ARMS:-"dense int8 dasc-nr-w512 dasc-nr-w128 dasc-nr-w64 dasc-nr-w16 dasc-nr-w128-int8"}
 TRACE=benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz
@@ -90,7 +91,7 @@ for arm in $ARMS; do
   esac
 done
 python3 -m benchmarks.serving_arms --plans $PLANS --tp "$TP" --dense-slots "$DENSE_SLOTS" \
-    --native-slots "$NATIVE_SLOTS" --arms $ARMS --out /tmp/arms.json || exit 3
+    --max-running-requests "$MRR" --strategy extra_buffer --arms $ARMS --out /tmp/arms.json || exit 3
 
 transfer() {  # storage balancing all-to-all on the GPUs (exactness + cost), P = $XTP
   stamp "tp_transfer_bench --tp $XTP"
