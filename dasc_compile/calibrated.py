@@ -46,7 +46,15 @@ import numpy as np
 import torch
 
 from dasc_compile.arch import ArchSpec, arch_from_config
-from dasc_compile.calibrated_targets import CALIBRATED_NAMES, KIMI_K3_CONFIG, TARGETS, ModelTargets, horizon_of_alpha
+from dasc_compile.calibrated_stats import fit_sorted, synthesize_qwen3_5
+from dasc_compile.calibrated_targets import (
+    CALIBRATED_NAMES,
+    KIMI_K3_CONFIG,
+    TARGETS,
+    ModelTargets,
+    horizon_of_alpha,
+    trained_decays_dir,
+)
 from dasc_compile.checkpoint import PROVENANCE_KEY
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
@@ -58,20 +66,11 @@ from dasc_compile.refckpt import write_json, write_sparse_shard
 from dasc_compile.refckpt_formats import REFERENCE_CONFIGS
 
 __all__ = ["CALIBRATED_NAMES", "calibrated_config", "kept_for_capacity", "provenance_note", "survival_anchors",
-           "synthesize", "trained_decays_dir", "write_bundled_calibrated", "write_calibrated"]
+           "synthesize", "write_bundled_calibrated", "write_calibrated"]
 
 EPS = 1e-3
 LN_EPS = math.log(EPS)
 _ST = {torch.float32: "F32", torch.bfloat16: "BF16"}
-
-
-def trained_decays_dir() -> Path:
-    """``plans/reference/trained-decays/``: copies of the real trained decay values used here."""
-    try:
-        import dasc_plans
-        return Path(dasc_plans.__file__).parent / "reference" / "trained-decays"
-    except ImportError:  # pragma: no cover - a checkout without the install
-        return Path(__file__).resolve().parents[1] / "plans" / "reference" / "trained-decays"
 
 
 def calibrated_config(name: str) -> dict:
@@ -142,33 +141,6 @@ def horizon_pool(anchors: list[tuple[float, int]], rng: np.random.Generator) -> 
 
 
 # ----------------------------------------------------------------------------- 2. structure
-
-
-def fit_sorted(n: int, lo: float, hi: float, mean: float, median: tuple[float, float] | None,
-               rng: np.random.Generator) -> np.ndarray:
-    """Sorted float64 ``[n]``: v[0] = lo, v[-1] = hi, mean ``mean``; with ``median = (a, b)`` the
-    middle value(s) are a (odd n) or a, b (even n). Interior values: lo + (a - lo) * t^p below the
-    median, b + (hi - b) * t^p above (sorted uniform t), p solved by bisection for the mean."""
-    if median is None:
-        segs = [(lo, hi, n - 2)]
-        fixed = [lo, hi]
-    else:
-        a, b = median
-        nmid = 2 - n % 2
-        nl = (n - nmid) // 2 - 1
-        segs = [(lo, a, nl), (b, hi, n - nmid - 2 - nl)]
-        fixed = [lo, hi, a] + ([b] if nmid == 2 else [])
-    ts = [np.sort(rng.uniform(0.02, 0.98, k)) for _, _, k in segs]
-
-    def build(p: float) -> np.ndarray:
-        inner = [s + (e - s) * t ** p for (s, e, _), t in zip(segs, ts)]
-        return np.sort(np.concatenate([np.asarray(fixed)] + inner))
-
-    lo_p, hi_p = -6.0, 6.0                      # log p; the mean falls as p grows
-    for _ in range(80):
-        mid = (lo_p + hi_p) / 2
-        lo_p, hi_p = (mid, hi_p) if build(math.exp(mid)).mean() > mean else (lo_p, mid)
-    return build(math.exp((lo_p + hi_p) / 2))
 
 
 def apportion(total: int, weights: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -322,7 +294,6 @@ def synthesize(name: str, seed: int = 0) -> tuple[dict, list[tuple[str, torch.Te
     t = TARGETS[name]
     spec = arch_from_config(cfg, f"calibrated config {name}")
     if t.base == "qwen3.5-27b":
-        from dasc_compile.calibrated_stats import synthesize_qwen3_5
         return (cfg, *synthesize_qwen3_5(spec, seed))
     rng = np.random.default_rng(seed)
     horizons = synth_horizons(t, spec, rng)

@@ -20,9 +20,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["CALIBRATED_NAMES", "KIMI_K3_CONFIG", "TARGETS", "TOLERANCE", "CapacityPoint", "HeadTargets",
-           "ModelTargets", "horizon_of_alpha"]
+           "ModelTargets", "horizon_of_alpha", "trained_decays_dir"]
+
+
+def trained_decays_dir() -> Path:
+    """``plans/reference/trained-decays/``: copies of the real trained decay values used here."""
+    try:
+        import dasc_plans
+    except ImportError:  # pragma: no cover - a checkout without the install
+        return Path(__file__).resolve().parents[1] / "plans" / "reference" / "trained-decays"
+    return Path(dasc_plans.__file__).parent / "reference" / "trained-decays"
 
 
 def horizon_of_alpha(alpha: float, eps: float = 1e-3) -> float:
@@ -128,6 +138,12 @@ TARGETS: dict[str, ModelTargets] = {t.name: t for t in (
                 "6,624 pairs at w64, layer means 0.267-0.741: App. A.1 Fig. 8; C_ckpt 1.61 / 2.01 / 3.48x at "
                 "w64 / 128 / 512 (TP-balanced; compiled here at TP8 storage, as MXFP4 weights allow): §5.3, "
                 "Fig. 4i, App. B.1"),
+    ModelTargets(
+        name="qwen3.5-27b-calibrated", base="qwen3.5-27b",
+        paper_model="27B Qwen3.5-architecture GDN hybrid (trained A_log; not in the paper)", median_alpha=None,
+        capacity=(), tp_size=8, balance="storage", heads=None, tail_anchors=(), bundled=True,
+        sources="A_log: all 48 x 48 trained values, and dt_bias per-layer statistics (n, min, max, mean, std, "
+                "median, n_neg), from /work/shared/data/trained-decays (copied to plans/reference/trained-decays/)"),
 )}
 
 CALIBRATED_NAMES = tuple(TARGETS)

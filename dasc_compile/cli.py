@@ -64,10 +64,12 @@ def compile_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the plan path."),
 ) -> None:
     """Compile a dasc plan from a checkpoint's decay tensors."""
-    from dasc_compile.compiler import compile_plan, plan_warnings
+    from dasc_compile.artifact import recover_out
+    from dasc_compile.compiler import compile_plan, default_out_dir, plan_warnings
     from dasc_compile.policy import resolve_policy
 
     try:
+        recover_out(out if out is not None else default_out_dir(model))   # first: undo an interrupted replacement
         pol = resolve_policy(policy, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
                              load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
@@ -85,8 +87,10 @@ def compile_cmd(
               f"kept {t.n_kept}/{t.n_units} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
               + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")",
               markup=False)
-    if "not trained" in plan.model.provenance:
-        con.print(f"note: decay values are an {plan.model.provenance}")
+    from dasc_compile.provenance import figure_label
+
+    if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which
+        con.print(f"note: decay values not trained; provenance: {plan.model.provenance}", markup=False)
 
 
 @app.command("inspect")
@@ -123,19 +127,31 @@ def inspect_cmd(
 
 @app.command("reference")
 def reference_cmd(
-    name: str = typer.Argument(..., help="qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b"),
+    name: str = typer.Argument(..., help="Initialisation draw: qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b. "
+                               "Calibrated to the paper's published figures: kimi-linear-48b-a3b-calibrated | "
+                               "qwen3-next-80b-a3b-calibrated | kimi-k3-calibrated | qwen3.5-27b-calibrated."),
     out: Path = typer.Option(..., "--out", help="Directory to write."),
     full_size: bool = typer.Option(False, "--full-size", help="Every real tensor, sparse on disk, sharded with an index."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation draw of the decay tensors."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation draw or calibrated synthesis of the decay tensors."),
 ) -> None:
-    """Write a reference checkpoint (exact names/shapes/dtypes; decay values = initialisation draw, not trained)."""
-    from dasc_compile import refckpt
+    """Write a reference checkpoint (exact names/shapes/dtypes; decay values not trained: an initialisation
+    draw, or for *-calibrated names synthesised to match the paper's published statistics)."""
+    from dasc_compile import calibrated, refckpt
 
     try:
         if not 0 <= seed <= MAX_REFERENCE_SEED:
             raise DascInputError(f"--seed {seed}: expected an integer in [0, {MAX_REFERENCE_SEED}] (torch.Generator seeds are 64-bit)")
-        _write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
-            name, tmp, seed=seed))
+        if name not in calibrated.CALIBRATED_NAMES and name not in refckpt.MODEL_NAMES:
+            raise DascInputError(f"reference model {name!r} is unknown; expected one of "
+                                 f"{list(refckpt.MODEL_NAMES) + list(calibrated.CALIBRATED_NAMES)}")
+        if name in calibrated.CALIBRATED_NAMES:
+            if full_size:
+                raise DascInputError(f"--full-size: {name} is written decay-only (config.json + decay tensors); "
+                                     f"full-size checkpoints exist for {', '.join(refckpt.MODEL_NAMES)}")
+            _write_new_dir(out, lambda tmp: calibrated.write_calibrated(name, tmp, seed=seed))
+        else:
+            _write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
+                name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)
     Console().print(f"wrote {out}", markup=False)
@@ -154,16 +170,13 @@ def _write_new_dir(out: Path, write) -> None:
         DascInputError: ``out`` exists and is not an empty directory, or cannot be written.
     """
     import shutil
-    import tempfile
 
     from dasc_compile import atomic
 
     try:
         if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
             raise DascInputError(f"{out}: --out must be a new or empty directory")
-        parent = out.parent if str(out.parent) else Path(".")
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        tmp = atomic.staging_dir(out)
     except OSError as exc:
         raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
     try:

@@ -37,7 +37,9 @@ from dasc_compile.plan_views import (
     is_initialisation_draw,
     kept_per_head,
     permuted_layer_ids,
+    provenance_kind,
 )
+from dasc_compile.provenance import figure_label
 from dasc_compile.schema import Plan
 
 #: Version of the ``--json`` document layout; bump when a key is removed, renamed or changes meaning.
@@ -110,7 +112,8 @@ def inspect_json(plan: Plan) -> dict:
         "schema_version": plan.schema_version,
         "dasc_version": plan.dasc_version,
         "content_hash": plan.content_hash,
-        "provenance": {"note": plan.model.provenance, "initialisation_draw": is_initialisation_draw(plan)},
+        "provenance": {"note": plan.model.provenance, "kind": provenance_kind(plan),
+                       "initialisation_draw": is_initialisation_draw(plan)},
         "model": model,
         "fingerprint": plan.fingerprint.model_dump(),
         "policy": plan.policy.model_dump(mode="json"),
@@ -180,6 +183,15 @@ def render_report(plan: Plan, console: Console) -> None:
             "The decay values this plan was compiled from are an initialisation draw, not trained "
             "weights: the selection, ratios and loads below describe that draw, not the released model.",
             title="[bold red]WARNING: decay values not trained[/bold red]", border_style="red"))
+    elif provenance_kind(plan) != "trained":
+        what = ("synthesised to match figures published about the trained model (median decay, layer-head "
+                "structure, capacity): the counts and ratios below follow those figures, but which unit is kept "
+                "is not the trained model's" if provenance_kind(plan) == "paper-calibrated" else
+                "partly synthetic: A_log is trained, dt_bias is drawn to match published per-layer statistics, "
+                "so the horizons below are not the trained model's")
+        console.print(Panel(
+            f"[bold]provenance: {escape(m.provenance)}[/bold]\nThe decay values this plan was compiled from are {what}.",
+            title=f"[bold yellow]{escape(figure_label(m.provenance) or '')}[/bold yellow]", border_style="yellow"))
     else:
         console.print(f"[bold]provenance:[/bold] {escape(m.provenance)}", highlight=False)
 

@@ -4,7 +4,8 @@ the picture (:mod:`dasc_compile.plot`); computed from the plan artifact only.
 * the retained fraction r_{l,h} per (layer, head) (App. A.1 Figs. 5-8): :func:`kept_per_head`,
   :func:`retained_fraction_matrix`, :func:`head_summary`;
 * per-rank payload tables (App. B.1, Fig. 9): :func:`by_rank`, :func:`permuted_layer_ids`;
-* provenance (MODELS.md: initialisation draw vs trained): :func:`is_initialisation_draw`;
+* provenance (MODELS.md: initialisation draw, paper-calibrated, trained): :func:`provenance_kind`,
+  :func:`is_initialisation_draw` (the kinds live in :mod:`dasc_compile.provenance`);
 * how bytes, ratios and horizons are written for a person: :func:`fmt_bytes`, :func:`fmt_ratio`,
   :func:`fmt_tokens`.
 """
@@ -12,23 +13,26 @@ the picture (:mod:`dasc_compile.plot`); computed from the plan artifact only.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.provenance import provenance_kind as _note_kind
 from dasc_compile.schema import LayerPlan, Plan, RankPayload
 
 __all__ = ["by_rank", "fmt_bytes", "fmt_ratio", "fmt_tokens", "head_summary", "is_initialisation_draw",
-           "kept_per_head", "permuted_layer_ids", "retained_fraction_matrix"]
+           "kept_per_head", "permuted_layer_ids", "provenance_kind", "retained_fraction_matrix"]
 
-_INIT_DRAW = re.compile(r"not trained|initiali[sz]ation draw", re.IGNORECASE)
+def provenance_kind(plan: Plan) -> str:
+    """Where the plan's decay values came from: ``initialisation-draw`` | ``paper-calibrated`` |
+    ``real-A_log+synthetic-dt_bias`` | ``trained`` (:func:`dasc_compile.provenance.provenance_kind`)."""
+    return _note_kind(plan.model.provenance)
 
 
 def is_initialisation_draw(plan: Plan) -> bool:
-    """True when the plan's provenance says its decay values were drawn, not trained (MODELS.md)."""
-    return bool(_INIT_DRAW.search(plan.model.provenance))
+    """True when the plan's provenance says its decay values were drawn at initialisation (MODELS.md)."""
+    return provenance_kind(plan) == "initialisation-draw"
 
 
 def kept_per_head(layer: LayerPlan) -> list[int]:

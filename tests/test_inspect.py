@@ -182,7 +182,8 @@ def test_json_document_gdn_counts_offsets_and_tp():
     assert doc["layers"][1]["horizon_quantiles"]["max"] == "Infinity"
     assert doc["layers"][0]["n_local"] == 1 and doc["layers"][0]["kept_fraction"] == 0.75
     assert doc["totals"]["c_ckpt"] == pytest.approx(1.4) and doc["totals"]["usable_slots"] == 9
-    assert doc["provenance"] == {"note": "trained checkpoint (test fixture)", "initialisation_draw": False}
+    assert doc["provenance"] == {"note": "trained checkpoint (test fixture)", "kind": "trained",
+                                 "initialisation_draw": False}
     tp = doc["tp"]
     assert (tp["tp_size"], tp["bottleneck_rank"], tp["m_remote"], tp["slot_width"], tp["usable_slots"]) == \
         (2, 0, 1, 2, 19)
@@ -200,6 +201,7 @@ def test_json_document_kda_kernels_and_provenance():
     assert [(d["layer_id"], d["n_kept"], d["offset"]) for d in doc["layers"]] == [(1, 3, 0), (2, 4, 3)]
     assert doc["layers"][0]["kept_per_head"] == [2, 1]
     assert doc["provenance"]["initialisation_draw"] is True
+    assert doc["provenance"]["kind"] == "initialisation-draw"
     assert doc["kernels"]["key"] == "0123abcd" * 8 and doc["kernels"]["ops"] == ["pack", "load", "refresh_copy"]
     assert doc["tp"]["m_remote"] == 0 and doc["tp"]["storage_targets"] is None
     assert doc["tp"]["kept_per_rank_layer"] == [[3, 4]]

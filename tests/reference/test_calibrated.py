@@ -19,7 +19,7 @@ from dasc_compile.arch import arch_from_config
 from dasc_compile.calibrated_targets import TARGETS, TOLERANCE
 from dasc_compile.checkpoint import open_checkpoint, read_decay_tensors, read_safetensors_header
 from dasc_compile.compiler import compile_plan, layer_horizons, resolve_family_policy
-from dasc_compile.inspect import head_summary
+from dasc_compile.plan_views import head_summary
 from dasc_compile.policy import Policy
 from dasc_compile.provenance import CALIBRATED_PREFIX, provenance_kind
 from dasc_compile.refckpt_formats import REFERENCE_CONFIGS, parameter_table
@@ -35,17 +35,27 @@ def checkpoints(tmp_path_factory):
     return {n: (BUNDLED / n if t.bundled else cal.write_calibrated(n, root / n)) for n, t in TARGETS.items()}
 
 
-def _compile(ck: Path, w: int, t, tmp: Path):
-    plan, _ = compile_plan(ck, Policy(w_max=w, tp_size=t.tp_size, balance=t.balance), tmp / f"w{w}",
-                           with_kernels=False)
-    return plan
+@pytest.fixture(scope="module")
+def compiled(checkpoints, tmp_path_factory):
+    """``compiled(name, w)``: the plan ``compile_plan`` writes for a calibrated reference at W_max = w
+    with the model's TP degree and balance (each compiled once per module: Kimi-K3 takes seconds)."""
+    root, cache = tmp_path_factory.mktemp("plans"), {}
+
+    def get(name: str, w: int):
+        if (name, w) not in cache:
+            t = TARGETS[name]
+            cache[name, w], _ = compile_plan(checkpoints[name], Policy(w_max=w, tp_size=t.tp_size, balance=t.balance),
+                                             root / f"{name}-w{w}", with_kernels=False)
+        return cache[name, w]
+
+    return get
 
 
 @pytest.mark.parametrize("name", PAPER)
-def test_capacity_matches_paper(name, checkpoints, tmp_path):
+def test_capacity_matches_paper(name, checkpoints, compiled):
     t = TARGETS[name]
     for point in t.capacity:
-        plan = _compile(checkpoints[name], point.w_max, t, tmp_path)
+        plan = compiled(name, point.w_max)
         assert plan.tp.tp_size == t.tp_size and plan.tp.balance == t.balance
         got = plan.tp.c_ckpt_tp
         assert abs(got - point.c_ckpt) / point.c_ckpt <= TOLERANCE["capacity_rel"], (point, got)
@@ -55,10 +65,9 @@ def test_capacity_matches_paper(name, checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize("name", [n for n in PAPER if TARGETS[n].heads is not None])
-def test_layer_head_structure_matches_paper(name, checkpoints, tmp_path):
-    t = TARGETS[name]
-    ht = t.heads
-    plan = _compile(checkpoints[name], ht.w_max, t, tmp_path)
+def test_layer_head_structure_matches_paper(name, compiled):
+    ht = TARGETS[name].heads
+    plan = compiled(name, ht.w_max)
     hs = head_summary(plan)
     assert hs["pairs"] == ht.mixed + ht.all_omitted + ht.all_retained
     for key, want in (("mixed", ht.mixed), ("all_omitted", ht.all_omitted), ("all_retained", ht.all_retained)):
@@ -142,3 +151,74 @@ def test_unknown_name_is_one_clear_error():
 
     with pytest.raises(DascInputError, match="calibrated reference 'kimi-k9-calibrated' is unknown"):
         cal.calibrated_config("kimi-k9-calibrated")
+
+
+def test_qwen3_5_real_a_log_and_dt_bias_statistics(checkpoints):
+    """A_log is the trained one, value for value; dt_bias meets each layer's published statistics
+    (min, max, median and count of negatives exactly; mean within 0.01, std within 1 %)."""
+    from dasc_compile.calibrated_stats import layer_stats, load_sources
+
+    layers, a_log, stats, _ = load_sources()
+    src = open_checkpoint(checkpoints["qwen3.5-27b-calibrated"])
+    spec = arch_from_config(src.config)
+    assert list(spec.recurrent_layer_ids) == layers
+    tensors = read_decay_tensors(src, spec)
+    for i, st in enumerate(stats):
+        (_, a), (_, d) = tensors[2 * i], tensors[2 * i + 1]
+        assert a.dtype == torch.float32 and d.dtype == torch.bfloat16
+        np.testing.assert_array_equal(a.numpy().astype(np.float64), a_log[i])
+        got = layer_stats(d.to(torch.float64).numpy())
+        for key in ("n", "min", "max", "median", "n_neg"):
+            assert got[key] == st[key], (layers[i], key, got[key], st[key])
+        assert abs(got["mean"] - st["mean"]) <= 0.01, (layers[i], got["mean"], st["mean"])
+        assert abs(got["std"] - st["std"]) <= 0.01 * st["std"], (layers[i], got["std"], st["std"])
+
+
+@pytest.mark.parametrize("name,kind", [("kimi-linear-48b-a3b-calibrated", "paper-calibrated"),
+                                       ("qwen3.5-27b-calibrated", "real-A_log+synthetic-dt_bias")])
+def test_inspect_and_plot_carry_the_label(name, kind, compiled, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+    from rich.console import Console
+
+    from dasc_compile import inspect as insp
+    from dasc_compile.plot import plot_plan
+    from dasc_compile.provenance import figure_label
+
+    plan = compiled(name, 16)
+    doc = insp.inspect_json(plan)
+    assert doc["provenance"]["kind"] == kind and doc["provenance"]["initialisation_draw"] is False
+    label = figure_label(plan.model.provenance)
+    assert label.startswith(CALIBRATED_PREFIX if kind == "paper-calibrated" else "real A_log plus synthetic dt_bias")
+    con = Console(record=True, width=200)
+    insp.render_report(plan, con)
+    text = " ".join(con.export_text().split())
+    assert label in text and "WARNING: decay values not trained" not in text
+    drawn = []
+    real = Figure.supxlabel
+    monkeypatch.setattr(Figure, "supxlabel", lambda self, s, **kw: (drawn.append(s), real(self, s, **kw))[1])
+    plot_plan(plan, tmp_path / "p.png")
+    assert len(drawn) == 1 and label.upper() in " ".join(drawn[0].split())
+
+
+def test_cli_writes_the_bundled_calibrated_reference(tmp_path, capsys):
+    from dasc_compile.cli import run
+
+    out = tmp_path / "kimi"
+    assert run(["reference", "kimi-linear-48b-a3b-calibrated", "--out", str(out)]) == 0
+    for f in ("config.json", "model.safetensors"):
+        assert (out / f).read_bytes() == (BUNDLED / "kimi-linear-48b-a3b-calibrated" / f).read_bytes()
+    assert run(["compile", str(out), "--wmax", "16", "--out", str(tmp_path / "p"), "--no-kernels"]) == 0
+    assert "note: decay values not trained; provenance: " + CALIBRATED_PREFIX in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["reference", "kimi-k9-calibrated"], "reference model 'kimi-k9-calibrated' is unknown; expected one of"),
+    (["reference", "kimi-k3-calibrated", "--full-size"], "--full-size: kimi-k3-calibrated is written decay-only"),
+])
+def test_cli_reference_errors_are_one_line(args, msg, tmp_path, capsys):
+    from dasc_compile.cli import run
+
+    assert run(args + ["--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and msg in err and "\n" not in err
+    assert not (tmp_path / "x").exists()
