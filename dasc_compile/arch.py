@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from dasc_compile.archspec import ArchSpec, text_config
+from dasc_compile.config_fields import RootFields, validate_config
 from dasc_compile.errors import DascInputError
 from dasc_compile.families import MODEL_PARSERS, load_all
 
@@ -29,6 +30,7 @@ def arch_from_config(config: dict, source: str = "config.json", family_override:
     """
     load_all()  # each family module registers the model types it parses
 
+    validate_config(RootFields, config, source)   # model_type a string, architectures a list of names, ...
     model_type = config.get("model_type")
     if model_type not in MODEL_PARSERS:
         raise DascInputError(

@@ -7,11 +7,31 @@ per layer ``[H_v, d_v, d_k]`` FP32, conv state ``[2*H_k*d_k + H_v*d_v, K-1]`` BF
 
 from __future__ import annotations
 
+from pydantic import model_validator
+
 from dasc_compile.archspec import ArchSpec, layer_kinds, require, text_config
+from dasc_compile.config_fields import ConvKernel, HeadCount, HeadDim, LayerKindFields, validate_config
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import DecayFamily, register_family, register_model_type, softplus_gate
 
 GDN = register_family(DecayFamily(name="gdn", unit_kind="gdn_head", default_a_s=-0.3, static_log_decay=softplus_gate))
+
+
+class GdnConfigFields(LayerKindFields):
+    """The config fields :func:`parse_gdn` reads (flat, or under ``text_config`` for Qwen3.5), strict and bounded."""
+
+    linear_num_key_heads: HeadCount
+    linear_num_value_heads: HeadCount
+    linear_key_head_dim: HeadDim
+    linear_value_head_dim: HeadDim
+    linear_conv_kernel_dim: ConvKernel
+
+    @model_validator(mode="after")
+    def _value_heads_share_key_heads(self):
+        hv, hk = self.linear_num_value_heads, self.linear_num_key_heads
+        if hv % hk:
+            raise ValueError(f"linear_num_value_heads ({hv}) must be a multiple of linear_num_key_heads ({hk})")
+        return self
 
 
 @register_model_type("qwen3_next", "qwen3_5", "qwen3_5_moe")
@@ -20,6 +40,7 @@ def parse_gdn(config: dict, source: str) -> ArchSpec:
     nested = isinstance(config.get("text_config"), dict)
     cfg = text_config(config)
     where = f"{source} (text_config)" if nested else source
+    validate_config(GdnConfigFields, cfg, where)   # types and bounds of every field read below
     num_layers = require(cfg, "num_hidden_layers", where)
     hk = require(cfg, "linear_num_key_heads", where)
     hv = require(cfg, "linear_num_value_heads", where)

@@ -9,13 +9,57 @@ State (SGLang ``KimiLinearStateShape``): temporal ``[H, d, d]`` FP32, conv ``[K-
 
 from __future__ import annotations
 
+from typing import Optional
+
+from pydantic import Field, model_validator
+
 from dasc_compile.archspec import ArchSpec, layer_kinds, require
+from dasc_compile.config_fields import (
+    ConfigFields,
+    ConvKernel,
+    HeadCount,
+    HeadDim,
+    LayerKindFields,
+    LayerNumber,
+    NegativeBound,
+    validate_config,
+)
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import DecayFamily, register_family, register_model_type, safe_gate, softplus_gate
 
 KDA = register_family(DecayFamily(name="kda", unit_kind="kda_column", default_a_s=-0.3, static_log_decay=softplus_gate))
 KDA_SAFE = register_family(
     DecayFamily(name="kda_safe_gate", unit_kind="kda_column", default_a_s=0.8, static_log_decay=safe_gate))
+
+
+class _SafeGateFields(ConfigFields):
+    gate_lower_bound: Optional[NegativeBound] = None    # l of the safe gate: finite and negative
+    lower_bound: Optional[NegativeBound] = None
+    safe_gate: Optional[bool] = None
+
+
+class KdaAttnFields(_SafeGateFields):
+    """``linear_attn_config`` as :func:`parse_kimi_linear` reads it."""
+
+    num_heads: HeadCount
+    head_dim: HeadDim
+    short_conv_kernel_size: ConvKernel
+    kda_layers: Optional[list[LayerNumber]] = Field(default=None, max_length=4096)
+
+    @model_validator(mode="after")
+    def _each_layer_once(self):
+        seen = set()
+        for n in self.kda_layers or ():
+            if n in seen:
+                raise ValueError(f"field 'kda_layers' lists layer {n} twice; expected each 1-indexed layer once")
+            seen.add(n)
+        return self
+
+
+class KimiConfigFields(LayerKindFields, _SafeGateFields):
+    """The Kimi-Linear / Kimi-K3 config fields :func:`parse_kimi_linear` reads, strict and bounded."""
+
+    linear_attn_config: KdaAttnFields
 
 
 def _safe_gate_bound(cfg: dict, lac: dict) -> float | None:
@@ -31,6 +75,7 @@ def _safe_gate_bound(cfg: dict, lac: dict) -> float | None:
 @register_model_type("kimi_linear")
 def parse_kimi_linear(config: dict, source: str) -> ArchSpec:
     """Kimi-Linear / Kimi-K3 config (``linear_attn_config`` with 1-indexed ``kda_layers``)."""
+    validate_config(KimiConfigFields, config, source)   # types and bounds of every field read below
     num_layers = require(config, "num_hidden_layers", source)
     lac = config.get("linear_attn_config")
     if not isinstance(lac, dict):

@@ -1,0 +1,279 @@
+"""How the CLI ends (issue 13 items 1 and 4): closed pipes, a full stdout, Ctrl-C / SIGTERM, internal errors,
+and an interrupt or a crash in the middle of replacing a plan (old or new plan at --out, never neither).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from clihelp import CLI, ROOT, assert_one_error, dasc, dasc_proc
+
+
+def _closed_pipe_run(*args, cwd=None) -> subprocess.CompletedProcess:
+    """Run the CLI with stdout on a pipe whose reader is already gone: every write gets EPIPE."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return dasc_proc(*args, cwd=cwd, stdout=w, stderr=subprocess.PIPE)
+    finally:
+        os.close(w)
+
+
+def _plan_files(p: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(p.iterdir())}
+
+
+def _leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+
+
+@pytest.fixture
+def plan(tmp_path, gdn) -> Path:
+    r = dasc("compile", gdn, "--wmax", 16, "--out", tmp_path / "plan")
+    assert r.code == 0, r.err
+    return tmp_path / "plan"
+
+
+# ----------------------------------------------------------------------------- pipes
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["compile", "--help"], ["--version"], ["inspect", "{plan}"],
+                                  ["inspect", "{plan}", "--json"]], ids=["help", "compile-help", "version",
+                                                                         "inspect", "inspect-json"])
+def test_closed_pipe_ends_quietly_with_status_0(plan, argv):
+    r = _closed_pipe_run(*[a.format(plan=plan) for a in argv])
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr)
+
+
+def test_compile_into_closed_pipe_writes_the_plan_and_exits_0(tmp_path, gdn):
+    from dasc_compile.schema import load_plan
+
+    r = _closed_pipe_run("compile", gdn, "--wmax", 16, "--out", tmp_path / "p")
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr)
+    assert load_plan(tmp_path / "p").policy.w_max == 16
+
+
+def test_head_in_a_real_pipeline(plan):
+    sh = f"set -o pipefail; '{sys.executable}' '{CLI}' inspect '{plan}' | head -1"
+    r = subprocess.run(["bash", "-c", sh], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr)
+    assert r.stdout.count("\n") == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_stdout_is_one_line_status_2(tmp_path, plan, gdn):
+    with open("/dev/full", "w") as full:
+        r = dasc_proc("inspect", plan, "--json", stdout=full, stderr=subprocess.PIPE)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0] == "error: cannot write to standard output (No space left on device)"
+    # compile does its work (the plan is written whole), then reports that its summary could not be printed
+    with open("/dev/full", "w") as full:
+        r = dasc_proc("compile", gdn, "--wmax", 4, "--out", tmp_path / "p2", stdout=full, stderr=subprocess.PIPE)
+    assert r.returncode == 2 and r.stderr.strip() == "error: cannot write to standard output (No space left on device)"
+    from dasc_compile.schema import load_plan
+
+    assert load_plan(tmp_path / "p2").policy.w_max == 4
+
+
+# ----------------------------------------------------------------------------- unexpected errors
+
+
+def test_internal_error_is_one_line_status_1(tmp_path, gdn, monkeypatch):
+    import dasc_compile.compiler as comp
+
+    def broken(*_a, **_k):
+        raise RuntimeError("planted bug\nsecond line")
+
+    monkeypatch.setattr(comp, "layer_horizons", broken)
+    r = dasc("compile", gdn, "--wmax", 16, "--out", tmp_path / "p")
+    line = assert_one_error(r, "internal error (RuntimeError: planted bug)", "DASC_TRACEBACK=1", code=1)
+    assert "second line" not in line
+    assert not (tmp_path / "p").exists()
+    monkeypatch.setenv("DASC_TRACEBACK", "1")
+    r = dasc("compile", gdn, "--wmax", 16, "--out", tmp_path / "p")
+    assert r.code == 1 and "Traceback" in r.err   # asked for
+
+
+def test_input_error_outside_a_command_is_status_2(monkeypatch):
+    import dasc_compile.cli as cli
+    from dasc_compile.errors import DascInputError
+
+    def bad(*_a, **_k):
+        raise DascInputError("x.json: field 'y' must be z")
+
+    monkeypatch.setattr(cli, "app", bad)
+    assert_one_error(dasc("inspect", "whatever"), "x.json: field 'y' must be z")
+
+
+# ----------------------------------------------------------------------------- signals, in process
+
+
+def _kill_self_when_called(monkeypatch, module, name, sig=signal.SIGINT, times=1):
+    orig = getattr(module, name)
+    calls = {"n": 0}
+
+    def wrapper(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == times:
+            os.kill(os.getpid(), sig)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("existing", [False, True], ids=["new-out", "replacing"])
+def test_signal_while_writing_leaves_nothing_half_written(tmp_path, gdn, monkeypatch, sig, code, existing):
+    import dasc_compile.artifact as art
+
+    out = tmp_path / "plan"
+    if existing:
+        assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
+        old = _plan_files(out)
+    _kill_self_when_called(monkeypatch, art, "canonical_json", sig)   # while the staging dir is being filled
+    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    assert_one_error(r, f"interrupted ({signal.Signals(sig).name})", code=code)
+    if existing:
+        assert _plan_files(out) == old
+    else:
+        assert not out.exists()
+    assert _leftovers(tmp_path, "plan") == []
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["rename-exchange", "two-renames"])
+def test_sigint_during_the_swap_is_held_until_the_new_plan_is_in_place(tmp_path, gdn, monkeypatch, exchange):
+    import dasc_compile.atomic as atomic
+    from dasc_compile.schema import load_plan
+
+    out = tmp_path / "plan"
+    assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
+    if not exchange:
+        monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+        _kill_self_when_called(monkeypatch, atomic.os, "rename", times=1)   # right before the first rename
+    else:
+        _kill_self_when_called(monkeypatch, atomic, "_exchange")
+    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    assert_one_error(r, "interrupted (SIGINT)", code=130)
+    assert load_plan(out).policy.w_max == 4            # the swap completed before the signal was taken
+    assert _leftovers(tmp_path, "plan") == []
+
+
+def test_failure_of_the_second_rename_puts_the_old_plan_back(tmp_path, gdn, monkeypatch):
+    import dasc_compile.atomic as atomic
+
+    out = tmp_path / "plan"
+    assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
+    old = _plan_files(out)
+    monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+    real = os.rename
+    calls = []
+
+    def flaky(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(a, b)
+
+    monkeypatch.setattr(atomic.os, "rename", flaky)
+    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    assert_one_error(r, str(out), "cannot write the plan (No space left on device)")
+    assert _plan_files(out) == old
+    assert _leftovers(tmp_path, "plan") == []
+
+
+CRASH_BETWEEN_RENAMES = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    import cli as shim   # aliases the checkout's folders like `python cli.py`
+    import dasc_compile.atomic as atomic
+    atomic._exchange = lambda a, b: False
+    real, n = os.rename, [0]
+    def rename(a, b):
+        n[0] += 1
+        if n[0] == 2:
+            os._exit(137)            # the process dies between moving the old plan aside and the new one in
+        return real(a, b)
+    atomic.os.rename = rename
+    from dasc_compile.cli import run
+    sys.exit(run(sys.argv[1:]))
+""")
+
+
+def test_crash_between_renames_is_recovered_by_the_next_compile(tmp_path, gdn):
+    from dasc_compile.schema import load_plan
+
+    out = tmp_path / "plan"
+    assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
+    old = _plan_files(out)
+    r = subprocess.run([sys.executable, "-c", CRASH_BETWEEN_RENAMES.format(root=str(ROOT)), "compile", str(gdn),
+                        "--wmax", "4", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 137, r.stderr
+    assert not out.exists()                          # the window the fallback cannot close by itself...
+    left = _leftovers(tmp_path, "plan")          # the old plan aside, and the dead process's staging dir
+    assert [n[:10] for n in left] == [".plan.old-", ".plan.tmp-"], left
+    # ...so the next compile puts the old plan back first, even when it then fails on its own input
+    r = dasc("compile", gdn, "--wmax", -1, "--out", out)
+    assert r.code == 2
+    r = dasc("compile", gdn, "--policy", tmp_path / "missing.yaml", "--out", out)
+    assert r.code == 2
+    assert load_plan(out).policy.w_max == 16 or _plan_files(out) == old
+    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    assert r.code == 0, r.err
+    assert load_plan(out).policy.w_max == 4 and _leftovers(tmp_path, "plan") == []
+
+
+# ----------------------------------------------------------------------------- a real Ctrl-C
+
+
+def _wait_for_torch(pid: int, timeout: float = 60) -> bool:
+    """True once the process has mapped libtorch (it is inside ``dasc compile``, handlers installed)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+                return True
+        except OSError:
+            return False
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
+def test_real_ctrl_c_leaves_the_old_or_the_new_plan(tmp_path, gdn):
+    from dasc_compile.schema import load_plan
+
+    out = tmp_path / "plan"
+    assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
+    rng = random.Random(13)
+    seen = set()
+    for delay in (0.0, rng.uniform(0.05, 0.4), rng.uniform(0.4, 1.5)):
+        p = subprocess.Popen([sys.executable, str(CLI), "compile", str(gdn), "--wmax", "4", "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert _wait_for_torch(p.pid), "the compile never imported torch"
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=120)
+        assert "Traceback" not in stderr, stderr
+        if p.returncode == 130:
+            assert stderr.strip() == "error: interrupted (SIGINT)"
+        else:
+            assert p.returncode == 0 and stderr == "" and "wrote" in stdout, (p.returncode, stderr)
+        w = load_plan(out).policy.w_max           # old (16) or new (4): never neither, never a torn plan
+        assert w in (16, 4)
+        seen.add((p.returncode, w))
+        assert _leftovers(tmp_path, "plan") == []
+        if w == 4:   # put the old plan back for the next round
+            assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
+    print("outcomes (status, w_max at --out):", sorted(seen))
