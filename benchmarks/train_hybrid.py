@@ -180,7 +180,7 @@ def train(family: str, data: Path, out: Path, *, steps: int, max_seconds: float,
         idx = torch.randint(0, stream.numel() - seq - 1, (batch,), generator=gen)
         xb = torch.stack([stream[i:i + seq + 1] for i in idx.tolist()]).long().to(device)
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
-            logits = model(input_ids=xb[:, :-1]).logits
+            logits = model(input_ids=xb[:, :-1], use_cache=False).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

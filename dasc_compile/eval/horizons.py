@@ -65,7 +65,7 @@ def empirical_horizon(mean_g: torch.Tensor, eps: float) -> torch.Tensor:
 def state_magnitude(state: torch.Tensor, units_per_head: int) -> torch.Tensor:
     """Eq. 5 from a key-major state ``[1, H, d_k, d_v]``: GDN Frobenius norm per head ``[H]``, KDA 2-norm
     per column (h, k) over d_v ``[H * d_k]``; float64."""
-    s = state[0].detach().to(torch.float64)
+    s = state[0].detach().cpu().to(torch.float64)
     if units_per_head == 1:
         return s.flatten(1).norm(dim=1)
     return s.norm(dim=-1).reshape(-1)

@@ -60,7 +60,7 @@ def mean_sd(xs: list[float]) -> dict[str, float | None]:
 
 def ranks(x: torch.Tensor) -> torch.Tensor:
     """Average ranks (1-based, ties share their mean rank) of a 1-D tensor; +inf ranks last."""
-    x = x.detach().to(torch.float64).reshape(-1)
+    x = x.detach().cpu().to(torch.float64).reshape(-1)
     order = torch.argsort(x, stable=True)
     r = torch.empty_like(x)
     r[order] = torch.arange(1, x.numel() + 1, dtype=torch.float64)
