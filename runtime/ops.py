@@ -63,20 +63,20 @@ class CheckpointTensors(NamedTuple):
 
 
 def flat_units(layout: RankLayout, states: torch.Tensor) -> torch.Tensor:
-    """``[L, N, H, d_v, d_k]`` -> ``[N, L * units_per_layer, *unit]``, flat unit id ``f`` on dim 1 (a copy for KDA)."""
-    L, n = states.shape[0], states.shape[1]
-    if layout.unit_kind == "gdn_head":
-        return states.transpose(0, 1).reshape(n, L * layout.heads_local, layout.d_v, layout.d_k)
-    # KDA: unit (l, j, k) is the column states[l, :, j, :, k]  ->  [N, L, H, d_k, d_v]
-    return states.permute(1, 0, 2, 4, 3).reshape(n, L * layout.heads_local * layout.d_k, layout.d_v)
+    """``[L, N, H, d_v, d_k]`` -> ``[N, L * units_per_layer, *unit]``, flat unit id ``f`` on dim 1.
+
+    Through ``UnitSpec.units_view`` (a copy when units are KDA columns, strided in memory).
+    """
+    n = states.shape[1]
+    rows = layout.spec.units_view(states.transpose(0, 1))                  # [N, L, H * U, unit_elems]
+    return rows.reshape(n, -1, *layout.unit_shape)
 
 
 def unflat_units(layout: RankLayout, flat: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`flat_units`: ``[N, L * units_per_layer, *unit]`` -> ``[L, N, H, d_v, d_k]``."""
-    n, L, h = flat.shape[0], layout.num_layers, layout.heads_local
-    if layout.unit_kind == "gdn_head":
-        return flat.reshape(n, L, h, layout.d_v, layout.d_k).transpose(0, 1)
-    return flat.reshape(n, L, h, layout.d_k, layout.d_v).permute(1, 0, 2, 4, 3)
+    n, spec = flat.shape[0], layout.spec
+    rows = flat.reshape(n, layout.num_layers, layout.units_per_layer, spec.unit_elems)
+    return spec.state_from_units(rows).transpose(0, 1)
 
 
 class TorchOps:

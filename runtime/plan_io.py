@@ -1,35 +1,11 @@
-"""Read a plan artifact at serve time (DESIGN.md "Plan artifact"), without the compiler.
+"""Transitional import path: the one plan reader is :func:`dasc_compile.schema.load_plan`.
 
-The runtime may import only the schema from the compiler (DESIGN.md "Data flow"); the plan
-reader lives there (:func:`dasc_compile.schema.load_plan`: schema version, validation and the
-content hash checked before anything else looks at the plan), shared with the CLI.
+``runtime/sizing.py`` and ``benchmarks/`` (owned by other passes) still import
+``dasc_runtime.plan_io.load_plan``; this module re-exports the schema's reader (the same function,
+no second reader) and is to be deleted once ``grep -rn plan_io runtime benchmarks tests`` finds only
+this file. Runtime code imports the reader from :mod:`dasc_compile.schema`.
 """
 
-from __future__ import annotations
+from dasc_compile.schema import load_plan
 
-from pathlib import Path
-
-from dasc_compile.schema import Plan
-from dasc_compile.schema import load_plan as _load_plan
-
-__all__ = ["load_plan", "plan_dir_of"]
-
-
-def plan_dir_of(path: str | Path) -> Path:
-    """The plan directory for ``path`` (a plan directory or its ``plan.json``)."""
-    p = Path(path)
-    return p if p.is_dir() else p.parent
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Load and validate ``plan.json`` (or the directory holding it) for serving.
-
-    Args:
-        path: plan directory or the ``plan.json`` file.
-    Returns:
-        the validated :class:`Plan`.
-    Raises:
-        DascInputError: see :func:`dasc_compile.schema.load_plan` (missing file, not a JSON plan,
-            ``schema_version`` not this dasc's, invalid field, ``content_hash`` not matching).
-    """
-    return _load_plan(path)
+__all__ = ["load_plan"]

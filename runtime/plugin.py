@@ -82,12 +82,13 @@ def _settings():
 
 
 def _load_plan_once(settings):
+    from dasc_compile.schema import load_plan, plan_json_path
     from dasc_runtime.installed import INSTALLED
-    from dasc_runtime.plan_io import load_plan, plan_dir_of
 
-    if INSTALLED.plan is None or INSTALLED.plan_dir != str(plan_dir_of(settings.plan)):
+    plan_dir = str(plan_json_path(settings.plan).parent)
+    if INSTALLED.plan is None or INSTALLED.plan_dir != plan_dir:
         INSTALLED.plan = load_plan(settings.plan)
-        INSTALLED.plan_dir = str(plan_dir_of(settings.plan))
+        INSTALLED.plan_dir = plan_dir
         INSTALLED.settings = settings
     return INSTALLED.plan
 

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from dasc_compile.schema import DascInputError
+from dasc_compile.schema import DascInputError, usable_slots
 from dasc_runtime.ops import CheckpointTensors, TorchOps
 from dasc_runtime.rank_layout import RankLayout
 from dasc_runtime.side_channels import tier_hint
@@ -46,23 +46,15 @@ logger = logging.getLogger(__name__)
 _LOG_RESTORES = os.environ.get("DASC_LOG_RESTORES", "0") == "1"
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def bytes_per_slot(layout: RankLayout, conv_shapes: Sequence[Sequence[int]]) -> int:
     """Physical bytes of one compressed slot on this rank: temporal (+ INT8 scales) + conv.
 
-    ``width * prod(unit) * itemsize`` (1 byte when INT8, plus ``width * prod(scale_shape)`` scales in
-    the temporal dtype) + ``L * sum(prod(conv_shape)) * itemsize(conv)``.
+    ``width * UnitSpec.unit_bytes`` (payload, plus the scales in the temporal dtype when INT8) +
+    ``L * sum(prod(conv_shape)) * itemsize(conv)``, with SGLang's served ``conv_shapes``.
     """
-    unit = math.prod(layout.unit_shape)
-    if layout.int8:
-        temporal = layout.width * (unit + math.prod(layout.scale_shape) * _itemsize(layout.temporal_dtype))
-    else:
-        temporal = layout.width * unit * _itemsize(layout.temporal_dtype)
-    conv = layout.num_layers * sum(math.prod(s) for s in conv_shapes) * _itemsize(layout.conv_dtype)
-    return temporal + conv
+    spec = layout.spec
+    conv = layout.num_layers * sum(math.prod(s) for s in conv_shapes) * spec.itemsize(spec.conv_dtype)
+    return layout.width * spec.unit_bytes + conv
 
 
 def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
@@ -73,7 +65,7 @@ def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
     """
     if slot_bytes <= 0:
         raise DascInputError(f"bytes per compressed slot must be positive, got {slot_bytes}")
-    n = budget_bytes // slot_bytes - 1
+    n = usable_slots(budget_bytes, slot_bytes)
     if n < 1:
         raise DascInputError(
             f"dasc pool budget {budget_bytes} bytes holds no usable slot ({slot_bytes} bytes per slot, slot 0 reserved)")
@@ -116,7 +108,7 @@ def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int
         raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
     budget = (dense_slots + 1) * bytes_dense_slot
     left = budget - (native_slots + 1) * bytes_dense_slot - scratch_bytes
-    c = left // bytes_compressed_slot - 1
+    c = usable_slots(max(left, 0), bytes_compressed_slot)
     if c < 1:
         raise DascInputError(
             f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense={bytes_dense_slot}, "

@@ -14,8 +14,12 @@ pool, the PyTorch store/load and the generated kernels index with:
   ragged row of each unit or -1 for a local = omitted unit; the head work lists; the INT8 scale
   order, App. E.1);
 * :class:`RankLayout`: the rank's whole layout, which owns its :class:`StateIndex` (so the index is
-  built once and moved to the pool device once) plus the flat kept / local id lists, dtypes, slot
-  width and the storage map.
+  built once and moved to the pool device once) plus the flat kept / local id lists, the model's
+  :class:`~dasc_compile.schema.UnitSpec` (unit shape, INT8 scales, bytes, dtypes), slot width and
+  the storage map.
+
+Unit kinds are data (``dasc_compile.schema.units.UNIT_KINDS``): code here asks a kind whether a unit
+is a whole head, never compares kind names.
 
 With storage balancing a slot is ``slot_width`` rows wide on every rank and the plan's
 :class:`~dasc_compile.schema.StorageMap` says where each packed row lives (Fig. 9 (b)); otherwise a
@@ -31,13 +35,23 @@ from typing import Optional, Sequence
 
 import torch
 
-from dasc_compile.schema import DascInputError, Plan, StorageMap
+from dasc_compile.schema import DascInputError, Plan, StorageMap, UnitSpec
+from dasc_compile.schema.units import lookup_unit_kind
 
 __all__ = ["StateIndex", "RankLayout", "build_rank_layout", "build_state_index", "state_index_from_kept",
-           "rank_kept_units", "ragged_pool_shapes"]
+           "rank_kept_units", "ragged_pool_shapes", "torch_dtype"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INDEX_TENSORS = ("unit_layer", "unit_index", "offsets", "unit_row", "kept_heads", "local_heads", "scale_lhk")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a plan dtype name (``float32`` -> ``torch.float32``).
+
+    Raises:
+        DascInputError: a name the schema's dtype table (:meth:`UnitSpec.itemsize`) does not know.
+    """
+    UnitSpec.itemsize(name)
+    return getattr(torch, name[6:] if name.startswith("torch.") else name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +94,7 @@ class StateIndex:
     @property
     def scale_shape(self) -> tuple[int, ...]:
         """Per-slot INT8 scale shape: ``(R, dk)`` (GDN) or ``(R,)`` (KDA)."""
-        return (self.num_rows, self.dk) if self.unit_kind == "gdn_head" else (self.num_rows,)
+        return (self.num_rows, self.dk) if lookup_unit_kind(self.unit_kind).whole_head else (self.num_rows,)
 
     def to(self, device) -> "StateIndex":
         """The same index with every tensor on ``device`` (no copy when already there)."""
@@ -99,9 +113,8 @@ def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kin
     Raises:
         DascInputError: unknown unit kind, a unit id out of range or repeated within a layer.
     """
-    if unit_kind not in ("gdn_head", "kda_column"):
-        raise DascInputError(f"state index: unit_kind must be gdn_head or kda_column, got {unit_kind!r}")
-    uph = 1 if unit_kind == "gdn_head" else dk
+    whole_head = lookup_unit_kind(unit_kind).whole_head
+    uph = 1 if whole_head else dk
     n_units = heads * uph
     layers, units, offsets = [], [], [0]
     unit_row = torch.full((len(kept), n_units), -1, dtype=torch.int64)
@@ -118,7 +131,7 @@ def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kin
         offsets.append(start + len(ids))
     unit_layer = torch.tensor(layers, dtype=torch.int64)
     unit_index = torch.tensor(units, dtype=torch.int64)
-    if unit_kind == "gdn_head":
+    if whole_head:                                   # d_k scales per head unit, one per column unit
         ks = torch.arange(dk, dtype=torch.int64)
         scale_lhk = torch.stack([unit_layer.repeat_interleave(dk), unit_index.repeat_interleave(dk),
                                  ks.repeat(len(units))], dim=1)
@@ -171,10 +184,9 @@ class RankLayout:
     """One rank's compressed-slot layout (frozen; built by :func:`build_rank_layout`).
 
     Attributes:
-        unit_kind: ``gdn_head`` or ``kda_column``.
+        spec: the model's :class:`~dasc_compile.schema.UnitSpec` (kind, d_v, d_k, dtypes, INT8).
         num_layers: L, recurrent layers of the served model (SGLang's mamba layer count).
-        heads_local: value heads on this rank (H_v / P).
-        d_v / d_k: head dims of the temporal state ``[H/P, d_v, d_k]``.
+        heads_local: value heads on this rank (H_v / P); the temporal state is ``[H/P, d_v, d_k]``.
         units_per_layer: units of one layer on this rank (H/P for GDN, H/P * d_k for KDA).
         rank_units: per layer, sorted rank-local ids ``j * units_per_head + k`` of the kept units.
         offsets: ragged offsets, length L + 1 (``offsets[l]`` = first packed row of layer l).
@@ -183,17 +195,13 @@ class RankLayout:
         index: the kernels' :class:`StateIndex` (on the same device as ``kept_flat``).
         kept_flat: int64 ``[n_kept]``, flat unit ids in packed order.
         local_flat: int64 ``[L * units_per_layer - n_kept]``, flat ids of the omitted (local) units.
-        int8: store kept units as symmetric INT8 with per-(layer, head, k) scales (App. E.1).
-        temporal_dtype / conv_dtype: torch dtypes of the active temporal / conv state.
         storage: the plan's storage map when ``balance != off`` (units cross ranks), else None.
         tp_rank / tp_size: this rank and the TP degree the layout was built for.
     """
 
-    unit_kind: str
+    spec: UnitSpec
     num_layers: int
     heads_local: int
-    d_v: int
-    d_k: int
     units_per_layer: int
     rank_units: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
@@ -202,22 +210,46 @@ class RankLayout:
     index: StateIndex
     kept_flat: torch.Tensor
     local_flat: torch.Tensor
-    int8: bool
-    temporal_dtype: torch.dtype
-    conv_dtype: torch.dtype
     storage: Optional[StorageMap]
     tp_rank: int
     tp_size: int
 
     @property
+    def unit_kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def d_v(self) -> int:
+        return self.spec.d_v
+
+    @property
+    def d_k(self) -> int:
+        return self.spec.d_k
+
+    @property
+    def int8(self) -> bool:
+        """Kept units are stored as symmetric INT8 with per-(layer, head, k) scales (App. E.1)."""
+        return self.spec.int8
+
+    @property
+    def temporal_dtype(self) -> torch.dtype:
+        """Torch dtype of the active temporal state (and of the INT8 scales)."""
+        return torch_dtype(self.spec.temporal_dtype)
+
+    @property
+    def conv_dtype(self) -> torch.dtype:
+        return torch_dtype(self.spec.conv_dtype)
+
+    @property
     def unit_shape(self) -> tuple[int, ...]:
-        """Shape of one stored unit: ``(d_v, d_k)`` for GDN, ``(d_v,)`` for KDA."""
-        return (self.d_v, self.d_k) if self.unit_kind == "gdn_head" else (self.d_v,)
+        """Shape of one stored unit: ``(d_v, d_k)`` for GDN, ``(d_v,)`` for KDA (``UnitSpec.unit_shape``)."""
+        return self.spec.unit_shape
 
     @property
     def scale_shape(self) -> tuple[int, ...]:
-        """Shape of one unit's INT8 scales: ``(d_k,)`` for GDN (one per k, over d_v), ``()`` for KDA."""
-        return (self.d_k,) if self.unit_kind == "gdn_head" else ()
+        """Shape of one unit's INT8 scales in the pool: the unit's shape without its d_v axis (the
+        scale is shared over d_v, Eq. 8): ``(d_k,)`` for GDN, ``()`` for KDA, as the kernels store them."""
+        return self.spec.unit_shape[1:]
 
     @property
     def keeps_everything(self) -> bool:
@@ -275,7 +307,7 @@ def build_rank_layout(plan: Plan, tp_rank: int, tp_size: int, num_layers: int | 
     L = len(plan.layers)
     if num_layers is not None and num_layers != L:
         raise DascInputError(f"dasc plan has {L} recurrent layers, the served model has {num_layers}")
-    m, pol = plan.model, plan.policy
+    m = plan.model
     units = rank_kept_units(plan, tp_rank)
     index = state_index_from_kept(units, heads=tp.heads_per_rank, unit_kind=m.unit_kind, dk=m.head_k_dim)
     upl = tp.heads_per_rank * index.units_per_head
@@ -284,11 +316,10 @@ def build_rank_layout(plan: Plan, tp_rank: int, tp_size: int, num_layers: int | 
     local = torch.nonzero(index.unit_row.reshape(-1) < 0).flatten()
     storage = tp.storage if tp.balance == "storage" else None
     layout = RankLayout(
-        unit_kind=m.unit_kind, num_layers=L, heads_local=tp.heads_per_rank, d_v=m.head_v_dim, d_k=m.head_k_dim,
-        units_per_layer=upl, rank_units=tuple(tuple(x) for x in units), offsets=offsets, n_kept=offsets[-1],
+        spec=UnitSpec.from_plan(plan), num_layers=L, heads_local=tp.heads_per_rank, units_per_layer=upl,
+        rank_units=tuple(tuple(x) for x in units), offsets=offsets, n_kept=offsets[-1],
         width=storage.slot_width if storage is not None else offsets[-1], index=index, kept_flat=kept,
-        local_flat=local, int8=pol.int8, temporal_dtype=_DTYPES[pol.temporal_dtype],
-        conv_dtype=_DTYPES[pol.conv_dtype], storage=storage, tp_rank=tp_rank, tp_size=tp_size,
+        local_flat=local, storage=storage, tp_rank=tp_rank, tp_size=tp_size,
     )
     return layout.to(device)
 
@@ -304,7 +335,7 @@ def ragged_pool_shapes(constants: dict, *, num_slots: int, num_rows: int) -> dic
         payload + scales + conv).
     """
     c, slots = constants, num_slots + 1
-    gdn = c["UNIT_KIND"] == "gdn_head"
+    gdn = lookup_unit_kind(c["UNIT_KIND"]).whole_head
     unit = (c["DV"], c["DK"]) if gdn else (c["DV"],)
     shapes: dict[str, tuple[tuple[int, ...], str]] = {}
     if c["INT8"]:

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from dasc_compile.schema.units import UNIT_KINDS, lookup_unit_kind
 from dasc_templates.checks import (PoolSpec, check_dense, check_head_list, check_ragged, check_scratch,
                                    check_slot_ids, check_temporal, check_unit_row, spec_from_tensors)
 
@@ -37,7 +38,7 @@ def _kept(unit_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def _unit_view(spec: PoolSpec, temporal: torch.Tensor) -> torch.Tensor:
     """``temporal`` as ``[L, S+1, n_units, *unit_shape]`` (a copy for KDA: columns become rows)."""
     L, S = temporal.shape[:2]
-    if spec.unit_kind == "gdn_head":
+    if lookup_unit_kind(spec.unit_kind).whole_head:
         return temporal
     return temporal.transpose(-1, -2).reshape(L, S, spec.heads * spec.dk, spec.dv)
 
@@ -45,7 +46,7 @@ def _unit_view(spec: PoolSpec, temporal: torch.Tensor) -> torch.Tensor:
 def _write_units(spec: PoolSpec, temporal: torch.Tensor, layer: torch.Tensor, slot: torch.Tensor,
                  unit: torch.Tensor, values: torch.Tensor) -> None:
     """temporal[layer, slot, unit] = values (``[..., *unit_shape]``), broadcasting index tensors."""
-    if spec.unit_kind == "gdn_head":
+    if lookup_unit_kind(spec.unit_kind).whole_head:
         temporal[layer, slot, unit] = values
     else:
         temporal[layer, slot, unit // spec.dk, :, unit % spec.dk] = values
@@ -124,7 +125,8 @@ def refresh_copy(*, scratch: torch.Tensor, temporal: torch.Tensor, dst_slots: to
                          f"{list(temporal.shape) if isinstance(temporal, torch.Tensor) else type(temporal).__name__}")
     L, _, H, dv, dk = temporal.shape
     width = unit_row.shape[-1] if isinstance(unit_row, torch.Tensor) and unit_row.dim() == 2 else -1
-    kind = "kda_column" if width == H * dk and dk != 1 else "gdn_head"
+    columns = width == H * dk and dk != 1                       # d_k units per head, else one
+    kind = next(k.name for k in UNIT_KINDS.values() if k.whole_head != columns)
     spec = PoolSpec(num_layers=L, heads=H, dv=dv, dk=dk, unit_kind=kind, conv_shapes=(),
                     temporal_dtype=temporal.dtype)
     slots = check_temporal(spec, temporal)
@@ -158,7 +160,7 @@ def quantize_int8(units: torch.Tensor, *, scale_dtype: torch.dtype, kind: str) -
     bit for about 4 % of the scales.
     """
     x = units.to(torch.float32)
-    axis = -2 if kind == "gdn_head" else -1
+    axis = -2 if lookup_unit_kind(kind).whole_head else -1       # the d_v axis of the unit
     amax = x.abs().amax(dim=axis, keepdim=True).clamp(min=SCALE_FLOOR)
     scale = torch.div(amax, torch.full_like(amax, QMAX)).to(scale_dtype)
     q = torch.round(x / scale.to(torch.float32)).clamp(-QMAX, QMAX).to(torch.int8)
@@ -167,7 +169,7 @@ def quantize_int8(units: torch.Tensor, *, scale_dtype: torch.dtype, kind: str) -
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, *, kind: str, out_dtype: torch.dtype) -> torch.Tensor:
     """S_hat = q * s in FP32, cast to ``out_dtype`` (App. E.1: dequantised once on reuse)."""
-    s = scale.to(torch.float32).unsqueeze(-2 if kind == "gdn_head" else -1)
+    s = scale.to(torch.float32).unsqueeze(-2 if lookup_unit_kind(kind).whole_head else -1)
     return (q.to(torch.float32) * s).to(out_dtype)
 
 

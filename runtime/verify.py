@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from dasc_compile.schema import DascInputError, Plan
+from dasc_runtime.rank_layout import torch_dtype
 
 __all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_plan_supported",
            "check_model_type",
@@ -20,7 +21,6 @@ __all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_ser
 
 SUPPORTED_SGLANG = "0.5.17"
 logger = logging.getLogger("dasc")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class DascRefusal(DascInputError):
@@ -116,10 +116,10 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
         raise DascRefusal(f"temporal state per rank (heads, d_v, d_k): plan {want} for TP rank {tp_rank}/{tp_size}, "
                           f"server {tuple(temporal_shape)}")
     pol = plan.policy
-    if temporal_dtype != _DTYPES[pol.temporal_dtype]:
+    if temporal_dtype != torch_dtype(pol.temporal_dtype):
         raise DascRefusal(f"temporal state dtype: plan {pol.temporal_dtype}, server {temporal_dtype} "
                           f"(set --mamba-ssm-dtype or recompile with temporal_dtype)")
-    if conv_dtype != _DTYPES[pol.conv_dtype]:
+    if conv_dtype != torch_dtype(pol.conv_dtype):
         raise DascRefusal(f"conv state dtype: plan {pol.conv_dtype}, server {conv_dtype}")
     conv_elems = sum(math.prod(s) for s in conv_shapes)
     itemsize = torch.empty((), dtype=conv_dtype).element_size()

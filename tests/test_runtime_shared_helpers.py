@@ -15,14 +15,19 @@ from runtime_fixtures import compile_tiny
 
 
 def _layout(kind: str, dtype: torch.dtype, d_v: int, d_k: int):
+    """One layer, one head, unit 0 kept; INT8 (conv fields are not used by the quantiser)."""
+    from dasc_compile.schema import UnitSpec
     from dasc_runtime.rank_layout import RankLayout, state_index_from_kept
 
-    upl = 1 if kind == "gdn_head" else d_k
-    return RankLayout(unit_kind=kind, num_layers=1, heads_local=1, d_v=d_v, d_k=d_k,
-                      units_per_layer=upl, rank_units=((0,),), offsets=(0, 1), n_kept=1, width=1,
+    name = str(dtype).removeprefix("torch.")
+    spec = UnitSpec(kind=kind, d_v=d_v, d_k=d_k, temporal_dtype=name, conv_dim=1, conv_kernel=2, conv_dtype=name,
+                    int8=True)
+    upl = spec.units_per_head
+    return RankLayout(spec=spec, num_layers=1, heads_local=1, units_per_layer=upl, rank_units=((0,),),
+                      offsets=(0, 1), n_kept=1, width=1,
                       index=state_index_from_kept([[0]], heads=1, unit_kind=kind, dk=d_k),
                       kept_flat=torch.tensor([0]), local_flat=torch.arange(1, upl, dtype=torch.int64),
-                      int8=True, temporal_dtype=dtype, conv_dtype=dtype, storage=None, tp_rank=0, tp_size=1)
+                      storage=None, tp_rank=0, tp_size=1)
 
 
 def test_constants_are_defined_once():

@@ -29,7 +29,7 @@ def _rank(rank: int, port: int, plan_dir: str, q) -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=2)
         from dasc_runtime.ops import flat_units, unflat_units
-        from dasc_runtime.plan_io import load_plan
+        from dasc_compile.schema import load_plan
         from dasc_runtime.pool import DascCheckpointPool
         from dasc_runtime.rank_layout import build_rank_layout
 
