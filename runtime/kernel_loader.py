@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from dasc_compile.schema import PLAN_FILENAME, DascInputError, KernelModule
+from dasc_compile.schema import PLAN_FILENAME, DascInputError, KernelModule, load_plan
 
 MODULE_PREFIX = "dasc_plan_kernels_"
 
@@ -82,26 +81,19 @@ def load_plan_kernels(plan_dir: str | Path, entry: Optional[KernelModule] = None
     """Import the module that ``Plan.kernels`` names, checking its key and ops.
 
     Args:
-        plan_dir: the plan directory. entry: the plan's ``kernels`` record; read from
-            ``plan_dir/plan.json`` when omitted (only that field is parsed).
+        plan_dir: the plan directory. entry: the plan's ``kernels`` record; when omitted the plan
+            is read with the one plan reader (:func:`dasc_compile.schema.load_plan`).
         interpret: see :func:`load_kernel_module`.
 
     Raises:
-        DascInputError: plan.json is missing or unreadable, has no kernels entry, or the module
-            does not match it (see :func:`load_kernel_module`).
+        DascInputError: plan.json does not load (see :func:`dasc_compile.schema.load_plan`), has no
+            kernels entry, or the module does not match it (see :func:`load_kernel_module`).
     """
     if entry is None:
-        path = Path(plan_dir) / PLAN_FILENAME
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise DascInputError(f"{path}: cannot read the plan ({type(exc).__name__}: {exc})") from None
-        if not isinstance(raw, dict) or not raw.get("kernels"):
-            raise DascInputError(f"{path}: the plan has no 'kernels' entry (compiled without kernels)")
-        try:
-            entry = KernelModule.model_validate(raw["kernels"])
-        except ValueError as exc:
-            raise DascInputError(f"{path}: field 'kernels' is not a kernel module record ({exc})") from None
+        entry = load_plan(plan_dir, verify_kernels=False).kernels
+        if entry is None:
+            raise DascInputError(f"{Path(plan_dir) / PLAN_FILENAME}: the plan has no 'kernels' entry "
+                                 "(compiled without kernels)")
     return load_kernel_module(plan_dir, entry.file, key=entry.key, ops=list(entry.ops), interpret=interpret,
                               source_sha256=entry.source_sha256)
 
