@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
+import stat
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -20,7 +23,7 @@ from pydantic import ValidationError
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema.canonical import compute_content_hash
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
-from dasc_compile.schema.units import UnitSpec
+from dasc_compile.schema.units import UnitSpec, usable_slots
 
 __all__ = ["check_kernel_file", "check_plan", "load_plan", "plan_json_path"]
 
@@ -55,7 +58,9 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
     try:
         raw = json.loads(p.read_text())
     except (OSError, ValueError) as exc:
-        raise DascInputError(f"{p}: not a readable JSON plan ({exc})") from None
+        raise DascInputError(f"{p}: not a readable JSON plan ({str(exc)[:160]})") from None
+    except RecursionError:
+        raise DascInputError(f"{p}: not a dasc plan (JSON nested too deeply)") from None
     if not isinstance(raw, dict):
         raise DascInputError(f"{p}: a plan must be a JSON object")
     if "schema_version" not in raw or "content_hash" not in raw:
@@ -135,6 +140,7 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     _expect(source, "totals.r_max", t.r_max, max(kept, default=0), "max of layers' n_kept")
     _expect(source, "totals.unit_bytes", t.unit_bytes, unit.unit_bytes, "bytes of one kept unit (UnitSpec)")
     _check_tp(plan, source, kept)
+    _check_figures(plan, source, unit)
 
 
 def _check_tp(plan: Plan, source, kept: list[int]) -> None:
@@ -165,6 +171,87 @@ def _check_tp(plan: Plan, source, kept: list[int]) -> None:
         _expect(source, "tp.storage.targets", sum(s.targets), sum(packed), "all packed units stored once")
 
 
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-9))
+
+
+def _ratio(num: int, den: int) -> float:
+    return (1.0 if num == 0 else math.inf) if den == 0 else num / den
+
+
+def _check_figures(plan: Plan, source, unit: UnitSpec) -> None:
+    """Bytes, ratios, slots, refresh windows and histograms agree with the counts they derive from
+    (the formulas of ``dasc_compile.compiler.build_plan`` / ``tp.build_tp_plan``; App. B, C.1, Eq. 6, 7)."""
+    m, t, tp, pol = plan.model, plan.totals, plan.tp, plan.policy
+    n_l, p = len(plan.layers), tp.tp_size
+    for i, lp in enumerate(plan.layers):
+        f = f"layers[{i}]"
+        _expect(source, f"{f}.bytes_temporal_kept", lp.bytes_temporal_kept, lp.n_kept * unit.unit_bytes,
+                "n_kept * unit bytes")
+        _expect(source, f"{f}.bytes_temporal_dense", lp.bytes_temporal_dense,
+                unit.temporal_layer_bytes(m.num_value_heads), "dense temporal state bytes (UnitSpec)")
+        _expect(source, f"{f}.bytes_conv", lp.bytes_conv, unit.conv_bytes_per_layer(1), "conv state bytes (UnitSpec)")
+        _expect(source, f"{f}.horizon_histogram", (len(lp.horizon_histogram), sum(lp.horizon_histogram)),
+                (len(plan.horizon_bin_edges), lp.n_units), "one count per bin edge, n_units in all")
+        q = lp.horizon_quantiles
+        if not q.min <= q.p10 <= q.p50 <= q.p90 <= q.max:
+            raise DascInputError(f"{source}: plan field '{f}.horizon_quantiles' must be ordered min <= p10 <= p50 "
+                                 f"<= p90 <= max (and not NaN)")
+        if lp.refresh_window > (pol.w_max or 0) or (lp.n_kept == lp.n_units and lp.refresh_window != 0):
+            raise DascInputError(f"{source}: plan field '{f}.refresh_window' = {lp.refresh_window} must be at most "
+                                 f"w_max and 0 when no unit is omitted (Eq. 7)")
+    dense_t = sum(lp.bytes_temporal_dense for lp in plan.layers)
+    kept_t = sum(lp.bytes_temporal_kept for lp in plan.layers)
+    conv = sum(lp.bytes_conv for lp in plan.layers)
+    for name, got, want in (("bytes_temporal_dense", t.bytes_temporal_dense, dense_t),
+                            ("bytes_temporal_kept", t.bytes_temporal_kept, kept_t), ("bytes_conv", t.bytes_conv, conv),
+                            ("bytes_dense_checkpoint", t.bytes_dense_checkpoint, dense_t + conv),
+                            ("bytes_compressed_checkpoint", t.bytes_compressed_checkpoint, kept_t + conv)):
+        _expect(source, f"totals.{name}", got, want, "sum over layers")
+    for name, got, want in (("c_temp_ragged", t.c_temp_ragged, _ratio(t.n_units, t.n_kept)),
+                            ("c_temp_padded", t.c_temp_padded, _ratio(t.n_units, n_l * t.r_max)),
+                            ("c_ckpt", t.c_ckpt, _ratio(dense_t + conv, kept_t + conv))):
+        if not _same(got, want):
+            raise DascInputError(f"{source}: plan field 'totals.{name}' = {got!r}, expected {want!r} (from the counts "
+                                 f"and bytes)")
+    budget = pol.pool_budget_bytes
+    for name, got, per_slot in (("usable_slots", t.usable_slots, kept_t + conv),
+                                ("usable_slots_dense", t.usable_slots_dense, dense_t + conv)):
+        if got is not None and per_slot > 0:   # the whole-model figure, when given, follows the budget
+            _expect(source, f"totals.{name}", got, usable_slots(budget, per_slot), "floor(pool budget / bytes) - 1")
+    conv_r = n_l * unit.conv_bytes_per_layer(p)
+    for stage in ("payload_contiguous", "payload_compute", "payload_storage"):
+        for x in getattr(tp, stage):
+            f = f"tp.{stage}[{x.rank}]"
+            _expect(source, f"{f}.bytes_conv", x.bytes_conv, conv_r, "L * conv bytes of one rank")
+            _expect(source, f"{f}.bytes_temporal", x.bytes_temporal, x.n_alloc * tp.bytes_per_unit,
+                    "n_alloc * bytes_per_unit")
+            _expect(source, f"{f}.bytes_per_slot", x.bytes_per_slot, x.bytes_temporal + x.bytes_conv,
+                    "bytes_temporal + bytes_conv")
+            if not 0 <= x.n_kept <= x.n_alloc:
+                raise DascInputError(f"{source}: plan field '{f}.n_kept' = {x.n_kept} must be in [0, n_alloc = "
+                                     f"{x.n_alloc}]")
+    _expect(source, "tp.payload_compute", [x.n_kept for x in tp.payload_compute],
+            [sum(r) for r in tp.kept_per_rank_layer], "kept_per_rank_layer row sums")
+    slots = [x.bytes_per_slot for x in tp.payload_storage]
+    if slots:
+        _expect(source, "tp.bottleneck_bytes_per_slot", tp.bottleneck_bytes_per_slot, max(slots),
+                "largest payload_storage bytes_per_slot")
+        _expect(source, "tp.bottleneck_rank", tp.bottleneck_rank, slots.index(max(slots)), "first rank with the most")
+    dense_r = n_l * (unit.temporal_layer_bytes(m.num_value_heads // p) + unit.conv_bytes_per_layer(p))
+    _expect(source, "tp.bytes_dense_per_slot", tp.bytes_dense_per_slot, dense_r, "L * (dense temporal + conv) per rank")
+    if tp.bottleneck_bytes_per_slot > 0:
+        if not _same(tp.c_ckpt_tp, dense_r / tp.bottleneck_bytes_per_slot):
+            raise DascInputError(f"{source}: plan field 'tp.c_ckpt_tp' = {tp.c_ckpt_tp!r}, expected "
+                                 f"{dense_r / tp.bottleneck_bytes_per_slot!r} (bytes_dense_per_slot / bottleneck)")
+        _expect(source, "tp.usable_slots", tp.usable_slots, usable_slots(budget, tp.bottleneck_bytes_per_slot),
+                "floor(pool budget / bottleneck bytes) - 1")
+    windows = [lp.refresh_window for lp in plan.layers]
+    _expect(source, "refresh.w_replay_cap", plan.refresh.w_replay_cap, max(windows, default=0),
+            "the largest layer refresh_window (Eq. 7)")
+    _expect(source, "refresh.any_local", plan.refresh.any_local, t.n_kept < t.n_units, "totals.n_kept < n_units")
+
+
 def check_kernel_file(plan: Plan, plan_dir: str | Path) -> None:
     """The kernel module ``plan.kernels`` records is in ``plan_dir`` with the recorded sha256.
 
@@ -182,6 +269,8 @@ def check_kernel_file(plan: Plan, plan_dir: str | Path) -> None:
         raise DascInputError(f"{Path(plan_dir) / PLAN_FILENAME}: plan field 'kernels.file' = {k.file!r} must be a "
                              f"file name inside the plan directory")
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):   # a FIFO or device would block or never end
+            raise IsADirectoryError(0, "not a regular file")
         data = path.read_bytes()
     except OSError as exc:
         raise DascInputError(f"{path}: kernel module recorded in {PLAN_FILENAME} (kernels.file) cannot be read "
