@@ -64,6 +64,7 @@ class SideStream:
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
 
     def run(self, fn: Callable[[], None]):
+        """Run ``fn`` (a pack) after the current stream's work; returns its completion event."""
         if self.stream is None:
             fn()
             return _DoneEvent()
@@ -187,6 +188,10 @@ class DemotionEngine:
         """Synchronous demotion: pack on the current stream, swap, free the native slot.
 
         Used by the reclamation walk, and for every demotion of a storage-balanced pool.
+
+        Raises:
+            AssertionError: the node is locked, not dense or already pending, or no compressed slot
+                is free (callers check first; the message names the node).
         """
         c = self._check_demotable(node, "demote_now")
         pool = self.cache.req_to_token_pool
@@ -199,6 +204,9 @@ class DemotionEngine:
 
         With storage balancing the demotion is done synchronously instead (:meth:`demote_now`; see
         the module docstring for the deadlock it avoids).
+
+        Raises:
+            AssertionError: as :meth:`demote_now`.
         """
         if self.dpool.layout.storage is not None:
             self.demote_now(node)

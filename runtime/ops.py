@@ -199,6 +199,7 @@ class KernelOps(TorchOps):
 
     def store(self, layout: RankLayout, cache, src_slots: torch.Tensor, rows: torch.Tensor,
               ckpt: CheckpointTensors) -> None:
+        """``pack`` / ``pack_int8`` of the plan's kernels: one launch for every layer and the conv state."""
         if layout.storage is not None:
             return super().store(layout, cache, src_slots, rows, ckpt)
         m, ix = self.module, layout.index
@@ -213,6 +214,7 @@ class KernelOps(TorchOps):
 
     def load(self, layout: RankLayout, cache, rows: torch.Tensor, dst_slots: torch.Tensor,
              ckpt: CheckpointTensors) -> None:
+        """``load`` / ``load_int8`` of the plan's kernels (dasc-nr: local units zero), one launch."""
         if layout.storage is not None:
             return super().load(layout, cache, rows, dst_slots, ckpt)
         m, ix = self.module, layout.index

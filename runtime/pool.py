@@ -237,6 +237,7 @@ class DascCheckpointPool:
             self._free.append(c)
 
     def is_allocated(self, slot: int) -> bool:
+        """True when compressed slot ``slot`` (1..C) is handed out."""
         return bool(self._in_use[slot])
 
     # ---- transfers (SGLang's mamba_ckpt_pool interface) ----

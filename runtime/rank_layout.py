@@ -84,6 +84,7 @@ class StateIndex:
 
     @property
     def num_layers(self) -> int:
+        """L, recurrent layers indexed."""
         return self.unit_row.shape[0]
 
     @property
@@ -216,14 +217,17 @@ class RankLayout:
 
     @property
     def unit_kind(self) -> str:
+        """``gdn_head`` | ``kda_column`` (``UnitSpec.kind``)."""
         return self.spec.kind
 
     @property
     def d_v(self) -> int:
+        """Value dim of a head's temporal state ``[d_v, d_k]``."""
         return self.spec.d_v
 
     @property
     def d_k(self) -> int:
+        """Key dim of a head's temporal state ``[d_v, d_k]``."""
         return self.spec.d_k
 
     @property
@@ -238,6 +242,7 @@ class RankLayout:
 
     @property
     def conv_dtype(self) -> torch.dtype:
+        """Torch dtype of the conv state (stored whole in the pool)."""
         return torch_dtype(self.spec.conv_dtype)
 
     @property
