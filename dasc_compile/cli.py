@@ -77,7 +77,7 @@ def compile_cmd(
         _fail(exc)
     for line in plan_warnings(plan):
         err.print(f"warning: {line}", markup=False)
-    con = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
+    con = Console(highlight=False, soft_wrap=True)   # one line per message: never wrapped into two
     if quiet:
         con.print(str(path / "plan.json"), markup=False)
         return

@@ -1,0 +1,109 @@
+"""What a user must be told about a plan that compiles (issue 13 item 6), and ``dasc --version``.
+
+Warnings are ``warning: ...`` lines on stderr, one each; the plan is still written (it is valid). A pool
+budget that holds no usable slot is refused instead: the runtime would refuse that plan at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from clihelp import assert_one_error, dasc, dasc_proc, snapshot
+
+
+def _warnings(r) -> list[str]:
+    assert "Traceback" not in r.err
+    lines = r.err_lines
+    assert all(ln.startswith("warning: ") for ln in lines), r.err
+    return lines
+
+
+def test_nothing_kept_is_said_and_c_temp_is_not_printed_as_a_number(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", 10**6, "--out", tmp_path / "p")
+    assert r.code == 0
+    (w,) = _warnings(r)
+    assert "nothing is kept" in w and "w_max = 1000000" in w and "longest 99.6" in w
+    assert "kept 0/4 units" in r.out and "C_temp inf (nothing kept)" in r.out and "infx" not in r.out
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["totals"]["n_kept"] == 0
+    assert dasc("inspect", tmp_path / "p").code == 0     # a valid plan: inspect shows it
+
+
+@pytest.mark.parametrize("mode", ["storage", "hybrid"])
+def test_balance_at_tp_1_changes_nothing_and_says_so(tmp_path, gdn, mode):
+    r = dasc("compile", gdn, "--wmax", 16, "--balance", mode, "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    lines = _warnings(r)
+    assert any(f"balance '{mode}' changes nothing at TP size 1" in ln for ln in lines), lines
+    off = dasc("compile", gdn, "--wmax", 16, "--out", tmp_path / "q")
+    assert off.code == 0 and off.err == ""
+    a = json.loads((tmp_path / "p" / "plan.json").read_text())
+    b = json.loads((tmp_path / "q" / "plan.json").read_text())
+    assert a["tp"]["payload_storage"] == b["tp"]["payload_storage"]   # indeed nothing changed
+
+
+def test_balance_from_a_policy_file_at_tp_1_is_said_too(tmp_path, gdn):
+    (tmp_path / "p.yaml").write_text("w_max: 16\nbalance: storage\n")
+    r = dasc("compile", gdn, "--policy", tmp_path / "p.yaml", "--out", tmp_path / "p")
+    assert r.code == 0 and any("balance 'storage' changes nothing" in ln for ln in _warnings(r))
+
+
+def test_plans_the_runtime_will_not_serve_are_flagged(tmp_path, kda):
+    r = dasc("compile", kda, "--wmax", 4, "--load-policy", "wr", "--out", tmp_path / "wr")
+    assert r.code == 0
+    assert any("load_policy 'wr'" in ln and "refuses this plan" in ln for ln in _warnings(r))
+    r = dasc("compile", kda, "--wmax", 4, "--tp", 2, "--balance", "hybrid", "--out", tmp_path / "hy")
+    assert r.code == 0
+    assert any("balance 'hybrid'" in ln and "refuses this plan" in ln for ln in _warnings(r))
+
+
+def test_an_ordinary_plan_prints_no_warning_and_one_summary_line(tmp_path, kda):
+    out = tmp_path / ("long-name-" * 20)    # a long path must not wrap the summary into two lines
+    r = dasc("compile", kda, "--wmax", 4, "--tp", 2, "--balance", "storage", "--out", out)
+    assert r.code == 0 and r.err == ""
+    assert len(r.out.splitlines()) == 1 and r.out.startswith(f"wrote {out}/plan.json") and "TP2 C_ckpt" in r.out
+
+
+@pytest.mark.parametrize("budget, tp", [(100, 1), (383, 1), (767, 1), (100, 2)])
+def test_pool_budget_with_no_usable_slot_is_refused(tmp_path, gdn, kda, budget, tp):
+    # GDN plan at w_max 16: 384 bytes per compressed slot; slot 0 is reserved, so 768 bytes hold the first one
+    ck = gdn if tp == 1 else kda
+    before = snapshot(tmp_path)
+    r = dasc("compile", ck, "--wmax", 16 if tp == 1 else 4, "--tp", tp, "--pool-budget", budget, "--out", tmp_path / "p")
+    line = assert_one_error(r, "'pool_budget_bytes'", f"{budget} bytes hold no usable compressed slot",
+                            "slot 0 is reserved")
+    if tp == 1:
+        assert "expected at least 768 bytes" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_pool_budget_with_one_usable_slot_compiles(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", 16, "--pool-budget", 768, "--out", tmp_path / "p")
+    assert r.code == 0 and r.err == ""
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["totals"]["usable_slots"] == 1
+
+
+def test_version():
+    from dasc_compile import __version__
+    from dasc_compile.schema import SCHEMA_VERSION
+
+    r = dasc("--version")
+    assert r.code == 0 and r.out.strip() == f"dasc {__version__} (plan schema_version {SCHEMA_VERSION})"
+    p = dasc_proc("--version")   # the real process, as `dasc --version` runs it
+    assert p.returncode == 0 and p.stdout.strip() == r.out.strip() and p.stderr == ""
+
+
+def test_console_script_runs_the_same_entry(tmp_path):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("dasc")
+    if not exe.exists() and shutil.which("dasc") is None:
+        pytest.skip("no dasc console script installed beside this Python")
+    r = subprocess.run([str(exe if exe.exists() else shutil.which("dasc")), "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("dasc ")
