@@ -316,3 +316,12 @@ def test_reference_interrupted_leaves_nothing(tmp_path, monkeypatch):
     r = dasc("reference", "qwen3-next-80b-a3b", "--out", tmp_path / "ref")
     assert_one_error(r, "interrupted (SIGINT)", code=130)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_plot_onto_a_full_disk_or_read_only_mount(tmp_path, gdn, full_fs, ro_fs):
+    assert _compile(gdn, tmp_path / "plan").code == 0
+    for fs, cause in ((full_fs, "No space left on device"), (ro_fs, "Read-only file system")):
+        before = snapshot(fs)
+        r = dasc("inspect", tmp_path / "plan", "--plot", fs / "fig.png")
+        assert_one_error(r, "fig.png", "cannot write the plot", cause)
+        assert snapshot(fs) == before
