@@ -54,7 +54,7 @@ def served_decay_tensors(model: torch.nn.Module, names: Sequence[str],
     Args:
         model: the loaded SGLang model.
         names: ``plan.fingerprint.decay_tensors``.
-        gather: returns every attention-TP rank's slice of a local tensor in rank order (None at TP 1).
+        gather: returns every attention-TP rank's slice of this rank's tensor, in rank order (None at TP 1).
     Raises:
         DascInputError: a plan tensor with no counterpart in the served model (names it).
     """
@@ -70,11 +70,11 @@ def served_decay_tensors(model: torch.nn.Module, names: Sequence[str],
             raise DascInputError(
                 f"dasc plan decay tensor '{name}' has no counterpart in the served model "
                 f"(found {len(by_key)} A_log/dt_bias parameters)")
-        local = by_key[key].detach().to("cpu").contiguous()
+        shard = by_key[key].detach().to("cpu").contiguous()
         if gather is not None:
-            parts = gather(local)
-            local = torch.cat(parts, dim=_shard_dim(local)) if len(parts) > 1 else parts[0]
-        out.append((name, local))
+            parts = gather(shard)
+            shard = torch.cat(parts, dim=_shard_dim(shard)) if len(parts) > 1 else parts[0]
+        out.append((name, shard))
     return out
 
 

@@ -5,8 +5,9 @@ SGLang 0.5.17's active temporal state on a rank is ``[L, slots, H/P, d_v, d_k]``
 alike). A plan says which units of it are global (kept); this module turns that into everything the
 pool, the PyTorch store/load and the generated kernels index with:
 
-* a unit: GDN (``gdn_head``) one value head ``[d_v, d_k]``, rank-local id ``u = j``; KDA
-  (``kda_column``) the column ``S[j, :, k]`` (``[d_v]``), ``u = j * d_k + k``. Flat id over the
+* a unit: GDN (``gdn_head``) one value head ``[d_v, d_k]``, id on its rank ``u = j``; KDA
+  (``kda_column``) the column ``S[j, :, k]`` (``[d_v]``), ``u = j * d_k + k`` (j: the head's index
+  among the rank's H/P heads). Flat id over the
   rank's layers ``f = l * units_per_layer + u``;
 * ragged (packed) order: layer by layer, kept units ascending inside a layer, so layer l owns rows
   ``[o_l, o_(l+1))`` of a slot (``o`` = ragged offsets, ``o_0 = 0``, ``o_(l+1) = o_l + r_l``);
@@ -64,7 +65,7 @@ class StateIndex:
         unit_row: ``[L, H * units_per_head]``: ragged row of each unit, -1 for a local (omitted) unit.
         kept_heads / local_heads: flat head ids ``l * H + h`` holding at least one kept / local unit,
             ascending: the work lists of ``pack`` / ``pack_int8`` and of ``refresh_copy``.
-        scale_lhk: ``[n_scales, 3]`` (layer, rank-local head, k) of each INT8 scale in storage order
+        scale_lhk: ``[n_scales, 3]`` (layer, head on the rank, k) of each INT8 scale in storage order
             (per slot ``[R, d_k]`` scales for GDN heads, ``[R]`` for KDA columns).
         heads: H on this rank. units_per_head: 1 (GDN) or d_k (KDA). dk: key dim d_k.
         unit_kind: ``gdn_head`` | ``kda_column``.
@@ -104,10 +105,10 @@ class StateIndex:
 
 def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kind: str, dk: int,
                           device: torch.device | str = "cpu") -> StateIndex:
-    """Build a :class:`StateIndex` from rank-local kept units per layer.
+    """Build a :class:`StateIndex` from the kept units of each layer (ids on the rank).
 
     Args:
-        kept: for each recurrent layer, the rank-local flat unit ids kept (any order, no repeats),
+        kept: for each recurrent layer, the unit ids on the rank that are kept (any order, no repeats),
             each in ``[0, heads * units_per_head)``.
         heads: H on this rank. unit_kind: ``gdn_head`` | ``kda_column``. dk: key dim d_k.
         device: where the tensors go.
@@ -150,10 +151,10 @@ def state_index_from_kept(kept: Sequence[Sequence[int]], *, heads: int, unit_kin
 
 
 def rank_kept_units(plan: Plan, tp_rank: int) -> list[list[int]]:
-    """Per recurrent layer, the sorted rank-local kept unit ids of TP rank ``tp_rank`` of ``plan``.
+    """Per recurrent layer, the sorted kept unit ids of TP rank ``tp_rank`` of ``plan``, as ids on that rank.
 
     The one place the runtime maps a plan's ``LayerPlan.kept_units`` (original head numbering) to a
-    rank's local ids ``j * units_per_head + k`` (j indexes the rank's ``[H/P, d_v, d_k]`` temporal
+    rank's own ids ``j * units_per_head + k`` (j indexes the rank's ``[H/P, d_v, d_k]`` temporal
     state), through ``plan.tp.rank_kept_units`` (SGLang's contiguous head sharding, or the plan's
     compute-head permutation, App. B.1 (a)). Concatenated over layers this is the rank's packed
     (ragged) order.
@@ -187,9 +188,9 @@ class RankLayout:
     Attributes:
         spec: the model's :class:`~dasc_compile.schema.UnitSpec` (kind, d_v, d_k, dtypes, INT8).
         num_layers: L, recurrent layers of the served model (SGLang's mamba layer count).
-        heads_local: value heads on this rank (H_v / P); the temporal state is ``[H/P, d_v, d_k]``.
+        heads_per_rank: value heads on this rank (H_v / P); the temporal state is ``[H/P, d_v, d_k]``.
         units_per_layer: units of one layer on this rank (H/P for GDN, H/P * d_k for KDA).
-        rank_units: per layer, sorted rank-local ids ``j * units_per_head + k`` of the kept units.
+        rank_units: per layer, sorted ids on the rank ``j * units_per_head + k`` of the kept units.
         offsets: ragged offsets, length L + 1 (``offsets[l]`` = first packed row of layer l).
         n_kept: packed (kept, global) units of this rank, ``offsets[-1]``.
         width: rows allocated per slot (``n_kept``, or ``slot_width`` with storage balancing).
@@ -202,7 +203,7 @@ class RankLayout:
 
     spec: UnitSpec
     num_layers: int
-    heads_local: int
+    heads_per_rank: int
     units_per_layer: int
     rank_units: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
@@ -267,6 +268,11 @@ class RankLayout:
         return self.kept_flat.device
 
     @property
+    def heads_local(self) -> int:
+        """Transitional alias of :attr:`heads_per_rank` for ``benchmarks/`` (remove with :attr:`n_local`)."""
+        return self.heads_per_rank
+
+    @property
     def n_local(self) -> int:
         """Transitional alias of :attr:`n_kept` for ``benchmarks/`` (owned by another pass); remove
         when ``grep -rn "\\.n_local" benchmarks`` no longer finds a RankLayout use. "local" means an
@@ -321,7 +327,7 @@ def build_rank_layout(plan: Plan, tp_rank: int, tp_size: int, num_layers: int | 
     local = torch.nonzero(index.unit_row.reshape(-1) < 0).flatten()
     storage = tp.storage if tp.balance == "storage" else None
     layout = RankLayout(
-        spec=UnitSpec.from_plan(plan), num_layers=L, heads_local=tp.heads_per_rank, units_per_layer=upl,
+        spec=UnitSpec.from_plan(plan), num_layers=L, heads_per_rank=tp.heads_per_rank, units_per_layer=upl,
         rank_units=tuple(tuple(x) for x in units), offsets=offsets, n_kept=offsets[-1],
         width=storage.slot_width if storage is not None else offsets[-1], index=index, kept_flat=kept,
         local_flat=local, storage=storage, tp_rank=tp_rank, tp_size=tp_size,

@@ -8,7 +8,7 @@ storage slots ``[slot_width, *unit]`` (``slot_width = ceil(N / P)``), load moves
 * :func:`store_all_ranks` / :func:`load_all_ranks`: all P ranks in one process, following the
   plan's destination map unit run by unit run (plain PyTorch; what the all-to-all is tested against).
 * :func:`store_all_to_all` / :func:`load_all_to_all`: one rank of a ``torch.distributed`` group; a
-  local copy of the kept prefix plus one ``all_to_all_single`` with variable splits, skipped when
+  copy of the kept prefix in place plus one ``all_to_all_single`` with variable splits, skipped when
   ``M_remote == 0``. The same code runs on gloo (CPU) and NCCL (GPU).
 
 To move many slots at once, put the unit axis first: ``[n_r, num_slots, *unit]`` (the splits count
@@ -73,7 +73,7 @@ def load_all_ranks(storage: Sequence[torch.Tensor], smap: StorageMap) -> list[to
     Args:
         storage: P tensors ``[>= t_s, *unit]`` (storage slots).
     Returns:
-        P tensors ``[n_r, *unit]``: the compute-local packed units of each rank.
+        P tensors ``[n_r, *unit]``: each rank's packed units in the compute layout.
     Raises:
         ValueError: wrong number of ranks or rows.
     """
@@ -129,7 +129,7 @@ def load_all_to_all(storage: torch.Tensor, smap: StorageMap, rank: int, *, group
 
     Args:
         storage: this rank's storage slot ``[>= t_r, *unit]``, contiguous.
-        out: optional ``[>= n_r, *unit]`` destination (compute-local packed units), contiguous.
+        out: optional ``[>= n_r, *unit]`` destination (packed units in the compute layout), contiguous.
     Returns:
         ``out`` with rows ``[0, n_r)`` restored exactly.
     Raises:

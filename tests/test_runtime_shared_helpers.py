@@ -23,7 +23,7 @@ def _layout(kind: str, dtype: torch.dtype, d_v: int, d_k: int):
     spec = UnitSpec(kind=kind, d_v=d_v, d_k=d_k, temporal_dtype=name, conv_dim=1, conv_kernel=2, conv_dtype=name,
                     int8=True)
     upl = spec.units_per_head
-    return RankLayout(spec=spec, num_layers=1, heads_local=1, units_per_layer=upl, rank_units=((0,),),
+    return RankLayout(spec=spec, num_layers=1, heads_per_rank=1, units_per_layer=upl, rank_units=((0,),),
                       offsets=(0, 1), n_kept=1, width=1,
                       index=state_index_from_kept([[0]], heads=1, unit_kind=kind, dk=d_k),
                       kept_flat=torch.tensor([0]), local_flat=torch.arange(1, upl, dtype=torch.int64),
