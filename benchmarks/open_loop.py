@@ -4,15 +4,17 @@ The closed loop of ``serve_bench.py`` keeps C conversations in flight, so TTFT t
 wait for a running slot. Here (issue 14, "the regime") load is offered the way chat users offer
 it: conversations *start* as a Poisson process of rate ``rate`` (conversations/s), and each next
 turn of a conversation is sent when the previous reply has arrived (the stream's ``[DONE]``) plus
-a think time, drawn uniformly from ``think_s * [1 - spread, 1 + spread]``. With a think time much
+a think time of mean ``think_s``: exponential (``think_dist="exp"``, the default: a memoryless
+user), or uniform on ``think_s * [1 - spread, 1 + spread]``. With a think time much
 longer than a turn's service time, live conversations far outnumber running requests, and a
 conversation's state checkpoint must survive its think time in the cache to be hit.
 
 Schedule (:func:`build_schedule`, pure and seeded, so every arm gets the same one):
 
 * **Warm-up**, ``[0, warmup_s)``, not measured: ``initial_live`` conversations already live at
-  t = 0 (a stationary start: each begins at a random later turn, its first request due uniformly
-  in the first think time; its earlier turns are never sent, so that request misses), plus
+  t = 0 (a stationary start: each begins at a random later turn, its first request due after a
+  think time drawn as above, within the warm-up; its earlier turns are never sent, so that
+  request misses), plus
   Poisson arrivals drawn with ``warmup_seed``.
 * **Measured windows** ``i = 0..n-1``, ``[warmup_s + i * window_s, warmup_s + (i+1) * window_s)``:
   Poisson arrivals drawn with ``seeds[i]``; think times of a conversation come from the seed of the
@@ -69,6 +71,7 @@ class OpenLoopParams:
     think_spread: float = 0.5
     initial_live: int = 0
     warmup_seed: int = 100
+    think_dist: str = "exp"
 
     def check(self) -> "OpenLoopParams":
         """Raises DascInputError naming the first bad field."""
@@ -78,6 +81,8 @@ class OpenLoopParams:
             raise DascInputError(f"--think-s: expected seconds >= 0, got {self.think_s}")
         if not 0 <= self.think_spread < 1:
             raise DascInputError(f"--think-spread: expected 0 <= spread < 1, got {self.think_spread}")
+        if self.think_dist not in ("exp", "uniform"):
+            raise DascInputError(f"--think-dist: expected exp or uniform, got {self.think_dist!r}")
         if not (self.warmup_s >= 0 and self.window_s > 0):
             raise DascInputError(f"--warmup-s >= 0 and --window-s > 0 expected, got {self.warmup_s}, {self.window_s}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -85,6 +90,12 @@ class OpenLoopParams:
         if self.initial_live < 0:
             raise DascInputError(f"--initial-live: expected >= 0, got {self.initial_live}")
         return self
+
+    def draw_think(self, rng: random.Random) -> float:
+        """One think time (s): exponential of mean ``think_s``, or uniform within the spread."""
+        if self.think_dist == "exp":
+            return rng.expovariate(1.0 / self.think_s) if self.think_s > 0 else 0.0
+        return rng.uniform(self.think_s * (1 - self.think_spread), self.think_s * (1 + self.think_spread))
 
     @property
     def end_s(self) -> float:
@@ -132,11 +143,13 @@ def build_schedule(num_convs: int, turns: int, p: OpenLoopParams) -> list[ConvPl
     p.check()
     if turns < 2:
         raise DascInputError(f"trace: expected conversations of >= 2 turns, got {turns}")
-    lo, hi = p.think_s * (1 - p.think_spread), p.think_s * (1 + p.think_spread)
     draws: list[tuple[float, int, int, random.Random]] = []        # (start, first turn, segment, rng)
     rng0 = random.Random(p.warmup_seed)
     for _ in range(p.initial_live):
-        draws.append((rng0.uniform(0.0, min(hi, p.warmup_s) if p.warmup_s else 0.0), rng0.randrange(1, turns), -1, rng0))
+        t = p.draw_think(rng0)
+        while p.warmup_s and t >= p.warmup_s:       # first request inside the warm-up
+            t = p.draw_think(rng0)
+        draws.append((t if p.warmup_s else 0.0, rng0.randrange(1, turns), -1, rng0))
     draws += [(t, 0, -1, rng0) for t in poisson_arrivals(p.rate, 0.0, p.warmup_s, rng0)]
     for i, seed in enumerate(p.seeds):
         rng = random.Random(seed)
@@ -148,7 +161,7 @@ def build_schedule(num_convs: int, turns: int, p: OpenLoopParams) -> list[ConvPl
     order = list(range(num_convs))
     random.Random(p.warmup_seed).shuffle(order)
     plans = [ConvPlan(conv=order[j], start_s=start, first_turn=first, segment=seg,
-                      think_s=tuple(rng.uniform(lo, hi) for _ in range(turns - 1)))
+                      think_s=tuple(p.draw_think(rng) for _ in range(turns - 1)))
              for j, (start, first, seg, rng) in enumerate(draws)]
     return sorted(plans, key=lambda c: (c.start_s, c.conv))
 
@@ -242,9 +255,10 @@ def turn_order_violations(records: Sequence[OpenLoopRecord], *, tol_s: float = 0
     return bad
 
 
-def load_profile(records: Sequence[OpenLoopRecord], t0: float, t1: float) -> dict:
+def load_profile(records: Sequence[OpenLoopRecord], t0: float, t1: float, turns: int | None = None) -> dict:
     """Time averages over ``[t0, t1)``: requests in flight (sent, reply not finished) and
-    conversations waiting between turns (reply arrived, next turn not yet sent)."""
+    conversations waiting between turns (reply arrived, next turn not yet sent; with ``turns``, a
+    conversation whose last recorded turn is not its final one waits until ``t1``)."""
     span = t1 - t0
     if span <= 0:
         return {"mean_in_flight": math.nan, "mean_waiting_conversations": math.nan}
@@ -260,11 +274,15 @@ def load_profile(records: Sequence[OpenLoopRecord], t0: float, t1: float) -> dic
     for rs in by_conv.values():
         rs.sort(key=lambda r: r.start_s)
         waiting += sum(overlap(a.start_s + a.e2e_s, b.start_s) for a, b in zip(rs, rs[1:]) if a.success)
+        last = rs[-1]
+        if turns is not None and last.turn < turns - 1 and last.success:
+            waiting += overlap(last.start_s + last.e2e_s, t1)
     return {"mean_in_flight": flight / span, "mean_waiting_conversations": waiting / span}
 
 
 def summarize_open_loop(records: Sequence[OpenLoopRecord], p: OpenLoopParams, *, arm: str,
-                        checkpoint_capacity: int | None, wall_s: float, dropped: int) -> dict:
+                        checkpoint_capacity: int | None, wall_s: float, dropped: int,
+                        turns: int | None = None) -> dict:
     """Statistics over the measured windows (``serve_bench.summarize``'s keys), one block per window
     (``windows[i]``, with its seed), and the offered load over the measured span."""
     measured = [r for r in records if 0 <= r.window < len(p.seeds)]
@@ -275,7 +293,7 @@ def summarize_open_loop(records: Sequence[OpenLoopRecord], p: OpenLoopParams, *,
                          wall_s=p.window_s)
         w.pop("per_turn")
         out["windows"].append({"window": i, "seed": seed, **w})
-    out["load"] = load_profile(records, p.warmup_s, p.end_s)
+    out["load"] = load_profile(records, p.warmup_s, p.end_s, turns)
     out["warmup_requests"] = sum(1 for r in records if r.window < 0)
     out["not_sent"] = dropped
     out["max_lateness_s"] = max((r.start_s - r.due_s for r in records), default=0.0)
@@ -291,7 +309,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--checkpoint-capacity", type=int, default=None, help="the arm's checkpoint slots (recorded)")
     ap.add_argument("--rate", type=float, required=True, help="conversation arrivals per second (Poisson)")
     ap.add_argument("--think-s", type=float, required=True, help="mean think time between a reply and the next turn")
-    ap.add_argument("--think-spread", type=float, default=0.5, help="think ~ U[(1-s) Z, (1+s) Z]")
+    ap.add_argument("--think-dist", default="exp", help="exp (default) or uniform")
+    ap.add_argument("--think-spread", type=float, default=0.5, help="uniform: think ~ U[(1-s) Z, (1+s) Z]")
     ap.add_argument("--warmup-s", type=float, required=True)
     ap.add_argument("--window-s", type=float, required=True, help="length of each measured window (one per seed)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -309,7 +328,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             raise DascInputError(f"--decode-clip: replies are clipped at >= {MIN_DECODE_CLIP} tokens, got {a.decode_clip}")
         p = OpenLoopParams(rate=a.rate, think_s=a.think_s, warmup_s=a.warmup_s, window_s=a.window_s,
                            seeds=tuple(a.seeds), think_spread=a.think_spread, initial_live=a.initial_live,
-                           warmup_seed=a.warmup_seed).check()
+                           warmup_seed=a.warmup_seed, think_dist=a.think_dist).check()
         header, convs = load_trace(a.trace)
         schedule = build_schedule(len(convs), min(c.turns for c in convs), p)
     except DascInputError as e:
@@ -326,7 +345,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     records, dropped, wall = run_open_loop(a.url, reqs, schedule, p, source_ids=[c.source_id for c in convs],
                                            timeout_s=a.timeout, progress=True)
     summary = summarize_open_loop(records, p, arm=a.arm, checkpoint_capacity=a.checkpoint_capacity, wall_s=wall,
-                                  dropped=dropped)
+                                  dropped=dropped, turns=min(c.turns for c in convs))
     summary["turn_order_violations"] = turn_order_violations(records, tol_s=0.0)[:5]
     config = {"trace": str(a.trace), "trace_params": header.get("params"), "url": a.url, "decode_clip": a.decode_clip,
               "vocab_size": a.vocab_size, "max_running_requests": a.max_running_requests, "params": asdict(p),

@@ -67,7 +67,7 @@ def test_poisson_arrivals_have_exponential_gaps_and_poisson_counts():
 
 
 P = ol.OpenLoopParams(rate=4.0, think_s=2.0, warmup_s=5.0, window_s=10.0, seeds=(0, 1, 2, 3, 4),
-                      think_spread=0.5, initial_live=12, warmup_seed=7)
+                      think_spread=0.5, initial_live=12, warmup_seed=7, think_dist="uniform")
 
 
 def test_schedule_is_seeded_per_window_and_never_reuses_a_conversation():
@@ -92,6 +92,14 @@ def test_schedule_is_seeded_per_window_and_never_reuses_a_conversation():
         assert starts(s, seg) == starts(other, seg)
     assert starts(s, 2) != starts(other, 2)
     assert all(P.warmup_s + 2 * P.window_s <= t < P.warmup_s + 3 * P.window_s for t in starts(other, 2))
+    # exponential think times (the default): mean Z, CV 1; initial conversations start inside the warm-up
+    e = ol.build_schedule(400, 4, ol.OpenLoopParams(**{**P.__dict__, "think_dist": "exp", "initial_live": 40}))
+    ez = [z for c in e for z in c.think_s]
+    m = sum(ez) / len(ez)
+    assert m == pytest.approx(2.0, rel=0.1) and math.sqrt(sum((z - m) ** 2 for z in ez) / len(ez)) / m == pytest.approx(1, abs=0.12)
+    assert all(0 <= c.start_s < P.warmup_s for c in e if c.first_turn > 0)
+    with pytest.raises(DascInputError, match="think-dist"):
+        ol.OpenLoopParams(**{**P.__dict__, "think_dist": "pareto"}).check()
     with pytest.raises(DascInputError, match="trace holds 50"):
         ol.build_schedule(50, 4, P)
     with pytest.raises(DascInputError, match="--seeds"):
@@ -184,6 +192,8 @@ def test_turn_order_violations_and_load_profile_by_hand():
     ok = [rec(0, 0, 0.0, 1.0), rec(0, 1, 3.0, 1.0, think=2.0)]
     assert ol.turn_order_violations(ok) == []
     assert ol.load_profile(ok, 0.0, 4.0) == {"mean_in_flight": 0.5, "mean_waiting_conversations": 0.5}
+    # with 3 turns the conversation still waits for its last turn after 4.0 s: until the end, 6.0 s
+    assert ol.load_profile(ok, 0.0, 6.0, turns=3) == {"mean_in_flight": 2 / 6, "mean_waiting_conversations": 4 / 6}
     early = [rec(0, 0, 0.0, 1.0), rec(0, 1, 2.5, 1.0, think=2.0)]
     assert len(ol.turn_order_violations(early)) == 1
     skipped = [rec(0, 0, 0.0, 1.0), rec(0, 2, 5.0, 1.0)]

@@ -1,0 +1,337 @@
+"""Run the open-loop serving arms on ONE GPU: every arm's SGLang server resident at once, measured in turn.
+
+One device call has to hold every arm of a comparison, so that seeds pair within the call. A
+server start costs far more than a measurement (first Triton compiles, CUDA graphs), so all arm
+servers start together on the same GPU, staggered by ``--stagger-s`` (each takes a small, fixed
+share: ``--max-total-tokens`` caps its KV pool, the arm's flags fix its state pools, and
+``--sleep-on-idle`` keeps an idle server off the CPU). Once every server is up (or dead, or the
+start-up deadline passed), nothing is started any more, and:
+
+1. every server replays a short untimed warm-up at once (first compiles of prefill shapes);
+2. the first healthy arm (Dense) calibrates the load: ``R`` conversations' first turns at a time,
+   replies clipped as in the run; ``S`` = their mean end-to-end latency (s);
+3. the offered load follows for all arms (one schedule, paired): ``rate = rho * R / (T * S)``,
+   think time ``Z = live_per_running * T * S / (T - 1)`` (so conversations waiting between turns
+   are about ``live_per_running`` times the running requests; exponential by default),
+   ``initial_live = live_per_running * rho * R`` conversations at t = 0, a warm-up of ``2 Z + 2 S``
+   (uniform think times: ``Z * (1 + spread) + 2 S``) and the longest
+   measured window (``<= --max-window-s``) that fits the arms left in the deadline, dropping the
+   last arms (lowest priority) while the window would be shorter than ``--min-window-s``;
+4. the arms run one after another (``benchmarks/open_loop.py`` in a separate process, cache
+   flushed first); each server is stopped after its arm. An arm whose server failed to start
+   together with the others is started alone afterwards if the time left covers it.
+
+Outputs ``WORK/manifest.json`` (per arm: command, start-up time and log lines, GPU memory, the
+client's summary, failures; the calibration and the schedule parameters), ``WORK/ARM/result.json``
+(``open_loop.py``'s result) and ``WORK/ARM/server.log``.
+
+Example (on the device, SGLang importable from /tmp/site)::
+
+    python3 -m benchmarks.run_open_loop --arms-json /tmp/arms.json --plans /tmp/plans --model /tmp/kimi16 \\
+        --trace benchmarks/traces/sharegpt_qwen_n256_d1024_earliest_s0.json.gz \\
+        --warm-trace benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz --max-running-requests 8 \\
+        --deadline-s 560 --work /tmp/open-loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks import run_serving as rs
+from benchmarks import serve_bench as sb
+from benchmarks.build_trace import load_trace, turn_requests
+
+REPO = Path(__file__).resolve().parent.parent
+OPEN_LOOP = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.open_loop"]
+
+
+class Driver:
+    """Arguments, clock (``time.monotonic`` s from the start), live servers and the manifest."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.t0 = time.monotonic()
+        self.lock = threading.RLock()
+        self.manifest: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+                               "arms": {}, "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return self.a.deadline_s - self.now()
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.now():6.0f}s] {msg}", flush=True)
+
+    def save(self) -> None:
+        with self.lock:
+            tmp = self.a.work / "manifest.json.tmp"
+            tmp.write_text(json.dumps(self.manifest, indent=1, default=str))
+            tmp.replace(self.a.work / "manifest.json")
+
+
+def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
+    """``launch_server`` command of one arm: the common flags of the serving benchmark, one GPU,
+    a capped KV pool, no busy idle loop, and the arm's own flags (``{plans}`` filled in)."""
+    flags = [f.replace("{plans}", str(a.plans)) for f in arm["flags"]]
+    if arm["kind"] == "dasc":
+        flags.append("--dasc-dummy-decay-ok")
+    return [*shlex.split(a.launcher), "--model-path", str(a.model), "--port", str(port), *rs.COMMON_FLAGS,
+            "--mem-fraction-static", str(a.mem_fraction_static), "--max-total-tokens", str(a.max_total_tokens),
+            "--context-length", str(a.context_length), "--cuda-graph-max-bs", str(a.max_running_requests),
+            "--tp-size", "1", "--sleep-on-idle", *a.server_flag, *flags]
+
+
+def start(d: Driver, arm: dict, port: int) -> None:
+    """Launch one arm's server in its own session (``rs._stop`` stops the whole group)."""
+    name = arm["arm"]
+    (d.a.work / name).mkdir(parents=True, exist_ok=True)
+    rec = d.manifest["arms"].setdefault(name, {"launch": arm, "failures": []})
+    rec.update(port=port, command=" ".join(server_command(d.a, arm, port)), t_launch=round(d.now(), 1))
+    if rs._port_busy(port):
+        rec["failures"].append(f"not started: port {port} is already in use")
+        return
+    env = rs.server_env(arm, [d.a.gpu])
+    rec["env"] = {k: env[k] for k in sorted(env) if k.startswith("DASC_")}
+    with open(d.a.work / name / "server.log", "w") as fh:
+        d.procs[name] = subprocess.Popen(server_command(d.a, arm, port), stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, cwd=REPO)
+    d.log(f"{name}: launched on port {port}")
+
+
+def wait_up(d: Driver, names: list[str], deadline: float) -> list[str]:
+    """Wait until each named server answers /health, exits, or ``deadline`` (driver seconds) passes;
+    dead or late ones are stopped and recorded. Returns the healthy names, in the given order."""
+    pending, up = [n for n in names if n in d.procs], []
+    while pending and d.now() < deadline:
+        for n in list(pending):
+            rec, proc = d.manifest["arms"][n], d.procs[n]
+            if proc.poll() is not None:
+                rec["failures"].append(f"server exited ({proc.returncode}) during start-up")
+                rec["log_tail"] = rs._tail(d.a.work / n / "server.log", n=40)
+                d.log(f"{n}: died during start-up: " + " | ".join(rs._tail(d.a.work / n / "server.log", n=4)))
+                pending.remove(n)
+            elif rs._healthy(rec["port"]):
+                rec["startup_s"] = round(d.now() - rec["t_launch"], 1)
+                log = d.a.work / n / "server.log"
+                rec["startup_lines"] = (rs._tail(log, "Mamba Cache is allocated", 2) + rs._tail(log, "dasc:", 4)
+                                        + rs._tail(log, "int8 mamba checkpoint pool", 2)
+                                        + rs._tail(log, "max_total_num_tokens", 1))
+                d.log(f"{n}: up in {rec['startup_s']} s")
+                pending.remove(n)
+                up.append(n)
+        time.sleep(1)
+    for n in pending:
+        d.manifest["arms"][n]["failures"].append(f"not up by {deadline:.0f} s: stopped")
+        stop(d, n)
+    return [n for n in names if n in up]
+
+
+def stop(d: Driver, name: str) -> None:
+    proc = d.procs.pop(name, None)
+    if proc is not None:
+        rs._stop(proc)
+        d.manifest["arms"][name]["dasc_last"] = rs._tail(d.a.work / name / "server.log", "dasc", 3)
+
+
+def _requests(trace: Path, clip: int, vocab: int, turns: int | None = None):
+    _, convs = load_trace(trace)
+    return [[replace(r, max_new_tokens=min(r.max_new_tokens, clip)) for r in turn_requests(i, c, vocab_size=vocab)]
+            [: turns or None] for i, c in enumerate(convs)]
+
+
+def warm_up(d: Driver, names: list[str]) -> None:
+    """Untimed: ``--warmup-conversations`` two-turn conversations per server, all servers at once, then flush."""
+    reqs = _requests(d.a.warm_trace, 32, d.a.vocab_size, turns=2)[-d.a.warmup_conversations:]
+
+    def one(n: str) -> None:
+        url = f"http://127.0.0.1:{d.manifest['arms'][n]['port']}"
+        t = time.monotonic()
+        recs, _ = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests)
+        sb._http(url, "POST", "/flush_cache")
+        d.manifest["arms"][n]["warmup"] = {"s": round(time.monotonic() - t, 1),
+                                           "failed": sum(1 for r in recs if not r.success)}
+
+    ts = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def calibrate(d: Driver, name: str) -> dict:
+    """Mean E2E latency S (s) of first turns, R at a time (two rounds), replies clipped as in the run."""
+    url = f"http://127.0.0.1:{d.manifest['arms'][name]['port']}"
+    reqs = _requests(d.a.warm_trace, d.a.decode_clip, d.a.vocab_size, turns=1)[: 2 * d.a.max_running_requests]
+    recs, wall = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests)
+    sb._http(url, "POST", "/flush_cache")
+    ok = [r for r in recs if r.success]
+    if not ok:
+        raise RuntimeError(f"calibration on {name}: every request failed ({recs[0].error if recs else 'none sent'})")
+    return {"arm": name, "requests": len(ok), "service_s": sum(r.e2e_s for r in ok) / len(ok),
+            "ttft_s": sum(r.ttft_s for r in ok) / len(ok), "wall_s": wall}
+
+
+def plan_load(a: argparse.Namespace, service_s: float, turns: int, n_convs: int, n_arms: int, left_s: float) -> dict:
+    """The schedule parameters from the calibrated service time (module docstring, step 3).
+
+    Returns a dict with rate, think_s, initial_live, warmup_s, window_s and arms (how many fit),
+    or window_s = 0 when not even one arm fits.
+    """
+    rate = a.rho * a.max_running_requests / (turns * service_s)
+    think = a.live_per_running * turns * service_s / (turns - 1)
+    initial = int(round(a.live_per_running * a.rho * a.max_running_requests))
+    warm = think * (2.0 if a.think_dist == "exp" else 1 + a.think_spread) + 2 * service_s
+    per_arm_fixed = warm + service_s + a.arm_overhead_s
+    for n in range(n_arms, 0, -1):
+        window = (left_s / n - per_arm_fixed) / a.windows
+        # the trace holds each conversation once: initial + rate * (warm-up + windows) <= 95 % of it
+        window = min(window, a.max_window_s, ((n_convs * 0.95 - initial) / rate - warm) / a.windows)
+        if window >= a.min_window_s or n == 1:
+            break
+    return {"rate": rate, "think_s": think, "initial_live": initial, "warmup_s": warm,
+            "window_s": max(0.0, math.floor(window * 10) / 10), "arms": n, "service_s": service_s}
+
+
+def run_arm(d: Driver, name: str, load: dict) -> None:
+    """One arm's open-loop run (``open_loop.py`` in a separate process); the server is stopped after."""
+    rec, a = d.manifest["arms"][name], d.a
+    out = a.work / name / "result"
+    cmd = [*OPEN_LOOP, "--trace", str(Path(a.trace).resolve()), "--url", f"http://127.0.0.1:{rec['port']}",
+           "--arm", name, "--checkpoint-capacity", str(rec["launch"]["capacity"]), "--rate", f"{load['rate']:.6f}",
+           "--think-s", f"{load['think_s']:.6f}", "--think-dist", a.think_dist, "--think-spread", str(a.think_spread),
+           "--warmup-s", f"{load['warmup_s']:.3f}", "--window-s", f"{load['window_s']:.3f}",
+           "--seeds", *map(str, a.seeds[: a.windows]), "--initial-live", str(load["initial_live"]),
+           "--decode-clip", str(a.decode_clip), "--vocab-size", str(a.vocab_size),
+           "--max-running-requests", str(a.max_running_requests), "--out", str(out.resolve())]
+    t = time.monotonic()
+    d.log(f"{name}: open loop ({load['warmup_s'] + a.windows * load['window_s']:.0f} s of schedule)")
+    last = "no result"
+    try:
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                           timeout=max(30.0, d.left() + 5))
+        rec["client_rc"], rec["client_out"] = p.returncode, (p.stdout[-2000:] + p.stderr[-2000:])
+        last = (p.stdout.strip().splitlines() or ["(no output)"])[-1][:200]
+        if p.returncode not in (0, 1):
+            rec["failures"].append(f"open_loop rc={p.returncode}: {p.stderr[-300:]}")
+    except subprocess.TimeoutExpired:
+        rec["failures"].append("open loop cut by the deadline")
+    rec["run_s"] = round(time.monotonic() - t, 1)
+    res = out.with_name(out.name + ".json")
+    if res.is_file():
+        s = json.loads(res.read_text())["summary"]
+        rec["summary"] = {k: v for k, v in s.items() if k != "per_turn"}
+    rec["gpu_mem_mib"] = rs._gpu_mem_mib([a.gpu])
+    stop(d, name)
+    d.log(f"{name}: done in {rec['run_s']} s: {last}")
+    d.save()
+
+
+def main(argv=None) -> int:
+    """CLI (module docstring). Returns 0 when the arms are done (failures are in the manifest), 2 for bad arguments."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arms-json", type=Path, required=True, help="from python -m benchmarks.serving_arms --out")
+    ap.add_argument("--only", nargs="*", default=None, help="these arms, in this priority order")
+    ap.add_argument("--plans", type=Path, required=True)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--trace", type=Path, required=True, help="the measured conversations")
+    ap.add_argument("--warm-trace", type=Path, required=True, help="warm-up and calibration prompts (flushed after)")
+    ap.add_argument("--launcher", default=f"{sys.executable} -m sglang.launch_server")
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--max-running-requests", type=int, required=True)
+    ap.add_argument("--vocab-size", type=int, default=163840)
+    ap.add_argument("--decode-clip", type=int, default=128)
+    ap.add_argument("--rho", type=float, default=0.7, help="offered running requests / R")
+    ap.add_argument("--live-per-running", type=float, default=8.0,
+                    help="conversations waiting between turns per running request")
+    ap.add_argument("--think-dist", default="exp", help="exp or uniform think times")
+    ap.add_argument("--think-spread", type=float, default=0.5)
+    ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--min-window-s", type=float, default=8.0)
+    ap.add_argument("--max-window-s", type=float, default=20.0)
+    ap.add_argument("--arm-overhead-s", type=float, default=4.0, help="flush, process start, result writing")
+    ap.add_argument("--warmup-conversations", type=int, default=8)
+    ap.add_argument("--mem-fraction-static", type=float, default=0.88)
+    ap.add_argument("--max-total-tokens", type=int, default=400000)
+    ap.add_argument("--context-length", type=int, default=12288)
+    ap.add_argument("--server-flag", action="append", default=[], help="extra launch_server flag (repeatable)")
+    ap.add_argument("--stagger-s", type=float, default=3.0)
+    ap.add_argument("--startup-deadline-s", type=float, default=330.0, help="driver time by which servers must be up")
+    ap.add_argument("--solo-start-s", type=float, default=90.0, help="time a lone restart is expected to take")
+    ap.add_argument("--deadline-s", type=float, default=560.0)
+    ap.add_argument("--base-port", type=int, default=30100)
+    ap.add_argument("--work", type=Path, required=True)
+    a = ap.parse_args(argv)
+    a.server_flag = [x for f in a.server_flag for x in shlex.split(f)]
+    arms = json.loads(a.arms_json.read_text())
+    if a.only:
+        by = {x["arm"]: x for x in arms}
+        if any(n not in by for n in a.only):
+            print(f"error: --only: no arm {[n for n in a.only if n not in by]} in {a.arms_json}", file=sys.stderr)
+            return 2
+        arms = [by[n] for n in a.only]
+    if len(a.seeds) < a.windows or a.windows < 1:
+        print(f"error: --seeds: expected at least --windows {a.windows} seeds", file=sys.stderr)
+        return 2
+    a.work.mkdir(parents=True, exist_ok=True)
+    d = Driver(a)
+    names = [x["arm"] for x in arms]
+    try:
+        for i, arm in enumerate(arms):
+            start(d, arm, a.base_port + i)
+            time.sleep(a.stagger_s if i < len(arms) - 1 else 0)
+        up = wait_up(d, names, a.startup_deadline_s)
+        d.manifest["gpu_mem_mib_all_up"] = rs._gpu_mem_mib([a.gpu])
+        d.save()
+        if not up:
+            d.log("no server came up")
+            return 0
+        warm_up(d, up)
+        cal = calibrate(d, up[0])
+        d.manifest["calibration"] = cal
+        _, convs = load_trace(a.trace)
+        turns = min(c.turns for c in convs)
+        load = plan_load(a, cal["service_s"], turns, len(convs), len(up), d.left())
+        d.manifest["load"] = load
+        d.log(f"calibration: S = {cal['service_s']:.3f} s on {up[0]}; load {json.dumps(load)}")
+        d.save()
+        per_arm = load["warmup_s"] + a.windows * load["window_s"] + load["service_s"] + a.arm_overhead_s
+        for n in names:
+            if n not in up:
+                continue
+            if d.left() < per_arm or load["window_s"] <= 0:
+                d.manifest["arms"][n]["failures"].append(f"not run: {d.left():.0f} s left < {per_arm:.0f} s")
+                stop(d, n)
+                continue
+            run_arm(d, n, load)
+        for n in names:     # arms whose server did not come up together with the others
+            if n in up or d.left() < a.solo_start_s + per_arm:
+                continue
+            d.log(f"{n}: starting alone")
+            start(d, next(x for x in arms if x["arm"] == n), a.base_port + len(arms) + names.index(n))
+            if wait_up(d, [n], d.now() + a.solo_start_s) and d.left() >= per_arm:
+                run_arm(d, n, load)
+            stop(d, n)
+    finally:
+        for n in list(d.procs):
+            stop(d, n)
+        d.manifest["wall_s"] = round(d.now(), 1)
+        d.save()
+    d.log("done: " + ", ".join(f"{n}: {'ok' if 'summary' in v else 'no result'}" for n, v in d.manifest["arms"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
