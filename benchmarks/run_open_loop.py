@@ -106,7 +106,7 @@ def start(d: Driver, arm: dict, port: int) -> None:
     rec["env"] = {k: env[k] for k in sorted(env) if k.startswith("DASC_")}
     with open(d.a.work / name / "server.log", "w") as fh:
         d.procs[name] = subprocess.Popen(server_command(d.a, arm, port), stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, cwd=REPO)
+                                         start_new_session=True, cwd=d.a.work)
     d.log(f"{name}: launched on port {port}")
 
 
