@@ -144,7 +144,11 @@ def horizon_pool(anchors: list[tuple[float, int]], rng: np.random.Generator) -> 
 
 
 def apportion(total: int, weights: np.ndarray, cap: np.ndarray) -> np.ndarray:
-    """Integers ``[n]`` summing to ``total``, each <= cap, proportional to ``weights`` (largest remainder)."""
+    """Integers ``[n]`` summing to ``total``, each <= cap, proportional to ``weights`` (largest remainder).
+
+    Raises:
+        AssertionError: the caps leave no room for ``total``.
+    """
     x = np.minimum(weights / weights.sum() * total, cap)
     out = np.floor(x).astype(np.int64)
     while out.sum() < total:
@@ -158,7 +162,11 @@ def apportion(total: int, weights: np.ndarray, cap: np.ndarray) -> np.ndarray:
 
 
 def int_split(total: int, x: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """Integers ``[n]`` in [lo, hi] summing to ``total``, near ``x * total / sum(x)``."""
+    """Integers ``[n]`` in [lo, hi] summing to ``total``, near ``x * total / sum(x)``.
+
+    Raises:
+        AssertionError: ``total`` is outside [lo * n, hi * n].
+    """
     n = x.size
     if not lo * n <= total <= hi * n:
         raise AssertionError(f"cannot split {total} into {n} parts in [{lo}, {hi}]")
@@ -310,7 +318,7 @@ def synthesize(name: str, seed: int = 0) -> tuple[dict, list[tuple[str, torch.Te
 def write_calibrated(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` (decay tensors only, metadata
     ``dasc_provenance`` = the calibrated label). Byte-identical for the same name and seed. Sizes:
-    Kimi-Linear 328 KiB, Qwen3-Next 14 KiB, Qwen3.5-27B 14 KiB, Kimi-K3 3.3 MiB (not bundled).
+    Kimi-Linear 327 KiB, Qwen3-Next 14 KiB, Qwen3.5-27B 24 KiB, Kimi-K3 3.3 MiB (not bundled).
 
     Raises:
         DascInputError: unknown name.
