@@ -293,4 +293,20 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
         files[file_name] = source
         plan = plan.model_copy(update={"kernels": kernel_module_entry(constants, file_name, source)})
     plan = with_content_hash(plan)
+    _check_own_plan(plan, out)
     return plan, write_plan_dir(plan, out, files)
+
+
+def _check_own_plan(plan: Plan, out: Path) -> None:
+    """Run the plan reader's consistency checks on the plan about to be written: dasc never writes a plan
+    that its own reader (``dasc inspect``, the runtime) would refuse.
+
+    Raises:
+        RuntimeError: the compiler built an inconsistent plan (a bug in dasc, not bad input).
+    """
+    from dasc_compile.schema.reader import check_plan
+
+    try:
+        check_plan(plan, out / "plan.json")
+    except DascInputError as exc:
+        raise RuntimeError(f"the compiled plan fails its own consistency check, nothing was written: {exc}") from None
