@@ -69,3 +69,20 @@ def test_every_written_plan_loads(models, tmp_path, model, tp, balance, int8, wm
     else:
         assert_one_error(r)                      # refused up front (e.g. TP 4 over 2 key heads, a tiny budget)
         assert not (tmp_path / "plan").exists()
+
+
+def test_an_inconsistent_compiler_result_is_not_written(models, tmp_path, monkeypatch):
+    # a planted compiler bug (an offset off by one) must end as an internal error before anything is written
+    import dasc_compile.compiler as comp
+
+    real = comp.build_plan
+
+    def buggy(*a, **k):
+        plan = real(*a, **k)
+        layers = [plan.layers[0], plan.layers[1].model_copy(update={"offset": plan.layers[1].offset + 1})]
+        return plan.model_copy(update={"layers": layers})
+
+    monkeypatch.setattr(comp, "build_plan", buggy)
+    r = dasc("compile", models["kda"], "--wmax", 4, "--out", tmp_path / "plan")
+    line = assert_one_error(r, "internal error", "fails its own consistency check", "'layers[1].offset'", code=1)
+    assert "nothing was written" in line and list(tmp_path.iterdir()) == []
