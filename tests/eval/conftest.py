@@ -102,3 +102,30 @@ def kda_model(kda_dir):
     from dasc_compile.eval.models import load_eval_model
 
     return load_eval_model(kda_dir)
+
+
+def write_qwen35(out: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3.5 (``qwen3_5``: nested ``text_config``, ``model.language_model.`` tensor names)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = {k: v for k, v in backbone().to_dict().items()
+            if k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "layer_types",
+                     "max_position_embeddings", "initializer_range")}
+    cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=32,
+                                                             num_heads=2, out_hidden_size=64))
+    model = Qwen3_5ForConditionalGeneration(cfg)
+    model.save_pretrained(out)
+    d = json.loads((out / "config.json").read_text())
+    d["dasc_tokenizer"] = "bytes"
+    (out / "config.json").write_text(json.dumps(d))
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen35_model(tmp_path_factory):
+    from dasc_compile.eval.models import load_eval_model
+
+    return load_eval_model(write_qwen35(tmp_path_factory.mktemp("q35") / "model"))

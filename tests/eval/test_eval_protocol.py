@@ -32,9 +32,11 @@ def kda_plan(kda_dir, tmp_path_factory):
     return load_plan(compile_for(kda_dir, 64, tmp_path_factory.mktemp("p") / "kda64.dasc"), verify_kernels=False)
 
 
-@pytest.mark.parametrize("which", ["gdn", "kda"])
-def test_dense_equals_full_prompt_forward(which, gdn_model, kda_model):
-    em = gdn_model if which == "gdn" else kda_model
+@pytest.mark.parametrize("which", ["gdn", "kda", "qwen3_5"])
+def test_dense_equals_full_prompt_forward(which, gdn_model, kda_model, request):
+    em = {"gdn": gdn_model, "kda": kda_model}.get(which) or request.getfixturevalue("qwen35_model")
+    if which == "qwen3_5":
+        assert type(em.model).__name__ == "Qwen3_5ForCausalLM" and em.layer_ids == [0, 2]
     full = em.forward(PREFIX + SUFFIX, em.new_cache())
     cache = arm_cache(em, _prefix_cache(em), PREFIX, "dense", None)
     split = em.forward(SUFFIX, cache)
