@@ -99,7 +99,8 @@ def plan_warnings(plan: Plan) -> list[str]:
     """Things about a valid plan that its user should know, one line each (printed on stderr by the CLI).
 
     Nothing kept (every hit restores a zero temporal state); a balance mode at TP size 1 (it changes
-    nothing); plan features this dasc's runtime refuses to serve (dasc-wr refresh, hybrid balancing).
+    nothing); plan features this dasc's runtime refuses to serve (hybrid balancing: ``dasc_runtime.verify.
+    check_plan_supported``; ``tests/cli/test_user_messages.py`` keeps the two in step).
     """
     out = []
     t, pol = plan.totals, plan.policy
@@ -111,9 +112,6 @@ def plan_warnings(plan: Plan) -> list[str]:
     if pol.balance != "off" and pol.tp_size == 1:
         out.append(f"balance '{pol.balance}' changes nothing at TP size 1 (one rank holds every unit); pass --tp P "
                    f"to balance across P ranks")
-    if pol.load_policy == "wr" and plan.refresh.any_local:
-        out.append("load_policy 'wr': this dasc's SGLang runtime does not run dasc-wr yet and refuses this plan "
-                   "(it serves load_policy 'nr')")
     if plan.tp.balance == "hybrid":
         out.append("balance 'hybrid': this dasc's SGLang runtime does not permute the loaded weights yet and refuses "
                    "this plan (it serves balance 'off' and 'storage')")
