@@ -125,3 +125,18 @@ def test_console_script_runs_the_same_entry(tmp_path):
     r = subprocess.run([str(exe if exe.exists() else shutil.which("dasc")), "--version"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("dasc ")
+
+
+def test_budget_refusal_matches_the_runtime_sizing(tmp_path, gdn):
+    # the compiler refuses exactly the budgets the runtime's pool sizing refuses (runtime/pool.py)
+    pool = pytest.importorskip("dasc_runtime.pool")
+    from dasc_compile.errors import DascInputError
+
+    for budget in (767, 768, 1151, 1152):
+        r = dasc("compile", gdn, "--wmax", 16, "--pool-budget", budget, "--out", tmp_path / f"p{budget}")
+        try:
+            pool.slots_for_budget(budget, 384)
+            runtime_ok = True
+        except DascInputError:
+            runtime_ok = False
+        assert (r.code == 0) == runtime_ok, (budget, r.err)
