@@ -18,6 +18,7 @@ their KV in the same cache (transformers ``cache_utils.LinearAttentionLayer`` / 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,14 +143,68 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _checkpoint_numel(path: Path) -> int:
+    from dasc_compile.safetensors_header import read_safetensors_header
+
+    total = 0
+    for f in sorted(path.glob("*.safetensors")):
+        for e in read_safetensors_header(f).tensors.values():
+            n = 1
+            for d in e.shape:
+                n *= d
+            total += n
+    return total
+
+
+def _available_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
+def check_weights(path: Path, want: int, dtype: torch.dtype) -> None:
+    """Refuse a checkpoint that holds fewer parameters than its config describes (a decay-only
+    reference, whose other weights transformers would silently draw at random), or a model too large
+    for this machine's free memory.
+
+    Args:
+        want: parameter count of the model the config describes (built on the meta device).
+    Raises:
+        DascInputError: naming the directory, the counts, and the bytes needed.
+    """
+    have = _checkpoint_numel(path)
+    if have < 0.99 * want:
+        raise DascInputError(
+            f"{path}: the weights hold {have:,} of the {want:,} parameters config.json describes; dasc eval needs "
+            f"the whole trained checkpoint (a decay-only reference file is enough for dasc compile, not for eval)")
+    need = want * torch.empty((), dtype=dtype).element_size()
+    free = _available_bytes()
+    if free is not None and need > 0.8 * free:
+        raise DascInputError(f"{path}: the model needs ~{need / 2**30:.1f} GiB in {str(dtype).split('.')[-1]}; "
+                             f"this machine has {free / 2**30:.1f} GiB free")
+
+
 def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(config)
+        check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
+        del meta
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                           output_loading_info=True)
+    except DascInputError:
+        raise
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
                              f"({str(exc).splitlines()[0][:200]})") from None
+    missing = [k for k in info.get("missing_keys", []) if "lm_head" not in k or not config.get_text_config().tie_word_embeddings]
+    if missing:
+        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}); "
+                             f"dasc eval needs the whole trained checkpoint")
     mixers = {}
     for mod in model.modules():
         if hasattr(mod, "chunk_gated_delta_rule") and hasattr(mod, "A_log") and hasattr(mod, "layer_idx"):

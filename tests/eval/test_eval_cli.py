@@ -94,3 +94,14 @@ def test_prompts_shorter_than_the_prefix_are_refused(gdn_dir, plans, tmp_path):
 def test_other_bad_options(gdn_dir, plans, args):
     base = ["eval", gdn_dir] + ([] if args == [] else ["--plan", plans[1]])
     _one_error_line(_cli(*base, *args))
+
+
+def test_decay_only_reference_is_refused_not_filled_with_random_weights(tmp_path):
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import Policy
+    from pathlib import Path
+
+    ref = Path(__file__).resolve().parents[2] / "plans" / "reference" / "qwen3-next-80b-a3b"
+    _, plan = compile_plan(ref, Policy(w_max=16), tmp_path / "p.dasc", with_kernels=False)
+    line = _one_error_line(_cli("eval", ref, "--plan", plan))
+    assert "parameters config.json describes" in line
