@@ -25,6 +25,7 @@ class Installed:
     fingerprint_match: Optional[dict] = None
     pool: Any = None                 # DascCheckpointPool
     component: Any = None            # DascMambaComponent
+    refresh: Any = None              # wr_scratch.ScratchBudget (dasc-wr plans that omit units)
 
     def reset(self) -> None:
         """Forget everything (tests that install several plans in one process)."""
@@ -36,7 +37,8 @@ INSTALLED = Installed()
 
 def status_line() -> str:
     """Counters for SGLang's prefill/decode log lines: hits and restores by tier, demotions,
-    evictions, checkpoints per tier, free compressed slots and states not cached (``skipped``)."""
+    evictions, checkpoints per tier, free compressed slots, states not cached (``skipped``) and, under
+    dasc-wr, refreshes and tokens replayed."""
     pool, comp = INSTALLED.pool, INSTALLED.component
     if pool is None:
         return ""
@@ -57,4 +59,6 @@ def status_line() -> str:
         ]
     else:
         parts.append(f"dasc free c: {pool.available_size()}/{pool.num_slots}")
+    if INSTALLED.refresh is not None:
+        parts.append(INSTALLED.refresh.status())
     return ", ".join(parts)

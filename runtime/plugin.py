@@ -33,6 +33,9 @@ _FLAGS = (
                                                      help="dasc: with --load-format dummy only, serve a plan compiled "
                                                           "from another checkpoint's decay values (latency "
                                                           "benchmarks; the random weights cannot match)")),
+    ("--dasc-refresh-slots", "refresh_slots", dict(type=int, default=None,
+                                                   help="dasc-wr: windows one scratch refresh pass replays "
+                                                        "(hidden request rows and native Mamba slots; default 8)")),
 )
 _KWARGS = {"dasc_" + field: field for _, field, _ in _FLAGS}
 
@@ -102,6 +105,12 @@ def _server_args():
         return None
 
 
+def current_plan():
+    """``(plan, settings, server_args)`` of this process; plan is None when no plan is configured."""
+    settings = _settings()
+    return (_load_plan_once(settings) if settings.active else None), settings, _server_args()
+
+
 def _attn_tp():
     try:
         from sglang.srt.runtime_context import get_parallel
@@ -134,6 +143,7 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     from dasc_runtime.side_channels import attach_tier_policy
     from dasc_runtime.tiers import TierPolicy
     from dasc_runtime.verify import DascRefusal, check_plan_supported, check_state
+    from dasc_runtime.wr_scratch import budget_after_scratch
 
     settings = settings or _settings()
     plan = _load_plan_once(settings)
@@ -152,9 +162,10 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
     if settings.pool_slots is not None:
         slots = settings.pool_slots
     elif settings.pool_bytes is not None:
-        slots = slots_for_budget(settings.pool_bytes, bottleneck)
+        slots = slots_for_budget(budget_after_scratch(settings.pool_bytes), bottleneck)
     elif plan.policy.pool_budget_bytes is not None:
-        slots = slots_for_budget(plan.policy.pool_budget_bytes, bottleneck)
+        slots = slots_for_budget(budget_after_scratch(plan.policy.pool_budget_bytes, "the plan's pool_budget_bytes"),
+                                 bottleneck)
     else:
         slots = 2 * int(mamba_size)
     ops = select_ops(plan, INSTALLED.plan_dir, layout, device, tp_group=tp_group)
@@ -280,18 +291,23 @@ def around_create_unified_radix_cache(original, ctx, server_args, params):
 
 
 def around_collect_cow(original, batch, reqs):
-    """AROUND ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``: host-side tier of each hit source."""
+    """AROUND ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``: host-side tier of each hit source,
+    and under dasc-wr the refresh passes of the compressed hits (:func:`dasc_runtime.wr_refresh.plan_refresh`)."""
     from dasc_runtime.installed import INSTALLED
     from dasc_runtime.side_channels import attach_tier_hint
+    from dasc_runtime.wr_refresh import plan_refresh
 
     pool = INSTALLED.pool
     if pool is None:
         return original(batch, reqs)
-    hint = [pool.is_own_id_tensor(r.mamba_cow_src_index) for r in reqs if r.mamba_cow_src_index is not None]
+    cow = [r for r in reqs if r.mamba_cow_src_index is not None]
+    hint = [pool.is_own_id_tensor(r.mamba_cow_src_index) for r in cow]
     out = original(batch, reqs)
     src = batch.mamba_cow_src_indices
     if src is not None and len(hint) == src.numel():
         attach_tier_hint(src, hint)
+        if INSTALLED.refresh is not None and any(hint):
+            plan_refresh(batch, cow, hint)
     return out
 
 
@@ -312,9 +328,10 @@ def after_mamba_token_info(result, observer, *args, **kwargs):
 def around_check_int8(original, checker, ps, ckpt_pool):
     """AROUND ``SchedulerInvariantChecker._check_mamba_pool_with_int8``: the three-way dasc invariant.
 
-    native: available + dense evictable + dense protected + session-held == M;
+    native: available + dense evictable + dense protected + session-held + dasc-wr scratch slots == M;
     compressed: available + compressed checkpoints + pending demotion targets == C.
     """
+    from dasc_runtime.installed import INSTALLED
     from dasc_runtime.pool import DascCheckpointPool
     from dasc_runtime.side_channels import component_of
 
@@ -324,11 +341,12 @@ def around_check_int8(original, checker, ps, ckpt_pool):
     m = checker.req_to_token_pool.mamba_pool.size
     session = checker.pool_stats_observer.session_held_mamba_slots()
     book = comp.book
-    native = ps.mamba_available_size + book.dense_evictable() + book.dense_protected() + session
+    scratch = INSTALLED.refresh.seqs if INSTALLED.refresh is not None else 0
+    native = ps.mamba_available_size + book.dense_evictable() + book.dense_protected() + session + scratch
     comp_total = ckpt_pool.available_size() + book.counts()["compressed"] + len(comp.pending)
     leak = native != m or comp_total != ckpt_pool.num_slots
     msg = (f"[dasc-native] total={m}, available={ps.mamba_available_size}, dense_evictable={book.dense_evictable()}, "
-           f"dense_protected={book.dense_protected()}, session_held={session}\n"
+           f"dense_protected={book.dense_protected()}, session_held={session}, wr_scratch={scratch}\n"
            f"[dasc-compressed] total={ckpt_pool.num_slots}, available={ckpt_pool.available_size()}, "
            f"cached={book.counts()['compressed']}, demoting={len(comp.pending)}")
     return leak, msg
@@ -341,6 +359,12 @@ def after_usage_parts(result, stats, *args, **kwargs):
     if INSTALLED.pool is None or not isinstance(result, list):
         return result
     return result + [status_line()]
+
+
+def _wr(module: str, name: str):
+    """The hook ``dasc_runtime.<module>.<name>``, imported on its first call (register() stays cheap)."""
+    import importlib
+    return lambda *a, **k: getattr(importlib.import_module("dasc_runtime." + module), name)(*a, **k)
 
 
 HOOKS = (
@@ -360,6 +384,10 @@ HOOKS = (
      after_usage_parts, "AFTER"),
     ("sglang.srt.managers.scheduler_components.pool_stats_observer.PoolStats.get_decode_usage_msg_parts",
      after_usage_parts, "AFTER"),
+    ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.__init__", _wr("wr_scratch", "around_req_pool_init"),
+     "AROUND"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
+     _wr("wr_refresh", "around_deferred_cow"), "AROUND"),
 )
 
 

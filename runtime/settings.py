@@ -19,6 +19,8 @@ Sources, first match wins:
    --dasc-dummy-decay-ok   DASC_DUMMY_DECAY_OK=1       with ``--load-format dummy`` only: serve a plan
                                                        whose decay fingerprint differs from the
                                                        (random) served weights; latency benchmarks
+   --dasc-refresh-slots    DASC_REFRESH_SLOTS          dasc-wr: windows one scratch pass replays (scratch
+                                                       request rows and native Mamba slots; default 8)
    ======================  ==========================  =========================================
 """
 
@@ -40,6 +42,7 @@ ENV_VARS = {
     "compressed_only": "DASC_COMPRESSED_ONLY",
     "demote_watermark": "DASC_DEMOTE_WATERMARK",
     "dummy_decay_ok": "DASC_DUMMY_DECAY_OK",
+    "refresh_slots": "DASC_REFRESH_SLOTS",
 }
 
 
@@ -71,6 +74,7 @@ class DascSettings:
     compressed_only: bool = False
     demote_watermark: Optional[int] = None
     dummy_decay_ok: bool = False
+    refresh_slots: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.pool_slots is not None and self.pool_bytes is not None:
@@ -91,6 +95,7 @@ class DascSettings:
             compressed_only=_bool(d.get("compressed_only", False)),
             demote_watermark=_int(f"{source}: demote_watermark", d.get("demote_watermark")),
             dummy_decay_ok=_bool(d.get("dummy_decay_ok", False)),
+            refresh_slots=_int(f"{source}: refresh_slots", d.get("refresh_slots")),
         )
 
     @classmethod

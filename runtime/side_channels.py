@@ -35,6 +35,14 @@ staged epoch        ``ComponentData.metadata            the same dict: the cache
                     ["dasc_staged_epoch"]``             a staged copy-on-write source (not demoted or evicted
                                                         before the next call; ``finalize_match_result_in_cache``
                                                         runs before the scheduler locks the node).
+scratch rows        ``HybridReqToTokenPool.size``,      dasc-wr's scratch rows and Mamba slots: SGLang sizes the
+                    ``_alloc_size``, ``free_slots``,    pool from its own config, so dasc builds it B larger and
+                    ``mamba_allocator.size``            puts SGLang's sizes back; the top B rows / slots exist
+                                                        but SGLang's allocators never hand them out.
+refresh work        ``_dasc_refresh_work`` on           dasc-wr's scratch passes, planned in ``prepare_for_extend``
+                    ``ScheduleBatch.mamba_cow_src_      (scheduler thread), run by the model runner's deferred
+                    indices``                           copy-on-write: the same tensor is the only object both
+                                                        see (``ForwardBatch.init_new`` passes it on unchanged).
 ==================  ==================================  ======================================================
 
 This module imports nothing (no torch, no SGLang), so every other runtime module may use it.
@@ -50,13 +58,15 @@ __all__ = [
     "attach_tier_policy", "tier_policy_of",
     "attach_component", "component_of",
     "set_insert_tier", "insert_tier",
-    "attach_tier_hint", "tier_hint",
+    "attach_tier_hint", "tier_hint", "attach_refresh_work", "refresh_work", "pop_refresh_work",
+    "hide_scratch_rows",
     "node_tier", "set_node_tier", "pop_node_tier", "mark_staged", "is_staged",
 ]
 
 SERVER_ARGS_ATTR = "_dasc_settings"
 INSERT_TIER_ATTR = "_dasc_tier"
 TIER_HINT_ATTR = "_dasc_compressed_rows"
+REFRESH_WORK_ATTR = "_dasc_refresh_work"
 TIER_KEY = "dasc_tier"
 STAGED_KEY = "dasc_staged_epoch"
 
@@ -122,6 +132,34 @@ def attach_tier_hint(src_ids, hint: list[bool]) -> None:
 def tier_hint(src_ids) -> Optional[list[bool]]:
     """The per-row hint of :func:`attach_tier_hint` (list of bool, True = compressed), or None."""
     return getattr(src_ids, TIER_HINT_ATTR, None)
+
+
+def hide_scratch_rows(req_pool, size: int, mamba_size: int) -> None:
+    """Give a ``HybridReqToTokenPool`` built with extra rows / Mamba slots SGLang's own ``size`` rows and
+    ``mamba_size`` schedulable slots back (the rows and slots above stay dasc-wr's; ``clear()`` keeps them out)."""
+    req_pool.size = size
+    req_pool._alloc_size = size + 1
+    req_pool.free_slots = list(range(1, size + 1))
+    req_pool.mamba_allocator.size = mamba_size
+    req_pool.mamba_allocator.clear()
+
+
+def attach_refresh_work(src_ids, work) -> None:
+    """Hand the hit batch's dasc-wr work (:class:`~dasc_runtime.wr_refresh.RefreshWork`) to the model runner."""
+    setattr(src_ids, REFRESH_WORK_ATTR, work)
+
+
+def refresh_work(src_ids) -> Any:
+    """The work :func:`attach_refresh_work` put on ``src_ids``, or None."""
+    return getattr(src_ids, REFRESH_WORK_ATTR, None)
+
+
+def pop_refresh_work(src_ids) -> Any:
+    """Take the work off ``src_ids`` (it runs once), or None."""
+    work = getattr(src_ids, REFRESH_WORK_ATTR, None)
+    if work is not None:
+        delattr(src_ids, REFRESH_WORK_ATTR)
+    return work
 
 
 # ---------------------------------------------------------------- node metadata (ComponentData.metadata)

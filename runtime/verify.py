@@ -76,10 +76,8 @@ def check_server_args(sa) -> None:
 
 
 def check_plan_supported(plan: Plan) -> None:
-    """Refuse plan features this runtime does not serve yet: dasc-wr refresh, hybrid TP balancing."""
-    if plan.policy.load_policy == "wr" and plan.refresh.any_local:
-        raise DascRefusal("the plan asks for dasc-wr (suffix refresh), which this runtime does not run yet; "
-                          "recompile with load_policy: nr")
+    """Refuse plan features this runtime does not serve yet: hybrid TP balancing. (dasc-wr plans are
+    served; their own start-up checks are :func:`dasc_runtime.wr_scratch.check_refresh_startup`.)"""
     if plan.tp.balance == "hybrid":
         raise DascRefusal("the plan uses balance=hybrid (compute-head permutation of the loaded weights), "
                           "which this runtime does not apply yet; recompile with --balance storage or off")

@@ -144,16 +144,23 @@ def kda_cache_params(tp_size: int = 1):
 
 
 def hybrid_pools(cache_params, mamba_size: int = 8, req_size: int = 8, kv_size: int = 4096,
-                 extra_buffer: bool = False):
-    """SGLang's HybridReqToTokenPool + KV pool + allocator on CPU (as in smoke.py)."""
+                 extra_buffer: bool = False, wr_plan=None, refresh_slots=None):
+    """SGLang's HybridReqToTokenPool + KV pool + allocator on CPU (as in smoke.py); with ``wr_plan``
+    the pool gets dasc-wr's hidden scratch rows and slots (``wr_scratch.build_pool_with_scratch``)."""
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
 
     lin = list(cache_params.layers)
-    pool = HybridReqToTokenPool(size=req_size, mamba_size=mamba_size, mamba_spec_state_size=req_size,
-                                max_context_len=512, device="cpu", enable_memory_saver=False,
-                                cache_params=cache_params, mamba_layer_ids=lin,
-                                enable_mamba_extra_buffer=extra_buffer)
+    kwargs = dict(size=req_size, mamba_size=mamba_size, mamba_spec_state_size=req_size, max_context_len=512,
+                  device="cpu", enable_memory_saver=False, cache_params=cache_params, mamba_layer_ids=lin,
+                  enable_mamba_extra_buffer=extra_buffer)
+    if wr_plan is None:
+        pool = HybridReqToTokenPool(**kwargs)
+    else:
+        from dasc_runtime.wr_scratch import build_pool_with_scratch
+
+        pool = HybridReqToTokenPool.__new__(HybridReqToTokenPool)
+        build_pool_with_scratch(HybridReqToTokenPool.__init__, pool, kwargs, wr_plan, refresh_slots=refresh_slots)
     kv = HybridLinearKVPool(size=kv_size, dtype=torch.bfloat16, page_size=1, head_num=1, head_dim=16,
                             full_attention_layer_ids=[max(lin) + 1], device="cpu", enable_memory_saver=False,
                             mamba_pool=pool.mamba_pool)

@@ -54,7 +54,8 @@ class FakeSideStream:
 
 class Sim:
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
-                 seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None):
+                 seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None,
+                 wr=False):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -71,13 +72,16 @@ class Sim:
         policy = dict(int8=True) if int8 else {}
         if balance is not None:         # e.g. "storage": a TP=1 storage map (no all-to-all, layout.storage set)
             policy["balance"] = balance
+        if wr:                          # dasc-wr: compressed hits are refreshed (tests/runtime_wr_sim.py)
+            policy["load_policy"] = "wr"
         self.plan, _, _ = F.compile_tiny(tmp, kind, **policy)
         cp = F.gdn_cache_params() if kind == "gdn" else F.kda_cache_params()
         self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size,
-                                               extra_buffer=extra_buffer)
+                                               extra_buffer=extra_buffer, wr_plan=self.plan if wr else None,
+                                               refresh_slots=2 if wr else None)
         layout = build_rank_layout(self.plan, 0, 1, len(cp.layers))
         self.dpool = DascCheckpointPool(layout=layout, num_slots=compressed_slots, conv_shapes=cp.shape.conv,
-                                        native_size=mamba_size, device="cpu")
+                                        native_size=self.pool.mamba_pool.size, device="cpu")
         attach_tier_policy(self.dpool, TierPolicy(compressed_only=compressed_only, watermark=watermark))
         self.pool.mamba_ckpt_pool = self.dpool
         self.MAMBA = ComponentType.MAMBA
@@ -95,6 +99,13 @@ class Sim:
         self.rid = 0
         self.stats = defaultdict(int)
         self.check_content_every = check_content_every
+        self.wr = None
+        if wr:
+            from runtime_wr_sim import WrHarness
+            from dasc_runtime.installed import INSTALLED
+
+            INSTALLED.pool = self.dpool
+            self.wr = WrHarness(self)
         self._universe()
 
     # ---------------------------------------------------------------- token universe and states
@@ -192,8 +203,12 @@ class Sim:
             self.dpool.load_to_active(self.pool.mamba_pool, req.mamba_cow_src_index, slot.view(1))
             req.mamba_cow_src_index = None
             exp_t, exp_c = self.state_of(toks[:prefix])
-            got = self.pool.mamba_pool.mamba_cache.temporal[:, int(slot)]
             want = exp_t if tier == "dense" else self.nr_of(exp_t)
+            if self.wr is not None and tier == "compressed":
+                window, ran = self.wr.refresh(req, toks, prefix, staged, kv)
+                want = self.wr.expected(want, window) if ran else want
+                self.stats["wr_refreshed" if ran else "wr_skipped"] += 1
+            got = self.pool.mamba_pool.mamba_cache.temporal[:, int(slot)]
             assert torch.equal(got, want), f"restored state of node {node.id} ({tier}) is wrong"
             for c, e in zip(self.pool.mamba_pool.mamba_cache.conv, exp_c):
                 assert torch.equal(c[:, int(slot)], e), f"restored conv of node {node.id} is wrong"

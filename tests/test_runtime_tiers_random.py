@@ -25,15 +25,34 @@ TOTAL_OPS = int(os.environ.get("DASC_RANDOM_OPS", "100000"))
 
 # (name, Sim kwargs, share of TOTAL_OPS)
 CONFIGS = [
-    ("two-tier", dict(mamba_size=10, compressed_slots=5, watermark=2), 0.30),
+    ("two-tier", dict(mamba_size=10, compressed_slots=5, watermark=2), 0.20),
     ("two-tier-tight", dict(mamba_size=7, compressed_slots=2, watermark=3, kv_size=160), 0.15),
     ("compressed-only", dict(mamba_size=8, compressed_slots=6, compressed_only=True), 0.10),
     ("two-tier-int8", dict(mamba_size=9, compressed_slots=4, watermark=1, int8=True), 0.10),
     # SGLang's default strategy on GPUs: states tracked at chunk boundaries in ping-pong slots
-    ("extra-buffer", dict(extra_buffer=True, mamba_size=14, compressed_slots=5, watermark=2), 0.20),
+    ("extra-buffer", dict(extra_buffer=True, mamba_size=14, compressed_slots=5, watermark=2), 0.15),
     ("extra-buffer-compressed-only", dict(extra_buffer=True, mamba_size=12, compressed_slots=4,
-                                          compressed_only=True), 0.15),
+                                          compressed_only=True), 0.10),
+    # dasc-wr: every compressed hit is refreshed by a scratch pass on hidden rows / slots
+    # (tests/runtime_wr_sim.py); KV tight enough that some windows find no room and stay dasc-nr
+    ("wr", dict(wr=True, mamba_size=10, compressed_slots=5, watermark=2, kv_size=200), 0.10),
+    ("wr-int8-extra-buffer", dict(wr=True, int8=True, extra_buffer=True, mamba_size=14, compressed_slots=4,
+                                  watermark=2), 0.05),
+    ("wr-storage-compressed-only", dict(wr=True, balance="storage", mamba_size=8, compressed_slots=5,
+                                        compressed_only=True), 0.05),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _wr_on_one_cpu_process(monkeypatch):
+    """dasc-wr builds SGLang ForwardBatches: no MoE-EP parallel state exists in this process."""
+    import sglang.srt.model_executor.forward_batch_info as fbi
+
+    from dasc_runtime.installed import INSTALLED
+
+    monkeypatch.setattr(fbi, "enable_num_token_non_padded", lambda: False)
+    yield
+    INSTALLED.reset()
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +78,9 @@ def test_random_ops_keep_invariants(tmp_path, name, kwargs, share):
     # the sequence must actually have exercised every path it claims to test
     assert s["finished"] > n_ops // 10 and s["unfinished"] > 0
     assert s["restore_compressed"] > 0 and c.evictions_compressed > 0 and c.inserts_compressed > 0
+    if kwargs.get("wr"):
+        assert s["wr_refreshed"] > 0 and s["wr_refreshed"] + s["wr_skipped"] == s["restore_compressed"]
+        assert sim.wr.budget.counters.refreshed == s["wr_refreshed"] == sim.wr.runner.eager_runner.passes
     if kwargs.get("compressed_only"):
         assert c.inserts_dense == 0 and s["restore_dense"] == 0 and c.demotions_sync == 0
         assert sim.comp.book.counts()["dense"] == 0

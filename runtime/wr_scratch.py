@@ -1,0 +1,241 @@
+"""dasc-wr's scratch budget: the scratch request rows and Mamba slots, their memory and start-up checks.
+
+dasc-wr (paper §4.2, App. B.2, Eq. 7) refreshes the local (omitted) units of a compressed hit by
+re-running the last ``W_replay = min(n_p, w_replay_cap)`` tokens of the cached prefix from a zero
+state (:mod:`dasc_runtime.wr_refresh`). That pass runs through SGLang's own model forward, so its
+state must live where SGLang's linear-attention backends read and write it: a request row of
+``req_to_token`` (KV locations) that maps, through ``req_index_to_mamba_index_mapping``, to a slot
+of the native ``MambaPool``. :func:`around_req_pool_init` (AROUND
+``HybridReqToTokenPool.__init__``) builds the pool with ``B`` more rows and ``B`` more Mamba slots
+than SGLang asked for and hides them from SGLang's allocators, so
+
+* SGLang's capacity is unchanged (``size`` rows, ``M = --max-mamba-cache-size`` schedulable slots,
+  ``clear()`` never hands them out);
+* the scratch slots are physical native slots ``M+1 .. M+B`` (contiguous, so a pass reads them as
+  one ``temporal[:, M+1 : M+1+n]`` view), and the compressed id space starts after them;
+* memory: ``B`` native slots (``B * b_dense`` bytes of state, charged to dasc in
+  :mod:`dasc_runtime.sizing` and against ``--dasc-pool-bytes``) plus ``B`` rows of ``req_to_token``
+  (``B * max_context_len * 4`` bytes). The window's KV tokens are taken from SGLang's KV allocator
+  for the pass and freed after it (never cached).
+
+``B`` (``--dasc-refresh-slots``, default :data:`DEFAULT_REFRESH_SLOTS`) is the number of windows one
+scratch pass replays; it is capped so a pass holds at most ``--chunked-prefill-size`` tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+__all__ = ["DEFAULT_REFRESH_SLOTS", "RefreshCounters", "ScratchBudget", "refresh_active", "check_refresh_startup",
+           "around_req_pool_init", "build_pool_with_scratch", "budget_after_scratch", "scratch_state_bytes", "window_tokens"]
+
+logger = logging.getLogger("dasc")
+
+#: Windows replayed by one scratch pass when ``--dasc-refresh-slots`` is not given.
+DEFAULT_REFRESH_SLOTS = 8
+
+
+@dataclass
+class RefreshCounters:
+    """dasc-wr counters (SGLang's batch log line): requests refreshed, tokens replayed, passes run,
+    requests left at dasc-nr because SGLang's KV pool had no room for their window."""
+
+    refreshed: int = 0
+    tokens: int = 0
+    passes: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class ScratchBudget:
+    """The scratch rows and slots of this process (one TP rank), reserved at pool construction.
+
+    Attributes:
+        seqs: B, windows per scratch pass (= reserved rows = reserved slots).
+        w_cap: the plan's ``refresh.w_replay_cap`` (tokens).
+        page_size: SGLang's KV page size (a window starts on a page boundary, see :func:`window_tokens`).
+        rows: ``req_to_token`` rows ``size+1 .. size+B`` (host ints).
+        slots: native Mamba slots ``M+1 .. M+B`` (host ints, contiguous).
+        device: the pool device; ``rows_t`` / ``slots_t``: the same as int64 tensors there.
+        state_bytes: ``B * b_dense``, the scratch slots' state memory on this rank (bytes).
+        counters: :class:`RefreshCounters`.
+    """
+
+    seqs: int
+    w_cap: int
+    page_size: int
+    rows: tuple
+    slots: tuple
+    device: torch.device
+    state_bytes: int = 0
+    rows_t: torch.Tensor = None
+    slots_t: torch.Tensor = None
+    counters: RefreshCounters = field(default_factory=RefreshCounters)
+
+    def __post_init__(self) -> None:
+        self.rows_t = torch.tensor(self.rows, dtype=torch.int64, device=self.device)
+        self.slots_t = torch.tensor(self.slots, dtype=torch.int64, device=self.device)
+
+    def status(self) -> str:
+        """The dasc-wr part of SGLang's batch log line."""
+        c = self.counters
+        return f"dasc refreshed: {c.refreshed} ({c.tokens} tok replayed, {c.passes} passes, {c.skipped} skipped)"
+
+
+def window_tokens(n_p: int, w_cap: int, page_size: int = 1) -> int:
+    """Tokens a compressed hit replays: ``W_replay = min(n_p, w_cap)`` (Eq. 7), rounded up to whole KV pages.
+
+    The window ``[n_p - W, n_p)`` must start on a page boundary, or its scratch KV would share a
+    page with the cached prefix; with ``page_size <= w_cap`` (both powers of two) and a page-aligned
+    ``n_p`` (radix matches are) the rounding changes nothing. Returns 0 when ``w_cap`` is 0 or
+    ``n_p`` is 0.
+    """
+    if w_cap <= 0 or n_p <= 0:
+        return 0
+    w = min(n_p, w_cap)
+    if page_size > 1:
+        w = min(n_p, -(-w // page_size) * page_size)
+    return w
+
+
+def refresh_active(plan) -> bool:
+    """True when ``plan`` asks for dasc-wr and omits units (a keep-all plan has W_replay = 0: nothing to run)."""
+    return plan is not None and plan.policy.load_policy == "wr" and bool(plan.refresh.any_local) \
+        and plan.refresh.w_replay_cap > 0
+
+
+def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: int,
+                          chunked_prefill_size: Optional[int], server_args=None) -> int:
+    """Start-up checks of dasc-wr; returns B, the windows one scratch pass replays.
+
+    Args:
+        plan: the loaded plan (``policy.load_policy``, ``refresh.w_replay_cap``).
+        refresh_slots: ``--dasc-refresh-slots`` (None: :data:`DEFAULT_REFRESH_SLOTS`).
+        context_len: the served context length in tokens (``HybridReqToTokenPool.max_context_len``).
+        chunked_prefill_size: SGLang's ``--chunked-prefill-size`` (None or <= 0: off).
+        server_args: SGLang's ``ServerArgs`` (DP attention is refused), optional.
+    Returns:
+        B >= 1 (0 for a plan that runs no refresh).
+    Raises:
+        DascRefusal: ``--dasc-refresh-slots`` with a plan that runs no refresh, a zero scratch
+            budget, a window longer than the served context or than one chunked-prefill chunk,
+            or DP attention (a scratch pass on one DP rank would stall the others' collectives).
+    """
+    from dasc_runtime.verify import DascRefusal
+
+    if not refresh_active(plan):
+        if refresh_slots is not None:
+            raise DascRefusal(f"--dasc-refresh-slots {refresh_slots} needs a plan with load_policy: wr that "
+                              f"omits units (this plan is load_policy: {plan.policy.load_policy}, "
+                              f"w_replay_cap {plan.refresh.w_replay_cap})")
+        return 0
+    w = int(plan.refresh.w_replay_cap)
+    b = DEFAULT_REFRESH_SLOTS if refresh_slots is None else int(refresh_slots)
+    if b < 1:
+        raise DascRefusal("--dasc-refresh-slots 0: dasc-wr needs at least one scratch slot for its refresh pass "
+                          "(or recompile the plan with load_policy: nr)")
+    if w >= context_len:
+        raise DascRefusal(f"the plan's refresh window w_replay_cap={w} tokens exceeds the served context length "
+                          f"({context_len} tokens); recompile with a smaller --wmax or raise --context-length")
+    if chunked_prefill_size is not None and chunked_prefill_size > 0:
+        if w > chunked_prefill_size:
+            raise DascRefusal(f"the plan's refresh window w_replay_cap={w} tokens exceeds --chunked-prefill-size "
+                              f"{chunked_prefill_size}: one scratch pass could not fit SGLang's prefill budget")
+        fit = chunked_prefill_size // w
+        if b > fit:
+            logger.info("dasc: --dasc-refresh-slots %d capped to %d (%d-token windows in a %d-token prefill chunk)",
+                        b, fit, w, chunked_prefill_size)
+            b = fit
+    if server_args is not None and getattr(server_args, "enable_dp_attention", False):
+        raise DascRefusal("--enable-dp-attention with a dasc-wr plan: a refresh pass on one DP rank would stall "
+                          "the other ranks' collectives; use a load_policy: nr plan")
+    return b
+
+
+def scratch_state_bytes(plan, refresh_slots: int) -> int:
+    """State memory of B scratch slots on one TP rank: ``B * b_dense`` bytes (native slots, App. C.1)."""
+    return int(refresh_slots) * int(plan.tp.bytes_dense_per_slot)
+
+
+def budget_after_scratch(budget_bytes: int, what: str = "--dasc-pool-bytes") -> int:
+    """The part of a per-rank dasc state budget left for the compressed pool once dasc-wr's scratch
+    slots are charged (``budget_bytes`` itself without a refresh budget).
+
+    Raises:
+        DascRefusal: the budget does not even hold the scratch slots.
+    """
+    from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.verify import DascRefusal
+
+    budget = INSTALLED.refresh
+    if budget is None:
+        return int(budget_bytes)
+    left = int(budget_bytes) - budget.state_bytes
+    if left <= 0:
+        raise DascRefusal(f"{what} {budget_bytes} bytes leaves no room for dasc-wr's {budget.seqs} scratch slots "
+                          f"({budget.state_bytes} bytes); raise it or lower --dasc-refresh-slots")
+    return left
+
+
+def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots: Optional[int], server_args=None):
+    """Run ``HybridReqToTokenPool.__init__`` (``original``) with dasc-wr's hidden scratch rows and slots.
+
+    Builds the pool with ``size + B`` rows and ``mamba_size + B`` slots, then gives SGLang back its
+    own sizes (:func:`dasc_runtime.side_channels.hide_scratch_rows`), so rows ``size+1 .. size+B``
+    and slots ``M+1 .. M+B`` exist but SGLang never allocates them. ``INSTALLED.refresh`` is set
+    before ``original`` runs, so the compressed pool installed inside it charges the scratch slots.
+
+    Args:
+        original: ``HybridReqToTokenPool.__init__``; pool: the instance; kwargs: its keyword arguments
+            (SGLang passes them all by keyword). plan: the served plan. refresh_slots: ``--dasc-refresh-slots``.
+        server_args: SGLang's ``ServerArgs`` (page size, chunked prefill size, DP attention).
+    Returns:
+        the :class:`ScratchBudget`, or None for a plan that runs no refresh (``original`` then runs as is).
+    Raises:
+        DascRefusal: see :func:`check_refresh_startup`.
+    """
+    from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.side_channels import hide_scratch_rows
+
+    INSTALLED.refresh = None
+    b = check_refresh_startup(plan, refresh_slots=refresh_slots, context_len=int(kwargs.get("max_context_len", 0)),
+                              chunked_prefill_size=getattr(server_args, "chunked_prefill_size", None),
+                              server_args=server_args)
+    if b == 0:
+        original(pool, **kwargs)
+        return None
+    size, mamba = int(kwargs["size"]), int(kwargs["mamba_size"])
+    budget = ScratchBudget(seqs=b, w_cap=int(plan.refresh.w_replay_cap),
+                           page_size=int(getattr(server_args, "page_size", 1) or 1),
+                           rows=tuple(range(size + 1, size + 1 + b)), slots=tuple(range(mamba + 1, mamba + 1 + b)),
+                           device=torch.device(kwargs["device"]), state_bytes=scratch_state_bytes(plan, b))
+    INSTALLED.refresh = budget
+    original(pool, **{**kwargs, "size": size + b, "mamba_size": mamba + b})
+    hide_scratch_rows(pool, size, mamba)
+    logger.info("dasc: dasc-wr scratch: %d windows per pass (w_replay_cap %d tokens); hidden request rows %d..%d, "
+                "native slots %d..%d (%d bytes of state, %d bytes of req_to_token)", b, budget.w_cap, size + 1,
+                size + b, mamba + 1, mamba + b, budget.state_bytes,
+                b * pool.req_to_token.shape[1] * pool.req_to_token.element_size())
+    return budget
+
+
+def around_req_pool_init(original, pool, *args, **kwargs):
+    """AROUND ``HybridReqToTokenPool.__init__`` (keyword-only in SGLang 0.5.17): :func:`build_pool_with_scratch`
+    for the served plan; a pass-through without a plan.
+
+    Raises:
+        DascRefusal: see :func:`check_refresh_startup`.
+    """
+    from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.plugin import current_plan
+
+    plan, settings, sa = current_plan()
+    if plan is None:
+        INSTALLED.refresh = None
+        return original(pool, *args, **kwargs)
+    build_pool_with_scratch(original, pool, kwargs, plan, refresh_slots=settings.refresh_slots, server_args=sa)
+    return None
