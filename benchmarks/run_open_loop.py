@@ -13,7 +13,7 @@ start-up deadline passed), nothing is started any more, and:
 3. the offered load follows for all arms (one schedule, paired): ``rate = rho * R / (T * S)``,
    think time ``Z = live_per_running * T * S / (T - 1)`` (so conversations waiting between turns
    are about ``live_per_running`` times the running requests; exponential by default),
-   ``initial_live = live_per_running * rho * R`` conversations at t = 0, a warm-up of ``2 Z + 2 S``
+   ``initial_live = live_per_running * rho * R`` conversations at t = 0, a warm-up of ``1.5 Z + 2 S``
    (uniform think times: ``Z * (1 + spread) + 2 S``) and the longest
    measured window (``<= --max-window-s``) that fits the arms left in the deadline, dropping the
    last arms (lowest priority) while the window would be shorter than ``--min-window-s``;
@@ -87,7 +87,8 @@ def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
     flags = [f.replace("{plans}", str(a.plans)) for f in arm["flags"]]
     if arm["kind"] == "dasc":
         flags.append("--dasc-dummy-decay-ok")
-    return [*shlex.split(a.launcher), "--model-path", str(a.model), "--port", str(port), *rs.COMMON_FLAGS,
+    return [*shlex.split(a.launcher), "--model-path", str(a.model), "--port", str(port), "--nccl-port",
+            str(port + 1000), *rs.COMMON_FLAGS,
             "--mem-fraction-static", str(a.mem_fraction_static), "--max-total-tokens", str(a.max_total_tokens),
             "--context-length", str(a.context_length), "--cuda-graph-max-bs", str(a.max_running_requests),
             "--tp-size", "1", "--sleep-on-idle", *a.server_flag, *flags]
@@ -141,8 +142,30 @@ def wait_up(d: Driver, names: list[str], deadline: float) -> list[str]:
 def stop(d: Driver, name: str) -> None:
     proc = d.procs.pop(name, None)
     if proc is not None:
-        rs._stop(proc)
+        rs._stop(proc, grace_s=5.0)
         d.manifest["arms"][name]["dasc_last"] = rs._tail(d.a.work / name / "server.log", "dasc", 3)
+
+
+def stop_all(d: Driver) -> None:
+    """Stop every live server at once: SIGTERM to each group, up to 5 s, then SIGKILL (the deadline is near)."""
+    import os
+    import signal
+
+    procs = list(d.procs.items())
+    for _, p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except OSError:
+            pass
+    end = time.monotonic() + 5
+    while time.monotonic() < end and any(p.poll() is None for _, p in procs):
+        time.sleep(0.2)
+    for name, p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        d.procs.pop(name, None)
 
 
 def _requests(trace: Path, clip: int, vocab: int, turns: int | None = None):
@@ -158,7 +181,8 @@ def warm_up(d: Driver, names: list[str]) -> None:
     def one(n: str) -> None:
         url = f"http://127.0.0.1:{d.manifest['arms'][n]['port']}"
         t = time.monotonic()
-        recs, _ = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests)
+        recs, _ = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests,
+                                timeout_s=120)
         sb._http(url, "POST", "/flush_cache")
         d.manifest["arms"][n]["warmup"] = {"s": round(time.monotonic() - t, 1),
                                            "failed": sum(1 for r in recs if not r.success)}
@@ -174,7 +198,8 @@ def calibrate(d: Driver, name: str) -> dict:
     """Mean E2E latency S (s) of first turns, R at a time (two rounds), replies clipped as in the run."""
     url = f"http://127.0.0.1:{d.manifest['arms'][name]['port']}"
     reqs = _requests(d.a.warm_trace, d.a.decode_clip, d.a.vocab_size, turns=1)[: 2 * d.a.max_running_requests]
-    recs, wall = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests)
+    recs, wall = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests,
+                               timeout_s=60)
     sb._http(url, "POST", "/flush_cache")
     ok = [r for r in recs if r.success]
     if not ok:
@@ -192,7 +217,7 @@ def plan_load(a: argparse.Namespace, service_s: float, turns: int, n_convs: int,
     rate = a.rho * a.max_running_requests / (turns * service_s)
     think = a.live_per_running * turns * service_s / (turns - 1)
     initial = int(round(a.live_per_running * a.rho * a.max_running_requests))
-    warm = think * (2.0 if a.think_dist == "exp" else 1 + a.think_spread) + 2 * service_s
+    warm = think * (1.5 if a.think_dist == "exp" else 1 + a.think_spread) + 2 * service_s
     per_arm_fixed = warm + service_s + a.arm_overhead_s
     for n in range(n_arms, 0, -1):
         window = (left_s / n - per_arm_fixed) / a.windows
@@ -204,12 +229,21 @@ def plan_load(a: argparse.Namespace, service_s: float, turns: int, n_convs: int,
             "window_s": max(0.0, math.floor(window * 10) / 10), "arms": n, "service_s": service_s}
 
 
-def run_arm(d: Driver, name: str, load: dict) -> None:
-    """One arm's open-loop run (``open_loop.py`` in a separate process); the server is stopped after."""
-    rec, a = d.manifest["arms"][name], d.a
-    out = a.work / name / "result"
+def run_arm(d: Driver, name: str, load: dict, *, tag: str | None = None, keep: bool = False) -> None:
+    """One arm's open-loop run (``open_loop.py`` in a separate process); the server is stopped after
+    unless ``keep``. ``tag``: record the run under this name (``WORK/TAG/``), e.g. a repeat of an arm."""
+    a = d.a
+    if tag is None:
+        rec = d.manifest["arms"][name]
+    else:
+        base = d.manifest["arms"][name]
+        rec = d.manifest["arms"].setdefault(tag, {"launch": base["launch"], "port": base["port"], "failures": [],
+                                                  "repeat_of": name})
+        (a.work / tag).mkdir(parents=True, exist_ok=True)
+    out = a.work / (tag or name) / "result"
     cmd = [*OPEN_LOOP, "--trace", str(Path(a.trace).resolve()), "--url", f"http://127.0.0.1:{rec['port']}",
-           "--arm", name, "--checkpoint-capacity", str(rec["launch"]["capacity"]), "--rate", f"{load['rate']:.6f}",
+           "--arm", tag or name, "--checkpoint-capacity", str(rec["launch"]["capacity"]),
+           "--rate", f"{load['rate']:.6f}",
            "--think-s", f"{load['think_s']:.6f}", "--think-dist", a.think_dist, "--think-spread", str(a.think_spread),
            "--warmup-s", f"{load['warmup_s']:.3f}", "--window-s", f"{load['window_s']:.3f}",
            "--seeds", *map(str, a.seeds[: a.windows]), "--initial-live", str(load["initial_live"]),
@@ -233,7 +267,8 @@ def run_arm(d: Driver, name: str, load: dict) -> None:
         s = json.loads(res.read_text())["summary"]
         rec["summary"] = {k: v for k, v in s.items() if k != "per_turn"}
     rec["gpu_mem_mib"] = rs._gpu_mem_mib([a.gpu])
-    stop(d, name)
+    if not keep:
+        stop(d, name)
     d.log(f"{name}: done in {rec['run_s']} s: {last}")
     d.save()
 
@@ -270,6 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stagger-s", type=float, default=3.0)
     ap.add_argument("--startup-deadline-s", type=float, default=330.0, help="driver time by which servers must be up")
     ap.add_argument("--solo-start-s", type=float, default=90.0, help="time a lone restart is expected to take")
+    ap.add_argument("--repeat-first", action="store_true",
+                    help="when time is left at the end, run the first arm again (a drift check)")
     ap.add_argument("--deadline-s", type=float, default=560.0)
     ap.add_argument("--base-port", type=int, default=30100)
     ap.add_argument("--work", type=Path, required=True)
@@ -299,7 +336,16 @@ def main(argv=None) -> int:
             d.log("no server came up")
             return 0
         warm_up(d, up)
-        cal = calibrate(d, up[0])
+        cal = None
+        for n in up:            # Dense first; the next healthy arm if its requests fail
+            try:
+                cal = calibrate(d, n)
+                break
+            except (RuntimeError, OSError) as e:
+                d.manifest["arms"][n]["failures"].append(f"calibration: {e}")
+        if cal is None:
+            d.log("calibration failed on every server")
+            return 0
         d.manifest["calibration"] = cal
         _, convs = load_trace(a.trace)
         turns = min(c.turns for c in convs)
@@ -315,7 +361,7 @@ def main(argv=None) -> int:
                 d.manifest["arms"][n]["failures"].append(f"not run: {d.left():.0f} s left < {per_arm:.0f} s")
                 stop(d, n)
                 continue
-            run_arm(d, n, load)
+            run_arm(d, n, load, keep=a.repeat_first and n == up[0])
         for n in names:     # arms whose server did not come up together with the others
             if n in up or d.left() < a.solo_start_s + per_arm:
                 continue
@@ -324,9 +370,13 @@ def main(argv=None) -> int:
             if wait_up(d, [n], d.now() + a.solo_start_s) and d.left() >= per_arm:
                 run_arm(d, n, load)
             stop(d, n)
+        if a.repeat_first and up[0] in d.procs:     # drift check: the first arm again, same schedule
+            if d.left() >= per_arm:
+                run_arm(d, up[0], load, tag=f"{up[0]}-repeat")
+            else:
+                d.manifest["repeat"] = f"not run: {d.left():.0f} s left < {per_arm:.0f} s"
     finally:
-        for n in list(d.procs):
-            stop(d, n)
+        stop_all(d)
         d.manifest["wall_s"] = round(d.now(), 1)
         d.save()
     d.log("done: " + ", ".join(f"{n}: {'ok' if 'summary' in v else 'no result'}" for n, v in d.manifest["arms"].items()))

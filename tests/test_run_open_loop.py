@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,15 +26,15 @@ def _ns(**kw) -> argparse.Namespace:
 
 def test_plan_load_by_hand():
     # S = 1 s, T = 4: rate = 0.7 * 8 / 4 = 1.4/s, Z = 8 * 4 / 3 s, 45 conversations live at t = 0,
-    # warm-up 2 Z + 2 S; per arm warm-up + S + 4 s of overhead + 5 windows
+    # warm-up 1.5 Z + 2 S; per arm warm-up + S + 4 s of overhead + 5 windows
     got = rol.plan_load(_ns(), 1.0, 4, 256, 4, 300.0)
     z = 32 / 3
     assert got["rate"] == pytest.approx(1.4) and got["think_s"] == pytest.approx(z)
-    assert got["initial_live"] == 45 and got["warmup_s"] == pytest.approx(2 * z + 2)
+    assert got["initial_live"] == 45 and got["warmup_s"] == pytest.approx(1.5 * z + 2)
     assert got["arms"] == 4
-    assert got["window_s"] == pytest.approx(((300 / 4 - (2 * z + 2) - 1 - 4) / 5) // 0.1 / 10)
+    assert got["window_s"] == pytest.approx(math.floor((300 / 4 - (1.5 * z + 2) - 1 - 4) / 5 * 10) / 10) == 10.4
     # less time: the last arms are dropped until a window is >= 8 s
-    short = rol.plan_load(_ns(), 1.0, 4, 256, 4, 220.0)       # 3 arms: (73.3 - 28.3) / 5 = 9 s windows
+    short = rol.plan_load(_ns(), 1.0, 4, 256, 4, 200.0)       # 3 arms: (66.7 - 23) / 5 = 8.7 s windows
     assert short["arms"] == 3 and short["window_s"] >= 8.0
     assert rol.plan_load(_ns(), 1.0, 4, 256, 5, 120.0)["arms"] == 1
     # a fast server needs more conversations than the trace holds: the windows shrink to fit it
@@ -68,7 +69,7 @@ def test_driver_end_to_end_on_the_fake_server(tmp_path, monkeypatch):
                    "--launcher", f"{sys.executable} {ROOT / 'tests' / 'fake_sglang_server.py'}",
                    "--live-per-running", "2", "--min-window-s", "0.5", "--max-window-s", "1.0",
                    "--stagger-s", "0.2", "--startup-deadline-s", "20", "--solo-start-s", "5", "--deadline-s", "60",
-                   "--base-port", "31350", "--work", str(work)])
+                   "--base-port", "31350", "--repeat-first", "--work", str(work)])
     assert rc == 0
     m = json.loads((work / "manifest.json").read_text())
     assert m["calibration"]["arm"] == "dense" and m["calibration"]["service_s"] > 0
@@ -83,5 +84,7 @@ def test_driver_end_to_end_on_the_fake_server(tmp_path, monkeypatch):
         assert res["config"]["params"]["rate"] == pytest.approx(load["rate"], rel=1e-5)
     # the same schedule for every arm: the same first requests at the same due times
     due = [sorted((r["conv"], r["turn"], r["due_s"]) for r in json.loads((work / n / "result.json").read_text())
-                  ["requests"] if r["think_s"] == 0.0) for n in ("dense", "bigger")]
-    assert due[0] == due[1]
+                  ["requests"] if r["think_s"] == 0.0) for n in ("dense", "bigger", "dense-repeat")]
+    assert due[0] == due[1] == due[2]
+    rep = m["arms"]["dense-repeat"]
+    assert rep["repeat_of"] == "dense" and rep["summary"]["arm"] == "dense-repeat" and rep["port"] == m["arms"]["dense"]["port"]

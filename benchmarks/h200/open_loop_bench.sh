@@ -19,14 +19,16 @@
 # Run from the repo root on the device:
 #   mkdir -p /tmp/olsrc && tar -xJf .dev/ol/src.tar.xz -C /tmp/olsrc && bash /tmp/olsrc/benchmarks/h200/open_loop_bench.sh
 # Settings (env): MRR (8), NUM_EXPERTS (16), DEADLINE (s from the script's start, 575), ARMS (priority order),
-#   RHO (0.7), LIVE (8: conversations waiting between turns per running request), LAUNCHER (rehearsal on a CPU).
+#   RHO (0.7), LIVE (8: conversations waiting between turns per running request), STARTUP (driver s by which
+#   the servers must be up, default LEFT - 190), DRIVER_FLAGS (more run_open_loop flags), LAUNCHER and PYTHON
+#   (a CPU rehearsal: LAUNCHER="python tests/fake_sglang_server.py" skips the SGLang site).
 # Results in $OUT: run.log, manifest.json, open-loop.tar.gz (per arm result.json, server.log).
 set -uo pipefail
 T0=$(date +%s)
 CARRY=${CARRY:-$PWD}; SRC=${SRC:-/tmp/olsrc}
 export OUT=${OUT:-/tmp/ol-out}; mkdir -p "$OUT"
 MRR=${MRR:-8}; NUM_EXPERTS=${NUM_EXPERTS:-16}; DEADLINE=${DEADLINE:-575}; RHO=${RHO:-0.7}; LIVE=${LIVE:-8}
-ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w16-int8 dasc-nr-w64"}
+ARMS=${ARMS:-"dense dasc-nr-w16 int8 dasc-nr-w16-int8 dasc-nr-w64"}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
@@ -57,8 +59,8 @@ extra=(); [ -n "${LAUNCHER:-}" ] && extra=(--launcher "$LAUNCHER")
     --trace "$CARRY/benchmarks/traces/sharegpt_qwen_n256_d1024_earliest_s0.json.gz" \
     --warm-trace "$CARRY/benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz" \
     --only $ARMS --max-running-requests "$MRR" --rho "$RHO" --live-per-running "$LIVE" \
-    --deadline-s "$LEFT" --startup-deadline-s "$(( LEFT - 190 ))" --work /tmp/ol "${extra[@]}" \
-    ${DRIVER_FLAGS:-} 2>&1 | tee "$OUT/run.log"
+    --deadline-s "$LEFT" --startup-deadline-s "${STARTUP:-$(( LEFT - 190 ))}" --work /tmp/ol "${extra[@]}" \
+    ${DRIVER_FLAGS:---repeat-first} 2>&1 | tee "$OUT/run.log"
 cp /tmp/ol/manifest.json "$OUT/manifest.json" 2>/dev/null
 for f in /tmp/ol/*/server.log; do gzip -kf "$f"; done
 tar -C /tmp -czf "$OUT/open-loop.tar.gz" --exclude=server.log ol
