@@ -43,6 +43,7 @@ from typing import Optional, Sequence
 from dasc_compile.schema import DascInputError, UnitSpec
 from dasc_runtime.plan_io import load_plan
 from dasc_runtime.pool import MatchedMemory, matched_memory
+from dasc_runtime.wr_scratch import DEFAULT_REFRESH_SLOTS, refresh_active
 
 __all__ = ["STRATEGIES", "ArmSizing", "slots_per_running_request", "int8_bytes_per_slot", "compressed_bytes_per_slot",
            "dense_slots_for_budget", "size_arms", "plan_matched_memory", "parse_bytes", "size_command", "main"]
@@ -128,7 +129,8 @@ class ArmSizing:
     """One arm at matched state memory (per TP rank; slots are SGLang pool slots, bytes are bytes).
 
     Attributes:
-        arm: ``dense`` | ``int8`` | ``dasc-nr-w{W}`` | ``dasc-nr-w{W}-int8``; kind: dense | int8 | dasc.
+        arm: ``dense`` | ``int8`` | ``dasc-nr-w{W}`` | ``dasc-nr-w{W}-int8`` (``dasc-wr-...`` for a dasc-wr plan,
+            whose B scratch slots are charged); kind: dense | int8 | dasc.
         native_slots: ``--max-mamba-cache-size``; ckpt_slots: INT8 or dasc pool slots (usable).
         capacity: checkpoint capacity in slots (module docstring); max_running_requests: R.
         budget_bytes / used_bytes: state memory, used <= budget; bytes_native_slot / bytes_ckpt_slot.
@@ -157,7 +159,8 @@ class ArmSizing:
 def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = None,
               budget_bytes: Optional[int] = None, strategy: str = "extra_buffer", overlap_schedule: bool = True,
               arms: Sequence[str] = ("dense", "int8", "dasc", "dasc-int8"), plan_path: Optional[str] = None,
-              pair_plan_path: Optional[str] = None, scratch_slots: int = 0) -> list[ArmSizing]:
+              pair_plan_path: Optional[str] = None, scratch_slots: int = 0,
+              refresh_slots: Optional[int] = None) -> list[ArmSizing]:
     """Size the arms at equal running capacity and equal state memory (module docstring).
 
     Args:
@@ -171,6 +174,9 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         plan_path / pair_plan_path: paths for ``--dasc-plan`` of the arm with the plan's own INT8
             setting / the other one (``{plan}`` in the flags where None).
         scratch_slots: staging charged to dasc, in compressed slots (0 with generated kernels).
+        refresh_slots: a dasc-wr plan's scratch slots B (``--dasc-refresh-slots``; default
+            ``wr_scratch.DEFAULT_REFRESH_SLOTS``), charged as B native slots (``B * b_dense``); such an
+            arm is labelled ``dasc-wr-w{W}`` and its flags name B.
     Returns:
         one :class:`ArmSizing` per arm, in the order asked.
     Raises:
@@ -218,15 +224,20 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         own = i8 == bool(plan.policy.int8)
         path = plan_path if own else pair_plan_path
         b_c = compressed_bytes_per_slot(plan, int8=i8)
-        mm = _pool(m, m_native, b_dense, b_c, scratch_slots * b_c, f"dasc-nr{'+INT8' if i8 else ''}")
-        label = f"dasc-nr-w{plan.policy.w_max}{'-int8' if i8 else ''}"
+        wr = refresh_active(plan)                     # dasc-wr: B hidden native scratch slots (wr_scratch.py)
+        n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
+        policy = "wr" if wr else "nr"
+        mm = _pool(m, m_native, b_dense, b_c, scratch_slots * b_c + n_wr * b_dense,
+                   f"dasc-{policy}{'+INT8' if i8 else ''}")
+        label = f"dasc-{policy}-w{plan.policy.w_max}{'-int8' if i8 else ''}"
         out.append(ArmSizing(arm=label, kind="dasc", native_slots=m_native, ckpt_slots=mm.compressed_slots,
                              capacity=m_native + mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
                              used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b_c,
                              c_ckpt=b_dense / b_c, w_max=plan.policy.w_max, int8=i8, plan=path,
                              flags=common + ("--max-mamba-cache-size", str(m_native), "--dasc-plan",
                                              path if path is not None else "{plan}", "--dasc-pool-slots",
-                                             str(mm.compressed_slots))))
+                                             str(mm.compressed_slots))
+                             + (("--dasc-refresh-slots", str(n_wr)) if wr else ())))
     return out
 
 

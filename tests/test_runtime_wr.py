@@ -218,3 +218,23 @@ def test_plan_kernel_refresh_copy_reads_the_scratch_slots_in_place(tmp_path, mon
     refresh_copy(scratch=want[:, 4:6], temporal=want, **args)
     assert torch.equal(temporal, want)
     assert refresh_copy_fn(SimpleNamespace(ops=select_ops(plan, plan_dir, lay, "cpu"))) is refresh_copy
+
+
+def test_dasc_size_charges_the_scratch_slots_of_a_wr_plan(tmp_path):
+    """``dasc size``: a wr arm keeps M' native slots plus B hidden scratch slots, so at equal memory
+    ``(M'+1) b_dense + B b_dense + (C+1) b_c <= (M+1) b_dense`` fixes a smaller C than nr's."""
+    from dasc_runtime.sizing import size_arms
+
+    wr, _, _ = compile_tiny(tmp_path, load_policy="wr")
+    nr, _, _ = compile_tiny(tmp_path)
+    b_d, b_c = wr.tp.bytes_dense_per_slot, wr.tp.bottleneck_bytes_per_slot
+    (a_nr,) = size_arms(nr, max_running_requests=4, dense_slots=100, arms=("dasc",))
+    (a_wr,) = size_arms(wr, max_running_requests=4, dense_slots=100, arms=("dasc",), refresh_slots=3)
+    m_native = a_nr.native_slots
+    assert a_nr.arm == "dasc-nr-w16" and a_wr.arm == "dasc-wr-w16" and a_wr.native_slots == m_native
+    assert a_nr.ckpt_slots == (100 - m_native) * b_d // b_c - 1
+    assert a_wr.ckpt_slots == ((100 - m_native) * b_d - 3 * b_d) // b_c - 1 < a_nr.ckpt_slots
+    assert a_wr.used_bytes == (m_native + 1) * b_d + 3 * b_d + (a_wr.ckpt_slots + 1) * b_c <= a_wr.budget_bytes
+    assert a_wr.flags[-2:] == ("--dasc-refresh-slots", "3") and "--dasc-refresh-slots" not in a_nr.flags
+    (a_def,) = size_arms(wr, max_running_requests=4, dense_slots=100, arms=("dasc",))
+    assert a_def.flags[-1] == "8"                      # wr_scratch.DEFAULT_REFRESH_SLOTS
