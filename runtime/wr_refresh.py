@@ -40,15 +40,21 @@ refresh is rank-local.
 from __future__ import annotations
 
 import logging
+import os
 from array import array
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-__all__ = ["RefreshPass", "RefreshWork", "plan_refresh", "run_refresh", "around_deferred_cow", "refresh_copy_fn"]
+__all__ = ["RefreshPass", "RefreshWork", "plan_refresh", "run_refresh", "around_deferred_cow", "refresh_copy_fn",
+           "check_pass"]
 
 logger = logging.getLogger("dasc")
+
+# DASC_WR_CHECK=1: after each pass, check the copy on the device and log how far the pass's own kept
+# units are from the restored checkpoint's (0 when W = n_p: the pass then recomputes the whole prefix).
+_CHECK = os.environ.get("DASC_WR_CHECK", "0") == "1"
 
 
 @dataclass
@@ -236,12 +242,39 @@ def run_refresh(runner, work: RefreshWork) -> None:
         runner._prepare_eager_forward_batch(fb)
         runner.eager_runner.execute(fb)                # logits dropped
         s0 = p.slots[0]
+        before = temporal[:, p.dst].clone() if _CHECK else None
         copy(scratch=temporal[:, s0:s0 + n], temporal=temporal, dst_slots=p.dst, unit_row=index.unit_row,
              local_heads=index.local_heads, check_slots=False)
+        if _CHECK:
+            check_pass(dpool.layout, before, temporal[:, p.dst], temporal[:, s0:s0 + n], p)
         runner.token_to_kv_pool_allocator.free(p.batch.out_cache_loc)
         budget.counters.refreshed += n
         budget.counters.tokens += p.tokens
         budget.counters.passes += 1
+
+
+def check_pass(layout, before, after, scratch, p: RefreshPass) -> dict:
+    """``DASC_WR_CHECK=1``: one log line per pass (device reads; a diagnostic, not for serving).
+
+    Args:
+        layout: the rank layout; before / after: ``[L, n, H, dv, dk]`` active states of the hits
+            around ``refresh_copy``; scratch: ``[L, n, H, dv, dk]``; p: the pass.
+    Returns:
+        ``{"kept_unchanged", "local_copied", "kept_vs_scratch_max"}`` (bool, bool, float per window).
+    """
+    from dasc_runtime.ops import flat_units
+
+    b, a, x = (flat_units(layout, t) for t in (before, after, scratch))
+    kept, local = layout.kept_flat, layout.local_flat
+    out = {"kept_unchanged": bool(torch.equal(a[:, kept], b[:, kept])),
+           "local_copied": bool(torch.equal(a[:, local], x[:, local])),
+           "kept_vs_scratch_max": [float((x[i, kept] - b[i, kept]).abs().max()) if kept.numel() else 0.0
+                                   for i in range(x.shape[0])]}
+    n_p = [int(t.numel()) + w for t, w in zip(p.prefix, p.windows)]
+    logger.info("dasc-wr check: windows %s of prefixes %s: kept units unchanged %s, local units copied %s, "
+                "max |scratch - checkpoint| over kept units %s", p.windows, n_p, out["kept_unchanged"],
+                out["local_copied"], ["%.3g" % v for v in out["kept_vs_scratch_max"]])
+    return out
 
 
 def _starts(windows):

@@ -238,3 +238,25 @@ def test_dasc_size_charges_the_scratch_slots_of_a_wr_plan(tmp_path):
     assert a_wr.flags[-2:] == ("--dasc-refresh-slots", "3") and "--dasc-refresh-slots" not in a_nr.flags
     (a_def,) = size_arms(wr, max_running_requests=4, dense_slots=100, arms=("dasc",))
     assert a_def.flags[-1] == "8"                      # wr_scratch.DEFAULT_REFRESH_SLOTS
+
+
+def test_device_check_reports_copy_and_kept_unit_distance(tmp_path):
+    """``DASC_WR_CHECK=1``'s per-pass check (used on the H200): kept units untouched, local units copied,
+    and the distance of the pass's own kept units from the restored checkpoint."""
+    from dasc_runtime.rank_layout import build_rank_layout
+    from dasc_runtime.torch_kernels import refresh_copy
+    from dasc_runtime.wr_refresh import RefreshPass, check_pass
+
+    plan, _, _ = compile_tiny(tmp_path, load_policy="wr")
+    temporal, _ = _states("gdn", seed=5)
+    lay = build_rank_layout(plan, 0, 1, temporal.shape[0])
+    temporal[:, 4] = temporal[:, 1]
+    temporal[:, 4, :, 0] += 0.5                      # head 0 of every layer differs in the scratch
+    before = temporal[:, 1:2].clone()
+    refresh_copy(scratch=temporal[:, 4:5], temporal=temporal, dst_slots=torch.tensor([1]),
+                 unit_row=lay.index.unit_row, local_heads=lay.index.local_heads)
+    p = RefreshPass(batch=None, rows=[9], slots=[4], prefix=[torch.zeros(12)], windows=[8], dst=torch.tensor([1]))
+    out = check_pass(lay, before, temporal[:, 1:2], temporal[:, 4:5], p)
+    head0_kept = any(0 in units for units in lay.rank_units)
+    assert out["kept_unchanged"] and out["local_copied"]
+    assert out["kept_vs_scratch_max"] == [pytest.approx(0.5 if head0_kept else 0.0)]
