@@ -23,7 +23,7 @@ set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-wr}
 mkdir -p "$OUT"
 DEV=.dev/sglang; WR=.dev/wr
-T0=$(date +%s); DEADLINE=${WR_DEADLINE:-240}
+T0=$(date +%s); DEADLINE=${WR_DEADLINE:-215}
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
@@ -56,11 +56,11 @@ start() {  # start LABEL PORT [flags...] in the background; its pid file appears
   ( pid=$(bash ../sglang/run_sglang.sh ../sglang/site.tar.xz /tmp/tiny "$port" "${COMMON[@]}" "$@") && echo "$pid" > "$OUT/pid_$label" ) &
 }
 stamp "start 5 servers"
-start dense 30001
-start nr-w64 30002 --dasc-plan /tmp/plan-nr-w64.dasc "${NR[@]}"
-start wr-w16 30003 --dasc-plan /tmp/plan-wr-w16.dasc "${WRF[@]}"
-( export DASC_WR_CHECK=1; start wr-w64 30004 --dasc-plan /tmp/plan-wr-w64.dasc "${WRF[@]}" )
-start wr-w128 30005 --dasc-plan /tmp/plan-wr-w128.dasc "${WRF[@]}"
+start dense 31501
+start nr-w64 31502 --dasc-plan /tmp/plan-nr-w64.dasc "${NR[@]}"
+start wr-w16 31503 --dasc-plan /tmp/plan-wr-w16.dasc "${WRF[@]}"
+( export DASC_WR_CHECK=1; start wr-w64 31504 --dasc-plan /tmp/plan-wr-w64.dasc "${WRF[@]}" )
+start wr-w128 31505 --dasc-plan /tmp/plan-wr-w128.dasc "${WRF[@]}"
 while :; do
   up=$(ls "$OUT"/pid_* 2>/dev/null | wc -l)
   [ "$up" -ge 5 ] && break
@@ -68,10 +68,10 @@ while :; do
   sleep 3
 done
 stamp "servers up: $(ls "$OUT"/pid_* 2>/dev/null | xargs -n1 basename 2>/dev/null | tr '\n' ' ')"
-python3 wr_smoke_client.py "$OUT/client.json" dense=30001 nr-w64=30002 wr-w16=30003 wr-w64=30004 wr-w128=30005
+python3 wr_smoke_client.py "$OUT/client.json" dense=31501 nr-w64=31502 wr-w16=31503 wr-w64=31504 wr-w128=31505
 stamp "client done"
 for f in "$OUT"/pid_*; do kill -TERM -- -"$(cat "$f")" 2>/dev/null; done
-for port in 30001 30002 30003 30004 30005; do
+for port in 31501 31502 31503 31504 31505; do
   echo "--- server $port: dasc lines"
   grep -E "dasc-wr|dasc refreshed|refusing|Traceback|Error" "$OUT/server_$port.log" | cut -c1-400 | tail -6
 done

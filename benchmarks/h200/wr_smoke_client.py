@@ -22,7 +22,7 @@ import time
 import urllib.request
 
 
-def post(port: int, ids: list, new: int, timeout: float = 120) -> tuple[dict, float]:
+def post(port: int, ids: list, new: int, timeout: float = 20) -> tuple[dict, float]:
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
