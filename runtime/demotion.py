@@ -38,7 +38,7 @@ from dasc_compile.schema import DascInputError
 from dasc_runtime.side_channels import is_staged
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierBook, TierCounters
 
-__all__ = ["DemotionEngine", "Demotion", "SideStream", "agree_all", "order_after", "reclaim_wait_mode"]
+__all__ = ["DemotionEngine", "Demotion", "CudaStreams", "SideStream", "agree_all", "order_after", "reclaim_wait_mode"]
 
 
 class _DoneEvent:
@@ -51,28 +51,65 @@ class _DoneEvent:
         return None
 
 
-class SideStream:
-    """Runs demotion packs on a background CUDA stream (App. B.2 "Transactional demotion").
+class CudaStreams:
+    """The stream calls demotion makes, on one device: CUDA's own (``torch.cuda``), or none on a CPU.
 
-    ``run(fn)`` makes the side stream wait for the current stream (the state being packed was
-    written there), runs ``fn`` on the side stream and returns a ``torch.cuda.Event`` recorded after
-    it. On CPU ``fn`` runs inline and a completed record is returned.
+    The one place demotion touches streams, so a test can hand :class:`SideStream`,
+    :func:`order_after` and :class:`DemotionEngine` a simulated device with the same five calls
+    (``tests/runtime_streams.py``: packs that complete later, in random order). Streams and events
+    are ``torch.cuda.Stream`` / ``torch.cuda.Event`` (``wait_stream``, ``wait_event``, ``record``,
+    ``query``, ``synchronize``).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device) -> None:
         self.device = torch.device(device)
-        self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        self.enabled = self.device.type == "cuda"
+
+    def new_stream(self):
+        """A new side stream, or None on a CPU (packs then run inline)."""
+        return torch.cuda.Stream(device=self.device) if self.enabled else None
+
+    def current_stream(self):
+        """The stream the scheduler thread issues work on now (SGLang's schedule stream)."""
+        return torch.cuda.current_stream(self.device)
+
+    def stream(self, s):
+        """Context manager: issue work on ``s``."""
+        return torch.cuda.stream(s)
+
+    def new_event(self):
+        """A new event (record it on a stream)."""
+        return torch.cuda.Event()
+
+    def is_event(self, event) -> bool:
+        """True for an event of this device's streams (the CPU completion record is not)."""
+        return self.enabled and isinstance(event, torch.cuda.Event)
+
+
+class SideStream:
+    """Runs demotion packs on a background stream (App. B.2 "Transactional demotion").
+
+    ``run(fn)`` makes the side stream wait for the current stream (the state being packed was
+    written there), runs ``fn`` on the side stream and returns an event recorded after it. Without a
+    side stream (CPU) ``fn`` runs inline and a completed record is returned.
+
+    Args:
+        streams: :class:`CudaStreams` of the pool's device (or a simulated device, in tests).
+    """
+
+    def __init__(self, streams: CudaStreams) -> None:
+        self.streams = streams
+        self.stream = streams.new_stream()
 
     def run(self, fn: Callable[[], None]):
         """Run ``fn`` (a pack) after the current stream's work; returns its completion event."""
         if self.stream is None:
             fn()
             return _DoneEvent()
-        cur = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(cur)
-        with torch.cuda.stream(self.stream):
+        self.stream.wait_stream(self.streams.current_stream())
+        with self.streams.stream(self.stream):
             fn()
-            ev = torch.cuda.Event()
+            ev = self.streams.new_event()
             ev.record(self.stream)
         return ev
 
@@ -99,14 +136,14 @@ def reclaim_wait_mode() -> str:
     return mode
 
 
-def order_after(event, mode: str, device) -> None:
+def order_after(event, mode: str, streams: CudaStreams) -> None:
     """Make later work see a pending demotion's pack as done (see :func:`reclaim_wait_mode`).
 
-    A CUDA event under ``stream`` makes the current stream of its device wait on it; anything else
-    (``host`` mode, or the CPU / test completion records, which have no stream) is synchronized.
+    An event of ``streams`` under ``stream`` makes the current stream wait on it; anything else
+    (``host`` mode, or the CPU completion record, which has no stream) is synchronized.
     """
-    if mode == "stream" and isinstance(event, torch.cuda.Event):
-        torch.cuda.current_stream(torch.device(device)).wait_event(event)
+    if mode == "stream" and streams.is_event(event):
+        streams.current_stream().wait_event(event)
         return
     event.synchronize()
 
@@ -153,7 +190,8 @@ class DemotionEngine:
         book: the component's :class:`~dasc_runtime.tiers.TierBook`. counters: its counters.
         component_type: ``ComponentType.MAMBA``.
     Attributes:
-        pending: node id -> :class:`Demotion`. side: the :class:`SideStream` (tests replace it).
+        pending: node id -> :class:`Demotion`. streams: the device's :class:`CudaStreams`.
+        side: the :class:`SideStream` on them (tests replace both with a simulated device).
         reclaim_wait: :func:`reclaim_wait_mode` at construction.
     """
 
@@ -163,7 +201,8 @@ class DemotionEngine:
         self.book = book
         self.counters = counters
         self.ct = component_type
-        self.side = SideStream(dpool.device)
+        self.streams = CudaStreams(dpool.device)
+        self.side = SideStream(self.streams)
         self.reclaim_wait = reclaim_wait_mode()
         self.tp_cpu_group = None        # attention-TP CPU group for agree_all (TP > 1), resolved on first use
         self.pending: dict[int, Demotion] = {}
@@ -255,7 +294,7 @@ class DemotionEngine:
         for d in cands:
             if wait:
                 t0 = time.perf_counter()
-                order_after(d.event, self.reclaim_wait, self.dpool.device)
+                order_after(d.event, self.reclaim_wait, self.streams)
                 self.counters.reclaim_waits += 1
                 self.counters.reclaim_wait_host_s += time.perf_counter() - t0
             self._commit(d)

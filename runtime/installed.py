@@ -37,7 +37,8 @@ INSTALLED = Installed()
 
 def status_line() -> str:
     """Counters for SGLang's prefill/decode log lines: hits and restores by tier, demotions,
-    evictions, checkpoints per tier, free compressed slots, states not cached (``skipped``) and, under
+    evictions, checkpoints per tier, free compressed slots, states not cached (``skipped``), restore
+    batches (mixed dense + compressed, and hint misses: batches split on the device) and, under
     dasc-wr, refreshes and tokens replayed."""
     pool, comp = INSTALLED.pool, INSTALLED.component
     if pool is None:
@@ -59,6 +60,7 @@ def status_line() -> str:
         ]
     else:
         parts.append(f"dasc free c: {pool.available_size()}/{pool.num_slots}")
+    parts.append(f"dasc restore batches: {pc.batches} (mixed {pc.mixed_batches}, hint misses {pc.hint_misses})")
     if INSTALLED.refresh is not None:
         parts.append(INSTALLED.refresh.status())
     return ", ".join(parts)

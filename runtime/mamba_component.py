@@ -237,20 +237,16 @@ class DascMambaComponent(MambaComponent):
         """SGLang stages the copy-on-write of a matched state into the request's slot (a hit).
 
         dasc: marks the source node staged for this cache call (not demoted or evicted before the
-        next one: the scheduler locks it right after the match, or drops the stage) and counts the
-        hit by tier. The staged source id may be native (dense hit: exact copy) or compressed
-        (dasc-nr restore); ``DascCheckpointPool.load_to_active`` tells them apart. App. B.2
-        "Insertion and reuse" (cache reuse).
+        next one: the scheduler locks it right after the match, or drops the stage). The staged
+        source id may be native (dense hit: exact copy) or compressed (dasc-nr restore);
+        ``DascCheckpointPool.load_to_active`` tells them apart. Hits are counted when the request is
+        admitted (:meth:`TierCounters.count_admitted_hits`), not here: a request that is matched
+        but not admitted is matched again later. App. B.2 "Insertion and reuse" (cache reuse).
         """
         if params.cow_mamba:
             node = self.tree_core.node_by_id(result.best_match_node)
-            t = self.tier(node) if node is not self.tree_core.root_node else None
-            if t is not None:
+            if node is not self.tree_core.root_node and self.tier(node) is not None:
                 mark_staged(node.component_data[self.component_type], self.epoch)
-                if t == COMPRESSED:
-                    self.counters.hits_compressed += 1
-                else:
-                    self.counters.hits_dense += 1
         return super().finalize_match_result_in_cache(params, result)
 
     # ------------------------------------------------------------------ SGLang overrides: eviction

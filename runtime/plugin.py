@@ -292,7 +292,8 @@ def around_create_unified_radix_cache(original, ctx, server_args, params):
 
 def around_collect_cow(original, batch, reqs):
     """AROUND ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``: host-side tier of each hit source,
-    and under dasc-wr the refresh passes of the compressed hits (:func:`dasc_runtime.wr_refresh.plan_refresh`)."""
+    the hits of the admitted batch by tier, and under dasc-wr the refresh passes of the compressed hits
+    (:func:`dasc_runtime.wr_refresh.plan_refresh`)."""
     from dasc_runtime.installed import INSTALLED
     from dasc_runtime.side_channels import attach_tier_hint
     from dasc_runtime.wr_refresh import plan_refresh
@@ -303,6 +304,8 @@ def around_collect_cow(original, batch, reqs):
     cow = [r for r in reqs if r.mamba_cow_src_index is not None]
     hint = [pool.is_own_id_tensor(r.mamba_cow_src_index) for r in cow]
     out = original(batch, reqs)
+    if INSTALLED.component is not None:
+        INSTALLED.component.counters.count_admitted_hits(hint)      # admission, not match (issue 13 item 12)
     src = batch.mamba_cow_src_indices
     if src is not None and len(hint) == src.numel():
         attach_tier_hint(src, hint)

@@ -38,7 +38,7 @@ from dasc_runtime.rank_layout import RankLayout
 from dasc_runtime.side_channels import tier_hint
 
 __all__ = ["DascCheckpointPool", "PoolCounters", "MatchedMemory", "matched_memory", "slots_for_budget",
-           "bytes_per_slot"]
+           "bytes_per_slot", "host_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +121,27 @@ def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int
 
 @dataclass
 class PoolCounters:
-    """Transfer counters of the pool (checkpoints, not bytes)."""
+    """Transfer counters of the pool (checkpoints, not bytes; batches are ``load_to_active`` calls)."""
 
     stores: int = 0             # active slot -> compressed slot (pack)
     loads_compressed: int = 0   # compressed slot -> active slot (dasc-nr restore)
     loads_dense: int = 0        # native slot -> active slot (exact copy) through load_to_active
-    hint_misses: int = 0        # load batches without a host tier hint (one device read each)
+    loads_unsplit: int = 0      # restores of hint-miss batches (tier not known on the host, see load_to_active)
+    batches: int = 0            # restore batches (load_to_active calls with at least one source)
+    mixed_batches: int = 0      # batches holding dense and compressed sources
+    hint_misses: int = 0        # batches without a host tier hint (split on the device, never read back)
+
+
+def host_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 ``[len(values)]`` index tensor on ``device`` without blocking the host.
+
+    On CUDA the values are staged in pinned host memory and copied with ``non_blocking=True`` (an
+    async copy on the current stream; PyTorch's pinned allocator keeps the buffer until the copy
+    has run). ``torch.tensor(list, device=cuda)`` would be a synchronous copy from pageable memory.
+    """
+    if device.type != "cuda":
+        return torch.tensor(list(values), dtype=torch.int64, device=device)
+    return torch.tensor(list(values), dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
 
 
 class DascCheckpointPool:
@@ -270,7 +285,10 @@ class DascCheckpointPool:
 
         ``ckpt_slots`` may mix native ids (``<= M``: exact ``MambaPool.copy_from``, a dense hit) and
         compressed ids (dasc-nr). The split comes from the host hint the plugin attaches
-        (:func:`dasc_runtime.side_channels.tier_hint`: list of bool) or, without it, from one device read.
+        (:func:`dasc_runtime.side_channels.tier_hint`: list of bool), or from the ids' tensor
+        metadata when they are one view of this pool's ids (all compressed). Nothing here reads the
+        device: a mixed batch's row lists go to the device from pinned memory (:func:`host_index`);
+        a batch with neither (a hint miss, counted) is split on the device, see :meth:`_load_unsplit`.
 
         Args:
             active_mamba_pool: SGLang's ``MambaPool``.
@@ -281,13 +299,14 @@ class DascCheckpointPool:
         dst = active_slots.reshape(-1)
         if src.numel() == 0:
             return
+        self.counters.batches += 1
         hint = tier_hint(ckpt_slots)
         if hint is None or len(hint) != src.numel():
-            if self.is_own_id_tensor(src):
-                hint = [True] * src.numel()
-            else:
+            if not self.is_own_id_tensor(src):
                 self.counters.hint_misses += 1
-                hint = [int(v) > self.native_size for v in src.tolist()]
+                self._load_unsplit(active_mamba_pool, src, dst)
+                return
+            hint = [True] * src.numel()
         n_c = sum(1 for h in hint if h)
         if _LOG_RESTORES:
             logger.info("dasc: restoring %d compressed (dasc-nr) + %d dense checkpoint(s) into active slots "
@@ -300,11 +319,29 @@ class DascCheckpointPool:
             active_mamba_pool.copy_from(src, dst)
             self.counters.loads_dense += src.numel()
             return
-        ic = torch.tensor([i for i, h in enumerate(hint) if h], dtype=torch.int64, device=src.device)
-        idn = torch.tensor([i for i, h in enumerate(hint) if not h], dtype=torch.int64, device=src.device)
+        self.counters.mixed_batches += 1
+        ic = host_index([i for i, h in enumerate(hint) if h], src.device)
+        idn = host_index([i for i, h in enumerate(hint) if not h], src.device)
         active_mamba_pool.copy_from(src.index_select(0, idn), dst.index_select(0, idn))
-        self.counters.loads_dense += idn.numel()
+        self.counters.loads_dense += len(hint) - n_c
         self.load_compressed(active_mamba_pool, src.index_select(0, ic), dst.index_select(0, ic))
+
+    def _load_unsplit(self, active_mamba_pool, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """A batch whose tiers the host does not know, restored without reading the device.
+
+        Both transfers run over every row: the dense copy with compressed rows' sources replaced by
+        native slot 0 (their destinations are rewritten whole by the load that follows, on the same
+        stream), then the dasc-nr load with dense rows pointed at compressed row 0 and native slot 0
+        (SGLang's padding slot, which no request owns). Twice the work of a hinted batch; the plugin
+        always attaches the hint, so this is the fallback, counted in ``hint_misses``.
+        """
+        comp = src > self.native_size                                       # bool [N], on the device
+        zero = torch.zeros_like(src)
+        active_mamba_pool.copy_from(torch.where(comp, zero, src), dst)
+        rows = torch.where(comp, src - self.id_offset, zero).to(torch.int64)
+        self.ops.load(self.layout, active_mamba_pool.mamba_cache, rows, torch.where(comp, dst, zero).to(torch.int64),
+                      self.tensors)
+        self.counters.loads_unsplit += src.numel()
 
     # ---- accounting ----
 

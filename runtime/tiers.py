@@ -44,8 +44,8 @@ class TierPolicy:
 class TierCounters:
     """Cache-side counters (checkpoints). Restores by tier are counted by the pool (``PoolCounters``)."""
 
-    hits_dense: int = 0             # matches whose state is a dense checkpoint (copy-on-write staged)
-    hits_compressed: int = 0        # matches whose state is a compressed checkpoint
+    hits_dense: int = 0             # admitted requests restoring a dense checkpoint (copy-on-write)
+    hits_compressed: int = 0        # admitted requests restoring a compressed checkpoint
     inserts_compressed: int = 0     # states that entered the tree packed (compressed-first)
     inserts_dense: int = 0          # states that entered the tree in a native slot (dense spill)
     demotions_started: int = 0      # async demotions launched (watermark)
@@ -56,6 +56,17 @@ class TierCounters:
     skipped: int = 0                # states not cached: compressed-only pool full of locked checkpoints
     reclaim_waits: int = 0          # pending demotions the reclamation walk had to wait for
     reclaim_wait_host_s: float = 0.0  # scheduler-thread time spent in those waits (s; ~0 with stream waits)
+
+    def count_admitted_hits(self, compressed: list[bool]) -> None:
+        """Count the hits of one admitted batch: one bool per copy-on-write source, True = compressed.
+
+        Called when SGLang collects the batch's copy-on-write (``plugin.around_collect_cow``, in
+        ``ScheduleBatch.prepare_for_extend``: admitted requests only), not at match time: a request
+        the scheduler matches again and again before admitting it is one hit.
+        """
+        n_c = sum(1 for c in compressed if c)
+        self.hits_compressed += n_c
+        self.hits_dense += len(compressed) - n_c
 
 
 class TierBook:

@@ -3,83 +3,88 @@
 It builds SGLang 0.5.17's HybridReqToTokenPool, KV allocator and UnifiedRadixCache with
 :class:`dasc_runtime.mamba_component.DascMambaComponent`, then runs requests the way the scheduler does:
 ``Req.init_next_round_input`` (match + staged copy-on-write), ``inc_lock_ref`` (admission),
-``alloc_req_slots``, KV allocation with eviction, a "forward" that performs the staged restore
-(``DascCheckpointPool.load_to_active``) and writes a state that is a pure function of the token
-prefix, ``cache_unfinished_req`` for chunked prefill and ``cache_finished_req``.
+``alloc_req_slots``, KV allocation with eviction, a batch of admitted requests whose copy-on-write is
+collected through the plugin's own hint path (``plugin.around_collect_cow`` around SGLang's
+``ScheduleBatch._collect_deferred_mamba_cow_and_clear``, so batches mix dense and compressed hits)
+and restored as the model runner does (``DascCheckpointPool.load_to_active`` on the batch), a
+"forward" that writes a state that is a pure function of the token prefix, ``cache_unfinished_req``
+for chunked prefill and ``cache_finished_req``. Requests are also matched and not admitted (the
+scheduler's revert), and matched with a Mamba eviction before their admission lock.
+
+With ``streams=True`` (the default) the device is simulated (``tests/runtime_streams.py``): the
+pool's stores and loads, SGLang's ``copy_from`` and the model's state writes are queued on the
+schedule stream, demotion packs on a side stream through dasc's real ``SideStream`` and
+``order_after``, and the device runs them later, a few entries per step, in random order where
+streams allow it. Restores are checked when they run.
 
 :meth:`Sim.check` verifies every invariant named in ``dasc_runtime.mamba_component``,
 ``dasc_runtime.tiers`` and ``dasc_runtime.demotion`` plus SGLang's own ``sanity_check``; it raises
-``AssertionError`` naming the violated invariant.
+``AssertionError`` naming the violated invariant. :func:`run_ops` runs a seeded sequence and names
+the seed and step of a failure.
 """
 
 from __future__ import annotations
 
+import inspect
 import random
 import zlib
 from array import array
 from collections import defaultdict
+from types import SimpleNamespace
 
 import torch
 
 import runtime_fixtures as F
-
-
-class FakeEvent:
-    """Side-stream completion record whose completion the test controls."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.waited = 0
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.waited += 1
-        self.done = True
-
-
-class FakeSideStream:
-    """Runs the pack immediately (CPU) but hands back a :class:`FakeEvent` that starts incomplete."""
-
-    def __init__(self) -> None:
-        self.events: list[FakeEvent] = []
-
-    def run(self, fn):
-        fn()
-        ev = FakeEvent()
-        self.events.append(ev)
-        return ev
+from runtime_streams import SimDevice, StreamedOps, stream_copy_from
 
 
 class Sim:
+    """One TP rank's scheduler, cache and (simulated) device; see the module docstring.
+
+    Args (the ones the tests vary): mamba_size M, compressed_slots C, kv_size, watermark,
+    compressed_only, seed (host decisions), kind (gdn | kda), int8, extra_buffer, chunk (SGLang's
+    mamba cache chunk), balance / wr (plan policy), streams (simulated device; False: the real CPU
+    path, packs inline), tp_rank / tp_size (this rank of a plan compiled for tp_size; the test sets
+    the demotion engine's CPU group), max_states_per_path (SGLang's ``--mamba-max-states-per-path``),
+    device_seed (device progress; default from seed and rank).
+    """
+
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
                  seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None,
-                 wr=False):
+                 wr=False, streams=True, tp_rank=0, tp_size=1, max_states_per_path=None, device_seed=None):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
 
+        from dasc_runtime.demotion import SideStream
+        from dasc_runtime.installed import INSTALLED
         from dasc_runtime.mamba_component import DascMambaComponent
         from dasc_runtime.pool import DascCheckpointPool
         from dasc_runtime.rank_layout import build_rank_layout
         from dasc_runtime.side_channels import attach_tier_policy
         from dasc_runtime.tiers import TierPolicy
 
-        F.set_server_args(chunk=chunk)
+        sa = F.set_server_args(chunk=chunk)
+        if max_states_per_path is not None:
+            sa.mamba_max_states_per_path = max_states_per_path
+            set_global_server_args_for_scheduler(sa)
         self.extra_buffer, self.chunk = extra_buffer, chunk
+        self.seed = seed
         self.rng = random.Random(seed)
         policy = dict(int8=True) if int8 else {}
-        if balance is not None:         # e.g. "storage": a TP=1 storage map (no all-to-all, layout.storage set)
+        if balance is not None:         # "storage": a storage map (at TP 1 no all-to-all, but layout.storage set)
             policy["balance"] = balance
         if wr:                          # dasc-wr: compressed hits are refreshed (tests/runtime_wr_sim.py)
             policy["load_policy"] = "wr"
+        if tp_size > 1:
+            policy["tp_size"] = tp_size
         self.plan, _, _ = F.compile_tiny(tmp, kind, **policy)
-        cp = F.gdn_cache_params() if kind == "gdn" else F.kda_cache_params()
+        cp = F.gdn_cache_params(tp_size) if kind == "gdn" else F.kda_cache_params(tp_size)
         self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size,
                                                extra_buffer=extra_buffer, wr_plan=self.plan if wr else None,
                                                refresh_slots=2 if wr else None)
-        layout = build_rank_layout(self.plan, 0, 1, len(cp.layers))
+        layout = build_rank_layout(self.plan, tp_rank, tp_size, len(cp.layers))
         self.dpool = DascCheckpointPool(layout=layout, num_slots=compressed_slots, conv_shapes=cp.shape.conv,
                                         native_size=self.pool.mamba_pool.size, device="cpu")
         attach_tier_policy(self.dpool, TierPolicy(compressed_only=compressed_only, watermark=watermark))
@@ -90,23 +95,36 @@ class Sim:
             tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=extra_buffer,
             component_registry_override={ComponentType.MAMBA: DascMambaComponent}))
         self.comp = self.cache.components[ComponentType.MAMBA]
-        self.side = FakeSideStream()
-        self.comp.demotions.side = self.side
+        self.device = None
+        if streams:
+            dseed = device_seed if device_seed is not None else seed * 7919 + 1000003 * tp_rank + 17
+            self.device = SimDevice(random.Random(dseed))
+            self.comp.demotions.streams = self.device
+            self.comp.demotions.side = SideStream(self.device)
+            self.dpool.ops = StreamedOps(self.dpool.ops, self.device)
+            stream_copy_from(self.pool.mamba_pool, self.device)
         self.layout = layout
         self.M, self.C = mamba_size, compressed_slots
         self.inflight: list = []            # admitted, locked, not finished
         self.harness_locks: dict = {}       # node id -> (value list, tier) while a request holds it
+        self.meta: dict = {}                # rid -> (tokens, cached prefix length, KV slots, matched node)
         self.rid = 0
         self.stats = defaultdict(int)
+        self.failures: list[str] = []       # restores found wrong when they ran on the device
         self.check_content_every = check_content_every
+        # the plugin's hint path (plugin.around_collect_cow) and the batch log line read these
+        INSTALLED.pool, INSTALLED.component = self.dpool, self.comp
         self.wr = None
         if wr:
             from runtime_wr_sim import WrHarness
-            from dasc_runtime.installed import INSTALLED
 
-            INSTALLED.pool = self.dpool
             self.wr = WrHarness(self)
         self._universe()
+
+    @property
+    def side_events(self) -> list:
+        """Events of the demotion packs launched on the side stream (simulated device), in launch order."""
+        return self.device.side_events if self.device is not None else []
 
     # ---------------------------------------------------------------- token universe and states
 
@@ -159,22 +177,46 @@ class Sim:
 
     # ---------------------------------------------------------------- scheduler-like steps
 
-    def admit(self, chunked=False):
+    def _new_req(self):
         from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.mem_cache.allocation import alloc_req_slots
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
         from sglang.srt.sampling.sampling_params import SamplingParams
 
+        toks = self.request_tokens(self.rng.choice(self.seqs))
+        self.rid += 1
+        return Req(rid=str(self.rid), origin_input_text="", origin_input_ids=array("q", toks),
+                   sampling_params=SamplingParams(temperature=0, max_new_tokens=1)), toks
+
+    def admit(self, chunked=False, pressure=False, k=None):
+        """Admit a batch of ``k`` (default: 1-3 at random) requests (match, lock, slots, KV each), then
+        run their forward."""
         if len(self.inflight) >= 3 or self.pool.available_size() == 0:
             return self.finish()
-        seq = self.rng.choice(self.seqs)
-        toks = self.request_tokens(seq)
-        self.rid += 1
-        req = Req(rid=str(self.rid), origin_input_text="", origin_input_ids=array("q", toks),
-                  sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+        if k is None:
+            k = self.rng.randint(1, min(3 - len(self.inflight), self.pool.available_size()))
+        reqs = []
+        for j in range(k):
+            req = self._match_and_lock(pressure=pressure and j == 0)
+            if req is None:
+                break
+            reqs.append(req)
+        if reqs:
+            self._forward(reqs, chunked)
+
+    def _match_and_lock(self, pressure=False):
+        """One request through match (staged copy-on-write) and admission; None on backpressure.
+
+        ``pressure``: a Mamba eviction runs between the match and the admission lock (the window in
+        which only the staging protection keeps the matched state in place).
+        """
+        from sglang.srt.mem_cache.allocation import alloc_req_slots
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        req, toks = self._new_req()
         req.init_next_round_input(self.cache)
         node = self.comp.tree_core.node_by_id(req.best_match_node)
-        staged = req.mamba_cow_src_index
+        if pressure:
+            self.cache.evict(EvictParams(num_tokens=0, mamba_num=self.rng.randint(1, 2)))
+            self.stats["pressure"] += 1
         # admission lock (PrefillAdder._req_inc_lock_ref)
         self.cache.inc_lock_ref(req.last_node)
         req.skip_lock_node_ids = {}
@@ -185,7 +227,7 @@ class Sim:
             self.cache.dec_lock_ref(req.last_node)
             req.mamba_cow_src_index = None
             self.stats["backpressure"] += 1
-            return
+            return None
         alloc_req_slots(self.pool, [req], self.cache)
         prefix = len(req.prefix_indices)
         need = len(toks) - prefix
@@ -195,41 +237,112 @@ class Sim:
         assert kv is not None, "KV pool exhausted in the simulation"
         self.pool.req_to_token[req.req_pool_idx, :len(toks)] = torch.cat([req.prefix_indices, kv]).to(torch.int32)
         self._lock_note(req)
-        # forward: staged restore on the "forward stream", then the prefill writes state(prefix)
-        slot = req.mamba_pool_idx
-        if staged is not None:
-            assert req.mamba_cow_src_index is not None
-            tier = self.comp.tier(node)
-            self.dpool.load_to_active(self.pool.mamba_pool, req.mamba_cow_src_index, slot.view(1))
-            req.mamba_cow_src_index = None
-            exp_t, exp_c = self.state_of(toks[:prefix])
-            want = exp_t if tier == "dense" else self.nr_of(exp_t)
-            if self.wr is not None and tier == "compressed":
-                window, ran = self.wr.refresh(req, toks, prefix, staged, kv)
-                want = self.wr.expected(want, window) if ran else want
-                self.stats["wr_refreshed" if ran else "wr_skipped"] += 1
-            got = self.pool.mamba_pool.mamba_cache.temporal[:, int(slot)]
-            assert torch.equal(got, want), f"restored state of node {node.id} ({tier}) is wrong"
-            for c, e in zip(self.pool.mamba_pool.mamba_cache.conv, exp_c):
-                assert torch.equal(c[:, int(slot)], e), f"restored conv of node {node.id} is wrong"
-            self.stats[f"restore_{tier}"] += 1
-        req.kv_committed_len = len(toks)
-        req.full_untruncated_fill_ids = array("q", toks)
-        ext_start = prefix
-        if chunked and len(toks) - prefix >= 2:
-            k = self.rng.randint(prefix + 1, len(toks) - 1)
-            self._write_state(slot, toks[:k])
-            self._track(req, toks, prefix, k)
-            req.set_extend_range(prefix, k)
-            self._unlock_note(req)
-            self.cache.cache_unfinished_req(req, chunked=True)
-            self._lock_note(req)
-            self.stats["unfinished"] += 1
-            ext_start = k
-        self._track(req, toks, ext_start, len(toks))
-        self._write_state(slot, toks)
-        req.set_extend_range(0, len(toks))
-        self.inflight.append(req)
+        self.meta[req.rid] = (toks, prefix, kv, node)
+        return req
+
+    def match_drop(self):
+        """A request matched (its copy-on-write staged) and then not admitted: SGLang's revert
+        (``Scheduler._get_new_batch_prefill_raw`` when ``add_one_req`` rejects it)."""
+        req, _ = self._new_req()
+        req.init_next_round_input(self.cache)
+        self.stats["matched_not_admitted"] += req.mamba_cow_src_index is not None
+        req.mamba_cow_src_index = None
+        req.mamba_needs_clear = False
+        if req.mamba_pool_idx is not None:
+            self.pool.mamba_allocator.free(req.mamba_pool_idx.unsqueeze(-1))
+            req.mamba_pool_idx = None
+
+    def _collect(self, reqs):
+        """The batch's copy-on-write through the plugin's hook around SGLang's own collector."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        from dasc_runtime.installed import INSTALLED
+        from dasc_runtime.plugin import around_collect_cow
+
+        batch = SimpleNamespace()
+        original = inspect.unwrap(ScheduleBatch._collect_deferred_mamba_cow_and_clear)
+        refresh, INSTALLED.refresh = INSTALLED.refresh, None     # the wr harness plans its refresh itself
+        try:
+            around_collect_cow(original, batch, reqs)
+        finally:
+            INSTALLED.refresh = refresh
+        return batch
+
+    def _held_values(self) -> set:
+        out = set()
+        for n in self.nodes():
+            v = n.component_data[self.MAMBA].value
+            if v is not None:
+                out.update(v.tolist())
+        return out
+
+    def _forward(self, reqs, chunked):
+        """The batch's forward: restore every hit (one ``load_to_active``, mixed tiers), check it, write states."""
+        from dasc_runtime.side_channels import tier_hint
+
+        cow = [r for r in reqs if r.mamba_cow_src_index is not None]
+        srcs = {r.rid: r.mamba_cow_src_index for r in cow}
+        batch = self._collect(reqs)
+        src = batch.mamba_cow_src_indices
+        if cow:
+            hint = tier_hint(src)
+            assert hint is not None and len(hint) == len(cow), "the plugin attached no tier hint to the batch"
+            held = self._held_values()
+            for v in src.tolist():
+                assert v in held, (f"copy-on-write source {v} is no longer held by the tree when its batch is "
+                                   f"collected (freed or moved between the match and the admission lock)")
+            self.stats["batch_mixed"] += 0 < sum(hint) < len(hint)
+            self.dpool.load_to_active(self.pool.mamba_pool, src, batch.mamba_cow_dst_indices)
+            if self.wr is not None and self.device is not None:
+                self.device.drain_main()        # the harness's refresh runs on the host, after the restore
+            for req, compressed in zip(cow, hint):
+                toks, prefix, kv, node = self.meta[req.rid]
+                tier = "compressed" if compressed else "dense"
+                exp_t, exp_c = self.state_of(toks[:prefix])
+                want = exp_t if tier == "dense" else self.nr_of(exp_t)
+                if self.wr is not None and tier == "compressed":
+                    window, ran = self.wr.refresh(req, toks, prefix, srcs[req.rid], kv)
+                    want = self.wr.expected(want, window) if ran else want
+                    self.stats["wr_refreshed" if ran else "wr_skipped"] += 1
+                self._launch(lambda s=int(req.mamba_pool_idx), w=want, c=exp_c, nid=node.id, t=tier:
+                             self._check_restored(s, w, c, nid, t))
+                self.stats[f"restore_{tier}"] += 1
+        for req in reqs:
+            toks, prefix, kv, node = self.meta.pop(req.rid)
+            slot = req.mamba_pool_idx
+            req.kv_committed_len = len(toks)
+            req.full_untruncated_fill_ids = array("q", toks)
+            ext_start = prefix
+            if chunked and len(toks) - prefix >= 2:
+                k = self.rng.randint(prefix + 1, len(toks) - 1)
+                self._write_state(slot, toks[:k])
+                self._track(req, toks, prefix, k)
+                req.set_extend_range(prefix, k)
+                self._unlock_note(req)
+                self.cache.cache_unfinished_req(req, chunked=True)
+                self._lock_note(req)
+                self.stats["unfinished"] += 1
+                ext_start = k
+            self._track(req, toks, ext_start, len(toks))
+            self._write_state(slot, toks)
+            req.set_extend_range(0, len(toks))
+            self.inflight.append(req)
+
+    def _check_restored(self, slot, want, exp_conv, node_id, tier):
+        """Runs on the device after the restore; a wrong state is recorded (raised by :meth:`check`),
+        so device progress never raises in the middle of a cache call."""
+        mc = self.pool.mamba_pool.mamba_cache
+        if not torch.equal(mc.temporal[:, slot], want):
+            self.failures.append(f"restored state of node {node_id} ({tier}) is wrong")
+        elif not all(torch.equal(c[:, slot], e) for c, e in zip(mc.conv, exp_conv)):
+            self.failures.append(f"restored conv of node {node_id} ({tier}) is wrong")
+
+    def _launch(self, fn):
+        """Run ``fn`` on the device's current stream (now, without a simulated device)."""
+        if self.device is None:
+            fn()
+        else:
+            self.device.launch(fn)
 
     def _track(self, req, toks, start, end):
         """Extra-buffer tracking (ScheduleBatch._prepare_mamba_track): the state at the last
@@ -243,11 +356,16 @@ class Sim:
         req.mamba_last_track_seqlen = aligned
 
     def _write_state(self, slot, toks):
+        """The forward writes state(toks) into native slot ``slot`` (on the schedule stream)."""
         t, convs = self.state_of(toks)
         mc = self.pool.mamba_pool.mamba_cache
-        mc.temporal[:, int(slot)] = t
-        for c, v in zip(mc.conv, convs):
-            c[:, int(slot)] = v
+        slot = int(slot)
+
+        def write():
+            mc.temporal[:, slot] = t
+            for c, v in zip(mc.conv, convs):
+                c[:, slot] = v
+        self._launch(write)
 
     def _lock_note(self, req):
         n = self.comp.tree_core.node_by_id(req.last_node)
@@ -295,9 +413,9 @@ class Sim:
             self.stats["demote_async"] += 1
 
     def complete_events(self):
-        for ev in self.side.events:
-            if self.rng.random() < 0.5:
-                ev.done = True
+        """The device catches up a little (side-stream packs complete, in random order)."""
+        if self.device is not None:
+            self.device.progress(self.device.rng.randint(2, 8))
 
     def maintain(self):
         self.comp.maintain()
@@ -339,7 +457,14 @@ class Sim:
 
     def check(self, step, content=False):
         comp, dp = self.comp, self.dpool
+        if content and self.device is not None:
+            self.device.drain_main()            # host reads see what the schedule stream sees (packs may pend)
+        assert not self.failures, f"step {step}: {self.failures[0]}"
         self.cache.sanity_check()
+        c = comp.counters
+        assert (c.hits_dense, c.hits_compressed) == (self.stats["restore_dense"], self.stats["restore_compressed"]), \
+            (f"step {step}: hits d/c {c.hits_dense}/{c.hits_compressed} != admitted restores "
+             f"{self.stats['restore_dense']}/{self.stats['restore_compressed']} (hits must count admissions)")
         count = {"dense": 0, "compressed": 0}
         locked = {"dense": 0, "compressed": 0}
         native_held, comp_held = [], []
@@ -406,8 +531,9 @@ class Sim:
 
     # ---------------------------------------------------------------- driver
 
-    OPS = (("admit", 26), ("admit_chunked", 8), ("finish", 26), ("evict_mamba", 8), ("evict_tokens", 6),
-           ("demote", 8), ("complete_events", 6), ("maintain", 6), ("match_only", 6))
+    OPS = (("admit", 26), ("admit_chunked", 8), ("admit_pressure", 6), ("finish", 26), ("evict_mamba", 8),
+           ("evict_tokens", 6), ("demote", 8), ("complete_events", 6), ("maintain", 6), ("match_only", 4),
+           ("match_drop", 4))
 
     def step(self, i):
         names, weights = zip(*self.OPS)
@@ -416,11 +542,43 @@ class Sim:
         before = self.lru_ids() if op in ("demote", "complete_events", "maintain", "evict_mamba", "evict_tokens") else None
         if op == "admit_chunked":
             self.admit(chunked=True)
+        elif op == "admit_pressure":
+            self.admit(pressure=True)
         else:
             getattr(self, op)()
         self.stats[op] += 1
         if before is not None:
             after = self.lru_ids()
             assert after == [x for x in before if x in set(after)], f"step {i}: {op} changed the LRU order"
+        if self.device is not None:
+            self.device.progress(self.device.rng.randint(0, 3))
         self.check(i, content=(i % self.check_content_every == 0))
         return op
+
+    def digest(self) -> tuple:
+        """Every host decision of the cache, rank-independent: per cached prefix its tier and value,
+        the pending demotions, both free lists and the counters (TP ranks must agree on all of it)."""
+        nodes = []
+        for n in self.nodes():
+            cd = n.component_data[self.MAMBA]
+            if cd.value is not None:
+                nodes.append((tuple(self.prefix_tokens(n)), self.comp.tier(n), tuple(cd.value.tolist()), cd.lock_ref))
+        pending = sorted(tuple(self.prefix_tokens(d.node)) for d in self.comp.pending.values())
+        return (sorted(nodes), pending, sorted(self.pool.mamba_allocator.free_slots.tolist()), sorted(self.dpool._free),
+                tuple((k, v) for k, v in vars(self.comp.counters).items() if k != "reclaim_wait_host_s"))
+
+
+def run_ops(sim, n_ops: int, label: str, after_step=None) -> None:
+    """Run ``n_ops`` seeded steps of ``sim``; a failure names the seed and the step that broke.
+
+    The sequence of a seed does not depend on ``n_ops``, so the failing step reproduces with any
+    ``n_ops`` above it. ``label`` says how to rerun (test id and environment). ``after_step(i)``
+    runs after every step (e.g. a cross-rank comparison).
+    """
+    for i in range(n_ops):
+        try:
+            sim.step(i)
+            if after_step is not None:
+                after_step(i)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n[{label}: seed {sim.seed} failed at step {i}]") from exc

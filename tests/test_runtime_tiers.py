@@ -30,7 +30,7 @@ def _run(sim, seq, *, keep=False, chunked=False):
     """Admit one request for ``seq``, then finish it unless ``keep``; returns the request."""
     sim.rng.choice = lambda xs, _s=seq: _s            # deterministic pick
     n = len(sim.inflight)
-    sim.admit(chunked=chunked)
+    sim.admit(chunked=chunked, k=1)
     req = sim.inflight[-1]
     assert len(sim.inflight) == n + 1
     if not keep:
@@ -101,7 +101,7 @@ def test_watermark_demotion_commits_after_event_and_unlock_keeping_lru(tmp_path)
     sim.comp.policy = TierPolicy(watermark=native_free + 1)
     sim.comp.maintain()                                # free native < watermark: demote the oldest dense (D)
     assert list(sim.comp.pending) == [d.id] and sim.comp.counters.demotions_started == 1
-    ev = sim.side.events[-1]
+    ev = sim.side_events[-1]
     assert not ev.done and d.component_data[sim.MAMBA].lock_ref == 1      # pinned, event pending
     assert sim.lru_ids() == lru_before                                     # demotion is not an access
     sim.comp.policy = TierPolicy(watermark=0)
@@ -117,7 +117,7 @@ def test_watermark_demotion_commits_after_event_and_unlock_keeping_lru(tmp_path)
     sim.comp.maintain()
     # the pack has not completed: maintain neither waits for the event nor commits
     assert ev.waited == 0 and not ev.done and d.id in sim.comp.pending and sim.comp.tier(d) == "dense"
-    ev.done = True                                     # the side-stream pack completes
+    sim.device.complete(ev)                            # the side-stream pack completes
     sim.comp.maintain()
     assert ev.waited == 0                              # committed on query(), never blocking
     assert sim.comp.tier(d) == "compressed" and not sim.comp.pending
@@ -173,9 +173,11 @@ def test_chunked_prefill_inserts_compressed_and_rematches(tmp_path):
     assert sim.comp.counters.inserts_compressed == 2 and req.mamba_pool_idx is None
 
 
-def test_maintain_never_waits_but_reclamation_does(tmp_path):
+@pytest.mark.parametrize("mode", ["stream", "host"])
+def test_maintain_never_waits_but_reclamation_does(tmp_path, monkeypatch, mode):
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", mode)
     sim = _sim(tmp_path, compressed_slots=2, mamba_size=6)
     for s in (SEQ_A, SEQ_B, SEQ_C):
         _run(sim, s)                                   # A, B compressed; C dense
@@ -183,14 +185,19 @@ def test_maintain_never_waits_but_reclamation_does(tmp_path):
     sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
     free0 = sim.pool.mamba_allocator.available_size()
     sim.comp.demote_async(c)
-    ev = sim.side.events[-1]
+    ev = sim.side_events[-1]
     sim.comp.maintain()                                # launched in this epoch: not a candidate yet
     sim.comp.maintain()                                # a candidate, but its event has not completed
     assert c.id in sim.comp.pending and ev.waited == 0 and sim.comp.counters.demotions_committed == 0
     assert sim.pool.mamba_allocator.available_size() == free0
-    # SGLang needs a native slot now: the walk waits for the pack and commits it (frees C's slot)
+    # SGLang needs a native slot now: the walk orders the schedule stream after the pack (stream: the
+    # host does not block; host: it synchronizes) and commits it (frees C's slot)
     res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
-    assert res.mamba_num_evicted == 1 and ev.waited == 1 and not sim.comp.pending
+    assert res.mamba_num_evicted == 1 and not sim.comp.pending
+    if mode == "stream":
+        assert ev.waited == 0 and ("wait", ev) in sim.device.main.queue
+    else:
+        assert ev.waited == 1 and ev.done
     assert sim.comp.tier(c) == "compressed" and sim.comp.counters.demotions_committed == 1
     assert sim.comp.counters.reclaim_waits == 1 and sim.comp.counters.reclaim_wait_host_s >= 0.0  # for the log
     assert sim.pool.mamba_allocator.available_size() == free0 + 1
@@ -211,7 +218,7 @@ def test_storage_balanced_pool_demotes_on_the_current_stream(tmp_path):
     sim.comp.policy = TierPolicy(watermark=free0 + 1)
     sim.comp.maintain()                                # watermark demotion of B
     # no side-stream pack and nothing pending: B was packed on the current stream and committed
-    assert sim.side.events == [] and not sim.comp.pending
+    assert sim.side_events == [] and not sim.comp.pending
     assert sim.comp.tier(b) == "compressed" and sim.comp.counters.demotions_sync == 1
     assert sim.comp.counters.demotions_started == 0
     assert sim.pool.mamba_allocator.available_size() == free0 + 1
@@ -244,11 +251,14 @@ def test_compressed_only_skips_caching_when_every_checkpoint_is_locked(tmp_path)
 
 
 def test_reclaim_wait_mode_and_order_after(monkeypatch):
-    """DASC_RECLAIM_WAIT: 'stream' (default) / 'host'; records without a CUDA stream are synchronized."""
-    from runtime_sim import FakeEvent
+    """DASC_RECLAIM_WAIT: 'stream' (default) / 'host'; records without a stream are synchronized, an event
+    of the device's streams is waited on by the current stream (host mode: synchronized)."""
+    import random
+
+    from runtime_streams import SimDevice
 
     from dasc_compile.schema import DascInputError
-    from dasc_runtime.demotion import order_after, reclaim_wait_mode
+    from dasc_runtime.demotion import CudaStreams, _DoneEvent, order_after, reclaim_wait_mode
 
     monkeypatch.delenv("DASC_RECLAIM_WAIT", raising=False)
     assert reclaim_wait_mode() == "stream"
@@ -258,15 +268,24 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
     with pytest.raises(DascInputError, match="DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'spin'"):
         reclaim_wait_mode()
     for mode in ("stream", "host"):
-        ev = FakeEvent()
-        order_after(ev, mode, "cpu")
-        assert ev.waited == 1 and ev.done
+        order_after(_DoneEvent(), mode, CudaStreams("cpu"))          # a CPU record: synchronized, no stream
+        dev = SimDevice(random.Random(0))
+        side = dev.new_stream()
+        with dev.stream(side):
+            dev.launch(lambda: None)
+            ev = dev.new_event()
+            ev.record(side)
+        order_after(ev, mode, dev)
+        if mode == "stream":      # the host did not block; the schedule stream waits on the event
+            assert ev.waited == 0 and not ev.done and dev.main.queue == [("wait", ev)]
+        else:
+            assert ev.waited == 1 and ev.done and dev.main.queue == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stream_wait_orders_later_work_after_the_side_stream_pack():
     """On a GPU the stream mode does not block the host, yet later current-stream work sees the pack."""
-    from dasc_runtime.demotion import order_after
+    from dasc_runtime.demotion import CudaStreams, order_after
 
     dev = torch.device("cuda")
     src = torch.zeros(1 << 20, device=dev)
@@ -277,7 +296,7 @@ def test_stream_wait_orders_later_work_after_the_side_stream_pack():
         src.fill_(1.0)
         ev = torch.cuda.Event()
         ev.record(side)
-    order_after(ev, "stream", dev)
+    order_after(ev, "stream", CudaStreams(dev))
     assert not ev.query()                        # the host did not wait
     seen = src.clone()                           # issued on the current stream after the wait
     torch.cuda.synchronize(dev)
