@@ -15,8 +15,8 @@ apart).
 * closed loop (``serve_bench.py`` runs, ``ARM_sSEED.json.gz`` + ``arms.json`` + ``manifest.json``
   in sub-directories): runs are grouped into conditions by (concurrency, decode clip,
   conversations, TP degree); an (arm, seed) met twice keeps the first sub-directory's run.
-* open loop (``run_open_loop.py``'s ``manifest.json`` + ``ARM/result.json``): the seeds are the
-  measured windows of each arm's run.
+* open loop (``run_open_loop.py``'s ``manifest.json`` + ``ARM/result.json[.gz]``): the seeds are
+  the measured windows of each arm's run.
 
     python -m benchmarks.serving_summary closed benchmarks/results/2026-11-29-h200-kimi-linear-48b --decays init
     python -m benchmarks.serving_summary open benchmarks/results/RUN --decays paper-calibrated
@@ -42,6 +42,7 @@ KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "see
         "mean_ttft_ratio_vs_dense", "mean_ttft_ratio_vs_int8", "mean_e2e_ratio_vs_dense", "p95_ttft_s",
         "hit_rate", "capacity")
 CALIBRATED_LABEL = "synthetic, calibrated to published statistics; not trained weights"
+DEFAULT_MODEL = "Kimi-Linear-48B-A3B (dummy weights)"
 
 
 def _read(path: Path) -> dict:
@@ -131,8 +132,8 @@ def open_loop(run_dir: Path, *, decays: str, model: str) -> tuple[list[dict], li
     man = _read(run_dir / "manifest.json")
     runs, cap, clip, rate = [], {}, None, None
     for name, rec in man["arms"].items():
-        res = run_dir / name / "result.json"
-        if not res.is_file():
+        res = next((f for f in (run_dir / name / "result.json", run_dir / name / "result.json.gz") if f.is_file()), None)
+        if res is None:
             continue
         obj = _read(res)
         clip, rate = obj["config"]["decode_clip"], obj["config"]["params"]["rate"]
@@ -190,22 +191,35 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
                 pts.append(o)
     if not pts:
         raise DascInputError("no dasc arm with a ratio against Dense in the summaries")
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    fig, ax = plt.subplots(figsize=(10, 5.6))
     norm = TwoSlopeNorm(vmin=min(0.5, min(o["mean_ttft_ratio_vs_dense"] for o in pts)), vcenter=1.0,
                         vmax=max(1.2, max(o["mean_ttft_ratio_vs_dense"] for o in pts)))
-    seen: dict[tuple, int] = {}
-    for o in sorted(pts, key=lambda o: (o["regime"], o["rate"], o["w_max"], o["arm"])):
-        k = (round(o["rate"], 2), o["decode_clip"])
-        i = seen[k] = seen.get(k, -1) + 1
-        x, y = o["rate"], o["decode_clip"] * (1.18 ** i)        # stack arms of one condition upwards
-        sc = ax.scatter([x], [y], c=[o["mean_ttft_ratio_vs_dense"]], cmap="coolwarm", norm=norm, s=90,
-                        marker="o" if o["regime"] == "open-loop" else "s", edgecolors="k", linewidths=0.6)
-        tag = "calibrated" if o["decays"] == "paper-calibrated" else o["decays"]
-        ax.annotate(f"{o['arm'].replace('dasc-nr-', '')} {o['mean_ttft_ratio_vs_dense']:.2f} ({tag})", (x, y),
-                    textcoords="offset points", xytext=(7, -3), fontsize=7)
+    conds = sorted({(o["decode_clip"], o["rate"], o["regime"]) for o in pts})
+    xpos, last = {}, {}
+    for clip, rate, regime in conds:          # conditions at nearly the same rate side by side
+        x = rate
+        if clip in last and x < last[clip] * 1.35:
+            x = last[clip] * 1.35
+        xpos[(clip, rate, regime)] = last[clip] = x
+    for clip, rate, regime in conds:
+        mine = sorted((o for o in pts if (o["decode_clip"], o["rate"], o["regime"]) == (clip, rate, regime)),
+                      key=lambda o: (o["w_max"], o["arm"]))
+        x = xpos[(clip, rate, regime)]
+        for i, o in enumerate(mine):
+            y = clip * (1.22 ** i)            # the arms of one condition stacked upwards
+            sc = ax.scatter([x], [y], c=[o["mean_ttft_ratio_vs_dense"]], cmap="coolwarm", norm=norm, s=80,
+                            marker="o" if regime == "open-loop" else "s", edgecolors="k", linewidths=0.6)
+            ax.annotate(f"{o['arm'].replace('dasc-nr-', '')} {o['mean_ttft_ratio_vs_dense']:.2f}", (x, y),
+                        textcoords="offset points", xytext=(6, -3), fontsize=6.5)
+        tag = "calibrated" if mine[0]["decays"] == "paper-calibrated" else mine[0]["decays"]
+        ax.annotate(f"{'open' if regime == 'open-loop' else 'closed'} loop\n{rate:.2f}/s, {tag}", (x, clip),
+                    textcoords="offset points", xytext=(-14, -22), fontsize=6.5, color="0.25")
+    ax.set_xlim(min(xpos.values()) / 1.6, max(xpos.values()) * 2.2)
+    ax.set_ylim(min(c for c, _, _ in conds) / 1.8, max(c for c, _, _ in conds) * 1.22 ** 8)
     ax.set_yscale("log", base=2)
     ax.set_xscale("log")
-    ax.set_xlabel("conversation arrival rate (conversations/s; closed loop: conversations / Dense's wall time)")
+    ax.set_xlabel("conversation arrival rate (conversations/s; closed loop: conversations / Dense's wall time; "
+                  "columns at nearly one rate are set apart)", fontsize=8)
     ax.set_ylabel("reply length: decode clip (tokens; arms of one run stacked upwards)")
     fig.colorbar(sc, ax=ax, label="mean TTFT, dasc-nr / Dense (seed-paired)")
     ax.set_title("When dasc-nr lowers TTFT: circles open loop, squares closed loop (queue-bound)", fontsize=9)
@@ -225,7 +239,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("kind", choices=["closed", "open", "map"])
     ap.add_argument("paths", nargs="+", type=Path, help="run directory (closed / open) or summary.json files (map)")
     ap.add_argument("--decays", default="init", help="init | paper-calibrated | trained")
-    ap.add_argument("--model", default="Kimi-Linear-48B-A3B (dummy weights)")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", type=Path, default=None, help="map: the PNG to write")
     a = ap.parse_args(argv)
     try:
