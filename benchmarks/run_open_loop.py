@@ -8,8 +8,11 @@ share: ``--max-total-tokens`` caps its KV pool, the arm's flags fix its state po
 start-up deadline passed), nothing is started any more, and:
 
 1. every server replays a short untimed warm-up at once (first compiles of prefill shapes);
-2. the first healthy arm (Dense) calibrates the load: ``R`` conversations' first turns at a time,
-   replies clipped as in the run; ``S`` = their mean end-to-end latency (s);
+2. the first healthy arm (Dense) calibrates the load: ``--calibration-requests`` first turns one
+   at a time, replies clipped as in the run, the first two dropped (first-use costs); ``S`` = their
+   mean end-to-end latency (s) times ``--batch-margin`` (decode slows a little with the batch). A
+   burst of R requests at once, the first version of this step, measured S = 3.36 s on the H200
+   where the run then saw 0.55 s, and so offered a tenth of the load it aimed at;
 3. the offered load follows for all arms (one schedule, paired): ``rate = rho * R / (T * S)``,
    think time ``Z = live_per_running * T * S / (T - 1)`` (so conversations waiting between turns
    are about ``live_per_running`` times the running requests; exponential by default),
@@ -195,17 +198,18 @@ def warm_up(d: Driver, names: list[str]) -> None:
 
 
 def calibrate(d: Driver, name: str) -> dict:
-    """Mean E2E latency S (s) of first turns, R at a time (two rounds), replies clipped as in the run."""
+    """Mean E2E latency S (s) of single first turns (one in flight), replies clipped as in the run,
+    the first two dropped, times ``--batch-margin`` (module docstring, step 2)."""
     url = f"http://127.0.0.1:{d.manifest['arms'][name]['port']}"
-    reqs = _requests(d.a.warm_trace, d.a.decode_clip, d.a.vocab_size, turns=1)[: 2 * d.a.max_running_requests]
-    recs, wall = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests,
-                               timeout_s=60)
+    reqs = _requests(d.a.warm_trace, d.a.decode_clip, d.a.vocab_size, turns=1)[: d.a.calibration_requests + 2]
+    recs, wall = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=1, timeout_s=60)
     sb._http(url, "POST", "/flush_cache")
-    ok = [r for r in recs if r.success]
+    ok = [r for r in sorted(recs, key=lambda r: r.start_s)[2:] if r.success]
     if not ok:
         raise RuntimeError(f"calibration on {name}: every request failed ({recs[0].error if recs else 'none sent'})")
-    return {"arm": name, "requests": len(ok), "service_s": sum(r.e2e_s for r in ok) / len(ok),
-            "ttft_s": sum(r.ttft_s for r in ok) / len(ok), "wall_s": wall}
+    e2e = sum(r.e2e_s for r in ok) / len(ok)
+    return {"arm": name, "requests": len(ok), "e2e_single_s": e2e, "batch_margin": d.a.batch_margin,
+            "service_s": e2e * d.a.batch_margin, "ttft_s": sum(r.ttft_s for r in ok) / len(ok), "wall_s": wall}
 
 
 def plan_load(a: argparse.Namespace, service_s: float, turns: int, n_convs: int, n_arms: int, left_s: float) -> dict:
@@ -288,6 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab-size", type=int, default=163840)
     ap.add_argument("--decode-clip", type=int, default=128)
     ap.add_argument("--rho", type=float, default=0.7, help="offered running requests / R")
+    ap.add_argument("--calibration-requests", type=int, default=6, help="single requests timed (after 2 dropped)")
+    ap.add_argument("--batch-margin", type=float, default=1.15, help="S = single-request E2E times this")
     ap.add_argument("--live-per-running", type=float, default=8.0,
                     help="conversations waiting between turns per running request")
     ap.add_argument("--think-dist", default="exp", help="exp or uniform think times")

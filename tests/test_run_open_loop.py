@@ -72,7 +72,9 @@ def test_driver_end_to_end_on_the_fake_server(tmp_path, monkeypatch):
                    "--base-port", "31350", "--repeat-first", "--work", str(work)])
     assert rc == 0
     m = json.loads((work / "manifest.json").read_text())
-    assert m["calibration"]["arm"] == "dense" and m["calibration"]["service_s"] > 0
+    cal = m["calibration"]
+    assert cal["arm"] == "dense" and cal["requests"] == 6        # single requests, the first two dropped
+    assert cal["service_s"] == pytest.approx(cal["e2e_single_s"] * 1.15)
     load = m["load"]
     assert load["window_s"] == 1.0 and load["rate"] > 0
     assert any("exited" in f for f in m["arms"]["broken"]["failures"]) and "summary" not in m["arms"]["broken"]
