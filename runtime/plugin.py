@@ -105,12 +105,6 @@ def _server_args():
         return None
 
 
-def current_plan():
-    """``(plan, settings, server_args)`` of this process; plan is None when no plan is configured."""
-    settings = _settings()
-    return (_load_plan_once(settings) if settings.active else None), settings, _server_args()
-
-
 def _attn_tp():
     try:
         from sglang.srt.runtime_context import get_parallel
@@ -364,10 +358,20 @@ def after_usage_parts(result, stats, *args, **kwargs):
     return result + [status_line()]
 
 
-def _wr(module: str, name: str):
-    """The hook ``dasc_runtime.<module>.<name>``, imported on its first call (register() stays cheap)."""
-    import importlib
-    return lambda *a, **k: getattr(importlib.import_module("dasc_runtime." + module), name)(*a, **k)
+def around_req_pool_init(original, pool, *args, **kwargs):
+    """AROUND ``HybridReqToTokenPool.__init__``: dasc-wr's hidden scratch rows and slots (``wr_scratch``)."""
+    from dasc_runtime.wr_scratch import around_req_pool_init as hook
+
+    settings = _settings()
+    plan = _load_plan_once(settings) if settings.active else None
+    return hook(original, pool, args, kwargs, plan=plan, settings=settings, server_args=_server_args())
+
+
+def around_deferred_cow(original, runner, forward_batch):
+    """AROUND ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``: SGLang's restore, then dasc-wr's passes."""
+    from dasc_runtime.wr_refresh import around_deferred_cow as hook
+
+    return hook(original, runner, forward_batch)
 
 
 HOOKS = (
@@ -387,10 +391,9 @@ HOOKS = (
      after_usage_parts, "AFTER"),
     ("sglang.srt.managers.scheduler_components.pool_stats_observer.PoolStats.get_decode_usage_msg_parts",
      after_usage_parts, "AFTER"),
-    ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.__init__", _wr("wr_scratch", "around_req_pool_init"),
-     "AROUND"),
+    ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.__init__", around_req_pool_init, "AROUND"),
     ("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
-     _wr("wr_refresh", "around_deferred_cow"), "AROUND"),
+     around_deferred_cow, "AROUND"),
 )
 
 

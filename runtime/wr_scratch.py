@@ -31,7 +31,8 @@ from typing import Optional
 import torch
 
 __all__ = ["DEFAULT_REFRESH_SLOTS", "RefreshCounters", "ScratchBudget", "refresh_active", "check_refresh_startup",
-           "around_req_pool_init", "build_pool_with_scratch", "budget_after_scratch", "scratch_state_bytes", "window_tokens"]
+           "around_req_pool_init", "build_pool_with_scratch", "budget_after_scratch", "scratch_state_bytes",
+           "window_tokens"]
 
 logger = logging.getLogger("dasc")
 
@@ -223,19 +224,18 @@ def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots
     return budget
 
 
-def around_req_pool_init(original, pool, *args, **kwargs):
-    """AROUND ``HybridReqToTokenPool.__init__`` (keyword-only in SGLang 0.5.17): :func:`build_pool_with_scratch`
-    for the served plan; a pass-through without a plan.
+def around_req_pool_init(original, pool, args: tuple, kwargs: dict, *, plan, settings, server_args=None):
+    """``plugin.around_req_pool_init`` (AROUND ``HybridReqToTokenPool.__init__``, keyword-only in SGLang
+    0.5.17): :func:`build_pool_with_scratch` for the served ``plan``; SGLang's own constructor without one.
 
     Raises:
         DascRefusal: see :func:`check_refresh_startup`.
     """
     from dasc_runtime.installed import INSTALLED
-    from dasc_runtime.plugin import current_plan
 
-    plan, settings, sa = current_plan()
     if plan is None:
         INSTALLED.refresh = None
         return original(pool, *args, **kwargs)
-    build_pool_with_scratch(original, pool, kwargs, plan, refresh_slots=settings.refresh_slots, server_args=sa)
+    build_pool_with_scratch(original, pool, kwargs, plan, refresh_slots=settings.refresh_slots,
+                            server_args=server_args)
     return None

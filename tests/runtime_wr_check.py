@@ -197,8 +197,8 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     hog = alloc.alloc(alloc.available_size() - 4)            # room for the request itself only
     locks = [cache.inc_lock_ref(n) for n in [r2.last_node]]
     r3, b3 = admit(t1 + list(range(400, 404)))
-    out["no_room"] = dict(work=refresh_work(b3.mamba_cow_src_indices) is not None, hint=tier_hint(b3.mamba_cow_src_indices),
-                          skipped=budget.counters.skipped)
+    src3 = b3.mamba_cow_src_indices
+    out["no_room"] = dict(work=refresh_work(src3) is not None, hint=tier_hint(src3), skipped=budget.counters.skipped)
     alloc.free(hog)
     del locks
     out["status"] = status_line()

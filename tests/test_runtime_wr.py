@@ -167,7 +167,8 @@ def test_restore_then_refresh_equals_dasc_eval_wr_arm(tmp_path, kind, int8):
         temporal=torch.zeros((3, lay.width, *lay.unit_shape), dtype=torch.int8 if int8 else torch.float32),
         scale=torch.zeros((3, lay.width, *lay.scale_shape)) if int8 else None,
         conv=[torch.zeros((L, 3, *s), dtype=torch.bfloat16) for s in cp.shape.conv])
-    cache = SimpleNamespace(temporal=temporal, conv=[torch.zeros((L, 6, *s), dtype=torch.bfloat16) for s in cp.shape.conv])
+    conv = [torch.zeros((L, 6, *s), dtype=torch.bfloat16) for s in cp.shape.conv]
+    cache = SimpleNamespace(temporal=temporal, conv=conv)
     original = temporal[:, 1:3].clone()
     ops.store(lay, cache, torch.tensor([1, 2]), torch.tensor([1, 2]), ckpt)
     ops.load(lay, cache, torch.tensor([1, 2]), torch.tensor([1, 2]), ckpt)          # dasc-nr restore into 1, 2
@@ -176,10 +177,15 @@ def test_restore_then_refresh_equals_dasc_eval_wr_arm(tmp_path, kind, int8):
                  unit_row=lay.index.unit_row, local_heads=lay.index.local_heads)
     runtime = temporal[:, 1:3]
     # dasc eval on the transformers layout: recurrent_states [B, H, dk, dv] = SGLang [H, dv, dk] transposed
-    kv_major = lambda t, l: t[l].transpose(-1, -2).contiguous()          # noqa: E731  [N, H, dk, dv]
+    def kv_major(t, l):                                                  # [N, H, dk, dv]
+        return t[l].transpose(-1, -2).contiguous()
+
     grids = keep_grids(plan_kept_units(plan), plan.layers[0].num_heads, plan.layers[0].units_per_head)
     layer_ids = list(range(L))
-    mk = lambda src: SimpleNamespace(layers=[SimpleNamespace(recurrent_states=kv_major(src, l)) for l in layer_ids])  # noqa: E731
+
+    def mk(src):
+        return SimpleNamespace(layers=[SimpleNamespace(recurrent_states=kv_major(src, l)) for l in layer_ids])
+
     ev = mk(restored if int8 else original)
     if not int8:
         zero_local(ev, layer_ids, grids)
@@ -188,9 +194,12 @@ def test_restore_then_refresh_equals_dasc_eval_wr_arm(tmp_path, kind, int8):
         assert torch.equal(ev.layers[l].recurrent_states, kv_major(runtime, l)), f"layer {l} differs from dasc eval"
     # kept units are the restored checkpoint exactly (INT8: its Eq. 8 round trip), local units the scratch
     keep = torch.stack([g.view(-1) for g in grids])                                   # [L, units]
+
+    def unit(t):                     # [H, dv, dk] -> [units, ...]: GDN heads, KDA columns S[h, :, k]
+        return t.reshape(t.shape[0], -1) if kind == "gdn" else t.permute(0, 2, 1).reshape(-1, t.shape[1])
+
     for l in layer_ids:
         for n in range(2):
-            unit = lambda t: t.reshape(t.shape[0], -1) if kind == "gdn" else t.permute(0, 2, 1).reshape(-1, t.shape[1])  # noqa: E731
             got, res, scr = unit(runtime[l, n]), unit(restored[l, n]), unit(temporal[l, 4 + n])
             assert torch.equal(got[keep[l]], res[keep[l]]) and torch.equal(got[~keep[l]], scr[~keep[l]])
 
