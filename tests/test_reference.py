@@ -79,8 +79,9 @@ def test_bundled_files_are_reproducible(tmp_path, name):
 
 def test_bundled_total_size_is_small():
     total = sum(p.stat().st_size for p in BUNDLED.rglob("*") if p.is_file())
-    # initialisation draws + calibrated references + trained-decay copies; a device call carries the tree
-    assert total < 1536 * 1024
+    # initialisation draws + calibrated references + trained-decay copies + the 6.1 MiB KDA hybrid trained
+    # here; a device call carries the whole tree beside the SGLang tarball under 64 MiB
+    assert total < 8 * 1024 * 1024
 
 
 def test_bundled_reader_sees_provenance():
