@@ -316,3 +316,15 @@ class DemotionEngine:
         for d in self.pending.values():
             d.event.synchronize()
         self.pending.clear()
+
+    def cancel_all(self) -> int:
+        """Undo every pending demotion: wait for its pack, free its compressed slot, unpin the node
+        (it stays dense, in the tree). For a weight update, whose old-weight packs are not to be
+        committed. Returns how many were cancelled."""
+        n = len(self.pending)
+        for nid in sorted(self.pending):
+            d = self.pending.pop(nid)
+            d.event.synchronize()
+            self.dpool.free(d.target)
+            self.cache.dec_lock_ref(d.node.id, d.lock.to_dec_params())
+        return n

@@ -26,6 +26,7 @@ class Installed:
     pool: Any = None                 # DascCheckpointPool
     component: Any = None            # DascMambaComponent
     refresh: Any = None              # wr_scratch.ScratchBudget (dasc-wr plans that omit units)
+    compressed_off: Optional[str] = None  # why the compressed tier was turned off (weight_updates), or None
 
     def reset(self) -> None:
         """Forget everything (tests that install several plans in one process)."""
@@ -61,6 +62,8 @@ def status_line() -> str:
     else:
         parts.append(f"dasc free c: {pool.available_size()}/{pool.num_slots}")
     parts.append(f"dasc restore batches: {pc.batches} (mixed {pc.mixed_batches}, hint misses {pc.hint_misses})")
+    if INSTALLED.compressed_off is not None:
+        parts.append("dasc compressed tier: off (the updated weights no longer match the plan)")
     if INSTALLED.refresh is not None:
         parts.append(INSTALLED.refresh.status())
     return ", ".join(parts)

@@ -132,6 +132,8 @@ class DascMambaComponent(MambaComponent):
         locked by running requests (App. B.2 backpressure: the caller does not cache the state).
         Compressed-only mode evicts the oldest unlocked compressed checkpoints to make room.
         """
+        if not self.policy.compressed_tier:
+            return None
         c = self.dpool.alloc(1)
         if c is not None or not self.policy.compressed_only:
             return c
@@ -302,7 +304,7 @@ class DascMambaComponent(MambaComponent):
                 if n:
                     tracker[ct] += n
                     continue
-            if not self.policy.compressed_only and self.dpool.available_size() > 0:
+            if not self.policy.compressed_only and self.policy.compressed_tier and self.dpool.available_size() > 0:
                 d = self._oldest(DENSE)
                 if d is not None:
                     self.demotions.demote_now(d)
@@ -349,6 +351,23 @@ class DascMambaComponent(MambaComponent):
         tc._cascade_evict(node, self, tracker, device_frees, host_frees)
         self.cache._free_values(device_frees, host_frees)
 
+    def drop_compressed(self) -> tuple[int, int]:
+        """Cancel pending demotions and evict every compressed checkpoint no request holds (the
+        weights changed: :mod:`dasc_runtime.weight_updates`). Returns ``(evicted, still held)``."""
+        self.demotions.cancel_all()
+        n = 0
+        x = self._oldest(COMPRESSED)
+        while x is not None:
+            self.evict_node(x)
+            n += 1
+            x = self._oldest(COMPRESSED)
+        return n, self.book.counts()[COMPRESSED]
+
+    def disable_compressed_tier(self) -> None:
+        """From now on nothing enters the compressed tier (``TierPolicy.compressed_tier = False``)."""
+        self.policy = TierPolicy(compressed_only=self.policy.compressed_only, watermark=self.policy.watermark,
+                                 compressed_tier=False)
+
     def eligible(self, node) -> bool:
         """Unlocked, not being demoted, and not a copy-on-write source staged in this cache call."""
         cd = node.component_data[self.component_type]
@@ -365,8 +384,10 @@ class DascMambaComponent(MambaComponent):
         return None
 
     def demote_async(self, node) -> None:
-        """Start a background demotion of ``node`` in this cache call (see :mod:`dasc_runtime.demotion`)."""
-        self.demotions.demote_async(node, self.epoch)
+        """Start a background demotion of ``node`` in this cache call (see :mod:`dasc_runtime.demotion`);
+        nothing once the compressed tier is off (``TierPolicy.compressed_tier``)."""
+        if self.policy.compressed_tier:
+            self.demotions.demote_async(node, self.epoch)
 
     def maintain(self) -> None:
         """Commit completed demotions (never waits on an event), then start watermark demotions.
@@ -382,7 +403,7 @@ class DascMambaComponent(MambaComponent):
         try:
             self.demotions.commit_ready(self.epoch)
             self.epoch += 1
-            if self.policy.compressed_only or self.policy.watermark <= 0:
+            if self.policy.compressed_only or self.policy.watermark <= 0 or not self.policy.compressed_tier:
                 return
             native = self.cache.req_to_token_pool.mamba_allocator
             need = self.policy.watermark - native.available_size() - len(self.pending)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 import logging
 
+from dasc_runtime.weight_updates import UPDATE_TARGETS       # hook target names (the module imports no torch)
+
 __all__ = ["register", "add_cli_args", "install_pool", "HOOKS"]
 
 logger = logging.getLogger("dasc")
@@ -195,14 +197,17 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
         return result
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 
+    from dasc_runtime.startup_checks import check_hooks, check_serving_options
     from dasc_runtime.verify import DascRefusal, check_server_args
 
+    check_hooks(HOOKS)
     bound = inspect.signature(HybridReqToTokenPool._init_mamba_pool).bind(req_pool, *args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
     sa = _server_args()
     if sa is not None:
         check_server_args(sa)
+        check_serving_options(sa, _load_plan_once(settings))
     if a.get("mamba_envelope_layout"):
         raise DascRefusal("page-major (envelope) Mamba state layout is not supported")
     if a.get("enable_linear_replayssm") or a.get("enable_linear_replayssm_spec"):
@@ -219,45 +224,33 @@ def after_load_model(result, runner, *args, **kwargs):
     settings = _settings()
     if not settings.active or getattr(runner, "is_draft_worker", False):
         return result
-    from dasc_runtime.fingerprint import served_decay_tensors
     from dasc_runtime.installed import INSTALLED
-    from dasc_runtime.verify import (check_fingerprint, check_model_type, check_plan_supported, check_server_args,
-                                     check_sglang_version)
+    from dasc_runtime.startup_checks import check_hooks, check_serving_options
+    from dasc_runtime.verify import check_model_type, check_plan_supported, check_server_args, check_sglang_version
+    from dasc_runtime.weight_updates import check_served_weights
 
     import sglang
 
     check_sglang_version(getattr(sglang, "__version__", "unknown"))
-    check_server_args(getattr(runner, "server_args", None) or _server_args())
+    check_hooks(HOOKS)
+    sa = getattr(runner, "server_args", None) or _server_args()
+    check_server_args(sa)
     plan = _load_plan_once(settings)
     check_plan_supported(plan)
+    check_serving_options(sa, plan)
     hf = runner.model_config.hf_config
     check_model_type(plan, getattr(hf, "model_type", "?"), getattr(hf, "architectures", None) or ())
-    rank, size = _attn_tp()
-    gather = None
-    if size > 1:
-        import torch.distributed as dist
-        from sglang.srt.distributed.parallel_state import get_attn_tp_group
-
-        group = get_attn_tp_group().cpu_group
-
-        def _gather(t):
-            out = [None] * size
-            dist.all_gather_object(out, t, group=group)
-            return out
-        gather = _gather
-    served = served_decay_tensors(runner.model, plan.fingerprint.decay_tensors, gather)
-    sa = getattr(runner, "server_args", None) or _server_args()
+    hit = check_served_weights(runner, plan, settings)
     # the format that actually picked the loader (SGLang can switch dummy to ipc_cache), else the flag
     fmt = getattr(getattr(runner, "load_config", None), "load_format", None) or getattr(sa, "load_format", "")
-    hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok, load_format=fmt)
     INSTALLED.verified_model = True
     INSTALLED.fingerprint_match = hit
     if hit.get("stand_in"):
         logger.info("dasc: serving plan %s on dummy weights (%s, %d decay tensors; masks from the plan's own "
-                    "checkpoint)", plan.model.model_type, fmt, len(served))
+                    "checkpoint)", plan.model.model_type, fmt, hit["tensors"])
     else:
         logger.info("dasc: plan matches the served model (%s, %d decay tensors, sha256 %s..., dtypes A_log=%s "
-                    "dt_bias=%s)", plan.model.model_type, len(served), hit["sha256"][:16], hit.get("A_log"),
+                    "dt_bias=%s)", plan.model.model_type, hit["tensors"], hit["sha256"][:16], hit.get("A_log"),
                     hit.get("dt_bias"))
     return result
 
@@ -374,6 +367,26 @@ def around_deferred_cow(original, runner, forward_batch):
     return hook(original, runner, forward_batch)
 
 
+def after_build_kv_cache(result, *args, **kwargs):
+    """AFTER ``kv_cache_builder.build_kv_cache``: every hook in place, the tree's Mamba component dasc's
+    (:func:`dasc_runtime.startup_checks.after_build_kv_cache`)."""
+    if not _settings().active:
+        return result
+    from dasc_runtime.startup_checks import after_build_kv_cache as hook
+
+    return hook(result, HOOKS)
+
+
+def around_weight_update(original, manager, recv_req, *args, **kwargs):
+    """AROUND ``SchedulerWeightUpdaterManager.update_weights_from_*``: the update, then the compressed tier
+    flushed and the decay fingerprint re-verified (:func:`dasc_runtime.weight_updates.around_weight_update`)."""
+    if not _settings().active:
+        return original(manager, recv_req, *args, **kwargs)
+    from dasc_runtime.weight_updates import around_weight_update as hook
+
+    return hook(original, manager, recv_req, *args, **kwargs)
+
+
 HOOKS = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", add_cli_args, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", from_cli_args, "AFTER"),
@@ -394,7 +407,8 @@ HOOKS = (
     ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.__init__", around_req_pool_init, "AROUND"),
     ("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
      around_deferred_cow, "AROUND"),
-)
+    ("sglang.srt.mem_cache.kv_cache_builder.build_kv_cache", after_build_kv_cache, "AFTER"),
+) + tuple((target, around_weight_update, "AROUND") for target in UPDATE_TARGETS)
 
 
 def register() -> None:

@@ -34,10 +34,14 @@ class TierPolicy:
         compressed_only: cache states only in the compressed pool (no dense spill; the paper's
             accuracy runs, §5.1).
         watermark: free native slots below which watermark demotion starts (0 = only on demand).
+        compressed_tier: False once the served weights no longer match the plan (a weight update,
+            :mod:`dasc_runtime.weight_updates`): nothing is packed or demoted any more, states
+            stay dense (compressed-only: are not cached).
     """
 
     compressed_only: bool = False
     watermark: int = 0
+    compressed_tier: bool = True
 
 
 @dataclass

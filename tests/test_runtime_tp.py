@@ -48,6 +48,9 @@ def _rank(rank: int, port: int, plan_dir: str, q) -> None:
             expect.append(unflat_units(layout, flat)[:, 0])
         pool.store_from_active(active, torch.tensor([1, 3]), ids)
         stored_rows = int((pool.temporal[1].abs().sum(dim=(1, 2)) > 0).sum())
+        from dasc_runtime.side_channels import attach_tier_hint
+
+        attach_tier_hint(ids, [True, True])                        # as the plugin does for a batch of hits
         pool.load_to_active(active, ids, torch.tensor([2, 4]))
         ok = all(torch.equal(temporal[:, d], e) for d, e in zip((2, 4), expect))
         ok_conv = torch.equal(conv[0][:, 2], conv[0][:, 1]) and torch.equal(conv[0][:, 4], conv[0][:, 3])
