@@ -195,7 +195,7 @@ def load_sglang_int8():
 
 def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls, timers):
     from dasc_compile.kernels import make_constants, render_kernel_module
-    from dasc_runtime.indexing import state_index_from_kept
+    from dasc_runtime.rank_layout import state_index_from_kept
     from dasc_runtime.kernel_loader import load_kernel_module
 
     L, kind, H, dv, dk, conv_shape = spec

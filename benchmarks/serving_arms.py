@@ -165,7 +165,7 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
     Raises:
         DascInputError: no plan for the arm, M < k R, or no checkpoint slot fits the budget.
     """
-    from dasc_runtime.plan_io import load_plan
+    from dasc_compile.schema import load_plan
     from dasc_runtime.sizing import size_arms
 
     if arm.kind == "dasc":

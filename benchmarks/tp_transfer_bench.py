@@ -206,12 +206,13 @@ class _Timer:
 def run_case(case: dict, rank: int, args, device, timer) -> list[dict]:
     """All N of one plan on this rank: timings and the three exactness checks."""
     import torch
-    from dasc_runtime.indexing import build_state_index
+    from dasc_compile.schema import load_plan
     from dasc_runtime.kernel_loader import load_plan_kernels
-    from dasc_runtime.ops import ReferenceOps
-    from dasc_runtime.plan_io import load_plan
-    from dasc_runtime.pool_layout import rank_layout
-    from dasc_runtime.tp_transfer import load_all_to_all, store_all_to_all, store_reference
+    from dasc_runtime.ops import TorchOps as ReferenceOps
+    from dasc_runtime.rank_layout import build_rank_layout as rank_layout
+    from dasc_runtime.rank_layout import build_state_index
+    from dasc_runtime.tp_transfer import load_all_to_all, store_all_to_all
+    from dasc_runtime.tp_transfer import store_all_ranks as store_reference
 
     P = args.tp
     plan = load_plan(case["plan_dir"])
@@ -219,10 +220,10 @@ def run_case(case: dict, rank: int, args, device, timer) -> list[dict]:
     lay, smap = layouts[rank], layouts[rank].storage
     index = build_state_index(plan, tp_rank=rank, device=device)
     module = load_plan_kernels(case["plan_dir"], plan.kernels, interpret=device.type == "cpu")
-    assert index.num_rows == lay.n_local == smap.n_local[rank], (index.num_rows, lay.n_local, smap.n_local[rank])
+    assert index.num_rows == lay.n_kept == smap.n_local[rank], (index.num_rows, lay.n_kept, smap.n_local[rank])
     c = module.CONSTANTS
     conv_shape = (c["CONV0_ROWS"], c["CONV0_COLS"])
-    L, H, unit, R = lay.num_layers, lay.heads_local, lay.unit_shape, lay.n_local
+    L, H, unit, R = lay.num_layers, lay.heads_per_rank, lay.unit_shape, lay.n_kept
     tdt, cdt = lay.temporal_dtype, lay.conv_dtype
     unit_bytes = torch.empty(unit, dtype=tdt).numel() * torch.empty((), dtype=tdt).element_size()
     n_max = max(args.n)

@@ -173,11 +173,6 @@ class TorchOps:
         return dequantize_int8(q, scale, kind=layout.unit_kind, out_dtype=layout.temporal_dtype)
 
 
-#: Transitional alias for ``benchmarks/`` (owned by another pass); remove when
-#: ``grep -rn ReferenceOps benchmarks`` finds nothing.
-ReferenceOps = TorchOps
-
-
 class KernelOps(TorchOps):
     """The plan's generated Triton kernels (``templates/state_kernels.py.jinja``) behind the same interface.
 

@@ -267,18 +267,6 @@ class RankLayout:
         """Where the index tensors live."""
         return self.kept_flat.device
 
-    @property
-    def heads_local(self) -> int:
-        """Transitional alias of :attr:`heads_per_rank` for ``benchmarks/`` (remove with :attr:`n_local`)."""
-        return self.heads_per_rank
-
-    @property
-    def n_local(self) -> int:
-        """Transitional alias of :attr:`n_kept` for ``benchmarks/`` (owned by another pass); remove
-        when ``grep -rn "\\.n_local" benchmarks`` no longer finds a RankLayout use. "local" means an
-        omitted unit everywhere else in dasc."""
-        return self.n_kept
-
     def to(self, device) -> "RankLayout":
         """The same layout with its index tensors on ``device`` (``self`` when already there)."""
         dev = torch.device(device)

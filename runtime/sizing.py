@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from dasc_compile.schema import DascInputError, UnitSpec
-from dasc_runtime.plan_io import load_plan
+from dasc_compile.schema import load_plan
 from dasc_runtime.pool import MatchedMemory, matched_memory
 from dasc_runtime.wr_scratch import DEFAULT_REFRESH_SLOTS, refresh_active
 

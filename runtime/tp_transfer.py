@@ -175,7 +175,3 @@ def permute_coupled_tensor(tensor: torch.Tensor, coupled: CoupledTensor, bundle_
         index[start:start + length] = (start + order[:, None] * blk + torch.arange(blk)[None, :]).reshape(-1)
     return tensor.index_select(axis, index.to(tensor.device))
 
-
-#: Transitional alias for ``benchmarks/`` (owned by another pass); remove when
-#: ``grep -rn store_reference benchmarks`` finds nothing.
-store_reference = store_all_ranks

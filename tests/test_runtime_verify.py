@@ -134,11 +134,8 @@ def test_one_plan_reader_for_compiler_and_runtime(tmp_path):
     from dasc_compile import schema
     from dasc_compile.errors import DascInputError
 
-    from dasc_runtime import plan_io
-    from dasc_runtime.plan_io import load_plan
+    from dasc_compile.schema import load_plan
 
-    assert load_plan is schema.load_plan                  # the transitional path re-exports, it does not read
-    assert plan_io.__all__ == ["load_plan"]
     plan, pdir, _ = compile_tiny(tmp_path)
     assert load_plan(pdir) == schema.load_plan(pdir / "plan.json") == plan
     raw = json.loads((pdir / "plan.json").read_text())

@@ -29,7 +29,7 @@ from benchmarks import serving_arms as sa
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
-from dasc_runtime.plan_io import load_plan
+from dasc_compile.schema import load_plan
 from dasc_runtime.sizing import int8_bytes_per_slot, plan_matched_memory
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
 from dasc_runtime import sizing
-from dasc_runtime.plan_io import load_plan
+from dasc_compile.schema import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated"

@@ -86,10 +86,11 @@ def selftest(plan_dir: str) -> int:
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
-    from dasc_runtime.ops import KernelOps, ReferenceOps, select_ops
-    from dasc_runtime.plan_io import load_plan
+    from dasc_compile.schema import load_plan
+    from dasc_runtime.ops import KernelOps, select_ops
+    from dasc_runtime.ops import TorchOps as ReferenceOps
     from dasc_runtime.pool import DascCheckpointPool
-    from dasc_runtime.pool_layout import rank_layout
+    from dasc_runtime.rank_layout import build_rank_layout as rank_layout
 
     plan = load_plan(plan_dir)
     m = plan.model
