@@ -68,7 +68,8 @@ def test_storage_plan_at_tp2_needs_overlap_scheduling_off(tmp_path):
     storage2, _, _ = compile_tiny(tmp_path, tp_size=2, balance="storage")
     off2, _, _ = compile_tiny(tmp_path, tp_size=2, balance="off")
     storage1, _, _ = compile_tiny(tmp_path, balance="storage")
-    overlap, no_overlap = SimpleNamespace(disable_overlap_schedule=False), SimpleNamespace(disable_overlap_schedule=True)
+    overlap = SimpleNamespace(disable_overlap_schedule=False)
+    no_overlap = SimpleNamespace(disable_overlap_schedule=True)
     with pytest.raises(DascRefusal, match="storage-balanced plan at TP 2 with overlap scheduling .*"
                                           "add --disable-overlap-schedule, or recompile with --balance off"):
         check_serving_options(overlap, storage2)
