@@ -158,27 +158,25 @@ def kda_config_json(backbone, kda_heads: int, kda_head_dim: int, conv_kernel: in
     }
 
 
-def to_kimi_names(state: dict[str, torch.Tensor], kda_layers: list[int]) -> dict[str, torch.Tensor]:
-    """Rename ``model.layers.{i}.linear_attn.*`` -> ``model.layers.{i}.self_attn.*`` for the KDA layers."""
+def _rename_kda_layers(state: dict[str, torch.Tensor], kda_layers: list[int], src: str, dst: str) -> dict[str, torch.Tensor]:
+    """Rename ``model.layers.{i}.{src}.*`` -> ``model.layers.{i}.{dst}.*`` for the KDA layers ``i``."""
+    prefixes = {f"model.layers.{i}.{src}.": f"model.layers.{i}.{dst}." for i in kda_layers}
     out = {}
     for name, t in state.items():
-        for i in kda_layers:
-            pre = f"model.layers.{i}.linear_attn."
+        for pre, repl in prefixes.items():
             if name.startswith(pre):
-                name = f"model.layers.{i}.self_attn." + name[len(pre):]
+                name = repl + name[len(pre):]
                 break
         out[name] = t
     return out
+
+
+def to_kimi_names(state: dict[str, torch.Tensor], kda_layers: list[int]) -> dict[str, torch.Tensor]:
+    """Rename ``model.layers.{i}.linear_attn.*`` -> ``model.layers.{i}.self_attn.*`` for the KDA layers
+    (the tensor names of a Kimi-Linear checkpoint, MODELS.md)."""
+    return _rename_kda_layers(state, kda_layers, "linear_attn", "self_attn")
 
 
 def from_kimi_names(state: dict[str, torch.Tensor], kda_layers: list[int]) -> dict[str, torch.Tensor]:
     """Inverse of :func:`to_kimi_names`."""
-    out = {}
-    for name, t in state.items():
-        for i in kda_layers:
-            pre = f"model.layers.{i}.self_attn."
-            if name.startswith(pre):
-                name = f"model.layers.{i}.linear_attn." + name[len(pre):]
-                break
-        out[name] = t
-    return out
+    return _rename_kda_layers(state, kda_layers, "self_attn", "linear_attn")
