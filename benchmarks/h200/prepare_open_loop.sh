@@ -4,9 +4,11 @@
 # commit's benchmarks/ and dasc_compile/), .dev/ol/plans.tar.xz (calibrated Kimi-Linear plans
 # w16, w16+INT8, w64 compiled by that commit's code, and arms.json from its serving_arms).
 # Usage (repo root, CPU machine): bash benchmarks/h200/prepare_open_loop.sh [COMMIT] (default HEAD)
-# Settings (env): DENSE_SLOTS (56), MRR (8). Exit 2 when a call would send more than 64 MiB.
+# Settings (env): DENSE_SLOTS (56), MRR (8), RUNTIME_COMMIT (the commit the dasc wheel is built from,
+# default COMMIT: e.g. the last commit whose runtime has run on a GPU; its plans must be byte-identical).
+# Exit 2 when a call would send more than 64 MiB.
 set -euo pipefail
-COMMIT=$(git rev-parse "${1:-HEAD}")
+COMMIT=$(git rev-parse "${1:-HEAD}"); RUNTIME_COMMIT=$(git rev-parse "${RUNTIME_COMMIT:-$COMMIT}")
 ROOT=$(git rev-parse --show-toplevel); cd "$ROOT"
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 DENSE_SLOTS=${DENSE_SLOTS:-56}; MRR=${MRR:-8}
@@ -14,7 +16,9 @@ B=$(mktemp -d /tmp/dasc-build.XXXXXX)
 git archive "$COMMIT" | tar -x -C "$B"
 mkdir -p .dev/dascwhl .dev/ol
 tmpw=$(mktemp -d)
-"$PY" -m pip wheel -q --no-deps -w "$tmpw" "$B" > /dev/null
+# the wheel leaves out the bundled reference checkpoints (the server needs none; ~0.6 MiB of the 64)
+W=$B/wheel-src; mkdir -p "$W" && git archive "$RUNTIME_COMMIT" | tar -x -C "$W" && rm -rf "$W"/plans/reference/*
+"$PY" -m pip wheel -q --no-deps -w "$tmpw" "$W" > /dev/null
 rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw"
 git archive --format=tar "$COMMIT" benchmarks/__init__.py $(git ls-tree --name-only "$COMMIT" benchmarks/ | grep '\.py$') \
     benchmarks/h200 dasc_compile plans/reference/kimi-linear-48b-a3b-calibrated/config.json | xz -9 > .dev/ol/src.tar.xz
@@ -26,13 +30,13 @@ REF=plans/reference/kimi-linear-48b-a3b-calibrated
     && "$PY" -c "import sys, importlib; sys.path.insert(0, '.'); [sys.modules.setdefault(a, importlib.import_module(f)) for a, f in (('dasc_runtime', 'runtime'), ('dasc_templates', 'templates'), ('dasc_plans', 'plans'))]; from benchmarks.serving_arms import main; sys.exit(main(sys.argv[1:]))" \
        --plans "$P" --dense-slots "$DENSE_SLOTS" --max-running-requests "$MRR" \
        --arms dense int8 dasc-nr-w16 dasc-nr-w16-int8 dasc-nr-w64 --out "$P/arms.json")
-echo "$COMMIT" > "$P/COMMIT"
+printf 'sources and plans %s\ndasc wheel %s\n' "$COMMIT" "$RUNTIME_COMMIT" > "$P/COMMIT"
 tar -C "$P" -cf - . | xz -9 > .dev/ol/plans.tar.xz
 rm -rf "$B"
 sizes() { "$PY" -c 'import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))'; }
 tree=$(git ls-files -z --cached --others --exclude-standard | sizes)
 carried=$(find .dev/sglang .dev/dascwhl .dev/ol -type f -print0 | sizes)
 mib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; }
-echo "commit $COMMIT: working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib $((tree + carried))) MiB of 64"
+echo "commit $COMMIT (wheel $RUNTIME_COMMIT): working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib $((tree + carried))) MiB of 64"
 ls -la .dev/dascwhl .dev/ol
 [ $((tree + carried)) -le $((64 * 1024 * 1024)) ] || { echo "error: over the 64 MiB a device call may send" >&2; exit 2; }
