@@ -3,7 +3,8 @@
 ``register()`` runs in every SGLang process through ``load_plugins()`` (launcher, ``Engine``, each
 scheduler). It only registers hooks (``HookRegistry``); each hook passes straight through when no
 plan is configured, so installing dasc changes nothing until ``--dasc-plan`` / ``DASC_PLAN`` is
-given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.md``.
+given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.md``; the pool the
+``_init_mamba_pool`` hook installs is built by :mod:`dasc_runtime.pool_install`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import inspect
 import logging
 
+from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
 from dasc_runtime.weight_updates import UPDATE_TARGETS       # hook target names (the module imports no torch)
 
-__all__ = ["register", "add_cli_args", "install_pool", "HOOKS"]
+__all__ = ["register", "add_cli_args", "HOOKS"]
 
 logger = logging.getLogger("dasc")
 
@@ -78,116 +80,12 @@ def server_args_init(original, self, *args, **kwargs):
         _store_settings(self, raw)
 
 
-# ---------------------------------------------------------------- plan + pool installation
+# ---------------------------------------------------------------- hooks
 
 def _settings():
     from dasc_runtime.settings import current_settings
 
     return current_settings()
-
-
-def _load_plan_once(settings):
-    from dasc_compile.schema import load_plan, plan_json_path
-    from dasc_runtime.installed import INSTALLED
-
-    plan_dir = str(plan_json_path(settings.plan).parent)
-    if INSTALLED.plan is None or INSTALLED.plan_dir != plan_dir:
-        INSTALLED.plan = load_plan(settings.plan)
-        INSTALLED.plan_dir = plan_dir
-        INSTALLED.settings = settings
-    return INSTALLED.plan
-
-
-def _server_args():
-    try:
-        from sglang.srt.runtime_context import get_server_args
-
-        return get_server_args()
-    except ValueError:          # no published server args (unit tests building pools directly)
-        return None
-
-
-def _attn_tp():
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        p = get_parallel()
-        return int(p.attn_tp_rank), int(p.attn_tp_size)
-    except Exception:
-        return 0, 1
-
-
-def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, device, settings=None,
-                 tp_rank: int | None = None, tp_size: int | None = None, tp_group=None):
-    """Build the dasc pool for ``req_pool`` (a ``HybridReqToTokenPool``) and put it in ``mamba_ckpt_pool``.
-
-    Sizing: ``--dasc-pool-slots`` C, else ``--dasc-pool-bytes`` B -> ``B // bottleneck_bytes_per_slot - 1``
-    (the plan's bottleneck rank decides, so every rank has the same C; App. C.1), else the plan's
-    ``pool_budget_bytes``, else ``2 * mamba_size`` (SGLang's INT8 pool default).
-
-    Returns:
-        the :class:`~dasc_runtime.pool.DascCheckpointPool`.
-    Raises:
-        DascRefusal / DascInputError: the plan does not fit the served state (see :mod:`dasc_runtime.verify`).
-    """
-    import torch
-
-    from dasc_runtime.installed import INSTALLED
-    from dasc_runtime.ops import select_ops
-    from dasc_runtime.pool import DascCheckpointPool, slots_for_budget
-    from dasc_runtime.rank_layout import build_rank_layout
-    from dasc_runtime.side_channels import attach_tier_policy
-    from dasc_runtime.tiers import TierPolicy
-    from dasc_runtime.verify import DascRefusal, check_plan_supported, check_state
-    from dasc_runtime.wr_scratch import budget_after_scratch
-
-    settings = settings or _settings()
-    plan = _load_plan_once(settings)
-    check_plan_supported(plan)
-    if tp_rank is None or tp_size is None:
-        tp_rank, tp_size = _attn_tp()
-    check_state(plan, layer_ids=list(mamba_layer_ids), temporal_shape=cache_params.shape.temporal,
-                conv_shapes=cache_params.shape.conv, temporal_dtype=cache_params.dtype.temporal,
-                conv_dtype=cache_params.dtype.conv, tp_rank=tp_rank, tp_size=tp_size)
-    layout = build_rank_layout(plan, tp_rank, tp_size, num_layers=len(mamba_layer_ids), device=device)
-    if layout.storage is not None and tp_group is None and tp_size > 1:
-        from sglang.srt.distributed.parallel_state import get_attn_tp_group
-
-        tp_group = get_attn_tp_group().device_group
-    bottleneck = plan.tp.bottleneck_bytes_per_slot
-    if settings.pool_slots is not None:
-        slots = settings.pool_slots
-    elif settings.pool_bytes is not None:
-        slots = slots_for_budget(budget_after_scratch(settings.pool_bytes), bottleneck)
-    elif plan.policy.pool_budget_bytes is not None:
-        slots = slots_for_budget(budget_after_scratch(plan.policy.pool_budget_bytes, "the plan's pool_budget_bytes"),
-                                 bottleneck)
-    else:
-        slots = 2 * int(mamba_size)
-    ops = select_ops(plan, INSTALLED.plan_dir, layout, device, tp_group=tp_group)
-    dpool = DascCheckpointPool(layout=layout, num_slots=slots, conv_shapes=cache_params.shape.conv,
-                               native_size=mamba_size, device=device, ops=ops)
-    mine = dpool.bytes_per_slot()
-    plan_bytes = plan.tp.payload_storage[tp_rank].bytes_per_slot
-    if mine != plan_bytes:
-        raise DascRefusal(f"bytes per compressed slot on TP rank {tp_rank}: plan {plan_bytes}, runtime layout {mine}")
-    wm = settings.demote_watermark
-    if wm is None:
-        wm = 0 if settings.compressed_only else max(1, int(mamba_size) // 10)
-    attach_tier_policy(dpool, TierPolicy(compressed_only=settings.compressed_only, watermark=wm))
-    req_pool.mamba_ckpt_pool = dpool
-    INSTALLED.pool = dpool
-    t = plan.totals
-    logger.info(
-        "dasc: plan %s (w_max=%s, %s, kept %d/%d units, C_ckpt=%.2f, TP %d/%d balance=%s): compressed pool %d slots x "
-        "%d bytes = %.3f GB on %s (ops: %s); native slots %d; mode %s, demote watermark %d",
-        INSTALLED.plan_dir, plan.policy.w_max, plan.model.unit_kind, t.n_kept, t.n_units, plan.tp.c_ckpt_tp, tp_rank,
-        tp_size, plan.tp.balance, slots, mine, dpool.mem_usage_bytes() / 2 ** 30, device, ops.name, mamba_size,
-        "compressed-only" if settings.compressed_only else "two-tier", wm)
-    if torch.device(device).type == "cuda":
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        logger.info("dasc: %.2f GB HBM free after the compressed pool", free / 2 ** 30)
-    return dpool
 
 
 def after_init_mamba_pool(result, req_pool, *args, **kwargs):
@@ -204,10 +102,10 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
     bound = inspect.signature(HybridReqToTokenPool._init_mamba_pool).bind(req_pool, *args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
-    sa = _server_args()
+    sa = published_server_args()
     if sa is not None:
         check_server_args(sa)
-        check_serving_options(sa, _load_plan_once(settings))
+        check_serving_options(sa, load_plan_once(settings))
     if a.get("mamba_envelope_layout"):
         raise DascRefusal("page-major (envelope) Mamba state layout is not supported")
     if a.get("enable_linear_replayssm") or a.get("enable_linear_replayssm_spec"):
@@ -233,9 +131,9 @@ def after_load_model(result, runner, *args, **kwargs):
 
     check_sglang_version(getattr(sglang, "__version__", "unknown"))
     check_hooks(HOOKS)
-    sa = getattr(runner, "server_args", None) or _server_args()
+    sa = getattr(runner, "server_args", None) or published_server_args()
     check_server_args(sa)
-    plan = _load_plan_once(settings)
+    plan = load_plan_once(settings)
     check_plan_supported(plan)
     check_serving_options(sa, plan)
     hf = runner.model_config.hf_config
@@ -356,8 +254,8 @@ def around_req_pool_init(original, pool, *args, **kwargs):
     from dasc_runtime.wr_scratch import around_req_pool_init as hook
 
     settings = _settings()
-    plan = _load_plan_once(settings) if settings.active else None
-    return hook(original, pool, args, kwargs, plan=plan, settings=settings, server_args=_server_args())
+    plan = load_plan_once(settings) if settings.active else None
+    return hook(original, pool, args, kwargs, plan=plan, settings=settings, server_args=published_server_args())
 
 
 def around_deferred_cow(original, runner, forward_batch):
