@@ -97,7 +97,7 @@ class ModelTargets:
     sources: str
 
 
-#: Tolerances the tests hold every calibrated reference to (tests/reference/test_calibrated.py).
+#: Tolerances the tests hold every calibrated reference to (tests/compile/test_calibrated.py).
 TOLERANCE = {
     "capacity_rel": 0.03,        # |C_ckpt - target| / target
     "median_alpha_abs": 0.005,   # |median alpha_s - target|

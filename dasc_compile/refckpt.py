@@ -33,7 +33,7 @@ Initialisation schemes (MODELS.md "How these models are initialised"):
 
 Draws use ``torch.Generator().manual_seed(seed)`` in float64, recurrent layer by layer (A_log
 then dt_bias), then cast to the stored dtype: the same seed gives the same bytes (torch's CPU
-generator; the bundled files are checked against a fresh draw by tests/test_reference.py).
+generator; the bundled files are checked against a fresh draw by tests/compile/test_reference.py).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class CudaStreams:
 
     The one place demotion touches streams, so a test can hand :class:`SideStream`,
     :func:`order_after` and :class:`DemotionEngine` a simulated device with the same five calls
-    (``tests/runtime_streams.py``: packs that complete later, in random order). Streams and events
+    (``tests/support/runtime_streams.py``: packs that complete later, in random order). Streams and events
     are ``torch.cuda.Stream`` / ``torch.cuda.Event`` (``wait_stream``, ``wait_event``, ``record``,
     ``query``, ``synchronize``).
     """

@@ -76,7 +76,7 @@ class TierCounters:
 class TierBook:
     """Tier of each cached node state and the per-tier counts (host only; no device reads).
 
-    Invariants (checked by ``tests/runtime_sim.py`` after every operation):
+    Invariants (checked by ``tests/support/runtime_sim.py`` after every operation):
     ``count[t]`` = nodes whose state is in tier t; ``locked[t]`` = those with ``lock_ref > 0``.
     A pending demotion counts as dense until it commits. Every method takes the node's
     ``ComponentData`` (``node.component_data[MAMBA]``).

@@ -2,7 +2,7 @@
 
 Rules for ``SCHEMA_VERSION``: bump it whenever a field is added, removed, renamed or changes meaning
 or type; the committed JSON schema (``dasc_compile/schema/plan.schema.json``) must be regenerated in
-the same commit (``python -m dasc_compile.schema --write``); ``tests/test_schema_version.py`` fails
+the same commit (``python -m dasc_compile.schema --write``); ``tests/compile/test_schema_version.py`` fails
 otherwise. Python-side names may differ from the JSON keys through a pydantic alias (the JSON key,
 and so the plan bytes, stay; e.g. ``StorageMap.n_packed`` is written as ``n_local``).
 

@@ -1,10 +1,10 @@
-"""Fixtures of the CLI bad-input corpus: tiny checkpoints in tmp (helpers live in clihelp.py)."""
+"""Fixtures of the CLI bad-input corpus: tiny checkpoints in tmp (helpers live in tests/support/clihelp.py)."""
 
 from pathlib import Path
 
 import pytest
 
-from clihelp import GDN_CONFIG, KDA_CONFIG, gdn_tensors, kda_tensors, write_ckpt
+from tests.support.clihelp import GDN_CONFIG, KDA_CONFIG, gdn_tensors, kda_tensors, write_ckpt
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from clihelp import GDN_CONFIG, assert_one_error, dasc, deadline, gdn_tensors, snapshot, write_ckpt
+from tests.support.clihelp import GDN_CONFIG, assert_one_error, dasc, deadline, gdn_tensors, snapshot, write_ckpt
 
 
 def _compile(tmp_path, model, *more):

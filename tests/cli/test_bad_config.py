@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from clihelp import GDN_CONFIG, KDA_CONFIG, assert_one_error, dasc, gdn_tensors, kda_tensors, snapshot, write_ckpt
+from tests.support.clihelp import (GDN_CONFIG, KDA_CONFIG, assert_one_error, dasc, gdn_tensors, kda_tensors, snapshot,
+                                   write_ckpt)
 
 DELETE = object()
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from clihelp import assert_one_error, dasc, deadline, snapshot
+from tests.support.clihelp import assert_one_error, dasc, deadline, snapshot
 
 BOMB = """\
 a: &a ["x","x","x","x","x","x","x","x","x"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import assert_one_error, dasc, deadline
+from tests.support.clihelp import assert_one_error, dasc, deadline
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def plans(tmp_path_factory):
     """A TP-2 storage-balanced KDA plan with kernels, and a GDN plan with a pool budget (compiled once)."""
     import torch
 
-    from clihelp import GDN_CONFIG, KDA_CONFIG, write_ckpt
+    from tests.support.clihelp import GDN_CONFIG, KDA_CONFIG, write_ckpt
 
     root = tmp_path_factory.mktemp("plans")
     kda = write_ckpt(root / "kda", KDA_CONFIG, {"model.layers.0.self_attn.A_log": torch.zeros(1, 1, 2, 1),

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from clihelp import assert_one_error, dasc, write_ckpt
+from tests.support.clihelp import assert_one_error, dasc, write_ckpt
 
 GDN = {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 4,
        "full_attention_interval": 2, "linear_num_key_heads": 2, "linear_num_value_heads": 4,

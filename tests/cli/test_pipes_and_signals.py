@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import CLI, ROOT, assert_one_error, dasc, dasc_proc
+from tests.support.clihelp import CLI, ROOT, assert_one_error, dasc, dasc_proc
 
 
 def _closed_pipe_run(*args, cwd=None) -> subprocess.CompletedProcess:
@@ -196,7 +196,7 @@ def test_failure_of_the_second_rename_puts_the_old_plan_back(tmp_path, gdn, monk
 CRASH_BETWEEN_RENAMES = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
-    import cli as shim   # aliases the checkout's folders like `python cli.py`
+    import cli as shim   # the checkout's wrapper, imported as `python cli.py` runs it
     import dasc_compile.atomic as atomic
     atomic._exchange = lambda a, b: False
     real, n = os.rename, [0]

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from clihelp import assert_one_error, dasc, dasc_proc, snapshot
+from tests.support.clihelp import assert_one_error, dasc, dasc_proc, snapshot
 
 
 def _warnings(r) -> list[str]:

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from clihelp import assert_one_error, dasc, snapshot
+from tests.support.clihelp import assert_one_error, dasc, snapshot
 
 
 def _mount(args: list[str]) -> bool:

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dasc_compile.cli import app
-from conftest import compile_for, write_gdn
+from tests.support.tiny_models import compile_for, write_gdn
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import torch
 from dasc_compile.eval.arms import (arm_cache, keep_grids, plan_kept_units, random_kept_units, replay_window,
                                     RANDOM_SEEDS)
 from dasc_compile.schema import load_plan
-from conftest import compile_for
+from tests.support.tiny_models import compile_for
 
 PREFIX = [(7 * i + 3) % 251 for i in range(80)]
 SUFFIX = [(11 * i + 5) % 251 for i in range(20)]

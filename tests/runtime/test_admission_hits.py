@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime_fixtures import SGLANG_SKIP_REASON
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
 
 
 def test_rematched_requests_count_one_hit_when_admitted(tmp_path):
-    from runtime_sim import Sim
+    from tests.support.runtime_sim import Sim
 
     from dasc_runtime.installed import status_line
 
@@ -55,7 +55,7 @@ def test_rematched_requests_count_one_hit_when_admitted(tmp_path):
 def test_one_batch_restores_both_tiers_through_the_plugin_hint(tmp_path):
     """A batch of a dense and a compressed hit: one ``load_to_active`` with the plugin's host hint
     (no hint miss), each restore checked against its exact / dasc-nr state."""
-    from runtime_sim import Sim
+    from tests.support.runtime_sim import Sim
 
     torch.set_num_threads(1)
     sim = Sim(tmp_path, compressed_slots=1, watermark=0)           # simulated device: restores run later

@@ -1,7 +1,7 @@
-"""Each planted bug of ``tests/runtime_mutations.py`` makes the randomized tier tests fail (issue 13 item 13).
+"""Each planted bug of ``tests/support/runtime_mutations.py`` makes the randomized tier tests fail (issue 13 item 13).
 
 The single-rank mutations run the ``two-tier-tight`` configuration of
-``tests/test_runtime_tiers_random.py`` (its fixed seed, fewer operations) with the bug planted by
+``tests/runtime/test_tiers_random.py`` (its fixed seed, fewer operations) with the bug planted by
 ``monkeypatch``; the same run without it passes. ``agreement_ignored`` needs several ranks: it is
 the 3-rank run of ``tests/runtime/test_tier_agreement_tp.py`` with the bug planted in every rank.
 Each failure must be the invariant the bug breaks, not any error.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import runtime_mutations
-from runtime_fixtures import SGLANG_SKIP_REASON
+from tests.support import runtime_mutations
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
@@ -41,7 +41,7 @@ def _one_thread():
 
 
 def _run(tmp_path):
-    from test_runtime_tiers_random import run_config
+    from tests.runtime.test_tiers_random import run_config
 
     return run_config(tmp_path, CONFIG, N_OPS)
 

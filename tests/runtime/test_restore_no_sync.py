@@ -17,8 +17,8 @@ from array import array
 import pytest
 import torch
 
-import runtime_fixtures as F
-from runtime_fixtures import GDN_KEPT_W16, SGLANG_SKIP_REASON
+from tests.support import runtime_fixtures as F
+from tests.support.runtime_fixtures import GDN_KEPT_W16, SGLANG_SKIP_REASON
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]

@@ -14,7 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from runtime_fixtures import SGLANG_SKIP_REASON, compile_tiny
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON, compile_tiny
+
+ROOT = Path(__file__).resolve().parents[2]      # the repository root: the probe runs as tests.support.<name>
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
@@ -147,7 +149,7 @@ def test_every_hook_target_exists_in_this_sglang():
 
 
 def test_check_component_refuses_sglangs_own_component_and_a_missing_pool(tmp_path):
-    from runtime_sim import Sim
+    from tests.support.runtime_sim import Sim
 
     from dasc_runtime.startup_checks import check_component
     from dasc_runtime.verify import DascRefusal
@@ -163,13 +165,12 @@ def test_check_component_refuses_sglangs_own_component_and_a_missing_pool(tmp_pa
 
 
 def test_real_plugin_loading_refuses_a_hook_that_failed_or_was_replaced(tmp_path):
-    """SGLang's own load_plugins() in a fresh process (tests/runtime/startup_probe.py)."""
+    """SGLang's own load_plugins() in a fresh process (tests/support/startup_probe.py)."""
     _, plan_dir, _ = compile_tiny(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}
     env["OMP_NUM_THREADS"] = "1"
-    script = Path(__file__).with_name("startup_probe.py")
-    proc = subprocess.run([sys.executable, str(script), str(plan_dir)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.startup_probe", str(plan_dir)], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=ROOT)
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and line, f"probe failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     out = json.loads(line[-1][len("RESULT "):])
@@ -195,7 +196,7 @@ def test_real_plugin_loading_refuses_a_hook_that_failed_or_was_replaced(tmp_path
 def test_path_cap_evicts_interior_states_of_both_tiers(tmp_path):
     """SGLang's path cap (``_evict_excess_path_states``) drives dasc's evict_component: a compressed
     interior state frees its compressed slot, a dense one its native slot; the invariants hold."""
-    from runtime_sim import Sim
+    from tests.support.runtime_sim import Sim
 
     torch.set_num_threads(1)
     sim = Sim(tmp_path, streams=False, compressed_slots=1, mamba_size=8, watermark=0, max_states_per_path=2)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime_fixtures import SGLANG_SKIP_REASON
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def storage_runs(tmp_path_factory):
-    from runtime_tp_sim import run_ranks
+    from tests.support.runtime_tp_sim import run_ranks
 
     cfg = dict(mamba_size=10, compressed_slots=4, watermark=3, balance="storage", streams=False)
     runs = [dict(name="storage", cfg=cfg, seed=301, n_ops=800, startup=True),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime_fixtures import SGLANG_SKIP_REASON
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]

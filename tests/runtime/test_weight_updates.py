@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import runtime_fixtures as F
-from runtime_fixtures import SGLANG_SKIP_REASON
+from tests.support import runtime_fixtures as F
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
@@ -58,7 +58,7 @@ class _Worker:
 def served(tmp_path, monkeypatch):
     """A two-tier cache holding compressed and dense checkpoints and one pending demotion, the
     scheduler's weight-update manager with dasc's hook, and the plan as installed."""
-    from runtime_sim import Sim
+    from tests.support.runtime_sim import Sim
     from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 
     from dasc_runtime.installed import INSTALLED

@@ -1,0 +1,1 @@
+"""Tests of architecture (see tests/__init__.py)."""

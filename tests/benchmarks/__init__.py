@@ -1,0 +1,1 @@
+"""Tests of benchmarks (see tests/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Tests of cli (see tests/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Tests of compile (see tests/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Tests of eval (see tests/__init__.py)."""

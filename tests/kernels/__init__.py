@@ -1,0 +1,1 @@
+"""Tests of kernels (see tests/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Tests of runtime (see tests/__init__.py)."""

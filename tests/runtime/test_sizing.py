@@ -1,0 +1,256 @@
+"""Matched-memory sizing of the serving arms (runtime/sizing.py, paper App. C.1) and ``dasc size``.
+
+Every byte count and cap is checked against SGLang 0.5.17 itself, on CPU: the state shapes from its
+own model configs (``KimiLinearConfig`` / ``Qwen3_5Config``), the native pool from
+``KVCacheConfigurator._handle_max_mamba_cache`` (what the server subtracts for
+``--max-mamba-cache-size``), the running cap from ``KVCacheConfigurator.resolve_max_num_reqs`` /
+``_calculate_mamba_ratio`` and the INT8 pool from ``MambaCheckpointPool.estimate_mem_usage_bytes``.
+
+Hand numbers, calibrated Kimi-Linear-48B-A3B at TP=1 (20 KDA layers, 32 heads, d = 128, conv
+3 x 12288 bfloat16): b_dense = 43,417,600 B, b_int8 = 12,288,000 B. At M = 64, R = 8 (extra_buffer,
+5 slots a request): budget 65 b_dense = 2,822,144,000 B, M' = 40, left 24 b_dense = 1,042,022,400 B,
+INT8 C = floor(1,042,022,400 / 12,288,000) - 1 = 83.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dasc_compile.cli import app
+from dasc_compile.compiler import compile_plan
+from dasc_compile.errors import DascInputError
+from dasc_compile.policy import Policy
+from dasc_runtime import sizing
+from dasc_compile.schema import load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+KIMI = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated"
+QWEN35 = ROOT / "plans" / "reference" / "qwen3.5-27b"
+B_DENSE, B_INT8 = 43_417_600, 12_288_000
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    """Calibrated Kimi plans at w16 (temporal dtype and INT8) and w64, TP=1."""
+    d = tmp_path_factory.mktemp("kimi")
+    out = {}
+    for name, pol in (("w16", Policy(w_max=16)), ("w16-int8", Policy(w_max=16, int8=True)), ("w64", Policy(w_max=64)),
+                      ("w16-tp2", Policy(w_max=16, tp_size=2, balance="storage")),
+                      ("w16-int8-tp2", Policy(w_max=16, tp_size=2, balance="storage", int8=True))):
+        _, path = compile_plan(KIMI, pol, d / name, with_kernels=False)
+        out[name] = path
+    return out
+
+
+def _sglang(strategy: str, overlap: bool, **kw):
+    """Publish SGLang ServerArgs (as a scheduler would) and return them."""
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    sa = ServerArgs(model_path="dummy", page_size=1, mamba_radix_cache_strategy=strategy,
+                    disable_overlap_schedule=not overlap, **kw)
+    set_global_server_args_for_scheduler(sa)
+    return sa
+
+
+def _configurator(sa, ref: Path = KIMI, tp: int = 1):
+    """A stand-in ``self`` for SGLang's KVCacheConfigurator methods, with SGLang's own model config."""
+    from sglang.srt.configs.kimi_linear import KimiLinearConfig
+    from sglang.srt.configs.qwen3_5 import Qwen3_5Config
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    cfg = json.loads((ref / "config.json").read_text())
+    with get_parallel().override(attn_tp_size=tp):
+        hf = KimiLinearConfig(**cfg) if cfg["model_type"] == "kimi_linear" else Qwen3_5Config(**cfg).text_config
+        cp = hf.mamba2_cache_params
+    stub = types.SimpleNamespace(server_args=sa, mambaish_config=types.SimpleNamespace(mamba2_cache_params=cp),
+                                 ps=types.SimpleNamespace(pp_size=1, attn_dp_size=1),
+                                 spec_algorithm=SpeculativeAlgorithm.NONE, hybrid_gdn_config=None,
+                                 model_config=types.SimpleNamespace(context_len=17408, hf_config=hf))
+    stub._calculate_mamba_ratio = lambda: KVCacheConfigurator._calculate_mamba_ratio(stub)
+    return stub, cp, KVCacheConfigurator
+
+
+# --- against SGLang's own estimates -------------------------------------------------------------
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("strategy,overlap", [("extra_buffer", True), ("extra_buffer", False),
+                                              ("extra_buffer_lazy", True), ("no_buffer", True),
+                                              ("no_buffer", False)])
+def test_slots_per_running_request_is_sglangs_ratio(strategy, overlap):
+    stub, _, kvc = _configurator(_sglang(strategy, overlap))
+    assert sizing.slots_per_running_request(strategy, overlap_schedule=overlap) == kvc._calculate_mamba_ratio(stub)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("strategy,overlap,r", [("extra_buffer", True, 8), ("extra_buffer", False, 3),
+                                                ("no_buffer", True, 5)])
+def test_native_slots_run_exactly_r_requests_in_sglang(kimi, strategy, overlap, r):
+    """SGLang runs R requests on M' = k R native slots, and one fewer on M' - 1 (its own cap)."""
+    plan = load_plan(kimi["w16"])
+    arms = sizing.size_arms(plan, max_running_requests=r, dense_slots=8 * r, strategy=strategy,
+                            overlap_schedule=overlap)
+    for a in arms:
+        assert a.flags[:4] == ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy)
+        assert ("--disable-overlap-schedule" in a.flags) == (not overlap)
+        assert a.flags[a.flags.index("--max-mamba-cache-size") + 1] == str(a.native_slots)
+        m = a.native_slots
+        assert m == (8 * r if a.kind == "dense" else sizing.slots_per_running_request(strategy, overlap_schedule=overlap) * r)
+        for slots, want in ((m, r), (m - 1, r if a.kind == "dense" else r - 1)):
+            stub, _, kvc = _configurator(_sglang(strategy, overlap, max_mamba_cache_size=slots,
+                                                 max_running_requests=r))
+            assert kvc.resolve_max_num_reqs(stub, 10 ** 6) == want, (a.arm, slots)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("ref,tp,name", [(KIMI, 1, "w16"), (KIMI, 2, "w16-tp2")])
+def test_state_bytes_are_sglangs(kimi, ref, tp, name):
+    """b_dense is what SGLang subtracts per native slot, b_int8 what its INT8 pool estimate adds per slot."""
+    from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+
+    plan = load_plan(kimi[name])
+    stub, cp, kvc = _configurator(_sglang("extra_buffer", True, max_mamba_cache_size=40), ref, tp)
+    rest_gb = kvc._handle_max_mamba_cache(stub, 100.0)
+    assert round((100.0 - rest_gb) * 2 ** 30) == 41 * plan.tp.bytes_dense_per_slot == 41 * cp.mamba_cache_per_req
+    h, d_v, d_k = cp.shape.temporal
+    kw = dict(num_layers=len(cp.layers), num_heads=h, head_v_dim=d_v, head_k_dim=d_k, conv_shapes=list(cp.shape.conv),
+              conv_dtype=cp.dtype.conv, temporal_dtype=cp.dtype.temporal)
+    est = [MambaCheckpointPool.estimate_mem_usage_bytes(num_slots=n, **kw)["total"] for n in (0, 1, 83)]
+    assert est[1] - est[0] == sizing.int8_bytes_per_slot(plan) == (B_INT8 if tp == 1 else B_INT8 // 2)
+    # the INT8 arm's whole pool, as SGLang allocates it for --int8-mamba-ckpt-size 83
+    arm = sizing.size_arms(plan, max_running_requests=8, dense_slots=64, arms=["int8"])[0]
+    if tp == 1:
+        assert arm.ckpt_slots == 83
+        assert arm.used_bytes == 41 * B_DENSE + est[2] == 41 * B_DENSE + 84 * B_INT8
+
+
+@pytest.mark.sglang
+def test_int8_bytes_for_gdn_are_sglangs(tmp_path):
+    from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+
+    _, out = compile_plan(QWEN35, Policy(w_max=128), tmp_path / "q", with_kernels=False)
+    plan = load_plan(out)
+    _, cp, _ = _configurator(_sglang("extra_buffer", True), QWEN35, 1)
+    assert plan.tp.bytes_dense_per_slot == cp.mamba_cache_per_req
+    h, d_v, d_k = cp.shape.temporal
+    kw = dict(num_layers=len(cp.layers), num_heads=h, head_v_dim=d_v, head_k_dim=d_k, conv_shapes=list(cp.shape.conv),
+              conv_dtype=cp.dtype.conv, temporal_dtype=cp.dtype.temporal)
+    one, zero = (MambaCheckpointPool.estimate_mem_usage_bytes(num_slots=n, **kw)["total"] for n in (1, 0))
+    assert one - zero == sizing.int8_bytes_per_slot(plan) == 48 * (48 * 128 * 128 + 48 * 128 * 4 + 10240 * 3 * 2)
+
+
+# --- dasc arms ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a,b", [("w16", "w16-int8"), ("w16-tp2", "w16-int8-tp2")])
+def test_other_int8_setting_bytes_match_the_compiled_plan(kimi, a, b):
+    plain, i8 = load_plan(kimi[a]), load_plan(kimi[b])
+    assert sizing.compressed_bytes_per_slot(plain, int8=True) == i8.tp.bottleneck_bytes_per_slot
+    assert sizing.compressed_bytes_per_slot(i8, int8=False) == plain.tp.bottleneck_bytes_per_slot
+    assert sizing.compressed_bytes_per_slot(plain) == plain.tp.bottleneck_bytes_per_slot
+    assert i8.tp.bottleneck_bytes_per_slot < plain.tp.bottleneck_bytes_per_slot
+
+
+def test_arms_at_matched_memory_hand_numbers(kimi):
+    plan = load_plan(kimi["w16"])
+    arms = {a.arm: a for a in sizing.size_arms(plan, max_running_requests=8, dense_slots=64,
+                                               plan_path="P", pair_plan_path="P8")}
+    assert list(arms) == ["dense", "int8", "dasc-nr-w16", "dasc-nr-w16-int8"]
+    budget = 65 * B_DENSE
+    for a in arms.values():
+        assert a.budget_bytes == budget == 2_822_144_000 and a.used_bytes <= budget
+        assert a.max_running_requests == 8 and a.bytes_native_slot == B_DENSE
+        if a.kind != "dense":   # no room for one more pool slot
+            assert a.native_slots == 40 and a.used_bytes + a.bytes_ckpt_slot > budget
+            assert a.used_bytes == 41 * B_DENSE + (a.ckpt_slots + 1) * a.bytes_ckpt_slot
+    d, i8, w16, w16i8 = arms.values()
+    assert (d.native_slots, d.capacity, d.flags[-1]) == (64, 64, "64")
+    assert (i8.ckpt_slots, i8.capacity, i8.bytes_ckpt_slot) == (83, 83, B_INT8)
+    assert i8.flags[-4:] == ("40", "--enable-int8-mamba-checkpoint", "--int8-mamba-ckpt-size", "83")[-4:]
+    b16 = plan.tp.bottleneck_bytes_per_slot
+    assert w16.ckpt_slots == 24 * B_DENSE // b16 - 1 and w16.capacity == 40 + w16.ckpt_slots
+    assert w16.c_ckpt == pytest.approx(2.64, abs=0.01)          # the paper's Kimi w16 point
+    assert w16.flags[-4:] == ("--dasc-plan", "P", "--dasc-pool-slots", str(w16.ckpt_slots))
+    assert w16i8.flags[-3] == "P8" and w16i8.int8 and w16i8.capacity > i8.capacity > w16.capacity - 40
+
+
+def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
+    plan = load_plan(kimi["w16"])
+    by_m = sizing.size_arms(plan, max_running_requests=8, dense_slots=64)
+    for b in (65 * B_DENSE, 66 * B_DENSE - 1):
+        assert sizing.size_arms(plan, max_running_requests=8, budget_bytes=b) == by_m
+    assert sizing.parse_bytes("2GiB") == 2 ** 31 and sizing.parse_bytes("1.5 GB") == 1_500_000_000
+    assert sizing.parse_bytes("2822144000") == 65 * B_DENSE
+
+
+def test_larger_w_max_gives_more_capacity(kimi):
+    caps = [sizing.size_arms(load_plan(kimi[n]), max_running_requests=8, dense_slots=64, arms=["dasc"])[0].capacity
+            for n in ("w16", "w64")]
+    assert caps[0] < caps[1]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(max_running_requests=8, dense_slots=39), r"M >= 40"),
+    (dict(max_running_requests=8), "exactly one of"),
+    (dict(max_running_requests=8, dense_slots=64, budget_bytes=10 ** 10), "exactly one of"),
+    (dict(max_running_requests=0, dense_slots=64), "max-running-requests"),
+    (dict(max_running_requests=8, dense_slots=40), "no SGLang INT8 checkpoint slot fits"),
+    (dict(max_running_requests=8, dense_slots=64, strategy="auto"), "mamba-radix-cache-strategy"),
+    (dict(max_running_requests=8, budget_bytes=B_DENSE), "holds no dense slot"),
+])
+def test_bad_sizes_are_one_line_errors(kimi, kw, match):
+    with pytest.raises(DascInputError, match=match) as e:
+        sizing.size_arms(load_plan(kimi["w16"]), **kw)
+    assert "\n" not in str(e.value)
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_dasc_size_prints_every_arm_and_json(kimi):
+    r = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "64", "--max-running-requests", "8",
+                            "--pair-plan", str(kimi["w16-int8"])])
+    assert r.exit_code == 0, r.output
+    assert "calibrated to published statistics" in r.output
+    for arm in ("dense", "int8", "dasc-nr-w16", "dasc-nr-w16-int8"):
+        assert any(ln.strip().startswith(f"{arm}: native") for ln in r.output.splitlines()), arm
+    assert f"--dasc-plan {kimi['w16-int8']} --dasc-pool-slots" in r.output
+    assert "--int8-mamba-ckpt-size 83" in r.output and "{plan}" not in r.output
+    j = runner.invoke(app, ["size", str(kimi["w16"]), "--budget", str(65 * B_DENSE), "--max-running-requests", "8",
+                            "--json"])
+    assert j.exit_code == 0
+    got = json.loads(j.output)
+    assert [a["arm"] for a in got] == ["dense", "int8", "dasc-nr-w16", "dasc-nr-w16-int8"]
+    assert got[3]["plan"] is None and "{plan}" in got[3]["flags"]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--dense-slots", "64"], "max-running-requests R is required"),
+    (["--dense-slots", "20", "--max-running-requests", "8"], "needs M >= 40"),
+    (["--budget", "lots", "--max-running-requests", "8"], "--budget: expected a positive size"),
+    (["--dense-slots", "64", "--max-running-requests", "8", "--mamba-radix-cache-strategy", "nope"], "expected one of"),
+    (["--dense-slots", "64", "--max-running-requests", "8", "--pair-plan", "W64"], "--pair-plan"),
+    (["--dense-slots", "x", "--max-running-requests", "8"], "dense-slots"),
+])
+def test_dasc_size_bad_input_is_one_error_line_exit_2(kimi, args, match):
+    args = [str(kimi["w64"]) if a == "W64" else a for a in args]
+    r = subprocess.run([sys.executable, "-c", "from dasc_compile.cli import main; main()", "size", str(kimi["w16"]),
+                        *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and match in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_dasc_size_missing_plan_exit_2(tmp_path):
+    r = runner.invoke(app, ["size", str(tmp_path / "nope"), "--dense-slots", "64", "--max-running-requests", "8"])
+    assert r.exit_code == 2 and "error:" in r.output

@@ -1,0 +1,332 @@
+"""Two-tier cache scenarios with hand-checked outcomes (paper App. B.2) on SGLang 0.5.17's classes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
+
+pytestmark = [pytest.mark.sglang,
+              pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _sim(tmp_path, **kw):
+    from tests.support.runtime_sim import Sim
+
+    kw.setdefault("watermark", 0)
+    return Sim(tmp_path, seed=0, **kw)
+
+
+def _run(sim, seq, *, keep=False, chunked=False):
+    """Admit one request for ``seq``, then finish it unless ``keep``; returns the request."""
+    sim.rng.choice = lambda xs, _s=seq: _s            # deterministic pick
+    n = len(sim.inflight)
+    sim.admit(chunked=chunked, k=1)
+    req = sim.inflight[-1]
+    assert len(sim.inflight) == n + 1
+    if not keep:
+        sim.inflight.remove(req)
+        sim.inflight.append(req)
+        sim.rng.randrange = lambda k: k - 1
+        sim.finish()
+    sim.check(0, content=True)
+    return req
+
+
+def _node_of(sim, tokens):
+    """The tree node whose key ends exactly at ``tokens`` (None if absent)."""
+    for n in sim.nodes():
+        if sim.prefix_tokens(n) == list(tokens):
+            return n
+    return None
+
+
+SEQ_A = [11, 12, 13, 14]
+SEQ_B = [21, 22, 23]
+SEQ_C = [31, 32, 33, 34, 35]
+SEQ_D = [41, 42]
+
+
+def test_compressed_first_then_dense_spill_without_copy(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=1)
+    _run(sim, SEQ_A)
+    a = _node_of(sim, sim.request_tokens(SEQ_A))
+    assert sim.comp.tier(a) == "compressed" and sim.dpool.available_size() == 0
+    assert sim.pool.mamba_allocator.available_size() == sim.M         # the request's slot came back
+    req = _run(sim, SEQ_B)
+    b = _node_of(sim, sim.request_tokens(SEQ_B))
+    assert sim.comp.tier(b) == "dense"
+    # dense spill hands the finished request's own native slot to the tree (no copy)
+    assert b.component_data[sim.MAMBA].value.tolist() == [int(req.mamba_pool_idx)]
+    assert sim.pool.mamba_allocator.available_size() == sim.M - 1
+    c = sim.comp.counters
+    assert (c.inserts_compressed, c.inserts_dense) == (1, 1)
+
+
+def test_hits_restore_by_tier(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=1)
+    _run(sim, SEQ_A)                                   # compressed
+    _run(sim, SEQ_B)                                   # dense (spill)
+    child_a = sim.request_tokens(SEQ_A) + [90, 91]
+    child_b = sim.request_tokens(SEQ_B) + [92]
+    _run(sim, child_a)
+    _run(sim, child_b)
+    # each restore was compared with the exact state (dense) or its dasc-nr image (compressed)
+    assert sim.stats["restore_compressed"] == 1 and sim.stats["restore_dense"] == 1
+    assert sim.comp.counters.hits_compressed == 1 and sim.comp.counters.hits_dense == 1
+    assert sim.dpool.counters.loads_compressed == 1 and sim.dpool.counters.loads_dense == 1
+
+
+def test_watermark_demotion_commits_after_event_and_unlock_keeping_lru(tmp_path):
+    from dasc_runtime.tiers import TierPolicy
+
+    sim = _sim(tmp_path, compressed_slots=3, mamba_size=6)
+    for s in (SEQ_A, SEQ_B, SEQ_C):
+        _run(sim, s)                                   # fill the compressed pool
+    _run(sim, SEQ_D)                                   # dense
+    d = _node_of(sim, sim.request_tokens(SEQ_D))
+    assert sim.comp.tier(d) == "dense"
+    sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
+    native_free = sim.pool.mamba_allocator.available_size()
+    lru_before = sim.lru_ids()
+    sim.comp.policy = TierPolicy(watermark=native_free + 1)
+    sim.comp.maintain()                                # free native < watermark: demote the oldest dense (D)
+    assert list(sim.comp.pending) == [d.id] and sim.comp.counters.demotions_started == 1
+    ev = sim.side_events[-1]
+    assert not ev.done and d.component_data[sim.MAMBA].lock_ref == 1      # pinned, event pending
+    assert sim.lru_ids() == lru_before                                     # demotion is not an access
+    sim.comp.policy = TierPolicy(watermark=0)
+    # a hit on D while it is demoting: copy-on-write from D's still-valid native slot, D locked
+    _run(sim, sim.request_tokens(SEQ_D) + [77], keep=True)
+    assert sim.stats["restore_dense"] == 1 and d.component_data[sim.MAMBA].lock_ref == 2
+    sim.comp.maintain()
+    sim.comp.maintain()
+    assert sim.comp.tier(d) == "dense" and d.id in sim.comp.pending       # the hit holds it: no commit
+    assert sim.pool.mamba_allocator.available_size() < native_free + 1
+    sim.rng.randrange = lambda k: k - 1
+    sim.finish()                                       # the hit ends (its cleanup runs maintain)
+    sim.comp.maintain()
+    # the pack has not completed: maintain neither waits for the event nor commits
+    assert ev.waited == 0 and not ev.done and d.id in sim.comp.pending and sim.comp.tier(d) == "dense"
+    sim.device.complete(ev)                            # the side-stream pack completes
+    sim.comp.maintain()
+    assert ev.waited == 0                              # committed on query(), never blocking
+    assert sim.comp.tier(d) == "compressed" and not sim.comp.pending
+    assert d.component_data[sim.MAMBA].lock_ref == 0
+    assert sim.comp.counters.demotions_committed == 1
+    sim.check(1, content=True)
+
+
+def test_reclamation_order_follows_app_b2(tmp_path):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim = _sim(tmp_path, compressed_slots=2, mamba_size=6)
+    _run(sim, SEQ_A)                                   # compressed, oldest
+    _run(sim, SEQ_B)                                   # compressed
+    _run(sim, SEQ_C)                                   # dense
+    _run(sim, SEQ_D)                                   # dense, newest
+    a, b, c, d = (_node_of(sim, sim.request_tokens(s)) for s in (SEQ_A, SEQ_B, SEQ_C, SEQ_D))
+    free0 = sim.pool.mamba_allocator.available_size()
+    # both pools full, oldest node compressed (A): evict A, demote the oldest dense (C) into its slot
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 1 and sim.pool.mamba_allocator.available_size() == free0 + 1
+    assert _node_of(sim, sim.request_tokens(SEQ_A)) is None
+    assert sim.comp.tier(b) == "compressed" and sim.comp.tier(c) == "compressed" and sim.comp.tier(d) == "dense"
+    assert sim.comp.counters.evictions_compressed == 1 and sim.comp.counters.demotions_sync == 1
+    # compressed space free (evict B's state directly), oldest eligible dense is D: demoted, not evicted
+    sim.comp.evict_node(b)
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 1 and sim.comp.tier(d) == "compressed"
+    # no dense node left: evicting compressed states cannot free a native slot
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 0 and sim.comp.tier(c) == "compressed"
+    sim.check(2, content=True)
+
+
+def test_compressed_only_never_spills(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=2, compressed_only=True)
+    for s in (SEQ_A, SEQ_B, SEQ_C, SEQ_D):
+        _run(sim, s)
+    assert sim.comp.book.counts() == {"dense": 0, "compressed": 2}
+    assert _node_of(sim, sim.request_tokens(SEQ_A)) is None   # the oldest compressed node made room
+    assert sim.comp.tier(_node_of(sim, sim.request_tokens(SEQ_D))) == "compressed"
+    assert sim.comp.counters.inserts_dense == 0 and sim.comp.counters.evictions_compressed == 2
+
+
+def test_chunked_prefill_inserts_compressed_and_rematches(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=4)
+    toks = SEQ_C + [36, 37, 38]
+    req = _run(sim, toks, keep=True, chunked=True)
+    assert sim.stats["unfinished"] == 1 and sim.comp.counters.inserts_compressed == 1
+    sim.rng.randrange = lambda k: k - 1
+    sim.finish()
+    sim.check(3, content=True)
+    assert sim.comp.counters.inserts_compressed == 2 and req.mamba_pool_idx is None
+
+
+@pytest.mark.parametrize("mode", ["stream", "host"])
+def test_maintain_never_waits_but_reclamation_does(tmp_path, monkeypatch, mode):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", mode)
+    sim = _sim(tmp_path, compressed_slots=2, mamba_size=6)
+    for s in (SEQ_A, SEQ_B, SEQ_C):
+        _run(sim, s)                                   # A, B compressed; C dense
+    c = _node_of(sim, sim.request_tokens(SEQ_C))
+    sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
+    free0 = sim.pool.mamba_allocator.available_size()
+    sim.comp.demote_async(c)
+    ev = sim.side_events[-1]
+    sim.comp.maintain()                                # launched in this epoch: not a candidate yet
+    sim.comp.maintain()                                # a candidate, but its event has not completed
+    assert c.id in sim.comp.pending and ev.waited == 0 and sim.comp.counters.demotions_committed == 0
+    assert sim.pool.mamba_allocator.available_size() == free0
+    # SGLang needs a native slot now: the walk orders the schedule stream after the pack (stream: the
+    # host does not block; host: it synchronizes) and commits it (frees C's slot)
+    res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+    assert res.mamba_num_evicted == 1 and not sim.comp.pending
+    if mode == "stream":
+        assert ev.waited == 0 and ("wait", ev) in sim.device.main.queue
+    else:
+        assert ev.waited == 1 and ev.done
+    assert sim.comp.tier(c) == "compressed" and sim.comp.counters.demotions_committed == 1
+    assert sim.comp.counters.reclaim_waits == 1 and sim.comp.counters.reclaim_wait_host_s >= 0.0  # for the log
+    assert sim.pool.mamba_allocator.available_size() == free0 + 1
+    sim.check(4, content=True)
+
+
+def test_storage_balanced_pool_demotes_on_the_current_stream(tmp_path):
+    from dasc_runtime.tiers import TierPolicy
+
+    # a TP=1 storage map: layout.storage is set (a real TP>1 pool would all-to-all on every pack)
+    sim = _sim(tmp_path, compressed_slots=1, mamba_size=6, balance="storage")
+    assert sim.dpool.layout.storage is not None
+    _run(sim, SEQ_A)                                   # compressed
+    _run(sim, SEQ_B)                                   # dense (spill)
+    b = _node_of(sim, sim.request_tokens(SEQ_B))
+    sim.comp.evict_node(_node_of(sim, sim.request_tokens(SEQ_A)))   # room for one demotion
+    free0 = sim.pool.mamba_allocator.available_size()
+    sim.comp.policy = TierPolicy(watermark=free0 + 1)
+    sim.comp.maintain()                                # watermark demotion of B
+    # no side-stream pack and nothing pending: B was packed on the current stream and committed
+    assert sim.side_events == [] and not sim.comp.pending
+    assert sim.comp.tier(b) == "compressed" and sim.comp.counters.demotions_sync == 1
+    assert sim.comp.counters.demotions_started == 0
+    assert sim.pool.mamba_allocator.available_size() == free0 + 1
+    sim.check(5, content=True)
+
+
+def test_compressed_only_skips_caching_when_every_checkpoint_is_locked(tmp_path):
+    sim = _sim(tmp_path, compressed_slots=1, compressed_only=True)
+    _run(sim, SEQ_A)                                   # A takes the only compressed slot
+    a = _node_of(sim, sim.request_tokens(SEQ_A))
+    held = _run(sim, sim.request_tokens(SEQ_A) + [90, 91], keep=True)   # a running hit locks A
+    assert a.component_data[sim.MAMBA].lock_ref == 1
+    free0 = sim.pool.mamba_allocator.available_size()
+    _run(sim, SEQ_B)                                   # finished: nothing can be evicted -> not cached
+    assert _node_of(sim, sim.request_tokens(SEQ_B)) is None
+    assert sim.comp.counters.skipped == 1
+    assert sim.pool.mamba_allocator.available_size() == free0   # B's native slot came back
+    del sim.rng.randrange                              # the chunk split draws from the seeded rng
+    _run(sim, SEQ_C, chunked=True)                     # unfinished chunk and the finish: both skipped
+    assert sim.stats["unfinished"] == 1 and sim.comp.counters.skipped == 3
+    assert _node_of(sim, sim.request_tokens(SEQ_C)) is None
+    # the hit itself: A is still locked by it while its state is prepared, so it is skipped too
+    sim.inflight.remove(held)
+    sim.inflight.append(held)
+    sim.finish()
+    assert sim.comp.counters.skipped == 4 and a.component_data[sim.MAMBA].lock_ref == 0
+    assert sim.comp.book.counts() == {"dense": 0, "compressed": 1} and sim.comp.counters.inserts_dense == 0
+    assert sim.pool.mamba_allocator.available_size() == sim.M
+    sim.check(6, content=True)
+
+
+def test_reclaim_wait_mode_and_order_after(monkeypatch):
+    """DASC_RECLAIM_WAIT: 'stream' (default) / 'host'; records without a stream are synchronized, an event
+    of the device's streams is waited on by the current stream (host mode: synchronized)."""
+    import random
+
+    from tests.support.runtime_streams import SimDevice
+
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.demotion import CudaStreams, _DoneEvent, order_after, reclaim_wait_mode
+
+    monkeypatch.delenv("DASC_RECLAIM_WAIT", raising=False)
+    assert reclaim_wait_mode() == "stream"
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", " Host ")
+    assert reclaim_wait_mode() == "host"
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", "spin")
+    with pytest.raises(DascInputError, match="DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'spin'"):
+        reclaim_wait_mode()
+    for mode in ("stream", "host"):
+        order_after(_DoneEvent(), mode, CudaStreams("cpu"))          # a CPU record: synchronized, no stream
+        dev = SimDevice(random.Random(0))
+        side = dev.new_stream()
+        with dev.stream(side):
+            dev.launch(lambda: None)
+            ev = dev.new_event()
+            ev.record(side)
+        order_after(ev, mode, dev)
+        if mode == "stream":      # the host did not block; the schedule stream waits on the event
+            assert ev.waited == 0 and not ev.done and dev.main.queue == [("wait", ev)]
+        else:
+            assert ev.waited == 1 and ev.done and dev.main.queue == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stream_wait_orders_later_work_after_the_side_stream_pack():
+    """On a GPU the stream mode does not block the host, yet later current-stream work sees the pack."""
+    from dasc_runtime.demotion import CudaStreams, order_after
+
+    dev = torch.device("cuda")
+    src = torch.zeros(1 << 20, device=dev)
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)          # ~0.1 s of GPU time before the "pack" lands
+        src.fill_(1.0)
+        ev = torch.cuda.Event()
+        ev.record(side)
+    order_after(ev, "stream", CudaStreams(dev))
+    assert not ev.query()                        # the host did not wait
+    seen = src.clone()                           # issued on the current stream after the wait
+    torch.cuda.synchronize(dev)
+    assert torch.equal(seen, torch.ones_like(seen))
+
+
+def test_tier_book_counts_follow_tier_and_lock_changes():
+    """TierBook on SGLang's ComponentData: counts move with the tier; locked counts with lock_ref 0 <-> 1."""
+    from sglang.srt.mem_cache.unified_cache.components.tree_component import ComponentData
+
+    from dasc_runtime.side_channels import node_tier
+    from dasc_runtime.tiers import TierBook
+
+    book = TierBook()
+    a, b = ComponentData(), ComponentData()
+    assert book.tier(a) is None                                   # no state: no tier
+    a.value, b.value = torch.tensor([3]), torch.tensor([12])
+    assert book.tier(a) == "dense"                                # SGLang's own value: dense until told
+    book.set(a, "dense")
+    book.set(b, "compressed")
+    a.lock_ref = 1
+    book.on_lock(a)
+    assert book.counts() == {"dense": 1, "compressed": 1} and (book.dense_evictable(), book.dense_protected()) == (0, 1)
+    book.set(a, "compressed")                                     # a locked node changes tier (demotion commit)
+    assert book.counts() == {"dense": 0, "compressed": 2} and book.locked == {"dense": 0, "compressed": 1}
+    assert node_tier(a) == "compressed"
+    a.lock_ref = 0
+    book.on_unlock(a)
+    book.clear(b)
+    assert book.counts() == {"dense": 0, "compressed": 1} and book.locked == {"dense": 0, "compressed": 0}
+    assert node_tier(b) is None
+    book.reset()
+    assert book.counts() == {"dense": 0, "compressed": 0}

@@ -1,0 +1,97 @@
+"""Tiny, randomly initialised real hybrid models for the ``dasc eval`` tests (built here, no downloads).
+
+GDN: transformers' own Qwen3-Next (4 layers: GDN, attention, GDN, attention; 4 value heads) with
+A_log set so that two heads have long static horizons and two short ones. KDA: dasc's KDA hybrid on
+the same backbone (2 heads x d_k 8 = 16 column units per layer, Kimi-Linear initialisation).
+Both are saved as Hugging Face checkpoints with a byte vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+
+def backbone(layer_types=("linear_attention", "full_attention", "linear_attention", "full_attention")):
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=len(layer_types),
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        num_experts=0, layer_types=list(layer_types), tie_word_embeddings=False, max_position_embeddings=2048,
+        initializer_range=0.2)
+
+
+def _save(model, cfg: dict, out: Path) -> Path:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"),
+              {"format": "pt"})
+    return out
+
+
+def write_gdn(out: Path, seed: int = 0, a_log=(math.log(0.05), math.log(0.02), math.log(2.0), math.log(3.0)),
+              layer_types=None) -> Path:
+    from transformers import Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = backbone(layer_types) if layer_types else backbone()
+    model = Qwen3NextForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.A_log.copy_(torch.tensor(a_log))
+    d = cfg.to_dict()
+    d["dasc_tokenizer"] = "bytes"
+    return _save(model, d, out)
+
+
+def write_kda(out: Path, seed: int = 0) -> Path:
+    from dasc_compile.eval.kda_hybrid import build_kda_hybrid, kda_config_json, to_kimi_names
+
+    torch.manual_seed(seed)
+    cfg = backbone()
+    model = build_kda_hybrid(cfg, kda_heads=2, kda_head_dim=8, conv_kernel=4, seed=seed)
+    d = kda_config_json(cfg, 2, 8, 4)
+    d["dasc_tokenizer"] = "bytes"
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(d))
+    state = to_kimi_names({k: v.detach().contiguous() for k, v in model.state_dict().items()}, [0, 2])
+    save_file(state, str(out / "model.safetensors"), {"format": "pt"})
+    return out
+
+
+def compile_for(model: Path, w_max: int, out: Path, **kw) -> Path:
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import Policy
+
+    _, path = compile_plan(model, Policy(w_max=w_max, **kw), out, with_kernels=False)
+    return path
+
+
+def write_qwen35(out: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3.5 (``qwen3_5``: nested ``text_config``, ``model.language_model.`` tensor names)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = {k: v for k, v in backbone().to_dict().items()
+            if k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "layer_types",
+                     "max_position_embeddings", "initializer_range")}
+    cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=32,
+                                                             num_heads=2, out_hidden_size=64))
+    model = Qwen3_5ForConditionalGeneration(cfg)
+    model.save_pretrained(out)
+    d = json.loads((out / "config.json").read_text())
+    d["dasc_tokenizer"] = "bytes"
+    (out / "config.json").write_text(json.dumps(d))
+    return out
