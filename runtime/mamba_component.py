@@ -8,9 +8,11 @@ state matters; each override's docstring says what SGLang calls it for, what das
 step of App. B.2 it is. The App. B.2 policy reads top to bottom: compressed-first insertion with
 dense spill (:meth:`prepare_for_caching_req`), reclamation of native slots over the one LRU
 (:meth:`_evict_device_next_node`), watermark demotion after every cache call (:meth:`maintain`).
-Tier bookkeeping is :mod:`dasc_runtime.tiers`; the demoting state is :mod:`dasc_runtime.demotion`.
+Tier bookkeeping is :mod:`dasc_runtime.tiers`; the demoting state is :mod:`dasc_runtime.demotion`;
+dasc's own operations (watermark step, LRU queries, one-node eviction, dropping the compressed tier)
+are the base class :class:`dasc_runtime.tier_operations.TierOperations`.
 
-Invariants (checked by ``tests/test_runtime_tiers_random.py`` after every operation):
+Invariants (checked by ``tests/runtime/test_tiers_random.py`` after every operation):
 ``native free + dense nodes + request-held == M``; ``compressed free + compressed nodes + pending
 demotions == C``; locked nodes are never demoted or evicted; demotion keeps the LRU order.
 """
@@ -18,7 +20,6 @@ demotions == C``; locked nodes are never demoted or evicted; demotion keeps the 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import Optional
 
 import torch
@@ -28,8 +29,8 @@ from sglang.srt.mem_cache.unified_cache.components.tree_component import EvictLa
 
 from dasc_runtime.demotion import DemotionEngine
 from dasc_runtime.pool import DascCheckpointPool
-from dasc_runtime.side_channels import attach_component, insert_tier, is_staged, mark_staged, set_insert_tier, \
-    tier_policy_of
+from dasc_runtime.side_channels import attach_component, insert_tier, mark_staged, set_insert_tier, tier_policy_of
+from dasc_runtime.tier_operations import TierOperations
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierBook, TierCounters, TierPolicy
 
 __all__ = ["DascMambaComponent"]
@@ -37,7 +38,7 @@ __all__ = ["DascMambaComponent"]
 logger = logging.getLogger(__name__)
 
 
-class DascMambaComponent(MambaComponent):
+class DascMambaComponent(TierOperations, MambaComponent):
     """SGLang's Mamba tree component with the dense + compressed tiers (see module docstring).
 
     Requires ``req_to_token_pool.mamba_ckpt_pool`` to be a :class:`DascCheckpointPool` (the plugin
@@ -333,92 +334,3 @@ class DascMambaComponent(MambaComponent):
         if hasattr(self, "demotions"):
             self.demotions.drop_all()
             self.book.reset()
-
-    # ------------------------------------------------------------------ dasc's own cache operations
-
-    def evict_node(self, node) -> None:
-        """Evict one unlocked node's state outside an eviction walk (leaf: the whole leaf, as SGLang does)."""
-        tc = self.tree_core
-        if node in tc.evictable_device_leaves:
-            res = tc.evict_device_leaf(node.id, False)
-            self.cache._free_values(res.device_frees, res.host_frees)
-            return
-        device_frees: dict = defaultdict(list)
-        host_frees: dict = defaultdict(list)
-        tracker: dict = defaultdict(int)
-        tc._evict_component_and_detach_lru(node, self, device_frees, host_frees, target=EvictLayer.DEVICE,
-                                           tracker=tracker)
-        tc._cascade_evict(node, self, tracker, device_frees, host_frees)
-        self.cache._free_values(device_frees, host_frees)
-
-    def drop_compressed(self) -> tuple[int, int]:
-        """Cancel pending demotions and evict every compressed checkpoint no request holds (the
-        weights changed: :mod:`dasc_runtime.weight_updates`). Returns ``(evicted, still held)``."""
-        self.demotions.cancel_all()
-        n = 0
-        x = self._oldest(COMPRESSED)
-        while x is not None:
-            self.evict_node(x)
-            n += 1
-            x = self._oldest(COMPRESSED)
-        return n, self.book.counts()[COMPRESSED]
-
-    def disable_compressed_tier(self) -> None:
-        """From now on nothing enters the compressed tier (``TierPolicy.compressed_tier = False``)."""
-        self.policy = TierPolicy(compressed_only=self.policy.compressed_only, watermark=self.policy.watermark,
-                                 compressed_tier=False)
-
-    def eligible(self, node) -> bool:
-        """Unlocked, not being demoted, and not a copy-on-write source staged in this cache call."""
-        cd = node.component_data[self.component_type]
-        return cd.lock_ref == 0 and node.id not in self.pending and not is_staged(cd, self.epoch)
-
-    def _oldest(self, tier: Optional[str], exclude=None):
-        """Oldest eligible node of ``tier`` (any tier when None) in the shared Mamba LRU, or None."""
-        lru = self.tree_core.lru_lists[self.component_type]
-        x = lru.get_lru_no_lock()
-        while x is not None:
-            if x is not exclude and (tier is None or self.tier(x) == tier) and self.eligible(x):
-                return x
-            x = lru.get_prev_no_lock(x)
-        return None
-
-    def demote_async(self, node) -> None:
-        """Start a background demotion of ``node`` in this cache call (see :mod:`dasc_runtime.demotion`);
-        nothing once the compressed tier is off (``TierPolicy.compressed_tier``)."""
-        if self.policy.compressed_tier:
-            self.demotions.demote_async(node, self.epoch)
-
-    def maintain(self) -> None:
-        """Commit completed demotions (never waits on an event), then start watermark demotions.
-
-        Runs after every cache call on the scheduler thread and closes the call (``epoch += 1``).
-        App. B.2 "Pressure-driven reclamation" below the watermark: compressed space free ->
-        demote the oldest eligible dense node; else evict the oldest eligible node (dense: frees a
-        native slot; compressed: frees room to demote, only while a dense node remains).
-        """
-        if self._maintaining:
-            return
-        self._maintaining = True
-        try:
-            self.demotions.commit_ready(self.epoch)
-            self.epoch += 1
-            if self.policy.compressed_only or self.policy.watermark <= 0 or not self.policy.compressed_tier:
-                return
-            native = self.cache.req_to_token_pool.mamba_allocator
-            need = self.policy.watermark - native.available_size() - len(self.pending)
-            while need > 0:
-                if self.dpool.available_size() > 0:
-                    d = self._oldest(DENSE)
-                    if d is None:
-                        return
-                    self.demote_async(d)
-                    need -= 1
-                    continue
-                x = self._oldest(None)
-                if x is None or (self.tier(x) == COMPRESSED and self._oldest(DENSE, exclude=x) is None):
-                    return
-                self.evict_node(x)
-                need = self.policy.watermark - native.available_size() - len(self.pending)
-        finally:
-            self._maintaining = False

@@ -40,7 +40,7 @@ def _side_run_without_wait(self, fn):
 
 def _patches(name: str) -> list[tuple[object, str, object]]:
     import dasc_runtime.demotion as dem
-    import dasc_runtime.mamba_component as mc
+    import dasc_runtime.tier_operations as tops
 
     never = lambda component_data, epoch: False  # noqa: E731
     table = {
@@ -48,7 +48,7 @@ def _patches(name: str) -> list[tuple[object, str, object]]:
         "maintain_commits_unfinished": [(dem.DemotionEngine, "_ready_on_all_ranks",
                                          lambda self, cands: [True] * len(cands))],
         "side_stream_no_wait": [(dem.SideStream, "run", _side_run_without_wait)],
-        "no_staging_protection": [(mc, "is_staged", never), (dem, "is_staged", never)],
+        "no_staging_protection": [(tops, "is_staged", never), (dem, "is_staged", never)],
         "agreement_ignored": [(dem, "agree_all", lambda flags, group=None: list(flags))],
     }
     if name not in table:
