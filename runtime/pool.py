@@ -37,8 +37,7 @@ from dasc_runtime.ops import CheckpointTensors, TorchOps
 from dasc_runtime.rank_layout import RankLayout
 from dasc_runtime.side_channels import tier_hint
 
-__all__ = ["DascCheckpointPool", "PoolCounters", "MatchedMemory", "matched_memory", "slots_for_budget",
-           "bytes_per_slot", "host_index"]
+__all__ = ["DascCheckpointPool", "PoolCounters", "slots_for_budget", "bytes_per_slot", "host_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,53 +69,6 @@ def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
         raise DascInputError(
             f"dasc pool budget {budget_bytes} bytes holds no usable slot ({slot_bytes} bytes per slot, slot 0 reserved)")
     return int(n)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MatchedMemory:
-    """Matched state-memory settings (App. C.1): Dense M native slots vs dasc M' native + C compressed.
-
-    All byte figures are per TP rank. ``reserved`` rows (slot 0 of each pool) are charged.
-    """
-
-    dense_slots: int            # M: the Dense arm's --max-mamba-cache-size
-    native_slots: int           # M': the dasc arm's --max-mamba-cache-size
-    compressed_slots: int       # C: the dasc arm's --dasc-pool-slots
-    bytes_dense_slot: int       # b_dense: one native slot (temporal + conv), bytes
-    bytes_compressed_slot: int  # b_compressed: one compressed slot, bytes
-    scratch_bytes: int          # staging / scratch charged to dasc, bytes
-    budget_bytes: int           # (M + 1) * b_dense
-    used_bytes: int             # (M' + 1) * b_dense + (C + 1) * b_compressed + scratch <= budget
-
-    def flags(self) -> str:
-        """The launch flags of the dasc arm."""
-        return f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
-
-
-def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int, bytes_compressed_slot: int,
-                   scratch_bytes: int = 0) -> MatchedMemory:
-    """Largest C with ``(M'+1) b_dense + (C+1) b_compressed + scratch <= (M+1) b_dense`` (App. C.1).
-
-    The paper's budget equation ``B_native^Dense + B_tmp^Dense = B_native^dasc + B_compressed + B_tmp``
-    with SGLang's reserved slot 0 counted in both pools and the Dense arm's temporary memory taken
-    as 0 (its copy-on-write needs none).
-
-    Raises:
-        DascInputError: ``native_slots > dense_slots`` or no compressed slot fits.
-    """
-    if native_slots > dense_slots or native_slots < 1:
-        raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
-    budget = (dense_slots + 1) * bytes_dense_slot
-    left = budget - (native_slots + 1) * bytes_dense_slot - scratch_bytes
-    c = usable_slots(max(left, 0), bytes_compressed_slot)
-    if c < 1:
-        raise DascInputError(
-            f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense={bytes_dense_slot}, "
-            f"b_compressed={bytes_compressed_slot}, scratch={scratch_bytes} bytes")
-    used = (native_slots + 1) * bytes_dense_slot + (c + 1) * bytes_compressed_slot + scratch_bytes
-    return MatchedMemory(dense_slots=dense_slots, native_slots=native_slots, compressed_slots=int(c),
-                         bytes_dense_slot=bytes_dense_slot, bytes_compressed_slot=bytes_compressed_slot,
-                         scratch_bytes=scratch_bytes, budget_bytes=budget, used_bytes=used)
 
 
 @dataclass

@@ -20,7 +20,7 @@ Rules (SGLang 0.5.17, ``mem_cache/kv_cache_configurator.py``):
 * **Equal memory.** Dense keeps ``M`` native slots, ``(M + 1) * b_dense`` bytes (SGLang allocates
   one padding slot, ``(max_mamba_cache_size + 1) * mamba_cache_per_req``); that is every arm's
   budget B. An arm with a pool of C slots of b bytes uses ``(M' + 1) b_dense + (C + 1) b`` (slot 0
-  of every pool reserved) and C is the largest that fits (:func:`dasc_runtime.pool.matched_memory`).
+  of every pool reserved) and C is the largest that fits (:func:`matched_memory`).
   A budget in bytes fixes ``M = floor(B / b_dense) - 1`` and then charges Dense's real allocation.
 * **Checkpoint capacity.** Dense: M (shared with running requests). SGLang INT8: C only (with
   ``--enable-int8-mamba-checkpoint`` SGLang commits every cached state into that pool). dasc:
@@ -40,13 +40,12 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
-from dasc_compile.schema import DascInputError, UnitSpec
-from dasc_compile.schema import load_plan
-from dasc_runtime.pool import MatchedMemory, matched_memory
+from dasc_compile.schema import DascInputError, UnitSpec, load_plan, usable_slots
 from dasc_runtime.wr_scratch import DEFAULT_REFRESH_SLOTS, refresh_active
 
-__all__ = ["STRATEGIES", "ArmSizing", "slots_per_running_request", "int8_bytes_per_slot", "compressed_bytes_per_slot",
-           "dense_slots_for_budget", "size_arms", "plan_matched_memory", "parse_bytes", "size_command", "main"]
+__all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
+           "int8_bytes_per_slot", "compressed_bytes_per_slot", "dense_slots_for_budget", "size_arms",
+           "plan_matched_memory", "parse_bytes", "size_command", "main"]
 
 #: ``--mamba-radix-cache-strategy`` values dasc sizes for (SGLang's ``auto`` resolves to
 #: ``extra_buffer`` for Kimi-Linear / Qwen3-Next with the overlap scheduler; name it explicitly).
@@ -109,6 +108,53 @@ def compressed_bytes_per_slot(plan, *, int8: Optional[bool] = None) -> int:
         return int(plan.tp.bottleneck_bytes_per_slot)
     spec = UnitSpec(**{**asdict(UnitSpec.from_plan(plan)), "int8": bool(int8)})
     return max(p.n_alloc * spec.unit_bytes + p.bytes_conv for p in plan.tp.payload_storage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchedMemory:
+    """Matched state-memory settings (App. C.1): Dense M native slots vs dasc M' native + C compressed.
+
+    All byte figures are per TP rank. ``reserved`` rows (slot 0 of each pool) are charged.
+    """
+
+    dense_slots: int            # M: the Dense arm's --max-mamba-cache-size
+    native_slots: int           # M': the dasc arm's --max-mamba-cache-size
+    compressed_slots: int       # C: the dasc arm's --dasc-pool-slots
+    bytes_dense_slot: int       # b_dense: one native slot (temporal + conv), bytes
+    bytes_compressed_slot: int  # b_compressed: one compressed slot, bytes
+    scratch_bytes: int          # staging / scratch charged to dasc, bytes
+    budget_bytes: int           # (M + 1) * b_dense
+    used_bytes: int             # (M' + 1) * b_dense + (C + 1) * b_compressed + scratch <= budget
+
+    def flags(self) -> str:
+        """The launch flags of the dasc arm."""
+        return f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
+
+
+def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int, bytes_compressed_slot: int,
+                   scratch_bytes: int = 0) -> MatchedMemory:
+    """Largest C with ``(M'+1) b_dense + (C+1) b_compressed + scratch <= (M+1) b_dense`` (App. C.1).
+
+    The paper's budget equation ``B_native^Dense + B_tmp^Dense = B_native^dasc + B_compressed + B_tmp``
+    with SGLang's reserved slot 0 counted in both pools and the Dense arm's temporary memory taken
+    as 0 (its copy-on-write needs none).
+
+    Raises:
+        DascInputError: ``native_slots > dense_slots`` or no compressed slot fits.
+    """
+    if native_slots > dense_slots or native_slots < 1:
+        raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
+    budget = (dense_slots + 1) * bytes_dense_slot
+    left = budget - (native_slots + 1) * bytes_dense_slot - scratch_bytes
+    c = usable_slots(max(left, 0), bytes_compressed_slot)
+    if c < 1:
+        raise DascInputError(
+            f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense={bytes_dense_slot}, "
+            f"b_compressed={bytes_compressed_slot}, scratch={scratch_bytes} bytes")
+    used = (native_slots + 1) * bytes_dense_slot + (c + 1) * bytes_compressed_slot + scratch_bytes
+    return MatchedMemory(dense_slots=dense_slots, native_slots=native_slots, compressed_slots=int(c),
+                         bytes_dense_slot=bytes_dense_slot, bytes_compressed_slot=bytes_compressed_slot,
+                         scratch_bytes=scratch_bytes, budget_bytes=budget, used_bytes=used)
 
 
 def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
@@ -253,7 +299,7 @@ def _pool(m: int, m_native: int, b_dense: int, b: int, scratch: int, what: str) 
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0) -> MatchedMemory:
-    """:func:`~dasc_runtime.pool.matched_memory` with the plan's per-rank byte figures (any M').
+    """:func:`matched_memory` with the plan's per-rank byte figures (any M').
 
     ``scratch_slots``: staging charged to dasc in compressed-slot units (the PyTorch store/load path
     stages up to one batch of hits; the generated kernels stage nothing).
