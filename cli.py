@@ -1,20 +1,19 @@
 #!/usr/bin/env python3
-"""Run the dasc CLI from a checkout: ``python cli.py compile ...`` (same as the installed ``dasc``)."""
+"""Run the dasc CLI from a checkout: ``python cli.py compile ...`` (same as the installed ``dasc``).
 
-import os
+The package must be installed (``bash scripts/setup_env.sh .venv``, an editable install of this
+checkout): ``dasc_runtime``, ``dasc_templates`` and ``dasc_plans`` exist only under their installed
+names. Python puts this file's folder first on ``sys.path`` when it runs it, so ``dasc_compile`` is
+this checkout's own.
+"""
+
+import importlib.util
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-# In a checkout (not installed) the folders runtime/, templates/, plans/ are importable only under
-# their folder names; alias them to the installed names (dasc_runtime, dasc_templates, dasc_plans).
-import importlib  # noqa: E402
-
-for _alias, _folder in (("dasc_runtime", "runtime"), ("dasc_templates", "templates"), ("dasc_plans", "plans")):
-    try:
-        importlib.import_module(_alias)
-    except ImportError:
-        sys.modules[_alias] = importlib.import_module(_folder)
+if importlib.util.find_spec("dasc_runtime") is None:
+    print("error: dasc is not installed in this Python: run `bash scripts/setup_env.sh .venv` (or "
+          "`pip install -e .`), then `.venv/bin/python cli.py ...`", file=sys.stderr)
+    sys.exit(2)
 
 from dasc_compile.cli import main  # noqa: E402
 

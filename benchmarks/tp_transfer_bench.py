@@ -4,14 +4,14 @@
 For each reference checkpoint and ``w_max`` the plan is compiled with ``balance="storage"`` at TP
 degree P (``dasc_compile.compiler.compile_plan``, with its Triton kernels). P processes (one per
 GPU, NCCL; or gloo on CPU) then do, per rank r and for N state checkpoints, what the runtime does
-on a store (``dasc_runtime.ops.ReferenceOps.store`` -> ``DascCheckpointPool.write_units``) and on a
-load (``read_units``), with the plan's generated ``pack`` kernel in place of the PyTorch pack:
+on a store (``dasc_runtime.ops.TorchOps.store``, its staged all-to-all ``_write_rows``) and on a
+load (``TorchOps.load`` -> ``_read_rows``), with the plan's generated ``pack`` kernel in place of the PyTorch pack:
 
 * pack: the plan's kernel copies the kept units of N active slots of the dense pool
   ``temporal [L, S+1, H/P, d_v, d_k]`` (and the conv state ``[L, S+1, *conv]``) into the ragged
   slots ``comp [N+1, n_r, *unit]`` (``unit`` = ``[d_v, d_k]`` GDN head, ``[d_v]`` KDA column);
 * stage: the copy of ``comp[1:N+1]`` to the unit-major ``[n_r, N, *unit]`` the all-to-all splits
-  (``write_units`` does it; ``read_units`` does the same size of copy back);
+  (``TorchOps._write_rows`` does it; ``_read_rows`` does the same size of copy back);
 * store: ``dasc_runtime.tp_transfer.store_all_to_all`` into the storage slots
   ``[slot_width, N, *unit]`` (local copy of the kept prefix + one variable-split all-to-all);
 * load: ``load_all_to_all`` back to ``[n_r, N, *unit]``.
@@ -22,10 +22,10 @@ rank (ratios use the slowest rank's pack). The payload is the bytes that cross r
 ``M_remote * unit_bytes * N``.
 
 Exactness (checked after timing, with every output buffer pre-filled with NaN), on every rank:
-(1) the kernel's packed units equal ``ReferenceOps.pack_units`` bit for bit; (2) load after store
+(1) the kernel's packed units equal ``TorchOps.pack_units`` bit for bit; (2) load after store
 equals the rank-local packed units bit for bit; (3) for the first and last slot, the storage rows
-equal ``store_reference`` computed from every rank's regenerated slot. The script exits 1 if any
-check fails on any rank.
+equal ``dasc_runtime.tp_transfer.store_all_ranks`` (the single-process mapping) computed from every
+rank's regenerated slot. The script exits 1 if any check fails on any rank.
 
 GPU (2 H200s; the tree on PYTHONPATH):
     python -m benchmarks.tp_transfer_bench --tp 2 --out BENCHMARKS.md --json rows.json
@@ -208,11 +208,10 @@ def run_case(case: dict, rank: int, args, device, timer) -> list[dict]:
     import torch
     from dasc_compile.schema import load_plan
     from dasc_runtime.kernel_loader import load_plan_kernels
-    from dasc_runtime.ops import TorchOps as ReferenceOps
+    from dasc_runtime.ops import TorchOps
     from dasc_runtime.rank_layout import build_rank_layout as rank_layout
     from dasc_runtime.rank_layout import build_state_index
-    from dasc_runtime.tp_transfer import load_all_to_all, store_all_to_all
-    from dasc_runtime.tp_transfer import store_all_ranks as store_reference
+    from dasc_runtime.tp_transfer import load_all_to_all, store_all_ranks, store_all_to_all
 
     P = args.tp
     plan = load_plan(case["plan_dir"])
@@ -236,7 +235,7 @@ def run_case(case: dict, rank: int, args, device, timer) -> list[dict]:
         conv[:, s] = _slot_values((L, *conv_shape), seed=args.seed, rank=rank, slot=s, salt=1, device=device, dtype=cdt)
     comp = torch.zeros((n_max + 1, R, *unit), dtype=tdt, device=device)
     comp_conv = torch.zeros((L, n_max + 1, *conv_shape), dtype=cdt, device=device)
-    ref = ReferenceOps()
+    ref = TorchOps()
     rows = []
     for n in args.n:
         slots = torch.arange(1, n + 1, dtype=torch.int64, device=device)
@@ -285,7 +284,7 @@ def run_case(case: dict, rank: int, args, device, timer) -> list[dict]:
                 dense = _slot_values((L, 1, H, lay.d_v, lay.d_k), seed=args.seed, rank=r, slot=j + 1, salt=0,
                                      device=device, dtype=tdt)
                 per_rank.append(ref.pack_units(layouts[r], dense, torch.zeros(1, dtype=torch.int64, device=device))[0])
-            expect = store_reference(per_rank, smap)[rank]
+            expect = store_all_ranks(per_rank, smap)[rank]
             store_ok &= _same_bits(storage[:t_r, j], expect[:t_r])
         rows.append({"name": case["name"], "w_max": case["w_max"], "n": n, "model_type": plan.model.model_type,
                      "unit_kind": plan.model.unit_kind, "layers": L, "heads_local": H, "unit": list(unit),
@@ -401,7 +400,7 @@ def section(args, gathered: list[dict], rows: list[dict], lines: list[str]) -> s
         "`load_all_to_all` (local copy of the kept prefix + one variable-split all-to-all, skipped when "
         "M_remote = 0). payload = M_remote x unit bytes x N. exact = on every rank the kernel pack equals the "
         "PyTorch pack, load after store equals the packed units, and the first / last slot's storage equals "
-        "`store_reference`, all bit for bit.",
+        "`store_all_ranks` (the single-process mapping), all bit for bit.",
         "",
         *lines,
         "",

@@ -1,6 +1,6 @@
 """The one plan reader of compiler and runtime (DESIGN.md "Plan artifact"): read, validate, verify.
 
-:func:`load_plan` is what ``dasc inspect`` and the runtime (``dasc_runtime.plan_io``) use. After the
+:func:`load_plan` is what ``dasc inspect`` and the runtime (``dasc_runtime.pool_install``, ``dasc_runtime.sizing``) use. After the
 pydantic validation it checks what the types cannot: the content hash, the plan's internal
 consistency (:func:`check_plan`: ragged offsets against kept counts, unit ids in range, totals and
 per-rank counts, unit bytes against :class:`~dasc_compile.schema.units.UnitSpec`) and, when the plan
