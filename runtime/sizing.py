@@ -51,6 +51,19 @@ __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_
 #: ``extra_buffer`` for Kimi-Linear / Qwen3-Next with the overlap scheduler; name it explicitly).
 STRATEGIES: tuple[str, ...] = ("extra_buffer", "extra_buffer_lazy", "no_buffer")
 _GIB = 2 ** 30
+#: Largest --dense-slots / --max-running-requests (SGLang sizes its pools with int32 indices).
+MAX_SLOTS = 2 ** 31
+#: Largest --budget per TP rank, bytes (1 PiB: far above any accelerator's memory).
+MAX_BUDGET_BYTES = 2 ** 50
+#: What "capacity" counts in each arm (printed under the ``dasc size`` table).
+CAPACITY_LEGEND = ("capacity = cached states an arm can hold: dense its M native slots; int8 its INT8 pool "
+                   "alone (SGLang commits every cached state there); dasc arms native + compressed pool")
+
+
+def _check_count(flag: str, value, limit: int = MAX_SLOTS) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise DascInputError(f"{flag}: expected an integer >= 1 and <= {limit} (2**{limit.bit_length() - 1}), "
+                             f"got {value!r}")
 
 
 def slots_per_running_request(strategy: str, *, overlap_schedule: bool = True) -> int:
@@ -226,15 +239,19 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     Returns:
         one :class:`ArmSizing` per arm, in the order asked.
     Raises:
-        DascInputError: R < 1, both or neither of M and budget, M < k * R (Dense could not run R),
+        DascInputError: R or M outside [1, 2**31], a budget outside [1, 2**50] bytes, both or neither
+            of M and budget, M < k * R (Dense could not run R),
             no pool slot fits, an unknown arm or strategy.
     """
     k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
     r = max_running_requests
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise DascInputError(f"--max-running-requests: expected an integer >= 1, got {r!r}")
+    _check_count("--max-running-requests", r)
     if (dense_slots is None) == (budget_bytes is None):
         raise DascInputError("give exactly one of --dense-slots M and --budget BYTES")
+    if dense_slots is not None:
+        _check_count("--dense-slots", dense_slots)
+    else:
+        _check_count("--budget", budget_bytes, MAX_BUDGET_BYTES)
     b_dense = int(plan.tp.bytes_dense_per_slot)
     m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     m_native = k * r
@@ -314,16 +331,24 @@ _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 2 *
 
 
 def parse_bytes(text: str) -> int:
-    """``"2147483648"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB are powers of 10, KiB/MiB/GiB of 2).
+    """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB are powers of 10,
+    KiB/MiB/GiB of 2). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
 
     Raises:
-        DascInputError: not a positive size.
+        DascInputError: not a positive whole number of bytes, or above 2**50 (one line).
     """
-    mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    from decimal import Decimal
+
+    mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]*)\s*", str(text))
     unit = mt.group(2).lower() if mt else None
-    if mt is None or unit not in _UNITS or float(mt.group(1)) * _UNITS[unit] < 1:
-        raise DascInputError(f"--budget: expected a positive size in bytes such as 2147483648 or 2GiB, got {text!r}")
-    return int(float(mt.group(1)) * _UNITS[unit])
+    if mt is None or unit not in _UNITS:
+        raise DascInputError(f"--budget: expected a positive size in bytes such as 2147483648, 1e9 or 2GiB, got {text!r}")
+    value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
+    if value != value.to_integral_value():
+        raise DascInputError(f"--budget: {text!r} is not a whole number of bytes")
+    if not 1 <= value <= MAX_BUDGET_BYTES:
+        raise DascInputError(f"--budget: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
+    return int(value)
 
 
 def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_slots: Optional[int] = None,
@@ -373,6 +398,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
         out.write(f"{a.arm:>{w}}: native {a.native_slots:>5}, pool {pool:>18}, capacity {a.capacity:>5} "
                   f"({a.capacity / m:.2f}x Dense), C_ckpt {a.c_ckpt:.2f}, used {a.used_bytes / _GIB:.3f} GiB\n")
         out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")
+    out.write(CAPACITY_LEGEND + "\n")
     if any(a.kind == "dasc" and a.plan is None for a in arms):
         flip = "--int8" if not plan.policy.int8 else "--no-int8"
         out.write(f"{{plan}}: compile the same model with --wmax {plan.policy.w_max} {flip} and pass it as "

@@ -188,6 +188,21 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
         assert sizing.size_arms(plan, max_running_requests=8, budget_bytes=b) == by_m
     assert sizing.parse_bytes("2GiB") == 2 ** 31 and sizing.parse_bytes("1.5 GB") == 1_500_000_000
     assert sizing.parse_bytes("2822144000") == 65 * B_DENSE
+    assert sizing.parse_bytes("1e9") == sizing.parse_bytes("1GB") == 10 ** 9
+    assert sizing.parse_bytes("8GiB") == 8 * 2 ** 30 and sizing.parse_bytes("2.5e3") == 2500
+    assert sizing.parse_bytes(str(2 ** 50)) == 2 ** 50
+
+
+@pytest.mark.parametrize("text,match", [
+    ("1.5", "not a whole number of bytes"), ("1e-3", "not a whole number of bytes"),
+    ("1.3KiB", "not a whole number of bytes"), ("0", "expected a size >= 1 byte"),
+    (str(2 ** 50 + 1), "<= 2\\*\\*50 bytes"), ("2e15", "<= 2\\*\\*50 bytes"), ("1e999", "<= 2\\*\\*50"),
+    ("1e9999", "expected a positive size"), ("8 parsecs", "expected a positive size"), ("-5", "expected a positive"),
+])
+def test_budget_text_is_a_whole_bounded_byte_count(text, match):
+    with pytest.raises(DascInputError, match=match) as e:
+        sizing.parse_bytes(text)
+    assert "\n" not in str(e.value) and str(e.value).startswith("--budget")
 
 
 def test_larger_w_max_gives_more_capacity(kimi):
@@ -204,6 +219,11 @@ def test_larger_w_max_gives_more_capacity(kimi):
     (dict(max_running_requests=8, dense_slots=40), "no SGLang INT8 checkpoint slot fits"),
     (dict(max_running_requests=8, dense_slots=64, strategy="auto"), "mamba-radix-cache-strategy"),
     (dict(max_running_requests=8, budget_bytes=B_DENSE), "holds no dense slot"),
+    (dict(max_running_requests=8, dense_slots=-1), r"--dense-slots: expected an integer >= 1 and <= 2147483648"),
+    (dict(max_running_requests=8, dense_slots=2 ** 31 + 1), r"--dense-slots: expected an integer >= 1"),
+    (dict(max_running_requests=2 ** 31 + 1, dense_slots=64), r"--max-running-requests: expected an integer >= 1"),
+    (dict(max_running_requests=8, dense_slots=64.0), r"--dense-slots: expected an integer"),
+    (dict(max_running_requests=8, budget_bytes=2 ** 50 + 1), r"--budget: expected an integer >= 1"),
 ])
 def test_bad_sizes_are_one_line_errors(kimi, kw, match):
     with pytest.raises(DascInputError, match=match) as e:
@@ -225,6 +245,13 @@ def test_dasc_size_prints_every_arm_and_json(kimi):
         assert any(ln.strip().startswith(f"{arm}: native") for ln in r.output.splitlines()), arm
     assert f"--dasc-plan {kimi['w16-int8']} --dasc-pool-slots" in r.output
     assert "--int8-mamba-ckpt-size 83" in r.output and "{plan}" not in r.output
+    # one legend says what capacity counts per arm: int8 its pool alone (83 here), dasc native + pool
+    assert r.output.count(sizing.CAPACITY_LEGEND) == 1
+    assert "int8 its INT8 pool alone (SGLang commits every cached state there)" in sizing.CAPACITY_LEGEND
+    assert "dasc arms native + compressed pool" in sizing.CAPACITY_LEGEND
+    arms = {a.arm: a for a in sizing.size_arms(load_plan(kimi["w16"]), max_running_requests=8, dense_slots=64)}
+    assert arms["int8"].capacity == arms["int8"].ckpt_slots == 83
+    assert arms["dasc-nr-w16"].capacity == arms["dasc-nr-w16"].native_slots + arms["dasc-nr-w16"].ckpt_slots
     j = runner.invoke(app, ["size", str(kimi["w16"]), "--budget", str(65 * B_DENSE), "--max-running-requests", "8",
                             "--json"])
     assert j.exit_code == 0
@@ -240,6 +267,10 @@ def test_dasc_size_prints_every_arm_and_json(kimi):
     (["--dense-slots", "64", "--max-running-requests", "8", "--mamba-radix-cache-strategy", "nope"], "expected one of"),
     (["--dense-slots", "64", "--max-running-requests", "8", "--pair-plan", "W64"], "--pair-plan"),
     (["--dense-slots", "x", "--max-running-requests", "8"], "dense-slots"),
+    (["--dense-slots", "-1", "--max-running-requests", "8"], "--dense-slots: expected an integer >= 1"),
+    (["--dense-slots", "99999999999999999999", "--max-running-requests", "8"], "<= 2147483648"),
+    (["--budget", "1e60", "--max-running-requests", "8"], "<= 2**50 bytes"),
+    (["--budget", "0.5", "--max-running-requests", "8"], "not a whole number of bytes"),
 ])
 def test_dasc_size_bad_input_is_one_error_line_exit_2(kimi, args, match):
     args = [str(kimi["w64"]) if a == "W64" else a for a in args]
