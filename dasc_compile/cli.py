@@ -75,7 +75,10 @@ def compile_cmd(
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
         _fail(exc)
-    for line in plan_warnings(plan):
+    from dasc_compile.cli_exit import note_written
+
+    note_written(path)   # a later stdout error or Ctrl-C says the plan is complete
+    for line in plan_warnings(plan) + _policy_family_warnings(policy, plan.model.family):
         err.print(f"warning: {line}", markup=False)
     con = Console(highlight=False, soft_wrap=True)   # one line per message: never wrapped into two
     if quiet:
@@ -91,6 +94,20 @@ def compile_cmd(
 
     if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which
         con.print(f"note: decay values not trained; provenance: {plan.model.provenance}", markup=False)
+
+
+def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
+    """A policy file named after another decay family than the model's (``gdn.yaml`` on a KDA model):
+    one warning line. Policy files carry no family key, so their name is the only hint."""
+    from typing import get_args
+
+    from dasc_compile.policy import FamilyName
+
+    if policy is None or policy.stem not in get_args(FamilyName) or policy.stem == family:
+        return []
+    hint = f" (plans/policies/{family}.yaml holds this family's)" if family in get_args(FamilyName) else ""
+    return [f"{policy}: this policy file is named for family '{policy.stem}' but the model is '{family}'; "
+            f"its defaults (w_max, a_s) may not suit it{hint}"]
 
 
 @app.command("inspect")
@@ -154,6 +171,9 @@ def reference_cmd(
                 name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)
+    from dasc_compile.cli_exit import note_written
+
+    note_written(out)
     Console().print(f"wrote {out}", markup=False)
 
 

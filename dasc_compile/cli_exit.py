@@ -13,6 +13,11 @@ SIGINT (Ctrl-C) / SIGTERM              ``error: interrupted (SIGINT)``          
 anything else (a bug)                  ``error: internal error (<type>: <message>) ...``       1
 =====================================  ======================================================  ======
 
+A command that has finished writing its output directory calls :func:`note_written`; if stdout then
+fails or a signal arrives, the ``error:`` line goes on to say that PATH was written completely and
+only the summary was lost (``...; PATH was written completely, only the summary was not printed``).
+The status stays 2 / 130 / 143: what was asked for on stdout was not delivered.
+
 A closed stdout is not an error, as for other Unix filters: later output is discarded and the
 exit status is the one the command would have had (0 when ``dasc compile ... | true`` wrote its plan).
 Setting ``DASC_TRACEBACK=1`` prints the traceback of an internal error as well.
@@ -29,7 +34,25 @@ from typing import Callable
 
 from dasc_compile.errors import DascInputError, short_text
 
-__all__ = ["Interrupted", "StdoutGuard", "run_guarded"]
+__all__ = ["Interrupted", "StdoutGuard", "note_written", "run_guarded"]
+
+#: Output paths the running command has written completely (reset by each :func:`run_guarded`).
+_written: list[str] = []
+
+
+def note_written(path) -> None:
+    """Record that ``path`` (a plan or checkpoint directory) is complete on disk.
+
+    An ``error:`` line that follows (stdout full, SIGINT / SIGTERM) then says so instead of leaving
+    the user to guess whether the output is whole.
+    """
+    _written.append(str(path))
+
+
+def _written_note() -> str:
+    if not _written:
+        return ""
+    return f"; {', '.join(_written)} was written completely, only the summary was not printed"
 
 
 class Interrupted(BaseException):
@@ -149,18 +172,19 @@ def run_guarded(body: Callable[[], int]) -> int:
     saved_stdout = sys.stdout
     sys.stdout = guard
     old_handlers = _install_handlers()
+    _written.clear()
     try:
         try:
             rc = body()
             guard.flush()
         except Interrupted as exc:
-            _say(f"error: interrupted ({exc.name})")
+            _say(f"error: interrupted ({exc.name}){_written_note()}")
             rc = 128 + exc.signum
         except KeyboardInterrupt:
-            _say("error: interrupted (SIGINT)")
+            _say(f"error: interrupted (SIGINT){_written_note()}")
             rc = 130
         except DascInputError as exc:
-            _say(f"error: {exc}")
+            _say(f"error: {exc}{_written_note() if isinstance(exc, _StdoutError) else ''}")
             rc = 2
         except SystemExit as exc:
             rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -98,7 +98,7 @@ def check_servable(plan: Plan) -> None:
 def plan_warnings(plan: Plan) -> list[str]:
     """Things about a valid plan that its user should know, one line each (printed on stderr by the CLI).
 
-    Nothing kept (every hit restores a zero temporal state); a balance mode at TP size 1 (it changes
+    Nothing kept (every hit restores a zero temporal state); w_max 0 (everything kept); a balance mode at TP size 1 (it changes
     nothing); plan features this dasc's runtime refuses to serve (hybrid balancing: ``dasc_runtime.verify.
     check_plan_supported``; ``tests/cli/test_user_messages.py`` keeps the two in step).
     """
@@ -109,6 +109,9 @@ def plan_warnings(plan: Plan) -> list[str]:
         out.append(f"nothing is kept: no unit has a retention horizon above w_max = {pol.w_max} tokens (longest "
                    f"{longest:.4g}); a compressed checkpoint holds only the conv state and every hit restores a zero "
                    f"temporal state")
+    if pol.w_max == 0 and t.n_units > 0:
+        out.append(f"w_max 0 keeps every unit (no compression): every unit with a positive retention horizon is "
+                   f"global (kept {t.n_kept}/{t.n_units}, C_ckpt {t.c_ckpt:.2f}x); give --wmax W > 0 to compress")
     if pol.balance != "off" and pol.tp_size == 1:
         out.append(f"balance '{pol.balance}' changes nothing at TP size 1 (one rank holds every unit); pass --tp P "
                    f"to balance across P ranks")

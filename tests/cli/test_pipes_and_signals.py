@@ -80,7 +80,9 @@ def test_full_stdout_is_one_line_status_2(tmp_path, plan, gdn):
     # compile does its work (the plan is written whole), then reports that its summary could not be printed
     with open("/dev/full", "w") as full:
         r = dasc_proc("compile", gdn, "--wmax", 4, "--out", tmp_path / "p2", stdout=full, stderr=subprocess.PIPE)
-    assert r.returncode == 2 and r.stderr.strip() == "error: cannot write to standard output (No space left on device)"
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: cannot write to standard output (No space left on device); {tmp_path / 'p2'} was written "
+        f"completely, only the summary was not printed"), r.stderr
     from dasc_compile.schema import load_plan
 
     assert load_plan(tmp_path / "p2").policy.w_max == 4
@@ -279,3 +281,28 @@ def test_real_ctrl_c_leaves_the_old_or_the_new_plan(tmp_path, gdn):
         if w == 4:   # put the old plan back for the next round
             assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
     print("outcomes (status, w_max at --out):", sorted(seen))
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_after_reference_is_written_says_the_output_is_complete(tmp_path, monkeypatch, sig, code):
+    import dasc_compile.cli_exit as cx
+
+    orig = cx.note_written
+
+    def written_then_killed(path):   # the signal lands after the directory is in place
+        orig(path)
+        os.kill(os.getpid(), sig)
+
+    monkeypatch.setattr(cx, "note_written", written_then_killed)
+    out = tmp_path / "ref"
+    r = dasc("reference", "kimi-linear-48b-a3b-calibrated", "--out", out)
+    assert_one_error(r, f"interrupted ({signal.Signals(sig).name}); {out} was written completely", code=code)
+    assert (out / "config.json").is_file() and _leftovers(tmp_path, "ref") == []
+    # a signal before anything is written says nothing of the kind
+    monkeypatch.setattr(cx, "note_written", orig)
+    import dasc_compile.calibrated as cal
+
+    _kill_self_when_called(monkeypatch, cal, "write_calibrated", sig)
+    r = dasc("reference", "kimi-linear-48b-a3b-calibrated", "--out", tmp_path / "ref2")
+    line = assert_one_error(r, f"interrupted ({signal.Signals(sig).name})", code=code)
+    assert "written" not in line and not (tmp_path / "ref2").exists()

@@ -140,3 +140,26 @@ def test_budget_refusal_matches_the_runtime_sizing(tmp_path, gdn):
         except DascInputError:
             runtime_ok = False
         assert (r.code == 0) == runtime_ok, (budget, r.err)
+
+
+def test_w_max_0_keeps_every_unit_and_says_so(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", 0, "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    (w,) = _warnings(r)
+    assert w.startswith("warning: w_max 0 keeps every unit (no compression)") and "kept 4/4" in w, w
+    assert "kept 4/4 units" in r.out and "C_ckpt 1.00x" in r.out
+    assert dasc("compile", gdn, "--wmax", 1, "--out", tmp_path / "q").err == ""   # w_max 1 is not warned about
+
+
+def test_policy_file_of_another_family_is_warned_about(tmp_path, gdn, kda):
+    from tests.support.clihelp import ROOT
+
+    r = dasc("compile", kda, "--policy", ROOT / "plans" / "policies" / "gdn.yaml", "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    (w,) = _warnings(r)
+    assert "named for family 'gdn' but the model is 'kda'" in w and "plans/policies/kda.yaml" in w, w
+    ok = dasc("compile", gdn, "--policy", ROOT / "plans" / "policies" / "gdn.yaml", "--out", tmp_path / "q")
+    assert ok.code == 0 and ok.err == ""
+    (tmp_path / "mine.yaml").write_text("w_max: 16\n")   # a name that is no family: nothing to say
+    own = dasc("compile", kda, "--policy", tmp_path / "mine.yaml", "--out", tmp_path / "s")
+    assert own.code == 0 and own.err == ""
