@@ -223,7 +223,7 @@ def size_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the arms as one JSON list."),
 ) -> None:
     """Native and compressed slots, capacity and SGLang flags of every arm at equal state memory (App. C.1)."""
-    from dasc_runtime.sizing import size_command
+    from dasc_runtime.size_report import size_command
 
     try:
         size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,

@@ -27,7 +27,7 @@ from dasc_compile.cli import app
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
-from dasc_runtime import sizing
+from dasc_runtime import size_report, sizing
 from dasc_compile.schema import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,11 +186,11 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
     by_m = sizing.size_arms(plan, max_running_requests=8, dense_slots=64)
     for b in (65 * B_DENSE, 66 * B_DENSE - 1):
         assert sizing.size_arms(plan, max_running_requests=8, budget_bytes=b) == by_m
-    assert sizing.parse_bytes("2GiB") == 2 ** 31 and sizing.parse_bytes("1.5 GB") == 1_500_000_000
-    assert sizing.parse_bytes("2822144000") == 65 * B_DENSE
-    assert sizing.parse_bytes("1e9") == sizing.parse_bytes("1GB") == 10 ** 9
-    assert sizing.parse_bytes("8GiB") == 8 * 2 ** 30 and sizing.parse_bytes("2.5e3") == 2500
-    assert sizing.parse_bytes(str(2 ** 50)) == 2 ** 50
+    assert size_report.parse_bytes("2GiB") == 2 ** 31 and size_report.parse_bytes("1.5 GB") == 1_500_000_000
+    assert size_report.parse_bytes("2822144000") == 65 * B_DENSE
+    assert size_report.parse_bytes("1e9") == size_report.parse_bytes("1GB") == 10 ** 9
+    assert size_report.parse_bytes("8GiB") == 8 * 2 ** 30 and size_report.parse_bytes("2.5e3") == 2500
+    assert size_report.parse_bytes(str(2 ** 50)) == 2 ** 50
 
 
 @pytest.mark.parametrize("text,match", [
@@ -201,7 +201,7 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
 ])
 def test_budget_text_is_a_whole_bounded_byte_count(text, match):
     with pytest.raises(DascInputError, match=match) as e:
-        sizing.parse_bytes(text)
+        size_report.parse_bytes(text)
     assert "\n" not in str(e.value) and str(e.value).startswith("--budget")
 
 

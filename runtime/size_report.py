@@ -1,0 +1,98 @@
+"""``dasc size PLAN``: the text / JSON report of every serving arm's slots, capacity and SGLang flags at
+equal state memory (paper App. C.1), and the byte-size parser of its ``--budget``.
+
+The sizing itself is :mod:`dasc_runtime.sizing` (one place); this module only reads the command's
+inputs and prints what :func:`dasc_runtime.sizing.size_arms` computed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict
+from typing import Optional
+
+from dasc_compile.schema import DascInputError, load_plan
+from dasc_runtime.sizing import (CAPACITY_LEGEND, MAX_BUDGET_BYTES, GIB, compressed_bytes_per_slot,
+                                 size_arms, slots_per_running_request)
+
+__all__ = ["parse_bytes", "size_command"]
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB are powers of 10,
+    KiB/MiB/GiB of 2). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
+
+    Raises:
+        DascInputError: not a positive whole number of bytes, or above 2**50 (one line).
+    """
+    from decimal import Decimal
+
+    mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]*)\s*", str(text))
+    unit = mt.group(2).lower() if mt else None
+    if mt is None or unit not in _UNITS:
+        raise DascInputError(f"--budget: expected a positive size in bytes such as 2147483648, 1e9 or 2GiB, got {text!r}")
+    value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
+    if value != value.to_integral_value():
+        raise DascInputError(f"--budget: {text!r} is not a whole number of bytes")
+    if not 1 <= value <= MAX_BUDGET_BYTES:
+        raise DascInputError(f"--budget: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
+    return int(value)
+
+
+def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_slots: Optional[int] = None,
+                 budget: Optional[str] = None, strategy: str = "extra_buffer", overlap_schedule: bool = True,
+                 pair_plan: Optional[str] = None, as_json: bool = False, out=None) -> None:
+    """``dasc size PLAN``: print every arm's slots, capacity and SGLang flags (module docstring).
+
+    Args:
+        plan_path: the plan directory or plan.json; pair_plan: the same selection compiled with the
+            other INT8 setting (same model, w_max and kept units), named in that arm's flags.
+        max_running_requests, dense_slots, budget (a size string), strategy, overlap_schedule: see
+            :func:`size_arms`. as_json: print one JSON document (a list of arms) instead of text.
+    Raises:
+        DascInputError: a bad plan, a pair plan that differs, or sizes that do not fit (one line).
+    """
+    out = out or sys.stdout
+    if max_running_requests is None:
+        raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
+    plan = load_plan(plan_path)
+    if pair_plan is not None:
+        other = load_plan(pair_plan)
+        same = (other.fingerprint == plan.fingerprint and other.policy.w_max == plan.policy.w_max
+                and [lp.kept_units for lp in other.layers] == [lp.kept_units for lp in plan.layers])
+        if not same or bool(other.policy.int8) == bool(plan.policy.int8):
+            raise DascInputError(f"--pair-plan {pair_plan}: expected the same model, w_max and kept units as "
+                                 f"{plan_path} with int8={not plan.policy.int8}")
+        if compressed_bytes_per_slot(plan, int8=other.policy.int8) != other.tp.bottleneck_bytes_per_slot:
+            raise DascInputError(f"--pair-plan {pair_plan}: its bytes per compressed slot differ from the same units "
+                                 f"of {plan_path} at int8={other.policy.int8}")
+    arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,
+                     budget_bytes=None if budget is None else parse_bytes(budget), strategy=strategy,
+                     overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan)
+    if as_json:
+        out.write(json.dumps([asdict(a) for a in arms], indent=1) + "\n")
+        return
+    k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
+    b = arms[0].budget_bytes
+    out.write(f"plan {plan_path}: {plan.model.model_type}, w_max {plan.policy.w_max}, TP {plan.tp.tp_size} "
+              f"(bytes per TP rank), {plan.model.provenance}\n")
+    out.write(f"budget {b} B ({b / GIB:.3f} GiB) = Dense's {arms[0].native_slots} + 1 native slots x "
+              f"{arms[0].bytes_native_slot} B; every arm runs {max_running_requests} requests "
+              f"({strategy}: {k} native slots a request, so M' = {k * max_running_requests})\n")
+    w = max(len(a.arm) for a in arms)
+    m = b // arms[0].bytes_native_slot - 1
+    for a in arms:
+        pool = f"{a.ckpt_slots} x {a.bytes_ckpt_slot} B" if a.ckpt_slots else "-"
+        out.write(f"{a.arm:>{w}}: native {a.native_slots:>5}, pool {pool:>18}, capacity {a.capacity:>5} "
+                  f"({a.capacity / m:.2f}x Dense), C_ckpt {a.c_ckpt:.2f}, used {a.used_bytes / GIB:.3f} GiB\n")
+        out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")
+    out.write(CAPACITY_LEGEND + "\n")
+    if any(a.kind == "dasc" and a.plan is None for a in arms):
+        flip = "--int8" if not plan.policy.int8 else "--no-int8"
+        out.write(f"{{plan}}: compile the same model with --wmax {plan.policy.w_max} {flip} and pass it as "
+                  f"--pair-plan to check it\n")
