@@ -21,7 +21,7 @@ import numpy as np
 
 from dasc_compile.errors import DascInputError
 from dasc_compile.plan_views import by_rank, fmt_ratio, is_initialisation_draw, retained_fraction_matrix
-from dasc_compile.provenance import figure_label
+from dasc_compile.provenance import figure_label, figure_line
 from dasc_compile.schema import Plan
 
 __all__ = ["plot_plan"]
@@ -55,8 +55,9 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
     units, pooled over layers, on a log-x axis over ``plan.horizon_bin_edges`` with W_max
     marked; (3) when ``tp_size > 1``, bytes per slot on each rank for the contiguous / compute /
     storage stages with the bottleneck rank marked (App. B.1, Fig. 9). A footer under the panels carries
-    the provenance label (:func:`dasc_compile.provenance.figure_label`) whenever the decay values are
-    not trained weights: initialisation draw, paper-calibrated, or real A_log plus synthetic dt_bias.
+    the provenance line: in red capitals (:func:`dasc_compile.provenance.figure_label`) when the decay values
+    are not trained weights (initialisation draw, paper-calibrated, real A_log plus synthetic dt_bias), else
+    ``"trained weights: <note>"`` (:func:`dasc_compile.provenance.figure_line`).
 
     Raises:
         DascInputError: the PNG cannot be written (missing directory, permissions), or a layer's
@@ -158,13 +159,15 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
 
     title = f"dasc plan: {plain(plan.model.model_type)} ({plan.model.family}, {len(layer_ids)} recurrent layers)"
     fig.suptitle(title, fontsize=12, fontweight="bold")
+    import textwrap
+
     label = figure_label(plan.model.provenance)
     if label is not None:   # every generated decay source is named on the figure itself
-        import textwrap
-
         tail = " - these figures describe no trained model" if is_initialisation_draw(plan) else ""
         note = textwrap.fill(f"{label.upper()}. provenance: {plain(plan.model.provenance)}{tail}", width=150)
         fig.supxlabel(note, color="crimson", fontsize=9, fontweight="bold")  # constrained layout makes room
+    else:                   # trained weights are named too, so no figure goes out without its source
+        fig.supxlabel(textwrap.fill(plain(figure_line(plan.model.provenance, width=300)), width=150), fontsize=9)
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:

