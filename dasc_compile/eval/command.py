@@ -303,10 +303,11 @@ def render(doc: dict, con: Console) -> None:
               f"layers); provenance: {m['provenance']}", markup=False)
     if "table_1b" in doc:
         n_layers = len(m["recurrent_layer_ids"])
-        t = Table(title=f"Table 1(b): Spearman correlation across units of static horizon H_s with observed "
-                        f"H_e and M_S, one per (prefix, layer): {doc['protocol']['n_prefixes']} prefixes x "
-                        f"{n_layers} layers", title_justify="left")
-        for c in ("pair", "median Spearman", "IQR [q25, q75]", "n (prefix, layer)"):
+        con.print(f"Table 1(b): Spearman correlation across units of the static horizon H_s with the observed "
+                  f"H_e and M_S, one per (prefix, layer) pair; median and IQR over the "
+                  f"{doc['protocol']['n_prefixes']} prefixes x {n_layers} layers", markup=False)
+        t = Table()
+        for c in ("pair", "median Spearman", "IQR (q25, q75)", "n pairs (prefix, layer)"):
             t.add_column(c)
         for key, name in (("hs_he", "H_s, H_e"), ("hs_ms", "H_s, M_S")):
             r = doc["table_1b"][key]
