@@ -95,7 +95,7 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
         return result
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 
-    from dasc_runtime.startup_checks import check_hooks, check_serving_options
+    from dasc_runtime.startup_checks import check_hooks
     from dasc_runtime.verify import DascRefusal, check_server_args
 
     check_hooks(HOOKS)
@@ -104,8 +104,7 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
     a = bound.arguments
     sa = published_server_args()
     if sa is not None:
-        check_server_args(sa)
-        check_serving_options(sa, load_plan_once(settings))
+        check_server_args(sa, load_plan_once(settings))
     if a.get("mamba_envelope_layout"):
         raise DascRefusal("page-major (envelope) Mamba state layout is not supported")
     if a.get("enable_linear_replayssm") or a.get("enable_linear_replayssm_spec"):
@@ -123,7 +122,7 @@ def after_load_model(result, runner, *args, **kwargs):
     if not settings.active or getattr(runner, "is_draft_worker", False):
         return result
     from dasc_runtime.installed import INSTALLED
-    from dasc_runtime.startup_checks import check_hooks, check_serving_options
+    from dasc_runtime.startup_checks import check_hooks
     from dasc_runtime.verify import check_model_type, check_plan_supported, check_server_args, check_sglang_version
     from dasc_runtime.weight_updates import check_served_weights
 
@@ -132,10 +131,9 @@ def after_load_model(result, runner, *args, **kwargs):
     check_sglang_version(getattr(sglang, "__version__", "unknown"))
     check_hooks(HOOKS)
     sa = getattr(runner, "server_args", None) or published_server_args()
-    check_server_args(sa)
     plan = load_plan_once(settings)
+    check_server_args(sa, plan)
     check_plan_supported(plan)
-    check_serving_options(sa, plan)
     hf = runner.model_config.hf_config
     check_model_type(plan, getattr(hf, "model_type", "?"), getattr(hf, "architectures", None) or ())
     hit = check_served_weights(runner, plan, settings)

@@ -12,36 +12,9 @@ raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
 * :func:`check_component`: after SGLang built its tree cache (AFTER ``kv_cache_builder.
   build_kv_cache``, :func:`after_build_kv_cache`), the cache's Mamba component is dasc's
   :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool;
-* :func:`check_serving_options`: server options neither served nor tested with dasc, each refused
-  with the flag that turns it off (list below), and storage-balanced plans under overlap scheduling.
 
-Refused options (item 11) and why:
-
-==================================  ===============================================================
-``--mamba-radix-cache-strategy      its second ping-pong slot is allocated and freed on demand by
-extra_buffer_lazy``                 SGLang's batch result processor (``mamba_lazy_*``), a path
-                                    dasc's insertion (which donates / packs that slot) is not tested
-                                    on; ``extra_buffer`` (SGLang's default) and ``no_buffer`` are
-``--enable-mixed-chunk``            a MIXED batch joins decode requests to the hit batch whose
-                                    copy-on-write and dasc-wr refresh dasc plans; not tested
-``--enable-dp-attention``           each DP rank schedules its own requests while the tier agreement
-                                    and the decay fingerprint gather run on the attention-TP group;
-                                    not tested
-``--enable-memory-saver``           it releases and restores SGLang's tagged allocations; the dasc
-                                    pool is allocated outside them, so a release would keep it and a
-                                    resume would not restore what it held
-==================================  ===============================================================
-
-``--mamba-max-states-per-path`` is served: SGLang's path cap evicts interior states through the
-component's ``evict_component``, which frees either tier (tested in ``tests/runtime/``).
-
-Storage balancing under overlap scheduling (item 9): a storage-balanced pack is an all-to-all on
-the attention-TP group issued on the scheduler's current stream. With SGLang's overlap scheduler
-that is the schedule stream, while the previous batch's forward, and its TP collectives, may still
-run on the forward stream: the two streams' collectives could interleave differently on different
-ranks (a cross-rank deadlock). Without overlap scheduling the scheduler thread issues cache work and
-forwards on one stream in one order, the same on every rank. So a storage-balanced plan at TP > 1
-is refused unless ``--disable-overlap-schedule`` is given.
+The refused server options (item 11) and their reasons live with the other option checks in
+:func:`dasc_runtime.verify.check_server_args`.
 """
 
 from __future__ import annotations
@@ -49,7 +22,7 @@ from __future__ import annotations
 import pkgutil
 from typing import Iterable
 
-__all__ = ["check_hooks", "hook_problems", "check_component", "check_serving_options", "after_build_kv_cache"]
+__all__ = ["check_hooks", "hook_problems", "check_component", "after_build_kv_cache"]
 
 
 def _resolve(target: str):
@@ -133,38 +106,6 @@ def check_component(tree_cache, dpool) -> None:
     if comp.dpool is not dpool:
         raise DascRefusal(f"the two-tier component of SGLang's {kind} drives another pool than this process's "
                           f"dasc pool")
-
-
-def check_serving_options(sa, plan=None) -> None:
-    """Refuse the server options of the module docstring's table, and a storage-balanced plan at TP > 1
-    under overlap scheduling.
-
-    Args:
-        sa: SGLang's ``ServerArgs`` (attributes read with defaults, so a partial namespace works).
-        plan: the loaded plan, or None (then only the plan-independent options are checked).
-    Raises:
-        DascRefusal: one line naming every such option and the flag that turns it off.
-    """
-    from dasc_runtime.verify import DascRefusal
-
-    g = lambda name, default=None: getattr(sa, name, default)  # noqa: E731
-    bad = []
-    if g("mamba_radix_cache_strategy") == "extra_buffer_lazy":
-        bad.append("--mamba-radix-cache-strategy extra_buffer_lazy (use extra_buffer, SGLang's default, or "
-                   "no_buffer)")
-    if g("enable_mixed_chunk"):
-        bad.append("--enable-mixed-chunk (drop it)")
-    if g("enable_dp_attention"):
-        bad.append("--enable-dp-attention (not supported)")
-    if g("enable_memory_saver"):
-        bad.append("--enable-memory-saver (the dasc pool lies outside the memory it releases and restores)")
-    if plan is not None and plan.tp.balance == "storage" and plan.tp.tp_size > 1 \
-            and not g("disable_overlap_schedule", False):
-        bad.append(f"a storage-balanced plan at TP {plan.tp.tp_size} with overlap scheduling (its all-to-all "
-                   f"on the schedule stream could interleave with the forward's TP collectives differently "
-                   f"on each rank; add --disable-overlap-schedule, or recompile with --balance off)")
-    if bad:
-        raise DascRefusal("unsupported option(s): " + "; ".join(bad))
 
 
 def after_build_kv_cache(result, hooks: Iterable):

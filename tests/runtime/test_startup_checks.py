@@ -35,36 +35,36 @@ PREFIX = "dasc: refusing to start: unsupported option(s): "
      "--enable-memory-saver (the dasc pool lies outside the memory it releases and restores)"),
 ])
 def test_each_unserved_option_is_refused_with_one_line(field, value, line):
-    from dasc_runtime.startup_checks import check_serving_options
+    from dasc_runtime.verify import check_server_args
     from dasc_runtime.verify import DascRefusal
 
     with pytest.raises(DascRefusal) as info:
-        check_serving_options(SimpleNamespace(**{field: value}))
+        check_server_args(SimpleNamespace(**{field: value}))
     assert str(info.value) == PREFIX + line and "\n" not in str(info.value)
 
 
 def test_sglang_defaults_and_served_strategies_start():
     from sglang.srt.server_args import ServerArgs
 
-    from dasc_runtime.startup_checks import check_serving_options
+    from dasc_runtime.verify import check_server_args
 
-    check_serving_options(ServerArgs(model_path="dummy", page_size=1))
+    check_server_args(ServerArgs(model_path="dummy", page_size=1))
     for strategy in ("extra_buffer", "no_buffer", "auto"):
-        check_serving_options(SimpleNamespace(mamba_radix_cache_strategy=strategy, mamba_max_states_per_path=2))
+        check_server_args(SimpleNamespace(mamba_radix_cache_strategy=strategy, mamba_max_states_per_path=2))
 
 
 def test_several_unserved_options_are_named_in_one_line():
-    from dasc_runtime.startup_checks import check_serving_options
+    from dasc_runtime.verify import check_server_args
     from dasc_runtime.verify import DascRefusal
 
     with pytest.raises(DascRefusal, match=r"--enable-mixed-chunk \(drop it\); --enable-memory-saver"):
-        check_serving_options(SimpleNamespace(enable_mixed_chunk=True, enable_memory_saver=True))
+        check_server_args(SimpleNamespace(enable_mixed_chunk=True, enable_memory_saver=True))
 
 
 # ---------------------------------------------------------------- item 9: storage balancing x overlap
 
 def test_storage_plan_at_tp2_needs_overlap_scheduling_off(tmp_path):
-    from dasc_runtime.startup_checks import check_serving_options
+    from dasc_runtime.verify import check_server_args
     from dasc_runtime.verify import DascRefusal
 
     storage2, _, _ = compile_tiny(tmp_path, tp_size=2, balance="storage")
@@ -74,10 +74,10 @@ def test_storage_plan_at_tp2_needs_overlap_scheduling_off(tmp_path):
     no_overlap = SimpleNamespace(disable_overlap_schedule=True)
     with pytest.raises(DascRefusal, match="storage-balanced plan at TP 2 with overlap scheduling .*"
                                           "add --disable-overlap-schedule, or recompile with --balance off"):
-        check_serving_options(overlap, storage2)
-    check_serving_options(no_overlap, storage2)
-    check_serving_options(overlap, off2)          # no all-to-all
-    check_serving_options(overlap, storage1)      # TP 1: a storage map that moves nothing
+        check_server_args(overlap, storage2)
+    check_server_args(no_overlap, storage2)
+    check_server_args(overlap, off2)          # no all-to-all
+    check_server_args(overlap, storage1)      # TP 1: a storage map that moves nothing
 
 
 # ---------------------------------------------------------------- item 7: hooks and the component

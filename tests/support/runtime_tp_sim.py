@@ -12,7 +12,7 @@ all-to-all (``tp_transfer`` on the gloo group) on every store and load.
 :func:`run_ranks` spawns the ranks once and runs a list of runs in them (one process start-up,
 which dominates on 2 cores); each run is a dict ``name, cfg (Sim kwargs, tp_size default 2),
 seed, n_ops`` and optionally ``mutation`` (a ``runtime_mutations`` name, undone after the run) and
-``startup`` (also record ``startup_checks.check_serving_options`` for the plan with and without
+``startup`` (also record ``verify.check_server_args`` for the plan with and without
 overlap scheduling). It returns ``{run name: [(rank, status, detail), ...]}`` with status ``ok``
 (detail: counters), ``fail`` (the step, seed and first difference) or ``error`` (a traceback).
 """
@@ -35,13 +35,13 @@ def _free_port() -> int:
 
 
 def _startup(plan) -> dict:
-    from dasc_runtime.startup_checks import check_serving_options
+    from dasc_runtime.verify import check_server_args
     from dasc_runtime.verify import DascRefusal
 
     out = {}
     for overlap in (True, False):
         try:
-            check_serving_options(SimpleNamespace(disable_overlap_schedule=not overlap), plan)
+            check_server_args(SimpleNamespace(disable_overlap_schedule=not overlap), plan)
             out["overlap" if overlap else "no_overlap"] = "started"
         except DascRefusal as exc:
             out["overlap" if overlap else "no_overlap"] = str(exc)
