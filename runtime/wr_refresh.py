@@ -42,19 +42,24 @@ from __future__ import annotations
 import logging
 import os
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 __all__ = ["RefreshPass", "RefreshWork", "plan_refresh", "run_refresh", "around_deferred_cow", "refresh_copy_fn",
-           "check_pass"]
+           "check_pass", "dump_pass"]
 
 logger = logging.getLogger("dasc")
 
 # DASC_WR_CHECK=1: after each pass, check the copy on the device and log how far the pass's own kept
 # units are from the restored checkpoint's (0 when W = n_p: the pass then recomputes the whole prefix).
-_CHECK = os.environ.get("DASC_WR_CHECK", "0") == "1"
+# DASC_WR_DUMP=DIR (implies the check): also write the first DASC_WR_DUMP_MAX (default 4) passes'
+# refreshed states to DIR for an offline comparison against a PyTorch replay (benchmarks/wr_reference_check.py).
+_DUMP_DIR = os.environ.get("DASC_WR_DUMP", "")
+_DUMP_MAX = int(os.environ.get("DASC_WR_DUMP_MAX", "4") or 4)
+_CHECK = os.environ.get("DASC_WR_CHECK", "0") == "1" or bool(_DUMP_DIR)
+_DUMPED = [0]
 
 
 @dataclass
@@ -75,6 +80,8 @@ class RefreshPass:
     prefix: list
     windows: list
     dst: torch.Tensor
+    rids: list = field(default_factory=list)
+    ids: list = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -190,7 +197,10 @@ def plan_refresh(batch, cow_reqs: list, compressed: list) -> Optional[RefreshWor
         dst = torch.stack([req.mamba_pool_idx.reshape(()) for req, _, _ in group]).to(torch.int64)
         passes.append(RefreshPass(batch=sb, rows=list(budget.rows[:len(group)]),
                                   slots=list(budget.slots[:len(group)]), prefix=[r.prefix_indices for r in sb.reqs],
-                                  windows=[w for _, _, w in group], dst=dst))
+                                  windows=[w for _, _, w in group], dst=dst,
+                                  rids=[req.rid for req, _, _ in group],
+                                  ids=[list(req.full_untruncated_fill_ids[:n_p]) for req, n_p, _ in group]
+                                  if _DUMP_DIR else []))
     if not passes:
         return None
     work = RefreshWork(passes=passes)
@@ -246,7 +256,10 @@ def run_refresh(runner, work: RefreshWork) -> None:
         copy(scratch=temporal[:, s0:s0 + n], temporal=temporal, dst_slots=p.dst, unit_row=index.unit_row,
              local_heads=index.local_heads, check_slots=False)
         if _CHECK:
-            check_pass(dpool.layout, before, temporal[:, p.dst], temporal[:, s0:s0 + n], p)
+            out = check_pass(dpool.layout, before, temporal[:, p.dst], temporal[:, s0:s0 + n], p)
+            if _DUMP_DIR and _DUMPED[0] < _DUMP_MAX:
+                dump_pass(_DUMP_DIR, _DUMPED[0], dpool.layout, before, temporal[:, p.dst], p, out)
+                _DUMPED[0] += 1
         runner.token_to_kv_pool_allocator.free(p.batch.out_cache_loc)
         budget.counters.refreshed += n
         budget.counters.tokens += p.tokens
@@ -275,6 +288,36 @@ def check_pass(layout, before, after, scratch, p: RefreshPass) -> dict:
                 "max |scratch - checkpoint| over kept units %s", p.windows, n_p, out["kept_unchanged"],
                 out["local_copied"], ["%.3g" % v for v in out["kept_vs_scratch_max"]])
     return out
+
+
+def dump_pass(directory: str, k: int, layout, before, after, p: RefreshPass, check: dict) -> str:
+    """``DASC_WR_DUMP=DIR``: write pass ``k`` to ``DIR/pass-K.pt`` (``torch.save`` of a dict; a diagnostic
+    for a TP-1 server: the file name carries no rank).
+
+    Args:
+        layout: the rank layout; before / after: ``[L, n, H, d_v, d_k]`` active states of the hits
+            around ``refresh_copy`` (SGLang's ``temporal`` layout and dtype); p: the pass (with its
+            hits' ``rids`` and cached-prefix token ids ``ids``, each ``[n_p]``); check: :func:`check_pass`'s result.
+    Returns:
+        the file written. The dict holds ``after`` (on the CPU), ``kept_mask`` (bool ``[L, H, d_v, d_k]``,
+        True for a global unit), ``windows``, ``n_p``, ``rids``, ``ids``, ``check`` and
+        ``before_kept_equal`` (bool per hit: global units of ``after`` bit-identical to ``before``).
+    """
+    from pathlib import Path
+
+    from dasc_runtime.ops import flat_units, unflat_units
+
+    flat = flat_units(layout, torch.zeros_like(after[:, :1]))
+    flat[:, layout.kept_flat] = 1
+    mask = unflat_units(layout, flat)[:, 0] != 0
+    equal = [bool(torch.equal(after[:, i][mask], before[:, i][mask])) for i in range(after.shape[1])]
+    path = Path(directory) / f"pass-{k}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"after": after.detach().cpu(), "kept_mask": mask.cpu(), "windows": list(p.windows),
+                "n_p": [int(t.numel()) + w for t, w in zip(p.prefix, p.windows)], "rids": list(p.rids),
+                "ids": [list(map(int, x)) for x in p.ids], "check": check, "before_kept_equal": equal}, path)
+    logger.info("dasc-wr dump: %s (%d windows)", path, len(p.windows))
+    return str(path)
 
 
 def _starts(windows):

@@ -270,3 +270,33 @@ def test_device_check_reports_copy_and_kept_unit_distance(tmp_path):
     head0_kept = any(0 in units for units in lay.rank_units)
     assert out["kept_unchanged"] and out["local_copied"]
     assert out["kept_vs_scratch_max"] == [pytest.approx(0.5 if head0_kept else 0.0)]
+
+
+def test_device_dump_holds_refreshed_state_and_global_mask(tmp_path):
+    """``DASC_WR_DUMP``'s file (read by benchmarks/wr_reference_check.py): the refreshed state, a mask
+    that is True exactly on the plan's kept (global) units, and the bit-identity of those units."""
+    from dasc_runtime.ops import flat_units
+    from dasc_runtime.rank_layout import build_rank_layout
+    from dasc_runtime.torch_kernels import refresh_copy
+    from dasc_runtime.wr_refresh import RefreshPass, check_pass, dump_pass
+
+    plan, _, _ = compile_tiny(tmp_path, load_policy="wr")
+    temporal, _ = _states("gdn", seed=6)
+    lay = build_rank_layout(plan, 0, 1, temporal.shape[0])
+    before = temporal[:, 1:2].clone()
+    refresh_copy(scratch=temporal[:, 4:5], temporal=temporal, dst_slots=torch.tensor([1]),
+                 unit_row=lay.index.unit_row, local_heads=lay.index.local_heads)
+    p = RefreshPass(batch=None, rows=[9], slots=[4], prefix=[torch.zeros(12)], windows=[8], dst=torch.tensor([1]),
+                    rids=["r0"], ids=[list(range(20))])
+    out = check_pass(lay, before, temporal[:, 1:2], temporal[:, 4:5], p)
+    d = torch.load(dump_pass(str(tmp_path / "dump"), 0, lay, before, temporal[:, 1:2], p, out))
+    assert d["n_p"] == [20] and d["windows"] == [8] and d["rids"] == ["r0"] and d["ids"] == [list(range(20))]
+    assert torch.equal(d["after"], temporal[:, 1:2]) and d["before_kept_equal"] == [True]
+    flat_mask = flat_units(lay, d["kept_mask"].unsqueeze(1).float())[0]      # [L*U, *unit]
+    kept = torch.zeros(flat_mask.shape[0], dtype=torch.bool)
+    kept[lay.kept_flat] = True
+    assert bool((flat_mask.flatten(1) == 1).all(1).eq(kept).all()) and bool((flat_mask[~kept] == 0).all())
+    assert 0 < int(kept.sum()) < kept.numel()
+    before[:, 0][d["kept_mask"]] += 1.0                                         # a changed global unit is caught
+    assert dump_pass(str(tmp_path / "dump"), 1, lay, before, temporal[:, 1:2], p, out) and \
+        torch.load(tmp_path / "dump" / "pass-1.pt")["before_kept_equal"] == [False]
