@@ -72,7 +72,7 @@ start() {  # start LABEL PORT [flags...] in the background; its pid file appears
 stamp "start 6 servers, 4 s apart"
 start dense 31501;                                                          sleep 4
 start nr-w64 31502 --dasc-plan /tmp/plan-nr-w64.dasc "${NR[@]}";           sleep 4
-start wr-keep 31503 --dasc-plan /tmp/plan-wr-w0.dasc "${WRF[@]}";          sleep 4
+start wr-keep 31503 --dasc-plan /tmp/plan-wr-w0.dasc "${NR[@]}";  sleep 4   # no --dasc-refresh-slots: refused for a plan that runs no refresh
 for w in 16 64 128; do
   ( export DASC_WR_DUMP=$DUMPS/wr-w$w DASC_WR_DUMP_MAX=4
     start wr-w$w $((31500 + 4 + (w == 64) + 2 * (w == 128))) --dasc-plan /tmp/plan-wr-w$w.dasc "${WRF[@]}" )
