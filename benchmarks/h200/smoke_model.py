@@ -45,7 +45,9 @@ def write_checkpoint(config_path: str, out: str, *, shift: int = 0, seed: int = 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    # a CPU generator on every machine: the same seed gives the same weights on the H200 and on a
+    # CPU, so benchmarks/wr_reference_check.py can replay a device run's windows on a CPU
+    dev = "cpu"
     gen = torch.Generator(device=dev).manual_seed(seed)
     dt = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
     tensors = {}

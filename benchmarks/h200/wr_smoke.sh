@@ -55,7 +55,8 @@ for w, pol in ((64, "nr"), (0, "wr"), (16, "wr"), (64, "wr"), (128, "wr")):
     plan, path = compile_plan("/tmp/tiny", Policy(w_max=w, load_policy=pol), f"/tmp/plan-{pol}-w{w}.dasc",
                               with_kernels=True)
     lines.append(f"plan {path}: {pol} w_max={w} kept {plan.totals.n_kept}/{plan.totals.n_units} w_replay_cap "
-                 f"{plan.refresh.w_replay_cap} any_local {plan.refresh.any_local} content_hash {plan.content_hash}")
+                 f"{plan.refresh.w_replay_cap} any_local {plan.refresh.any_local} content_hash {plan.content_hash} "
+                 f"decay_sha256 {plan.fingerprint.decay_sha256} kept_units {[list(lp.kept_units) for lp in plan.layers]}")
 print("\n".join(lines))
 open(out, "w").write("\n".join(lines) + "\n")
 EOF
