@@ -11,6 +11,10 @@ and dasc pool slots, checkpoint capacity) lives in :mod:`dasc_runtime.sizing`, t
   :func:`plan_name` names. A ``-hostwait`` suffix runs the same arm with ``DASC_RECLAIM_WAIT=host``
   in the server's environment (the reclamation walk waits for pending demotions on the host
   instead of ordering the current stream after them), for an A/B of that synchronisation.
+* ``dasc-wr-wW`` (and ``...-int8``): dasc-wr (paper §4.2, Eq. 7), a plan compiled with
+  ``load_policy: wr`` (plan directory ``wW[-int8]-wr-tp{P}-off``). Its B refresh scratch slots
+  (``--dasc-refresh-slots B``, :mod:`dasc_runtime.wr_scratch`) are native slots, charged to the arm
+  (``B * b_dense`` fewer bytes for its compressed pool).
 
 Every arm's flags name ``--max-running-requests R`` and ``--mamba-radix-cache-strategy`` explicitly.
 Checkpoint capacity (the x axis of the figures): Dense M, INT8 C (SGLang 0.5.17 commits every
@@ -39,9 +43,16 @@ __all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "arm_plan_dir", 
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One arm. ``kind``: ``dense`` | ``int8`` (SGLang's INT8 pool) | ``dasc`` (dasc-nr, plan with
-    ``w_max`` and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``);
-    ``reclaim_wait``: the runtime's ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``, dasc arms only)."""
+    """One arm. ``kind``: ``dense`` | ``int8`` (SGLang's INT8 pool) | ``dasc`` (plan with ``w_max``
+    and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``);
+    ``reclaim_wait``: the runtime's ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``, dasc arms only);
+    ``load_policy``: the plan's ``load_policy``, ``nr`` (zero-fill) or ``wr`` (suffix refresh, dasc
+    arms only).
+
+    Raises:
+        DascInputError: a field outside these values, ``w_max`` on a non-dasc arm (or missing on a
+            dasc arm), ``host`` or ``wr`` on a non-dasc arm.
+    """
 
     name: str
     kind: str
@@ -49,6 +60,7 @@ class ArmSpec:
     int8: bool = False
     balance: str = "off"
     reclaim_wait: str = "stream"
+    load_policy: str = "nr"
 
     def __post_init__(self) -> None:
         if self.kind not in ("dense", "int8", "dasc"):
@@ -58,6 +70,9 @@ class ArmSpec:
         if self.reclaim_wait not in ("stream", "host") or (self.reclaim_wait == "host" and self.kind != "dasc"):
             raise DascInputError(f"arm {self.name!r}: reclaim_wait must be 'stream', or 'host' on a dasc arm, "
                                  f"got {self.reclaim_wait!r} on a {self.kind} arm")
+        if self.load_policy not in ("nr", "wr") or (self.load_policy == "wr" and self.kind != "dasc"):
+            raise DascInputError(f"arm {self.name!r}: load_policy must be 'nr', or 'wr' on a dasc arm, "
+                                 f"got {self.load_policy!r} on a {self.kind} arm")
 
 
 # paper §5.3: Dense, SGLang INT8, dasc-nr at four w_max, dasc-nr + INT8
@@ -72,28 +87,32 @@ DEFAULT_ARMS: tuple[ArmSpec, ...] = (
 )
 
 
-def plan_name(w_max: int, int8: bool = False, tp: int = 1, balance: str = "off") -> str:
-    """Directory name of a compiled plan, e.g. ``w128-int8-tp1-off``."""
-    return f"w{w_max}{'-int8' if int8 else ''}-tp{tp}-{balance}"
+def plan_name(w_max: int, int8: bool = False, tp: int = 1, balance: str = "off", load_policy: str = "nr") -> str:
+    """Directory name of a compiled plan, e.g. ``w128-int8-tp1-off``; a dasc-wr plan has ``-wr``
+    before the TP degree (``w16-wr-tp1-off``), a dasc-nr plan nothing."""
+    return f"w{w_max}{'-int8' if int8 else ''}{'-wr' if load_policy == 'wr' else ''}-tp{tp}-{balance}"
 
 
 def arm_plan_dir(arm: ArmSpec, plans: Path | str, tp: int = 1) -> Path:
     """``plans/<plan_name>`` of a dasc ``arm`` (the folder holding its ``plan.json``)."""
-    return Path(plans) / plan_name(arm.w_max, arm.int8, tp, arm.balance)
+    return Path(plans) / plan_name(arm.w_max, arm.int8, tp, arm.balance, arm.load_policy)
 
 
 def compile_hint(arm: ArmSpec, tp: int, out: Path | str) -> str:
     """The ``dasc compile`` command line (a string) that writes the plan a dasc ``arm`` needs to
-    ``out``: ``--balance storage`` for a storage arm, ``--policy INT8.yaml`` for an INT8 arm, with
-    a note after the command saying what that policy file holds.
+    ``out``: ``--balance storage`` for a storage arm, ``--policy INT8.yaml`` for an INT8 arm
+    (``--policy WR.yaml`` for a dasc-wr arm, INT8 or not), with a note after the command saying
+    what that policy file holds (``load_policy: wr``, ``int8: true``: :class:`dasc_compile.policy.Policy`).
 
     Raises:
         DascInputError: ``arm`` is not a dasc arm (Dense and INT8 need no plan of their own).
     """
     if arm.kind != "dasc":
         raise DascInputError(f"arm {arm.name!r}: only dasc arms are compiled from a plan, not {arm.kind!r}")
-    extra = (" --balance storage" if arm.balance == "storage" else "") + (" --policy INT8.yaml" if arm.int8 else "")
-    note = "; INT8.yaml holds 'int8: true'" if arm.int8 else ""
+    keys = ([("load_policy", "wr")] if arm.load_policy == "wr" else []) + ([("int8", "true")] if arm.int8 else [])
+    file = "WR.yaml" if arm.load_policy == "wr" else "INT8.yaml"
+    extra = (" --balance storage" if arm.balance == "storage" else "") + (f" --policy {file}" if keys else "")
+    note = f"; {file} holds " + " and ".join(f"'{k}: {v}'" for k, v in keys) if keys else ""
     return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}{note}"
 
 
@@ -106,9 +125,9 @@ def check_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
         plans: directory of compiled plans. tp: the TP degree P of the plan names.
     Raises:
         DascInputError: one line naming every missing plan directory (sorted by w_max, INT8,
-            balance), with the compile command of the first.
+            balance, load policy), with the compile command of the first.
     """
-    gone = [a for _, a in sorted({(a.w_max, a.int8, a.balance): a for a in arms if a.kind == "dasc"
+    gone = [a for _, a in sorted({(a.w_max, a.int8, a.balance, a.load_policy): a for a in arms if a.kind == "dasc"
                                   and not (arm_plan_dir(a, plans, tp) / "plan.json").is_file()}.items())]
     if gone:
         names = ", ".join(arm_plan_dir(a, plans, tp).name for a in gone)
@@ -124,6 +143,8 @@ class ArmLaunch:
     Attributes:
         flags: extra ``sglang.launch_server`` flags (the plan path is ``{plans}/{plan}``).
         native_slots: ``--max-mamba-cache-size``; ckpt_slots: INT8 or dasc pool slots (usable).
+        refresh_slots: dasc-wr's scratch slots B (``--dasc-refresh-slots``; 0 on other arms), inside
+            used_bytes.
         env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``).
         capacity: checkpoint capacity (slots), see the module docstring.
         budget_bytes / used_bytes: per-rank state memory; used <= budget.
@@ -147,13 +168,16 @@ class ArmLaunch:
     w_max: Optional[int] = None
     int8: bool = False
     balance: str = "off"
+    load_policy: str = "nr"
+    refresh_slots: int = 0
     kept_fraction: Optional[float] = None
     notes: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
 
 def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_requests: int,
-               strategy: str = "extra_buffer", tp: int = 1, scratch_slots: int = 0) -> ArmLaunch:
+               strategy: str = "extra_buffer", tp: int = 1, scratch_slots: int = 0,
+               refresh_slots: Optional[int] = None) -> ArmLaunch:
     """Matched-memory flags of ``arm`` from :func:`dasc_runtime.sizing.size_arms` (module docstring).
 
     Args:
@@ -162,8 +186,11 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
         dense_slots: M; max_running_requests: R (every arm); strategy: SGLang's
             ``--mamba-radix-cache-strategy``; tp: TP degree P.
         scratch_slots: staging charged to dasc, in compressed slots (0 with generated kernels).
+        refresh_slots: a dasc-wr arm's B (None: the runtime's default,
+            ``dasc_runtime.wr_scratch.DEFAULT_REFRESH_SLOTS``), charged as B native slots.
     Raises:
-        DascInputError: no plan for the arm, M < k R, or no checkpoint slot fits the budget.
+        DascInputError: no plan for the arm, a plan whose int8 or load_policy is not the arm's,
+            M < k R, or no checkpoint slot fits the budget.
     """
     from dasc_compile.schema import load_plan
     from dasc_runtime.sizing import size_arms
@@ -193,9 +220,13 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
     plan = load_plan(plan_dir)
     if arm.kind == "dasc" and bool(plan.policy.int8) != arm.int8:
         raise DascInputError(f"{plan_dir}: plan has int8={plan.policy.int8}, arm {arm.name!r} needs int8={arm.int8}")
+    if arm.kind == "dasc" and plan.policy.load_policy != arm.load_policy:
+        raise DascInputError(f"{plan_dir}: plan has load_policy={plan.policy.load_policy}, arm {arm.name!r} needs "
+                             f"load_policy={arm.load_policy} ({compile_hint(arm, tp, plan_dir)})")
     which = {"dense": "dense", "int8": "int8"}.get(arm.kind, "dasc-int8" if arm.int8 else "dasc")
     sz = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots, strategy=strategy,
-                   arms=[which], plan_path=f"{{plans}}/{name}", scratch_slots=scratch_slots)[0]
+                   arms=[which], plan_path=f"{{plans}}/{name}", scratch_slots=scratch_slots,
+                   refresh_slots=refresh_slots)[0]
     common = dict(arm=arm.name, kind=arm.kind, flags=list(sz.flags), native_slots=sz.native_slots,
                   ckpt_slots=sz.ckpt_slots, capacity=sz.capacity, budget_bytes=sz.budget_bytes,
                   used_bytes=sz.used_bytes, bytes_native_slot=sz.bytes_native_slot,
@@ -204,13 +235,16 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
         return ArmLaunch(plan=None, **common)
     kept = sum(p.n_kept for p in plan.tp.payload_contiguous)
     total_units = len(plan.model.recurrent_layer_ids) * plan.model.num_value_heads * plan.tp.units_per_head
+    flags = list(sz.flags)
+    n_wr = int(flags[flags.index("--dasc-refresh-slots") + 1]) if "--dasc-refresh-slots" in flags else 0
     return ArmLaunch(plan=name, w_max=arm.w_max, balance=arm.balance, kept_fraction=kept / total_units,
+                     load_policy=arm.load_policy, refresh_slots=n_wr,
                      env={"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {}, **common)
 
 
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
-    """Arms by name: a DEFAULT_ARMS name, or ``dasc-nr-wW[-int8][-storage][-hostwait]`` for any W
-    (ASCII digits; suffixes in any order, each at most once).
+    """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait]`` for any W
+    (ASCII digits; suffixes in any order, each at most once), or ``dasc-wr-wW[-int8]``.
 
     Raises:
         DascInputError: a name of neither form (one line naming it).
@@ -222,16 +256,17 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             out.append(known[n])
             continue
         parts = n.split("-")
-        if len(parts) >= 3 and parts[:2] == ["dasc", "nr"] and parts[2].startswith("w") and parts[2][1:].isascii() \
-                and parts[2][1:].isdigit():
+        if len(parts) >= 3 and parts[0] == "dasc" and parts[1] in ("nr", "wr") and parts[2].startswith("w") \
+                and parts[2][1:].isascii() and parts[2][1:].isdigit():
             rest = parts[3:]
-            if set(rest) <= {"int8", "storage", "hostwait"} and len(set(rest)) == len(rest):
+            allowed = {"int8", "storage", "hostwait"} if parts[1] == "nr" else {"int8"}
+            if set(rest) <= allowed and len(set(rest)) == len(rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
                                    balance="storage" if "storage" in rest else "off",
-                                   reclaim_wait="host" if "hostwait" in rest else "stream"))
+                                   reclaim_wait="host" if "hostwait" in rest else "stream", load_policy=parts[1]))
                 continue
-        raise DascInputError(f"arm {n!r}: expected one of {sorted(known)} or "
-                             f"dasc-nr-wW[-int8][-storage][-hostwait]")
+        raise DascInputError(f"arm {n!r}: expected one of {sorted(known)}, "
+                             f"dasc-nr-wW[-int8][-storage][-hostwait] or dasc-wr-wW[-int8]")
     return out
 
 
@@ -247,19 +282,25 @@ def main(argv=None) -> int:
                     help="SGLang's --mamba-radix-cache-strategy (extra_buffer | extra_buffer_lazy | no_buffer)")
     ap.add_argument("--tp", type=int, default=1, help="TP degree P the plans were compiled for (>= 1)")
     ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS],
-                    help="arm names: dense, int8, or dasc-nr-wW[-int8][-storage][-hostwait] "
+                    help="arm names: dense, int8, dasc-nr-wW[-int8][-storage][-hostwait] or dasc-wr-wW[-int8] "
                          f"(default: {' '.join(a.name for a in DEFAULT_ARMS)})")
+    ap.add_argument("--refresh-slots", type=int, default=None,
+                    help="dasc-wr arms: scratch slots B (--dasc-refresh-slots, charged to the arm; default: the "
+                         "runtime's)")
     ap.add_argument("--out", type=Path, default=None, help="write the arms as JSON here")
     a = ap.parse_args(argv)
     try:
         if a.tp < 1:
             raise DascInputError(f"--tp: expected a TP degree >= 1, got {a.tp}")
+        if a.refresh_slots is not None and a.refresh_slots < 1:
+            raise DascInputError(f"--refresh-slots: expected at least one scratch slot, got {a.refresh_slots}")
         specs = parse_arms(a.arms)
         check_plans(specs, a.plans, a.tp)
         if a.out is not None and (a.out.name in ("", ".", "..") or a.out.is_dir()):
             raise DascInputError(f"--out {a.out}: expected a file path for the arms JSON, got a directory")
         arms = [asdict(arm_launch(s, plans=a.plans, dense_slots=a.dense_slots,
-                                  max_running_requests=a.max_running_requests, strategy=a.strategy, tp=a.tp))
+                                  max_running_requests=a.max_running_requests, strategy=a.strategy, tp=a.tp,
+                                  refresh_slots=a.refresh_slots))
                 for s in specs]
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)

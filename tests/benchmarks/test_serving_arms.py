@@ -281,8 +281,9 @@ def test_hostwait_arm_same_memory_as_its_stream_twin_and_sets_the_env(kimi_plans
 
 
 @pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
-                                  "dasc-wr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
-                                  "dasc-nr-w64-hostwait-hostwait", "int8-hostwait"])
+                                  "dasc-xr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
+                                  "dasc-nr-w64-hostwait-hostwait", "int8-hostwait", "dasc-wr-w64-storage",
+                                  "dasc-wr-w64-hostwait", "dasc-wr-w64-int8-int8", "dasc-wr-wx", "dasc-wr"])
 def test_parse_arms_rejects(name):
     msg = _one_line_error(lambda: sa.parse_arms(["dense", name]), "expected one of")
     assert repr(name) in msg
@@ -294,6 +295,8 @@ def test_parse_arms_rejects(name):
     (dict(name="x", kind="int8", w_max=64), "w_max is set exactly for dasc arms"),
     (dict(name="x", kind="dense", reclaim_wait="host"), "'host' on a dasc arm, got 'host' on a dense arm"),
     (dict(name="x", kind="dasc", w_max=64, reclaim_wait="spin"), "got 'spin'"),
+    (dict(name="x", kind="dense", load_policy="wr"), "'wr' on a dasc arm, got 'wr' on a dense arm"),
+    (dict(name="x", kind="dasc", w_max=64, load_policy="xr"), "got 'xr' on a dasc arm"),
 ])
 def test_arm_spec_rejects(kw, match):
     _one_line_error(lambda: sa.ArmSpec(**kw), match)
@@ -366,3 +369,105 @@ def test_main_bad_input(kimi_plans, tmp_path, capsys, args, match):
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err and err.count("\n") == 1
+
+
+# --- 5. dasc-wr arms: plan names, compile hints, refresh scratch charged (calibrated Kimi, M = 56) ----
+#
+# Hand numbers at the open-loop run's point (M = 56, R = 8, M' = 40), w16 on the calibrated Kimi
+# reference: b_c = 16,441,856 B; budget 57 b_dense = 2,474,803,200; beside 41 b_dense the pool has
+# 16 b_dense; B = 8 scratch slots take 8 b_dense = 347,340,800, leaving floor(347,340,800 / b_c) - 1
+# = 20 usable slots (dasc-nr: floor(694,681,600 / b_c) - 1 = 41); with B = 2: floor(607,846,400 / b_c) - 1 = 35.
+
+KIMI_CAL = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated"
+W16_BC = 16_441_856
+
+
+@pytest.fixture(scope="module")
+def wr_plans(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("kimi_cal_plans")
+    for i8, lp in ((False, "nr"), (False, "wr"), (True, "wr")):
+        compile_plan(KIMI_CAL, Policy(w_max=16, int8=i8, load_policy=lp), d / sa.plan_name(16, i8, load_policy=lp),
+                     with_kernels=False)
+    return d
+
+
+def test_plan_names_of_wr_arms_and_nr_names_unchanged():
+    assert sa.plan_name(128, True) == "w128-int8-tp1-off" and sa.plan_name(16, tp=2, balance="storage") == \
+        "w16-tp2-storage"
+    assert sa.plan_name(16, load_policy="wr") == "w16-wr-tp1-off"
+    assert sa.plan_name(64, True, 2, "storage", "wr") == "w64-int8-wr-tp2-storage"
+    a, b, c = sa.parse_arms(["dasc-wr-w16", "dasc-wr-w16-int8", "dasc-nr-w16"])
+    assert (a.kind, a.w_max, a.int8, a.load_policy, a.balance, a.reclaim_wait) == ("dasc", 16, False, "wr", "off",
+                                                                                  "stream")
+    assert (b.int8, b.load_policy) == (True, "wr") and c.load_policy == "nr"
+    assert [sa.arm_plan_dir(x, "/p").name for x in (a, b, c)] == ["w16-wr-tp1-off", "w16-int8-wr-tp1-off",
+                                                                  "w16-tp1-off"]
+
+
+def test_wr_compile_hints_name_policy_keys_that_compile_a_wr_plan(tmp_path):
+    from dasc_compile.policy import resolve_policy
+
+    a, b = sa.parse_arms(["dasc-wr-w16", "dasc-wr-w64-int8"])
+    assert sa.compile_hint(a, 1, "/p/w16-wr-tp1-off") == (
+        "dasc compile MODEL --wmax 16 --tp 1 --policy WR.yaml --out /p/w16-wr-tp1-off; WR.yaml holds 'load_policy: wr'")
+    hint = sa.compile_hint(b, 1, "/p/w64-int8-wr-tp1-off")
+    assert hint == ("dasc compile MODEL --wmax 64 --tp 1 --policy WR.yaml --out /p/w64-int8-wr-tp1-off"
+                    "; WR.yaml holds 'load_policy: wr' and 'int8: true'")
+    # the file the note describes is a policy dasc reads: those are its keys and spellings
+    keys = re.findall(r"'([a-z_0-9]+: [a-z0-9]+)'", hint.split(";")[1])
+    (tmp_path / "WR.yaml").write_text("".join(k + "\n" for k in keys))
+    pol = resolve_policy(tmp_path / "WR.yaml", w_max=64)
+    assert (pol.load_policy, pol.int8, pol.w_max) == ("wr", True, 64)
+
+
+def test_wr_arm_charges_its_refresh_slots(wr_plans):
+    budget = 57 * KIMI_B_DENSE
+    nr, wr, wr8 = (sa.arm_launch(x, plans=wr_plans, dense_slots=56, max_running_requests=R)
+                   for x in sa.parse_arms(["dasc-nr-w16", "dasc-wr-w16", "dasc-wr-w16-int8"]))
+    assert nr.bytes_ckpt_slot == wr.bytes_ckpt_slot == W16_BC and budget == wr.budget_bytes == 2_474_803_200
+    assert (nr.ckpt_slots, nr.refresh_slots, nr.load_policy) == (41, 0, "nr")
+    assert "--dasc-refresh-slots" not in nr.flags
+    assert (wr.ckpt_slots, wr.capacity, wr.refresh_slots, wr.load_policy, wr.plan) == (20, 60, 8, "wr",
+                                                                                      "w16-wr-tp1-off")
+    assert wr.flags == COMMON + ["--max-mamba-cache-size", "40", "--dasc-plan", "{plans}/w16-wr-tp1-off",
+                                 "--dasc-pool-slots", "20", "--dasc-refresh-slots", "8"]
+    assert wr.used_bytes == 41 * KIMI_B_DENSE + 21 * W16_BC + 8 * KIMI_B_DENSE == 2_472_741_376 <= budget
+    assert wr.used_bytes + W16_BC > budget                  # no room for one more compressed slot
+    assert wr8.plan == "w16-int8-wr-tp1-off" and wr8.int8 and wr8.refresh_slots == 8
+    assert wr8.flags[-4:] == ["--dasc-pool-slots", str(wr8.ckpt_slots), "--dasc-refresh-slots", "8"]
+    assert wr8.used_bytes == 49 * KIMI_B_DENSE + (wr8.ckpt_slots + 1) * wr8.bytes_ckpt_slot <= budget
+    two = sa.arm_launch(sa.parse_arms(["dasc-wr-w16"])[0], plans=wr_plans, dense_slots=56, max_running_requests=R,
+                        refresh_slots=2)
+    assert (two.ckpt_slots, two.refresh_slots, two.flags[-1]) == (35, 2, "2")
+
+
+def test_wr_arm_needs_a_wr_plan(wr_plans, tmp_path):
+    d = tmp_path / "p"
+    shutil.copytree(wr_plans / "w16-tp1-off", d / "w16-wr-tp1-off")      # a dasc-nr plan under the wr name
+    msg = _one_line_error(lambda: sa.arm_launch(sa.parse_arms(["dasc-wr-w16"])[0], plans=d, dense_slots=56,
+                                                max_running_requests=R), "plan has load_policy=nr")
+    assert "needs load_policy=wr" in msg and "--policy WR.yaml" in msg
+    shutil.copytree(wr_plans / "w16-wr-tp1-off", d / "w16-tp1-off")      # and the reverse
+    _one_line_error(lambda: sa.arm_launch(sa.parse_arms(["dasc-nr-w16"])[0], plans=d, dense_slots=56,
+                                          max_running_requests=R), "plan has load_policy=wr, arm 'dasc-nr-w16'")
+
+
+def test_check_plans_names_a_missing_wr_plan(wr_plans, tmp_path):
+    sa.check_plans(sa.parse_arms(["dasc-nr-w16", "dasc-wr-w16", "dasc-wr-w16-int8"]), wr_plans)
+    msg = _one_line_error(lambda: sa.check_plans(sa.parse_arms(["dasc-nr-w16", "dasc-wr-w16"]), tmp_path),
+                          "no plan.json for w16-tp1-off, w16-wr-tp1-off ")
+
+
+def test_main_writes_wr_arms_and_refuses_zero_refresh_slots(wr_plans, tmp_path, capsys):
+    out = tmp_path / "arms.json"
+    rc = sa.main(["--plans", str(wr_plans), "--dense-slots", "56", "--max-running-requests", "8",
+                  "--arms", "dense", "dasc-wr-w16", "--refresh-slots", "2", "--out", str(out)])
+    assert rc == 0
+    dense, wr = json.loads(out.read_text())
+    assert dense["refresh_slots"] == 0 and dense["load_policy"] == "nr"
+    assert (wr["arm"], wr["load_policy"], wr["refresh_slots"], wr["ckpt_slots"]) == ("dasc-wr-w16", "wr", 2, 35)
+    assert "--dasc-refresh-slots 2" in capsys.readouterr().out.splitlines()[1]
+    rc = sa.main(["--plans", str(wr_plans), "--dense-slots", "56", "--max-running-requests", "8",
+                  "--arms", "dasc-wr-w16", "--refresh-slots", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "error: --refresh-slots: expected at least one scratch slot, got 0\n"
