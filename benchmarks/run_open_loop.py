@@ -12,35 +12,42 @@ start-up deadline passed), nothing is started any more, and:
    at a time, replies clipped as in the run, the first two dropped (first-use costs); ``S`` = their
    mean end-to-end latency (s) times ``--batch-margin`` (decode slows a little with the batch). A
    burst of R requests at once, the first version of this step, measured S = 3.36 s on the H200
-   where the run then saw 0.55 s, and so offered a tenth of the load it aimed at;
-3. the offered load follows for all arms (one schedule, paired): ``rate = rho * R / (T * S)``,
-   think time ``Z = live_per_running * T * S / (T - 1)`` (so conversations waiting between turns
-   are about ``live_per_running`` times the running requests; exponential by default),
-   ``initial_live = live_per_running * rho * R`` conversations at t = 0, a warm-up of ``1.5 Z + 2 S``
-   (uniform think times: ``Z * (1 + spread) + 2 S``) and the longest
-   measured window (``<= --max-window-s``) that fits the arms left in the deadline, dropping the
-   last arms (lowest priority) while the window would be shorter than ``--min-window-s``;
+   where the run then saw 0.55 s, and so offered a tenth of the load it aimed at. Then, on the
+   same server, a TTFT probe (``benchmarks/ttft_probe.py``): ``--ttft-probe-reps`` single requests
+   of never-cached prompts at each of ``--ttft-probe-lengths`` tokens (clipped to the context
+   length - 64), ``max_new_tokens`` 1, one in flight, cache flushed after; per length the mean
+   TTFT and the fit ``ttft = a + b * tokens`` (a in ms, b in ms per 1,000 tokens), so the run
+   records how much of TTFT a hit could remove. A failed probe is recorded, never fatal;
+   ``--no-ttft-probe`` skips it. Its time is spent before the next step divides what is left;
+3. the offered load follows for all arms (one schedule, paired; ``benchmarks/open_loop_load.py``):
+   ``rate = rho * R / (T * S)``, think time ``Z = live_per_running * T * S / (T - 1)`` (so
+   conversations waiting between turns are about ``live_per_running`` times the running requests,
+   ``rho * R``, by Little's law: ``rate * (T - 1) * Z``; exponential by default); ``--live-waiting
+   N`` sets that number directly: ``live_per_running = N / (rho * R)`` (the load record keeps
+   both); ``initial_live = live_per_running * rho * R`` conversations at t = 0, a warm-up of
+   ``1.5 Z + 2 S`` (uniform think times: ``Z * (1 + spread) + 2 S``) and the longest measured window
+   (``<= --max-window-s``) that fits the arms left in the deadline, dropping the last arms (lowest
+   priority) while the window would be shorter than ``--min-window-s``;
 4. the arms run one after another (``benchmarks/open_loop.py`` in a separate process, cache
    flushed first); each server is stopped after its arm. An arm whose server failed to start
    together with the others is started alone afterwards if the time left covers it.
 
 Outputs ``WORK/manifest.json`` (per arm: command, start-up time and log lines, GPU memory, the
-client's summary, failures; the calibration and the schedule parameters), ``WORK/ARM/result.json``
-(``open_loop.py``'s result) and ``WORK/ARM/server.log``.
+client's summary, failures; the calibration, the TTFT probe and the schedule parameters),
+``WORK/ARM/result.json`` (``open_loop.py``'s result) and ``WORK/ARM/server.log``.
 
 Example (on the device, SGLang importable from /tmp/site)::
 
     python3 -m benchmarks.run_open_loop --arms-json /tmp/arms.json --plans /tmp/plans --model /tmp/kimi16 \\
-        --trace benchmarks/traces/sharegpt_qwen_n256_d1024_earliest_s0.json.gz \\
+        --trace benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_s0.json.gz \\
         --warm-trace benchmarks/traces/sharegpt_qwen_n128_d512_s0.json.gz --max-running-requests 8 \\
-        --deadline-s 560 --work /tmp/open-loop
+        --context-length 16640 --live-waiting 64 --deadline-s 560 --work /tmp/open-loop
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -50,7 +57,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks import run_serving as rs
+from benchmarks import open_loop_load as ol_load
 from benchmarks import serve_bench as sb
+from benchmarks import ttft_probe as tp
 from benchmarks.build_trace import load_trace, turn_requests
 
 REPO = Path(__file__).resolve().parent.parent
@@ -212,25 +221,32 @@ def calibrate(d: Driver, name: str) -> dict:
             "service_s": e2e * d.a.batch_margin, "ttft_s": sum(r.ttft_s for r in ok) / len(ok), "wall_s": wall}
 
 
-def plan_load(a: argparse.Namespace, service_s: float, turns: int, n_convs: int, n_arms: int, left_s: float) -> dict:
-    """The schedule parameters from the calibrated service time (module docstring, step 3).
+def probe(d: Driver, name: str) -> dict:
+    """The TTFT probe on arm ``name`` (module docstring, step 2; ``benchmarks/ttft_probe.py``), logged
+    in one line. Returns its record; an error is recorded in it (and logged), never raised."""
+    a = d.a
+    lengths = tp.probe_lengths(a.ttft_probe_lengths, a.context_length)
+    if a.no_ttft_probe or not lengths:
+        why = "--no-ttft-probe" if a.no_ttft_probe else (f"no --ttft-probe-lengths left below --context-length "
+                                                         f"{a.context_length} - {tp.CONTEXT_MARGIN}")
+        d.log(f"ttft probe: skipped ({why})")
+        return {"arm": name, "skipped": why}
+    try:
+        res = tp.run_probe(f"http://127.0.0.1:{d.manifest['arms'][name]['port']}", lengths, reps=a.ttft_probe_reps,
+                           vocab_size=a.vocab_size, budget_s=min(a.ttft_probe_max_s, max(0.0, d.left() / 4)))
+    except Exception as e:      # noqa: BLE001 -- the probe must never end the run
+        res = {"lengths": lengths, "reps": a.ttft_probe_reps, "error": f"{type(e).__name__}: {e}"}
+    d.log(f"ttft probe on {name}: {tp.probe_line(res)}")
+    return {"arm": name, **res}
 
-    Returns a dict with rate, think_s, initial_live, warmup_s, window_s and arms (how many fit),
-    or window_s = 0 when not even one arm fits.
-    """
-    rate = a.rho * a.max_running_requests / (turns * service_s)
-    think = a.live_per_running * turns * service_s / (turns - 1)
-    initial = int(round(a.live_per_running * a.rho * a.max_running_requests))
-    warm = think * (1.5 if a.think_dist == "exp" else 1 + a.think_spread) + 2 * service_s
-    per_arm_fixed = warm + service_s + a.arm_overhead_s
-    for n in range(n_arms, 0, -1):
-        window = (left_s / n - per_arm_fixed) / a.windows
-        # the trace holds each conversation once: initial + rate * (warm-up + windows) <= 95 % of it
-        window = min(window, a.max_window_s, ((n_convs * 0.95 - initial) / rate - warm) / a.windows)
-        if window >= a.min_window_s or n == 1:
-            break
-    return {"rate": rate, "think_s": think, "initial_live": initial, "warmup_s": warm,
-            "window_s": max(0.0, math.floor(window * 10) / 10), "arms": n, "service_s": service_s}
+
+def _bad_probe_args(a: argparse.Namespace) -> str | None:
+    """One line naming a bad TTFT-probe argument, or None."""
+    if a.ttft_probe_reps < 1:
+        return f"--ttft-probe-reps: expected >= 1, got {a.ttft_probe_reps}"
+    if any(n < 1 for n in a.ttft_probe_lengths):
+        return f"--ttft-probe-lengths: expected token counts >= 1, got {a.ttft_probe_lengths}"
+    return None
 
 
 def run_arm(d: Driver, name: str, load: dict, *, tag: str | None = None, keep: bool = False) -> None:
@@ -291,18 +307,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-running-requests", type=int, required=True)
     ap.add_argument("--vocab-size", type=int, default=163840)
     ap.add_argument("--decode-clip", type=int, default=128)
-    ap.add_argument("--rho", type=float, default=0.7, help="offered running requests / R")
     ap.add_argument("--calibration-requests", type=int, default=6, help="single requests timed (after 2 dropped)")
     ap.add_argument("--batch-margin", type=float, default=1.15, help="S = single-request E2E times this")
-    ap.add_argument("--live-per-running", type=float, default=8.0,
-                    help="conversations waiting between turns per running request")
-    ap.add_argument("--think-dist", default="exp", help="exp or uniform think times")
-    ap.add_argument("--think-spread", type=float, default=0.5)
-    ap.add_argument("--windows", type=int, default=5)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--min-window-s", type=float, default=8.0)
-    ap.add_argument("--max-window-s", type=float, default=20.0)
-    ap.add_argument("--arm-overhead-s", type=float, default=4.0, help="flush, process start, result writing")
+    ap.add_argument("--ttft-probe-lengths", type=int, nargs="*", default=list(tp.DEFAULT_LENGTHS),
+                    help="uncached prompt lengths (tokens) of the TTFT probe, clipped to the context length - 64; "
+                         "none: no probe")
+    ap.add_argument("--ttft-probe-reps", type=int, default=2, help="requests per probe length")
+    ap.add_argument("--ttft-probe-max-s", type=float, default=60.0, help="no probe request starts after this")
+    ap.add_argument("--no-ttft-probe", action="store_true", help="skip the TTFT probe")
+    ol_load.add_load_args(ap)
     ap.add_argument("--warmup-conversations", type=int, default=8)
     ap.add_argument("--mem-fraction-static", type=float, default=0.88)
     ap.add_argument("--max-total-tokens", type=int, default=400000)
@@ -325,8 +338,9 @@ def main(argv=None) -> int:
             print(f"error: --only: no arm {[n for n in a.only if n not in by]} in {a.arms_json}", file=sys.stderr)
             return 2
         arms = [by[n] for n in a.only]
-    if len(a.seeds) < a.windows or a.windows < 1:
-        print(f"error: --seeds: expected at least --windows {a.windows} seeds", file=sys.stderr)
+    bad = ol_load.check_load_args(a) or _bad_probe_args(a)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     a.work.mkdir(parents=True, exist_ok=True)
     d = Driver(a)
@@ -353,18 +367,25 @@ def main(argv=None) -> int:
             d.log("calibration failed on every server")
             return 0
         d.manifest["calibration"] = cal
+        d.log(f"calibration: S = {cal['service_s']:.3f} s on {cal['arm']} (single-request E2E "
+              f"{cal['e2e_single_s']:.3f} s x {cal['batch_margin']}, TTFT {cal['ttft_s'] * 1e3:.1f} ms, "
+              f"{cal['requests']} requests)")
+        d.manifest["ttft_probe"] = probe(d, cal["arm"])
+        d.save()
         _, convs = load_trace(a.trace)
         turns = min(c.turns for c in convs)
-        load = plan_load(a, cal["service_s"], turns, len(convs), len(up), d.left())
+        load = ol_load.plan_load(a, cal["service_s"], turns, len(convs), len(up), d.left())
         d.manifest["load"] = load
-        d.log(f"calibration: S = {cal['service_s']:.3f} s on {up[0]}; load {json.dumps(load)}")
+        d.log(f"load: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in load.items()})}")
         d.save()
-        per_arm = load["warmup_s"] + a.windows * load["window_s"] + load["service_s"] + a.arm_overhead_s
+        per_arm = load["per_arm_s"]
         for n in names:
             if n not in up:
                 continue
             if d.left() < per_arm or load["window_s"] <= 0:
-                d.manifest["arms"][n]["failures"].append(f"not run: {d.left():.0f} s left < {per_arm:.0f} s")
+                d.manifest["arms"][n]["failures"].append(
+                    f"not run: {d.left():.0f} s left < {per_arm:.0f} s" if load["window_s"] > 0 else
+                    f"not run: no measured window fits ({load['left_s']:.0f} s left after the calibration)")
                 stop(d, n)
                 continue
             run_arm(d, n, load, keep=a.repeat_first and n == up[0])
