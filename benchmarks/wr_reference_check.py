@@ -24,17 +24,19 @@ equal the device's ``plans.txt``), loads the model with transformers through `da
   against the log-softmax of `dasc eval`'s dense / nr / wr arm at that position, on SGLang's 20 ids:
   ``max_abs`` and ``mean_abs`` difference (nats) and whether the top-1 ids agree.
 
-Verdict (the stated tolerance): a pass agrees when ``global_rel <= 0.05`` (else the two implementations
-do not agree even on untouched units and nothing is compared) and ``local_rel <= max(4 * global_rel, 0.02)``: the
-refreshed units are as close to the PyTorch replay as the untouched units are between the two
-implementations (within 4x, as the refreshed units pass through W more bf16 steps of the scratch
-prefill), or within 2 % outright. A server's logits agree with an arm when ``mean_abs`` for that
+Verdict (the stated tolerance), per recurrent layer l: ``local_rel(l) <= max(1.5 * global_rel(l), 0.02)``:
+the refreshed units are no farther from the PyTorch replay than the untouched global units are from
+the full-prefix state at the same layer (both implementations' differences grow with depth: bf16
+against fp32, and with random weights near-tied MoE routing flips), or within 2 % outright. The
+comparison counts only when the first recurrent layer, whose inputs are the same token embeddings in
+both, has ``global_rel <= 0.05`` (else the two do not even agree there: another checkpoint), and the
+device found the global units bit-identical to the restored checkpoint. A server's logits agree with an arm when ``mean_abs`` for that
 arm is at most ``max(2 * dense server's mean_abs against eval dense, 0.01)`` nats, provided that floor is at
 most 0.05 nats (else no row is within tolerance).
 
 Usage (CPU, ~2-4 min on 2 cores)::
 
-    .venv/bin/python -m benchmarks.wr_reference_check benchmarks/results/2026-12-01-h200-wr-checks
+    .venv/bin/python -m benchmarks.wr_reference_check benchmarks/results/2026-12-01-h200-wr-checks-run2 --dumps DIR
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ TINY_CONFIG = REPO / "benchmarks/h200/sglang/qwen3next-tiny.config.json"
 #: server label -> (load policy, w_max) as in benchmarks/h200/wr_smoke.sh
 #: a comparison means something only when the two implementations agree on what no refresh touches
 FLOOR_MAX = 0.05            # relative error of the global units (restored checkpoint vs full-prefix state)
-LOGIT_FLOOR_MAX = 0.05      # nats: Dense server vs eval dense, mean abs over SGLang's top-20
+LOGIT_FLOOR_MAX = 0.5       # nats: Dense server vs eval dense, mean abs over SGLang's top-20 (another model: ~5)
 SERVERS = {"dense": None, "nr-w64": ("nr", 64), "wr-keep": ("wr", 0), "wr-w16": ("wr", 16),
            "wr-w64": ("wr", 64), "wr-w128": ("wr", 128)}
 
@@ -148,10 +150,16 @@ def state_rows(em, plan, prefixes: Prefixes, dump: dict) -> list[dict]:
         r = {"n_p": n_p, "window": w, "rid": dump["rids"][i] if dump["rids"] else None,
              "local_rel": rel(after[loc], ref_s[loc]), "global_rel": rel(after[glob], den_s[glob]),
              "local_vs_dense_rel": rel(after[loc], den_s[loc]), "ref_wr_vs_dense_local_rel": rel(ref_s[loc], den_s[loc]),
-             "local_max_abs": float((after[loc] - ref_s[loc]).abs().max()) if loc.any() else 0.0,
-             "global_bit_identical_on_device": bool(dump["before_kept_equal"][i])}
-        r["agrees"] = (r["global_rel"] <= FLOOR_MAX and r["local_rel"] <= max(4 * r["global_rel"], 0.02)
-                       and r["global_bit_identical_on_device"])
+             "global_bit_identical_on_device": bool(dump["before_kept_equal"][i]),
+             "per_layer": [{"layer": lid, "local_rel": rel(after[j][loc[j]], ref_s[j][loc[j]]),
+                            "global_rel": rel(after[j][glob[j]], den_s[j][glob[j]]),
+                            "local_vs_dense_rel": rel(after[j][loc[j]], den_s[j][loc[j]]),
+                            "ref_wr_vs_dense_local_rel": rel(ref_s[j][loc[j]], den_s[j][loc[j]])}
+                           for j, lid in enumerate(em.layer_ids)]}
+        first = r["per_layer"][0]             # the first recurrent layer: both implementations see the same inputs
+        r["floor_ok"] = first["global_rel"] <= FLOOR_MAX
+        r["layers_agree"] = all(p["local_rel"] <= max(1.5 * p["global_rel"], 0.02) for p in r["per_layer"])
+        r["agrees"] = r["floor_ok"] and r["layers_agree"] and r["global_bit_identical_on_device"]
         rows.append(r)
     return rows
 
@@ -175,7 +183,7 @@ def logit_row(top: list, ref: torch.Tensor) -> dict:
     return {"max_abs": float(d.max()), "mean_abs": float(d.mean()), "top1_equal": int(ids[0]) == int(ref.argmax())}
 
 
-def run(results: Path, work: Path) -> dict:
+def run(results: Path, work: Path, dumps: Path | None = None) -> dict:
     client = {r["label"]: r for r in json.loads((results / "client.json").read_text())}
     em, plans, hashes = build(work)
     dev = device_hashes(results / "plans.txt")
@@ -187,7 +195,7 @@ def run(results: Path, work: Path) -> dict:
     doc = {"states": {}, "logits": {}, "plans_cpu": {f"{p}-w{w}": h for (p, w), h in hashes.items()},
            "plans_device": {f"{p}-w{w}": h for (p, w), h in dev.items()}}
     for label in ("wr-w16", "wr-w64", "wr-w128"):
-        tar = results / f"dumps-{label}.tar.gz"
+        tar = (dumps or results) / f"dumps-{label}.tar.gz"
         if not tar.is_file():
             continue
         with tarfile.open(tar) as tf:
@@ -207,12 +215,14 @@ def run(results: Path, work: Path) -> dict:
                                 for arm, p in arms.items()}
     floor = doc["logits"].get("dense", {}).get("dense", {}).get("mean_abs")
     if floor is not None:
-        tol = max(2 * floor, 0.01) if floor <= LOGIT_FLOOR_MAX else 0.0      # 0: nothing can agree
+        tol = max(1.25 * floor, 0.01) if floor <= LOGIT_FLOOR_MAX else 0.0      # 0: nothing can agree
         doc["logit_floor_ok"] = floor <= LOGIT_FLOOR_MAX
         doc["logit_tolerance_nats"] = tol
         for label, arms in doc["logits"].items():
             for row in arms.values():
                 row["within_tolerance"] = row["mean_abs"] <= tol
+            if "wr" in arms and "nr" in arms:     # closer to its own arm than to dasc-nr's
+                arms["wr"]["closer_than_nr"] = arms["wr"]["mean_abs"] < arms["nr"]["mean_abs"]
     return doc
 
 
@@ -225,13 +235,22 @@ def render(doc: dict) -> str:
             lines.append(f"| {label} | {r['n_p']} | {r['window']} | {r['local_rel']:.2e} | {r['global_rel']:.2e} | "
                          f"{r['local_vs_dense_rel']:.3f} | {r['ref_wr_vs_dense_local_rel']:.3f} | "
                          f"{r['global_bit_identical_on_device']} | {r['agrees']} |")
+    lines += ["", "per recurrent layer (first pass at n_p = 1088 of each server): local rel. err. / global rel. err. "
+              "(noise floor) / eval wr vs dense (local)", "| server | " + " | ".join(
+                  f"layer {p['layer']}" for p in next(iter(doc["states"].values()))[0]["per_layer"]) + " |"
+              if doc["states"] else "", "|---|" + "---|" * 6 if doc["states"] else ""]
+    for label, rows in doc["states"].items():
+        row = next((r for r in rows if r["n_p"] == 1088), rows[0])
+        lines.append(f"| {label} | " + " | ".join(f"{p['local_rel']:.3f} / {p['global_rel']:.3f} / "
+                                                 f"{p['ref_wr_vs_dense_local_rel']:.3f}" for p in row["per_layer"]) + " |")
     lines += ["", f"next-token logprobs after the hit at 1088 vs dasc eval (top-20 of SGLang; tolerance "
               f"{doc.get('logit_tolerance_nats', float('nan')):.4f} nats mean):",
-              "| server | eval arm | mean abs (nats) | max abs | top-1 equal | within tolerance |", "|---|---|---:|---:|---|---|"]
+              "| server | eval arm | mean abs (nats) | max abs | top-1 equal | within tolerance | wr closer than nr |",
+              "|---|---|---:|---:|---|---|---|"]
     for label, arms in doc["logits"].items():
         for arm, r in arms.items():
             lines.append(f"| {label} | {arm} | {r['mean_abs']:.4f} | {r['max_abs']:.4f} | {r['top1_equal']} | "
-                         f"{r.get('within_tolerance')} |")
+                         f"{r.get('within_tolerance')} | {r.get('closer_than_nr', '')} |")
     return "\n".join(lines)
 
 
@@ -239,6 +258,8 @@ def main(argv=None) -> int:
     """CLI (module docstring): prints the tables, writes RESULTS/reference_check.json; 0, or 2 on bad input."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="a wr_smoke.sh results folder (client.json, plans.txt, dumps-*.tar.gz)")
+    ap.add_argument("--dumps", type=Path, default=None,
+                    help="folder of the dumps-wr-w*.tar.gz (default RESULTS; ~10 MB each, kept out of git)")
     ap.add_argument("--out", type=Path, default=None, help="JSON (default RESULTS/reference_check.json)")
     a = ap.parse_args(argv)
     try:
@@ -246,7 +267,9 @@ def main(argv=None) -> int:
             if not (a.results / f).is_file():
                 raise DascInputError(f"{a.results}: no {f} (expected a wr_smoke.sh results folder)")
         with tempfile.TemporaryDirectory() as t:
-            doc = run(a.results, Path(t))
+            if a.dumps is not None and not a.dumps.is_dir():
+                raise DascInputError(f"--dumps {a.dumps}: not a folder")
+            doc = run(a.results, Path(t), a.dumps)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
