@@ -32,6 +32,9 @@ start-up deadline passed), nothing is started any more, and:
    flushed first); each server is stopped after its arm. An arm whose server failed to start
    together with the others is started alone afterwards if the time left covers it.
 
+``--load-json MANIFEST`` replays a previous run's schedule instead (its ``load`` record, used as it is;
+steps 1-3 skipped), so a second device call measures more arms against the same windows and seeds.
+
 Outputs ``WORK/manifest.json`` (per arm: command, start-up time and log lines, GPU memory, the
 client's summary, failures; the calibration, the TTFT probe and the schedule parameters),
 ``WORK/ARM/result.json`` (``open_loop.py``'s result) and ``WORK/ARM/server.log``.
@@ -293,6 +296,34 @@ def run_arm(d: Driver, name: str, load: dict, *, tag: str | None = None, keep: b
     d.save()
 
 
+def _run_arms(d: Driver, a: argparse.Namespace, arms: list, names: list, up: list, load: dict) -> None:
+    """Steps 4-5 of the module docstring: the arms in priority order, late starters alone, the repeat."""
+    per_arm = load["per_arm_s"]
+    for n in names:
+        if n not in up:
+            continue
+        if d.left() < per_arm or load["window_s"] <= 0:
+            d.manifest["arms"][n]["failures"].append(
+                f"not run: {d.left():.0f} s left < {per_arm:.0f} s" if load["window_s"] > 0 else
+                f"not run: no measured window fits ({load['left_s']:.0f} s left after the calibration)")
+            stop(d, n)
+            continue
+        run_arm(d, n, load, keep=a.repeat_first and n == up[0])
+    for n in names:     # arms whose server did not come up together with the others
+        if n in up or d.left() < a.solo_start_s + per_arm:
+            continue
+        d.log(f"{n}: starting alone")
+        start(d, next(x for x in arms if x["arm"] == n), a.base_port + len(arms) + names.index(n))
+        if wait_up(d, [n], d.now() + a.solo_start_s) and d.left() >= per_arm:
+            run_arm(d, n, load)
+        stop(d, n)
+    if a.repeat_first and up[0] in d.procs:     # drift check: the first arm again, same schedule
+        if d.left() >= per_arm:
+            run_arm(d, up[0], load, tag=f"{up[0]}-repeat")
+        else:
+            d.manifest["repeat"] = f"not run: {d.left():.0f} s left < {per_arm:.0f} s"
+
+
 def main(argv=None) -> int:
     """CLI (module docstring). Returns 0 when the arms are done (failures are in the manifest), 2 for bad arguments."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -316,6 +347,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ttft-probe-max-s", type=float, default=60.0, help="no probe request starts after this")
     ap.add_argument("--no-ttft-probe", action="store_true", help="skip the TTFT probe")
     ol_load.add_load_args(ap)
+    ap.add_argument("--load-json", type=Path, default=None,
+                    help="replay a previous run's schedule: its manifest.json (or a JSON of its 'load' record); "
+                         "the warm-up, calibration and probe are skipped and windows pair with that run's")
     ap.add_argument("--warmup-conversations", type=int, default=8)
     ap.add_argument("--mem-fraction-static", type=float, default=0.88)
     ap.add_argument("--max-total-tokens", type=int, default=400000)
@@ -342,6 +376,19 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    given = None
+    if a.load_json is not None:
+        try:
+            doc = json.loads(a.load_json.read_text())
+            given = doc.get("load", doc)
+            missing = [k for k in ("rate", "think_s", "initial_live", "warmup_s", "window_s", "service_s", "per_arm_s")
+                       if not isinstance(given.get(k), (int, float))]
+        except (OSError, ValueError, AttributeError) as e:
+            print(f"error: --load-json {a.load_json}: cannot read a load record ({e})", file=sys.stderr)
+            return 2
+        if missing:
+            print(f"error: --load-json {a.load_json}: the load record lacks {missing}", file=sys.stderr)
+            return 2
     a.work.mkdir(parents=True, exist_ok=True)
     d = Driver(a)
     names = [x["arm"] for x in arms]
@@ -354,6 +401,14 @@ def main(argv=None) -> int:
         d.save()
         if not up:
             d.log("no server came up")
+            return 0
+        if given is not None:
+            load = dict(given, source=str(a.load_json))
+            d.manifest["load"] = load
+            d.log(f"load from {a.load_json} (no warm-up, calibration or probe): "
+                  f"{json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in load.items()})}")
+            d.save()
+            _run_arms(d, a, arms, names, up, load)
             return 0
         warm_up(d, up)
         cal = None
@@ -378,30 +433,7 @@ def main(argv=None) -> int:
         d.manifest["load"] = load
         d.log(f"load: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in load.items()})}")
         d.save()
-        per_arm = load["per_arm_s"]
-        for n in names:
-            if n not in up:
-                continue
-            if d.left() < per_arm or load["window_s"] <= 0:
-                d.manifest["arms"][n]["failures"].append(
-                    f"not run: {d.left():.0f} s left < {per_arm:.0f} s" if load["window_s"] > 0 else
-                    f"not run: no measured window fits ({load['left_s']:.0f} s left after the calibration)")
-                stop(d, n)
-                continue
-            run_arm(d, n, load, keep=a.repeat_first and n == up[0])
-        for n in names:     # arms whose server did not come up together with the others
-            if n in up or d.left() < a.solo_start_s + per_arm:
-                continue
-            d.log(f"{n}: starting alone")
-            start(d, next(x for x in arms if x["arm"] == n), a.base_port + len(arms) + names.index(n))
-            if wait_up(d, [n], d.now() + a.solo_start_s) and d.left() >= per_arm:
-                run_arm(d, n, load)
-            stop(d, n)
-        if a.repeat_first and up[0] in d.procs:     # drift check: the first arm again, same schedule
-            if d.left() >= per_arm:
-                run_arm(d, up[0], load, tag=f"{up[0]}-repeat")
-            else:
-                d.manifest["repeat"] = f"not run: {d.left():.0f} s left < {per_arm:.0f} s"
+        _run_arms(d, a, arms, names, up, load)
     finally:
         stop_all(d)
         d.manifest["wall_s"] = round(d.now(), 1)
