@@ -127,11 +127,20 @@ def closed_loop(run_dir: Path, *, decays: str, model: str) -> tuple[list[dict], 
     return objs, rows
 
 
-def open_loop(run_dir: Path, *, decays: str, model: str) -> tuple[list[dict], list[dict]]:
-    """Summary objects of a ``run_open_loop.py`` work directory (its windows are the seeds)."""
+def open_loop(run_dir: Path, *, decays: str, model: str, exclude: Sequence[str] = ()) -> tuple[list[dict], list[dict]]:
+    """Summary objects of a ``run_open_loop.py`` work directory (its windows are the seeds).
+
+    ``exclude``: arms left out (a run that is not a valid measurement; its raw data stays beside it).
+    Raises DascInputError when an excluded arm is not in the manifest.
+    """
     man = _read(run_dir / "manifest.json")
+    unknown = [n for n in exclude if n not in man["arms"]]
+    if unknown:
+        raise DascInputError(f"--exclude: no arm {unknown} in {run_dir / 'manifest.json'}")
     runs, cap, clip, rate = [], {}, None, None
     for name, rec in man["arms"].items():
+        if name in exclude:
+            continue
         res = next((f for f in (run_dir / name / "result.json", run_dir / name / "result.json.gz") if f.is_file()), None)
         if res is None:
             continue
@@ -186,7 +195,10 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
 
     pts = []
     for p in summaries:
-        for o in json.loads(Path(p).read_text()):
+        doc = json.loads(Path(p).read_text())
+        if not isinstance(doc, list) or not all(isinstance(o, dict) and set(KEYS) <= set(o) for o in doc):
+            raise DascInputError(f"{p}: not a serving summary.json (expected a list of objects with {list(KEYS)})")
+        for o in doc:
             if o["w_max"] is not None and o["mean_ttft_ratio_vs_dense"] is not None and o["rate"] is not None:
                 pts.append(o)
     if not pts:
@@ -241,6 +253,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--decays", default="init", help="init | paper-calibrated | trained")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", type=Path, default=None, help="map: the PNG to write")
+    ap.add_argument("--exclude", action="append", default=[],
+                    help="open: leave this arm out of summary.json (repeatable; say why in the run's note)")
     a = ap.parse_args(argv)
     try:
         if a.kind == "map":
@@ -252,7 +266,10 @@ def main(argv: Iterable[str] | None = None) -> int:
         for d in a.paths:
             if not d.is_dir():
                 raise DascInputError(f"{d}: expected a run directory")
-            objs, rows = (closed_loop if a.kind == "closed" else open_loop)(d, decays=a.decays, model=a.model)
+            if a.exclude and a.kind != "open":
+                raise DascInputError("--exclude applies to open-loop runs only")
+            objs, rows = (open_loop(d, decays=a.decays, model=a.model, exclude=a.exclude) if a.kind == "open"
+                          else closed_loop(d, decays=a.decays, model=a.model))
             print(f"wrote {write_summary(d, objs)} ({len(objs)} arms x conditions)")
             print(spread_markdown(rows))
     except (DascInputError, OSError, KeyError, ValueError) as e:

@@ -82,13 +82,41 @@ def test_open_loop_by_hand(tmp_path):
     assert w["seeds"] == [10, 11] and w["rate"] == 0.5 and w["regime"] == "open-loop" and w["capacity"] == 81
     assert w["mean_ttft_ratio_vs_dense"] == pytest.approx(0.75) and w["mean_ttft_ratio_vs_int8"] is None
     assert w["decays"] == "paper-calibrated"
+    _write(run / "int8" / "result.json.gz", res([0.25, 1.0]))
+    assert by["dense"]["mean_ttft_ratio_vs_int8"] is None
+    with_int8 = {o["arm"]: o for o in ss.open_loop(run, decays="x", model="m")[0]}
+    assert with_int8["dasc-nr-w16"]["mean_ttft_ratio_vs_int8"] == pytest.approx((2.0 + 2.0) / 2)
+    left_out = {o["arm"]: o for o in ss.open_loop(run, decays="x", model="m", exclude=["int8"])[0]}
+    assert set(left_out) == {"dense", "dasc-nr-w16"} and left_out["dasc-nr-w16"]["mean_ttft_ratio_vs_int8"] is None
+    with pytest.raises(DascInputError, match="no arm"):
+        ss.open_loop(run, decays="x", model="m", exclude=["int4"])
+    (run / "int8" / "result.json.gz").unlink()
     out = tmp_path / "map.png"
     ss.write_summary(run, objs)
     ss.regime_map([run / "summary.json"], out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "eval.json").write_text(json.dumps({"arms": []}))          # e.g. a dasc eval summary.json
+    with pytest.raises(DascInputError, match="not a serving summary"):
+        ss.regime_map([tmp_path / "eval.json"], out)
     (tmp_path / "empty.json").write_text(json.dumps([by["dense"]]))
     with pytest.raises(DascInputError, match="no dasc arm"):
         ss.regime_map([tmp_path / "empty.json"], out)
+
+
+@pytest.mark.parametrize("call,arm,ratio,hit,cap", [
+    # benchmarks/notes/2026-12-01-h200-open-loop-min4k.md (int8 of call 2 left out: not a valid run)
+    ("call1", "dasc-nr-w16", 0.587, 0.138, 81),
+    ("call2", "dasc-nr-w64", 1.048, 0.350, 152),
+])
+def test_committed_open_loop_min4k_runs_match_their_note(call, arm, ratio, hit, cap):
+    run = RESULTS / "2026-12-01-h200-kimi-linear-48b-calibrated-open-loop-min4k" / call
+    committed = json.loads((run / "summary.json").read_text())
+    objs, _ = ss.open_loop(run, decays="paper-calibrated", model=committed[0]["model"],
+                           exclude=["int8"] if call == "call2" else [])
+    assert objs == committed
+    o = next(o for o in objs if o["arm"] == arm)
+    assert o["mean_ttft_ratio_vs_dense"] == pytest.approx(ratio, abs=6e-4)
+    assert o["hit_rate"] == pytest.approx(hit, abs=6e-4) and o["capacity"] == cap
 
 
 @pytest.mark.parametrize("run,arm,clip,ratio,hit,cap", [
