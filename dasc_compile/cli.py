@@ -221,6 +221,8 @@ def size_cmd(
     no_overlap: bool = typer.Option(False, "--disable-overlap-schedule", help="Size for SGLang without its overlap scheduler."),
     pair_plan: Optional[str] = typer.Option(None, "--pair-plan", help="The same plan compiled with the other --int8 setting."),
     as_json: bool = typer.Option(False, "--json", help="Print the arms as one JSON list."),
+    refresh_slots: Optional[int] = typer.Option(None, "--refresh-slots",
+                                                help="dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot."),
 ) -> None:
     """Native and compressed slots, capacity and SGLang flags of every arm at equal state memory (App. C.1)."""
     from dasc_runtime.size_report import size_command
@@ -228,7 +230,7 @@ def size_cmd(
     try:
         size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,
                      budget=budget, strategy=strategy, overlap_schedule=not no_overlap, pair_plan=pair_plan,
-                     as_json=as_json)
+                     as_json=as_json, refresh_slots=refresh_slots)
     except DascInputError as exc:
         _fail(exc)
 

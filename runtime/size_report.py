@@ -46,7 +46,8 @@ def parse_bytes(text: str) -> int:
 
 def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_slots: Optional[int] = None,
                  budget: Optional[str] = None, strategy: str = "extra_buffer", overlap_schedule: bool = True,
-                 pair_plan: Optional[str] = None, as_json: bool = False, out=None) -> None:
+                 pair_plan: Optional[str] = None, as_json: bool = False, refresh_slots: Optional[int] = None,
+                 out=None) -> None:
     """``dasc size PLAN``: print every arm's slots, capacity and SGLang flags (module docstring).
 
     Args:
@@ -54,13 +55,24 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
             other INT8 setting (same model, w_max and kept units), named in that arm's flags.
         max_running_requests, dense_slots, budget (a size string), strategy, overlap_schedule: see
             :func:`size_arms`. as_json: print one JSON document (a list of arms) instead of text.
+        refresh_slots: a dasc-wr plan's scratch slots B (``--dasc-refresh-slots``; None: the runtime's
+            default), each charged as one dense slot (``B * b_dense`` bytes).
     Raises:
-        DascInputError: a bad plan, a pair plan that differs, or sizes that do not fit (one line).
+        DascInputError: a bad plan, a pair plan that differs, sizes that do not fit, B < 1, or B given
+            for a plan that runs no refresh (one line; the runtime refuses both at start-up too).
     """
     out = out or sys.stdout
     if max_running_requests is None:
         raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
     plan = load_plan(plan_path)
+    if refresh_slots is not None:
+        from dasc_runtime.wr_scratch import refresh_active
+
+        if not refresh_active(plan):
+            raise DascInputError(f"--refresh-slots {refresh_slots}: {plan_path} runs no refresh (load_policy "
+                                 f"{plan.policy.load_policy}, w_replay_cap {plan.refresh.w_replay_cap})")
+        if refresh_slots < 1:
+            raise DascInputError(f"--refresh-slots {refresh_slots}: dasc-wr needs at least one scratch slot")
     if pair_plan is not None:
         other = load_plan(pair_plan)
         same = (other.fingerprint == plan.fingerprint and other.policy.w_max == plan.policy.w_max
@@ -73,7 +85,8 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
                                  f"of {plan_path} at int8={other.policy.int8}")
     arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,
                      budget_bytes=None if budget is None else parse_bytes(budget), strategy=strategy,
-                     overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan)
+                     overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan,
+                     refresh_slots=refresh_slots)
     if as_json:
         out.write(json.dumps([asdict(a) for a in arms], indent=1) + "\n")
         return

@@ -43,7 +43,8 @@ def kimi(tmp_path_factory):
     out = {}
     for name, pol in (("w16", Policy(w_max=16)), ("w16-int8", Policy(w_max=16, int8=True)), ("w64", Policy(w_max=64)),
                       ("w16-tp2", Policy(w_max=16, tp_size=2, balance="storage")),
-                      ("w16-int8-tp2", Policy(w_max=16, tp_size=2, balance="storage", int8=True))):
+                      ("w16-int8-tp2", Policy(w_max=16, tp_size=2, balance="storage", int8=True)),
+                      ("w16-wr", Policy(w_max=16, load_policy="wr"))):
         _, path = compile_plan(KIMI, pol, d / name, with_kernels=False)
         out[name] = path
     return out
@@ -260,7 +261,24 @@ def test_dasc_size_prints_every_arm_and_json(kimi):
     assert got[3]["plan"] is None and "{plan}" in got[3]["flags"]
 
 
+def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
+    """``--refresh-slots B`` (issue 15 item 2): B dense slots of scratch come out of the compressed pool."""
+    def wr_arm(*extra):
+        r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
+                                "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return next(a for a in json.loads(r.output) if a["arm"] == "dasc-wr-w16")
+
+    two, default = wr_arm("--refresh-slots", "2"), wr_arm()
+    b_c = two["bytes_ckpt_slot"]
+    assert two["flags"][-2:] == ["--dasc-refresh-slots", "2"] and default["flags"][-1] == "8"
+    assert two["ckpt_slots"] == ((56 - 40) * B_DENSE - 2 * B_DENSE) // b_c - 1 == 35    # the 2026-12-01 arms.json
+    assert default["ckpt_slots"] == ((56 - 40) * B_DENSE - 8 * B_DENSE) // b_c - 1 == 20
+    assert two["used_bytes"] <= two["budget_bytes"] == 57 * B_DENSE
+
+
 @pytest.mark.parametrize("args,match", [
+    (["--dense-slots", "64", "--max-running-requests", "8", "--refresh-slots", "2"], "runs no refresh"),
     (["--dense-slots", "64"], "max-running-requests R is required"),
     (["--dense-slots", "20", "--max-running-requests", "8"], "needs M >= 40"),
     (["--budget", "lots", "--max-running-requests", "8"], "--budget: expected a positive size"),
