@@ -307,10 +307,12 @@ def _pool(m: int, m_native: int, b_dense: int, b: int, scratch: int, what: str) 
         return matched_memory(dense_slots=m, native_slots=m_native, bytes_dense_slot=b_dense,
                               bytes_compressed_slot=b, scratch_bytes=scratch)
     except DascInputError:
+        left = (m - m_native) * b_dense - scratch
+        beside = f" and {scratch} bytes of scratch" if scratch else ""
         raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave "
-                             f"{(m - m_native) * b_dense} bytes beside the M'={m_native} native slots, one "
+                             f"{left} bytes beside the M'={m_native} native slots{beside}, one "
                              f"{what} slot needs {b} bytes (+1 reserved); raise --dense-slots or lower "
-                             f"--max-running-requests") from None
+                             f"--max-running-requests{' or --refresh-slots' if scratch else ''}") from None
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0) -> MatchedMemory:
