@@ -21,6 +21,6 @@ if [ ! -f "$MARK" ]; then
     "openai==2.6.1" "xgrammar==0.2.1" einops compressed-tensors sentencepiece "apache-tvm-ffi==0.1.11"
   touch "$MARK"
 fi
-# dasc itself (editable, so a checkout's edits are live) with its test tools
-"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) -e "$ROOT[test]"
+# dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts)
+"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) -e "$ROOT[test,eval]"
 echo "environment ready: $VENV"
