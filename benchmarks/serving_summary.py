@@ -124,6 +124,10 @@ def closed_loop(run_dir: Path, *, decays: str, model: str) -> tuple[list[dict], 
         objs += condition_objects(runs, model=model + (f", TP {tp}" if tp != 1 else ""), decays=decays,
                                   regime="closed-loop", rate=round(rate, 4), decode_clip=clip, capacity=g["capacity"])
         rows += [{"condition": f"closed loop C={conc}, N={n_conv}, clip {clip}, TP {tp}", **r} for r in runs]
+    if not objs:
+        hint = " (it holds a manifest.json with arms: an open-loop run? use 'open')" \
+            if (run_dir / "manifest.json").is_file() else ""
+        raise DascInputError(f"{run_dir}: no closed-loop results (ARM_sSEED.json[.gz] in sub-directories){hint}")
     return objs, rows
 
 
@@ -135,6 +139,8 @@ def open_loop(run_dir: Path, *, decays: str, model: str, exclude: Sequence[str] 
     """
     man = _read(run_dir / "manifest.json")
     unknown = [n for n in exclude if n not in man["arms"]]
+    if "dense" in exclude:
+        raise DascInputError("--exclude dense: every ratio is taken against Dense; keep it")
     if unknown:
         raise DascInputError(f"--exclude: no arm {unknown} in {run_dir / 'manifest.json'}")
     runs, cap, clip, rate = [], {}, None, None
@@ -195,7 +201,10 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
 
     pts = []
     for p in summaries:
-        doc = json.loads(Path(p).read_text())
+        try:
+            doc = json.loads(Path(p).read_text())
+        except ValueError as e:
+            raise DascInputError(f"{p}: not JSON ({e})") from None
         if not isinstance(doc, list) or not all(isinstance(o, dict) and set(KEYS) <= set(o) for o in doc):
             raise DascInputError(f"{p}: not a serving summary.json (expected a list of objects with {list(KEYS)})")
         for o in doc:
@@ -233,14 +242,13 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     ax.set_xlabel("conversation arrival rate (conversations/s; closed loop: conversations / Dense's wall time; "
                   "columns at nearly one rate are set apart)", fontsize=8)
     ax.set_ylabel("reply length: decode clip (tokens; arms of one run stacked upwards)")
-    fig.colorbar(sc, ax=ax, label="mean TTFT, dasc-nr / Dense (seed-paired)")
+    fig.colorbar(sc, ax=ax, label="mean TTFT, dasc-nr / Dense (paired by seed; open loop: by window)")
     ax.set_title("When dasc-nr lowers TTFT: circles open loop, squares closed loop (queue-bound)", fontsize=9)
     calibrated = any(o["decays"] == "paper-calibrated" for o in pts)
     fig.text(0.01, 0.005, ("'calibrated' points: decays " + CALIBRATED_LABEL + "; " if calibrated else "")
              + "'init': initialisation draw; all runs: dummy weights, H200", fontsize=7, color="0.3")
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=150)
     plt.close(fig)
 
@@ -250,16 +258,22 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=["closed", "open", "map"])
     ap.add_argument("paths", nargs="+", type=Path, help="run directory (closed / open) or summary.json files (map)")
-    ap.add_argument("--decays", default="init", help="init | paper-calibrated | trained")
+    ap.add_argument("--decays", choices=["init", "paper-calibrated", "trained"], default=None,
+                    help="what the plans' decay values are (required for closed / open)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", type=Path, default=None, help="map: the PNG to write")
     ap.add_argument("--exclude", action="append", default=[],
                     help="open: leave this arm out of summary.json (repeatable; say why in the run's note)")
     a = ap.parse_args(argv)
     try:
+        if a.kind != "map" and a.decays is None:
+            raise DascInputError(f"{a.kind}: --decays is required (init | paper-calibrated | trained): it labels "
+                                 "every summary object and the regime map")
         if a.kind == "map":
             if a.out is None:
                 raise DascInputError("map: --out PNG is required")
+            if not a.out.parent.is_dir():
+                raise DascInputError(f"--out {a.out}: folder {a.out.parent} does not exist")
             regime_map(a.paths, a.out)
             print(f"wrote {a.out}")
             return 0

@@ -73,6 +73,9 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
                                  f"{plan.policy.load_policy}, w_replay_cap {plan.refresh.w_replay_cap})")
         if refresh_slots < 1:
             raise DascInputError(f"--refresh-slots {refresh_slots}: dasc-wr needs at least one scratch slot")
+        from dasc_runtime.sizing import _check_count
+
+        _check_count("--refresh-slots", refresh_slots)
     if pair_plan is not None:
         other = load_plan(pair_plan)
         same = (other.fingerprint == plan.fingerprint and other.policy.w_max == plan.policy.w_max

@@ -137,7 +137,7 @@ def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: in
     w = int(plan.refresh.w_replay_cap)
     b = DEFAULT_REFRESH_SLOTS if refresh_slots is None else int(refresh_slots)
     if b < 1:
-        raise DascRefusal("--dasc-refresh-slots 0: dasc-wr needs at least one scratch slot for its refresh pass "
+        raise DascRefusal(f"--dasc-refresh-slots {b}: dasc-wr needs at least one scratch slot for its refresh pass "
                           "(or recompile the plan with load_policy: nr)")
     if w >= context_len:
         raise DascRefusal(f"the plan's refresh window w_replay_cap={w} tokens exceeds the served context length "

@@ -143,3 +143,26 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error:")
     assert ss.main(["map", str(tmp_path / "x.json")]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_cli_refuses_what_would_write_a_wrong_summary(tmp_path, capsys):
+    """One ``error:`` line, exit 2 and nothing written: an open-loop folder given to ``closed`` (it wrote
+    ``[]`` over the committed summary), no ``--decays``, ``--exclude dense``, a map into a missing
+    folder or from a file that is not JSON."""
+    run = tmp_path / "ol"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"arms": {"dense": {"launch": {"kind": "dense", "capacity": 56}}}}))
+    (run / "summary.json").write_text("KEEP")
+    (tmp_path / "bad.json").write_text("{not json")
+    cases = [
+        (["closed", str(run), "--decays", "init"], "no closed-loop results"),
+        (["open", str(run)], "--decays is required"),
+        (["open", str(run), "--decays", "paper-calibrated", "--exclude", "dense"], "--exclude dense"),
+        (["map", str(tmp_path / "bad.json"), "--out", str(tmp_path / "m.png")], "bad.json: not JSON"),
+        (["map", str(run / "summary.json"), "--out", str(tmp_path / "no" / "m.png")], "does not exist"),
+    ]
+    for args, match in cases:
+        assert ss.main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and match in err[0], (args, err)
+    assert (run / "summary.json").read_text() == "KEEP" and not (tmp_path / "no").exists()

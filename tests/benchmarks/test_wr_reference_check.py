@@ -75,3 +75,14 @@ def test_logit_row_compares_on_sglang_ids():
     top = [[float(ref[3]) + 0.1, 3], [float(ref[2]) - 0.3, 2]]
     r = wrc.logit_row(top, ref)
     assert r["max_abs"] == pytest.approx(0.3, abs=1e-6) and r["mean_abs"] == pytest.approx(0.2, abs=1e-6) and r["top1_equal"]
+
+
+def test_missing_dumps_are_an_error_and_nothing_is_written(tmp_path, capsys):
+    res = tmp_path / "run"
+    res.mkdir()
+    (res / "client.json").write_text("[]")
+    (res / "plans.txt").write_text("")
+    (res / "reference_check.json").write_text("KEEP")
+    assert wrc.main([str(res)]) == 2
+    assert "no dumps-wr-w*.tar.gz" in capsys.readouterr().err
+    assert (res / "reference_check.json").read_text() == "KEEP"

@@ -275,6 +275,10 @@ def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
     assert two["ckpt_slots"] == ((56 - 40) * B_DENSE - 2 * B_DENSE) // b_c - 1 == 35    # the 2026-12-01 arms.json
     assert default["ckpt_slots"] == ((56 - 40) * B_DENSE - 8 * B_DENSE) // b_c - 1 == 20
     assert two["used_bytes"] <= two["budget_bytes"] == 57 * B_DENSE
+    for bad, match in (("0", "at least one scratch slot"), ("99999999999", "<= 2147483648")):
+        r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
+                                "--refresh-slots", bad])
+        assert r.exit_code == 2 and match in r.output, r.output
 
 
 @pytest.mark.parametrize("args,match", [
