@@ -7,12 +7,16 @@ share: ``--max-total-tokens`` caps its KV pool, the arm's flags fix its state po
 ``--sleep-on-idle`` keeps an idle server off the CPU). Once every server is up (or dead, or the
 start-up deadline passed), nothing is started any more, and:
 
-1. every server replays a short untimed warm-up at once (first compiles of prefill shapes);
-2. the first healthy arm (Dense) calibrates the load: ``--calibration-requests`` first turns one
-   at a time, replies clipped as in the run, the first two dropped (first-use costs); ``S`` = their
-   mean end-to-end latency (s) times ``--batch-margin`` (decode slows a little with the batch). A
-   burst of R requests at once, the first version of this step, measured S = 3.36 s on the H200
-   where the run then saw 0.55 s, and so offered a tenth of the load it aimed at. Then, on the
+Steps 1-2 live in ``benchmarks/open_loop_prep.py``.
+
+1. every server replays a short untimed warm-up at once (first compiles of prefill shapes), then
+   one never-cached request at each probe length (the long-prompt paths);
+2. the first healthy arm (Dense) calibrates the load: ``--calibration-requests`` first turns of the
+   measured trace one at a time, replies clipped as in the run, the first two dropped (first-use
+   costs); ``S`` = their median end-to-end latency (s) times ``--batch-margin`` (decode slows a
+   little with the batch). A burst of R requests at once, the first version of this step, measured
+   S = 3.36 s on the H200 where the run then saw 0.55 s; a mean over short warm-trace prompts, the
+   second, took S = 1.16 s from one compile-bound sample and overloaded the server. Then, on the
    same server, a TTFT probe (``benchmarks/ttft_probe.py``): ``--ttft-probe-reps`` single requests
    of never-cached prompts at each of ``--ttft-probe-lengths`` tokens (clipped to the context
    length - 64), ``max_new_tokens`` 1, one in flight, cache flushed after; per length the mean
@@ -33,7 +37,8 @@ start-up deadline passed), nothing is started any more, and:
    together with the others is started alone afterwards if the time left covers it.
 
 ``--load-json MANIFEST`` replays a previous run's schedule instead (its ``load`` record, used as it is;
-steps 1-3 skipped), so a second device call measures more arms against the same windows and seeds.
+steps 2-3 skipped; the warm-up still runs: without it the 2026-12-01 replay's first arm, SGLang's INT8
+pool, paid first-use compiles and never cleared the backlog), so a second device call measures more arms against the same windows and seeds.
 
 Outputs ``WORK/manifest.json`` (per arm: command, start-up time and log lines, GPU memory, the
 client's summary, failures; the calibration, the TTFT probe and the schedule parameters),
@@ -56,14 +61,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from benchmarks import run_serving as rs
 from benchmarks import open_loop_load as ol_load
-from benchmarks import serve_bench as sb
 from benchmarks import ttft_probe as tp
-from benchmarks.build_trace import load_trace, turn_requests
+from benchmarks.open_loop_prep import calibrate, probe, warm_up
+from benchmarks.build_trace import load_trace
 
 REPO = Path(__file__).resolve().parent.parent
 OPEN_LOOP = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.open_loop"]
@@ -183,66 +187,6 @@ def stop_all(d: Driver) -> None:
         d.procs.pop(name, None)
 
 
-def _requests(trace: Path, clip: int, vocab: int, turns: int | None = None):
-    _, convs = load_trace(trace)
-    return [[replace(r, max_new_tokens=min(r.max_new_tokens, clip)) for r in turn_requests(i, c, vocab_size=vocab)]
-            [: turns or None] for i, c in enumerate(convs)]
-
-
-def warm_up(d: Driver, names: list[str]) -> None:
-    """Untimed: ``--warmup-conversations`` two-turn conversations per server, all servers at once, then flush."""
-    reqs = _requests(d.a.warm_trace, 32, d.a.vocab_size, turns=2)[-d.a.warmup_conversations:]
-
-    def one(n: str) -> None:
-        url = f"http://127.0.0.1:{d.manifest['arms'][n]['port']}"
-        t = time.monotonic()
-        recs, _ = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=d.a.max_running_requests,
-                                timeout_s=120)
-        sb._http(url, "POST", "/flush_cache")
-        d.manifest["arms"][n]["warmup"] = {"s": round(time.monotonic() - t, 1),
-                                           "failed": sum(1 for r in recs if not r.success)}
-
-    ts = [threading.Thread(target=one, args=(n,)) for n in names]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-
-
-def calibrate(d: Driver, name: str) -> dict:
-    """Mean E2E latency S (s) of single first turns (one in flight), replies clipped as in the run,
-    the first two dropped, times ``--batch-margin`` (module docstring, step 2)."""
-    url = f"http://127.0.0.1:{d.manifest['arms'][name]['port']}"
-    reqs = _requests(d.a.warm_trace, d.a.decode_clip, d.a.vocab_size, turns=1)[: d.a.calibration_requests + 2]
-    recs, wall = sb.run_replay(url, reqs, source_ids=[""] * len(reqs), concurrency=1, timeout_s=60)
-    sb._http(url, "POST", "/flush_cache")
-    ok = [r for r in sorted(recs, key=lambda r: r.start_s)[2:] if r.success]
-    if not ok:
-        raise RuntimeError(f"calibration on {name}: every request failed ({recs[0].error if recs else 'none sent'})")
-    e2e = sum(r.e2e_s for r in ok) / len(ok)
-    return {"arm": name, "requests": len(ok), "e2e_single_s": e2e, "batch_margin": d.a.batch_margin,
-            "service_s": e2e * d.a.batch_margin, "ttft_s": sum(r.ttft_s for r in ok) / len(ok), "wall_s": wall}
-
-
-def probe(d: Driver, name: str) -> dict:
-    """The TTFT probe on arm ``name`` (module docstring, step 2; ``benchmarks/ttft_probe.py``), logged
-    in one line. Returns its record; an error is recorded in it (and logged), never raised."""
-    a = d.a
-    lengths = tp.probe_lengths(a.ttft_probe_lengths, a.context_length)
-    if a.no_ttft_probe or not lengths:
-        why = "--no-ttft-probe" if a.no_ttft_probe else (f"no --ttft-probe-lengths left below --context-length "
-                                                         f"{a.context_length} - {tp.CONTEXT_MARGIN}")
-        d.log(f"ttft probe: skipped ({why})")
-        return {"arm": name, "skipped": why}
-    try:
-        res = tp.run_probe(f"http://127.0.0.1:{d.manifest['arms'][name]['port']}", lengths, reps=a.ttft_probe_reps,
-                           vocab_size=a.vocab_size, budget_s=min(a.ttft_probe_max_s, max(0.0, d.left() / 4)))
-    except Exception as e:      # noqa: BLE001 -- the probe must never end the run
-        res = {"lengths": lengths, "reps": a.ttft_probe_reps, "error": f"{type(e).__name__}: {e}"}
-    d.log(f"ttft probe on {name}: {tp.probe_line(res)}")
-    return {"arm": name, **res}
-
-
 def _bad_probe_args(a: argparse.Namespace) -> str | None:
     """One line naming a bad TTFT-probe argument, or None."""
     if a.ttft_probe_reps < 1:
@@ -349,7 +293,7 @@ def main(argv=None) -> int:
     ol_load.add_load_args(ap)
     ap.add_argument("--load-json", type=Path, default=None,
                     help="replay a previous run's schedule: its manifest.json (or a JSON of its 'load' record); "
-                         "the warm-up, calibration and probe are skipped and windows pair with that run's")
+                         "calibration and probe are skipped and windows pair with that run's")
     ap.add_argument("--warmup-conversations", type=int, default=8)
     ap.add_argument("--mem-fraction-static", type=float, default=0.88)
     ap.add_argument("--max-total-tokens", type=int, default=400000)
@@ -402,15 +346,15 @@ def main(argv=None) -> int:
         if not up:
             d.log("no server came up")
             return 0
+        warm_up(d, up)      # also before a replayed schedule: the first arm must not pay first-use compiles
         if given is not None:
             load = dict(given, source=str(a.load_json))
             d.manifest["load"] = load
-            d.log(f"load from {a.load_json} (no warm-up, calibration or probe): "
+            d.log(f"load from {a.load_json} (no calibration or probe): "
                   f"{json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in load.items()})}")
             d.save()
             _run_arms(d, a, arms, names, up, load)
             return 0
-        warm_up(d, up)
         cal = None
         for n in up:            # Dense first; the next healthy arm if its requests fail
             try:
