@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from dasc_compile.schema import DascInputError, load_plan
-from dasc_runtime.sizing import (CAPACITY_LEGEND, MAX_BUDGET_BYTES, GIB, compressed_bytes_per_slot,
+from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES, GIB, compressed_bytes_per_slot,
                                  size_arms, slots_per_running_request)
 
 __all__ = ["parse_bytes", "size_command"]
@@ -73,8 +73,6 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
                                  f"{plan.policy.load_policy}, w_replay_cap {plan.refresh.w_replay_cap})")
         if refresh_slots < 1:
             raise DascInputError(f"--refresh-slots {refresh_slots}: dasc-wr needs at least one scratch slot")
-        from dasc_runtime.sizing import _check_count
-
         _check_count("--refresh-slots", refresh_slots)
     if pair_plan is not None:
         other = load_plan(pair_plan)
