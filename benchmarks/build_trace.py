@@ -350,13 +350,14 @@ def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatForm
 
 
 def turn_requests(conv_index: int, conv: TraceConversation, *,
-                  vocab_size: int | None = None) -> list[TurnRequest]:
+                  vocab_size: int | None = None, decode_clip: int | None = None) -> list[TurnRequest]:
     """The T requests of one conversation, in turn order (paper App. C.3).
 
     Turn k's prompt is ``segments[0 : 2k + 1]`` concatenated: earlier user turns, the recorded
     replies and the new user turn. With ``vocab_size`` every id >= vocab_size is replaced by
     ``id % vocab_size`` (a served model with a smaller vocabulary); equal ids stay equal, so the
-    shared-prefix structure across turns is unchanged.
+    shared-prefix structure across turns is unchanged. With ``decode_clip`` every decode length is
+    at most that many tokens (the benchmarks' reply clip).
     """
     flat: list[int] = []
     out = []
@@ -366,7 +367,8 @@ def turn_requests(conv_index: int, conv: TraceConversation, *,
         flat.extend(conv.segments[2 * k])
         ids = flat if vocab_size is None else [t % vocab_size if t >= vocab_size else t for t in flat]
         out.append(TurnRequest(conv=conv_index, turn=k, input_ids=tuple(ids),
-                               max_new_tokens=conv.decode_tokens[k]))
+                               max_new_tokens=conv.decode_tokens[k] if decode_clip is None
+                               else min(conv.decode_tokens[k], decode_clip)))
     return out
 
 

@@ -45,7 +45,7 @@ import random
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit
@@ -334,8 +334,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    reqs = [[replace(r, max_new_tokens=min(r.max_new_tokens, a.decode_clip)) for r in turn_requests(i, c,
-             vocab_size=a.vocab_size)] for i, c in enumerate(convs)]
+    reqs = [turn_requests(i, c, vocab_size=a.vocab_size, decode_clip=a.decode_clip) for i, c in enumerate(convs)]
     info = sb.server_info(a.url)
     if not a.no_flush:
         try:

@@ -19,11 +19,9 @@ __all__ = ["warm_up", "calibrate", "probe"]
 
 
 def _requests(trace, clip: int, vocab: int, turns: int | None = None):
-    from dataclasses import replace
-
+    """Every conversation's requests of ``trace`` (the first ``turns`` of each), replies clipped at ``clip``."""
     _, convs = load_trace(trace)
-    return [[replace(r, max_new_tokens=min(r.max_new_tokens, clip)) for r in turn_requests(i, c, vocab_size=vocab)]
-            [: turns or None] for i, c in enumerate(convs)]
+    return [turn_requests(i, c, vocab_size=vocab, decode_clip=clip)[: turns or None] for i, c in enumerate(convs)]
 
 
 def warm_up(d, names: list[str]) -> None:

@@ -39,7 +39,7 @@ import random
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit
@@ -381,9 +381,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    reqs = [turn_requests(i, c, vocab_size=a.vocab_size) for i, c in enumerate(convs)]
-    if a.decode_clip is not None:
-        reqs = [[replace(r, max_new_tokens=min(r.max_new_tokens, a.decode_clip)) for r in conv] for conv in reqs]
+    reqs = [turn_requests(i, c, vocab_size=a.vocab_size, decode_clip=a.decode_clip) for i, c in enumerate(convs)]
     remapped = (sum(1 for c in convs for s in c.segments for t in s if t >= a.vocab_size)
                 if a.vocab_size else 0)
     order = list(range(len(convs)))

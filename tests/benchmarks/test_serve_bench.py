@@ -177,6 +177,7 @@ def test_turn_requests_prompts_and_vocab_mapping():
         (2, 0, (5, 6), 3), (2, 1, (5, 6, 7, 8, 9, 10), 4)]
     m = bt.turn_requests(0, conv, vocab_size=8)
     assert m[1].input_ids == (5, 6, 7, 0, 1, 2)
+    assert [q.max_new_tokens for q in bt.turn_requests(0, conv, decode_clip=3)] == [3, 3]   # 3 and 4, clipped at 3
 
 
 def test_trace_file_round_trip_and_rejects(tmp_path):
