@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import http.client
 import math
+import statistics
 import time
 from typing import Sequence
 from urllib.parse import urlsplit
@@ -79,13 +80,10 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     Raises:
         ValueError: fewer than two distinct x.
     """
-    n = len(xs)
-    mx, my = sum(xs) / n if n else 0.0, sum(ys) / n if n else 0.0
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if n < 2 or sxx == 0:
+    if len(set(xs)) < 2:
         raise ValueError(f"a line needs two distinct lengths, got {sorted(set(xs))}")
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - b * mx, b
+    b, a = statistics.linear_regression(xs, ys)
+    return a, b
 
 
 def run_probe(url: str, lengths: Sequence[int], *, reps: int, vocab_size: int, budget_s: float = 60.0,
