@@ -5,10 +5,15 @@ streaming ``/generate`` in the ``--skip-tokenizer-init`` format (``output_ids`` 
 same events as tests/benchmarks/test_serve_bench.py's FakeSGLang). It models what the benchmark depends on, in
 the crudest form: at most ``--max-running-requests`` requests run at once (the rest wait), a
 request's first token takes ``FAKE_BASE_S + uncached prompt tokens * FAKE_PREFILL_S_PER_TOKEN``,
-then one token per ``FAKE_TOKEN_S``; the prefix cache keeps the ``K`` most recently used prompts
-and reports the longest common prefix with one of them, rounded down to 64 tokens, where K comes
+then one token per ``FAKE_TOKEN_S``; the prefix cache keeps the ``K`` most recently used sequences
+(each prompt, and at the end of a request the prompt plus the generated ids but the last, as SGLang
+caches a finished request) and reports the longest common prefix with one of them, rounded down to
+64 tokens, where K comes
 from the arm's flags (Dense ``M - 3 R``, SGLang INT8 ``--int8-mamba-ckpt-size``, dasc
-``M' - 3 R + --dasc-pool-slots``). ``FAKE_STARTUP_S`` delays /health, ``FAKE_DIE=1`` exits at start.
+``M' - 3 R + --dasc-pool-slots``). Generated ids depend on the prompt (so a served reply differs from
+the recorded one). With ``--enable-metrics`` the last event's ``meta_info`` carries ``queue_time``,
+``forward_entry_time`` and ``prefill_finished_time`` as SGLang's request metrics do.
+``FAKE_STARTUP_S`` delays /health, ``FAKE_DIE=1`` exits at start.
 Not a model of SGLang's latency: a rehearsal of the drivers' plumbing, timing and outputs.
 """
 
@@ -29,6 +34,7 @@ def main() -> int:
     for f in ("--port", "--max-running-requests", "--max-mamba-cache-size", "--int8-mamba-ckpt-size",
               "--dasc-pool-slots"):
         ap.add_argument(f, type=int, default=None)
+    ap.add_argument("--enable-metrics", action="store_true")
     a, _ = ap.parse_known_args()
     if os.environ.get("FAKE_DIE") == "1":
         print("fake: dying at start as asked", flush=True)
@@ -72,7 +78,9 @@ def main() -> int:
                 return self._reply(200, b"")
             payload = json.loads(body)
             ids = tuple(payload["input_ids"])
+            queued = time.time()
             with slots:
+                entry = time.time()
                 with lock:
                     best = 0
                     for s in cache:
@@ -100,14 +108,22 @@ def main() -> int:
                     self.wfile.flush()
 
                 time.sleep(base + (len(ids) - cached) * per_tok)
+                prefilled = time.time()
                 out = []
-                for i in range(payload["sampling_params"]["max_new_tokens"]):
+                n_new = payload["sampling_params"]["max_new_tokens"]
+                for i in range(n_new):
                     if i:
                         time.sleep(tok_s)
-                    out.append(7)
-                    chunk(b"data: " + json.dumps({"output_ids": out, "meta_info": {
-                        "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": cached}}).encode()
-                          + b"\n\n")
+                    out.append((hash(ids[-8:]) + 31 * i) % 50000 + 1000)
+                    meta = {"prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": cached}
+                    if a.enable_metrics and i == n_new - 1:
+                        meta.update(queue_time=entry - queued, forward_entry_time=entry,
+                                    prefill_finished_time=prefilled)
+                    chunk(b"data: " + json.dumps({"output_ids": out, "meta_info": meta}).encode() + b"\n\n")
+                with lock:
+                    cache[ids + tuple(out[:-1])] = None
+                    while len(cache) > k:
+                        cache.popitem(last=False)
             chunk(b"data: [DONE]\n\n")
             chunk(b"")
 

@@ -1,0 +1,164 @@
+"""Trace seeds and chat-like turns for the serving protocols (issue 24 items 3 and 5).
+
+A **trace seed** is an independent draw of conversations: one fixed permutation of the trace's
+conversations (``random.Random(pool_seed)``) is cut into consecutive blocks of ``per_seed``
+conversations, and seed ``s`` takes block ``s``. Two seeds therefore never share a conversation
+(:func:`seed_conversations`); a run of one seed on a flushed cache is one sample, never a window
+of a longer run.
+
+A **context pad** of ``pad_tokens`` tokens places a conversation at a longer context without
+changing its turns: a ChatML system block ``<|im_start|> ids <|im_end|> \\n`` whose ids are
+drawn per conversation (seeded by the trace seed and the conversation's ShareGPT id), so no two
+conversations share a prefix through it. With it the regime map moves along context length
+(initial prompts around 4k, 8k, 16k tokens) on the same conversations.
+
+The **replay** decides what turn ``k + 1`` carries of turn ``k``'s reply (:class:`ChatTurns`):
+
+* ``served-reply``: the token ids the server generated for turn ``k`` (the recorded reply only
+  sets how many are decoded), then the reply's closing ``<|im_end|> \\n``, as a chat client
+  sends the conversation so far. The checkpoint stored at the end of a served reply is the one
+  the next turn can reuse.
+* ``recorded-reply``: the recorded assistant text (the trace's reply segment), whatever the
+  server generated. Only the previous *prompt*'s checkpoints can match then.
+
+The module imports only the standard library (plus the stdlib-only trace reader), so the client
+runs on the GPU machine isolated from its site packages.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from benchmarks.build_trace import TraceConversation
+from dasc_compile.errors import DascInputError
+
+REPLAYS = ("served-reply", "recorded-reply")
+# ordinary BPE ids for the pad (below Qwen's 151,643 merges, above its byte tokens)
+PAD_ID_RANGE = (1000, 100000)
+# SGLang's mamba checkpoints land on multiples of this many tokens (DEVICE-SGLANG.md: 700 -> 640)
+CHECKPOINT_ALIGN = 64
+
+
+def seed_conversations(num_conversations: int, per_seed: int, seed: int, *, pool_seed: int = 0) -> list[int]:
+    """Trace indices of trace seed ``seed``: block ``seed`` of one seeded permutation.
+
+    Args:
+        num_conversations: conversations in the trace (the pool).
+        per_seed: conversations per seed (>= 1).
+        seed: the trace seed, 0 <= seed < num_conversations // per_seed.
+        pool_seed: seed of the permutation (the same for every seed of a study).
+    Returns:
+        ``per_seed`` distinct indices in [0, num_conversations), in permutation order.
+    Raises:
+        DascInputError: per_seed < 1, or seed outside the disjoint blocks the pool holds.
+    """
+    if per_seed < 1:
+        raise DascInputError(f"--conversations-per-seed: expected >= 1, got {per_seed}")
+    blocks = num_conversations // per_seed
+    if not 0 <= seed < blocks:
+        raise DascInputError(f"trace seed {seed}: a trace of {num_conversations} conversations holds "
+                             f"{blocks} disjoint seeds of {per_seed} (0..{blocks - 1})")
+    order = list(range(num_conversations))
+    random.Random(pool_seed).shuffle(order)
+    return order[seed * per_seed:(seed + 1) * per_seed]
+
+
+def context_pad(source_id: str, pad_tokens: int, *, seed: int, im_start: int, im_end: int,
+                newline: int) -> tuple[int, ...]:
+    """The conversation's system block of ``pad_tokens`` tokens (0: empty).
+
+    ``pad_tokens`` counts the whole block, markers included (>= 4 when not 0); the body ids are
+    uniform in :data:`PAD_ID_RANGE` from ``random.Random(f"{seed}:{source_id}")``.
+
+    Raises:
+        DascInputError: 0 < pad_tokens < 4 (no room for the body) or pad_tokens < 0.
+    """
+    if pad_tokens == 0:
+        return ()
+    if pad_tokens < 4:
+        raise DascInputError(f"--pad-tokens: expected 0 or >= 4 tokens, got {pad_tokens}")
+    rng = random.Random(f"{seed}:{source_id}")
+    body = [rng.randrange(*PAD_ID_RANGE) for _ in range(pad_tokens - 3)]
+    return (im_start, *body, im_end, newline)
+
+
+@dataclass
+class ChatTurns:
+    """The growing conversation of one client (one conversation of the trace).
+
+    Attributes:
+        conv: trace index; source_id: ShareGPT id.
+        user: T user segments (token ids; turn 1's holds earlier history in ``earliest`` traces).
+        recorded: T recorded reply segments, each ending ``<|im_end|> \\n``.
+        decode: T decode lengths (tokens, the reply clip applied).
+        pad: the context pad (see :func:`context_pad`).
+        replay: one of :data:`REPLAYS`.
+        vocab_size: ids >= it are sent as ``id % vocab_size`` (a served model with a smaller
+            vocabulary); the served reply's ids are sent back as the server gave them.
+        history: token ids sent before the next user segment (pad, then earlier turns).
+    """
+
+    conv: int
+    source_id: str
+    user: Sequence[Sequence[int]]
+    recorded: Sequence[Sequence[int]]
+    decode: Sequence[int]
+    pad: Sequence[int] = ()
+    replay: str = "served-reply"
+    vocab_size: int | None = None
+    history: list[int] = field(default_factory=list)
+    turn: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replay not in REPLAYS:
+            raise DascInputError(f"--replay: expected one of {', '.join(REPLAYS)}, got {self.replay!r}")
+        self.history = self._map(self.pad)
+
+    def _map(self, ids: Sequence[int]) -> list[int]:
+        v = self.vocab_size
+        return list(ids) if v is None else [t % v if t >= v else t for t in ids]
+
+    @property
+    def done(self) -> bool:
+        return self.turn >= len(self.user)
+
+    def prompt(self) -> list[int]:
+        """Prompt of the current turn: history + this turn's user segment (ids, int)."""
+        return self.history + self._map(self.user[self.turn])
+
+    def advance(self, output_ids: Sequence[int]) -> None:
+        """Close the current turn: append its user segment and the reply the replay carries.
+
+        Args:
+            output_ids: the ids the server generated for this turn (used by ``served-reply``).
+        """
+        reply = self.recorded[self.turn]
+        close = list(reply[-2:])     # <|im_end|> \n of the recorded reply (build_trace.encode_reply)
+        carried = (list(output_ids) + close) if self.replay == "served-reply" else list(reply)
+        self.history = self.prompt() + self._map(carried)
+        self.turn += 1
+
+
+def chat_turns(index: int, conv: TraceConversation, *, replay: str, decode_clip: int | None,
+               pad: Sequence[int] = (), vocab_size: int | None = None) -> ChatTurns:
+    """A :class:`ChatTurns` for one trace conversation (replies clipped at ``decode_clip`` tokens)."""
+    user = conv.segments[0::2]
+    recorded = conv.segments[1::2]
+    decode = [d if decode_clip is None else min(d, decode_clip) for d in conv.decode_tokens]
+    return ChatTurns(conv=index, source_id=conv.source_id, user=user, recorded=recorded, decode=decode,
+                     pad=pad, replay=replay, vocab_size=vocab_size)
+
+
+def reusable_tokens(prompt: Sequence[int], previous: Sequence[int], *, align: int = CHECKPOINT_ALIGN) -> int:
+    """Tokens of ``prompt`` a cache holding every state of ``previous`` could serve (a turn's
+    reuse bound): the common prefix, rounded down to ``align`` (checkpoint granularity) and at
+    most ``len(prompt) - 1`` (the last prompt token is always computed)."""
+    n = 0
+    for a, b in zip(prompt, previous):
+        if a != b:
+            break
+        n += 1
+    n = min(n, len(prompt) - 1)
+    return n - n % align

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Serving protocols A (closed loop) and B (open loop) of issue 24 on ONE H200, from the repo root of a
+# device call. Every arm's SGLang server stays resident across device calls while the machine is warm
+# (benchmarks/run_chat.py starts them in their own sessions): the first call pays the start-up, later
+# calls go straight to measuring. Each call measures trace seeds x arms in a rotated order with Dense
+# first and, on the call's first seed, last (drift).
+#
+# Model: Kimi-Linear-48B-A3B's config with SGLang's dummy weights and NUM_EXPERTS routed experts (16
+# of 256; 8 active per token as in the real model: per-layer state shapes and active compute per token
+# unchanged, weights ~10 GB so six servers fit on one GPU). Decays: the calibrated reference
+# (synthetic, calibrated to published statistics; not trained weights).
+#
+# Carried (git-ignored), made on a CPU machine by
+#   REFRESH_SLOTS=2 bash benchmarks/h200/prepare_open_loop.sh HEAD
+#   .dev/sglang/site.tar.xz   SGLang 0.5.17 (benchmarks/h200/prepare_carry.sh)
+#   .dev/dascwhl/dasc-*.whl   dasc (the runtime plugin)
+#   .dev/ol/plans.tar.xz      plans w16, w16+INT8, w64, w16 dasc-wr and arms.json (DENSE_SLOTS 56, MRR 8)
+# Run (device, repo root): bash benchmarks/h200/chat_bench.sh
+# Settings (env): ARMS (rotation order; default "dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"),
+#   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
+#   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
+#   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
+#   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
+#   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end; 0 keeps them for the next call).
+# Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log.
+set -uo pipefail
+T0=$(date +%s)
+CARRY=$PWD; W=/tmp/chat
+export OUT=${OUT:-/tmp/chat-out}; mkdir -p "$OUT"
+ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"}
+SEEDS=${SEEDS:-0}; PER_SEED=${PER_SEED:-24}; CLIENTS=${CLIENTS:-24}; MRR=${MRR:-8}; CLIP=${CLIP:-256}
+PAD=${PAD:-0}; REPLAY=${REPLAY:-served-reply}; CONTEXT=${CONTEXT:-24576}; DEADLINE=${DEADLINE:-570}
+NUM_EXPERTS=${NUM_EXPERTS:-16}; DOWN=${DOWN:-1}; MAX_TOTAL_TOKENS=${MAX_TOTAL_TOKENS:-600000}
+TRACE=${TRACE:-benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_s0.json.gz}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+{
+stamp "setup ($(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || echo no GPU))"
+launcher=(); PY=python3
+if [ -n "${LAUNCHER:-}" ]; then launcher=(--launcher "$LAUNCHER"); PY=${PYTHON:-python3}   # CPU rehearsal
+elif [ ! -f /tmp/site/.done ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$CARRY/.dev/sglang/site.tar.xz" && touch /tmp/site/.done || exit 3
+fi
+WHL=$(ls "$CARRY"/.dev/dascwhl/dasc-*.whl); H=$(sha256sum "$WHL" | cut -c1-16)
+if [ -z "${LAUNCHER:-}" ] && [ "$(cat /tmp/site/.dasc-whl 2>/dev/null)" != "$H" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL" \
+    > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
+  echo "$H" > /tmp/site/.dasc-whl
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$W/plans" "$W/kimi"
+[ -f "$W/plans/arms.json" ] || tar -xJf "$CARRY/.dev/ol/plans.tar.xz" -C "$W/plans" || exit 3
+"$PY" - plans/reference/kimi-linear-48b-a3b-calibrated/config.json "$W/kimi/config.json" "$NUM_EXPERTS" <<'EOF' || exit 3
+import json, sys
+cfg = json.load(open(sys.argv[1])); cfg["num_experts"] = int(sys.argv[3])
+json.dump(cfg, open(sys.argv[2], "w"), indent=1)
+EOF
+stamp "up: $ARMS"
+"$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
+    --arms $ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W"
+stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
+mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
+LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
+stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
+"$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS \
+    --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
+    --replay "$REPLAY" --deadline-s "$LEFT"
+[ "$DOWN" = 1 ] && "$PY" -m benchmarks.run_chat down --work "$W"
+for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
+tar -C /tmp -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi chat
+stamp done
+} 2>&1 | tee "$OUT/run.log"

@@ -1,0 +1,347 @@
+"""Drive the serving protocols on ONE GPU with every arm's server resident (issue 24).
+
+Three steps, each one command, so that device calls can share servers (a server started here runs
+in its own session and outlives the command, and so the device call, while the machine stays
+warm):
+
+* ``up``: start each arm's ``sglang.launch_server`` (flags of ``benchmarks/serving_arms.py``:
+  equal ``--max-running-requests`` and equal state memory, App. C.1; ``--enable-metrics`` so the
+  client gets SGLang's own queue and prefill times) on one GPU, wait for ``/health``, and warm
+  each up (untimed, all at once): a few short chat sessions, then one never-cached prompt at each
+  of ``--warm-lengths`` tokens so the long-prompt paths are compiled before any timed run. The
+  servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
+* ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
+  every arm once on a flushed cache (``/flush_cache``), the arm order rotated from seed to seed
+  (:func:`schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
+  drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
+  closing Dense run. Each run is ``benchmarks/chat_replay.py`` in its own isolated process.
+* ``down``: stop every server of ``WORK/servers.json``.
+
+Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD[__drift].json.gz`` (chat_replay results),
+``manifest.json`` (one entry per run: order, role, arm, seed, wall, rc, the server's last dasc
+counter line; the settings), ``ARM/server.log``.
+
+    python3 -m benchmarks.run_chat up --arms-json /tmp/p/arms.json --plans /tmp/p --model /tmp/kimi16 \\
+        --max-running-requests 8 --context-length 16640 --work /tmp/chat
+    python3 -m benchmarks.run_chat run --work /tmp/chat --trace benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_s0.json.gz \\
+        --seeds 0 1 --conversations-per-seed 24 --clients 24 --decode-clip 256 --pad-tokens 6000 --deadline-s 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks import run_serving as rs
+from benchmarks.chat_replay import IM_END, IM_START, NEWLINE, generate, TurnRecord
+from dasc_compile.errors import DascInputError
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.chat_replay"]
+
+
+def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dense") -> list[tuple[str, int, str]]:
+    """Run order of one call: ``(arm, seed, role)`` with role ``arm`` or ``drift``.
+
+    Seed ``i`` of the call runs every arm once, in ``arms`` rotated left by ``i``, except that the
+    first seed starts with ``baseline``; a last ``baseline`` run on the first seed (role
+    ``drift``) closes the call. So every arm runs first, middle and last across seeds, and the
+    baseline's drift over the call is the ratio of its two runs of the first seed.
+
+    Raises:
+        DascInputError: ``baseline`` not among ``arms``, an arm or seed named twice, or no seed.
+    """
+    if baseline not in arms:
+        raise DascInputError(f"--arms: the baseline {baseline!r} must be one of the arms, got {list(arms)}")
+    if len(set(arms)) != len(arms) or len(set(seeds)) != len(seeds) or not seeds:
+        raise DascInputError(f"arms and seeds must be distinct and seeds non-empty, got {list(arms)} / {list(seeds)}")
+    out = []
+    for i, s in enumerate(seeds):
+        k = arms.index(baseline) if i == 0 else i % len(arms)
+        out += [(a, s, "arm") for a in list(arms[k:]) + list(arms[:k])]
+    return out + [(baseline, seeds[0], "drift")]
+
+
+def run_name(arm: str, seed: int, replay: str, pad: int, role: str) -> str:
+    """File stem of one run's result."""
+    return f"{arm}__s{seed}__{replay}__p{pad}" + ("__drift" if role == "drift" else "")
+
+
+def _post(port: int, path: str, timeout_s: float = 30.0) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status
+    except Exception:
+        return 0
+
+
+def flush(port: int, tries: int = 20) -> bool:
+    """``/flush_cache`` until the server accepts it (it refuses while requests run)."""
+    for _ in range(tries):
+        if _post(port, "/flush_cache") == 200:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def load_servers(work: Path) -> dict:
+    p = work / "servers.json"
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def save_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
+    """``launch_server`` command of one arm: the benchmark's common flags, one GPU, a capped KV
+    pool, request metrics on, and the arm's matched-memory flags (``{plans}`` filled in)."""
+    flags = [f.replace("{plans}", str(a.plans)) for f in arm["flags"]]
+    if arm["kind"] == "dasc":
+        flags.append("--dasc-dummy-decay-ok")
+    return [*shlex.split(a.launcher), "--model-path", str(a.model), "--port", str(port), "--nccl-port",
+            str(port + 1000), *rs.COMMON_FLAGS, "--enable-metrics",
+            "--mem-fraction-static", str(a.mem_fraction_static), "--max-total-tokens", str(a.max_total_tokens),
+            "--context-length", str(a.context_length), "--max-running-requests", str(a.max_running_requests),
+            "--cuda-graph-max-bs", str(a.max_running_requests), "--tp-size", "1", "--sleep-on-idle",
+            *a.server_flag, *flags]
+
+
+def warm(port: int, lengths: Sequence[int], vocab: int) -> dict:
+    """Untimed warm-up of one server: 8 short requests at once, then one never-cached prompt at
+    each length (one at a time), then a flush. Returns {s, failed}."""
+    import random
+
+    t, failed = time.monotonic(), 0
+    rng = random.Random(port)
+
+    def one(n: int, new: int) -> None:
+        nonlocal failed
+        ids = [IM_START] + [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n - 3))] + [IM_END, NEWLINE]
+        rec = TurnRecord(conv=0, turn=0, source_id="warm", prompt_tokens=len(ids), max_new_tokens=new)
+        generate("127.0.0.1", port, ids, new, timeout_s=300, rec=rec, t0=time.perf_counter())
+        failed += not rec.success
+
+    ts = [threading.Thread(target=one, args=(512 + 64 * i, 16)) for i in range(8)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    for n in lengths:
+        one(n, 4)
+    flush(port)
+    return {"s": round(time.monotonic() - t, 1), "failed": failed}
+
+
+def cmd_up(a: argparse.Namespace) -> int:
+    arms = {x["arm"]: x for x in json.loads(a.arms_json.read_text())}
+    names = a.arms or list(arms)
+    unknown = [n for n in names if n not in arms]
+    if unknown:
+        print(f"error: --arms {' '.join(unknown)}: not in {a.arms_json} ({', '.join(arms)})", file=sys.stderr)
+        return 2
+    a.work.mkdir(parents=True, exist_ok=True)
+    servers = load_servers(a.work)
+    t0 = time.monotonic()
+    log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
+    started = []
+    for i, n in enumerate(names):
+        s = servers.get(n)
+        if s and _alive(s["pid"]) and rs._healthy(s["port"]):
+            log(f"{n}: already up on port {s['port']}")
+            continue
+        port = a.base_port + 10 * i
+        if rs._port_busy(port):
+            log(f"{n}: port {port} busy; not started")
+            continue
+        (a.work / n).mkdir(exist_ok=True)
+        cmd = server_command(a, arms[n], port)
+        env = {**rs.server_env(arms[n], [a.gpu])}
+        with open(a.work / n / "server.log", "w") as fh:
+            p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                 cwd=a.work)
+        servers[n] = {"pid": p.pid, "port": port, "launch": arms[n], "command": " ".join(cmd), "up_s": None}
+        started.append(n)
+        log(f"{n}: launched on port {port}")
+        time.sleep(a.stagger_s)
+    save_json(a.work / "servers.json", servers)
+    pending = list(started)
+    while pending and time.monotonic() - t0 < a.startup_deadline_s:
+        for n in list(pending):
+            s = servers[n]
+            if not _alive(s["pid"]):
+                s["failure"] = "exited during start-up: " + " | ".join(rs._tail(a.work / n / "server.log", n=4))
+                log(f"{n}: {s['failure']}")
+                pending.remove(n)
+            elif rs._healthy(s["port"]):
+                s["up_s"] = round(time.monotonic() - t0, 1)
+                log(f"{n}: up at {s['up_s']} s")
+                pending.remove(n)
+        time.sleep(1)
+    for n in pending:
+        servers[n]["failure"] = f"not up by {a.startup_deadline_s:.0f} s"
+        log(f"{n}: {servers[n]['failure']}; stopped")
+        _kill(servers[n]["pid"])
+    up = [n for n in started if servers[n].get("up_s") is not None]
+    res: dict = {}
+    ts = [threading.Thread(target=lambda n=n: res.__setitem__(n, warm(servers[n]["port"], a.warm_lengths,
+                                                                       a.vocab_size))) for n in up]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    for n in up:
+        servers[n]["warmup"] = res.get(n)
+        servers[n]["startup_lines"] = (rs._tail(a.work / n / "server.log", "Mamba Cache is allocated", 2)
+                                       + rs._tail(a.work / n / "server.log", "dasc:", 4)
+                                       + rs._tail(a.work / n / "server.log", "max_total_num_tokens", 1))
+        log(f"{n}: warm-up {res.get(n)}")
+    save_json(a.work / "servers.json", servers)
+    return 0 if all(servers[n].get("up_s") is not None for n in names if n in servers) else 1
+
+
+def _kill(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            return
+        time.sleep(3)
+
+
+def cmd_down(a: argparse.Namespace) -> int:
+    for n, s in load_servers(a.work).items():
+        _kill(s["pid"])
+        print(f"{n}: stopped", flush=True)
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
+    servers = load_servers(a.work)
+    names = a.arms or [n for n, s in servers.items() if s.get("up_s") is not None]
+    try:
+        order = schedule(names, a.seeds, baseline=a.baseline)
+    except DascInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    runs_dir = a.work / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    man_path = a.work / "manifest.json"
+    manifest = json.loads(man_path.read_text()) if man_path.is_file() else {"runs": [], "calls": []}
+    call = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "order": order,
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "func"}}
+    manifest["calls"].append(call)
+    state = {"longest": a.first_run_s, "ran": 0}
+
+    def do_run(idx: int, arm: str, seed: int, role: str) -> None:
+        s = servers.get(arm)
+        if not s or not (_alive(s["pid"]) and rs._healthy(s["port"])) or not flush(s["port"]):
+            log(f"{arm}: server not up or /flush_cache refused; run skipped")
+            manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
+                                     "role": role, "skipped": "server not up or flush refused"})
+            return
+        out = runs_dir / f"{run_name(arm, seed, a.replay, a.pad_tokens, role)}.json.gz"
+        cmd = [*CLIENT, "--trace", str(a.trace.resolve()), "--url", f"http://127.0.0.1:{s['port']}", "--arm", arm,
+               "--seed", str(seed), "--conversations-per-seed", str(a.conversations_per_seed),
+               "--pool-seed", str(a.pool_seed), "--replay", a.replay, "--decode-clip", str(a.decode_clip),
+               "--pad-tokens", str(a.pad_tokens), "--vocab-size", str(a.vocab_size), "--out", str(out.resolve())]
+        cmd += ["--clients", str(a.clients)] if a.rate is None else ["--rate", str(a.rate), "--think-s", str(a.think_s)]
+        t = time.monotonic()
+        try:
+            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                               timeout=max(10.0, a.deadline_s - (time.monotonic() - t0)))
+            rc, tail = p.returncode, (p.stdout + p.stderr)[-600:]
+        except subprocess.TimeoutExpired:
+            rc, tail = -9, "cut by the deadline"
+        dt = time.monotonic() - t
+        if rc in (0, 1):   # the first estimate is replaced by what a run took
+            state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
+            state["ran"] += 1
+        manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
+                                 "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens, "file": out.name,
+                                 "wall_s": round(dt, 1), "rc": rc, "client": tail.strip(),
+                                 "dasc_counters": rs._tail(a.work / arm / "server.log", "dasc", 1)})
+        save_json(man_path, manifest)
+        log(f"{arm} seed {seed} ({role}): rc {rc} in {dt:.0f} s: {tail.strip()[-200:]}")
+
+    left = lambda: a.deadline_s - (time.monotonic() - t0)  # noqa: E731
+    for idx, (arm, seed, role) in enumerate(order[:-1]):
+        need = state["longest"] * 1.15
+        if left() < 2 * need:       # this run and the closing baseline run
+            log(f"stop before {arm} seed {seed}: {left():.0f} s left, a run takes ~{state['longest']:.0f} s")
+            break
+        do_run(idx, arm, seed, role)
+    if left() >= state["longest"] * 1.15:
+        do_run(len(order) - 1, *order[-1])
+    save_json(man_path, manifest)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start and warm the arms' servers")
+    up.add_argument("--arms-json", type=Path, required=True)
+    up.add_argument("--arms", nargs="*", default=None, help="these arms of arms.json (default: all)")
+    up.add_argument("--plans", type=Path, required=True)
+    up.add_argument("--model", type=Path, required=True)
+    up.add_argument("--launcher", default=f"{sys.executable} -m sglang.launch_server")
+    up.add_argument("--gpu", type=int, default=0)
+    up.add_argument("--max-running-requests", type=int, required=True)
+    up.add_argument("--mem-fraction-static", type=float, default=0.88)
+    up.add_argument("--max-total-tokens", type=int, default=1000000)
+    up.add_argument("--context-length", type=int, default=16640)
+    up.add_argument("--server-flag", action="append", default=[])
+    up.add_argument("--warm-lengths", type=int, nargs="*", default=[2048, 8192, 16000])
+    up.add_argument("--stagger-s", type=float, default=3.0)
+    up.add_argument("--startup-deadline-s", type=float, default=330.0)
+    up.add_argument("--base-port", type=int, default=30100)
+    run = sub.add_parser("run", help="run trace seeds x arms on the resident servers")
+    run.add_argument("--arms", nargs="*", default=None, help="arms in rotation order (default: every server up)")
+    run.add_argument("--baseline", default="dense")
+    run.add_argument("--trace", type=Path, required=True)
+    run.add_argument("--seeds", type=int, nargs="+", required=True)
+    run.add_argument("--conversations-per-seed", type=int, default=24)
+    run.add_argument("--pool-seed", type=int, default=0)
+    run.add_argument("--replay", default="served-reply")
+    run.add_argument("--decode-clip", type=int, default=256)
+    run.add_argument("--pad-tokens", type=int, default=0)
+    run.add_argument("--clients", type=int, default=24)
+    run.add_argument("--rate", type=float, default=None, help="open loop instead: conversation starts per s")
+    run.add_argument("--think-s", type=float, default=0.0)
+    run.add_argument("--first-run-s", type=float, default=60.0, help="estimate of a run before one has run")
+    run.add_argument("--deadline-s", type=float, default=500.0, help="no run is begun that would end after this")
+    down = sub.add_parser("down", help="stop the servers")
+    for p in (up, run, down):
+        p.add_argument("--work", type=Path, required=True)
+    for p in (up, run):
+        p.add_argument("--vocab-size", type=int, default=163840)
+    a = ap.parse_args(argv)
+    return {"up": cmd_up, "run": cmd_run, "down": cmd_down}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Tables, ``summary.json`` and the regime map from ``benchmarks/run_chat.py`` runs (issue 24 item 7).
+
+A **condition** is (protocol, replay, context pad, reply clip, clients or rate); within it each
+arm has one run per trace seed. A statistic is computed within one run (one seed) and then summarised
+over seeds: mean, SD, range and P95 (linear interpolation between order statistics, as numpy's
+default) of the per-seed values. Ratios to Dense (and to SGLang's INT8 arm) are paired by seed:
+``ratio_s = stat(arm, s) / stat(dense, s)``, then summarised the same way. A call's drift is Dense's
+mean TTFT on its closing run over its opening run of the same seed (``run_chat.schedule``).
+
+Per run (``chat_replay`` records, successful requests):
+* ``mean_ttft_s``, ``p95_ttft_s``, ``mean_e2e_s``; ``hit_rate`` = sum(cached) / sum(prompt tokens);
+  ``reuse_bound`` = sum(reuse bound) / sum(prompt tokens) (what a cache holding every state could
+  serve); ``prefill_tokens_saved`` = sum(cached);
+* ``ttft_hit_s`` / ``ttft_miss_s``: mean TTFT of later turns (turn > 0) with / without a hit;
+* the hit account of later turns: ``reply_end`` (cached beyond the previous prompt: the checkpoint
+  stored at the end of the served reply), ``prompt_end`` (a hit no longer than the previous prompt),
+  ``lost`` (no hit although the bound was > 0: evicted before the turn came back);
+* ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
+* ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
+  the last third of the run exceed those over the middle third by more than half and by more than
+  ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
+
+    python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
+    python -m benchmarks.serving_report map benchmarks/results/*/summary.json --out benchmarks/figures/regime-map.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from benchmarks.chat_replay import read_json
+from dasc_compile.errors import DascInputError
+
+SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
+                "mean_ttft_ratio_vs_dense", "mean_ttft_ratio_vs_int8", "mean_e2e_ratio_vs_dense", "p95_ttft_s",
+                "hit_rate", "capacity",
+                "protocol", "rho", "seed_kind", "clients", "max_running", "reply_clip", "inflight_mean", "stable",
+                "replay", "reuse_bound", "ttft_hit_s", "ttft_miss_s", "prefill_tokens_saved")
+
+
+def pctl(xs: Sequence[float], q: float) -> float:
+    """q-th percentile, linear interpolation between order statistics; NaN for no values."""
+    v = sorted(x for x in xs if not math.isnan(x))
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def spread(xs: Sequence[float]) -> dict:
+    """mean, SD (n - 1; 0 for one value), min, max, P95 and n of the finite values."""
+    v = [x for x in xs if x is not None and not math.isnan(x)]
+    if not v:
+        return {"mean": None, "sd": None, "min": None, "max": None, "p95": None, "n": 0}
+    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0,
+            "min": min(v), "max": max(v), "p95": pctl(v, 95), "n": len(v)}
+
+
+def _mean(xs: Sequence[float]) -> float:
+    v = [x for x in xs if not math.isnan(x)]
+    return statistics.fmean(v) if v else math.nan
+
+
+def stability(samples: Sequence[Sequence[float]], max_running: int) -> tuple[float, bool]:
+    """(mean in-flight requests, stable) from ``[[t_s, n], ...]`` samples (module docstring rule)."""
+    if not samples:
+        return math.nan, True
+    n = [s[1] for s in samples]
+    third = max(1, len(n) // 3)
+    mid, last = n[third:2 * third] or n, n[-third:]
+    grow = _mean(last) - _mean(mid)
+    return _mean(n), not (grow > 0.5 * max(_mean(mid), 1e-9) and grow > max_running)
+
+
+def run_stats(result: dict, *, max_running: int) -> dict:
+    """The statistics of one run (module docstring), from a ``chat_replay`` result."""
+    recs = [r for r in result["records"] if r["success"]]
+    later = [r for r in recs if r["turn"] > 0]
+    prompt = sum(r["prompt_tokens"] for r in recs)
+    cached = sum(r["cached_tokens"] for r in recs)
+    inflight, stable = stability(result.get("inflight") or [], max_running)
+    if result["config"].get("protocol") == "closed-loop-paper":
+        stable = True
+    return {
+        "requests": len(result["records"]), "failed": len(result["records"]) - len(recs),
+        "mean_ttft_s": _mean([r["ttft_s"] for r in recs]), "p95_ttft_s": pctl([r["ttft_s"] for r in recs], 95),
+        "mean_e2e_s": _mean([r["e2e_s"] for r in recs]),
+        "hit_rate": cached / prompt if prompt else math.nan,
+        "reuse_bound": sum(r["reuse_bound"] for r in recs) / prompt if prompt else math.nan,
+        "prefill_tokens_saved": cached, "prompt_tokens": prompt,
+        "ttft_hit_s": _mean([r["ttft_s"] for r in later if r["cached_tokens"] > 0]),
+        "ttft_miss_s": _mean([r["ttft_s"] for r in later if r["cached_tokens"] == 0]),
+        "later_turns": len(later),
+        "reply_end": sum(r["cached_tokens"] > r["prev_prompt_tokens"] for r in later),
+        "prompt_end": sum(0 < r["cached_tokens"] <= r["prev_prompt_tokens"] for r in later),
+        "lost": sum(r["cached_tokens"] == 0 and r["reuse_bound"] > 0 for r in later),
+        "queue_s": _mean([r["queue_s"] for r in recs]), "prefill_s": _mean([r["prefill_s"] for r in recs]),
+        "initial_prompt_mean": _mean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),
+        "context_max": max((r["prompt_tokens"] + r["completion_tokens"] for r in recs), default=0),
+        "inflight_mean": inflight, "stable": stable, "wall_s": result["wall_s"],
+    }
+
+
+def _w_max(arm: str):
+    m = re.match(r"dasc-(?:nr|wr)-w(\d+)", arm)
+    return int(m.group(1)) if m else None
+
+
+def _capacity(launch: dict | None):
+    if not launch:
+        return None
+    return launch["ckpt_slots"] if launch["kind"] == "int8" else launch["capacity"]
+
+
+def collect(works: Sequence[Path]) -> list[dict]:
+    """Every successful run of the given ``run_chat`` work folders: one dict per run with its
+    condition, arm, seed, role, call (folder-qualified) and :func:`run_stats`."""
+    out = []
+    for w in works:
+        man_p, srv_p = w / "manifest.json", w / "servers.json"
+        if not man_p.is_file():
+            raise DascInputError(f"{w}: no manifest.json (not a run_chat work folder)")
+        man = json.loads(man_p.read_text())
+        servers = json.loads(srv_p.read_text()) if srv_p.is_file() else {}
+        for e in man["runs"]:
+            f = w / "runs" / e.get("file", "")
+            if e.get("skipped") or e.get("rc") not in (0, 1) or not f.is_file():
+                continue
+            res = read_json(f)
+            cfg = res["config"]
+            launch = (servers.get(e["arm"]) or {}).get("launch")
+            mr = int(launch["flags"][launch["flags"].index("--max-running-requests") + 1]) \
+                if launch and "--max-running-requests" in launch["flags"] else 8
+            out.append({"work": str(w), "call": f"{w}#{e['call']}", "arm": e["arm"], "seed": e["seed"],
+                        "role": e["role"],
+                        "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
+                                 cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
+                        "launch": launch, "max_running": mr, **run_stats(res, max_running=mr)})
+    return out
+
+
+def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None) -> list[dict]:
+    """One object per (condition, arm): the issue's keys plus spreads (``*_spread``), the hit
+    account and the drift of each call. Ratios are paired by seed within the condition."""
+    objs = []
+    for cond in sorted({r["cond"] for r in runs}, key=str):
+        rs_ = [r for r in runs if r["cond"] == cond and r["role"] == "arm"]
+        by = {(r["arm"], r["seed"]): r for r in rs_}
+        drift = []
+        for r in runs:
+            if r["cond"] == cond and r["role"] == "drift":
+                first = [x for x in rs_ if x["call"] == r["call"] and x["arm"] == r["arm"] and x["seed"] == r["seed"]]
+                if first:
+                    drift.append(r["mean_ttft_s"] / first[0]["mean_ttft_s"])
+        protocol, replay, pad, clip, clients, rate, per_seed = cond
+        for arm in sorted({r["arm"] for r in rs_}, key=lambda a: (a != "dense", a != "int8", a)):
+            mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: r["seed"])
+
+            def ratios(base: str, key: str) -> list[float]:
+                return [r[key] / by[(base, r["seed"])][key] for r in mine if (base, r["seed"]) in by]
+
+            def s(key: str) -> dict:
+                return spread([r[key] for r in mine])
+
+            rt_d, rt_i, re_d = ratios("dense", "mean_ttft_s"), ratios("int8", "mean_ttft_s"), ratios("dense", "mean_e2e_s")
+            o = {"arm": arm, "model": model, "w_max": _w_max(arm), "decays": decays,
+                 "regime": f"pad{pad}", "rate": rate, "decode_clip": clip, "seeds": [r["seed"] for r in mine],
+                 "mean_ttft_s": s("mean_ttft_s")["mean"],
+                 "mean_ttft_ratio_vs_dense": spread(rt_d)["mean"] if arm != "dense" else None,
+                 "mean_ttft_ratio_vs_int8": spread(rt_i)["mean"] if arm != "int8" else None,
+                 "mean_e2e_ratio_vs_dense": spread(re_d)["mean"] if arm != "dense" else None,
+                 "p95_ttft_s": s("p95_ttft_s")["mean"], "hit_rate": s("hit_rate")["mean"],
+                 "capacity": _capacity(mine[0]["launch"]),
+                 "protocol": protocol, "rho": (rho_of_rate or {}).get(rate), "seed_kind": "trace",
+                 "clients": clients, "max_running": mine[0]["max_running"], "reply_clip": clip,
+                 "inflight_mean": s("inflight_mean")["mean"], "stable": all(r["stable"] for r in mine),
+                 "replay": replay, "reuse_bound": s("reuse_bound")["mean"], "ttft_hit_s": s("ttft_hit_s")["mean"],
+                 "ttft_miss_s": s("ttft_miss_s")["mean"], "prefill_tokens_saved": s("prefill_tokens_saved")["mean"],
+                 # beyond the issue's keys: spreads over seeds, the hit account, what each run was
+                 "pad_tokens": pad, "conversations_per_seed": per_seed,
+                 "initial_prompt_mean": s("initial_prompt_mean")["mean"],
+                 "context_max": max(r["context_max"] for r in mine),
+                 "ttft_ratio_vs_dense_spread": spread(rt_d) if arm != "dense" else None,
+                 "ttft_ratio_vs_int8_spread": spread(rt_i) if arm != "int8" and rt_i else None,
+                 "e2e_ratio_vs_dense_spread": spread(re_d) if arm != "dense" else None,
+                 "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
+                 "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost")},
+                 "queue_s": s("queue_s")["mean"], "prefill_s": s("prefill_s")["mean"],
+                 "failed": sum(r["failed"] for r in mine), "dense_drift": spread(drift) if arm == "dense" else None}
+            objs.append(o)
+    return objs
+
+
+def _f(x, nd=3) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def markdown(objs: Sequence[dict]) -> str:
+    """One table per condition: per arm mean TTFT (s), ratios to Dense/INT8 (mean, SD, range),
+    E2E ratio, hit rate vs bound, hit/miss TTFT, queue/prefill, hit account, n."""
+    out = []
+    for cond in dict.fromkeys((o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"], o["rate"])
+                              for o in objs):
+        rows = [o for o in objs if (o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"],
+                                    o["rate"]) == cond]
+        p, rep, pad, clip, c, rate = cond
+        d = next((o for o in rows if o["arm"] == "dense"), None)
+        out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s")
+                   + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
+                     f"{rows[0]['context_max']}"
+                   + (f"; Dense drift over a call {_f(d['dense_drift']['mean'])} (n={d['dense_drift']['n']})"
+                      if d and d.get("dense_drift") and d["dense_drift"]["n"] else ""))
+        out.append("")
+        out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense mean (SD) [min, max] | TTFT / INT8 | E2E / Dense | "
+                   "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity |")
+        out.append("|---|---:|---|---|---|---|---|---|---|---|---:|")
+        for o in rows:
+            sp, r = o["mean_ttft_spread"], o["ttft_ratio_vs_dense_spread"]
+            ri, ha = o["ttft_ratio_vs_int8_spread"], o["hit_account"]
+            out.append(f"| {o['arm']} | {sp['n']} | {_f(sp['mean'])} ({_f(sp['sd'])}) | "
+                       + (f"{_f(r['mean'])} ({_f(r['sd'])}) [{_f(r['min'])}, {_f(r['max'])}]" if r and r["n"] else "—")
+                       + f" | {_f(ri['mean']) if ri and ri['n'] else '—'} | {_f(o['mean_e2e_ratio_vs_dense'])} | "
+                       f"{_f(o['hit_rate'])} ({_f(o['reuse_bound'])}) | {_f(o['ttft_hit_s'])} / {_f(o['ttft_miss_s'])} | "
+                       f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
+                       f"{ha['prompt_end']} / {ha['lost']} | {o['capacity']} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def regime_map(summaries: Sequence[Path], out: Path) -> None:
+    """Mean-TTFT ratio to Dense (mean and range over seeds) against the mean initial prompt, one
+    series per (arm, protocol, replay, rate); from ``summary.json`` files of this module."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objs = [o for p in summaries for o in json.loads(Path(p).read_text())
+            if o.get("ttft_ratio_vs_dense_spread") and o["ttft_ratio_vs_dense_spread"]["n"]]
+    if not objs:
+        raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    series = {}
+    for o in objs:
+        lab = f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
+        series.setdefault(lab, []).append(o)
+    for lab, os_ in sorted(series.items()):
+        os_.sort(key=lambda o: o["initial_prompt_mean"])
+        x = [o["initial_prompt_mean"] for o in os_]
+        y = [o["ttft_ratio_vs_dense_spread"]["mean"] for o in os_]
+        lo = [m - o["ttft_ratio_vs_dense_spread"]["min"] for m, o in zip(y, os_)]
+        hi = [o["ttft_ratio_vs_dense_spread"]["max"] - m for m, o in zip(y, os_)]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3,
+                    label=f"{lab}, n={'/'.join(str(o['ttft_ratio_vs_dense_spread']['n']) for o in os_)}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.6, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("mean initial prompt (tokens)")
+    ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
+    ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["map"]:
+            ap = argparse.ArgumentParser(prog="serving_report map")
+            ap.add_argument("summaries", nargs="+", type=Path)
+            ap.add_argument("--out", type=Path, required=True)
+            a = ap.parse_args(argv[1:])
+            regime_map(a.summaries, a.out)
+            print(f"wrote {a.out}")
+            return 0
+        ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
+        ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
+        ap.add_argument("--model", required=True)
+        ap.add_argument("--decays", required=True)
+        a = ap.parse_args(argv)
+        runs = collect(a.works)
+        if not runs:
+            raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
+        objs = summarize(runs, model=a.model, decays=a.decays)
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "summary.json").write_text(json.dumps(objs, indent=1))
+        (a.out / "tables.md").write_text(markdown(objs))
+        print(markdown(objs))
+        return 0
+    except DascInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
