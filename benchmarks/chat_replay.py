@@ -159,11 +159,12 @@ class Replay:
 
     def run_session(self, s: ChatTurns) -> None:
         """All turns of one conversation, in order (a failed turn ends the session)."""
-        previous: list[int] = []
+        previous: list[int] = []          # the previous request's prompt + reply, as the server holds it
+        prev_prompt = 0
         while not s.done:
             ids = s.prompt()
             rec = TurnRecord(conv=s.conv, turn=s.turn, source_id=s.source_id, prompt_tokens=len(ids),
-                             max_new_tokens=s.decode[s.turn], prev_prompt_tokens=len(previous),
+                             max_new_tokens=s.decode[s.turn], prev_prompt_tokens=prev_prompt,
                              reuse_bound=reusable_tokens(ids, previous) if previous else 0)
             with self.lock:
                 self.inflight += 1
@@ -174,6 +175,7 @@ class Replay:
             if not rec.success:
                 return
             previous = ids + out[:-1]          # the last generated token never enters the state
+            prev_prompt = len(ids)
             s.advance(out)
             if not s.done and self.think_s > 0:
                 with self.lock:

@@ -7,8 +7,9 @@ warm):
 * ``up``: start each arm's ``sglang.launch_server`` (flags of ``benchmarks/serving_arms.py``:
   equal ``--max-running-requests`` and equal state memory, App. C.1; ``--enable-metrics`` so the
   client gets SGLang's own queue and prefill times) on one GPU, wait for ``/health``, and warm
-  each up (untimed, all at once): a few short chat sessions, then one never-cached prompt at each
-  of ``--warm-lengths`` tokens so the long-prompt paths are compiled before any timed run. The
+  each up (untimed, all servers at once; :func:`warm`): one never-cached prompt at each of
+  ``--warm-lengths`` tokens, then multi-turn sessions that hit, so the long-prompt and hit paths
+  are compiled before any timed run. The
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
   every arm once on a flushed cache (``/flush_cache``), the arm order rotated from seed to seed
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks import run_serving as rs
-from benchmarks.chat_replay import IM_END, IM_START, NEWLINE, generate, TurnRecord
+from benchmarks.chat_replay import IM_END, IM_START, NEWLINE
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,27 +130,31 @@ def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
 
 
 def warm(port: int, lengths: Sequence[int], vocab: int) -> dict:
-    """Untimed warm-up of one server: 8 short requests at once, then one never-cached prompt at
-    each length (one at a time), then a flush. Returns {s, failed}."""
+    """Untimed warm-up of one server, then a flush. Returns {s, failed}.
+
+    One never-cached prompt at each length (one at a time: the long-prompt paths), then one chat
+    session per length, all at once, of three turns that hit the previous turn's checkpoints
+    (the restore, extend-with-prefix and batched-decode paths). The 2026-12-01 calls showed why
+    the second part is needed: with only single prompts, the first timed run of the first two arms
+    after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
     import random
 
-    t, failed = time.monotonic(), 0
-    rng = random.Random(port)
+    from benchmarks.chat_replay import Replay, run_closed
+    from benchmarks.chat_trace import ChatTurns
 
-    def one(n: int, new: int) -> None:
-        nonlocal failed
-        ids = [IM_START] + [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n - 3))] + [IM_END, NEWLINE]
-        rec = TurnRecord(conv=0, turn=0, source_id="warm", prompt_tokens=len(ids), max_new_tokens=new)
-        generate("127.0.0.1", port, ids, new, timeout_s=300, rec=rec, t0=time.perf_counter())
-        failed += not rec.success
-
-    ts = [threading.Thread(target=one, args=(512 + 64 * i, 16)) for i in range(8)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
-    for n in lengths:
-        one(n, 4)
+    t, rng = time.monotonic(), random.Random(port)
+    ids = lambda n: [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n))]  # noqa: E731
+    close = [IM_END, NEWLINE]
+    singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
+                         decode=[4]) for i, n in enumerate(lengths)]
+    chats = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close, ids(200), ids(200)],
+                       recorded=[close] * 3, decode=[32, 32, 32]) for i, n in enumerate(lengths)]
+    url = f"http://127.0.0.1:{port}"
+    failed = 0
+    for group, clients in ((singles, 1), (chats, len(chats))):
+        r = Replay(url, group, timeout_s=300)
+        run_closed(r, clients)
+        failed += sum(not x.success for x in r.records)
     flush(port)
     return {"s": round(time.monotonic() - t, 1), "failed": failed}
 

@@ -22,6 +22,7 @@ Per run (``chat_replay`` records, successful requests):
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
     python -m benchmarks.serving_report map benchmarks/results/*/summary.json --out benchmarks/figures/regime-map.png
+    python -m benchmarks.serving_report rates WORK --rho 0.5 0.7 0.9      # protocol B's offered loads
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def run_stats(result: dict, *, max_running: int) -> dict:
     """The statistics of one run (module docstring), from a ``chat_replay`` result."""
     recs = [r for r in result["records"] if r["success"]]
     later = [r for r in recs if r["turn"] > 0]
+    # the previous turn's prompt length, from its own record (chat_replay files of 2026-12-01 stored
+    # prompt + reply - 1 in prev_prompt_tokens)
+    prompt_of = {(r["conv"], r["turn"]): r["prompt_tokens"] for r in result["records"]}
+    prev = {id(r): prompt_of.get((r["conv"], r["turn"] - 1), 0) for r in later}
     prompt = sum(r["prompt_tokens"] for r in recs)
     cached = sum(r["cached_tokens"] for r in recs)
     inflight, stable = stability(result.get("inflight") or [], max_running)
@@ -100,8 +105,8 @@ def run_stats(result: dict, *, max_running: int) -> dict:
         "ttft_hit_s": _mean([r["ttft_s"] for r in later if r["cached_tokens"] > 0]),
         "ttft_miss_s": _mean([r["ttft_s"] for r in later if r["cached_tokens"] == 0]),
         "later_turns": len(later),
-        "reply_end": sum(r["cached_tokens"] > r["prev_prompt_tokens"] for r in later),
-        "prompt_end": sum(0 < r["cached_tokens"] <= r["prev_prompt_tokens"] for r in later),
+        "reply_end": sum(r["cached_tokens"] > prev[id(r)] for r in later),
+        "prompt_end": sum(0 < r["cached_tokens"] <= prev[id(r)] for r in later),
         "lost": sum(r["cached_tokens"] == 0 and r["reuse_bound"] > 0 for r in later),
         "queue_s": _mean([r["queue_s"] for r in recs]), "prefill_s": _mean([r["prefill_s"] for r in recs]),
         "initial_prompt_mean": _mean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),
@@ -121,9 +126,19 @@ def _capacity(launch: dict | None):
     return launch["ckpt_slots"] if launch["kind"] == "int8" else launch["capacity"]
 
 
-def collect(works: Sequence[Path]) -> list[dict]:
+def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
+            ) -> list[dict]:
     """Every successful run of the given ``run_chat`` work folders: one dict per run with its
-    condition, arm, seed, role, call (folder-qualified) and :func:`run_stats`."""
+    condition, arm, seed, role, call (folder-qualified) and :func:`run_stats`.
+
+    Args:
+        exclude_calls: call indices (``manifest.json`` ``calls``) whose runs are left out, e.g. a call
+            that started its servers, whose first runs paid first-use compiles (the drift check
+            shows it).
+        exclude_runs: result file names left out. When an opening baseline run is left out, the
+            closing (``drift``) run of the same call and seed takes its place as that seed's
+            baseline (and the call then has no drift figure).
+    """
     out = []
     for w in works:
         man_p, srv_p = w / "manifest.json", w / "servers.json"
@@ -131,10 +146,15 @@ def collect(works: Sequence[Path]) -> list[dict]:
             raise DascInputError(f"{w}: no manifest.json (not a run_chat work folder)")
         man = json.loads(man_p.read_text())
         servers = json.loads(srv_p.read_text()) if srv_p.is_file() else {}
+        gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
+                if e.get("file") in exclude_runs and e["role"] == "arm"}
         for e in man["runs"]:
             f = w / "runs" / e.get("file", "")
-            if e.get("skipped") or e.get("rc") not in (0, 1) or not f.is_file():
+            if (e.get("skipped") or e.get("rc") not in (0, 1) or not f.is_file() or e["call"] in exclude_calls
+                    or e.get("file") in exclude_runs):
                 continue
+            if e["role"] == "drift" and (e["call"], e["arm"], e["seed"]) in gone:
+                e = {**e, "role": "arm"}
             res = read_json(f)
             cfg = res["config"]
             launch = (servers.get(e["arm"]) or {}).get("launch")
@@ -200,6 +220,33 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
     return objs
 
 
+def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: str = "dense") -> dict:
+    """Protocol B's offered loads from Dense's *measured* saturation throughput (issue 24 item 2).
+
+    A closed-loop run whose clients outnumber the running slots keeps the server busy, so its
+    completed conversations per second, ``conversations_per_seed / wall_s``, is the throughput at
+    saturation ``X_sat`` (conversations/s). Protocol B offers ``rate = rho * X_sat`` conversation
+    starts per s; the work a conversation brings is the same with or without think time.
+
+    Args:
+        runs: :func:`collect` output of closed-loop runs at the trace and clip protocol B will use.
+        rhos: target utilisations, each in (0, 1).
+    Returns:
+        ``{"x_sat": spread over the baseline's seeds, "saturated": bool (mean in-flight >= running
+        slots in every run), "rates": {rho: rate}}``.
+    Raises:
+        DascInputError: no closed-loop baseline run, or a rho outside (0, 1).
+    """
+    if any(not 0 < r < 1 for r in rhos):
+        raise DascInputError(f"--rho: expected utilisations in (0, 1), got {list(rhos)}")
+    base = [r for r in runs if r["arm"] == baseline and r["role"] == "arm" and r["cond"][0] == "closed-loop-paper"]
+    if not base:
+        raise DascInputError(f"no closed-loop run of {baseline!r} to measure its saturation throughput from")
+    x = spread([r["cond"][6] / r["wall_s"] for r in base])
+    return {"x_sat": x, "saturated": all(r["inflight_mean"] >= r["max_running"] for r in base),
+            "rates": {rho: rho * x["mean"] for rho in rhos}}
+
+
 def _f(x, nd=3) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
@@ -258,13 +305,13 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         y = [o["ttft_ratio_vs_dense_spread"]["mean"] for o in os_]
         lo = [m - o["ttft_ratio_vs_dense_spread"]["min"] for m, o in zip(y, os_)]
         hi = [o["ttft_ratio_vs_dense_spread"]["max"] - m for m, o in zip(y, os_)]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3,
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, ls="none",
                     label=f"{lab}, n={'/'.join(str(o['ttft_ratio_vs_dense_spread']['n']) for o in os_)}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("mean initial prompt (tokens)")
     ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
-    ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200)", fontsize=10)
+    ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200; n = trace seeds per point)", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -273,6 +320,14 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["rates"]:
+            ap = argparse.ArgumentParser(prog="serving_report rates")
+            ap.add_argument("works", nargs="+", type=Path)
+            ap.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.7, 0.9])
+            ap.add_argument("--exclude-call", type=int, action="append", default=[])
+            a = ap.parse_args(argv[1:])
+            print(json.dumps(open_loop_rates(collect(a.works, exclude_calls=a.exclude_call), a.rho), indent=1))
+            return 0
         if argv[:1] == ["map"]:
             ap = argparse.ArgumentParser(prog="serving_report map")
             ap.add_argument("summaries", nargs="+", type=Path)
@@ -286,8 +341,13 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
         ap.add_argument("--model", required=True)
         ap.add_argument("--decays", required=True)
+        ap.add_argument("--exclude-call", type=int, action="append", default=[],
+                        help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
+        ap.add_argument("--exclude-run", action="append", default=[],
+                        help="leave out this result file (name under runs/; repeatable); an excluded opening "
+                             "baseline run is replaced by the call's closing run of the same seed")
         a = ap.parse_args(argv)
-        runs = collect(a.works)
+        runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
         objs = summarize(runs, model=a.model, decays=a.decays)

@@ -1,0 +1,219 @@
+"""The serving protocols of issue 24: trace seeds, chat-like replay, the run order, the report.
+
+The client runs against ``tests/support/fake_sglang_server.py`` (a CPU stand-in that caches each
+prompt and each finished prompt + reply, and sends SGLang's request metrics)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from benchmarks import chat_replay as cr
+from benchmarks import serving_report as sr
+from benchmarks.build_trace import TraceConversation
+from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
+from benchmarks.run_chat import run_name, schedule
+from dasc_compile.errors import DascInputError
+
+REPO = Path(__file__).resolve().parents[2]
+TRACE = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
+IM_END, NL = 151645, 198
+
+
+# ---------------------------------------------------------------- trace seeds
+
+def test_seeds_are_disjoint_blocks_of_one_permutation():
+    seeds = [seed_conversations(256, 24, s) for s in range(10)]
+    flat = [i for s in seeds for i in s]
+    assert len(flat) == len(set(flat)) == 240                  # no conversation in two seeds
+    assert all(len(s) == 24 for s in seeds)
+    assert seed_conversations(256, 24, 3) == seeds[3]           # deterministic
+    assert seed_conversations(256, 24, 3, pool_seed=1) != seeds[3]
+    with pytest.raises(DascInputError, match=r"holds 10 disjoint seeds of 24 \(0\.\.9\)"):
+        seed_conversations(256, 24, 10)
+
+
+def test_context_pad_is_per_conversation_and_sized():
+    a = context_pad("abc", 100, seed=0, im_start=1, im_end=2, newline=3)
+    b = context_pad("abd", 100, seed=0, im_start=1, im_end=2, newline=3)
+    assert len(a) == 100 and a[0] == 1 and a[-2:] == (2, 3)
+    assert a[1:4] != b[1:4]                                      # no shared prefix through the pad
+    assert a == context_pad("abc", 100, seed=0, im_start=1, im_end=2, newline=3)
+    assert context_pad("abc", 0, seed=0, im_start=1, im_end=2, newline=3) == ()
+    with pytest.raises(DascInputError, match="--pad-tokens"):
+        context_pad("abc", 3, seed=0, im_start=1, im_end=2, newline=3)
+
+
+# ---------------------------------------------------------------- chat turns
+
+CONV = TraceConversation(source_id="c", segments=((1, 2, 3), (50, 51, IM_END, NL), (4, 5), (60, IM_END, NL)),
+                         decode_tokens=(3, 2))
+
+
+def test_served_reply_carries_the_generated_ids_and_the_closing_tokens():
+    t = chat_turns(0, CONV, replay="served-reply", decode_clip=None, pad=(9, 9))
+    assert t.prompt() == [9, 9, 1, 2, 3]
+    t.advance([70, 71, 72])
+    assert t.prompt() == [9, 9, 1, 2, 3, 70, 71, 72, IM_END, NL, 4, 5]
+    assert t.decode == [3, 2]
+
+
+def test_recorded_reply_carries_the_recorded_segment():
+    t = chat_turns(0, CONV, replay="recorded-reply", decode_clip=2)
+    t.advance([70, 71])
+    assert t.prompt() == [1, 2, 3, 50, 51, IM_END, NL, 4, 5]
+    assert t.decode == [2, 2]                                   # clipped
+
+
+def test_reuse_bound_is_the_aligned_common_prefix():
+    prev = list(range(200))
+    assert reusable_tokens(list(range(150)) + [7], prev) == 128   # 150 common, floor to 64
+    assert reusable_tokens(list(range(64)), prev) == 0            # the last token is always computed
+    assert reusable_tokens([5] + list(range(100)), prev) == 0
+    assert reusable_tokens(list(range(130)), prev, align=1) == 129
+
+
+# ---------------------------------------------------------------- run order
+
+def test_schedule_rotates_arms_with_dense_first_and_last():
+    arms = ["dense", "int8", "w16", "w64"]
+    order = schedule(arms, [3, 4, 5])
+    assert order[0] == ("dense", 3, "arm") and order[-1] == ("dense", 3, "drift")
+    body = order[:-1]
+    for s in (3, 4, 5):                                          # every arm once per seed
+        assert sorted(a for a, seed, _ in body if seed == s) == sorted(arms)
+    positions = {a: [i % 4 for i, (x, _, _) in enumerate(body) if x == a] for a in arms}
+    assert all(len(set(p)) == 3 for p in positions.values())     # no arm keeps its slot
+    with pytest.raises(DascInputError, match="baseline"):
+        schedule(["int8", "w16"], [0])
+    assert run_name("dense", 3, "served-reply", 6000, "drift") == "dense__s3__served-reply__p6000__drift"
+
+
+# ---------------------------------------------------------------- report
+
+def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-loop-paper", "served-reply", 0, 256, 24, None, 24)):
+    return {"arm": arm, "seed": seed, "role": role, "call": call, "cond": cond, "launch": None, "max_running": 8,
+            "mean_ttft_s": ttft, "p95_ttft_s": ttft, "mean_e2e_s": 2 * ttft, "hit_rate": 0.5, "reuse_bound": 0.7,
+            "prefill_tokens_saved": 10, "ttft_hit_s": ttft, "ttft_miss_s": ttft, "later_turns": 3, "reply_end": 1,
+            "prompt_end": 1, "lost": 1, "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
+            "context_max": 9000, "inflight_mean": 20.0, "stable": True, "wall_s": wall, "failed": 0, "requests": 4}
+
+
+def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
+    runs = [_run("dense", 0, 2.0), _run("dense", 1, 4.0), _run("w16", 0, 1.0), _run("w16", 1, 3.0),
+            _run("dense", 0, 2.2, role="drift")]
+    objs = sr.summarize(runs, model="m", decays="d")
+    assert [o["arm"] for o in objs] == ["dense", "w16"]
+    assert set(sr.SUMMARY_KEYS) <= set(objs[0])
+    w16 = objs[1]
+    # paired: mean(1/2, 3/4) = 0.625, not the ratio of means 2/3
+    assert w16["mean_ttft_ratio_vs_dense"] == pytest.approx(0.625)
+    assert w16["ttft_ratio_vs_dense_spread"]["min"] == pytest.approx(0.5)
+    assert w16["seeds"] == [0, 1] and w16["seed_kind"] == "trace"
+    assert objs[0]["dense_drift"]["mean"] == pytest.approx(1.1)
+    assert "TTFT / Dense" in sr.markdown(objs)
+
+
+def test_stability_rule_flags_a_growing_queue():
+    flat = [[t, 10] for t in range(30)]
+    growing = [[t, 10 + 2 * t] for t in range(30)]
+    assert sr.stability(flat, 8) == (10, True)
+    assert sr.stability(growing, 8)[1] is False
+    assert sr.stability([[t, 10 + 0.2 * t] for t in range(30)], 8)[1] is True   # drifts, but less than R
+
+
+def test_open_loop_rates_come_from_the_measured_saturation_throughput():
+    runs = [_run("dense", 0, 2.0, wall=48.0), _run("dense", 1, 2.0, wall=60.0), _run("w16", 0, 1.0, wall=10.0)]
+    out = sr.open_loop_rates(runs, [0.5, 0.7])
+    assert out["x_sat"]["mean"] == pytest.approx((24 / 48 + 24 / 60) / 2)
+    assert out["rates"][0.7] == pytest.approx(0.7 * 0.45) and out["saturated"]
+    with pytest.raises(DascInputError, match="--rho"):
+        sr.open_loop_rates(runs, [1.2])
+
+
+# ---------------------------------------------------------------- client against the stand-in server
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake_server():
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, str(REPO / "tests/support/fake_sglang_server.py"), "--port", str(port),
+                          "--max-running-requests", "4", "--max-mamba-cache-size", "400", "--enable-metrics"],
+                         env={"FAKE_TOKEN_S": "0", "FAKE_PREFILL_S_PER_TOKEN": "0", "FAKE_BASE_S": "0"})
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield port
+    p.kill()
+    p.wait()
+
+
+@pytest.mark.parametrize("replay", ["served-reply", "recorded-reply"])
+def test_client_replays_chat_and_the_report_accounts_for_every_hit(fake_server, tmp_path, replay):
+    out = tmp_path / f"{replay}.json.gz"
+    rc = cr.main(["--trace", str(TRACE), "--url", f"http://127.0.0.1:{fake_server}", "--arm", "dense", "--seed", "1",
+                  "--conversations-per-seed", "4", "--clients", "4", "--decode-clip", "64", "--replay", replay,
+                  "--out", str(out)])
+    assert rc == 0
+    res = cr.read_json(out)
+    recs = res["records"]
+    assert sorted(r["conv"] for r in recs if r["turn"] == 0) == sorted(seed_conversations(8, 4, 1))
+    assert all(r["success"] and r["completion_tokens"] == r["max_new_tokens"] for r in recs)
+    assert all(not math.isnan(r["queue_s"]) and r["prefill_s"] >= 0 for r in recs)   # SGLang's metrics read
+    later = [r for r in recs if r["turn"] > 0]
+    # the stand-in caches prompt + reply: only a served reply lets a later turn hit beyond the previous prompt
+    beyond = sum(r["cached_tokens"] > r["prev_prompt_tokens"] for r in later)
+    if replay == "served-reply":
+        assert beyond >= len(later) // 2
+    else:
+        assert beyond == 0 and all(0 < r["cached_tokens"] <= r["prev_prompt_tokens"] for r in later)
+    assert all(r["cached_tokens"] <= r["reuse_bound"] for r in later)
+    st = sr.run_stats(res, max_running=4)
+    assert st["reply_end"] + st["prompt_end"] + st["lost"] <= st["later_turns"] == len(later)
+    assert st["reply_end"] == beyond
+
+
+def test_client_refuses_bad_input_with_one_line(tmp_path, capsys):
+    base = ["--trace", str(TRACE), "--url", "http://127.0.0.1:9", "--arm", "x", "--seed", "0",
+            "--conversations-per-seed", "4", "--out", str(tmp_path / "o.json")]
+    assert cr.main(base) == 2 and "exactly one of --clients" in capsys.readouterr().err
+    assert cr.main(base + ["--clients", "2", "--replay", "echo"]) == 2 and "--replay" in capsys.readouterr().err
+    assert cr.main(base + ["--clients", "2", "--seed", "5"]) == 2 and "disjoint seeds" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
+    w = tmp_path / "w"
+    (w / "runs").mkdir(parents=True)
+    rec = {"conv": 0, "turn": 0, "source_id": "a", "prompt_tokens": 100, "max_new_tokens": 4, "reuse_bound": 0,
+           "prev_prompt_tokens": 0, "start_s": 0, "end_s": 1, "ttft_s": 1.0, "e2e_s": 2.0, "cached_tokens": 0,
+           "completion_tokens": 4, "queue_s": 0.1, "prefill_s": 0.2, "success": True, "error": ""}
+    runs = []
+    for i, (arm, role, ttft, call) in enumerate([("dense", "arm", 9.0, 0), ("w16", "arm", 1.0, 0),
+                                                  ("dense", "drift", 2.0, 0), ("w16", "arm", 5.0, 1)]):
+        f = f"{arm}_{i}.json.gz"
+        cfg = {"protocol": "closed-loop-paper", "replay": "served-reply", "pad_tokens": 0, "decode_clip": 4,
+               "clients": 2, "rate": None, "conversations_per_seed": 2}
+        cr.write_json(w / "runs" / f, {"config": cfg, "records": [{**rec, "ttft_s": ttft}], "inflight": [], "wall_s": 1})
+        runs.append({"call": call, "index": i, "arm": arm, "seed": 0, "role": role, "file": f, "rc": 0})
+    (w / "manifest.json").write_text(json.dumps({"runs": runs, "calls": [{}, {}]}))
+    got = sr.collect([w], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
+    assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in got) == [("dense", "arm", 2.0), ("w16", "arm", 1.0)]
+    o = {x["arm"]: x for x in sr.summarize(got, model="m", decays="d")}
+    assert o["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
