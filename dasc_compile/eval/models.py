@@ -8,6 +8,8 @@ Supported (all in pure PyTorch, float32 by default, so a CPU runs them):
   ``torch_recurrent_gated_delta_rule``, ``torch_causal_conv1d_update``) so results do not depend on
   which optional kernel packages happen to be installed.
 * KDA: ``kimi_linear`` checkpoints of dasc's small KDA hybrid (:mod:`dasc_compile.eval.kda_hybrid`).
+* Mamba2 hybrids through transformers' own classes: ``nemotron_h``, ``granitemoehybrid``, ``falcon_h1``
+  (:mod:`dasc_compile.eval.mamba2`).
 
 The recurrent state checkpoint at a prefix boundary is the transformers cache object after the prefix:
 ``cache.layers[i].recurrent_states`` ``[B, H, d_k, d_v]`` (key-major; the paper's ``[d_v, d_k]``
@@ -27,6 +29,7 @@ import torch
 from dasc_compile.errors import DascInputError
 
 GDN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")   # loaded by dasc_compile.eval.mamba2
 
 
 class ByteTokenizer:
@@ -252,16 +255,23 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     hf_logging.set_verbosity_error()      # no optional-kernel warnings or weight-loading bars in the CLI's output
     hf_logging.disable_progress_bar()
     mt = cfg.get("model_type")
+    cls = EvalModel
     if mt in GDN_TYPES:
         model, mixers, heads, uph, kattrs = _load_gdn(path, cfg, dtype)
         family = "gdn"
     elif mt == "kimi_linear":
         model, mixers, heads, uph, kattrs = _load_kda(path, cfg, dtype)
         family = "kda"
+    elif mt in MAMBA2_TYPES:   # transformers' own Mamba2 hybrids (dasc_compile.eval.mamba2)
+        from dasc_compile.eval.mamba2 import Mamba2EvalModel, load_mamba2
+
+        model, mixers, heads, uph, kattrs = load_mamba2(path, cfg, dtype)
+        family, cls = "mamba2", Mamba2EvalModel
     else:
         raise DascInputError(
             f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
-            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}) or dasc's KDA hybrid (kimi_linear)")
+            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}), a Mamba2 hybrid ({', '.join(MAMBA2_TYPES)}) or "
+            f"dasc's KDA hybrid (kimi_linear)")
     if not mixers:
         raise DascInputError(f"{path}: the model has no recurrent (linear-attention) layers; nothing for a plan to compress")
     try:
@@ -269,5 +279,5 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
         model = model.to(dev).eval()
     except (RuntimeError, AssertionError) as exc:
         raise DascInputError(f"--device {device}: cannot use this device ({str(exc).splitlines()[0]})") from None
-    return EvalModel(model=model, family=family, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
+    return cls(model=model, family=family, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
                      units_per_head=uph, kernel_attrs=kattrs, tokenizer=_tokenizer(path, cfg), device=dev, config=cfg)
