@@ -6,8 +6,8 @@ cache with a previous state as one decoding token; and Nemotron-H's chunked scan
 chunks wrongly (``modeling_nemotron_h.py`` sums ``decay_chunk * states`` over the target chunk,
 ``.sum(dim=2)``, where Bamba / Granite / Falcon transpose first and sum over the source chunk): on the tiny
 test model its logits leave its own one-token recurrence by up to 0.76 after the first ``chunk_size``
-tokens. :class:`Mamba2EvalModel` therefore runs at most one chunk from a fresh cache and steps every
-other token through the one-token recurrence, which is exact for all three models. The recurrent state checkpoint is
+tokens. ``dasc eval`` therefore runs at most one chunk from a fresh cache and steps every other token
+through the one-token recurrence (``EvalModel.max_chunk``), which is exact for all three models. The recurrent state checkpoint is
 ``cache.layers[i].recurrent_states`` ``[B, H, head_dim, d_state]`` (transformers ``LinearAttentionLayer``),
 one unit per head, so the arms of :mod:`dasc_compile.eval.arms` apply unchanged.
 
@@ -23,34 +23,12 @@ are those of transformers' PyTorch path, whose Nemotron-H clamp differs from SGL
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from dasc_compile.errors import DascInputError
-from dasc_compile.eval.models import MAMBA2_TYPES, EvalModel, check_weights
-
-__all__ = ["KERNEL_ATTRS", "MAMBA2_TYPES", "Mamba2EvalModel", "load_mamba2"]
+__all__ = ["KERNEL_ATTRS", "mamba2_mixers"]
 
 #: the mixer attribute the horizon recorder wraps (called with ``g=[B, T, H]`` by the in_proj hook)
 KERNEL_ATTRS = ("dasc_observe_decay",)
-
-
-class Mamba2EvalModel(EvalModel):
-    """:class:`EvalModel` whose forward runs one chunk at most, then one token at a time (module docstring)."""
-
-    @torch.no_grad()
-    def forward(self, ids: list[int] | torch.Tensor, cache) -> torch.Tensor:
-        """Run ``ids`` (``[T]``, batch 1) after ``cache``; float32 logits ``[T, vocab]``. A fresh cache takes
-        the first ``chunk_size`` tokens as one chunk; every later token is one step of the recurrence."""
-        x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
-        n = 0 if cache.has_previous_state(self.layer_ids[0]) else min(x.numel(), self._chunk())
-        out = [EvalModel.forward(self, x[:n], cache)] if n else []
-        out += [EvalModel.forward(self, x[t:t + 1], cache) for t in range(n, x.numel())]
-        return torch.cat(out, dim=0)
-
-    def _chunk(self) -> int:
-        return min(int(getattr(m, "chunk_size", 1) or 1) for m in self.mixers.values())
 
 
 def _observed_step(mixer, projected: torch.Tensor) -> torch.Tensor:
@@ -74,40 +52,19 @@ def _install_observer(mixer) -> None:
     mixer.in_proj.register_forward_hook(hook)
 
 
-def load_mamba2(path: Path, cfg: dict, dtype: torch.dtype):
-    """Load a Mamba2 hybrid with transformers (``AutoModelForCausalLM``) and find its Mamba2 mixers.
+def mamba2_mixers(model) -> tuple[dict, int, int, tuple[str, ...], int]:
+    """The Mamba2 mixers of a transformers model, each with the decay observer installed.
 
     Returns:
-        ``(model, {layer id: mixer}, H, 1, KERNEL_ATTRS)``, the tuple :func:`~dasc_compile.eval.models.
-        load_eval_model` builds its :class:`Mamba2EvalModel` from.
-    Raises:
-        DascInputError: transformers cannot load the checkpoint, weights are missing, or it holds fewer
-            parameters than the config describes (a decay-only reference).
+        ``({layer id: mixer}, H, 1, KERNEL_ATTRS, chunk)``: heads per layer, one unit per head, the attribute
+        the horizon recorder wraps, and the largest chunk one call may take (the mixers' ``chunk_size``), the
+        values :func:`~dasc_compile.eval.models.load_eval_model` builds its ``EvalModel`` from.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(config)
-        check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
-        del meta
-        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
-                                                           output_loading_info=True)
-    except DascInputError:
-        raise
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
-                             f"({str(exc).splitlines()[0][:200]})") from None
-    tied = config.get_text_config().tie_word_embeddings
-    missing = [k for k in info.get("missing_keys", []) if "lm_head" not in k or not tied]
-    if missing:
-        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}); "
-                             f"dasc eval needs the whole trained checkpoint")
     mixers = {}
     for mod in model.modules():
         if all(hasattr(mod, a) for a in ("A_log", "dt_bias", "in_proj", "torch_forward", "layer_idx", "num_heads")):
             _install_observer(mod)
             mixers[int(mod.layer_idx)] = mod
     heads = next(iter(mixers.values())).num_heads if mixers else 0
-    return model, mixers, heads, 1, KERNEL_ATTRS
+    chunk = min((int(getattr(m, "chunk_size", 1) or 1) for m in mixers.values()), default=1)
+    return mixers, heads, 1, KERNEL_ATTRS, chunk
