@@ -158,10 +158,10 @@ def _head_dims(m) -> str:
     """Head counts and state dims in the family's own terms (``UnitKind.head_name`` / ``dim_names``)."""
     kind = UNIT_KINDS[m.unit_kind]
     d_v, d_k = kind.dim_names
+    state = f"{m.head_v_dim} x {m.head_k_dim} ({d_v} x {d_k})"
     if m.num_key_heads == m.num_value_heads:
-        return f"{m.num_value_heads} {kind.head_name}s of [{d_v} {m.head_v_dim}, {d_k} {m.head_k_dim}]"
-    return (f"H_v {m.num_value_heads}, H_k {m.num_key_heads}, {kind.head_name} state "
-            f"[{d_v} {m.head_v_dim}, {d_k} {m.head_k_dim}]")
+        return f"{m.num_value_heads} {kind.head_name}s of {state}"
+    return f"H_v {m.num_value_heads}, H_k {m.num_key_heads}; {kind.head_name} state {state}"
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
