@@ -58,10 +58,16 @@ SHAPES = {
     "qwen3next-tp8": (36, "gdn_head", 4, 128, 128, (1024, 3)),
     "kimi-linear-tp1": (20, "kda_column", 32, 128, 128, (3, 12288)),
     "kimi-linear-tp8": (20, "kda_column", 4, 128, 128, (3, 1536)),
+    # Mamba2 heads [head_dim, d_state]; conv (H*head_dim + 2*n_groups*d_state) / P, a lone group copied per rank
+    "nemotron-h-8b-tp1": (24, "mamba2_head", 128, 64, 128, (10240, 3)),
+    "nemotron-h-8b-tp8": (24, "mamba2_head", 16, 64, 128, (1280, 3)),
+    "granite-4.0-h-tiny-tp1": (36, "mamba2_head", 48, 64, 128, (3328, 3)),
+    "granite-4.0-h-tiny-tp2": (36, "mamba2_head", 24, 64, 128, (1792, 3)),
 }
 SMOKE_SHAPES = {
     "tiny-gdn": (3, "gdn_head", 2, 4, 8, (24, 3)),
     "tiny-kda": (3, "kda_column", 2, 4, 8, (3, 24)),
+    "tiny-mamba2": (3, "mamba2_head", 4, 4, 8, (32, 3)),
 }
 
 
@@ -198,21 +204,24 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls, timers):
     from dasc_runtime.rank_layout import state_index_from_kept
     from dasc_runtime.kernel_loader import load_kernel_module
 
+    from dasc_compile.schema.units import lookup_unit_kind
+
     L, kind, H, dv, dk, conv_shape = spec
+    whole = lookup_unit_kind(kind).whole_head            # a unit is a head [dv, dk] (GDN, Mamba2), else a column
     gpu_time, host_time = timers
     c = make_constants(num_layers=L, unit_kind=kind, heads=H, dv=dv, dk=dk, conv_shapes=[conv_shape],
                        int8=not args.no_int8, tile=16 if args.smoke else 4096)
     file_name, src = render_kernel_module(c)
     (mods / file_name).write_text(src)
     mod = load_kernel_module(mods, file_name, interpret=args.smoke)
-    uph = 1 if kind == "gdn_head" else dk
+    uph = 1 if whole else dk
     n_units = H * uph
     kept = kept_sets(n_units, L, args.keep_min, args.keep_max, args.seed, torch)
     idx = state_index_from_kept(kept, heads=H, unit_kind=kind, dk=dk, device=device)
     full = state_index_from_kept([list(range(n_units))] * L, heads=H, unit_kind=kind, dk=dk, device=device)
     R = idx.num_rows
-    unit = (dv, dk) if kind == "gdn_head" else (dv,)
-    unit_elems = dv * dk if kind == "gdn_head" else dv
+    unit = (dv, dk) if whole else (dv,)
+    unit_elems = dv * dk if whole else dv
     n_max = max(args.n)
     S = 2 * n_max + 1
     f32, bf16 = torch.float32, torch.bfloat16
@@ -277,7 +286,7 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls, timers):
                 if o0 == o1:
                     continue
                 u = kept_t[l]
-                if kind == "gdn_head":
+                if whole:
                     vals = temporal[l][src[:, None], u[None, :]]                            # [n, r, dv, dk]
                 else:
                     vals = temporal[l][src[:, None], u[None, :] // dk, :, u[None, :] % dk]  # [n, r, dv]
@@ -293,7 +302,7 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls, timers):
                     continue
                 u = kept_t[l]
                 vals = comp[dst, o0:o1]
-                if kind == "gdn_head":
+                if whole:
                     temporal[l][back[:, None], u[None, :]] = vals
                 else:
                     temporal[l][back[:, None], u[None, :] // dk, :, u[None, :] % dk] = vals
@@ -317,11 +326,11 @@ def run_shape(name, spec, args, bench, device, torch, mods, sglang_cls, timers):
         if args.no_int8:
             continue
         comp_q = torch.zeros(n + 1, R, *unit, device=device, dtype=torch.int8)
-        comp_s = torch.zeros((n + 1, R) + ((dk,) if kind == "gdn_head" else ()), device=device, dtype=f32)
+        comp_s = torch.zeros((n + 1, R) + ((dk,) if whole else ()), device=device, dtype=f32)
         comp_cq = [torch.zeros(L, n + 1, *conv_shape, device=device, dtype=bf16)]
         full_q = torch.zeros(n + 1, full.num_rows, *unit, device=device, dtype=torch.int8)
-        full_s = torch.zeros((n + 1, full.num_rows) + ((dk,) if kind == "gdn_head" else ()), device=device, dtype=f32)
-        scale_per_unit = dk if kind == "gdn_head" else 1
+        full_s = torch.zeros((n + 1, full.num_rows) + ((dk,) if whole else ()), device=device, dtype=f32)
+        scale_per_unit = dk if whole else 1
 
         def pack_int8(q=comp_q, s=comp_s, index=idx):
             mod.pack_int8(temporal=temporal, conv=conv, src_slots=src, comp_q=q, comp_scale=s, comp_conv=comp_cq,

@@ -29,10 +29,11 @@ class ArchSpec:
         model_type / architectures / num_hidden_layers: from config.json.
         recurrent_layer_ids / full_attention_layer_ids: 0-indexed model layer ids.
         family: decay family name (see :mod:`dasc_compile.families.base`).
-        num_value_heads: H_v (GDN, Mamba2) or H (KDA); num_key_heads: H_k (GDN), H (KDA).
-        head_k_dim / head_v_dim: d_k / d_v of the temporal state ``[H_v, d_v, d_k]``.
-        unit_kind: the family's unit (:data:`dasc_compile.schema.units.UNIT_KINDS`): ``gdn_head`` or
-            ``kda_column``; ``units_per_head`` follows from it (1 or d_k).
+        num_value_heads: H_v (GDN) or H (KDA, Mamba2); num_key_heads: H_k (GDN), H (KDA, Mamba2: heads
+            are the TP bundles, one each).
+        head_k_dim / head_v_dim: d_k / d_v of the temporal state ``[H_v, d_v, d_k]`` (Mamba2: d_state / head_dim).
+        unit_kind: the family's unit (:data:`dasc_compile.schema.units.UNIT_KINDS`): ``gdn_head``,
+            ``kda_column`` or ``mamba2_head``; ``units_per_head`` follows from it (1 or d_k).
         conv_kernel: K; conv state keeps K-1 columns. conv_dim: conv channels at TP=1.
         a_log_names / dt_bias_names: decay tensor names, one per recurrent layer, in order.
         a_log_shape / dt_bias_shape: expected shapes of those tensors.
@@ -40,6 +41,8 @@ class ArchSpec:
         layer_kind_source: which config field decided the layer kinds (for messages).
         head_fields: config field names of H_v and H_k (for messages, e.g.
             ``("text_config.linear_num_value_heads", "text_config.linear_num_key_heads")``).
+        conv_groups: Mamba2 ``n_groups`` (B/C groups at the end of the conv state), 0 for other families
+            (:class:`~dasc_compile.schema.units.UnitSpec` splits the conv state over ranks with it).
     """
 
     model_type: str
@@ -63,6 +66,7 @@ class ArchSpec:
     layer_kind_source: str
     recurrent_tensor_marker: str            # substring that only recurrent layers' tensors carry
     head_fields: tuple[str, str]
+    conv_groups: int = 0
 
     @property
     def units_per_head(self) -> int:
@@ -78,7 +82,7 @@ class ArchSpec:
         """The :class:`UnitSpec` of this model's units under ``policy``'s state dtypes and INT8 setting."""
         return UnitSpec(kind=self.unit_kind, d_v=self.head_v_dim, d_k=self.head_k_dim,
                         temporal_dtype=policy.temporal_dtype, conv_dim=self.conv_dim, conv_kernel=self.conv_kernel,
-                        conv_dtype=policy.conv_dtype, int8=bool(policy.int8))
+                        conv_dtype=policy.conv_dtype, int8=bool(policy.int8), conv_groups=self.conv_groups)
 
 
 def layer_kinds(cfg: dict, num_layers: int, source: str, linear_names: Iterable[str]) -> tuple[list[int], str]:

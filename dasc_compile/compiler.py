@@ -229,6 +229,7 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
         conv_kernel=spec.conv_kernel,
         conv_dim=spec.conv_dim,
         provenance=provenance,
+        conv_groups=spec.conv_groups or None,
     )
     return Plan(
         dasc_version=__version__,
@@ -275,10 +276,12 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
     check_against_tensors(spec, src.tensor_files.keys(), str(src.root))
     policy = resolve_family_policy(spec, policy)
     tensors = read_decay_tensors(src, spec)
+    served = FAMILIES[spec.family].served_decay   # the family's served form, when the server transforms it
     fingerprint = Fingerprint(
         config_sha256=config_fingerprint(src.config),
         decay_sha256=decay_fingerprint(tensors),
         decay_tensors=[name for name, _ in tensors],
+        served=served(tensors) if served is not None else None,
     )
     horizons = layer_horizons(spec, policy, tensors)
     plan = build_plan(spec, policy, horizons, fingerprint=fingerprint, provenance=src.provenance,

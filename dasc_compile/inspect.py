@@ -40,7 +40,7 @@ from dasc_compile.plan_views import (
     provenance_kind,
 )
 from dasc_compile.provenance import figure_label
-from dasc_compile.schema import Plan
+from dasc_compile.schema import UNIT_KINDS, Plan
 
 #: Version of the ``--json`` document layout; bump when a key is removed, renamed or changes meaning.
 INSPECT_FORMAT = 1
@@ -154,6 +154,16 @@ def _opt(x: Any) -> str:
     return "-" if x is None else str(x)
 
 
+def _head_dims(m) -> str:
+    """Head counts and state dims in the family's own terms (``UnitKind.head_name`` / ``dim_names``)."""
+    kind = UNIT_KINDS[m.unit_kind]
+    d_v, d_k = kind.dim_names
+    state = f"{m.head_v_dim} x {m.head_k_dim} ({d_v} x {d_k})"
+    if m.num_key_heads == m.num_value_heads:
+        return f"{m.num_value_heads} {kind.head_name}s of {state}"
+    return f"H_v {m.num_value_heads}, H_k {m.num_key_heads}; {kind.head_name} state {state}"
+
+
 def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
     t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
@@ -200,7 +210,7 @@ def render_report(plan: Plan, console: Console) -> None:
     console.print(_kv_table("Plan", [
         ("model", f"{m.family} / {m.unit_kind}: {len(m.recurrent_layer_ids)} recurrent + "
                   f"{len(m.full_attention_layer_ids)} full-attention of {m.num_hidden_layers} layers; "
-                  f"H_v {m.num_value_heads}, H_k {m.num_key_heads}, d_k {m.head_k_dim}, d_v {m.head_v_dim}"),
+                  f"{_head_dims(m)}"),
         ("selection", f"{sel}, W_max = {pol.w_max} tokens, a_s = {pol.a_s}, eps = {pol.eps:g}"),
         ("load policy", f"dasc-{pol.load_policy}"),
         ("state dtypes", f"temporal {pol.temporal_dtype}{' stored as INT8' if pol.int8 else ''}, "
@@ -231,10 +241,14 @@ def render_report(plan: Plan, console: Console) -> None:
                    fmt_bytes(lp.bytes_temporal_dense), *extra)
     console.print(lt, highlight=False)
     hs = head_summary(plan)
-    unit = "key channels" if plan.layers and plan.layers[0].units_per_head > 1 else "heads"
-    if hs["pairs"]:
+    kind = UNIT_KINDS[m.unit_kind]
+    if hs["pairs"] and kind.whole_head:   # a head is kept or omitted whole: no mixed pairs to report
+        console.print(f"layer-head pairs: {hs['pairs']}; {kind.head_name}s kept {hs['all_retained']}, omitted "
+                      f"{hs['all_omitted']} (unit: {kind.unit_name}); layer kept fraction "
+                      f"{hs['layer_mean_fraction_min']:.3f} .. {hs['layer_mean_fraction_max']:.3f}", highlight=False)
+    elif hs["pairs"]:
         console.print(f"layer-head pairs: {hs['pairs']}; mixed (0 < r < 1) {hs['mixed']}, all omitted "
-                      f"{hs['all_omitted']}, all retained {hs['all_retained']} (unit: {unit}); layer mean "
+                      f"{hs['all_omitted']}, all retained {hs['all_retained']} (unit: {kind.unit_name}s); layer mean "
                       f"retained fraction {hs['layer_mean_fraction_min']:.3f} .. {hs['layer_mean_fraction_max']:.3f}",
                       highlight=False)
 

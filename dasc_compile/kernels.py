@@ -60,7 +60,7 @@ def make_constants(*, num_layers: int, unit_kind: str, heads: int, dv: int, dk: 
     """The explicit specialisation dict of one rank's kernels.
 
     Args:
-        num_layers: L, recurrent layers. unit_kind: ``gdn_head`` | ``kda_column``.
+        num_layers: L, recurrent layers. unit_kind: ``gdn_head`` | ``kda_column`` | ``mamba2_head``.
         heads: value heads H on this rank. dv / dk: per-head state ``[dv, dk]``.
         conv_shapes: inner 2-D shape of each conv tensor, e.g. ``[(8192, 3)]`` (GDN
             ``(conv_dim, K-1)``) or ``[(3, 12288)]`` (Kimi ``(K-1, 3*H*d)``).
@@ -70,7 +70,7 @@ def make_constants(*, num_layers: int, unit_kind: str, heads: int, dv: int, dk: 
         num_warps: warps per program.
 
     Returns:
-        dict of scalars: NUM_LAYERS, UNIT_KIND, HEADS, DV, DK, UNITS_PER_HEAD, TEMPORAL_DTYPE,
+        dict of scalars: NUM_LAYERS, UNIT_KIND, WHOLE_HEAD, HEADS, DV, DK, UNITS_PER_HEAD, TEMPORAL_DTYPE,
         CONV_DTYPE, SCALE_DTYPE, INT8, NUM_CONV, CONV{i}_ROWS, CONV{i}_COLS, BLOCK_V, BLOCK_K
         (copy tiles: full dk rows), Q_BLOCK_V, Q_BLOCK_K (INT8 tiles: full dv columns),
         BLOCK_C (conv tile), NUM_WARPS.
@@ -98,6 +98,7 @@ def make_constants(*, num_layers: int, unit_kind: str, heads: int, dv: int, dk: 
         "HEADS": int(heads),
         "DV": int(dv),
         "DK": int(dk),
+        "WHOLE_HEAD": bool(UNIT_KINDS[unit_kind].whole_head),
         "UNITS_PER_HEAD": 1 if UNIT_KINDS[unit_kind].whole_head else int(dk),
         "TEMPORAL_DTYPE": temporal_dtype,
         "CONV_DTYPE": conv_dtype,
@@ -132,7 +133,8 @@ def kernel_constants(plan: Plan, tp_rank_heads: Optional[int] = None) -> dict:
     the index tensors and varies per rank under storage balancing).
 
     Raises:
-        DascInputError: H does not divide the model's value heads or the conv channels.
+        DascInputError: H does not divide the model's value heads, or the conv channels do not split
+            over the ranks (:meth:`UnitSpec.conv_layer_shape`).
     """
     m = plan.model
     heads = int(tp_rank_heads) if tp_rank_heads is not None else int(plan.tp.heads_per_rank)
@@ -140,9 +142,7 @@ def kernel_constants(plan: Plan, tp_rank_heads: Optional[int] = None) -> dict:
         raise DascInputError(f"plan.json: tp_rank_heads must divide model.num_value_heads="
                              f"{m.num_value_heads}, got {heads}")
     tp = m.num_value_heads // heads
-    if m.conv_dim % tp:
-        raise DascInputError(f"plan.json: model.conv_dim={m.conv_dim} must split evenly over {tp} ranks")
-    conv_shape = UnitSpec.from_plan(plan).conv_layer_shape(tp)
+    conv_shape = UnitSpec.from_plan(plan).conv_layer_shape(tp)   # raises when the conv channels cannot split
     return make_constants(
         num_layers=len(plan.layers), unit_kind=m.unit_kind, heads=heads, dv=m.head_v_dim,
         dk=m.head_k_dim, conv_shapes=[conv_shape], temporal_dtype=plan.policy.temporal_dtype,

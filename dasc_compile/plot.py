@@ -22,7 +22,7 @@ import numpy as np
 from dasc_compile.errors import DascInputError
 from dasc_compile.plan_views import by_rank, fmt_ratio, is_initialisation_draw, retained_fraction_matrix
 from dasc_compile.provenance import figure_label, figure_line
-from dasc_compile.schema import Plan
+from dasc_compile.schema import UNIT_KINDS, Plan
 
 __all__ = ["plot_plan"]
 
@@ -92,10 +92,13 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
                   fontsize=8 if L > 24 else 9)
     step_x = max(1, math.ceil(H / 32))
     ax.set_xticks(range(0, H, step_x), [str(h) for h in range(0, H, step_x)], fontsize=8 if H > 16 else 9)
-    ax.set_xlabel("head h" + (" (value head)" if not kda else ""))
+    kind = UNIT_KINDS[plan.model.unit_kind]
+    ax.set_xlabel(f"{kind.head_name} h")
     ax.set_ylabel("model layer index (recurrent layers only)")
+    d_v, d_k = kind.dim_names
     how = (f"fraction of the d_k = {plan.model.head_k_dim} key channels kept per head" if kda
-           else "GDN head kept (global) or omitted (local)")
+           else f"{plan.model.family} {kind.head_name} [{d_v} {plan.model.head_v_dim}, {d_k} {plan.model.head_k_dim}] "
+                f"kept (global) or omitted (local)")
     sel = "H_s > W_max" if plan.selection == "horizon" else f"random count-matched, seed {pol.random_seed}"
     ax.set_title(f"Retained fraction r(l, h) at W_max = {pol.w_max} tokens ({sel}): {how}", fontsize=10)
     cb = fig.colorbar(im, ax=ax, fraction=0.04, pad=0.01)

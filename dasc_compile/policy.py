@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dasc_compile.errors import DascInputError, short_repr, short_text
 from dasc_compile.strict_yaml import load_yaml_file
 
-FamilyName = Literal["gdn", "kda", "kda_safe_gate"]
+FamilyName = Literal["gdn", "kda", "kda_safe_gate", "mamba2"]
 StateDType = Literal["float32", "bfloat16", "float16"]
 #: Largest ``random_seed``: the per-layer seed ``seed * 1_000_003 + layer_id`` must fit 64 bits.
 MAX_RANDOM_SEED = 2**43

@@ -50,6 +50,7 @@ import torch
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTES, PROVENANCE_KEY
 from dasc_compile.errors import DascInputError
+from dasc_compile.families.base import FAMILIES
 from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
 
 __all__ = [
@@ -88,7 +89,8 @@ def draw_decay(config: dict, seed: int = 0, spec: ArchSpec | None = None) -> tup
     Returns ``([(a_log_name, A_log), (dt_bias_name, dt_bias), ...], scheme)`` in recurrent-layer
     order (the order :func:`dasc_compile.checkpoint.read_decay_tensors` returns). GDN:
     ``A_log [H_v]`` float32, ``dt_bias [H_v]`` bfloat16. KDA: ``A_log [1, 1, H, 1]`` float32,
-    ``dt_bias [H * d_k]`` float32.
+    ``dt_bias [H * d_k]`` float32. A family with its own ``reference_init`` (Mamba2) draws them there;
+    both are stored float32 (``A_log [H]``, ``dt_bias [H]``).
 
     Raises:
         DascInputError: the config is not a supported hybrid model (see :func:`arch_from_config`).
@@ -97,6 +99,13 @@ def draw_decay(config: dict, seed: int = 0, spec: ArchSpec | None = None) -> tup
     gen = torch.Generator().manual_seed(int(seed))
     out: list[tuple[str, torch.Tensor]] = []
     h = spec.num_value_heads
+    family = FAMILIES[spec.family]
+    if family.reference_init is not None:   # the family module draws its model's own initialisation
+        draws, scheme = family.reference_init(spec, config, gen)
+        for (a_name, d_name), (a, d) in zip(zip(spec.a_log_names, spec.dt_bias_names), draws):
+            out.append((a_name, a.reshape(spec.a_log_shape).to(torch.float32)))
+            out.append((d_name, d.reshape(spec.dt_bias_shape).to(torch.float32)))
+        return out, scheme
     for a_name, d_name in zip(spec.a_log_names, spec.dt_bias_names):
         if spec.family == "gdn":
             a = torch.log(0.01 + (16.0 - 0.01) * torch.rand(h, generator=gen, dtype=torch.float64))

@@ -8,7 +8,8 @@ from the initialisation, and re-exports the names above.
 
 Where the formats come from:
 
-* Configs: transcriptions of published ``config.json`` files. Qwen3-Next-80B-A3B-Instruct as on
+* Configs: transcriptions of published ``config.json`` files (the Mamba2 hybrids' and their sources in
+  :mod:`dasc_compile.refckpt_mamba2`; no full-size parameter list is modelled for them). Qwen3-Next-80B-A3B-Instruct as on
   Hugging Face. Kimi-Linear-48B-A3B-Instruct as re-published by a quantised mirror, with the
   mirror's ``quantization_config`` removed (its ``transformers_version`` is not known and left
   out). Qwen3.5-27B: the Qwen3.5-27B file itself was not reachable from here; the config is the
@@ -34,6 +35,7 @@ import json
 
 from dasc_compile.arch import ArchSpec, arch_from_config, text_config
 from dasc_compile.errors import DascInputError
+from dasc_compile.refckpt_mamba2 import MAMBA2_REFERENCE_CONFIGS
 
 __all__ = ["MODEL_NAMES", "Param", "REFERENCE_CONFIGS", "parameter_table", "resolve_config"]
 
@@ -99,11 +101,12 @@ _QWEN3_5_27B = {
     "vision_end_token_id": 248054, "vision_start_token_id": 248053,
 }
 
-#: Reference model name -> published config.json.
+#: Reference model name -> published config.json (the Mamba2 hybrids' in :mod:`dasc_compile.refckpt_mamba2`).
 REFERENCE_CONFIGS: dict[str, dict] = {
     "qwen3-next-80b-a3b": _QWEN3_NEXT_80B_A3B,
     "kimi-linear-48b-a3b": _KIMI_LINEAR_48B_A3B,
     "qwen3.5-27b": _QWEN3_5_27B,
+    **MAMBA2_REFERENCE_CONFIGS,
 }
 MODEL_NAMES = tuple(REFERENCE_CONFIGS)
 

@@ -13,6 +13,11 @@ Served weights differ from the checkpoint in two ways that carry no information 
 * dtype: SGLang keeps ``A_log`` in FP32 and ``dt_bias`` in the model dtype whatever the file
   held. The hash is therefore tried with each tensor kind cast back to every dtype the cast
   reaches losslessly (at most 3 x 3 combinations); a lossy cast is never tried.
+
+A family whose served form is not the checkpoint's (Mamba2: SGLang loads ``A_log`` into
+``A = -exp(A_log)`` FP32 and keeps ``dt_bias`` in the model dtype) records that form in
+``Fingerprint.served``; no cast undoes ``-exp`` bit for bit, so those tensors are compared by value
+within the plan's per-tensor tolerance instead (:func:`match_served_values`).
 """
 
 from __future__ import annotations
@@ -26,14 +31,16 @@ import torch
 from dasc_compile.schema import DascInputError
 from dasc_compile.schema import decay_sha256 as _schema_decay_sha256
 
-__all__ = ["decay_sha256", "match_decay_fingerprint", "served_decay_tensors", "parse_decay_name"]
+__all__ = ["decay_sha256", "fingerprint_names", "match_decay_fingerprint", "match_served_values",
+           "served_decay_tensors", "parse_decay_name"]
 
-_DECAY_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:.*\.)?(A_log|dt_bias)$")
+# A_log / dt_bias as stored; ``A`` is Mamba2's served -exp(A_log) (SGLang ``MambaMixer2.A``)
+_DECAY_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:.*\.)?(A_log|dt_bias|A)$")
 _CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def parse_decay_name(name: str) -> Optional[tuple[int, str]]:
-    """``(layer id, 'A_log' | 'dt_bias')`` of a decay tensor name, or None."""
+    """``(layer id, 'A_log' | 'dt_bias' | 'A')`` of a decay tensor name, or None."""
     m = _DECAY_RE.search(name)
     return (int(m.group(1)), m.group(2)) if m else None
 
@@ -112,3 +119,36 @@ def match_decay_fingerprint(expected_sha: str, tensors: Sequence[tuple[str, torc
         if sha == expected_sha:
             return {**cast, "sha256": sha}
     return None
+
+
+def fingerprint_names(fingerprint) -> list[str]:
+    """The decay tensor names to look up in the served model: the served form's when the plan records
+    one (``Fingerprint.served.names``, Mamba2's ``...mixer.A``), else ``Fingerprint.decay_tensors``."""
+    return list(fingerprint.served.names if fingerprint.served is not None else fingerprint.decay_tensors)
+
+
+def match_served_values(served_form, tensors: Sequence[tuple[str, torch.Tensor]]) -> Optional[dict]:
+    """Compare the served tensors with the plan's served form value by value.
+
+    Args:
+        served_form: the plan's :class:`~dasc_compile.schema.ServedDecay` (names, float64 values, rtol).
+        tensors: ``[(name, tensor), ...]`` gathered from the served model in ``served_form.names`` order.
+    Returns:
+        ``{'A': dtype, 'dt_bias': dtype, 'sha256': <served bytes>, 'max_rel': ...}`` when every element
+        satisfies ``|served - plan| <= rtol * |plan|``; None on the first tensor that does not (or a
+        shape that differs).
+    """
+    worst = 0.0
+    dtypes: dict = {}
+    for (name, t), want, rtol in zip(tensors, served_form.values, served_form.rtol):
+        got = t.detach().reshape(-1).to(torch.float64).cpu()
+        ref = torch.tensor(want, dtype=torch.float64)
+        if got.shape != ref.shape:
+            return None
+        rel = ((got - ref).abs() / ref.abs().clamp_min(1e-300))
+        err = float(rel.max()) if rel.numel() else 0.0
+        if not err <= rtol:
+            return None
+        worst = max(worst, err)
+        dtypes[(parse_decay_name(name) or (0, "other"))[1]] = t.dtype
+    return {**dtypes, "sha256": decay_sha256(tensors), "max_rel": worst}

@@ -176,7 +176,9 @@ def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *,
 
     Args:
         plan: the loaded plan. served: ``[(name, tensor), ...]`` of the served model, in
-            ``plan.fingerprint.decay_tensors`` order (``A_log`` / ``dt_bias`` ``[H]``, any float dtype).
+            ``plan.fingerprint.decay_tensors`` order (``A_log`` / ``dt_bias`` ``[H]``, any float dtype), or in
+            ``plan.fingerprint.served.names`` order when the plan records a served form (Mamba2's ``A``,
+            compared by value within its tolerance: :func:`dasc_runtime.fingerprint.match_served_values`).
         dummy_decay_ok: ``--dasc-dummy-decay-ok``: accept a mismatch, but only when
             ``load_format == "dummy"`` (SGLang's random weights give every head the same decay, so no
             plan compiled from a real checkpoint can match them; latency does not depend on the
@@ -193,13 +195,15 @@ def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *,
         DascRefusal: no lossless dtype combination reproduces the plan's hash (names the first
             tensor and both hashes), or ``dummy_decay_ok`` with a load format other than ``dummy``.
     """
-    from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint
+    from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint, match_served_values
 
     fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
     if dummy_decay_ok and fmt != "dummy":
         raise DascRefusal(f"--dasc-dummy-decay-ok needs --load-format dummy (got {fmt or 'auto'!r}): real "
                           "weights must match the plan's decay fingerprint")
-    hit = match_decay_fingerprint(plan.fingerprint.decay_sha256, served)
+    form = plan.fingerprint.served          # Mamba2: compared by value (SGLang serves A = -exp(A_log))
+    hit = match_served_values(form, served) if form is not None else \
+        match_decay_fingerprint(plan.fingerprint.decay_sha256, served)
     if hit is None:
         first = served[0]
         served_sha = decay_sha256(served)

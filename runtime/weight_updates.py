@@ -77,10 +77,10 @@ def check_served_weights(runner, plan, settings, *, load_format=None) -> dict:
             :func:`~dasc_runtime.verify.check_fingerprint`).
         DascInputError: a plan tensor has no counterpart in the served model.
     """
-    from dasc_runtime.fingerprint import served_decay_tensors
+    from dasc_runtime.fingerprint import fingerprint_names, served_decay_tensors
     from dasc_runtime.verify import check_fingerprint
 
-    served = served_decay_tensors(runner.model, plan.fingerprint.decay_tensors, _attn_tp_gather())
+    served = served_decay_tensors(runner.model, fingerprint_names(plan.fingerprint), _attn_tp_gather())
     sa = getattr(runner, "server_args", None)
     fmt = load_format or getattr(getattr(runner, "load_config", None), "load_format", None) \
         or getattr(sa, "load_format", "")

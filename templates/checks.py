@@ -9,8 +9,8 @@
 # Layouts checked here (SGLang 0.5.17 ``MambaPool`` and dasc's ragged pool, DESIGN.md):
 #   dense temporal     [L, S+1, H, dv, dk]   any strides on L and S, [H, dv, dk] row-major
 #   dense conv i       [L, S+1, *shape_i]    any strides on L and S, shape_i row-major
-#   ragged temporal    [C+1, R, dv, dk] (gdn_head) or [C+1, R, dv] (kda_column)
-#   ragged INT8 scales [C+1, R, dk]     (gdn_head) or [C+1, R]     (kda_column)
+#   ragged temporal    [C+1, R, dv, dk] (gdn_head, mamba2_head) or [C+1, R, dv] (kda_column)
+#   ragged INT8 scales [C+1, R, dk]     (gdn_head, mamba2_head) or [C+1, R]     (kda_column)
 #   ragged conv i      [L, C+1, *shape_i]    (same as the dense conv tensor, fewer slots)
 #   scratch            [L, N, H, dv, dk]     (dasc-wr refresh source)
 #   unit_row           int64 [L, H * units_per_head], ragged row of each unit or -1 (local)
@@ -23,6 +23,9 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 MAX_BATCH = 65535  # the slot batch runs on grid axis 1 of every launch
+# Unit kinds whose unit is a whole head state [dv, dk]: a copy of UnitKind.whole_head in
+# dasc_compile/schema/units.py (this file imports nothing from dasc; tests/kernels checks the two agree).
+WHOLE_HEAD_KINDS = ("gdn_head", "mamba2_head")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,8 +35,8 @@ class PoolSpec:
     Attributes:
         num_layers: L, recurrent layers. heads: H, value heads on this rank.
         dv / dk: value and key dims of one head's state ``[dv, dk]``.
-        unit_kind: ``gdn_head`` (unit = head, ``[dv, dk]``) or ``kda_column`` (unit = column
-            ``S[h, :, k]``, ``[dv]``).
+        unit_kind: ``gdn_head`` / ``mamba2_head`` (unit = head, ``[dv, dk]``) or ``kda_column``
+            (unit = column ``S[h, :, k]``, ``[dv]``).
         conv_shapes: inner shape of each conv tensor (``MambaPool.State.conv`` order).
         temporal_dtype / conv_dtype / scale_dtype: expected dtypes; ``None`` skips the check.
     """
@@ -49,17 +52,22 @@ class PoolSpec:
     scale_dtype: Optional[torch.dtype] = None
 
     @property
+    def whole_head(self) -> bool:
+        """A unit is a head's whole ``[dv, dk]`` state (every kind but ``kda_column``)."""
+        return self.unit_kind in WHOLE_HEAD_KINDS
+
+    @property
     def units_per_head(self) -> int:
-        return 1 if self.unit_kind == "gdn_head" else self.dk
+        return 1 if self.whole_head else self.dk
 
     @property
     def unit_shape(self) -> Tuple[int, ...]:
-        return (self.dv, self.dk) if self.unit_kind == "gdn_head" else (self.dv,)
+        return (self.dv, self.dk) if self.whole_head else (self.dv,)
 
     @property
     def scale_shape(self) -> Tuple[int, ...]:
         """Per-row INT8 scale shape: one scale per (layer, head, k), shared over dv (Eq. 8)."""
-        return (self.dk,) if self.unit_kind == "gdn_head" else ()
+        return (self.dk,) if self.whole_head else ()
 
 
 def _shape(t: torch.Tensor) -> str:

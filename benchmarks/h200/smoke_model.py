@@ -97,7 +97,8 @@ def selftest(plan_dir: str) -> int:
     plan = load_plan(plan_dir)
     m = plan.model
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=m.num_value_heads * m.head_v_dim,
-                                    n_groups=m.num_key_heads, num_heads=m.num_value_heads, head_dim=m.head_v_dim,
+                                    n_groups=m.conv_groups or m.num_key_heads, num_heads=m.num_value_heads,
+                                    head_dim=m.head_v_dim,
                                     state_size=m.head_k_dim, conv_kernel=m.conv_kernel)
     layers = list(range(len(plan.layers)))
     cp = Mamba2CacheParams(shape=shape, layers=layers, dtype=Mamba2StateDType(conv=torch.bfloat16,

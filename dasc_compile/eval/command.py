@@ -37,13 +37,14 @@ def _checkpoint(model: Path):
     """(spec, decay tensors, provenance) of the checkpoint, read as ``dasc compile`` reads it."""
     from dasc_compile.arch import arch_from_config, check_against_tensors
     from dasc_compile.checkpoint import open_checkpoint, read_decay_tensors
-    from dasc_compile.eval.models import GDN_TYPES, _read_config
+    from dasc_compile.eval.models import GDN_TYPES, MAMBA2_TYPES, _read_config
 
     cfg = _read_config(model)
-    if cfg.get("model_type") not in GDN_TYPES + ("kimi_linear",):
+    if cfg.get("model_type") not in GDN_TYPES + MAMBA2_TYPES + ("kimi_linear",):
         raise DascInputError(
             f"{model / 'config.json'}: model_type {cfg.get('model_type')!r} has no recurrent (linear-attention) "
-            f"layers dasc eval can run; expected a GDN hybrid ({', '.join(GDN_TYPES)}) or a KDA hybrid (kimi_linear)")
+            f"layers dasc eval can run; expected a GDN hybrid ({', '.join(GDN_TYPES)}), a Mamba2 hybrid "
+            f"({', '.join(MAMBA2_TYPES)}) or a KDA hybrid (kimi_linear)")
     src = open_checkpoint(model)
     spec = arch_from_config(src.config, str(src.config_path))
     if not spec.recurrent_layer_ids:

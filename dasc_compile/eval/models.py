@@ -8,6 +8,8 @@ Supported (all in pure PyTorch, float32 by default, so a CPU runs them):
   ``torch_recurrent_gated_delta_rule``, ``torch_causal_conv1d_update``) so results do not depend on
   which optional kernel packages happen to be installed.
 * KDA: ``kimi_linear`` checkpoints of dasc's small KDA hybrid (:mod:`dasc_compile.eval.kda_hybrid`).
+* Mamba2 hybrids through transformers' own classes: ``nemotron_h``, ``granitemoehybrid``, ``falcon_h1``
+  (:mod:`dasc_compile.eval.mamba2`).
 
 The recurrent state checkpoint at a prefix boundary is the transformers cache object after the prefix:
 ``cache.layers[i].recurrent_states`` ``[B, H, d_k, d_v]`` (key-major; the paper's ``[d_v, d_k]``
@@ -27,6 +29,7 @@ import torch
 from dasc_compile.errors import DascInputError
 
 GDN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")   # loaded by dasc_compile.eval.mamba2
 
 
 class ByteTokenizer:
@@ -82,6 +85,7 @@ class EvalModel:
     tokenizer: object
     device: torch.device
     config: dict = field(default_factory=dict)
+    max_chunk: int | None = None      # Mamba2 (dasc_compile.eval.mamba2): at most one chunk, then one token a call
 
     def new_cache(self):
         """An empty transformers ``DynamicCache`` for this model (one linear-attention slot per GDN/KDA layer)."""
@@ -91,9 +95,19 @@ class EvalModel:
 
     @torch.no_grad()
     def forward(self, ids: list[int] | torch.Tensor, cache) -> torch.Tensor:
-        """Run ``ids`` (``[T]``, batch 1) after what ``cache`` holds; returns float32 logits ``[T, vocab]``."""
-        x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        out = self.model(input_ids=x, past_key_values=cache, use_cache=True)
+        """Run ``ids`` (``[T]``, batch 1) after what ``cache`` holds; returns float32 logits ``[T, vocab]``.
+
+        With :attr:`max_chunk`, a fresh cache takes at most that many tokens in one call and every later
+        token is one step of the recurrence (:mod:`dasc_compile.eval.mamba2` says why)."""
+        x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+        if self.max_chunk is None:
+            return self._call(x, cache)
+        n = 0 if cache.has_previous_state(self.layer_ids[0]) else min(x.numel(), self.max_chunk)
+        return torch.cat(([self._call(x[:n], cache)] if n else [])
+                         + [self._call(x[t:t + 1], cache) for t in range(n, x.numel())])
+
+    def _call(self, x: torch.Tensor, cache) -> torch.Tensor:
+        out = self.model(input_ids=x.reshape(1, -1), past_key_values=cache, use_cache=True)
         return out.logits[0].float()
 
 
@@ -185,7 +199,9 @@ def check_weights(path: Path, want: int, dtype: torch.dtype) -> None:
                              f"this machine has {free / 2**30:.1f} GiB free")
 
 
-def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
+def _load_transformers(path: Path, cfg: dict, dtype: torch.dtype):
+    """A whole checkpoint through transformers' ``AutoModelForCausalLM`` (refused, in one line, when it
+    holds fewer parameters than its config describes or misses weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -205,6 +221,11 @@ def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
     if missing:
         raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}); "
                              f"dasc eval needs the whole trained checkpoint")
+    return model
+
+
+def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
+    model = _load_transformers(path, cfg, dtype)
     mixers = {}
     for mod in model.modules():
         if hasattr(mod, "chunk_gated_delta_rule") and hasattr(mod, "A_log") and hasattr(mod, "layer_idx"):
@@ -252,16 +273,24 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     hf_logging.set_verbosity_error()      # no optional-kernel warnings or weight-loading bars in the CLI's output
     hf_logging.disable_progress_bar()
     mt = cfg.get("model_type")
+    max_chunk = None
     if mt in GDN_TYPES:
         model, mixers, heads, uph, kattrs = _load_gdn(path, cfg, dtype)
         family = "gdn"
     elif mt == "kimi_linear":
         model, mixers, heads, uph, kattrs = _load_kda(path, cfg, dtype)
         family = "kda"
+    elif mt in MAMBA2_TYPES:   # transformers' own Mamba2 hybrids (dasc_compile.eval.mamba2)
+        from dasc_compile.eval.mamba2 import mamba2_mixers
+
+        model = _load_transformers(path, cfg, dtype)
+        mixers, heads, uph, kattrs, max_chunk = mamba2_mixers(model)
+        family = "mamba2"
     else:
         raise DascInputError(
             f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
-            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}) or dasc's KDA hybrid (kimi_linear)")
+            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}), a Mamba2 hybrid ({', '.join(MAMBA2_TYPES)}) or "
+            f"dasc's KDA hybrid (kimi_linear)")
     if not mixers:
         raise DascInputError(f"{path}: the model has no recurrent (linear-attention) layers; nothing for a plan to compress")
     try:
@@ -269,5 +298,5 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
         model = model.to(dev).eval()
     except (RuntimeError, AssertionError) as exc:
         raise DascInputError(f"--device {device}: cannot use this device ({str(exc).splitlines()[0]})") from None
-    return EvalModel(model=model, family=family, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
+    return EvalModel(model=model, family=family, max_chunk=max_chunk, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
                      units_per_head=uph, kernel_attrs=kattrs, tokenizer=_tokenizer(path, cfg), device=dev, config=cfg)

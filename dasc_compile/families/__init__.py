@@ -9,7 +9,7 @@ from dasc_compile.families.base import FAMILIES, MODEL_PARSERS
 
 __all__ = ["FAMILIES", "FAMILY_MODULES", "MODEL_PARSERS", "load_all"]
 
-FAMILY_MODULES = ("gdn", "kda")
+FAMILY_MODULES = ("gdn", "kda", "mamba2")
 
 
 def load_all() -> None:

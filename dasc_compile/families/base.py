@@ -11,7 +11,7 @@ and :func:`register_model_type` (and lists itself in ``FAMILY_MODULES``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -26,18 +26,27 @@ class DecayFamily:
     Attributes:
         name: ``gdn`` | ``kda`` | ``kda_safe_gate`` | ``mamba2``.
         unit_kind: a key of :data:`~dasc_compile.schema.units.UNIT_KINDS`: ``gdn_head`` (unit = a
-            value head's whole ``[d_v, d_k]`` state) or ``kda_column`` (unit = column ``S[h, :, k]``,
-            ``[d_v]``); checked when the family is created.
-        default_a_s: representative gate input a_s (Eq. 2 text: -0.3 softplus, 0.8 safe gate).
+            value head's whole ``[d_v, d_k]`` state), ``kda_column`` (unit = column ``S[h, :, k]``,
+            ``[d_v]``) or ``mamba2_head`` (a Mamba2 head's ``[head_dim, d_state]``); checked when the
+            family is created.
+        default_a_s: representative gate input a_s (Eq. 2 text: -0.3 softplus, 0.8 safe gate; Mamba2 0).
         static_log_decay: ``f(a_log, dt_bias, a_s, lower_bound) -> g_s`` where ``a_log`` is
             float64 ``[H]``, ``dt_bias`` float64 ``[H * units_per_head]`` and the result is
             float64 ``[H * units_per_head]`` (natural-log decay per token, normally < 0).
+        served_decay: for a family whose server transforms the decay tensors at load (Mamba2:
+            ``A = -exp(A_log)``), ``f([(name, tensor), ...]) -> ServedDecay`` recorded in the plan's
+            fingerprint so the runtime can compare what it serves; None when the server keeps them as stored.
+        reference_init: ``f(spec, config, generator) -> ([(A_log, dt_bias), ...], scheme)``, float64 draws
+            of the model's own initialisation per recurrent layer (``dasc_compile.refckpt``); None for the
+            families whose draws ``refckpt`` still holds itself (GDN, KDA).
     """
 
     name: str
     unit_kind: str
     default_a_s: float
     static_log_decay: Callable[[torch.Tensor, torch.Tensor, float, float], torch.Tensor]
+    served_decay: Optional[Callable[[list], object]] = None
+    reference_init: Optional[Callable[[ArchSpec, dict, torch.Generator], tuple[list, str]]] = None
 
     def __post_init__(self) -> None:
         lookup_unit_kind(self.unit_kind)   # raises DascInputError for a kind the schema does not know

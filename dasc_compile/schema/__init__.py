@@ -36,6 +36,7 @@ from dasc_compile.schema.plan import (
     Plan,
     RankPayload,
     RefreshPlan,
+    ServedDecay,
     StorageMap,
     Totals,
     TPPlan,
@@ -47,7 +48,7 @@ from dasc_compile.schema.units import DTYPE_ITEMSIZE, STATE_DTYPES, UNIT_KINDS, 
 __all__ = [
     "DTYPE_ITEMSIZE", "PLAN_FILENAME", "SCHEMA_PATH", "SCHEMA_VERSION", "STATE_DTYPES", "UNIT_KINDS", "CoupledTensor",
     "DascInputError", "Fingerprint", "HorizonQuantiles", "KernelModule", "LayerPermutation", "LayerPlan", "ModelInfo",
-    "Plan", "RankPayload", "RefreshPlan", "StorageMap", "TPPlan", "Totals", "UnitKind", "UnitKindName", "UnitSpec",
+    "Plan", "RankPayload", "RefreshPlan", "ServedDecay", "StorageMap", "TPPlan", "Totals", "UnitKind", "UnitKindName", "UnitSpec",
     "canonical_json", "compute_content_hash", "decay_sha256", "json_schema", "load_plan", "plan_json_path",
     "schema_text", "usable_slots", "with_content_hash",
 ]

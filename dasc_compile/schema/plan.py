@@ -8,7 +8,7 @@ and so the plan bytes, stay; e.g. ``StorageMap.n_packed`` is written as ``n_loca
 
 Units in this file: token counts are tokens; every ``bytes_*`` field is bytes; unit indices are
 flat indices ``u = h * units_per_head + k`` into a layer's ``[H, units_per_head]`` unit grid
-(GDN: units_per_head = 1, u = value head h; KDA: units_per_head = d_k, u = column S[h, :, k]);
+(GDN, Mamba2: units_per_head = 1, u = head h; KDA: units_per_head = d_k, u = column S[h, :, k]);
 the unit shapes and bytes themselves come from :class:`dasc_compile.schema.units.UnitSpec`.
 """
 
@@ -20,15 +20,27 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dasc_compile.policy import Policy
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PLAN_FILENAME = "plan.json"
 
 #: ``ModelInfo.unit_kind``: the names of :data:`dasc_compile.schema.units.UNIT_KINDS`.
-UnitKindName = Literal["gdn_head", "kda_column"]
+UnitKindName = Literal["gdn_head", "kda_column", "mamba2_head"]
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
+
+
+class ServedDecay(_Frozen):
+    """The decay tensors as SGLang holds them once its loader has transformed them, for a family whose
+    served form is not the checkpoint's (Mamba2: ``A = -exp(A_log)`` in FP32 and ``dt_bias`` in the model
+    dtype, SGLang ``layers/attention/mamba/mamba.py``). ``-exp`` cannot be inverted bit for bit, so the
+    runtime compares the served values with these within ``rtol`` instead of hashing them.
+    """
+
+    names: list[str]                        # served parameter names (TP = 1), in Fingerprint.decay_tensors order
+    values: list[list[float]]               # float64 values of each served tensor, flattened
+    rtol: list[float]                       # relative tolerance of each tensor (its served dtype's rounding)
 
 
 class Fingerprint(_Frozen):
@@ -41,6 +53,7 @@ class Fingerprint(_Frozen):
     config_sha256: str
     decay_sha256: str
     decay_tensors: list[str]
+    served: Optional[ServedDecay] = None   # decay tensors as the server transforms them (Mamba2), else None
 
 
 class ModelInfo(_Frozen):
@@ -53,13 +66,14 @@ class ModelInfo(_Frozen):
     full_attention_layer_ids: list[int]
     family: str                             # gdn | kda | kda_safe_gate | mamba2
     unit_kind: UnitKindName
-    num_value_heads: int                    # H_v (GDN) / H (KDA)
-    num_key_heads: int                      # H_k (GDN); == H for KDA
-    head_k_dim: int                         # d_k
-    head_v_dim: int                         # d_v
+    num_value_heads: int                    # H_v (GDN) / H (KDA, Mamba2)
+    num_key_heads: int                      # H_k (GDN); == H for KDA and Mamba2
+    head_k_dim: int                         # d_k (Mamba2: d_state)
+    head_v_dim: int                         # d_v (Mamba2: head_dim)
     conv_kernel: int                        # K of the short conv; conv state keeps K-1 columns
     conv_dim: int                           # channels of the conv state at TP=1
     provenance: str                         # checkpoint metadata note, e.g. "initialisation draw, not trained"
+    conv_groups: Optional[int] = None       # Mamba2 n_groups (B/C groups of the conv state); None otherwise
 
 
 class HorizonQuantiles(_Frozen):
@@ -78,8 +92,8 @@ class LayerPlan(_Frozen):
     layer_id: int                           # model layer index (0-indexed)
     recurrent_index: int                    # l - 1: position among recurrent layers
     family: str
-    num_heads: int                          # value heads H_v (GDN) or heads H (KDA)
-    units_per_head: int                     # 1 (GDN head) or d_k (KDA column)
+    num_heads: int                          # value heads H_v (GDN) or heads H (KDA, Mamba2)
+    units_per_head: int                     # 1 (GDN, Mamba2 head) or d_k (KDA column)
     n_units: int                            # n_l = num_heads * units_per_head
     n_kept: int                             # r_l: global units kept
     offset: int                             # o_{l-1}: first row of this layer in the ragged pool

@@ -96,6 +96,7 @@ def _expect(source, field: str, got, want, why: str) -> None:
 def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     """Check that a validated plan agrees with itself (what pydantic types cannot express).
 
+    ``fingerprint.served`` (when present) has one name, value list and tolerance per decay tensor.
     Per recurrent layer i: ``layer_id`` / ``recurrent_index`` match ``model.recurrent_layer_ids``;
     ``num_heads`` = H_v; ``units_per_head`` and ``n_units`` = H_v * U follow the unit kind;
     ``kept_units`` are sorted, distinct and in ``[0, n_units)`` with ``n_kept`` of them; ragged
@@ -114,6 +115,13 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
         raise DascInputError(f"{source}: plan fields 'model' / 'policy' do not describe a state unit: {exc}") from None
     n_layers = len(plan.layers)
     _expect(source, "model.recurrent_layer_ids", len(m.recurrent_layer_ids), n_layers, "one per entry of 'layers'")
+    served, n_decay = plan.fingerprint.served, len(plan.fingerprint.decay_tensors)
+    if served is not None:
+        for name in ("names", "values", "rtol"):
+            _expect(source, f"fingerprint.served.{name}", len(getattr(served, name)), n_decay,
+                    "one per fingerprint.decay_tensors entry")
+        if not all(0 < r < 1 for r in served.rtol):
+            raise DascInputError(f"{source}: plan field 'fingerprint.served.rtol' must hold tolerances in (0, 1)")
     upl = m.num_value_heads * unit.units_per_head
     offset = 0
     for i, lp in enumerate(plan.layers):

@@ -1,17 +1,18 @@
 """One state unit's shape, INT8 scales and bytes: the single place both compiler and runtime size state from.
 
 A *unit* is what dasc keeps or omits (paper §4.1, DESIGN.md "Decay families"): a GDN value head's
-whole temporal state ``[d_v, d_k]`` (``gdn_head``) or one KDA column ``S[h, :, k]``, ``[d_v]``
-(``kda_column``). :class:`UnitSpec` is frozen and computes, from the unit kind, the head dims, the
+whole temporal state ``[d_v, d_k]`` (``gdn_head``), one KDA column ``S[h, :, k]``, ``[d_v]``
+(``kda_column``), or a Mamba2 head's whole ``[head_dim, d_state]`` state (``mamba2_head``: the
+``gdn_head`` layout under Mamba2's names). :class:`UnitSpec` is frozen and computes, from the unit kind, the head dims, the
 state dtypes and INT8 or not, every shape and byte count that the accounting (App. C.1), the kernels
 and the runtime pool need, the way vLLM's ``MambaSpec`` computes its page bytes. It also holds the
 one dtype-bytes table (:meth:`UnitSpec.itemsize`) and the one usable-slots formula
 (:func:`usable_slots`, App. C.1: ``floor(B / b) - 1``, slot 0 reserved as in SGLang).
 
 Unit kinds are data (:data:`UNIT_KINDS`, one :class:`UnitKind` each); a decay family names its kind
-(``DecayFamily.unit_kind``) instead of branching on it. A new family whose unit is a whole head
-(Mamba2) reuses a kind's layout; a family with another unit adds one :class:`UnitKind` here and its
-name to ``plan.UnitKindName`` (a schema change: bump ``SCHEMA_VERSION``).
+(``DecayFamily.unit_kind``) instead of branching on it, and code that lays units out reads the kind's
+``whole_head`` flag, never its name. A new family adds one :class:`UnitKind` here and its name to
+``plan.UnitKindName`` (a schema change: bump ``SCHEMA_VERSION``).
 
 This module imports neither torch nor pydantic: the runtime may import it anywhere.
 """
@@ -36,24 +37,36 @@ class UnitKind:
     """How one kind of unit sits in a layer's temporal state ``[H, d_v, d_k]`` (dk fastest).
 
     Attributes:
-        name: the plan's ``ModelInfo.unit_kind`` (``gdn_head`` | ``kda_column``).
+        name: the plan's ``ModelInfo.unit_kind`` (``gdn_head`` | ``kda_column`` | ``mamba2_head``).
         whole_head: True when a unit is a head's whole ``[d_v, d_k]`` state (one unit per head, d_k
             INT8 scales per unit); False when a unit is a column ``S[h, :, k]`` (d_k units per head,
             ``[d_v]`` each, one scale).
         conv_channels_first: SGLang 0.5.17's conv state layout per layer and rank
             (``configs/mamba_utils.py``): True for ``Mamba2StateShape`` ``(conv_dim / P, K - 1)``,
             False for ``KimiLinearStateShape`` ``(K - 1, conv_dim / P)``.
+        head_name: what a head is called in tables and plots (``value head``, ``head``).
+        dim_names: names of the state's ``(d_v, d_k)`` axes in the family's own terms (Mamba2:
+            ``(head_dim, d_state)``), for tables and plots.
+        unit_name: what one unit is called (``head``, ``key channel``).
     """
 
     name: str
     whole_head: bool
     conv_channels_first: bool
+    head_name: str = "head"
+    dim_names: tuple[str, str] = ("d_v", "d_k")
+    unit_name: str = "head"
 
 
 UNIT_KINDS: dict[str, UnitKind] = {
     k.name: k for k in (
-        UnitKind(name="gdn_head", whole_head=True, conv_channels_first=True),       # GDN value head
-        UnitKind(name="kda_column", whole_head=False, conv_channels_first=False),   # KDA column S[h, :, k]
+        UnitKind(name="gdn_head", whole_head=True, conv_channels_first=True,        # GDN value head
+                 head_name="value head", unit_name="value head"),
+        UnitKind(name="kda_column", whole_head=False, conv_channels_first=False,    # KDA column S[h, :, k]
+                 unit_name="key channel"),
+        # Mamba2 head: SGLang's Mamba2StateShape, temporal [H, head_dim, d_state], conv (conv_dim / P, K - 1)
+        UnitKind(name="mamba2_head", whole_head=True, conv_channels_first=True,
+                 dim_names=("head_dim", "d_state")),
     )
 }
 
@@ -102,6 +115,9 @@ class UnitSpec:
         conv_dim: conv-state channels of one layer at TP = 1. conv_kernel: K (the state keeps K - 1 columns).
         conv_dtype: dtype name of the conv state (``bfloat16`` in SGLang).
         int8: kept units are stored as symmetric INT8 with one scale per (layer, head, k) over d_v (Eq. 8).
+        conv_groups: Mamba2's ``n_groups`` when the conv state ends in ``2 * n_groups * d_k`` channels of
+            B and C groups that SGLang shards with the heads (``Mamba2StateShape.create``); 0 when the
+            conv channels simply split over the ranks (GDN, KDA).
     Raises (at construction):
         DascInputError: unknown kind or dtype name, or a non-positive dimension.
     """
@@ -114,6 +130,7 @@ class UnitSpec:
     conv_kernel: int
     conv_dtype: str
     int8: bool
+    conv_groups: int = 0
 
     def __post_init__(self) -> None:
         lookup_unit_kind(self.kind)
@@ -121,6 +138,10 @@ class UnitSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DascInputError(f"unit spec: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.conv_groups, bool) or not isinstance(self.conv_groups, int) or self.conv_groups < 0 \
+                or 2 * self.conv_groups * self.d_k > self.conv_dim:
+            raise DascInputError(f"unit spec: conv_groups must be an integer in [0, conv_dim / (2 d_k)], "
+                                 f"got {self.conv_groups!r}")
         self.itemsize(self.temporal_dtype)
         self.itemsize(self.conv_dtype)
 
@@ -131,7 +152,8 @@ class UnitSpec:
         """The unit spec of a :class:`~dasc_compile.schema.Plan` (its ``model`` and ``policy``)."""
         m, pol = plan.model, plan.policy
         return cls(kind=m.unit_kind, d_v=m.head_v_dim, d_k=m.head_k_dim, temporal_dtype=pol.temporal_dtype,
-                   conv_dim=m.conv_dim, conv_kernel=m.conv_kernel, conv_dtype=pol.conv_dtype, int8=bool(pol.int8))
+                   conv_dim=m.conv_dim, conv_kernel=m.conv_kernel, conv_dtype=pol.conv_dtype, int8=bool(pol.int8),
+                   conv_groups=m.conv_groups or 0)
 
     # -- dtypes -------------------------------------------------------------------------------
 
@@ -226,17 +248,26 @@ class UnitSpec:
     def conv_layer_shape(self, tp_size: int = 1) -> tuple[int, int]:
         """One layer's conv state on one rank, as SGLang 0.5.17 lays it out.
 
-        ``(conv_dim / P, K - 1)`` for ``conv_channels_first`` kinds (GDN, ``Mamba2StateShape``), else
-        ``(K - 1, conv_dim / P)`` (KDA, ``KimiLinearStateShape``).
+        ``(conv_dim / P, K - 1)`` for ``conv_channels_first`` kinds (GDN, Mamba2: ``Mamba2StateShape``),
+        else ``(K - 1, conv_dim / P)`` (KDA, ``KimiLinearStateShape``). With :attr:`conv_groups` G that
+        P does not divide, SGLang (``extra_groups_for_head_shards``, allowed only for G = 1) gives every
+        rank its own copy of the group: the channels become ``(conv_dim + (P - G) * 2 * d_k) / P``.
 
         Raises:
-            DascInputError: ``tp_size`` < 1 or it does not divide ``conv_dim``.
+            DascInputError: ``tp_size`` < 1; it does not divide the conv channels; ``conv_groups`` > 1
+                that P does not divide (SGLang's ``MambaMixer2`` refuses it too).
         """
         if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
             raise DascInputError(f"unit spec: tp_size must be a positive integer, got {tp_size!r}")
-        if self.conv_dim % tp_size:
-            raise DascInputError(f"conv_dim = {self.conv_dim} does not split evenly over tp_size = {tp_size} ranks")
-        channels, window = self.conv_dim // tp_size, self.conv_kernel - 1
+        conv_dim, groups = self.conv_dim, self.conv_groups
+        if groups and groups % tp_size:
+            if groups != 1:
+                raise DascInputError(f"n_groups = {groups} does not split over tp_size = {tp_size} ranks; SGLang "
+                                     f"shards the B/C groups with the heads and replicates only a single group")
+            conv_dim += (tp_size - groups) * 2 * self.d_k
+        if conv_dim % tp_size:
+            raise DascInputError(f"conv_dim = {conv_dim} does not split evenly over tp_size = {tp_size} ranks")
+        channels, window = conv_dim // tp_size, self.conv_kernel - 1
         return (channels, window) if self.unit_layout.conv_channels_first else (window, channels)
 
     def conv_bytes_per_layer(self, tp_size: int = 1) -> int:

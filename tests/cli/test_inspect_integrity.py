@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dasc_compile.schema import SCHEMA_VERSION
 from tests.support.clihelp import assert_one_error, dasc, deadline
 
 
@@ -104,7 +105,7 @@ def test_damaged_plan_directory(plans, tmp_path, damage, needles):
     elif damage == "plan_deleted":
         pj.unlink()
     elif damage == "schema_version":
-        pj.write_text(pj.read_text().replace('"schema_version":2', '"schema_version":999', 1))
+        pj.write_text(pj.read_text().replace(f'"schema_version":{SCHEMA_VERSION}', '"schema_version":999', 1))
     _refused(p, *needles, tmp_path=tmp_path)
 
 

@@ -45,7 +45,7 @@ def test_bad_values_and_not_a_mapping(tmp_path):
         resolve_policy(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("name", ["gdn", "kda", "kda_safe_gate"])
+@pytest.mark.parametrize("name", ["gdn", "kda", "kda_safe_gate", "mamba2"])
 def test_bundled_policies_are_valid(name):
     pol = resolve_policy(POLICY_DIR / f"{name}.yaml")
     assert pol.w_max in (16, 64)

@@ -58,7 +58,7 @@ def test_bad_spec_is_refused():
         dataclasses.replace(GDN, d_v=0)
     with pytest.raises(DascInputError, match="'int4'"):
         dataclasses.replace(GDN, conv_dtype="int4")
-    assert set(UNIT_KINDS) == {"gdn_head", "kda_column"}
+    assert set(UNIT_KINDS) == {"gdn_head", "kda_column", "mamba2_head"}
 
 
 def test_units_view_rows_are_the_units():

@@ -327,3 +327,11 @@ def test_edited_kernel_module_is_refused(tmp_path):
     path.write_text(path.read_text(encoding="utf-8") + "\n# harmless-looking edit\n", encoding="utf-8")
     with pytest.raises(DascInputError, match="it was edited"):
         load_plan_kernels(out)
+
+
+def test_checks_whole_head_kinds_mirror_the_unit_kinds():
+    """templates/checks.py imports nothing from dasc; its copy of the whole-head kinds must match the schema's."""
+    from dasc_compile.schema.units import UNIT_KINDS
+    from dasc_templates.checks import WHOLE_HEAD_KINDS
+
+    assert set(WHOLE_HEAD_KINDS) == {k.name for k in UNIT_KINDS.values() if k.whole_head}

@@ -30,23 +30,28 @@ from dasc_runtime.rank_layout import StateIndex, state_index_from_kept
 from dasc_runtime.kernel_loader import load_kernel_module
 
 REPO = Path(__file__).resolve().parents[2]
-GDN, KDA = "gdn_head", "kda_column"
+GDN, KDA, MAMBA2 = "gdn_head", "kda_column", "mamba2_head"
 # (L, H, dv, dk, tile): "tiled" forces 2 v-blocks for copies and 2 k-blocks for INT8 tiles;
-# "odd" has non-power-of-two dims so every mask is exercised.
-SHAPES = {"tiled": (3, 2, 4, 8, 16), "odd": (2, 2, 3, 5, 8)}
-CASES = [pytest.param(kind, shape, id=f"{kind}-{shape}") for kind in (GDN, KDA) for shape in SHAPES]
+# "odd" has non-power-of-two dims so every mask is exercised. Mamba2 heads [head_dim, d_state]:
+# "m2" is Nemotron-H's head_dim : d_state = 1 : 2 scaled down (4 x 8), "m2-odd" three heads of 3 x 5.
+SHAPES = {"tiled": (3, 2, 4, 8, 16), "odd": (2, 2, 3, 5, 8), "m2": (2, 4, 4, 8, 16), "m2-odd": (2, 3, 3, 5, 8)}
+CASES = ([pytest.param(kind, shape, id=f"{kind}-{shape}") for kind in (GDN, KDA) for shape in ("tiled", "odd")]
+         + [pytest.param(MAMBA2, shape, id=f"{MAMBA2}-{shape}") for shape in ("m2", "m2-odd")])
 _MODULES: dict = {}
 
 
-def conv_shape(kind: str, h: int, d: int) -> tuple[int, int]:
-    """SGLang layouts: GDN (conv_dim, K-1), Kimi (K-1, 3*H*d); here K = 4."""
+def conv_shape(kind: str, h: int, d: int, dk: int = 0) -> tuple[int, int]:
+    """SGLang layouts: GDN (conv_dim, K-1), Kimi (K-1, 3*H*d), Mamba2 (H*head_dim + 2*n_groups*d_state, K-1)
+    with one group; here K = 4."""
+    if kind == MAMBA2:
+        return (h * d + 2 * dk, 3)
     return (3 * h * d, 3) if kind == GDN else (3, 3 * h * d)
 
 
 def constants(kind, shape, *, dtype="float32", int8=True):
     L, H, dv, dk, tile = SHAPES[shape]
     return make_constants(num_layers=L, unit_kind=kind, heads=H, dv=dv, dk=dk, tile=tile, int8=int8,
-                          conv_shapes=[conv_shape(kind, H, dv)], temporal_dtype=dtype)
+                          conv_shapes=[conv_shape(kind, H, dv, dk)], temporal_dtype=dtype)
 
 
 @pytest.fixture
@@ -68,7 +73,7 @@ def interp(tmp_path_factory, monkeypatch):
 
 def kept_sets(kind, L, H, dk, seed=0) -> list[list[int]]:
     """Uneven kept sets per layer (about 1/3 .. 2/3 of the units), layer 0 keeps unit 0 and the last unit."""
-    n = H * (1 if kind == GDN else dk)
+    n = H * (1 if kind != KDA else dk)
     g = torch.Generator().manual_seed(seed)
     out = []
     for l in range(L):
@@ -89,7 +94,7 @@ class Pools:
         dt = getattr(torch, c["TEMPORAL_DTYPE"])
         cdt = getattr(torch, c["CONV_DTYPE"])
         cs = (c["CONV0_ROWS"], c["CONV0_COLS"])
-        unit = (dv, dk) if c["UNIT_KIND"] == GDN else (dv,)
+        unit = (dv, dk) if c["WHOLE_HEAD"] else (dv,)
         R = index.num_rows
         self.temporal = torch.randn(L, S + 1, H, dv, dk, generator=g).to(dt).to(device)
         self.conv = [torch.randn(L, S + 1, *cs, generator=g).to(cdt).to(device)]
@@ -97,7 +102,7 @@ class Pools:
         self.comp_conv = [torch.full((L, C + 1) + cs, 3.0, dtype=cdt, device=device)]
         if int8:
             self.comp_q = torch.full((C + 1, R) + unit, 5, dtype=torch.int8, device=device)
-            self.comp_scale = torch.full((C + 1, R) + ((dk,) if c["UNIT_KIND"] == GDN else ()), 9.0, dtype=dt,
+            self.comp_scale = torch.full((C + 1, R) + ((dk,) if c["WHOLE_HEAD"] else ()), 9.0, dtype=dt,
                                          device=device)
 
     def clone(self) -> "Pools":
@@ -112,8 +117,8 @@ def slots(*ids, device="cpu"):
 
 
 def unit_of(temporal, kind, l, s, u, dk):
-    """Hand addressing of a unit in the dense pool: GDN head [dv, dk]; KDA column S[h, :, k]."""
-    return temporal[l, s, u] if kind == GDN else temporal[l, s, u // dk, :, u % dk]
+    """Hand addressing of a unit in the dense pool: GDN / Mamba2 head [dv, dk]; KDA column S[h, :, k]."""
+    return temporal[l, s, u] if kind != KDA else temporal[l, s, u // dk, :, u % dk]
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor):
@@ -168,7 +173,7 @@ def test_load_zero_fills_local_units_and_restores_conv(interp, kind, shape):
     assert_same(p.temporal, want.temporal)
     assert_same(p.conv[0], want.conv[0])
     # hand checks on destination slot 1 (from ragged slot 4)
-    n_units = c["HEADS"] * (1 if kind == GDN else c["DK"])
+    n_units = c["HEADS"] * (1 if kind != KDA else c["DK"])
     for l in range(c["NUM_LAYERS"]):
         for u in range(n_units):
             got = unit_of(p.temporal, kind, l, 1, u, c["DK"])
@@ -181,10 +186,10 @@ def test_load_zero_fills_local_units_and_restores_conv(interp, kind, shape):
     assert_same(p.conv[0][:, 5], p.comp_conv[0][:, 2])
 
 
-@pytest.mark.parametrize("kind", [GDN, KDA])
+@pytest.mark.parametrize("kind", [GDN, KDA, MAMBA2])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pack_load_round_trip_single_slot(interp, kind, dtype):
-    c = constants(kind, "tiled", dtype=dtype, int8=False)
+    c = constants(kind, "m2" if kind == MAMBA2 else "tiled", dtype=dtype, int8=False)
     mod = interp(c)
     idx, kept = index_for(c, seed=2)
     p = Pools(c, idx, seed=2)
@@ -194,7 +199,7 @@ def test_pack_load_round_trip_single_slot(interp, kind, dtype):
     mod.load(comp_temporal=p.comp, comp_conv=p.comp_conv, src_slots=slots(3), temporal=p.temporal, conv=p.conv,
              dst_slots=slots(2), unit_row=idx.unit_row)
     keep = (idx.unit_row >= 0)
-    if kind == GDN:
+    if kind != KDA:
         mask = keep[:, :, None, None]
     else:
         mask = keep.reshape(c["NUM_LAYERS"], c["HEADS"], 1, c["DK"])
@@ -215,7 +220,7 @@ def test_refresh_copy_writes_only_local_units(interp, kind, shape):
     mod.refresh_copy(temporal=p.temporal, **args)
     ref.refresh_copy(temporal=want, **args)
     assert_same(p.temporal, want)
-    n_units = c["HEADS"] * (1 if kind == GDN else c["DK"])
+    n_units = c["HEADS"] * (1 if kind != KDA else c["DK"])
     for l in range(c["NUM_LAYERS"]):
         for u in range(n_units):
             got = unit_of(p.temporal, kind, l, 2, u, c["DK"])

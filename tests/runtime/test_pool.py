@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.support.runtime_fixtures import (GDN_D, GDN_HEADS, GDN_KEPT_W16, KDA_D, KDA_HEADS, SGLANG_SKIP_REASON,
-                                            compile_tiny, fill_random, gdn_cache_params, hybrid_pools, kda_cache_params,
-                                            set_server_args)
+                                            cache_params_for, compile_tiny, fill_random, gdn_cache_params, hybrid_pools,
+                                            kda_cache_params, set_server_args)
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
@@ -198,8 +198,9 @@ def test_budget_sizing_and_matched_memory(tmp_path):
         matched_memory(dense_slots=10, native_slots=10, bytes_dense_slot=b_dense, bytes_compressed_slot=b)
 
 
-@pytest.mark.parametrize("kind,int8", [("gdn", False), ("gdn", True), ("kda", False), ("kda", True)],
-                         ids=["gdn", "gdn-int8", "kda", "kda-int8"])
+@pytest.mark.parametrize("kind,int8", [("gdn", False), ("gdn", True), ("kda", False), ("kda", True),
+                                       ("mamba2", False), ("mamba2", True)],
+                         ids=["gdn", "gdn-int8", "kda", "kda-int8", "mamba2", "mamba2-int8"])
 def test_kernels_reference_and_helper_reference_agree(tmp_path, monkeypatch, kind, int8):
     """The plan's generated kernels (Triton interpreter on CPU), the pool's PyTorch path and
     dasc_runtime.torch_kernels give bit-identical pools and restored states; the kernels read the
@@ -211,7 +212,7 @@ def test_kernels_reference_and_helper_reference_agree(tmp_path, monkeypatch, kin
 
     set_server_args()
     plan, pdir, _ = compile_tiny(tmp_path, kind, with_kernels=True, int8=int8)
-    cp = gdn_cache_params() if kind == "gdn" else kda_cache_params()
+    cp = cache_params_for(kind)
     layout = build_rank_layout(plan, 0, 1, 3)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kops = select_ops(plan, pdir, layout, "cpu", interpret=True)

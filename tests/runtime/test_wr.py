@@ -138,16 +138,16 @@ def test_refresh_budget_is_capped_by_the_prefill_chunk(tmp_path):
 
 def _states(kind, seed=0):
     g = torch.Generator().manual_seed(seed)
-    from tests.support.runtime_fixtures import gdn_cache_params, kda_cache_params
+    from tests.support.runtime_fixtures import cache_params_for
 
-    cp = gdn_cache_params() if kind == "gdn" else kda_cache_params()
+    cp = cache_params_for(kind)
     L = len(cp.layers)
     shape = (L, 6, *cp.shape.temporal)                 # [L, slots, H, dv, dk], slots 1..3 active, 4..5 scratch
     return torch.randn(shape, generator=g), cp
 
 
 @needs_sglang
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("kind", ["gdn", "kda", "mamba2"])
 @pytest.mark.parametrize("int8", [False, True])
 def test_restore_then_refresh_equals_dasc_eval_wr_arm(tmp_path, kind, int8):
     """The runtime's dasc-wr image of a checkpoint (TorchOps pack / load, then refresh_copy from a
@@ -197,7 +197,7 @@ def test_restore_then_refresh_equals_dasc_eval_wr_arm(tmp_path, kind, int8):
     keep = torch.stack([g.view(-1) for g in grids])                                   # [L, units]
 
     def unit(t):                     # [H, dv, dk] -> [units, ...]: GDN heads, KDA columns S[h, :, k]
-        return t.reshape(t.shape[0], -1) if kind == "gdn" else t.permute(0, 2, 1).reshape(-1, t.shape[1])
+        return t.reshape(t.shape[0], -1) if kind != "kda" else t.permute(0, 2, 1).reshape(-1, t.shape[1])
 
     for l in layer_ids:
         for n in range(2):
@@ -206,7 +206,7 @@ def test_restore_then_refresh_equals_dasc_eval_wr_arm(tmp_path, kind, int8):
 
 
 @needs_sglang
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("kind", ["gdn", "kda", "mamba2"])
 def test_plan_kernel_refresh_copy_reads_the_scratch_slots_in_place(tmp_path, monkeypatch, kind):
     """The runtime hands the plan's Triton ``refresh_copy`` the scratch slots as a strided view of the
     pool (``temporal[:, M+1 : M+1+n]``); under the interpreter it equals the PyTorch version bit for bit."""

@@ -56,6 +56,34 @@ def kda_config() -> dict:
     }
 
 
+# Tiny Mamba2 model (``nemotron_h``, pattern "MMM*"): recurrent layers 0, 1, 2; 4 heads of [head_dim 8,
+# d_state 16], 2 B/C groups, conv 4. dt_bias = softplus^-1(0.1), a_s = 0: H_s = ln(1e3) / (0.1 a) = 69.08 / a
+# tokens, so W_max = 16 keeps a < 4.32: heads {0, 2} / {1, 3} / {0, 1, 2} (7 of 12).
+M2_HEADS, M2_HEAD_DIM, M2_STATE, M2_GROUPS = 4, 8, 16, 2
+M2_A = [[0.5, 8.0, 2.0, 16.0], [10.0, 1.0, 9.0, 3.0], [0.1, 0.2, 0.4, 30.0]]
+M2_KEPT_W16 = [[0, 2], [1, 3], [0, 1, 2]]
+
+
+def mamba2_config(n_groups: int = M2_GROUPS) -> dict:
+    return {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "num_hidden_layers": 4,
+        "hybrid_override_pattern": "MMM*", "hidden_size": 32, "mamba_num_heads": M2_HEADS,
+        "mamba_head_dim": M2_HEAD_DIM, "ssm_state_size": M2_STATE, "n_groups": n_groups, "conv_kernel": 4,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 512,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def mamba2_decay_tensors(a_table=M2_A) -> list[tuple[str, torch.Tensor]]:
+    dt_bias = math.log(math.expm1(0.1))
+    out = []
+    for layer, a in zip((0, 1, 2), a_table):
+        p = f"backbone.layers.{layer}.mixer"
+        out.append((f"{p}.A_log", torch.log(torch.tensor(a, dtype=torch.float64)).to(torch.float32)))
+        out.append((f"{p}.dt_bias", torch.full((M2_HEADS,), dt_bias, dtype=torch.float32)))
+    return out
+
+
 _ST = {torch.float32: "F32", torch.bfloat16: "BF16"}
 
 
@@ -102,17 +130,22 @@ def write_checkpoint(root: Path, config: dict, tensors) -> Path:
 
 
 def compile_tiny(tmp: Path, kind: str = "gdn", with_kernels: bool = False, **policy):
-    """Compile a plan for the tiny GDN or KDA model; returns ``(plan, plan_dir, ckpt_dir)``."""
+    """Compile a plan for the tiny GDN, KDA or Mamba2 (``n_groups`` policy key: its B/C groups) model;
+    returns ``(plan, plan_dir, ckpt_dir)``."""
     from dasc_compile.compiler import compile_plan
     from dasc_compile.policy import Policy
 
     ckpt = tmp / f"{kind}-ckpt"
     if kind == "gdn":
         write_checkpoint(ckpt, gdn_config(), gdn_decay_tensors(policy.pop("a_table", GDN_A)))
+    elif kind == "mamba2":
+        n_groups = policy.pop("n_groups", M2_GROUPS)
+        ckpt = tmp / f"{kind}-g{n_groups}-ckpt"
+        write_checkpoint(ckpt, mamba2_config(n_groups), mamba2_decay_tensors(policy.pop("a_table", M2_A)))
     else:
         write_checkpoint(ckpt, kda_config(), kda_decay_tensors(policy.pop("seed", 0)))
     policy.setdefault("w_max", 16)
-    name = f"{kind}-{'k' if with_kernels else 'n'}-{abs(hash(json.dumps(policy, sort_keys=True)))}.dasc"
+    name = f"{ckpt.name[:-5]}-{'k' if with_kernels else 'n'}-{abs(hash(json.dumps(policy, sort_keys=True)))}.dasc"
     plan, out = compile_plan(ckpt, Policy(**policy), tmp / name, with_kernels=with_kernels)
     return plan, out, ckpt
 
@@ -141,6 +174,19 @@ def kda_cache_params(tp_size: int = 1):
     shape = KimiLinearStateShape.create(tp_world_size=tp_size, num_heads=KDA_HEADS, head_dim=KDA_D, conv_kernel_size=4)
     return KimiLinearCacheParams(shape=shape, layers=[0, 1, 2],
                                  dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))
+
+
+def mamba2_cache_params(tp_size: int = 1, n_groups: int = M2_GROUPS):
+    """SGLang's own Mamba2 state shape for the tiny Nemotron-H (``configs/nemotron_h.py`` passes these fields)."""
+    shape = Mamba2StateShape.create(tp_world_size=tp_size, intermediate_size=M2_HEADS * M2_HEAD_DIM, n_groups=n_groups,
+                                    num_heads=M2_HEADS, head_dim=M2_HEAD_DIM, state_size=M2_STATE, conv_kernel=4)
+    return Mamba2CacheParams(shape=shape, layers=[0, 1, 2],
+                             dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))
+
+
+def cache_params_for(kind: str, tp_size: int = 1):
+    """SGLang cache parameters of the tiny model of ``kind`` (``gdn`` | ``kda`` | ``mamba2``)."""
+    return {"gdn": gdn_cache_params, "kda": kda_cache_params, "mamba2": mamba2_cache_params}[kind](tp_size)
 
 
 def hybrid_pools(cache_params, mamba_size: int = 8, req_size: int = 8, kv_size: int = 4096,

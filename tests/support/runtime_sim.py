@@ -42,7 +42,7 @@ class Sim:
     """One TP rank's scheduler, cache and (simulated) device; see the module docstring.
 
     Args (the ones the tests vary): mamba_size M, compressed_slots C, kv_size, watermark,
-    compressed_only, seed (host decisions), kind (gdn | kda), int8, extra_buffer, chunk (SGLang's
+    compressed_only, seed (host decisions), kind (gdn | kda | mamba2), int8, extra_buffer, chunk (SGLang's
     mamba cache chunk), balance / wr (plan policy), streams (simulated device; False: the real CPU
     path, packs inline), tp_rank / tp_size (this rank of a plan compiled for tp_size; the test sets
     the demotion engine's CPU group), max_states_per_path (SGLang's ``--mamba-max-states-per-path``),
@@ -80,7 +80,7 @@ class Sim:
         if tp_size > 1:
             policy["tp_size"] = tp_size
         self.plan, _, _ = F.compile_tiny(tmp, kind, **policy)
-        cp = F.gdn_cache_params(tp_size) if kind == "gdn" else F.kda_cache_params(tp_size)
+        cp = F.cache_params_for(kind, tp_size)
         self.pool, self.alloc = F.hybrid_pools(cp, mamba_size=mamba_size, req_size=8, kv_size=kv_size,
                                                extra_buffer=extra_buffer, wr_plan=self.plan if wr else None,
                                                refresh_slots=2 if wr else None)

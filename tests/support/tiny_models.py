@@ -95,3 +95,26 @@ def write_qwen35(out: Path, seed: int = 0) -> Path:
     d["dasc_tokenizer"] = "bytes"
     (out / "config.json").write_text(json.dumps(d))
     return out
+
+
+def write_nemotron_h(out: Path, seed: int = 0, a_log=(math.log(0.05), math.log(0.5), math.log(2.0), math.log(8.0))) -> Path:
+    """A tiny Nemotron-H (transformers' ``NemotronHForCausalLM``): layers Mamba2, attention, Mamba2, MLP; 4 heads of
+    [head_dim 8, d_state 8], 2 B/C groups; A_log set per head (two long static horizons, two short), dt_bias from
+    transformers' initialisation. Saved by ``save_pretrained`` (``backbone.`` names, ``layers_block_type``)."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = NemotronHConfig(vocab_size=256, hidden_size=32, layers_block_type=["mamba", "attention", "mamba", "mlp"],
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
+                          mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=2, conv_kernel=4,
+                          chunk_size=16, max_position_embeddings=2048, initializer_range=0.2, use_mamba_kernels=False)
+    model = NemotronHForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mixer, "A_log"):
+                layer.mixer.A_log.copy_(torch.tensor(a_log))
+    model.save_pretrained(out)
+    d = json.loads((out / "config.json").read_text())
+    d["dasc_tokenizer"] = "bytes"
+    (out / "config.json").write_text(json.dumps(d))
+    return out
