@@ -55,7 +55,9 @@ def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: 
     kinds = layer_types(s["layers"])
     common = dict(vocab_size=vocab_size, hidden_size=s["hidden"], intermediate_size=s["mlp"],
                   num_hidden_layers=s["layers"], layer_types=kinds, num_attention_heads=s["attn_heads"],
-                  num_key_value_heads=s["attn_kv"], rms_norm_eps=1e-6, initializer_range=0.02,
+                  # Kimi's MLA attention has one key/value per head (no grouped-query sharing)
+                  num_key_value_heads=s["attn_kv"] if family == "gdn" else s["attn_heads"],
+                  rms_norm_eps=1e-6, initializer_range=0.02,
                   bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     if family == "gdn":
         from transformers import Qwen3NextConfig
