@@ -123,8 +123,12 @@ def save_checkpoint(model, out: Path, tokenizer_dir: Path | None, provenance: di
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    sd = {n: (t.detach().float() if is_decay(n) else t.detach().to(torch.bfloat16)).cpu().contiguous()
-          for n, t in model.state_dict().items()}
+    sd, seen = {}, set()
+    for n, t in model.state_dict().items():
+        if t.data_ptr() in seen:          # tied (GDN's lm_head is its embedding): stored once, as transformers does
+            continue
+        seen.add(t.data_ptr())
+        sd[n] = (t.detach().float() if is_decay(n) else t.detach().to(torch.bfloat16)).cpu().contiguous()
     model.save_pretrained(str(tmp), state_dict=sd, max_shard_size=SHARD_BYTES)
     (tmp / "config.json").write_text(json.dumps(_config_json(model), indent=1, sort_keys=True) + "\n")
     (tmp / "generation_config.json").unlink(missing_ok=True)

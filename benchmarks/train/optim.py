@@ -55,10 +55,10 @@ def set_lr(opt, lr: float) -> None:
         g["lr"] = lr * g["lr_mult"]
 
 
-def _named(opt):
+def _named(opt, with_group: bool = False):
     for g in opt.param_groups:
         for n, p in zip(g["param_names"], g["params"]):
-            yield g["name"], n, p
+            yield (g["name"], n, p, g) if with_group else (g["name"], n, p)
 
 
 def compact_state(opt) -> dict[str, torch.Tensor]:
@@ -92,12 +92,14 @@ def full_state(opt) -> dict[str, torch.Tensor]:
 def load_state(opt, state: dict[str, torch.Tensor]) -> dict:
     """Restore ``compact_state`` or ``full_state`` output into a fresh AdamW; returns counts of what was restored."""
     counts = {"full": 0, "factored": 0, "missing": 0}
-    for _, n, p in _named(opt):
+    for _, n, p, g in _named(opt, with_group=True):
         if f"step:{n}" not in state:
             counts["missing"] += 1
             continue
         st = opt.state[p]
-        st["step"] = torch.tensor(float(state[f"step:{n}"]))
+        on_device = g.get("fused") or g.get("capturable")       # where AdamW itself keeps the step count
+        st["step"] = torch.tensor(float(state[f"step:{n}"]), dtype=torch.float32,
+                                  device=p.device if on_device else "cpu")
         if f"v:{n}" in state:
             st["exp_avg_sq"] = state[f"v:{n}"].to(p.device, torch.float32).reshape(p.shape).clone()
             st["exp_avg"] = state[f"m:{n}"].to(p.device, torch.float32).reshape(p.shape).clone()

@@ -119,6 +119,10 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     if not staged:
         raise SystemExit(f"no shard fits: {used / 2**20:.1f} MiB are taken before any data (limit 64 MiB)")
     next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True).stdout.strip()
+    (call / "commit.txt").write_text(f"{head}{'+dirty' if dirty else ''}\n")
     (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok}, indent=1) + "\n")
     return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
             "tree_mib": round(_tree_bytes(root) / 2 ** 20, 2),

@@ -73,7 +73,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--decay-lr-mult", type=float, default=5.0, help="A_log/dt_bias learning rate = lr x this")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--total-tokens", type=float, default=100e6, help="planned tokens over all sessions (schedule)")
+    ap.add_argument("--total-tokens", type=float, default=None,
+                    help="planned tokens over all sessions, which places the cooldown (default: 100e6 on a fresh "
+                         "start, the recorded plan on a resume; giving it on a resume replaces the plan)")
     ap.add_argument("--cooldown", type=float, default=0.2, help="final fraction of the planned steps with decaying lr")
     ap.add_argument("--recall-frac", type=float, default=0.3)
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in this session (0: none)")
@@ -173,7 +175,8 @@ def main(argv=None) -> dict:
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
     restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else None
     tps = a.batch * a.seq
-    total = state.get("total_steps") or O.total_steps_for(a.total_tokens, tps)
+    total = (O.total_steps_for(a.total_tokens, tps) if a.total_tokens is not None
+             else state.get("total_steps") or O.total_steps_for(100e6, tps))
     state["total_steps"] = total
     batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac)
     init_live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}

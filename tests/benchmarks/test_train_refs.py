@@ -160,6 +160,15 @@ def test_checkpoint_loads_with_transformers_and_dasc_compiles_it(data_dir, tmp_p
     report = kept_overlap(ck, {k: v for k, v in init.items() if not k.startswith("live:")}, w_max=(64,))
     assert 0.0 <= report["64"]["jaccard"] <= 1.0 and report["64"]["units"] > 0
 
+    from benchmarks.train.init_model import rebuild
+
+    checked = rebuild(ck, tmp_path / "init")
+    assert checked["weights_sha256_match_record"] and checked["decays_match_record"]
+    untrained = AutoModelForCausalLM.from_pretrained(str(tmp_path / "init"))
+    assert kept_overlap(tmp_path / "init", {k: v for k, v in init.items() if not k.startswith("live:")},
+                        w_max=(64,))["64"]["jaccard"] == 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(untrained.state_dict().values(), model.state_dict().values()))
+
 
 def test_pack_round_trip_and_damage(tmp_path):
     src = tmp_path / "m"
