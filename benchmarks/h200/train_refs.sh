@@ -7,7 +7,8 @@
 #   python -m benchmarks.train.prepare data                         # once: tokenizer + shards (.dev/train/prep)
 #   python -m benchmarks.train.prepare stage [--returned DIR]       # DIR: the last call's files (gdn.tzp.*, kda.tzp.*)
 # Device command (carry: .dev/train/call .dev/train/whl):
-#   bash benchmarks/h200/train_refs.sh [BUDGET_S]     (default 570: ends about 10 s before it, inside a 600 s call)
+#   bash benchmarks/h200/train_refs.sh [BUDGET_S]     (default 570; give the call timeout_s >= BUDGET_S + 15:
+#   a trainer still running at BUDGET_S - 10 gets SIGTERM (it saves), at BUDGET_S + 5 SIGKILL)
 # Environment: KERNELS=fla trains with flash-linear-attention's Triton ops (carried fla-core wheel; default
 # torch: transformers' PyTorch GDN, benchmarks/train/kda_chunk.py for KDA); FLA_PROBE=0 skips the background
 # probe of those ops (benchmarks/train/fla_probe.py, on by default when the wheel is carried, time-capped);
@@ -18,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 T_START=$(date +%s)
 BUDGET=${1:-570}
-STOP_AT=$((T_START + BUDGET - 10))
+STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (60 s) before this
 CALL=.dev/train/call
 WHL=.dev/train/whl
 OUT=${OUT:?set OUT to the folder that comes back}
@@ -50,7 +51,7 @@ for fam in $FAMILIES; do
   resume=()
   if [ -f "$CALL/resume/$fam/config.json" ]; then resume=(--resume "$CALL/resume/$fam"); fi
   say "$fam: ${resume[*]:-fresh start}"
-  { timeout -k 20 $((STOP_AT - $(date +%s) + 15)) python3 -m benchmarks.train.train --family $fam --data $CALL \
+  { timeout -k 15 $((STOP_AT - $(date +%s) + 10)) python3 -m benchmarks.train.train --family $fam --data $CALL \
       --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION "${resume[@]}" ${TRAIN_ARGS:-}; \
     echo $? > /tmp/refs-rc-$fam; } 2>&1 | sed -u "s/^/[$fam] /" >> "$LOG" &
   pids+=($!)

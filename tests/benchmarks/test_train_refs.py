@@ -101,35 +101,35 @@ def test_batches_are_a_function_of_the_step_and_mark_the_answers(data_dir):
 def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
     from benchmarks.train.train import main
 
-    main(_args(data_dir, tmp_path / "straight", family, 6))
-    main(_args(data_dir, tmp_path / "first", family, 3, "--exact-state"))
-    main(_args(data_dir, tmp_path / "second", family, 3, "--resume", str(tmp_path / "first" / family)))
+    main(_args(data_dir, tmp_path / "straight", family, 4))
+    main(_args(data_dir, tmp_path / "first", family, 2, "--exact-state"))
+    main(_args(data_dir, tmp_path / "second", family, 2, "--resume", str(tmp_path / "first" / family)))
     straight = _losses(tmp_path / "straight", family)
     resumed = _losses(tmp_path / "second", family)
-    assert [s for s, *_ in resumed] == list(range(1, 7))
+    assert [s for s, *_ in resumed] == list(range(1, 5))
     np.testing.assert_allclose(np.array([r[1:] for r in resumed], float), np.array([r[1:] for r in straight], float),
                                rtol=1e-5)
     state = json.loads((tmp_path / "second" / family / "train_state" / "state.json").read_text())
-    assert state["step"] == 6 and [s["start_step"] for s in state["sessions"]] == [0, 3]
+    assert state["step"] == 4 and [s["start_step"] for s in state["sessions"]] == [0, 2]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_travelling_state_resume_is_deterministic_and_close(data_dir, tmp_path, family):
     from benchmarks.train.train import main
 
-    main(_args(data_dir, tmp_path / "straight", family, 6))
-    main(_args(data_dir, tmp_path / "first", family, 3, "--pack-to", str(tmp_path / "ret")))
+    main(_args(data_dir, tmp_path / "straight", family, 5))
+    main(_args(data_dir, tmp_path / "first", family, 2, "--pack-to", str(tmp_path / "ret")))
     parts = sorted((tmp_path / "ret").glob(f"{family}.tzp.*"))
     resume = pack.unpack(parts, tmp_path / "unpacked")
     assert not (resume / "train_state" / "exact.pt").exists()
     runs = []
     for i in range(2):
         main(_args(data_dir, tmp_path / f"again{i}", family, 3, "--resume", str(resume)))
-        runs.append(_losses(tmp_path / f"again{i}", family)[3:])
+        runs.append(_losses(tmp_path / f"again{i}", family)[2:])
     assert runs[0] == runs[1]
     # the weights travel as bf16: the first resumed step sees nearly the uninterrupted model; after it, Adam's
     # first moment restarts from zero, so the curve departs from the uninterrupted one but keeps descending
-    straight = np.array([r[1:] for r in _losses(tmp_path / "straight", family)[3:]], float)
+    straight = np.array([r[1:] for r in _losses(tmp_path / "straight", family)[2:]], float)
     resumed = np.array([r[1:] for r in runs[0]], float)
     np.testing.assert_allclose(resumed[0], straight[0], atol=0.01)
     assert (np.diff(resumed[:, 0]) < 0).all()
