@@ -7,10 +7,10 @@ its 2T token segments ``[user_1, reply_1, ..., user_T, reply_T]`` (token ids, in
                   + ``<|im_start|>`` + enc("assistant\\n")       (ChatML, Qwen's chat format)
   * ``reply_k`` = enc(recorded assistant text) + ``<|im_end|>`` + enc("\\n")
 
-Turn k's request (:func:`turn_requests`) sends the prompt ``user_1 + reply_1 + ... + user_k``
-(the whole conversation so far, with the *recorded* replies, so every serving arm sees the same
-prompts) and decodes ``decode_tokens[k]`` = min(recorded reply length incl. ``<|im_end|>``,
-``max_decode_tokens``) tokens with ``ignore_eos``.
+Turn k's request sends the conversation so far and the new user turn, and decodes
+``decode_tokens[k]`` = min(recorded reply length incl. ``<|im_end|>``, ``max_decode_tokens``)
+tokens with ``ignore_eos``; which reply the earlier turns carry (the recorded one, or the one the
+server generated) is the replay's choice (``benchmarks/chat_trace.py``).
 
 Shape rules (checked by :func:`conversation_shape_ok`, paper App. C.3):
   * initial prompt ``len(user_1)`` in ``[min_initial_tokens, max_initial_tokens]`` tokens
@@ -136,22 +136,6 @@ class TraceConversation:
     def prompt_len(self, turn: int) -> int:
         """Tokens in the prompt of 0-indexed ``turn``: all segments before reply_turn."""
         return sum(len(s) for s in self.segments[: 2 * turn + 1])
-
-
-@dataclass(frozen=True, kw_only=True)
-class TurnRequest:
-    """One /generate request of the replay: the prompt of turn ``turn`` of conversation ``conv``.
-
-    Attributes:
-        conv / turn: 0-indexed conversation (trace order) and turn.
-        input_ids: prompt token ids, int, length ``prompt_len(turn)``.
-        max_new_tokens: decode length in tokens (sent with ``ignore_eos``).
-    """
-
-    conv: int
-    turn: int
-    input_ids: tuple[int, ...]
-    max_new_tokens: int
 
 
 def recover_records(text: str) -> tuple[list[dict], int]:
@@ -347,29 +331,6 @@ def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatForm
             f"conversations meet the shape rules (start={params.start!r}), need "
             f"num_conversations={params.num_conversations}")
     return picked, stats
-
-
-def turn_requests(conv_index: int, conv: TraceConversation, *,
-                  vocab_size: int | None = None, decode_clip: int | None = None) -> list[TurnRequest]:
-    """The T requests of one conversation, in turn order (paper App. C.3).
-
-    Turn k's prompt is ``segments[0 : 2k + 1]`` concatenated: earlier user turns, the recorded
-    replies and the new user turn. With ``vocab_size`` every id >= vocab_size is replaced by
-    ``id % vocab_size`` (a served model with a smaller vocabulary); equal ids stay equal, so the
-    shared-prefix structure across turns is unchanged. With ``decode_clip`` every decode length is
-    at most that many tokens (the benchmarks' reply clip).
-    """
-    flat: list[int] = []
-    out = []
-    for k in range(conv.turns):
-        if k:
-            flat.extend(conv.segments[2 * k - 1])
-        flat.extend(conv.segments[2 * k])
-        ids = flat if vocab_size is None else [t % vocab_size if t >= vocab_size else t for t in flat]
-        out.append(TurnRequest(conv=conv_index, turn=k, input_ids=tuple(ids),
-                               max_new_tokens=conv.decode_tokens[k] if decode_clip is None
-                               else min(conv.decode_tokens[k], decode_clip)))
-    return out
 
 
 def trace_stats(convs: Sequence[TraceConversation]) -> dict:

@@ -34,17 +34,16 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks import run_serving as rs
 from benchmarks.chat_replay import IM_END, IM_START, NEWLINE
+from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
+                                      server_env)
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,32 +77,6 @@ def run_name(arm: str, seed: int, replay: str, pad: int, role: str) -> str:
     return f"{arm}__s{seed}__{replay}__p{pad}" + ("__drift" if role == "drift" else "")
 
 
-def _post(port: int, path: str, timeout_s: float = 30.0) -> int:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status
-    except Exception:
-        return 0
-
-
-def flush(port: int, tries: int = 20) -> bool:
-    """``/flush_cache`` until the server accepts it (it refuses while requests run)."""
-    for _ in range(tries):
-        if _post(port, "/flush_cache") == 200:
-            return True
-        time.sleep(0.5)
-    return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
 def load_servers(work: Path) -> dict:
     p = work / "servers.json"
     return json.loads(p.read_text()) if p.is_file() else {}
@@ -122,7 +95,7 @@ def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
     if arm["kind"] == "dasc":
         flags.append("--dasc-dummy-decay-ok")
     return [*shlex.split(a.launcher), "--model-path", str(a.model), "--port", str(port), "--nccl-port",
-            str(port + 1000), *rs.COMMON_FLAGS, "--enable-metrics",
+            str(port + 1000), *COMMON_FLAGS, "--enable-metrics",
             "--mem-fraction-static", str(a.mem_fraction_static), "--max-total-tokens", str(a.max_total_tokens),
             "--context-length", str(a.context_length), "--max-running-requests", str(a.max_running_requests),
             "--cuda-graph-max-bs", str(a.max_running_requests), "--tp-size", "1", "--sleep-on-idle",
@@ -173,16 +146,16 @@ def cmd_up(a: argparse.Namespace) -> int:
     started = []
     for i, n in enumerate(names):
         s = servers.get(n)
-        if s and _alive(s["pid"]) and rs._healthy(s["port"]):
+        if s and alive(s["pid"]) and healthy(s["port"]):
             log(f"{n}: already up on port {s['port']}")
             continue
         port = a.base_port + 10 * i
-        if rs._port_busy(port):
+        if port_busy(port):
             log(f"{n}: port {port} busy; not started")
             continue
         (a.work / n).mkdir(exist_ok=True)
         cmd = server_command(a, arms[n], port)
-        env = {**rs.server_env(arms[n], [a.gpu])}
+        env = server_env(arms[n], [a.gpu])
         with open(a.work / n / "server.log", "w") as fh:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                  cwd=a.work)
@@ -195,11 +168,11 @@ def cmd_up(a: argparse.Namespace) -> int:
     while pending and time.monotonic() - t0 < a.startup_deadline_s:
         for n in list(pending):
             s = servers[n]
-            if not _alive(s["pid"]):
-                s["failure"] = "exited during start-up: " + " | ".join(rs._tail(a.work / n / "server.log", n=4))
+            if not alive(s["pid"]):
+                s["failure"] = "exited during start-up: " + " | ".join(log_tail(a.work / n / "server.log", n=4))
                 log(f"{n}: {s['failure']}")
                 pending.remove(n)
-            elif rs._healthy(s["port"]):
+            elif healthy(s["port"]):
                 s["up_s"] = round(time.monotonic() - t0, 1)
                 log(f"{n}: up at {s['up_s']} s")
                 pending.remove(n)
@@ -207,7 +180,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     for n in pending:
         servers[n]["failure"] = f"not up by {a.startup_deadline_s:.0f} s"
         log(f"{n}: {servers[n]['failure']}; stopped")
-        _kill(servers[n]["pid"])
+        kill(servers[n]["pid"])
     up = [n for n in started if servers[n].get("up_s") is not None]
     res: dict = {}
     ts = [threading.Thread(target=lambda n=n: res.__setitem__(n, warm(servers[n]["port"], a.warm_lengths,
@@ -218,26 +191,17 @@ def cmd_up(a: argparse.Namespace) -> int:
         th.join()
     for n in up:
         servers[n]["warmup"] = res.get(n)
-        servers[n]["startup_lines"] = (rs._tail(a.work / n / "server.log", "Mamba Cache is allocated", 2)
-                                       + rs._tail(a.work / n / "server.log", "dasc:", 4)
-                                       + rs._tail(a.work / n / "server.log", "max_total_num_tokens", 1))
+        servers[n]["startup_lines"] = (log_tail(a.work / n / "server.log", "Mamba Cache is allocated", 2)
+                                       + log_tail(a.work / n / "server.log", "dasc:", 4)
+                                       + log_tail(a.work / n / "server.log", "max_total_num_tokens", 1))
         log(f"{n}: warm-up {res.get(n)}")
     save_json(a.work / "servers.json", servers)
     return 0 if all(servers[n].get("up_s") is not None for n in names if n in servers) else 1
 
 
-def _kill(pid: int) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except OSError:
-            return
-        time.sleep(3)
-
-
 def cmd_down(a: argparse.Namespace) -> int:
     for n, s in load_servers(a.work).items():
-        _kill(s["pid"])
+        kill(s["pid"])
         print(f"{n}: stopped", flush=True)
     return 0
 
@@ -263,7 +227,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     def do_run(idx: int, arm: str, seed: int, role: str) -> None:
         s = servers.get(arm)
-        if not s or not (_alive(s["pid"]) and rs._healthy(s["port"])) or not flush(s["port"]):
+        if not s or not (alive(s["pid"]) and healthy(s["port"])) or not flush(s["port"]):
             log(f"{arm}: server not up or /flush_cache refused; run skipped")
             manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
                                      "role": role, "skipped": "server not up or flush refused"})
@@ -288,7 +252,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
                                  "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens, "file": out.name,
                                  "wall_s": round(dt, 1), "rc": rc, "client": tail.strip(),
-                                 "dasc_counters": rs._tail(a.work / arm / "server.log", "dasc", 1)})
+                                 "dasc_counters": log_tail(a.work / arm / "server.log", "dasc", 1)})
         save_json(man_path, manifest)
         log(f"{arm} seed {seed} ({role}): rc {rc} in {dt:.0f} s: {tail.strip()[-200:]}")
 

@@ -21,7 +21,7 @@ Checkpoint capacity (the x axis of the figures): Dense M, INT8 C (SGLang 0.5.17 
 cached state into its INT8 pool, ``MambaComponent._commit_int8_checkpoint``), dasc ``M' + C``.
 
 CPU use (plans are compiled with ``dasc compile``; prints one line per arm, and ``--out`` writes
-the arms as JSON for ``run_serving.py`` / ``run_open_loop.py``)::
+the arms as JSON for ``run_chat.py``)::
 
     .venv/bin/python -m benchmarks.serving_arms --plans /tmp/plans --dense-slots 48 --max-running-requests 8
 """

@@ -11,7 +11,7 @@
 # (synthetic, calibrated to published statistics; not trained weights).
 #
 # Carried (git-ignored), made on a CPU machine by
-#   REFRESH_SLOTS=2 bash benchmarks/h200/prepare_open_loop.sh HEAD
+#   REFRESH_SLOTS=2 bash benchmarks/h200/prepare_serving.sh HEAD
 #   .dev/sglang/site.tar.xz   SGLang 0.5.17 (benchmarks/h200/prepare_carry.sh)
 #   .dev/dascwhl/dasc-*.whl   dasc (the runtime plugin)
 #   .dev/ol/plans.tar.xz      plans w16, w16+INT8, w64, w16 dasc-wr and arms.json (DENSE_SLOTS 56, MRR 8)

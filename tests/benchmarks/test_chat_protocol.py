@@ -1,4 +1,5 @@
-"""The serving protocols of issue 24: trace seeds, chat-like replay, the run order, the report.
+"""The serving protocols of issue 24: trace seeds, chat-like replay, the run order, server processes,
+the report.
 
 The client runs against ``tests/support/fake_sglang_server.py`` (a CPU stand-in that caches each
 prompt and each finished prompt + reply, and sends SGLang's request metrics)."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 
 from benchmarks import chat_replay as cr
 from benchmarks import serving_report as sr
+from benchmarks import sglang_server as ss
 from benchmarks.build_trace import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
 from benchmarks.run_chat import run_name, schedule
@@ -97,6 +100,58 @@ def test_schedule_rotates_arms_with_dense_first_and_last():
     assert run_name("dense", 3, "served-reply", 6000, "drift") == "dense__s3__served-reply__p6000__drift"
 
 
+# ---------------------------------------------------------------- server processes
+
+def _state(pid: int) -> str:
+    """Process state letter from /proc (``""`` when the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_kill_stops_children_left_after_the_leader_exited():
+    """SGLang's scheduler can outlive the launcher and hold GPU memory: the whole group goes."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; exit 0"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    child = int(proc.stdout.readline())
+    proc.wait(timeout=10)
+    assert ss.alive(proc.pid) and _state(child) not in ("", "Z")       # orphan alive, leader gone
+    ss.kill(proc.pid)
+    deadline = time.monotonic() + 10
+    while _state(child) not in ("", "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(child) in ("", "Z") and not ss.alive(proc.pid)
+
+
+def test_port_busy_only_while_someone_listens():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.listen()
+        assert ss.port_busy(port) and not ss.healthy(port)
+    assert not ss.port_busy(port)
+
+
+def test_server_env_carries_the_arms_env_and_pins_the_gpus(monkeypatch):
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", "stream")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    arm = {"arm": "dasc-nr-w512-hostwait", "env": {"DASC_RECLAIM_WAIT": "host", "CUDA_VISIBLE_DEVICES": "9"}}
+    env = ss.server_env(arm, [0, 1])
+    assert env["DASC_RECLAIM_WAIT"] == "host" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == os.environ["PATH"]
+    plain = ss.server_env({"arm": "dense"}, [3])      # arms JSON written before the env field existed
+    assert plain["DASC_RECLAIM_WAIT"] == "stream" and plain["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_log_tail_filters_and_cuts(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("a dasc: 1\nb\nc dasc: 2\n" + "d" * 900 + "\n")
+    assert ss.log_tail(log, "dasc:", 5) == ["a dasc: 1", "c dasc: 2"]
+    assert ss.log_tail(log, n=1) == ["d" * 600]
+    assert ss.log_tail(tmp_path / "missing.log") == []
+
+
 # ---------------------------------------------------------------- report
 
 def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-loop-paper", "served-reply", 0, 256, 24, None, 24)):
@@ -159,6 +214,7 @@ def fake_server():
             break
         except OSError:
             time.sleep(0.1)
+    assert ss.healthy(port) and ss.flush(port)
     yield port
     p.kill()
     p.wait()

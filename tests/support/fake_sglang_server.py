@@ -2,7 +2,7 @@
 
 Accepts (and ignores) every SGLang flag, serves ``/health``, ``/server_info``, ``/flush_cache`` and a
 streaming ``/generate`` in the ``--skip-tokenizer-init`` format (``output_ids`` + ``meta_info``, the
-same events as tests/benchmarks/test_serve_bench.py's FakeSGLang). It models what the benchmark depends on, in
+the events benchmarks/chat_replay.py reads). It models what the benchmark depends on, in
 the crudest form: at most ``--max-running-requests`` requests run at once (the rest wait), a
 request's first token takes ``FAKE_BASE_S + uncached prompt tokens * FAKE_PREFILL_S_PER_TOKEN``,
 then one token per ``FAKE_TOKEN_S``; the prefix cache keeps the ``K`` most recently used sequences

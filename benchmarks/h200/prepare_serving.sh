@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Build what benchmarks/h200/open_loop_bench.sh carries to the H200, from ONE commit (not the working
-# tree, which other people may be editing): .dev/dascwhl/dasc-*.whl, .dev/ol/src.tar.xz (that
-# commit's benchmarks/ and dasc_compile/), .dev/ol/plans.tar.xz (calibrated Kimi-Linear plans
-# w16, w16+INT8, w64 and w16 dasc-wr (policy file 'load_policy: wr') compiled by that commit's code,
-# and arms.json from its serving_arms: dense int8 dasc-nr-w16 dasc-nr-w16-int8 dasc-nr-w64 dasc-wr-w16;
-# a COMMIT whose serving_arms has no dasc-wr arms, e.g. 1de8706 of the 2026-12-01 run, gets the first five).
-# Usage (repo root, CPU machine): bash benchmarks/h200/prepare_open_loop.sh [COMMIT] (default HEAD)
+# Build what benchmarks/h200/chat_bench.sh carries to the H200, from ONE commit (not the working tree,
+# which other people may be editing): .dev/dascwhl/dasc-*.whl and .dev/ol/plans.tar.xz (calibrated
+# Kimi-Linear plans w16, w16+INT8, w64 and w16 dasc-wr (policy file 'load_policy: wr') compiled by
+# that commit's code, and arms.json from its serving_arms: dense int8 dasc-nr-w16 dasc-nr-w16-int8
+# dasc-nr-w64 dasc-wr-w16; a COMMIT whose serving_arms has no dasc-wr arms gets the first five).
+# Usage (repo root, CPU machine): bash benchmarks/h200/prepare_serving.sh [COMMIT] (default HEAD)
 # Settings (env): DENSE_SLOTS (56), MRR (8), REFRESH_SLOTS (dasc-wr's scratch slots B, charged to its
 # memory; default the runtime's), RUNTIME_COMMIT (the commit the dasc wheel is built from, default
 # COMMIT: e.g. the last commit whose runtime has run on a GPU; its plans must be byte-identical; a
@@ -19,14 +18,12 @@ DENSE_SLOTS=${DENSE_SLOTS:-56}; MRR=${MRR:-8}
 refresh=(); [ -n "${REFRESH_SLOTS:-}" ] && refresh=(--refresh-slots "$REFRESH_SLOTS")
 B=$(mktemp -d /tmp/dasc-build.XXXXXX)
 git archive "$COMMIT" | tar -x -C "$B"
-mkdir -p .dev/dascwhl .dev/ol
+mkdir -p .dev/dascwhl .dev/ol && rm -f .dev/ol/src.tar.xz   # left by the script's earlier versions; nothing reads it
 tmpw=$(mktemp -d)
 # the wheel leaves out the bundled reference checkpoints (the server needs none; ~0.6 MiB of the 64)
 W=$B/wheel-src; mkdir -p "$W" && git archive "$RUNTIME_COMMIT" | tar -x -C "$W" && rm -rf "$W"/plans/reference/*
 "$PY" -m pip wheel -q --no-deps -w "$tmpw" "$W" > /dev/null
 rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw"
-git archive --format=tar "$COMMIT" benchmarks/__init__.py $(git ls-tree --name-only "$COMMIT" benchmarks/ | grep '\.py$') \
-    benchmarks/h200 dasc_compile plans/reference/kimi-linear-48b-a3b-calibrated/config.json | xz -9 > .dev/ol/src.tar.xz
 P=$B/ol-plans; mkdir -p "$P"; printf 'int8: true\n' > "$B/int8.yaml"; printf 'load_policy: wr\n' > "$B/wr.yaml"
 wr=(); grep -q 'dasc-wr-w' "$B/benchmarks/serving_arms.py" && wr=(dasc-wr-w16)
 REF=plans/reference/kimi-linear-48b-a3b-calibrated
@@ -37,7 +34,7 @@ REF=plans/reference/kimi-linear-48b-a3b-calibrated
     && "$PY" -c "import sys, importlib; sys.path.insert(0, '.'); [sys.modules.setdefault(a, importlib.import_module(f)) for a, f in (('dasc_runtime', 'runtime'), ('dasc_templates', 'templates'), ('dasc_plans', 'plans'))]; from benchmarks.serving_arms import main; sys.exit(main(sys.argv[1:]))" \
        --plans "$P" --dense-slots "$DENSE_SLOTS" --max-running-requests "$MRR" \
        --arms dense int8 dasc-nr-w16 dasc-nr-w16-int8 dasc-nr-w64 "${wr[@]}" "${refresh[@]}" --out "$P/arms.json")
-printf 'sources and plans %s\ndasc wheel %s\n' "$COMMIT" "$RUNTIME_COMMIT" > "$P/COMMIT"
+printf 'plans %s\ndasc wheel %s\n' "$COMMIT" "$RUNTIME_COMMIT" > "$P/COMMIT"
 tar -C "$P" -cf - . | xz -9 > .dev/ol/plans.tar.xz
 rm -rf "$B"
 sizes() { "$PY" -c 'import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))'; }
