@@ -3,5 +3,5 @@
 Modules: ``models`` (loading, where the state checkpoint lives), ``arms`` (dense / dasc-nr / dasc-wr /
 Random on a checkpoint), ``protocol`` (the cached-prefix protocol), ``metrics``, ``prompts`` and
 ``retrieval`` (prompt sources), ``horizons`` (Eq. 4, 5), ``plotting`` (Fig. 4h), ``command`` (the CLI),
-``kda_ops`` / ``kda_hybrid`` (a plain-PyTorch KDA model for CPUs).
+``hf_compat`` (the transformers releases), ``legacy_kda`` (the first bundled KDA reference).
 """

@@ -1,18 +1,18 @@
 """Loading a Hugging Face checkpoint for ``dasc eval`` and reaching its recurrent state checkpoint.
 
-Supported (all in pure PyTorch, float32 by default, so a CPU runs them):
+Every model runs through transformers' own classes (``AutoModelForCausalLM``), float32 by default,
+with each recurrent layer pinned to transformers' pure-PyTorch kernels
+(:func:`dasc_compile.eval.hf_compat.pin_torch_kernels`) so a CPU runs them and results do not depend on
+optional kernel packages:
 
-* GDN hybrids through transformers' own modeling code: ``qwen3_next`` (``Qwen3NextForCausalLM``),
-  ``qwen3_5`` / ``qwen3_5_moe`` (through ``AutoModelForCausalLM``). Each GDN layer's kernels are
-  pinned to transformers' PyTorch implementations (``torch_chunk_gated_delta_rule``,
-  ``torch_recurrent_gated_delta_rule``, ``torch_causal_conv1d_update``) so results do not depend on
-  which optional kernel packages happen to be installed.
-* KDA: ``kimi_linear`` checkpoints of dasc's small KDA hybrid (:mod:`dasc_compile.eval.kda_hybrid`).
+* GDN hybrids: ``qwen3_next``, ``qwen3_5`` / ``qwen3_5_moe`` (transformers >= 5.12);
+* KDA hybrids: ``kimi_linear`` (transformers' Kimi-Linear model, >= 5.17), and the first bundled KDA
+  reference, a Qwen3-Next backbone with transformers' KDA layer (:mod:`dasc_compile.eval.legacy_kda`).
 
 The recurrent state checkpoint at a prefix boundary is the transformers cache object after the prefix:
-``cache.layers[i].recurrent_states`` ``[B, H, d_k, d_v]`` (key-major; the paper's ``[d_v, d_k]``
-transposed) and ``cache.layers[i].conv_states`` ``[B, conv_dim, K]``; full-attention layers hold
-their KV in the same cache (transformers ``cache_utils.LinearAttentionLayer`` / ``DynamicLayer``).
+per recurrent layer a temporal state ``[B, H, d_k, d_v]`` (key-major; the paper's ``[d_v, d_k]``
+transposed) and a conv state ``[B, conv_dim, K]`` (read through :mod:`dasc_compile.eval.hf_compat`);
+full-attention layers hold their KV in the same cache.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_kwargs, pin_torch_kernels,
+                                         require_transformers)
 
 GDN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
@@ -67,8 +69,7 @@ class EvalModel:
         layer_ids: model layer ids of the recurrent layers, increasing (= the plan's ``recurrent_layer_ids``).
         mixers: layer id -> recurrent token-mixer module.
         num_heads: value heads H_v (GDN) or heads H (KDA). units_per_head: 1 (GDN) or d_k (KDA).
-        kernel_attrs: names of the mixer attributes holding the chunked and one-token kernels
-            (horizon validation wraps them to observe the log-decay g).
+        attention_layer_ids: model layer ids of the full-attention layers.
         tokenizer: ``encode(str) -> list[int]`` / ``decode``.
     """
 
@@ -78,7 +79,7 @@ class EvalModel:
     mixers: dict[int, torch.nn.Module]
     num_heads: int
     units_per_head: int
-    kernel_attrs: tuple[str, str]
+    attention_layer_ids: list[int]
     tokenizer: object
     device: torch.device
     config: dict = field(default_factory=dict)
@@ -93,7 +94,7 @@ class EvalModel:
     def forward(self, ids: list[int] | torch.Tensor, cache) -> torch.Tensor:
         """Run ``ids`` (``[T]``, batch 1) after what ``cache`` holds; returns float32 logits ``[T, vocab]``."""
         x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        out = self.model(input_ids=x, past_key_values=cache, use_cache=True)
+        out = self.model(input_ids=x, use_cache=True, **cache_kwargs(self.model, cache))
         return out.logits[0].float()
 
 
@@ -112,23 +113,19 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-def _tokenizer(path: Path, cfg: dict):
+def load_tokenizer(path: Path, cfg: dict):
+    """The model's tokenizer: UTF-8 bytes when config.json sets ``dasc_tokenizer: bytes``, else the
+    tokenizer files beside the weights (read with transformers).
+
+    Raises:
+        DascInputError: neither is there.
+    """
     if cfg.get("dasc_tokenizer") == "bytes":
         return ByteTokenizer()
     if any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return HFTokenizer(path)
     raise DascInputError(f"{path}: no tokenizer files (tokenizer.json) and config.json does not set "
                          f"'dasc_tokenizer': 'bytes'")
-
-
-def _pin_torch_gdn_kernels(mod) -> None:
-    import importlib
-
-    mm = importlib.import_module(type(mod).__module__)
-    mod.chunk_gated_delta_rule = mm.torch_chunk_gated_delta_rule
-    mod.recurrent_gated_delta_rule = mm.torch_recurrent_gated_delta_rule
-    mod.causal_conv1d_fn = None
-    mod.causal_conv1d_update = mm.torch_causal_conv1d_update
 
 
 def _load_state(path: Path) -> dict[str, torch.Tensor]:
@@ -185,7 +182,38 @@ def check_weights(path: Path, want: int, dtype: torch.dtype) -> None:
                              f"this machine has {free / 2**30:.1f} GiB free")
 
 
-def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
+
+
+def _hf_error(path: Path, cfg: dict, exc: Exception) -> DascInputError:
+    return DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
+                          f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
+
+
+def build_from_config(path: Path, cfg: dict, seed: int):
+    """The model ``path/config.json`` describes, initialised by transformers (``from_config``) after
+    ``torch.manual_seed(seed)``: the initialisation a training run seeded with ``seed`` started from when
+    it built its model the same way (same transformers release). float32, eval mode.
+
+    Raises:
+        DascInputError: a config transformers cannot build, or the first bundled KDA reference (its
+            initialisation came from dasc's former KDA layer: give its initial checkpoint instead).
+    """
+    from dasc_compile.eval.legacy_kda import ARCHITECTURE, is_legacy_kda
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if is_legacy_kda(cfg):
+        raise DascInputError(f"{path}: a {ARCHITECTURE} initialisation cannot be rebuilt from a seed; "
+                             f"give its initial checkpoint with --init-from DIR")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise _hf_error(path, cfg, exc) from None
+
+
+def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
+    """``AutoModelForCausalLM.from_pretrained`` after checking the weights hold the whole model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -198,76 +226,78 @@ def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
                                                            output_loading_info=True)
     except DascInputError:
         raise
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
-                             f"({str(exc).splitlines()[0][:200]})") from None
-    missing = [k for k in info.get("missing_keys", []) if "lm_head" not in k or not config.get_text_config().tie_word_embeddings]
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise _hf_error(path, cfg, exc) from None
+    tied = config.get_text_config().tie_word_embeddings
+    missing = [k for k in info.get("missing_keys", []) if not (tied and "lm_head" in k)]
     if missing:
-        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}); "
+        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {sorted(missing)[0]}); "
                              f"dasc eval needs the whole trained checkpoint")
-    mixers = {}
+    return model
+
+
+def recurrent_mixers(model) -> tuple[dict[int, torch.nn.Module], int, int]:
+    """``({layer id: token mixer}, heads, units per head)`` of the GDN / KDA layers of a transformers model.
+
+    A GDN mixer (``A_log`` per value head) has ``num_v_heads`` units of one head each; a KDA mixer
+    (``forget_gate`` with ``A_log [1, 1, H, 1]``) has ``num_heads`` heads of ``head_dim`` key-channel units.
+    """
+    mixers, heads, uph = {}, 0, 1
     for mod in model.modules():
-        if hasattr(mod, "chunk_gated_delta_rule") and hasattr(mod, "A_log") and hasattr(mod, "layer_idx"):
-            _pin_torch_gdn_kernels(mod)
-            mixers[int(mod.layer_idx)] = mod
-    heads = next(iter(mixers.values())).num_v_heads if mixers else 0
-    return model, mixers, heads, 1, ("chunk_gated_delta_rule", "recurrent_gated_delta_rule")
+        if not hasattr(mod, "layer_idx"):
+            continue
+        if hasattr(mod, "forget_gate") and hasattr(mod.forget_gate, "A_log"):
+            heads, uph = mod.num_heads, mod.head_dim
+        elif hasattr(mod, "A_log") and hasattr(mod, "num_v_heads"):
+            heads, uph = mod.num_v_heads, 1
+        else:
+            continue
+        pin_torch_kernels(mod)
+        mixers[int(mod.layer_idx)] = mod
+    return mixers, heads, uph
 
 
-def _load_kda(path: Path, cfg: dict, dtype: torch.dtype):
-    from dasc_compile.eval.kda_hybrid import ARCHITECTURE, backbone_config, build_kda_hybrid, from_kimi_names
-
-    if ARCHITECTURE not in (cfg.get("architectures") or []) or "dasc_backbone" not in cfg:
-        raise DascInputError(
-            f"{path / 'config.json'}: this kimi_linear checkpoint is not a {ARCHITECTURE}; dasc eval runs KDA "
-            f"through its own small KDA hybrid only (transformers here has no Kimi-Linear model)")
-    lac = cfg["linear_attn_config"]
-    backbone = backbone_config(cfg)
-    model = build_kda_hybrid(backbone, lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"])
-    kda_layers = [i - 1 for i in lac["kda_layers"]]
-    state = from_kimi_names(_load_state(path), kda_layers)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith("lm_head.weight") or not backbone.tie_word_embeddings]
-    if missing or unexpected:
-        raise DascInputError(f"{path}: weights do not fit {ARCHITECTURE} (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
-    if backbone.tie_word_embeddings:
-        model.tie_weights()
-    model = model.to(dtype)
-    mixers = {i: model.model.layers[i].linear_attn for i in kda_layers}
-    return model, mixers, lac["num_heads"], lac["head_dim"], ("chunk_kernel", "step_kernel")
-
-
-def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> EvalModel:
-    """Load the model at ``path`` (a directory with config.json, weights and a tokenizer).
+def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                    init_seed: int | None = None) -> EvalModel:
+    """Load the model at ``path`` (a directory with config.json, weights and a tokenizer); with
+    ``init_seed``, build its initialisation instead (:func:`build_from_config`; no weights read).
 
     Raises:
         DascInputError: not a model directory; a model type without recurrent (GDN / KDA) layers or one
-            dasc eval cannot run; weights that do not fit; no tokenizer.
+            dasc eval cannot run; transformers missing or too old for it; weights that do not fit; no tokenizer.
     """
+    from dasc_compile.eval.legacy_kda import is_legacy_kda, load_legacy_kda
+
     path = Path(path)
     cfg = _read_config(path)
+    mt = cfg.get("model_type")
+    if mt not in GDN_TYPES + ("kimi_linear",):
+        raise DascInputError(
+            f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
+            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}) or a KDA hybrid (kimi_linear)")
+    require_transformers()
+    if mt == "kimi_linear":
+        require_transformers(MIN_TRANSFORMERS_KDA, f"dasc eval of a kimi_linear (KDA) model ({path})")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()      # no optional-kernel warnings or weight-loading bars in the CLI's output
     hf_logging.disable_progress_bar()
-    mt = cfg.get("model_type")
-    if mt in GDN_TYPES:
-        model, mixers, heads, uph, kattrs = _load_gdn(path, cfg, dtype)
-        family = "gdn"
-    elif mt == "kimi_linear":
-        model, mixers, heads, uph, kattrs = _load_kda(path, cfg, dtype)
-        family = "kda"
+    if init_seed is not None:
+        model = build_from_config(path, cfg, init_seed)
+    elif is_legacy_kda(cfg):
+        model = load_legacy_kda(_load_state(path), cfg, str(path))
     else:
-        raise DascInputError(
-            f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
-            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}) or dasc's KDA hybrid (kimi_linear)")
+        model = _load_hf(path, cfg, dtype)
+    mixers, heads, uph = recurrent_mixers(model)
     if not mixers:
         raise DascInputError(f"{path}: the model has no recurrent (linear-attention) layers; nothing for a plan to compress")
     try:
         dev = torch.device(device)
-        model = model.to(dev).eval()
+        model = model.to(device=dev, dtype=dtype).eval()
     except (RuntimeError, AssertionError) as exc:
         raise DascInputError(f"--device {device}: cannot use this device ({str(exc).splitlines()[0]})") from None
-    return EvalModel(model=model, family=family, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
-                     units_per_head=uph, kernel_attrs=kattrs, tokenizer=_tokenizer(path, cfg), device=dev, config=cfg)
+    n_layers = len(model.config.get_text_config().layer_types)
+    return EvalModel(model=model, family="kda" if mt == "kimi_linear" else "gdn", layer_ids=sorted(mixers),
+                     mixers=mixers, num_heads=heads, units_per_head=uph,
+                     attention_layer_ids=[i for i in range(n_layers) if i not in mixers],
+                     tokenizer=load_tokenizer(path, cfg), device=dev, config=cfg)

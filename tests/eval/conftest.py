@@ -17,8 +17,17 @@ def gdn_dir(tmp_path_factory) -> Path:
     return write_gdn(tmp_path_factory.mktemp("gdn") / "model")
 
 
+def skip_without_kimi_linear() -> None:
+    """Skip a KDA test below transformers 5.17 (no Kimi-Linear model there; dasc eval refuses KDA)."""
+    from dasc_compile.eval.hf_compat import MIN_TRANSFORMERS_KDA, transformers_version
+
+    if transformers_version() < MIN_TRANSFORMERS_KDA:
+        pytest.skip(f"transformers {transformers.__version__} has no kimi_linear model (needs >= 5.17)")
+
+
 @pytest.fixture(scope="session")
 def kda_dir(tmp_path_factory) -> Path:
+    skip_without_kimi_linear()
     return write_kda(tmp_path_factory.mktemp("kda") / "model")
 
 

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from dasc_compile.cli import app
 from tests.support.tiny_models import compile_for, write_gdn
 
+pytestmark = pytest.mark.transformers_range
+
 runner = CliRunner()
 
 

@@ -11,6 +11,8 @@ from dasc_compile.eval.models import ByteTokenizer
 from dasc_compile.eval.prompts import _complete_items, from_jsonl, prompts_hash, serialize_conversation
 from dasc_compile.eval.retrieval import builtin_retrieval
 
+pytestmark = pytest.mark.transformers_range
+
 TOK = ByteTokenizer()
 
 

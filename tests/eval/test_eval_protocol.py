@@ -9,8 +9,11 @@ import torch
 
 from dasc_compile.eval.arms import (arm_cache, keep_grids, plan_kept_units, random_kept_units, replay_window,
                                     RANDOM_SEEDS)
+from dasc_compile.eval.hf_compat import conv_state, recurrent_state
 from dasc_compile.schema import load_plan
 from tests.support.tiny_models import compile_for
+
+pytestmark = pytest.mark.transformers_range
 
 PREFIX = [(7 * i + 3) % 251 for i in range(80)]
 SUFFIX = [(11 * i + 5) % 251 for i in range(20)]
@@ -33,8 +36,8 @@ def kda_plan(kda_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("which", ["gdn", "kda", "qwen3_5"])
-def test_dense_equals_full_prompt_forward(which, gdn_model, kda_model, request):
-    em = {"gdn": gdn_model, "kda": kda_model}.get(which) or request.getfixturevalue("qwen35_model")
+def test_dense_equals_full_prompt_forward(which, request):
+    em = request.getfixturevalue({"gdn": "gdn_model", "kda": "kda_model", "qwen3_5": "qwen35_model"}[which])
     if which == "qwen3_5":
         assert type(em.model).__name__ == "Qwen3_5ForCausalLM" and em.layer_ids == [0, 2]
     full = em.forward(PREFIX + SUFFIX, em.new_cache())
@@ -46,8 +49,8 @@ def test_dense_equals_full_prompt_forward(which, gdn_model, kda_model, request):
 
 
 @pytest.mark.parametrize("which", ["gdn", "kda"])
-def test_nr_with_keep_all_plan_equals_dense(which, gdn_model, kda_model, gdn_dir, kda_dir, tmp_path):
-    em, d = (gdn_model, gdn_dir) if which == "gdn" else (kda_model, kda_dir)
+def test_nr_with_keep_all_plan_equals_dense(which, request, tmp_path):
+    em, d = (request.getfixturevalue(f"{which}_model"), request.getfixturevalue(f"{which}_dir"))
     plan = load_plan(compile_for(d, 0, tmp_path / "all.dasc"), verify_kernels=False)   # H_s > 0: every unit kept
     assert plan.totals.n_kept == plan.totals.n_units
     grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
@@ -68,17 +71,14 @@ def _hand_scratch(em, window):
     cache = em.new_cache()
     em.forward(PREFIX[:len(PREFIX) - window], cache)
     for lid in em.layer_ids:
-        layer = cache.layers[lid]
-        layer.recurrent_states.zero_()
-        layer.conv_states.zero_()
-        layer.has_previous_state = False
+        cache.layers[lid].reset()          # zero recurrent and conv state, no previous state
     em.forward(PREFIX[len(PREFIX) - window:], cache)
     return cache
 
 
 @pytest.mark.parametrize("which", ["gdn", "kda"])
-def test_wr_changes_only_local_units_and_equals_hand_built_replay(which, gdn_model, kda_model, gdn_plan, kda_plan):
-    em, plan = (gdn_model, gdn_plan) if which == "gdn" else (kda_model, kda_plan)
+def test_wr_changes_only_local_units_and_equals_hand_built_replay(which, request):
+    em, plan = request.getfixturevalue(f"{which}_model"), request.getfixturevalue(f"{which}_plan")
     assert 0 < plan.totals.n_kept < plan.totals.n_units
     grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
     window = replay_window(plan, len(PREFIX))
@@ -88,30 +88,30 @@ def test_wr_changes_only_local_units_and_equals_hand_built_replay(which, gdn_mod
     wr = arm_cache(em, pc, PREFIX, "wr", grids, window)
     hand = _hand_scratch(em, window)
     for lid, grid in zip(em.layer_ids, grids):
-        got = _unit_view(wr.layers[lid].recurrent_states, em)
-        old = _unit_view(before.layers[lid].recurrent_states, em)
-        ref = _unit_view(hand.layers[lid].recurrent_states, em)
+        got = _unit_view(recurrent_state(wr.layers[lid]), em)
+        old = _unit_view(recurrent_state(before.layers[lid]), em)
+        ref = _unit_view(recurrent_state(hand.layers[lid]), em)
         assert torch.equal(got[grid], old[grid])                          # global units: exactly as stored
         assert torch.allclose(got[~grid], ref[~grid], atol=1e-5, rtol=1e-4)   # local units: the scratch replay
         assert not torch.allclose(got[~grid], old[~grid], atol=1e-4)     # and they did change
-        assert torch.equal(wr.layers[lid].conv_states, before.layers[lid].conv_states)
+        assert torch.equal(conv_state(wr.layers[lid]), conv_state(before.layers[lid]))
     for lid in range(len(pc.layers)):
         if lid not in em.layer_ids:                                      # full-attention KV untouched
             assert torch.equal(wr.layers[lid].keys, before.layers[lid].keys)
             assert wr.layers[lid].keys.shape[-2] == len(PREFIX)
     # the prefix checkpoint itself is not modified by applying an arm
     for lid in em.layer_ids:
-        assert torch.equal(pc.layers[lid].recurrent_states, before.layers[lid].recurrent_states)
+        assert torch.equal(recurrent_state(pc.layers[lid]), recurrent_state(before.layers[lid]))
 
 
 @pytest.mark.parametrize("which", ["gdn", "kda"])
-def test_nr_zeroes_exactly_the_local_units(which, gdn_model, kda_model, gdn_plan, kda_plan):
-    em, plan = (gdn_model, gdn_plan) if which == "gdn" else (kda_model, kda_plan)
+def test_nr_zeroes_exactly_the_local_units(which, request):
+    em, plan = request.getfixturevalue(f"{which}_model"), request.getfixturevalue(f"{which}_plan")
     grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
     pc = _prefix_cache(em)
     nr = arm_cache(em, pc, PREFIX, "nr", grids)
     for lid, grid in zip(em.layer_ids, grids):
-        got, old = _unit_view(nr.layers[lid].recurrent_states, em), _unit_view(pc.layers[lid].recurrent_states, em)
+        got, old = _unit_view(recurrent_state(nr.layers[lid]), em), _unit_view(recurrent_state(pc.layers[lid]), em)
         assert torch.equal(got[grid], old[grid])
         assert torch.count_nonzero(got[~grid]) == 0
         assert torch.count_nonzero(old[~grid]) > 0

@@ -1,9 +1,10 @@
 """Tiny, randomly initialised real hybrid models for the ``dasc eval`` tests (built here, no downloads).
 
 GDN: transformers' own Qwen3-Next (4 layers: GDN, attention, GDN, attention; 4 value heads) with
-A_log set so that two heads have long static horizons and two short ones. KDA: dasc's KDA hybrid on
-the same backbone (2 heads x d_k 8 = 16 column units per layer, Kimi-Linear initialisation).
-Both are saved as Hugging Face checkpoints with a byte vocabulary.
+A_log set so that two heads have long static horizons and two short ones. KDA: transformers' own
+Kimi-Linear (same layer pattern; 2 heads x d_k 8 = 16 column units per layer, Kimi-Linear
+initialisation), which needs transformers >= 5.17. Both are saved as Hugging Face checkpoints with a
+byte vocabulary.
 """
 
 from __future__ import annotations
@@ -52,21 +53,44 @@ def write_gdn(out: Path, seed: int = 0, a_log=(math.log(0.05), math.log(0.02), m
     return _save(model, d, out)
 
 
-def write_kda(out: Path, seed: int = 0) -> Path:
-    from dasc_compile.eval.kda_hybrid import build_kda_hybrid, kda_config_json, to_kimi_names
+def kimi_config(layer_types=("linear_attention", "full_attention", "linear_attention", "full_attention")):
+    """A tiny transformers ``KimiLinearConfig``: KDA 2 heads x d 8 (16 column units per layer), NoPE MLA
+    attention, dense MLPs."""
+    from transformers import KimiLinearConfig
+
+    n = len(layer_types)
+    return KimiLinearConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=n, num_attention_heads=2,
+        num_key_value_heads=2, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
+        v_head_dim=16, mlp_layer_types=["dense"] * n, layer_types=list(layer_types), linear_num_heads=2,
+        linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=2048, tie_word_embeddings=False,
+        initializer_range=0.2, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+
+
+def save_hf(model, out: Path, **extra) -> Path:
+    """``model.save_pretrained(out)`` (transformers' own checkpoint format), then ``extra`` keys in
+    config.json (``dasc_tokenizer: bytes``, a provenance line)."""
+    model.save_pretrained(out)
+    d = json.loads((out / "config.json").read_text())
+    d.update({"dasc_tokenizer": "bytes", **extra})
+    (out / "config.json").write_text(json.dumps(d))
+    return out
+
+
+def write_kda(out: Path, seed: int = 0, decays=None) -> Path:
+    """transformers' own ``KimiLinearForCausalLM`` (transformers >= 5.17), initialised by transformers
+    after ``torch.manual_seed(seed)`` (Kimi-Linear / fla decay initialisation), saved with
+    ``save_pretrained``. ``decays``: optional ``{layer_id: (A_log [1,1,H,1], dt_bias [H*d])}`` to set."""
+    from transformers import KimiLinearForCausalLM
 
     torch.manual_seed(seed)
-    cfg = backbone()
-    model = build_kda_hybrid(cfg, kda_heads=2, kda_head_dim=8, conv_kernel=4, seed=seed)
-    d = kda_config_json(cfg, 2, 8, 4)
-    d["dasc_tokenizer"] = "bytes"
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(d))
-    state = to_kimi_names({k: v.detach().contiguous() for k, v in model.state_dict().items()}, [0, 2])
-    save_file(state, str(out / "model.safetensors"), {"format": "pt"})
-    return out
+    model = KimiLinearForCausalLM(kimi_config())
+    with torch.no_grad():
+        for lid, (a_log, dt_bias) in (decays or {}).items():
+            gate = model.model.layers[lid].self_attn.forget_gate
+            gate.A_log.copy_(torch.as_tensor(a_log).view_as(gate.A_log))
+            gate.dt_bias.copy_(torch.as_tensor(dt_bias).view_as(gate.dt_bias))
+    return save_hf(model, out)
 
 
 def compile_for(model: Path, w_max: int, out: Path, **kw) -> Path:

@@ -1,0 +1,135 @@
+"""Every difference between the transformers releases ``dasc eval`` supports, in one place.
+
+dasc declares ``transformers>=5.12`` (SGLang 0.5.17 pins 5.12.1, so ``dasc[sglang,eval]`` must resolve
+with it) and is tested at both ends of that range. What changed between the ends, and how the rest of
+``dasc eval`` is kept from seeing it:
+
+* The cache argument of a model's ``forward`` is ``past_key_values`` (5.12) or ``cache`` (5.24, the old
+  name deprecated): :func:`cache_kwargs`.
+* A linear-attention cache layer holds ``recurrent_states`` / ``conv_states`` as tensors (5.12) or as
+  dicts ``{state_idx: tensor}`` (5.17 on): :func:`recurrent_state`, :func:`conv_state`.
+* ``DynamicCache.crop`` takes the length to keep (5.12) or minus the tokens to drop, and refuses
+  linear-attention layers (5.24): :func:`crop_attention` crops only the full-attention layers.
+* The recurrence kernels are mixer attributes (5.12 GDN) or module globals that transformers replaces by
+  flash-linear-attention's when that package is installed (5.17 on): :func:`kernel_slots` finds them,
+  :func:`pin_torch_kernels` pins the pure-PyTorch ones.
+* ``kimi_linear`` (transformers' own Kimi-Linear model, whose KDA layer dasc evaluates) exists from 5.17:
+  :func:`require_transformers` refuses a KDA model below that with one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from dasc_compile.errors import DascInputError
+
+#: Lowest transformers dasc eval runs on, and the lowest with a Kimi-Linear (KDA) model.
+MIN_TRANSFORMERS = (5, 12)
+MIN_TRANSFORMERS_KDA = (5, 17)
+INSTALL_HINT = "pip install 'dasc[eval]'"
+
+
+def _version_tuple(v: str) -> tuple[int, int]:
+    parts = v.split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def transformers_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed transformers, or None when it is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return _version_tuple(transformers.__version__)
+
+
+def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str = "dasc eval") -> None:
+    """Refuse, in one line, a missing or too old transformers.
+
+    Raises:
+        DascInputError: naming what needs it and the pip command that installs it.
+    """
+    have = transformers_version()
+    want = ".".join(map(str, minimum))
+    if have is None:
+        raise DascInputError(f"{what} needs the 'transformers' package (>= {want}): {INSTALL_HINT}")
+    if have < minimum:
+        raise DascInputError(f"{what} needs transformers >= {want}, this environment has "
+                             f"{'.'.join(map(str, have))}: pip install 'transformers>={want}'")
+
+
+def cache_kwargs(model, cache) -> dict:
+    """``{name: cache}`` for ``model.forward``: ``cache`` where the model takes it, else ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+def _first(state):
+    return state[0] if isinstance(state, dict) else state
+
+
+def recurrent_state(layer):
+    """The temporal state of a linear-attention cache layer: float32 ``[B, H, d_k, d_v]`` (key-major)."""
+    return _first(layer.recurrent_states)
+
+
+def conv_state(layer):
+    """The short-convolution state of a linear-attention cache layer: ``[B, conv_dim, K]``."""
+    return _first(layer.conv_states)
+
+
+def crop_attention(cache, attention_layer_ids, keep: int) -> None:
+    """Keep the first ``keep`` tokens of each full-attention layer's KV (exactly as cached); recurrent
+    layers are left alone (their state cannot be cropped)."""
+    for lid in attention_layer_ids:
+        layer = cache.layers[lid]
+        layer.keys = layer.keys[..., :keep, :]
+        layer.values = layer.values[..., :keep, :]
+
+
+# Kernel entry points: (role, names an instance or its module may hold, first match wins).
+_KERNEL_NAMES = {
+    "chunk": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule", "chunk_kimi_delta_attention"),
+    "step": ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule", "recurrent_kimi_delta_attention"),
+}
+_CONV_NAMES = ("causal_conv1d_fn", "causal_conv1d_update")
+
+
+def kernel_slots(mixer) -> list[tuple[object, str]]:
+    """Where ``mixer``'s recurrence kernels are looked up when it runs: ``(owner, attribute)`` for the
+    chunked and the one-token kernel. The owner is the mixer itself (transformers 5.12's GDN) or the
+    module defining its class (the kernel is a module global), shared by every mixer of that class.
+
+    Raises:
+        ValueError: the mixer's class has neither (a transformers release dasc does not know).
+    """
+    module = importlib.import_module(type(mixer).__module__)
+    slots = []
+    for role, names in _KERNEL_NAMES.items():
+        owner = next(((mixer, n) for n in names if n in vars(mixer)), None)
+        owner = owner or next(((module, n) for n in names if hasattr(module, n)), None)
+        if owner is None:
+            raise ValueError(f"{type(mixer).__name__}: no {role} kernel found under {names}")
+        slots.append(owner)
+    return slots
+
+
+def pin_torch_kernels(mixer) -> None:
+    """Make ``mixer`` run transformers' pure-PyTorch recurrence and convolution, whatever optional kernel
+    packages are installed, so results do not depend on them (and a CPU runs every model).
+
+    Why this sets attributes on objects transformers owns: 5.12 binds the kernels to each GDN mixer at
+    construction, later releases bind them as module globals chosen at import time (their pure-PyTorch
+    function stays reachable as ``__wrapped__``); there is no public switch in either.
+    """
+    module = importlib.import_module(type(mixer).__module__)
+    if "chunk_gated_delta_rule" in vars(mixer):                       # 5.12 GDN: instance attributes
+        mixer.chunk_gated_delta_rule = module.torch_chunk_gated_delta_rule
+        mixer.recurrent_gated_delta_rule = module.torch_recurrent_gated_delta_rule
+        mixer.causal_conv1d_fn = None
+        mixer.causal_conv1d_update = module.torch_causal_conv1d_update
+        return
+    for owner, name in kernel_slots(mixer) + [(module, n) for n in _CONV_NAMES if hasattr(module, n)]:
+        fn = getattr(owner, name)
+        setattr(owner, name, getattr(fn, "__wrapped__", fn))
