@@ -15,6 +15,8 @@ Arms (paper §4.2, §5.2):
   and a zero conv state) while the full-attention layers see the exact cached KV of the tokens before
   the window; global units keep their stored values.
 * ``random``: dasc-nr with a count-matched random mask per seed (``dasc_compile.selection``).
+* ``init``: dasc-nr with the init-horizon masks; ``untrained``: the initial model under the same masks
+  (:mod:`dasc_compile.eval.controls`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from dasc_compile.selection import random_count_matched
 
 #: The paper's five Random-mask seeds (§5.2, App. C).
 RANDOM_SEEDS = (1234, 2027, 3407, 4519, 5683)
-ARMS = ("dense", "nr", "wr", "random")
+#: ``init`` and ``untrained`` are the controls of :mod:`dasc_compile.eval.controls`.
+ARMS = ("dense", "nr", "wr", "random", "init", "untrained")
 
 
 def keep_grids(kept_units: list[list[int]], num_heads: int, units_per_head: int) -> list[torch.Tensor]:

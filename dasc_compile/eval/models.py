@@ -212,16 +212,35 @@ def build_from_config(path: Path, cfg: dict, seed: int):
         raise _hf_error(path, cfg, exc) from None
 
 
-def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
-    """``AutoModelForCausalLM.from_pretrained`` after checking the weights hold the whole model."""
+def preflight(path: Path, dtype: torch.dtype = torch.float32):
+    """Check, without reading any weights, that ``path`` holds the whole model its config describes and
+    that it fits in memory (:func:`check_weights`, the model built on the meta device); returns its config.
+
+    Raises:
+        DascInputError: as :func:`check_weights`, or a config transformers cannot build.
+    """
+    from dasc_compile.eval.legacy_kda import is_legacy_kda
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    cfg = _read_config(path)
+    if is_legacy_kda(cfg):
+        return None
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(config)
-        check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
-        del meta
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise _hf_error(path, cfg, exc) from None
+    check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
+    return config
+
+
+def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
+    """``AutoModelForCausalLM.from_pretrained`` after checking the weights hold the whole model."""
+    from transformers import AutoModelForCausalLM
+
+    config = preflight(path, dtype)
+    try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
                                                            output_loading_info=True)
     except DascInputError:
@@ -257,18 +276,13 @@ def recurrent_mixers(model) -> tuple[dict[int, torch.nn.Module], int, int]:
     return mixers, heads, uph
 
 
-def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                    init_seed: int | None = None) -> EvalModel:
-    """Load the model at ``path`` (a directory with config.json, weights and a tokenizer); with
-    ``init_seed``, build its initialisation instead (:func:`build_from_config`; no weights read).
+def require_model_support(path: Path) -> dict:
+    """The model's config.json, after refusing a model type dasc eval cannot run or a transformers
+    release without its model class (one line each).
 
     Raises:
-        DascInputError: not a model directory; a model type without recurrent (GDN / KDA) layers or one
-            dasc eval cannot run; transformers missing or too old for it; weights that do not fit; no tokenizer.
+        DascInputError: not a GDN / KDA hybrid; transformers missing, or below 5.17 for ``kimi_linear``.
     """
-    from dasc_compile.eval.legacy_kda import is_legacy_kda, load_legacy_kda
-
-    path = Path(path)
     cfg = _read_config(path)
     mt = cfg.get("model_type")
     if mt not in GDN_TYPES + ("kimi_linear",):
@@ -278,6 +292,24 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     require_transformers()
     if mt == "kimi_linear":
         require_transformers(MIN_TRANSFORMERS_KDA, f"dasc eval of a kimi_linear (KDA) model ({path})")
+    return cfg
+
+
+def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                    init_seed: int | None = None, tokenizer=None) -> EvalModel:
+    """Load the model at ``path`` (a directory with config.json, weights and a tokenizer); with
+    ``init_seed``, build its initialisation instead (:func:`build_from_config`; no weights read);
+    ``tokenizer``: use this one instead of reading the directory's (:func:`load_tokenizer`).
+
+    Raises:
+        DascInputError: not a model directory; a model type without recurrent (GDN / KDA) layers or one
+            dasc eval cannot run; transformers missing or too old for it; weights that do not fit; no tokenizer.
+    """
+    from dasc_compile.eval.legacy_kda import is_legacy_kda, load_legacy_kda
+
+    path = Path(path)
+    cfg = require_model_support(path)
+    mt = cfg.get("model_type")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()      # no optional-kernel warnings or weight-loading bars in the CLI's output
@@ -300,4 +332,4 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     return EvalModel(model=model, family="kda" if mt == "kimi_linear" else "gdn", layer_ids=sorted(mixers),
                      mixers=mixers, num_heads=heads, units_per_head=uph,
                      attention_layer_ids=[i for i in range(n_layers) if i not in mixers],
-                     tokenizer=load_tokenizer(path, cfg), device=dev, config=cfg)
+                     tokenizer=tokenizer or load_tokenizer(path, cfg), device=dev, config=cfg)

@@ -1,4 +1,4 @@
-"""Quality against ``w_max`` for dasc-nr and dasc-wr with the count-matched Random band (paper Fig. 4h)."""
+"""Quality against ``w_max``: dasc-nr, dasc-wr, the controls and the count-matched Random band (paper Fig. 4h)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ from pathlib import Path
 from dasc_compile.errors import DascInputError
 from dasc_compile.provenance import figure_label, figure_line, provenance_kind
 
-_PANELS = (("retrieval_acc", "retrieval accuracy"), ("nll_delta", "suffix NLL - dense (nats/token)"),
-           ("agreement", "greedy agreement with dense"))
+_PANELS = (("nll_delta_head", "NLL - dense, first 16 suffix tokens"), ("kl", "KL(dense || arm), whole suffix"),
+           ("gen_agreement", "free-running greedy agreement"), ("retrieval_acc_far", "retrieval beyond w_max"))
+# (arm, where it is read, style, label): the plan's own arms, the init-horizon control, the untrained model
+_LINES = (("nr", "arms", "o-", "dasc-nr"), ("wr", "arms", "s-", "dasc-wr"), ("init", "arms", "^--", "init-horizon masks"),
+          ("nr", "untrained", "v:", "untrained model, dasc-nr"))
+
+
+def _num(v) -> float:
+    return float("nan") if v is None else v
 
 
 def provenance_line(note: str) -> str:
@@ -21,8 +28,9 @@ def provenance_line(note: str) -> str:
 
 
 def plot_quality(result: dict, out: str | Path) -> None:
-    """Write a PNG: one panel per metric, x = plan ``w_max`` (log2), lines for nr and wr, dense as a
-    dashed line, Random mean +- SD as a band, and the model's provenance line (:func:`provenance_line`)
+    """Write a PNG: one panel per metric, x = plan ``w_max`` (log2), lines for dasc-nr, dasc-wr, the
+    init-horizon control and the untrained model (when measured), dense as a dashed line, Random mean
+    +- SD as a band, plans compiled with ``--random-seed`` as separate markers, and the model's provenance line (:func:`provenance_line`)
     under the panels. ``result`` is the ``dasc eval`` JSON document.
 
     Raises:
@@ -36,22 +44,27 @@ def plot_quality(result: dict, out: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = sorted(result["plans"], key=lambda r: r["plan"]["w_max"])
+    every = sorted(result["plans"], key=lambda r: r["plan"]["w_max"])
+    rows = [r for r in every if r["plan"].get("selection") != "random"]   # compiled Random plans are not dasc
     xs = [r["plan"]["w_max"] for r in rows]
     fig, axes = plt.subplots(1, len(_PANELS), figsize=(4.2 * len(_PANELS), 3.4))
     for ax, (metric, label) in zip(axes, _PANELS):
-        for arm, style in (("nr", "o-"), ("wr", "s-")):
-            ys = [r["arms"].get(arm, {}).get(metric) for r in rows]
+        for arm, where, style, name in _LINES:
+            ys = [r.get(where, {}).get(arm, {}).get(metric) for r in rows]
             if any(y is not None for y in ys):
-                ax.plot(xs, [float("nan") if y is None else y for y in ys], style, label=f"dasc-{arm}")
-        if all("random" in r["arms"] for r in rows):
+                ax.plot(xs, [float("nan") if y is None else y for y in ys], style, label=name)
+        rnd = [r for r in every if r["plan"].get("selection") == "random"]
+        if rnd:
+            ax.plot([r["plan"]["w_max"] for r in rnd], [_num(r["arms"].get("nr", {}).get(metric)) for r in rnd], "kx",
+                    label="compiled Random plan")
+        if rows and all("random" in r["arms"] for r in rows):
             m = [r["arms"]["random"][metric]["mean"] for r in rows]
             s = [r["arms"]["random"][metric]["sd"] for r in rows]
             if all(v is not None for v in m + s):
                 ax.plot(xs, m, "x--", color="gray", label="Random (mean)")
                 ax.fill_between(xs, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)],
                                 color="gray", alpha=0.25, label="Random ±SD")
-        dense = rows[0]["arms"].get("dense", {}).get(metric) if rows else None
+        dense = every[0]["arms"].get("dense", {}).get(metric) if every else None
         if dense is not None:
             ax.axhline(dense, color="black", ls=":", lw=1, label="dense")
         ax.set_xscale("log", base=2)

@@ -12,6 +12,18 @@ transformers = pytest.importorskip("transformers")
 from tests.support.tiny_models import write_gdn, write_kda, write_qwen35  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """The tiny models' matrices are far too small to gain from threads; on a loaded 2-core machine
+    two threads spin against each other (a 64 x 64 matmul measured 150x slower than with one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def gdn_dir(tmp_path_factory) -> Path:
     return write_gdn(tmp_path_factory.mktemp("gdn") / "model")
