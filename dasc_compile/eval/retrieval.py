@@ -5,8 +5,9 @@ Three kinds, each a prefix of exactly ``prefix_len`` tokens, a question (the suf
 * ``niah_single``: filler sentences with one needle "The special magic number for <key> is <4 digits>."
   at token position ``depth * filler length``;
 * ``niah_multikey``: three needles with distinct keys at different depths; the question asks for one;
-* ``kv_pairs``: the whole prefix is lines "The value of key <5 digits> is <4 digits>."; the queried
-  pair sits at ``depth``, every other pair is a distractor.
+* ``kv_pairs``: filler, then "Key-value records:" and lines "<key>: <4 digits>" (keys are
+  adjective-animal pairs) filling up to 70 % of the prefix; the queried record sits at ``depth`` of the
+  list, every other record is a distractor; the question is "Lookup <key>:".
 
 The suffix asks for the queried key's value; the answer is the value (its tokens are the tail that
 ``dasc eval`` scores: greedy exact match). Each prompt records its ``distance``: tokens from the end of
@@ -49,13 +50,16 @@ def _needle(key: str, value: str) -> str:
     return f" The special magic number for {key} is {value}."
 
 
+_KV_HEAD = "\nKey-value records:\n"
+
+
 def _kv_line(key: str, value: str) -> str:
-    return f" The value of key {key} is {value}."
+    return f"{key}: {value}\n"
 
 
 def _question(kind: str, key: str) -> str:
     if kind == "kv_pairs":
-        return f"\nQuestion: What is the value of key {key}?\nAnswer: The value of key {key} is"
+        return f"\nLookup {key}:"
     return f"\nQuestion: What is the special magic number for {key}?\nAnswer: The special magic number for {key} is"
 
 
@@ -86,18 +90,17 @@ def _niah(tok, prefix_len: int, depth: float, kind: str, rng: random.Random) -> 
 
 
 def _kv(tok, prefix_len: int, depth: float, rng: random.Random) -> tuple[list[int], str, str, int]:
+    words = sorted({k.split("-")[0] for k in _KEYS}), sorted({k.split("-")[1] for k in _KEYS})
+    keys = [f"{a}-{b}" for a in words[0] for b in words[1]]
+    rng.shuffle(keys)
+    head = tok.encode(_KV_HEAD)
     lines: list[list[int]] = []
     pairs: list[tuple[str, str]] = []
-    used: set[str] = set()
-    total = 0
-    while True:
-        key = str(rng.randint(10000, 99999))
-        if key in used:
-            continue
-        used.add(key)
+    total = len(head)
+    for key in keys:                                  # records fill at most 70 % of the prefix
         pair = (key, str(rng.randint(1000, 9999)))
         ids = tok.encode(_kv_line(*pair))
-        if total + len(ids) > prefix_len:
+        if total + len(ids) > int(0.7 * prefix_len):
             break
         lines.append(ids)
         pairs.append(pair)
@@ -105,12 +108,11 @@ def _kv(tok, prefix_len: int, depth: float, rng: random.Random) -> tuple[list[in
     if len(lines) < 2:
         raise DascInputError(f"--prefix-len {prefix_len}: too short for the key-value retrieval prompts")
     q = min(int(depth * len(lines)), len(lines) - 1)
-    flat = [t for ids in lines for t in ids]
     pad: list[int] = []
-    while len(pad) < prefix_len - len(flat):         # fill the remainder before the pairs with filler
+    while len(pad) < prefix_len - total:              # text before the records, as in training data
         pad += tok.encode(" " + rng.choice(_FILLER))
-    flat = pad[: prefix_len - len(flat)] + flat
-    end = (prefix_len - total) + sum(len(ids) for ids in lines[: q + 1])
+    flat = pad[: prefix_len - total] + head + [t for ids in lines for t in ids]
+    end = (prefix_len - total) + len(head) + sum(len(ids) for ids in lines[: q + 1])
     return flat, pairs[q][0], pairs[q][1], prefix_len - end
 
 

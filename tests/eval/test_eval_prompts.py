@@ -24,9 +24,9 @@ def test_needle_prompts_hold_the_answer_at_the_depth():
         assert len(p.prefix) == 400
         text, q = TOK.decode(p.prefix), TOK.decode(p.suffix)
         if p.kind == "kv_pairs":
-            key = q.split("value of key ")[1].split("?")[0]
-            fact = f"The value of key {key} is{TOK.decode(p.answer)}."
-            assert text.count(f"key {key} ") == 1 and text.count("The value of key") >= 10
+            key = q.split("Lookup ")[1].split(":")[0]
+            fact = f"\n{key}:{TOK.decode(p.answer)}\n"
+            assert text.count(f"{key}:") == 1 and text.count("Key-value records:\n") == 1 and text.count(": ") >= 8
         else:
             key = q.split("magic number for ")[1].split("?")[0]
             fact = f"The special magic number for {key} is{TOK.decode(p.answer)}."
@@ -35,7 +35,8 @@ def test_needle_prompts_hold_the_answer_at_the_depth():
         # the recorded distance is exactly the bytes after the queried fact (bytes = tokens here)
         assert p.distance == len(text) - (text.index(fact) + len(fact))
         depth = float(p.source.split("depth=")[1])
-        assert abs(text.index(fact) / 400 - depth) < 0.2
+        if p.kind != "kv_pairs":
+            assert abs(text.index(fact) / 400 - depth) < 0.2
     assert prompts_hash(ps) == prompts_hash(builtin_retrieval(TOK, 400, 15, seed=3))
     assert prompts_hash(ps) != prompts_hash(builtin_retrieval(TOK, 400, 15, seed=4))
     with pytest.raises(DascInputError, match="too short for the retrieval prompts"):
@@ -48,9 +49,9 @@ def test_recall_text_is_the_prompt_format():
     from dasc_compile.eval.retrieval import recall_text
 
     ctx, q, a = recall_text(300, "kv_pairs", 0.5, random.Random(0))
-    assert len(ctx) == 300 and q.startswith("\nQuestion: What is the value of key ") and a.strip().isdigit()
-    key = q.split("value of key ")[1].split("?")[0]
-    assert f"The value of key {key} is{a}." in ctx
+    assert len(ctx) == 300 and q.startswith("\nLookup ") and q.endswith(":") and a.strip().isdigit()
+    key = q.split("Lookup ")[1][:-1]
+    assert f"\n{key}:{a}\n" in ctx
 
 
 def test_jsonl_forms_and_errors(tmp_path):
