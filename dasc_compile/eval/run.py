@@ -7,7 +7,8 @@ rewritten (atomically) after every prompt, so an interrupted run keeps the promp
 (``protocol.complete: false``).
 
 JSON (keys read by tests and tools): ``model`` (path, model_type, family, recurrent_layer_ids,
-decay_sha256, provenance), ``protocol`` (prefix/suffix lengths, k, arms, seeds, prompt source,
+decay_sha256, provenance, and ``provenance_json``: a ``provenance.json`` beside the weights),
+``protocol`` (prefix/suffix lengths, k, arms, seeds, prompt source,
 ``prompts_sha256``, device, ``n_prompts`` done of ``n_prompts_planned``, ``complete``), ``plan`` and
 ``arms`` for the first plan, ``plans``: one ``{"plan", "arms"[, "untrained"]}`` per ``--plan`` in the
 order given, and with an initial state ``init``: ``{"source", "drift"}`` (:func:`controls.decay_drift`).
@@ -167,9 +168,14 @@ def parse_arms(arms: str) -> tuple[str, ...]:
 def model_record(model: Path, em, spec, tensors, provenance) -> dict:
     from dasc_compile.checkpoint import decay_fingerprint
 
-    return {"path": str(model), "model_type": spec.model_type, "family": spec.family,
-            "recurrent_layer_ids": list(spec.recurrent_layer_ids), "num_heads": em.num_heads,
-            "units_per_head": em.units_per_head, "decay_sha256": decay_fingerprint(tensors), "provenance": provenance}
+    rec = {"path": str(model), "model_type": spec.model_type, "family": spec.family,
+           "recurrent_layer_ids": list(spec.recurrent_layer_ids), "num_heads": em.num_heads,
+           "units_per_head": em.units_per_head, "decay_sha256": decay_fingerprint(tensors), "provenance": provenance}
+    try:                                   # a training record beside the weights (how the model was trained)
+        rec["provenance_json"] = json.loads((Path(model) / "provenance.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return rec
 
 
 def _init_control(model, spec, tensors, loaded, init_from, init_seed):
