@@ -18,10 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
+from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
                                    run_horizons, write_json)
-
-ERR = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def check_outputs(*paths: Optional[Path]) -> None:

@@ -5,9 +5,10 @@ with it) and is tested at both ends of that range. What changed between the ends
 ``dasc eval`` is kept from seeing it:
 
 * The cache argument of a model's ``forward`` is ``past_key_values`` (5.12) or ``cache`` (5.24, the old
-  name deprecated): :func:`cache_kwargs`.
+  name deprecated): :func:`cache_arg`.
 * A linear-attention cache layer holds ``recurrent_states`` / ``conv_states`` as tensors (5.12) or as
   dicts ``{state_idx: tensor}`` (5.17 on): :func:`recurrent_state`, :func:`conv_state`.
+* :func:`stack_caches` batches per-arm caches whichever the representation.
 * ``DynamicCache.crop`` takes the length to keep (5.12) or minus the tokens to drop, and refuses
   linear-attention layers (5.24): :func:`crop_attention` crops only the full-attention layers.
 * The recurrence kernels are mixer attributes (5.12 GDN) or module globals that transformers replaces by
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+
+import torch
 
 from dasc_compile.errors import DascInputError
 
@@ -59,10 +62,9 @@ def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str 
                              f"{'.'.join(map(str, have))}: pip install 'transformers>={want}'")
 
 
-def cache_kwargs(model, cache) -> dict:
-    """``{name: cache}`` for ``model.forward``: ``cache`` where the model takes it, else ``past_key_values``."""
-    params = inspect.signature(model.forward).parameters
-    return {"cache" if "cache" in params else "past_key_values": cache}
+def cache_arg(model) -> str:
+    """The name ``model.forward`` takes the cache under: ``cache`` where the model has it, else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _first(state):
@@ -77,6 +79,30 @@ def recurrent_state(layer):
 def conv_state(layer):
     """The short-convolution state of a linear-attention cache layer: ``[B, conv_dim, K]``."""
     return _first(layer.conv_states)
+
+
+def _set(layer, attr: str, value) -> None:
+    held = getattr(layer, attr)
+    if isinstance(held, dict):
+        held[0] = value
+    else:
+        setattr(layer, attr, value)
+
+
+def stack_caches(caches: list, layer_ids, attention_layer_ids):
+    """One cache holding ``caches`` (each of batch 1) as the rows of a batch, in order: every recurrent
+    layer's temporal and conv state and every full-attention layer's KV concatenated on dim 0. The
+    first cache is reused as the container (it is consumed)."""
+    out = caches[0]
+    for lid in layer_ids:
+        layer = out.layers[lid]
+        _set(layer, "recurrent_states", torch.cat([recurrent_state(c.layers[lid]) for c in caches]))
+        _set(layer, "conv_states", torch.cat([conv_state(c.layers[lid]) for c in caches]))
+    for lid in attention_layer_ids:
+        layer = out.layers[lid]
+        layer.keys = torch.cat([c.layers[lid].keys for c in caches])
+        layer.values = torch.cat([c.layers[lid].values for c in caches])
+    return out
 
 
 def crop_attention(cache, attention_layer_ids, keep: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_kwargs, pin_torch_kernels,
+from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_arg, pin_torch_kernels,
                                          require_transformers)
 
 GDN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
@@ -70,6 +70,7 @@ class EvalModel:
         mixers: layer id -> recurrent token-mixer module.
         num_heads: value heads H_v (GDN) or heads H (KDA). units_per_head: 1 (GDN) or d_k (KDA).
         attention_layer_ids: model layer ids of the full-attention layers.
+        cache_arg: the name ``model.forward`` takes the cache under (:func:`hf_compat.cache_arg`).
         tokenizer: ``encode(str) -> list[int]`` / ``decode``.
     """
 
@@ -83,6 +84,7 @@ class EvalModel:
     tokenizer: object
     device: torch.device
     config: dict = field(default_factory=dict)
+    cache_arg: str = "past_key_values"
 
     def new_cache(self):
         """An empty transformers ``DynamicCache`` for this model (one linear-attention slot per GDN/KDA layer)."""
@@ -94,8 +96,14 @@ class EvalModel:
     def forward(self, ids: list[int] | torch.Tensor, cache) -> torch.Tensor:
         """Run ``ids`` (``[T]``, batch 1) after what ``cache`` holds; returns float32 logits ``[T, vocab]``."""
         x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        out = self.model(input_ids=x, use_cache=True, **cache_kwargs(self.model, cache))
-        return out.logits[0].float()
+        return self.forward_rows(x, cache)[0]
+
+    @torch.no_grad()
+    def forward_rows(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """Run ``ids`` (int64 ``[B, T]``, one row per cache row) after what ``cache`` holds; returns
+        float32 logits ``[B, T, vocab]``."""
+        out = self.model(input_ids=ids.to(self.device), use_cache=True, **{self.cache_arg: cache})
+        return out.logits.float()
 
 
 def _read_config(path: Path) -> dict:
@@ -332,4 +340,5 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     return EvalModel(model=model, family="kda" if mt == "kimi_linear" else "gdn", layer_ids=sorted(mixers),
                      mixers=mixers, num_heads=heads, units_per_head=uph,
                      attention_layer_ids=[i for i in range(n_layers) if i not in mixers],
-                     tokenizer=tokenizer or load_tokenizer(path, cfg), device=dev, config=cfg)
+                     tokenizer=tokenizer or load_tokenizer(path, cfg), device=dev, config=cfg,
+                     cache_arg=cache_arg(model))

@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dasc_compile.eval.hf_compat import stack_caches
 from dasc_compile.eval.arms import (RANDOM_SEEDS, arm_cache, keep_grids, plan_kept_units, random_kept_units,
                                     replay_window)
 from dasc_compile.eval.metrics import mean_or_none, mean_sd, prompt_scores
 from dasc_compile.eval.prompts import Prompt
 
+#: Most arm caches run as rows of one batch (bounds the memory of ``[rows, T, vocab]`` logits).
+MAX_ROWS = 16
 METRICS = ("nll_delta", "nll_delta_head", "kl", "kl_head", "agreement", "gen_agreement", "retrieval_acc",
            "retrieval_acc_far")
 
@@ -86,8 +89,32 @@ def run_arm(em, cache, suffix: list[int], tail: list[int] | None, k: int, free_r
     return logits_s, gen
 
 
+def run_rows(em, cache, rows: int, suffix: list[int], tail: list[int], k: int, free_run: bool):
+    """:func:`run_arm` for a batch of ``rows`` arm caches stacked into ``cache`` (consumed): the same
+    suffix and tail on every row. Returns ``(logits [rows, T_s + k - 1, V], gens)``, ``gens`` one list of
+    ``k`` free-running greedy tokens per row (None unless ``free_run``)."""
+    ids = torch.as_tensor(suffix, dtype=torch.long).expand(rows, -1)
+    logits = em.forward_rows(ids, cache)
+    gens = None
+    if free_run:
+        fr = copy.deepcopy(cache)
+        cur = logits[:, -1].argmax(-1)
+        out = [cur]
+        while len(out) < k:
+            cur = em.forward_rows(cur[:, None], fr)[:, -1].argmax(-1)
+            out.append(cur)
+        gens = torch.stack(out, 1).tolist()
+    if len(tail) > 1:
+        logits = torch.cat([logits, em.forward_rows(torch.as_tensor(tail[:-1], dtype=torch.long).expand(rows, -1), cache)], 1)
+    return logits, gens
+
+
 def run_prompt(em, prompt: Prompt, cases: list[PlanCase], arms: tuple[str, ...], gen_tokens: int) -> None:
-    """Evaluate every arm of every plan on one prompt; appends per-prompt score rows to each case."""
+    """Evaluate every arm of every plan on one prompt; appends per-prompt score rows to each case.
+
+    Dense runs first (it defines a text prompt's tail); the other arms' caches are built one by one
+    (dasc-wr's replay included) and run together, :data:`MAX_ROWS` at a time, as rows of one batch.
+    """
     prefix_cache = em.new_cache()
     em.forward(prompt.prefix, prefix_cache)
     answer = prompt.answer is not None
@@ -96,31 +123,32 @@ def run_prompt(em, prompt: Prompt, cases: list[PlanCase], arms: tuple[str, ...],
     dense_logits, gen = run_arm(em, arm_cache(em, prefix_cache, prompt.prefix, "dense", None), prompt.suffix,
                                 None if text else list(prompt.answer), k, False)
     tail = gen if text else list(prompt.answer)
-    extra = {"distance": prompt.distance}
-
-    def score(arm: str, grids, window: int = 0) -> dict:
-        cache = arm_cache(em, prefix_cache, prompt.prefix, arm, grids, window)
-        logits, g = run_arm(em, cache, prompt.suffix, tail, k, text)
-        return dict(prompt_scores(logits, dense_logits, prompt.suffix, tail, answer, g), **extra)
-
-    dense = dict(prompt_scores(dense_logits, dense_logits, prompt.suffix, tail, answer, tail if text else None), **extra)
+    base = {"distance": prompt.distance}
+    dense = dict(prompt_scores(dense_logits, dense_logits, prompt.suffix, tail, answer, tail if text else None), **base)
+    base.update(dense_nll=dense["nll"], dense_nll_head=dense["nll_head"])
+    jobs = []                                      # (case, where the row goes, arm applied, masks, W_replay)
     for case in cases:
-        rows = {}
         if "dense" in arms:
-            rows["dense"] = dense
+            case.scores.setdefault("dense", []).append(dict(dense, dense_nll=dense["nll"], dense_nll_head=dense["nll_head"]))
         if "nr" in arms:
-            rows["nr"] = score("nr", case.grids)
+            jobs.append((case, "nr", "nr", case.grids, 0))
         if "wr" in arms:
             w = replay_window(case.plan, len(prompt.prefix))
             case.windows.append(w)
-            rows["wr"] = score("wr", case.grids, w)
+            jobs.append((case, "wr", "wr", case.grids, w))
         if "init" in arms and case.init_grids is not None:
-            rows["init"] = score("nr", case.init_grids)
-        for arm, row in rows.items():
-            case.scores.setdefault(arm, []).append(dict(row, dense_nll=dense["nll"], dense_nll_head=dense["nll_head"]))
-        for seed, grids in case.random_grids.items():
-            case.random_scores.setdefault(seed, []).append(
-                dict(score("nr", grids), dense_nll=dense["nll"], dense_nll_head=dense["nll_head"]))
+            jobs.append((case, "init", "nr", case.init_grids, 0))
+        jobs += [(case, seed, "nr", grids, 0) for seed, grids in case.random_grids.items()]
+    for i in range(0, len(jobs), MAX_ROWS):
+        chunk = jobs[i:i + MAX_ROWS]
+        caches = [arm_cache(em, prefix_cache, prompt.prefix, arm, grids, w) for _, _, arm, grids, w in chunk]
+        logits, gens = run_rows(em, stack_caches(caches, em.layer_ids, em.attention_layer_ids), len(chunk),
+                                prompt.suffix, tail, k, text)
+        for j, (case, where, *_rest) in enumerate(chunk):
+            row = dict(prompt_scores(logits[j], dense_logits, prompt.suffix, tail, answer, gens[j] if gens else None),
+                       **base)
+            book = case.random_scores if isinstance(where, int) else case.scores
+            book.setdefault(where, []).append(row)
 
 
 def _summary(rows: list[dict], w_max: int) -> dict:

@@ -27,8 +27,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from rich.console import Console
+
 from dasc_compile.errors import DascInputError
 
+#: stderr: progress bars and one-line errors (stdout carries the tables).
+ERR = Console(stderr=True, highlight=False, soft_wrap=True)
 EVAL_JSON_VERSION = 2
 DEFAULT_RETRIEVAL = 10
 #: w_max values at which the decay drift (kept-set Jaccard with init) is always reported.
@@ -274,7 +278,6 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
 
     from rich.progress import Progress
 
-    from dasc_compile.eval.command import ERR
 
     try:
         with Progress(console=ERR, transient=True, disable=not progress) as bar:
@@ -366,7 +369,6 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
     prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, 2, seed)
     from rich.progress import Progress
 
-    from dasc_compile.eval.command import ERR
 
     out = {}
     em = None

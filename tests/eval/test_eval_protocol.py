@@ -126,3 +126,26 @@ def test_random_masks_are_count_matched_and_equal_compiled_random_plans(gdn_dir,
     assert len({tuple(map(tuple, k)) for k in draws.values()}) == len(RANDOM_SEEDS)   # five different masks
     compiled = load_plan(compile_for(kda_dir, 64, tmp_path / "r.dasc", random_seed=2027), verify_kernels=False)
     assert plan_kept_units(compiled) == draws[2027]
+
+
+@pytest.mark.parametrize("which", ["gdn", "kda"])
+def test_arms_batched_as_rows_equal_arms_run_alone(which, request):
+    """run_prompt runs the arms as rows of one batch: each row must equal that arm run by itself
+    (teacher-forced logits and free-running tokens), the wr row included."""
+    from dasc_compile.eval.hf_compat import stack_caches
+    from dasc_compile.eval.protocol import run_arm, run_rows
+
+    em, plan = request.getfixturevalue(f"{which}_model"), request.getfixturevalue(f"{which}_plan")
+    grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
+    rnd = keep_grids(random_kept_units(plan, 1234), em.num_heads, em.units_per_head)
+    window = replay_window(plan, len(PREFIX))
+    pc = _prefix_cache(em)
+    tail = [3, 1, 4, 1, 5]
+    jobs = [("nr", grids, 0), ("wr", grids, window), ("nr", rnd, 0)]
+    caches = [arm_cache(em, pc, PREFIX, a, g, w) for a, g, w in jobs]
+    logits, gens = run_rows(em, stack_caches(caches, em.layer_ids, em.attention_layer_ids), 3, SUFFIX, tail, 5, True)
+    for j, (a, g, w) in enumerate(jobs):
+        alone, gen = run_arm(em, arm_cache(em, pc, PREFIX, a, g, w), SUFFIX, tail, 5, True)
+        assert torch.allclose(logits[j], alone, atol=1e-4, rtol=1e-4), (logits[j] - alone).abs().max()
+        assert gens[j] == gen
+    assert not torch.allclose(logits[0], logits[2], atol=1e-3)              # the rows held different arms
