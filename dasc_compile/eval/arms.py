@@ -3,7 +3,7 @@
 A plan's per-layer ``kept_units`` are the global units; every other unit is local (omitted). Units are
 flat ids ``u = h * units_per_head + k`` (schema.py): a GDN unit is value head h's whole state, a KDA
 unit is the paper's column ``S[h, :, k]``, which in the transformers cache's key-major state
-``recurrent_states [B, H, d_k, d_v]`` is the row ``[b, h, k, :]``. So a layer's mask is a bool
+temporal state ``[B, H, d_k, d_v]`` is the row ``[b, h, k, :]``. So a layer's mask is a bool
 ``[H, units_per_head]`` grid broadcast as ``[1, H, units_per_head, 1]`` over the state (for GDN,
 ``units_per_head = 1`` broadcasts over d_k). Conv states and full-attention KV are never touched.
 
@@ -15,6 +15,8 @@ Arms (paper §4.2, §5.2):
   and a zero conv state) while the full-attention layers see the exact cached KV of the tokens before
   the window; global units keep their stored values.
 * ``random``: dasc-nr with a count-matched random mask per seed (``dasc_compile.selection``).
+* ``init``: dasc-nr with the init-horizon masks; ``untrained``: the initial model under the same masks
+  (:mod:`dasc_compile.eval.controls`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import copy
 
 import torch
 
+from dasc_compile.eval.hf_compat import crop_attention, recurrent_state, reset_recurrent
 from dasc_compile.selection import random_count_matched
 
 #: The paper's five Random-mask seeds (§5.2, App. C).
 RANDOM_SEEDS = (1234, 2027, 3407, 4519, 5683)
-ARMS = ("dense", "nr", "wr", "random")
+#: ``init`` and ``untrained`` are the controls of :mod:`dasc_compile.eval.controls`.
+ARMS = ("dense", "nr", "wr", "random", "init", "untrained")
 
 
 def keep_grids(kept_units: list[list[int]], num_heads: int, units_per_head: int) -> list[torch.Tensor]:
@@ -68,15 +72,15 @@ def _mask(state: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 def zero_local(cache, layer_ids: list[int], grids: list[torch.Tensor]) -> None:
     """dasc-nr in place: ``recurrent_states[:, local units] = 0`` in each recurrent layer."""
     for lid, grid in zip(layer_ids, grids):
-        st = cache.layers[lid].recurrent_states
+        st = recurrent_state(cache.layers[lid])
         st.mul_(_mask(st, grid).to(st.dtype))
 
 
 def copy_local_from(cache, scratch, layer_ids: list[int], grids: list[torch.Tensor]) -> None:
     """dasc-wr copy-back in place: local units of ``cache`` take ``scratch``'s values; global units stay."""
     for lid, grid in zip(layer_ids, grids):
-        st = cache.layers[lid].recurrent_states
-        st.copy_(torch.where(_mask(st, grid), st, scratch.layers[lid].recurrent_states.to(st.dtype)))
+        st = recurrent_state(cache.layers[lid])
+        st.copy_(torch.where(_mask(st, grid), st, recurrent_state(scratch.layers[lid]).to(st.dtype)))
 
 
 def scratch_replay(em, prefix_cache, prefix_ids: list[int], window: int):
@@ -91,9 +95,9 @@ def scratch_replay(em, prefix_cache, prefix_ids: list[int], window: int):
     """
     n_p = len(prefix_ids)
     scratch = copy.deepcopy(prefix_cache)
-    scratch.crop(n_p - window)
+    crop_attention(scratch, em.attention_layer_ids, n_p - window)
     for lid in em.layer_ids:
-        scratch.layers[lid].reset()
+        reset_recurrent(scratch.layers[lid])
     em.forward(prefix_ids[n_p - window:], scratch)
     return scratch
 

@@ -1,7 +1,8 @@
 """Horizon validation (paper §3.4, Eq. 4 and 5, Table 1(b)): do static horizons rank like observed ones?
 
 For each prefix, the recurrent layers' kernels are wrapped to record the observed token-dependent
-log-decay ``g`` (GDN ``[B, T, H_v]``, KDA ``[B, T, H, d_k]``) while the model runs the prefix. Then,
+log-decay ``g`` (GDN ``[B, T, H_v]``, KDA ``[B, T, H, d_k]``, Mamba2 ``[B, T, H]`` from its
+observer, :mod:`dasc_compile.eval.mamba2`) while the model runs the prefix. Then,
 per layer and unit u:
 
 * empirical horizon (Eq. 4): ``H_e(u) = ln(eps) / mean_t g_t(u)`` over the prefix tokens;
@@ -19,36 +20,54 @@ import math
 
 import torch
 
+from dasc_compile.eval.hf_compat import kernel_slots, recurrent_state
 from dasc_compile.eval.metrics import median_iqr, spearman
 
 
 class DecayRecorder:
-    """Context manager: wraps each mixer's chunk / step kernels to collect ``g`` per layer (float32, CPU)."""
+    """Context manager: wraps the recurrence kernels of ``em``'s mixers to collect the log-decay ``g``
+    each layer passes them, per layer (float32, CPU).
+
+    The kernels may be shared module globals (:func:`dasc_compile.eval.hf_compat.kernel_slots`), so a
+    forward pre-hook on each mixer says which layer is calling.
+    """
 
     def __init__(self, em):
         self.em = em
         self.g: dict[int, list[torch.Tensor]] = {}
         self._saved: list[tuple[object, str, object]] = []
+        self._hooks: list = []
+        self._layer: int | None = None
 
     def __enter__(self):
+        slots = {}
         for lid, mixer in self.em.mixers.items():
-            for attr in self.em.kernel_attrs:
-                orig = getattr(mixer, attr)
-                self._saved.append((mixer, attr, orig))
-                setattr(mixer, attr, self._wrap(lid, orig))
+            self._hooks.append(mixer.register_forward_pre_hook(lambda _m, _a, lid=lid: self._enter_layer(lid)))
+            for owner, attr in kernel_slots(mixer):
+                slots[(id(owner), attr)] = (owner, attr)
+        for owner, attr in slots.values():
+            orig = getattr(owner, attr)
+            self._saved.append((owner, attr, orig))
+            setattr(owner, attr, self._wrap(orig))
         return self
 
-    def _wrap(self, lid: int, fn):
+    def _enter_layer(self, lid: int) -> None:
+        self._layer = lid
+
+    def _wrap(self, fn):
         def wrapped(*args, **kwargs):
             g = kwargs["g"] if "g" in kwargs else args[3]
-            self.g.setdefault(lid, []).append(g.detach().float().cpu())
+            self.g.setdefault(self._layer, []).append(g.detach().float().cpu())
             return fn(*args, **kwargs)
         return wrapped
 
     def __exit__(self, *exc):
-        for mixer, attr, orig in reversed(self._saved):
-            setattr(mixer, attr, orig)
+        for owner, attr, orig in reversed(self._saved):
+            setattr(owner, attr, orig)
+        for h in self._hooks:
+            h.remove()
         self._saved.clear()
+        self._hooks.clear()
         return False
 
     def mean_log_decay(self, lid: int) -> torch.Tensor:
@@ -83,7 +102,7 @@ def validate_prefix(em, prefix: list[int], static_h: list[torch.Tensor], eps: fl
     rows = []
     for lid, hs in zip(em.layer_ids, static_h):
         he = empirical_horizon(rec.mean_log_decay(lid), eps)
-        ms = state_magnitude(cache.layers[lid].recurrent_states, em.units_per_head)
+        ms = state_magnitude(recurrent_state(cache.layers[lid]), em.units_per_head)
         rows.append({"layer_id": lid, "rho_hs_he": spearman(hs, he), "rho_hs_ms": spearman(hs, ms)})
     return rows
 

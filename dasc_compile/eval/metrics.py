@@ -4,12 +4,17 @@ Per prompt, an arm's logits ``L [T_s + k - 1, V]`` come from running ``suffix + 
 (modified) prefix checkpoint; ``L[i]`` predicts token ``i + 1`` of ``suffix + tail``:
 
 * ``nll``: mean negative log-likelihood (nats/token) of ``suffix[1:]`` (the first suffix token is
-  predicted from the prefix's last position, before any arm acts);
-* ``kl``: mean over the ``T_s`` suffix positions of KL(p_dense || p_arm) of the next-token
-  distributions (nats);
+  predicted from the prefix's last position, before any arm acts); ``nll_head``: the same over the
+  first :data:`HEAD` targets ``suffix[1:HEAD+1]`` only, right after the cache hit, where a damaged
+  state costs most;
+* ``kl`` / ``kl_head``: mean over the ``T_s`` (first :data:`HEAD`) suffix positions of
+  KL(p_dense || p_arm) of the next-token distributions (nats);
 * ``agreement``: fraction of the ``k`` tail positions where the arm's argmax equals dense's argmax,
-  both teacher-forced on the same tail (dense's own greedy continuation for text prompts, so this is
-  greedy agreement over k generated tokens; the answer for retrieval prompts);
+  both teacher-forced on the same tail (dense's own greedy continuation for text prompts; the answer
+  for retrieval prompts);
+* ``gen_agreement`` (text prompts): free-running: the arm generates its own ``k`` greedy tokens after
+  the suffix; the fraction of positions equal to dense's greedy tokens (after the first difference
+  the two continue from different text, as a user would see);
 * ``retrieval``: 1.0 when the arm's argmax equals the answer at every answer position (exactly
   when greedy decoding would produce the answer), else 0.0; None for text prompts.
 """
@@ -20,27 +25,33 @@ import math
 
 import torch
 
+#: Suffix positions of the "head" window (right after the cache hit).
+HEAD = 16
+
 
 def prompt_scores(logits: torch.Tensor, dense_logits: torch.Tensor, suffix: list[int], tail: list[int],
-                  answer: bool) -> dict[str, float | None]:
+                  answer: bool, gen: list[int] | None = None) -> dict[str, float | None]:
     """Scores of one arm on one prompt (see the module docstring).
 
     Args:
         logits, dense_logits: float32 ``[T_s + len(tail) - 1, V]`` of the arm and of dense.
         suffix: ``T_s >= 2`` token ids; tail: ``k >= 1`` ids; answer: tail is a retrieval answer.
+        gen: the arm's own ``k`` greedy tokens (free-running), compared with ``tail``; None: not scored.
     """
     ts, k = len(suffix), len(tail)
     lp = torch.log_softmax(logits.float(), dim=-1)
     lp_d = torch.log_softmax(dense_logits.float(), dim=-1)
     tgt = torch.as_tensor(suffix[1:], dtype=torch.long, device=lp.device)
-    nll = float(-lp[: ts - 1].gather(1, tgt[:, None]).mean())
-    kl = float((lp_d[:ts].exp() * (lp_d[:ts] - lp[:ts])).sum(-1).clamp_min(0).mean())
+    tok_nll = -lp[: ts - 1].gather(1, tgt[:, None])[:, 0]                   # [T_s - 1]
+    tok_kl = (lp_d[:ts].exp() * (lp_d[:ts] - lp[:ts])).sum(-1).clamp_min(0)   # [T_s]
     arg = lp[ts - 1: ts - 1 + k].argmax(-1)
     agree = float((arg == lp_d[ts - 1: ts - 1 + k].argmax(-1)).float().mean())
     ret = None
     if answer:
         ret = float(bool((arg == torch.as_tensor(tail, dtype=torch.long, device=arg.device)).all()))
-    return {"nll": nll, "kl": kl, "agreement": agree, "retrieval": ret}
+    gen_agree = None if gen is None else sum(a == b for a, b in zip(gen, tail)) / k
+    return {"nll": float(tok_nll.mean()), "kl": float(tok_kl.mean()), "nll_head": float(tok_nll[:HEAD].mean()),
+            "kl_head": float(tok_kl[:HEAD].mean()), "agreement": agree, "gen_agreement": gen_agree, "retrieval": ret}
 
 
 def mean_or_none(xs: list[float | None]) -> float | None:

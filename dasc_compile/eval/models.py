@@ -1,20 +1,20 @@
 """Loading a Hugging Face checkpoint for ``dasc eval`` and reaching its recurrent state checkpoint.
 
-Supported (all in pure PyTorch, float32 by default, so a CPU runs them):
+Every model runs through transformers' own classes (``AutoModelForCausalLM``), float32 by default,
+with each recurrent layer pinned to transformers' pure-PyTorch kernels
+(:func:`dasc_compile.eval.hf_compat.pin_torch_kernels`) so a CPU runs them and results do not depend on
+optional kernel packages:
 
-* GDN hybrids through transformers' own modeling code: ``qwen3_next`` (``Qwen3NextForCausalLM``),
-  ``qwen3_5`` / ``qwen3_5_moe`` (through ``AutoModelForCausalLM``). Each GDN layer's kernels are
-  pinned to transformers' PyTorch implementations (``torch_chunk_gated_delta_rule``,
-  ``torch_recurrent_gated_delta_rule``, ``torch_causal_conv1d_update``) so results do not depend on
-  which optional kernel packages happen to be installed.
-* KDA: ``kimi_linear`` checkpoints of dasc's small KDA hybrid (:mod:`dasc_compile.eval.kda_hybrid`).
-* Mamba2 hybrids through transformers' own classes: ``nemotron_h``, ``granitemoehybrid``, ``falcon_h1``
-  (:mod:`dasc_compile.eval.mamba2`).
+* GDN hybrids: ``qwen3_next``, ``qwen3_5`` / ``qwen3_5_moe`` (transformers >= 5.12);
+* KDA hybrids: ``kimi_linear`` (transformers' Kimi-Linear model, >= 5.17), and the first bundled KDA
+  reference, a Qwen3-Next backbone with transformers' KDA layer (:mod:`dasc_compile.eval.legacy_kda`);
+* Mamba2 hybrids: ``nemotron_h``, ``granitemoehybrid``, ``falcon_h1`` (transformers >= 5.12;
+  :mod:`dasc_compile.eval.mamba2`).
 
 The recurrent state checkpoint at a prefix boundary is the transformers cache object after the prefix:
-``cache.layers[i].recurrent_states`` ``[B, H, d_k, d_v]`` (key-major; the paper's ``[d_v, d_k]``
-transposed) and ``cache.layers[i].conv_states`` ``[B, conv_dim, K]``; full-attention layers hold
-their KV in the same cache (transformers ``cache_utils.LinearAttentionLayer`` / ``DynamicLayer``).
+per recurrent layer a temporal state ``[B, H, d_k, d_v]`` (key-major; the paper's ``[d_v, d_k]``
+transposed) and a conv state ``[B, conv_dim, K]`` (read through :mod:`dasc_compile.eval.hf_compat`);
+full-attention layers hold their KV in the same cache.
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ from pathlib import Path
 import torch
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_arg, kv_layer_ids, pin_torch_kernels,
+                                         require_transformers)
+from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
 
 GDN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")   # loaded by dasc_compile.eval.mamba2
+MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")
 
 
 class ByteTokenizer:
@@ -66,13 +69,15 @@ class EvalModel:
 
     Attributes:
         model: the causal LM (eval mode, on ``device``).
-        family: ``gdn`` | ``kda``.
+        family: ``gdn`` | ``kda`` | ``mamba2``.
         layer_ids: model layer ids of the recurrent layers, increasing (= the plan's ``recurrent_layer_ids``).
         mixers: layer id -> recurrent token-mixer module.
-        num_heads: value heads H_v (GDN) or heads H (KDA). units_per_head: 1 (GDN) or d_k (KDA).
-        kernel_attrs: names of the mixer attributes holding the chunked and one-token kernels
-            (horizon validation wraps them to observe the log-decay g).
+        num_heads: value heads H_v (GDN) or heads H (KDA, Mamba2). units_per_head: 1 (GDN, Mamba2) or d_k (KDA).
+        attention_layer_ids: model layer ids of the layers holding attention KV (Falcon-H1: every layer).
+        cache_arg: the name ``model.forward`` takes the cache under (:func:`hf_compat.cache_arg`).
         tokenizer: ``encode(str) -> list[int]`` / ``decode``.
+        max_chunk: None, or the most tokens one call may take from a fresh cache, every later token being
+            one call (Mamba2 on transformers 5.12: :func:`hf_compat.mamba2_max_chunk` says why).
     """
 
     model: torch.nn.Module
@@ -81,34 +86,39 @@ class EvalModel:
     mixers: dict[int, torch.nn.Module]
     num_heads: int
     units_per_head: int
-    kernel_attrs: tuple[str, str]
+    attention_layer_ids: list[int]
     tokenizer: object
     device: torch.device
     config: dict = field(default_factory=dict)
-    max_chunk: int | None = None      # Mamba2 (dasc_compile.eval.mamba2): at most one chunk, then one token a call
+    cache_arg: str = "past_key_values"
+    max_chunk: int | None = None
 
     def new_cache(self):
-        """An empty transformers ``DynamicCache`` for this model (one linear-attention slot per GDN/KDA layer)."""
+        """An empty transformers ``DynamicCache`` for this model (one linear-attention slot per recurrent layer)."""
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
 
     @torch.no_grad()
     def forward(self, ids: list[int] | torch.Tensor, cache) -> torch.Tensor:
-        """Run ``ids`` (``[T]``, batch 1) after what ``cache`` holds; returns float32 logits ``[T, vocab]``.
+        """Run ``ids`` (``[T]``, batch 1) after what ``cache`` holds; returns float32 logits ``[T, vocab]``."""
+        x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        return self.forward_rows(x, cache)[0]
 
-        With :attr:`max_chunk`, a fresh cache takes at most that many tokens in one call and every later
-        token is one step of the recurrence (:mod:`dasc_compile.eval.mamba2` says why)."""
-        x = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+    @torch.no_grad()
+    def forward_rows(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """Run ``ids`` (int64 ``[B, T]``, one row per cache row) after what ``cache`` holds; returns
+        float32 logits ``[B, T, vocab]``. With :attr:`max_chunk`, a fresh cache takes at most that many
+        tokens in one call and every later token is one call."""
+        ids = ids.to(self.device)
         if self.max_chunk is None:
-            return self._call(x, cache)
-        n = 0 if cache.has_previous_state(self.layer_ids[0]) else min(x.numel(), self.max_chunk)
-        return torch.cat(([self._call(x[:n], cache)] if n else [])
-                         + [self._call(x[t:t + 1], cache) for t in range(n, x.numel())])
+            return self._call(ids, cache)
+        n = 0 if cache.has_previous_state(self.layer_ids[0]) else min(ids.shape[1], self.max_chunk)
+        return torch.cat(([self._call(ids[:, :n], cache)] if n else [])
+                         + [self._call(ids[:, t:t + 1], cache) for t in range(n, ids.shape[1])], dim=1)
 
-    def _call(self, x: torch.Tensor, cache) -> torch.Tensor:
-        out = self.model(input_ids=x.reshape(1, -1), past_key_values=cache, use_cache=True)
-        return out.logits[0].float()
+    def _call(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=True, **{self.cache_arg: cache}).logits.float()
 
 
 def _read_config(path: Path) -> dict:
@@ -126,23 +136,19 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-def _tokenizer(path: Path, cfg: dict):
+def load_tokenizer(path: Path, cfg: dict):
+    """The model's tokenizer: UTF-8 bytes when config.json sets ``dasc_tokenizer: bytes``, else the
+    tokenizer files beside the weights (read with transformers).
+
+    Raises:
+        DascInputError: neither is there.
+    """
     if cfg.get("dasc_tokenizer") == "bytes":
         return ByteTokenizer()
     if any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return HFTokenizer(path)
     raise DascInputError(f"{path}: no tokenizer files (tokenizer.json) and config.json does not set "
                          f"'dasc_tokenizer': 'bytes'")
-
-
-def _pin_torch_gdn_kernels(mod) -> None:
-    import importlib
-
-    mm = importlib.import_module(type(mod).__module__)
-    mod.chunk_gated_delta_rule = mm.torch_chunk_gated_delta_rule
-    mod.recurrent_gated_delta_rule = mm.torch_recurrent_gated_delta_rule
-    mod.causal_conv1d_fn = None
-    mod.causal_conv1d_update = mm.torch_causal_conv1d_update
 
 
 def _load_state(path: Path) -> dict[str, torch.Tensor]:
@@ -199,104 +205,176 @@ def check_weights(path: Path, want: int, dtype: torch.dtype) -> None:
                              f"this machine has {free / 2**30:.1f} GiB free")
 
 
-def _load_transformers(path: Path, cfg: dict, dtype: torch.dtype):
-    """A whole checkpoint through transformers' ``AutoModelForCausalLM`` (refused, in one line, when it
-    holds fewer parameters than its config describes or misses weights)."""
+
+
+def _hf_error(path: Path, cfg: dict, exc: Exception) -> DascInputError:
+    return DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
+                          f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
+
+
+def build_from_config(path: Path, cfg: dict, seed: int):
+    """The model ``path/config.json`` describes, initialised by transformers (``from_config``) after
+    ``torch.manual_seed(seed)``: the initialisation a training run seeded with ``seed`` started from when
+    it built its model the same way (same transformers release). float32, eval mode.
+
+    Raises:
+        DascInputError: a config transformers cannot build, or the first bundled KDA reference (its
+            initialisation came from dasc's former KDA layer: give its initial checkpoint instead).
+    """
+    from dasc_compile.eval.legacy_kda import ARCHITECTURE, is_legacy_kda
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if is_legacy_kda(cfg):
+        raise DascInputError(f"{path}: a {ARCHITECTURE} initialisation cannot be rebuilt from a seed; "
+                             f"give its initial checkpoint with --init-from DIR")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise _hf_error(path, cfg, exc) from None
+
+
+def preflight(path: Path, dtype: torch.dtype = torch.float32):
+    """Check, without reading any weights, that ``path`` holds the whole model its config describes and
+    that it fits in memory (:func:`check_weights`, the model built on the meta device); returns its config.
+
+    Raises:
+        DascInputError: as :func:`check_weights`, or a config transformers cannot build.
+    """
+    from dasc_compile.eval.legacy_kda import is_legacy_kda
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = _read_config(path)
+    if is_legacy_kda(cfg):
+        return None
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(config)
-        check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
-        del meta
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise _hf_error(path, cfg, exc) from None
+    check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
+    return config
+
+
+def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
+    """``AutoModelForCausalLM.from_pretrained`` after checking the weights hold the whole model."""
+    from transformers import AutoModelForCausalLM
+
+    config = preflight(path, dtype)
+    try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
                                                            output_loading_info=True)
     except DascInputError:
         raise
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
-                             f"({str(exc).splitlines()[0][:200]})") from None
-    missing = [k for k in info.get("missing_keys", []) if "lm_head" not in k or not config.get_text_config().tie_word_embeddings]
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise _hf_error(path, cfg, exc) from None
+    tied = config.get_text_config().tie_word_embeddings
+    missing = [k for k in info.get("missing_keys", []) if not (tied and "lm_head" in k)]
     if missing:
-        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}); "
+        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {sorted(missing)[0]}); "
                              f"dasc eval needs the whole trained checkpoint")
     return model
 
 
-def _load_gdn(path: Path, cfg: dict, dtype: torch.dtype):
-    model = _load_transformers(path, cfg, dtype)
-    mixers = {}
+def recurrent_mixers(model) -> tuple[dict[int, torch.nn.Module], int, int]:
+    """``({layer id: token mixer}, heads, units per head)`` of the GDN / KDA / Mamba2 layers of a
+    transformers model, each pinned to transformers' pure-PyTorch kernels.
+
+    A GDN mixer (``A_log`` per value head) has ``num_v_heads`` units of one head each; a KDA mixer
+    (``forget_gate`` with ``A_log [1, 1, H, 1]``) has ``num_heads`` heads of ``head_dim`` key-channel units;
+    a Mamba2 mixer (:func:`~dasc_compile.eval.mamba2.is_mamba2_mixer`) ``num_heads`` units of one head each.
+    """
+    mixers, heads, uph = {}, 0, 1
     for mod in model.modules():
-        if hasattr(mod, "chunk_gated_delta_rule") and hasattr(mod, "A_log") and hasattr(mod, "layer_idx"):
-            _pin_torch_gdn_kernels(mod)
-            mixers[int(mod.layer_idx)] = mod
-    heads = next(iter(mixers.values())).num_v_heads if mixers else 0
-    return model, mixers, heads, 1, ("chunk_gated_delta_rule", "recurrent_gated_delta_rule")
+        if not hasattr(mod, "layer_idx"):
+            continue
+        if hasattr(mod, "forget_gate") and hasattr(mod.forget_gate, "A_log"):
+            heads, uph = mod.num_heads, mod.head_dim
+        elif hasattr(mod, "A_log") and hasattr(mod, "num_v_heads"):
+            heads, uph = mod.num_v_heads, 1
+        elif is_mamba2_mixer(mod):
+            heads, uph = mod.num_heads, 1
+        else:
+            continue
+        pin_torch_kernels(mod)
+        mixers[int(mod.layer_idx)] = mod
+    return mixers, heads, uph
 
 
-def _load_kda(path: Path, cfg: dict, dtype: torch.dtype):
-    from dasc_compile.eval.kda_hybrid import ARCHITECTURE, backbone_config, build_kda_hybrid, from_kimi_names
-
-    if ARCHITECTURE not in (cfg.get("architectures") or []) or "dasc_backbone" not in cfg:
-        raise DascInputError(
-            f"{path / 'config.json'}: this kimi_linear checkpoint is not a {ARCHITECTURE}; dasc eval runs KDA "
-            f"through its own small KDA hybrid only (transformers here has no Kimi-Linear model)")
-    lac = cfg["linear_attn_config"]
-    backbone = backbone_config(cfg)
-    model = build_kda_hybrid(backbone, lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"])
-    kda_layers = [i - 1 for i in lac["kda_layers"]]
-    state = from_kimi_names(_load_state(path), kda_layers)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith("lm_head.weight") or not backbone.tie_word_embeddings]
-    if missing or unexpected:
-        raise DascInputError(f"{path}: weights do not fit {ARCHITECTURE} (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
-    if backbone.tie_word_embeddings:
-        model.tie_weights()
-    model = model.to(dtype)
-    mixers = {i: model.model.layers[i].linear_attn for i in kda_layers}
-    return model, mixers, lac["num_heads"], lac["head_dim"], ("chunk_kernel", "step_kernel")
-
-
-def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> EvalModel:
-    """Load the model at ``path`` (a directory with config.json, weights and a tokenizer).
+def model_family(path: Path, cfg: dict) -> str:
+    """``gdn`` | ``kda`` | ``mamba2``: the family of the model whose config.json ``cfg`` is.
 
     Raises:
-        DascInputError: not a model directory; a model type without recurrent (GDN / KDA) layers or one
-            dasc eval cannot run; weights that do not fit; no tokenizer.
+        DascInputError: a model type dasc eval cannot run (one line naming the three families).
     """
-    path = Path(path)
+    mt = cfg.get("model_type")
+    if mt in GDN_TYPES:
+        return "gdn"
+    if mt in MAMBA2_TYPES:
+        return "mamba2"
+    if mt == "kimi_linear":
+        return "kda"
+    raise DascInputError(
+        f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
+        f"expected a GDN hybrid ({', '.join(GDN_TYPES)}), a Mamba2 hybrid ({', '.join(MAMBA2_TYPES)}) "
+        f"or a KDA hybrid (kimi_linear)")
+
+
+def require_model_support(path: Path) -> dict:
+    """The model's config.json, after refusing a model type dasc eval cannot run or a transformers
+    release without its model class (one line each).
+
+    Raises:
+        DascInputError: not a GDN / Mamba2 / KDA hybrid (:func:`model_family`); transformers missing, or
+            below 5.17 for ``kimi_linear``.
+    """
     cfg = _read_config(path)
+    mt = cfg.get("model_type")
+    model_family(path, cfg)
+    require_transformers()
+    if mt == "kimi_linear":
+        require_transformers(MIN_TRANSFORMERS_KDA, f"dasc eval of a kimi_linear (KDA) model ({path})")
+    return cfg
+
+
+def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                    init_seed: int | None = None, tokenizer=None) -> EvalModel:
+    """Load the model at ``path`` (a directory with config.json, weights and a tokenizer); with
+    ``init_seed``, build its initialisation instead (:func:`build_from_config`; no weights read);
+    ``tokenizer``: use this one instead of reading the directory's (:func:`load_tokenizer`).
+
+    Raises:
+        DascInputError: not a model directory; a model type without recurrent (GDN / KDA / Mamba2) layers
+            or one dasc eval cannot run; transformers missing or too old for it; weights that do not fit;
+            no tokenizer.
+    """
+    from dasc_compile.eval.legacy_kda import is_legacy_kda, load_legacy_kda
+
+    path = Path(path)
+    cfg = require_model_support(path)
+    family = model_family(path, cfg)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()      # no optional-kernel warnings or weight-loading bars in the CLI's output
     hf_logging.disable_progress_bar()
-    mt = cfg.get("model_type")
-    max_chunk = None
-    if mt in GDN_TYPES:
-        model, mixers, heads, uph, kattrs = _load_gdn(path, cfg, dtype)
-        family = "gdn"
-    elif mt == "kimi_linear":
-        model, mixers, heads, uph, kattrs = _load_kda(path, cfg, dtype)
-        family = "kda"
-    elif mt in MAMBA2_TYPES:   # transformers' own Mamba2 hybrids (dasc_compile.eval.mamba2)
-        from dasc_compile.eval.mamba2 import mamba2_mixers
-
-        model = _load_transformers(path, cfg, dtype)
-        mixers, heads, uph, kattrs, max_chunk = mamba2_mixers(model)
-        family = "mamba2"
+    if init_seed is not None:
+        model = build_from_config(path, cfg, init_seed)
+    elif is_legacy_kda(cfg):
+        model = load_legacy_kda(_load_state(path), cfg, str(path))
     else:
-        raise DascInputError(
-            f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
-            f"expected a GDN hybrid ({', '.join(GDN_TYPES)}), a Mamba2 hybrid ({', '.join(MAMBA2_TYPES)}) or "
-            f"dasc's KDA hybrid (kimi_linear)")
+        model = _load_hf(path, cfg, dtype)
+    mixers, heads, uph = recurrent_mixers(model)
     if not mixers:
         raise DascInputError(f"{path}: the model has no recurrent (linear-attention) layers; nothing for a plan to compress")
+    max_chunk = observe_mamba2(mixers) if family == "mamba2" else None
     try:
         dev = torch.device(device)
-        model = model.to(dev).eval()
+        model = model.to(device=dev, dtype=dtype).eval()
     except (RuntimeError, AssertionError) as exc:
         raise DascInputError(f"--device {device}: cannot use this device ({str(exc).splitlines()[0]})") from None
-    return EvalModel(model=model, family=family, max_chunk=max_chunk, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
-                     units_per_head=uph, kernel_attrs=kattrs, tokenizer=_tokenizer(path, cfg), device=dev, config=cfg)
+    return EvalModel(model=model, family=family, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
+                     units_per_head=uph, attention_layer_ids=kv_layer_ids(model.config.get_text_config().layer_types),
+                     tokenizer=tokenizer or load_tokenizer(path, cfg), device=dev, config=cfg,
+                     cache_arg=cache_arg(model), max_chunk=max_chunk)

@@ -22,13 +22,17 @@ _ROLES = {"human": "User", "user": "User", "gpt": "Assistant", "assistant": "Ass
 
 @dataclass(frozen=True)
 class Prompt:
-    """Token ids of one prompt: ``prefix [n_p]``, ``suffix [T_s >= 2]``, ``answer [k]`` or None."""
+    """Token ids of one prompt: ``prefix [n_p]``, ``suffix [T_s >= 2]``, ``answer [k]`` or None.
+
+    ``distance``: for built-in retrieval prompts, tokens from the end of the queried fact to the prefix
+    boundary (how far back the answer lies), else None."""
 
     prefix: list[int]
     suffix: list[int]
     answer: list[int] | None
-    kind: str          # "text" | "niah_single" | "niah_multikey"
+    kind: str          # "text" | "qa" | "niah_single" | "niah_multikey" | "kv_pairs"
     source: str
+    distance: int | None = None
 
 
 def prompts_hash(prompts: list[Prompt]) -> str:

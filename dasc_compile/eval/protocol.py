@@ -3,13 +3,19 @@
 Per prompt: run the prefix once into a fresh transformers cache (the state checkpoint at the prefix
 boundary: recurrent + conv states and full-attention KV); for every arm take a copy, apply the arm to
 the recurrent temporal state only (conv state and full-attention KV stay exact: dasc compresses only
-the temporal state), then run ``suffix + tail[:-1]`` and score it against dense
-(:mod:`dasc_compile.eval.metrics`). The tail is the answer of a retrieval prompt, else dense's own
-greedy continuation of ``k`` tokens. Dense is computed the same way as every other arm.
+the temporal state), run the suffix, then (a) teacher-forced: ``tail[:-1]``, scored against dense
+(:mod:`dasc_compile.eval.metrics`), and (b) free-running (text prompts): the arm's own ``k`` greedy
+tokens. The tail is the answer of a retrieval prompt, else dense's own greedy continuation of ``k``
+tokens. Dense is computed the same way as every other arm.
 
-Output (:func:`summarize_plan`): per arm ``{"nll_delta", "kl", "agreement", "retrieval_acc", "nll"}``
-averaged over prompts (``retrieval_acc`` over the retrieval prompts only, None without any);
-``random`` gives ``{"mean", "sd"}`` (sample SD over the five seeds) for each and ``per_seed``.
+Arms per plan: ``dense``, ``nr``, ``wr``, ``random`` (five count-matched masks), ``init`` (dasc-nr
+with the init-horizon masks, :mod:`dasc_compile.eval.controls`). The ``untrained`` control is the
+same protocol on the initial model (a second :class:`PlanCase` list).
+
+Output (:func:`summarize_plan`): per arm the means over prompts of :data:`METRICS` (``retrieval_acc``
+over the retrieval prompts, ``retrieval_acc_far`` over those whose answer lies more than the plan's
+w_max tokens back; None without any); ``random`` gives ``{"mean", "sd"}`` (sample SD over the five
+seeds) for each and ``per_seed``.
 """
 
 from __future__ import annotations
@@ -19,82 +25,144 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dasc_compile.eval.hf_compat import stack_caches
 from dasc_compile.eval.arms import (RANDOM_SEEDS, arm_cache, keep_grids, plan_kept_units, random_kept_units,
                                     replay_window)
 from dasc_compile.eval.metrics import mean_or_none, mean_sd, prompt_scores
 from dasc_compile.eval.prompts import Prompt
 
-METRICS = ("nll_delta", "kl", "agreement", "retrieval_acc")
+#: Most arm caches run as rows of one batch (bounds the memory of ``[rows, T, vocab]`` logits).
+MAX_ROWS = 16
+METRICS = ("nll_delta", "nll_delta_head", "kl", "kl_head", "agreement", "gen_agreement", "retrieval_acc",
+           "retrieval_acc_far")
 
 
 @dataclass
 class PlanCase:
-    """One plan under evaluation: its masks and the per-prompt scores of each arm."""
+    """One plan under evaluation on one model: its masks and the per-prompt scores of each arm.
+
+    ``grids`` / ``init_grids`` / ``random_grids[seed]``: per recurrent layer bool ``[H, units_per_head]``."""
 
     plan: object
     label: str
     grids: list[torch.Tensor]
     random_grids: dict[int, list[torch.Tensor]]
+    init_grids: list[torch.Tensor] | None = None
     scores: dict[str, list[dict]] = field(default_factory=dict)
     random_scores: dict[int, list[dict]] = field(default_factory=dict)
     windows: list[int] = field(default_factory=list)
 
 
-def make_case(em, plan, label: str, arms: tuple[str, ...], seeds: tuple[int, ...] = RANDOM_SEEDS) -> PlanCase:
-    """Masks of ``plan`` (and of its count-matched Random draws when ``random`` is an arm) for model ``em``."""
+def make_case(em, plan, label: str, arms: tuple[str, ...], seeds: tuple[int, ...] = RANDOM_SEEDS,
+              init_kept: list[list[int]] | None = None) -> PlanCase:
+    """Masks of ``plan`` for model ``em``: its own, its count-matched Random draws when ``random`` is an
+    arm, and the init-horizon masks ``init_kept`` (unit ids per layer) when given."""
     grids = keep_grids(plan_kept_units(plan), em.num_heads, em.units_per_head)
     rnd = {s: keep_grids(random_kept_units(plan, s), em.num_heads, em.units_per_head)
            for s in seeds} if "random" in arms else {}
-    return PlanCase(plan=plan, label=label, grids=grids, random_grids=rnd)
+    init = keep_grids(init_kept, em.num_heads, em.units_per_head) if init_kept is not None else None
+    return PlanCase(plan=plan, label=label, grids=grids, random_grids=rnd, init_grids=init)
 
 
-def greedy_tail(em, prefix_cache, suffix: list[int], k: int) -> list[int]:
-    """Dense greedy continuation: ``k`` tokens after ``prefix + suffix`` (one-token decode steps)."""
-    cache = copy.deepcopy(prefix_cache)
-    logits = em.forward(suffix, cache)
-    out = [int(logits[-1].argmax())]
+def greedy(em, cache, last_logits: torch.Tensor, k: int) -> list[int]:
+    """``k`` greedy tokens: the first from ``last_logits [V]``, then one-token decode steps on ``cache``."""
+    out = [int(last_logits.argmax())]
     while len(out) < k:
         out.append(int(em.forward([out[-1]], cache)[-1].argmax()))
     return out
 
 
-def run_prompt(em, prompt: Prompt, cases: list[PlanCase], arms: tuple[str, ...], gen_tokens: int) -> dict:
-    """Evaluate every arm of every plan on one prompt; appends per-prompt scores to each case.
+def run_arm(em, cache, suffix: list[int], tail: list[int] | None, k: int, free_run: bool):
+    """Run ``suffix`` after ``cache`` (consumed), then teacher-forced ``tail[:-1]``.
 
-    Returns dense's scores (against itself) for the record.
+    Returns ``(logits [T_s + k - 1, V] float32, gen)``: ``gen`` the free-running greedy ``k`` tokens
+    after the suffix when ``free_run`` (else None). With ``tail=None`` the tail is ``gen`` itself
+    (dense's own continuation), and ``free_run`` is implied.
+    """
+    logits_s = em.forward(suffix, cache)
+    gen = None
+    if free_run or tail is None:
+        gen = greedy(em, copy.deepcopy(cache), logits_s[-1], k)
+        tail = gen if tail is None else tail
+    if len(tail) > 1:
+        logits_s = torch.cat([logits_s, em.forward(tail[:-1], cache)])
+    return logits_s, gen
+
+
+def run_rows(em, cache, rows: int, suffix: list[int], tail: list[int], k: int, free_run: bool):
+    """:func:`run_arm` for a batch of ``rows`` arm caches stacked into ``cache`` (consumed): the same
+    suffix and tail on every row. Returns ``(logits [rows, T_s + k - 1, V], gens)``, ``gens`` one list of
+    ``k`` free-running greedy tokens per row (None unless ``free_run``)."""
+    ids = torch.as_tensor(suffix, dtype=torch.long).expand(rows, -1)
+    logits = em.forward_rows(ids, cache)
+    gens = None
+    if free_run:
+        fr = copy.deepcopy(cache)
+        cur = logits[:, -1].argmax(-1)
+        out = [cur]
+        while len(out) < k:
+            cur = em.forward_rows(cur[:, None], fr)[:, -1].argmax(-1)
+            out.append(cur)
+        gens = torch.stack(out, 1).tolist()
+    if len(tail) > 1:
+        logits = torch.cat([logits, em.forward_rows(torch.as_tensor(tail[:-1], dtype=torch.long).expand(rows, -1), cache)], 1)
+    return logits, gens
+
+
+def run_prompt(em, prompt: Prompt, cases: list[PlanCase], arms: tuple[str, ...], gen_tokens: int) -> None:
+    """Evaluate every arm of every plan on one prompt; appends per-prompt score rows to each case.
+
+    Dense runs first (it defines a text prompt's tail); the other arms' caches are built one by one
+    (dasc-wr's replay included) and run together, :data:`MAX_ROWS` at a time, as rows of one batch.
     """
     prefix_cache = em.new_cache()
     em.forward(prompt.prefix, prefix_cache)
     answer = prompt.answer is not None
-    tail = list(prompt.answer) if answer else greedy_tail(em, prefix_cache, prompt.suffix, gen_tokens)
-    x = list(prompt.suffix) + tail[:-1]
-    dense_logits = em.forward(x, arm_cache(em, prefix_cache, prompt.prefix, "dense", None))
-
-    def score(arm: str, grids, window: int = 0) -> dict:
-        logits = em.forward(x, arm_cache(em, prefix_cache, prompt.prefix, arm, grids, window))
-        return prompt_scores(logits, dense_logits, prompt.suffix, tail, answer)
-
-    dense = prompt_scores(dense_logits, dense_logits, prompt.suffix, tail, answer)
+    text = not answer
+    k = len(prompt.answer) if answer else gen_tokens
+    dense_logits, gen = run_arm(em, arm_cache(em, prefix_cache, prompt.prefix, "dense", None), prompt.suffix,
+                                None if text else list(prompt.answer), k, False)
+    tail = gen if text else list(prompt.answer)
+    base = {"distance": prompt.distance}
+    dense = dict(prompt_scores(dense_logits, dense_logits, prompt.suffix, tail, answer, tail if text else None), **base)
+    base.update(dense_nll=dense["nll"], dense_nll_head=dense["nll_head"])
+    jobs = []                                      # (case, where the row goes, arm applied, masks, W_replay)
     for case in cases:
         if "dense" in arms:
-            case.scores.setdefault("dense", []).append(dict(dense, dense_nll=dense["nll"]))
+            case.scores.setdefault("dense", []).append(dict(dense, dense_nll=dense["nll"], dense_nll_head=dense["nll_head"]))
         if "nr" in arms:
-            case.scores.setdefault("nr", []).append(dict(score("nr", case.grids), dense_nll=dense["nll"]))
+            jobs.append((case, "nr", "nr", case.grids, 0))
         if "wr" in arms:
             w = replay_window(case.plan, len(prompt.prefix))
             case.windows.append(w)
-            case.scores.setdefault("wr", []).append(dict(score("wr", case.grids, w), dense_nll=dense["nll"]))
-        for seed, grids in case.random_grids.items():
-            case.random_scores.setdefault(seed, []).append(dict(score("nr", grids), dense_nll=dense["nll"]))
-    return dense
+            jobs.append((case, "wr", "wr", case.grids, w))
+        if "init" in arms and case.init_grids is not None:
+            jobs.append((case, "init", "nr", case.init_grids, 0))
+        jobs += [(case, seed, "nr", grids, 0) for seed, grids in case.random_grids.items()]
+    for i in range(0, len(jobs), MAX_ROWS):
+        chunk = jobs[i:i + MAX_ROWS]
+        caches = [arm_cache(em, prefix_cache, prompt.prefix, arm, grids, w) for _, _, arm, grids, w in chunk]
+        logits, gens = run_rows(em, stack_caches(caches, em.layer_ids, em.attention_layer_ids), len(chunk),
+                                prompt.suffix, tail, k, text)
+        for j, (case, where, *_rest) in enumerate(chunk):
+            row = dict(prompt_scores(logits[j], dense_logits, prompt.suffix, tail, answer, gens[j] if gens else None),
+                       **base)
+            book = case.random_scores if isinstance(where, int) else case.scores
+            book.setdefault(where, []).append(row)
 
 
-def _summary(rows: list[dict]) -> dict:
+def _summary(rows: list[dict], w_max: int) -> dict:
+    far = [r["retrieval"] for r in rows if r["retrieval"] is not None and (r["distance"] or 0) > w_max]
     return {
         "nll_delta": mean_or_none([r["nll"] - r["dense_nll"] for r in rows]),
+        "nll_delta_head": mean_or_none([r["nll_head"] - r["dense_nll_head"] for r in rows]),
         "kl": mean_or_none([r["kl"] for r in rows]),
+        "kl_head": mean_or_none([r["kl_head"] for r in rows]),
         "agreement": mean_or_none([r["agreement"] for r in rows]),
+        "gen_agreement": mean_or_none([r["gen_agreement"] for r in rows]),
         "retrieval_acc": mean_or_none([r["retrieval"] for r in rows]),
+        "retrieval_acc_far": mean_or_none(far),
+        "n_retrieval_far": len(far),
         "nll": mean_or_none([r["nll"] for r in rows]),
         "n_prompts": len(rows),
     }
@@ -102,11 +170,12 @@ def _summary(rows: list[dict]) -> dict:
 
 def summarize_plan(case: PlanCase) -> dict:
     """Arm name -> metrics for one plan (see the module docstring for the keys)."""
-    out = {arm: _summary(rows) for arm, rows in case.scores.items()}
+    w_max = case.plan.policy.w_max
+    out = {arm: _summary(rows, w_max) for arm, rows in case.scores.items()}
     if "wr" in out and case.windows:
         out["wr"]["w_replay"] = max(case.windows)
     if case.random_scores:
-        per_seed = {str(s): _summary(rows) for s, rows in case.random_scores.items()}
+        per_seed = {str(s): _summary(rows, w_max) for s, rows in case.random_scores.items()}
         rnd = {m: mean_sd([per_seed[s][m] for s in per_seed]) for m in METRICS + ("nll",)}
         rnd["per_seed"] = per_seed
         rnd["seeds"] = [int(s) for s in case.random_scores]
@@ -122,6 +191,7 @@ def plan_record(plan, label: str) -> dict:
         "content_hash": plan.content_hash,
         "w_max": plan.policy.w_max,
         "selection": plan.selection,
+        "random_seed": plan.policy.random_seed,
         "a_s": plan.policy.a_s,
         "n_kept": t.n_kept,
         "n_units": t.n_units,

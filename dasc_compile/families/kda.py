@@ -57,9 +57,27 @@ class KdaAttnFields(_SafeGateFields):
 
 
 class KimiConfigFields(LayerKindFields, _SafeGateFields):
-    """The Kimi-Linear / Kimi-K3 config fields :func:`parse_kimi_linear` reads, strict and bounded."""
+    """The Kimi-Linear / Kimi-K3 config fields :func:`parse_kimi_linear` reads, strict and bounded: the
+    released checkpoints' ``linear_attn_config``, or the top-level spelling transformers'
+    ``KimiLinearConfig.save_pretrained`` writes (``linear_num_heads``, ``linear_head_dim``,
+    ``linear_conv_kernel_dim`` beside ``layer_types``)."""
 
-    linear_attn_config: KdaAttnFields
+    linear_attn_config: Optional[KdaAttnFields] = None
+    linear_num_heads: Optional[HeadCount] = None
+    linear_head_dim: Optional[HeadDim] = None
+    linear_conv_kernel_dim: Optional[ConvKernel] = None
+
+
+def _kda_fields(config: dict, source: str) -> dict:
+    """``linear_attn_config`` as released checkpoints write it, else built from transformers' top-level fields."""
+    lac = config.get("linear_attn_config")
+    if isinstance(lac, dict):
+        return lac
+    if lac is None and config.get("linear_num_heads") is not None:
+        return {"num_heads": config.get("linear_num_heads"), "head_dim": config.get("linear_head_dim"),
+                "short_conv_kernel_size": config.get("linear_conv_kernel_dim")}
+    raise DascInputError(f"{source}: config field 'linear_attn_config' is missing or not a mapping (nor are "
+                         f"transformers' 'linear_num_heads' / 'linear_head_dim' / 'linear_conv_kernel_dim' given)")
 
 
 def _safe_gate_bound(cfg: dict, lac: dict) -> float | None:
@@ -77,10 +95,8 @@ def parse_kimi_linear(config: dict, source: str) -> ArchSpec:
     """Kimi-Linear / Kimi-K3 config (``linear_attn_config`` with 1-indexed ``kda_layers``)."""
     validate_config(KimiConfigFields, config, source)   # types and bounds of every field read below
     num_layers = require(config, "num_hidden_layers", source)
-    lac = config.get("linear_attn_config")
-    if not isinstance(lac, dict):
-        raise DascInputError(f"{source}: config field 'linear_attn_config' is missing or not a mapping")
-    where = f"{source} (linear_attn_config)"
+    lac = _kda_fields(config, source)
+    where = f"{source} (linear_attn_config)" if "linear_attn_config" in config else source
     h = require(lac, "num_heads", where)
     d = require(lac, "head_dim", where)
     kconv = require(lac, "short_conv_kernel_size", where)

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from dasc_compile.cli import app
 from tests.support.tiny_models import compile_for, write_gdn
 
+pytestmark = pytest.mark.transformers_range
+
 runner = CliRunner()
 
 
@@ -81,9 +83,9 @@ def test_builtin_prompts_only_without_another_source(gdn_model, tmp_path):
 
 
 def _prompts_of(em, prompts_file, retrieval, prefix_len=80):
-    from dasc_compile.eval.command import _prompts as make
+    from dasc_compile.eval.run import make_prompts
 
-    return make(em, prompts_file, None, 0, retrieval, prefix_len, 8, 0)
+    return make_prompts(em.tokenizer, prompts_file, None, 0, retrieval, prefix_len, 8, 0)
 
 
 def test_horizons_with_plot_is_refused_before_running(gdn_dir, tmp_path):

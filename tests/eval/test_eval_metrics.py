@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from dasc_compile.eval.horizons import DecayRecorder, empirical_horizon, state_magnitude, validate_prefix
-from dasc_compile.eval.kda_ops import kda_chunked, kda_recurrent
+from dasc_compile.eval.hf_compat import kernel_slots
 from dasc_compile.eval.metrics import mean_sd, median_iqr, prompt_scores, ranks, spearman
+
+pytestmark = pytest.mark.transformers_range
 
 
 def test_spearman_constructed_case():
@@ -59,9 +61,9 @@ def test_empirical_horizon_and_state_magnitude():
     assert state_magnitude(s, 3).tolist() == [0, 0, 0, 0, 0, 5.0]
 
 
-@pytest.mark.parametrize("which", ["gdn", "kda"])
-def test_horizon_validation_observes_the_real_gate(which, gdn_model, kda_model):
-    em = gdn_model if which == "gdn" else kda_model
+@pytest.mark.parametrize("which", ["gdn", "kda", "mamba2", "falcon"])
+def test_horizon_validation_observes_the_real_gate(which, request):
+    em = request.getfixturevalue(f"{which}_model")
     prefix = [(5 * i + 1) % 251 for i in range(40)]
     n = em.num_heads * em.units_per_head
     with DecayRecorder(em) as rec:
@@ -70,24 +72,28 @@ def test_horizon_validation_observes_the_real_gate(which, gdn_model, kda_model):
         g = torch.cat(rec.g[lid], dim=1)
         assert g.shape[:2] == (1, len(prefix)) and g[0].numel() == len(prefix) * n and bool((g <= 0).all())
     for lid, mixer in em.mixers.items():      # kernels restored
-        assert getattr(mixer, em.kernel_attrs[0]).__name__ != "wrapped"
+        assert all(getattr(owner, attr).__name__ != "wrapped" for owner, attr in kernel_slots(mixer))
     hs = [torch.arange(1, n + 1, dtype=torch.float64) for _ in em.layer_ids]
     rows = validate_prefix(em, prefix, hs, 1e-3)
     assert [r["layer_id"] for r in rows] == em.layer_ids
     assert all(-1.0 <= r["rho_hs_he"] <= 1.0 and -1.0 <= r["rho_hs_ms"] <= 1.0 for r in rows)
 
 
-def test_kda_chunked_equals_recurrent():
-    torch.manual_seed(0)
-    B, T, H, K, V = 2, 45, 3, 8, 6
-    q = torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
-    v, g, beta, s0 = torch.randn(B, T, H, V), -torch.rand(B, T, H, K) * 4, torch.rand(B, T, H), torch.randn(B, H, K, V)
-    o1, s1 = kda_recurrent(q, k, v, g, beta, s0)
-    o2, s2 = kda_chunked(q, k, v, g, beta, s0, chunk_size=16)
-    assert torch.allclose(o1, o2, atol=1e-5) and torch.allclose(s1, s2, atol=1e-5)
-    # one hand step from zero: S = beta k v^T, o = S^T q / sqrt(K)
-    o, s = kda_recurrent(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1])
-    want = beta[:, 0, :, None, None] * k[:, 0, :, :, None] * v[:, 0, :, None, :]
-    assert torch.allclose(s, want, atol=1e-6)
-    assert torch.allclose(o[:, 0], (want * q[:, 0, :, :, None]).sum(-2) / math.sqrt(K), atol=1e-6)
+def test_recorded_decay_is_each_layers_own_gate(kda_model):
+    """The kernels are shared module globals: each layer's recorded g must be that layer's forget gate output
+    (captured independently by a hook on the gate module), not another layer's."""
+    em = kda_model
+    seen = {}
+    hooks = [em.mixers[lid].forget_gate.register_forward_hook(
+        lambda _m, _i, out, lid=lid: seen.setdefault(lid, out.detach().clone())) for lid in em.layer_ids]
+    prefix = [(5 * i + 1) % 251 for i in range(40)]
+    try:
+        with DecayRecorder(em) as rec:
+            em.forward(prefix, em.new_cache())
+    finally:
+        for h in hooks:
+            h.remove()
+    a, b = em.layer_ids
+    assert not torch.allclose(seen[a], seen[b])                      # the layers' gates differ
+    for lid in em.layer_ids:
+        assert torch.equal(torch.cat(rec.g[lid], dim=1), seen[lid].float())

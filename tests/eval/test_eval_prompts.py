@@ -11,26 +11,47 @@ from dasc_compile.eval.models import ByteTokenizer
 from dasc_compile.eval.prompts import _complete_items, from_jsonl, prompts_hash, serialize_conversation
 from dasc_compile.eval.retrieval import builtin_retrieval
 
+pytestmark = pytest.mark.transformers_range
+
 TOK = ByteTokenizer()
 
 
 def test_needle_prompts_hold_the_answer_at_the_depth():
-    ps = builtin_retrieval(TOK, 400, 10, seed=3)
+    ps = builtin_retrieval(TOK, 400, 15, seed=3)
     assert [p.kind for p in ps[:6]] == ["niah_single"] * 5 + ["niah_multikey"]
+    assert [p.kind for p in ps[10:]] == ["kv_pairs"] * 5
     for p in ps:
         assert len(p.prefix) == 400
         text, q = TOK.decode(p.prefix), TOK.decode(p.suffix)
-        key = q.split("magic number for ")[1].split("?")[0]
-        needle = f"The special magic number for {key} is{TOK.decode(p.answer)}."
-        assert text.count(needle) == 1
+        if p.kind == "kv_pairs":
+            key = q.split("Lookup ")[1].split(":")[0]
+            fact = f"\n{key}:{TOK.decode(p.answer)}\n"
+            assert text.count(f"{key}:") == 1 and text.count("Key-value records:\n") == 1 and text.count(": ") >= 8
+        else:
+            key = q.split("magic number for ")[1].split("?")[0]
+            fact = f"The special magic number for {key} is{TOK.decode(p.answer)}."
+            assert text.count("The special magic number") == (3 if p.kind == "niah_multikey" else 1)
+        assert text.count(fact) == 1
+        # the recorded distance is exactly the bytes after the queried fact (bytes = tokens here)
+        assert p.distance == len(text) - (text.index(fact) + len(fact))
         depth = float(p.source.split("depth=")[1])
-        at = text.index(needle)
-        assert abs(at - depth * (400 - (3 if "multikey" in p.kind else 1) * len(needle))) <= 2 * len(needle)
-        assert text.count("The special magic number") == (3 if p.kind == "niah_multikey" else 1)
-    assert prompts_hash(ps) == prompts_hash(builtin_retrieval(TOK, 400, 10, seed=3))
-    assert prompts_hash(ps) != prompts_hash(builtin_retrieval(TOK, 400, 10, seed=4))
+        if p.kind != "kv_pairs":
+            assert abs(text.index(fact) / 400 - depth) < 0.2
+    assert prompts_hash(ps) == prompts_hash(builtin_retrieval(TOK, 400, 15, seed=3))
+    assert prompts_hash(ps) != prompts_hash(builtin_retrieval(TOK, 400, 15, seed=4))
     with pytest.raises(DascInputError, match="too short for the retrieval prompts"):
         builtin_retrieval(TOK, 40, 1)
+
+
+def test_recall_text_is_the_prompt_format():
+    import random
+
+    from dasc_compile.eval.retrieval import recall_text
+
+    ctx, q, a = recall_text(300, "kv_pairs", 0.5, random.Random(0))
+    assert len(ctx) == 300 and q.startswith("\nLookup ") and q.endswith(":") and a.strip().isdigit()
+    key = q.split("Lookup ")[1][:-1]
+    assert f"\n{key}:{a}\n" in ctx
 
 
 def test_jsonl_forms_and_errors(tmp_path):

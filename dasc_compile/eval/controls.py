@@ -1,0 +1,107 @@
+"""The controls that tell whether a plan's quality comes from *trained* decays (issue 20):
+
+* **init-horizon masks** (arm ``init``): per recurrent layer keep the ``r_l`` units with the longest
+  static horizon H_s (Eq. 2, 3) computed from the *initial* decay tensors, where ``r_l`` is the trained
+  plan's kept count in that layer (count-matched, as Random is); then dasc-nr on the trained model.
+  If training left the decays where they started, these are the plan's own masks.
+* **the untrained model** (arm ``untrained``): the initial checkpoint run under the same plans' masks
+  (dense, dasc-nr and Random against its own dense): fast-decaying units forget the prefix whether or
+  not a model learned anything, so a gap that survives here is not evidence about trained decays.
+* **decay drift**: how far training moved the horizons: per layer the Spearman correlation of H_s with
+  the initial H_s, and at each w_max the Jaccard overlap of the kept sets {u : H_s(u) > w_max}.
+
+The initial state comes from a checkpoint directory (``--init-from DIR``: the decay tensors suffice
+for ``init`` and the drift; ``untrained`` needs the whole checkpoint) or from a seed
+(``--init-seed N``: transformers' own initialisation after ``torch.manual_seed(N)``,
+:func:`dasc_compile.eval.models.build_from_config`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dasc_compile.errors import DascInputError
+from dasc_compile.eval.metrics import median_iqr, spearman
+
+
+def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int | None) -> tuple[list, str]:
+    """The initial decay tensors in ``read_decay_tensors``' layout (``[(A_log name, A_log), (dt_bias
+    name, dt_bias), ...]`` per recurrent layer, float32) and a line saying where they came from.
+
+    Raises:
+        DascInputError: neither source given; an init checkpoint of another architecture (other
+            recurrent layers, or decay tensors of other shapes).
+    """
+    if init_from is not None:
+        from dasc_compile.arch import arch_from_config
+        from dasc_compile.checkpoint import open_checkpoint, read_decay_tensors
+
+        src = open_checkpoint(init_from)
+        ispec = arch_from_config(src.config, str(src.config_path))
+        if (ispec.recurrent_layer_ids, ispec.a_log_shape, ispec.dt_bias_shape) != \
+                (spec.recurrent_layer_ids, spec.a_log_shape, spec.dt_bias_shape):
+            raise DascInputError(f"--init-from {init_from}: not an initial checkpoint of this model (recurrent layers "
+                                 f"{list(ispec.recurrent_layer_ids)}, decay shapes {ispec.a_log_shape} / "
+                                 f"{ispec.dt_bias_shape}; the model's {list(spec.recurrent_layer_ids)}, "
+                                 f"{spec.a_log_shape} / {spec.dt_bias_shape})")
+        return [(n, t.float()) for n, t in read_decay_tensors(src, ispec)], f"checkpoint {init_from}"
+    if init_seed is not None:
+        from dasc_compile.eval.models import _read_config, build_from_config, recurrent_mixers
+
+        built = build_from_config(model, _read_config(model), init_seed)
+        mixers, _, _ = recurrent_mixers(built)
+        out = []
+        for j, lid in enumerate(spec.recurrent_layer_ids):
+            m = mixers[lid]
+            gate = m.forget_gate if hasattr(m, "forget_gate") else m
+            out += [(spec.a_log_names[j], gate.A_log.detach().float().reshape(spec.a_log_shape)),
+                    (spec.dt_bias_names[j], gate.dt_bias.detach().float().reshape(spec.dt_bias_shape))]
+        return out, f"transformers' initialisation, torch.manual_seed({init_seed})"
+    raise DascInputError("--arms init / untrained need the initial state: give --init-from DIR or --init-seed N")
+
+
+def count_matched_top(horizons: list[torch.Tensor], counts: list[int]) -> list[list[int]]:
+    """Per layer, the ``counts[l]`` unit ids with the longest horizons (ties: lower unit id first), sorted.
+
+    Args:
+        horizons: per recurrent layer, float64 ``[n_units]`` static horizons (tokens).
+        counts: per layer, how many to keep (``0 <= counts[l] <= n_units``).
+    """
+    out = []
+    for h, r in zip(horizons, counts):
+        order = sorted(range(h.numel()), key=lambda u: (-float(h[u]), u))
+        out.append(sorted(order[:r]))
+    return out
+
+
+def init_kept_units(plan, init_h: list[torch.Tensor]) -> list[list[int]]:
+    """The init-horizon masks of ``plan``: per layer the plan's ``n_kept`` units ranked by the initial H_s."""
+    return count_matched_top(init_h, [lp.n_kept for lp in plan.layers])
+
+
+def jaccard(a: set, b: set) -> float:
+    """|a & b| / |a | b|; 1.0 for two empty sets."""
+    return len(a & b) / len(a | b) if (a or b) else 1.0
+
+
+def decay_drift(trained_h: list[torch.Tensor], init_h: list[torch.Tensor], w_maxes: list[int]) -> dict:
+    """How far training moved the horizons (float64 ``[n_units]`` per layer, both under the same a_s, eps).
+
+    Returns ``{"spearman_per_layer": [rho_l], "spearman_median": m, "jaccard": {str(w): {"per_layer":
+    [J_l], "all": J}}}`` where J compares {u : H_s(u) > w} of the trained and the initial horizons
+    (``all`` pools the layers' (layer, unit) pairs).
+    """
+    rho = [spearman(t, i) for t, i in zip(trained_h, init_h)]
+    out = {"spearman_per_layer": rho, "spearman_median": median_iqr(rho)["median"], "jaccard": {}}
+    for w in w_maxes:
+        per, all_t, all_i = [], set(), set()
+        for li, (t, i) in enumerate(zip(trained_h, init_h)):
+            st = {u for u in range(t.numel()) if float(t[u]) > w}
+            si = {u for u in range(i.numel()) if float(i[u]) > w}
+            per.append(jaccard(st, si))
+            all_t |= {(li, u) for u in st}
+            all_i |= {(li, u) for u in si}
+        out["jaccard"][str(w)] = {"per_layer": per, "all": jaccard(all_t, all_i)}
+    return out

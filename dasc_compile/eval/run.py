@@ -1,0 +1,390 @@
+"""``dasc eval``'s work: check the inputs, load what is needed, run the protocol, build the JSON document.
+
+Order (every refusal comes before any model runs): options -> transformers present -> the checkpoint's
+decay tensors and the plans -> context length -> the initial state (controls) -> tokenizer and prompts
+-> the prompts' real lengths against the context -> the model(s). With ``json_out`` the document is
+rewritten (atomically) after every prompt, so an interrupted run keeps the prompts it finished
+(``protocol.complete: false``).
+
+JSON (keys read by tests and tools): ``model`` (path, model_type, family, recurrent_layer_ids,
+decay_sha256, provenance, and ``provenance_json``: a ``provenance.json`` beside the weights),
+``protocol`` (prefix/suffix lengths, k, arms, seeds, prompt source,
+``prompts_sha256``, device, ``n_prompts`` done of ``n_prompts_planned``, ``complete``), ``plan`` and
+``arms`` for the first plan, ``plans``: one ``{"plan", "arms"[, "untrained"]}`` per ``--plan`` in the
+order given, and with an initial state ``init``: ``{"source", "drift"}`` (:func:`controls.decay_drift`).
+``arms`` maps ``dense | nr | wr | init | random`` to the metrics of :mod:`dasc_compile.eval.protocol`;
+``random`` gives ``{"mean", "sd"}`` per metric. ``--horizons`` writes ``{"model", "protocol",
+"table_1b"}`` instead. Non-finite numbers (C_temp of a plan that keeps nothing) are written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from dasc_compile.errors import DascInputError
+
+#: stderr: progress bars and one-line errors (stdout carries the tables).
+ERR = Console(stderr=True, highlight=False, soft_wrap=True)
+EVAL_JSON_VERSION = 2
+DEFAULT_RETRIEVAL = 10
+#: w_max values at which the decay drift (kept-set Jaccard with init) is always reported.
+DRIFT_W_MAX = (16, 64, 128, 256)
+
+
+class EvalInterrupted(Exception):
+    """Ctrl-C during the prompts; ``done`` of ``planned`` prompts are in the JSON written so far."""
+
+    def __init__(self, done: int, planned: int, json_out: Optional[Path]):
+        super().__init__(f"interrupted after {done} of {planned} prompts")
+        self.done, self.planned, self.json_out = done, planned, json_out
+
+
+def checkpoint_decays(model: Path):
+    """(spec, decay tensors, provenance) of the checkpoint, read as ``dasc compile`` reads it."""
+    from dasc_compile.arch import arch_from_config, check_against_tensors
+    from dasc_compile.checkpoint import open_checkpoint, read_decay_tensors
+    from dasc_compile.eval.models import _read_config, model_family
+
+    model_family(model, _read_config(model))
+    src = open_checkpoint(model)
+    spec = arch_from_config(src.config, str(src.config_path))
+    if not spec.recurrent_layer_ids:
+        raise DascInputError(f"{src.config_path}: the model has no recurrent (linear-attention) layers")
+    check_against_tensors(spec, src.tensor_files.keys(), str(src.root))
+    return spec, read_decay_tensors(src, spec), src.provenance
+
+
+def load_plans(paths: list[Path], spec, tensors) -> list:
+    """``[(path, Plan)]`` of plans compiled from exactly these decay tensors and recurrent layers."""
+    from dasc_compile.checkpoint import decay_fingerprint
+    from dasc_compile.schema import load_plan
+
+    fp = decay_fingerprint(tensors)
+    plans = []
+    for p in paths:
+        plan = load_plan(p, verify_kernels=False)
+        if plan.fingerprint.decay_sha256 != fp:
+            raise DascInputError(
+                f"{p}: plan was compiled from other decay tensors (fingerprint {plan.fingerprint.decay_sha256[:12]}..., "
+                f"this model's {fp[:12]}...); compile a plan for this model with 'dasc compile'")
+        if list(plan.model.recurrent_layer_ids) != list(spec.recurrent_layer_ids):
+            raise DascInputError(f"{p}: plan's recurrent layers {plan.model.recurrent_layer_ids} are not the model's "
+                                 f"{list(spec.recurrent_layer_ids)}")
+        plans.append((str(p), plan))
+    return plans
+
+
+_CONTEXT_KEYS = ("max_position_embeddings", "model_max_length", "max_sequence_length", "seq_length", "n_positions")
+_NESTED = ("text_config", "language_config", "llm_config", "text_model")
+
+
+def context_limit(cfg: dict) -> tuple[int, str] | None:
+    """The model's context length and the config field it came from (``text_config.max_position_embeddings``),
+    looked up in the language-model part first (nested configs), then at the top; None when absent."""
+    for nest in _NESTED:
+        sub = cfg.get(nest)
+        if isinstance(sub, dict):
+            for key in _CONTEXT_KEYS:
+                if isinstance(sub.get(key), int) and not isinstance(sub.get(key), bool):
+                    return sub[key], f"{nest}.{key}"
+    for key in _CONTEXT_KEYS:
+        if isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
+            return cfg[key], key
+    return None
+
+
+def check_context(model: Path, tokens: int, what: str) -> None:
+    """Refuse a prompt longer than the model's context (:func:`context_limit`) before any weights load:
+    such a run would take minutes and measure a model outside the positions it was built for."""
+    from dasc_compile.eval.models import _read_config
+
+    found = context_limit(_read_config(model))
+    if found is not None and tokens > found[0]:
+        raise DascInputError(f"{what} = {tokens} tokens is longer than the model's context: {found[1]} "
+                             f"{found[0]} ({model / 'config.json'}); give a shorter --prefix-len")
+
+
+def make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed):
+    """The prompts (text and retrieval interleaved) and a line naming their sources."""
+    from dasc_compile.eval.prompts import from_jsonl, from_sharegpt
+    from dasc_compile.eval.retrieval import builtin_retrieval
+
+    if prompts_file is not None and sharegpt is not None:
+        raise DascInputError("--prompts and --sharegpt are alternatives; give one of them")
+    out, source = [], []
+    if prompts_file is not None:
+        out += from_jsonl(tok, prompts_file, prefix_len, suffix_len)
+        source.append(f"jsonl:{prompts_file}")
+    if sharegpt is not None:
+        if sharegpt < 1:
+            raise DascInputError(f"--sharegpt {sharegpt}: give a positive number of conversations")
+        out += from_sharegpt(tok, sharegpt, prefix_len, suffix_len, sharegpt_offset)
+        source.append(f"sharegpt:{sharegpt}@{sharegpt_offset}")
+    # the built-in retrieval prompts are the default source only: with --prompts/--sharegpt they join
+    # the user's prompts only when --retrieval N is given explicitly
+    n_ret = retrieval if retrieval is not None else (0 if source else DEFAULT_RETRIEVAL)
+    if n_ret < 0:
+        raise DascInputError(f"--retrieval {n_ret}: must be 0 or more")
+    if n_ret:
+        out += builtin_retrieval(tok, prefix_len, n_ret, seed)
+        source.append(f"builtin-retrieval:{n_ret}:seed={seed}")
+    if not out:
+        raise DascInputError("no prompts: give --prompts FILE, --sharegpt N or --retrieval N > 0")
+    text = [p for p in out if p.answer is None]
+    ret = [p for p in out if p.answer is not None]
+    mixed = []          # interleave text and retrieval prompts, so a time-capped run keeps both kinds
+    for i in range(max(len(text), len(ret))):
+        mixed += text[i:i + 1] + ret[i:i + 1]
+    return mixed, "+".join(source)
+
+
+def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
+    if prefix_len < 1:
+        raise DascInputError(f"--prefix-len {prefix_len}: must be at least 1 token")
+    if suffix_len < 2:
+        raise DascInputError(f"--suffix-len {suffix_len}: must be at least 2 tokens")
+    if gen_tokens < 1:
+        raise DascInputError(f"--gen-tokens {gen_tokens}: must be at least 1")
+
+
+def parse_arms(arms: str) -> tuple[str, ...]:
+    from dasc_compile.eval.arms import ARMS
+
+    got = tuple(a.strip() for a in arms.split(",") if a.strip())
+    bad = [a for a in got if a not in ARMS]
+    if bad or not got:
+        raise DascInputError(f"--arms {arms!r}: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
+    return got
+
+
+def model_record(model: Path, em, spec, tensors, provenance) -> dict:
+    from dasc_compile.checkpoint import decay_fingerprint
+
+    rec = {"path": str(model), "model_type": spec.model_type, "family": spec.family,
+           "recurrent_layer_ids": list(spec.recurrent_layer_ids), "num_heads": em.num_heads,
+           "units_per_head": em.units_per_head, "decay_sha256": decay_fingerprint(tensors), "provenance": provenance}
+    try:                                   # a training record beside the weights (how the model was trained)
+        rec["provenance_json"] = json.loads((Path(model) / "provenance.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return rec
+
+
+def _init_control(model, spec, tensors, loaded, init_from, init_seed):
+    """(init_kept per plan, the ``init`` record) from the initial decay tensors."""
+    from dasc_compile.compiler import layer_horizons, resolve_family_policy
+    from dasc_compile.eval.controls import decay_drift, init_decay_tensors, init_kept_units
+
+    init_t, source = init_decay_tensors(model, spec, init_from, init_seed)
+    kept, drift = [], None
+    for _, plan in loaded:
+        pol = resolve_family_policy(spec, plan.policy)
+        init_h = layer_horizons(spec, pol, init_t)
+        kept.append(init_kept_units(plan, init_h))
+        if drift is None:
+            w = sorted(set(DRIFT_W_MAX) | {p.policy.w_max for _, p in loaded})
+            drift = dict(decay_drift(layer_horizons(spec, pol, tensors), init_h, w), a_s=pol.a_s, eps=pol.eps)
+    return kept, {"source": source, "drift": drift}
+
+
+def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = None, sharegpt: Optional[int] = None,
+             sharegpt_offset: int = 0, retrieval: Optional[int] = None, arms: str = "dense,nr,wr,random",
+             prefix_len: int = 512, suffix_len: int = 64, gen_tokens: int = 16, device: str = "cpu", seed: int = 0,
+             progress: bool = True, time_budget_s: Optional[float] = None, init_from: Optional[Path] = None,
+             init_seed: Optional[int] = None, json_out: Optional[Path] = None) -> dict:
+    """The cached-prefix evaluation of ``plans`` on ``model`` (:mod:`dasc_compile.eval.protocol`).
+
+    ``time_budget_s`` (benchmarks only): start no new prompt after this many seconds. ``init_from`` /
+    ``init_seed``: the initial state for the ``init`` / ``untrained`` arms and the decay drift.
+    ``json_out``: the document is rewritten there after every prompt.
+
+    Raises:
+        DascInputError: no plan, bad options, transformers missing, a model without recurrent layers, a
+            plan compiled from other decay tensors, prompts shorter than the prefix or longer than the
+            context, no initial state for the controls, an unusable device.
+        EvalInterrupted: Ctrl-C; the prompts finished so far are in ``json_out``.
+    """
+    from dasc_compile.eval.arms import RANDOM_SEEDS
+    from dasc_compile.eval.hf_compat import require_transformers
+    from dasc_compile.eval.models import _read_config, load_eval_model, load_tokenizer, preflight, require_model_support
+    from dasc_compile.eval.prompts import prompts_hash
+    from dasc_compile.eval.protocol import make_case, plan_record, run_prompt, summarize_plan
+
+    arm_t = parse_arms(arms)
+    check_common(prefix_len, suffix_len, gen_tokens)
+    if not plans:
+        raise DascInputError("give at least one --plan DIR (or --horizons for horizon validation)")
+    require_transformers()
+    spec, tensors, provenance = checkpoint_decays(model)
+    check_context(model, prefix_len + suffix_len, "--prefix-len + --suffix-len")
+    loaded = load_plans(plans, spec, tensors)
+    controls = {"init", "untrained"} & set(arm_t)
+    init_kept, init_rec = ([None] * len(loaded), None)
+    if controls or init_from is not None or init_seed is not None:
+        init_kept, init_rec = _init_control(model, spec, tensors, loaded, init_from, init_seed)
+    require_model_support(model)
+    preflight(model)
+    if "untrained" in arm_t and init_from is not None:
+        preflight(init_from)
+    tok = load_tokenizer(model, _read_config(model))
+    prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed)
+    longest = max(len(p.prefix) + len(p.suffix) + (len(p.answer) if p.answer else gen_tokens) for p in prompts)
+    check_context(model, longest, "the longest prompt (prefix + suffix + answer or --gen-tokens)")
+    em = load_eval_model(model, device, tokenizer=tok)
+    cases = [make_case(em, plan, label, arm_t, init_kept=k) for (label, plan), k in zip(loaded, init_kept)]
+    untrained = None
+    if "untrained" in arm_t:
+        em_u = load_eval_model(init_from or model, device, init_seed=None if init_from else init_seed, tokenizer=tok)
+        u_arms = tuple(a for a in arm_t if a in ("dense", "nr", "wr", "random"))
+        untrained = (em_u, u_arms, [make_case(em_u, plan, label, u_arms) for label, plan in loaded])
+
+    t0, done = time.time(), []
+
+    def document(complete: bool) -> dict:
+        per_plan = [{"plan": plan_record(c.plan, c.label), "arms": summarize_plan(c)} for c in cases]
+        if untrained is not None:
+            for rec, cu in zip(per_plan, untrained[2]):
+                rec["untrained"] = summarize_plan(cu)
+        doc = {
+            "dasc_eval_version": EVAL_JSON_VERSION,
+            "model": model_record(model, em, spec, tensors, provenance),
+            "protocol": {
+                "name": "cached-prefix: prefix -> state checkpoint -> arm on the recurrent temporal state "
+                        "(conv state and full-attention KV exact) -> suffix + tail scored against dense",
+                "prefix_len": prefix_len, "suffix_len": suffix_len, "gen_tokens": gen_tokens, "arms": list(arm_t),
+                "random_seeds": list(RANDOM_SEEDS), "prompt_source": source, "n_prompts": len(done),
+                "n_prompts_planned": len(prompts), "complete": complete,
+                "n_retrieval_prompts": sum(p.answer is not None for p in done), "prompts_sha256": prompts_hash(done),
+                "device": str(em.device), "dtype": "float32", "stopped_early": len(done) < len(prompts),
+                "wall_s": round(time.time() - t0, 3),
+            },
+            "plan": per_plan[0]["plan"], "arms": per_plan[0]["arms"], "plans": per_plan,
+        }
+        if init_rec is not None:
+            doc["init"] = init_rec
+        return doc
+
+    from rich.progress import Progress
+
+
+    try:
+        with Progress(console=ERR, transient=True, disable=not progress) as bar:
+            task = bar.add_task(f"dasc eval: {len(prompts)} prompts x {len(cases)} plan(s)", total=len(prompts))
+            for p in prompts:
+                if time_budget_s is not None and done and time.time() - t0 > time_budget_s:
+                    break
+                run_prompt(em, p, cases, arm_t, gen_tokens)
+                if untrained is not None:
+                    run_prompt(untrained[0], p, untrained[2], untrained[1], gen_tokens)
+                done.append(p)
+                if json_out is not None:
+                    write_json(document(False), json_out)
+                bar.advance(task)
+    except KeyboardInterrupt:
+        if json_out is not None and done:
+            write_json(document(False), json_out)
+        raise EvalInterrupted(len(done), len(prompts), json_out if done else None) from None
+    doc = document(len(done) == len(prompts))
+    if json_out is not None:
+        write_json(doc, json_out)
+    return doc
+
+
+def _finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def write_json(doc: dict, out: Path) -> None:
+    """Write ``doc`` to ``out`` atomically (temporary file in the same folder, then rename); non-finite
+    numbers become null (strict JSON)."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(_finite(doc), f, indent=1, allow_nan=False)
+                f.write("\n")
+            os.chmod(tmp, 0o644)           # like the plan files: readable by others, not a private temp file
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot write the JSON output ({exc.strerror})") from None
+
+
+def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Optional[Path] = None,
+                 sharegpt: Optional[int] = None, sharegpt_offset: int = 0, retrieval: Optional[int] = None,
+                 prefix_len: int = 512, device: str = "cpu", seed: int = 0, progress: bool = True,
+                 init_from: Optional[Path] = None, init_seed: Optional[int] = None) -> dict:
+    """Table 1(b) for ``model``: Spearman of H_s with H_e and with M_S per (prefix, layer) (Eq. 4, 5);
+    with an initial state (``init_from`` whole checkpoint, or ``init_seed``) also for the untrained model
+    (``table_1b_untrained``, its own H_s), on the same prefixes.
+
+    H_s uses the plan's policy (a_s, eps) when ``plan`` is given, else the family defaults.
+
+    Raises:
+        DascInputError: as :func:`run_eval`.
+    """
+    from dasc_compile.compiler import layer_horizons, resolve_family_policy
+    from dasc_compile.eval import horizons as hz
+    from dasc_compile.eval.controls import init_decay_tensors
+    from dasc_compile.eval.hf_compat import require_transformers
+    from dasc_compile.eval.models import _read_config, load_eval_model, load_tokenizer
+    from dasc_compile.eval.prompts import prompts_hash
+    from dasc_compile.policy import Policy
+
+    check_common(prefix_len, 2, 1)
+    require_transformers()
+    spec, tensors, provenance = checkpoint_decays(model)
+    check_context(model, prefix_len, "--prefix-len")
+    policy = Policy()
+    if plan is not None:
+        policy = load_plans([plan], spec, tensors)[0][1].policy
+    policy = resolve_family_policy(spec, policy)
+    models = [("table_1b", None, layer_horizons(spec, policy, tensors))]
+    if init_from is not None or init_seed is not None:
+        init_t, _ = init_decay_tensors(model, spec, init_from, init_seed)
+        models.append(("table_1b_untrained", True, layer_horizons(spec, policy, init_t)))
+    tok = load_tokenizer(model, _read_config(model))
+    prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, 2, seed)
+    from rich.progress import Progress
+
+
+    out = {}
+    em = None
+    for key, untrained, static_h in models:
+        m = (load_eval_model(init_from or model, device, init_seed=None if init_from else init_seed, tokenizer=tok)
+             if untrained else load_eval_model(model, device, tokenizer=tok))
+        em = em or m
+        rows = []
+        with Progress(console=ERR, transient=True, disable=not progress) as bar:
+            task = bar.add_task(f"dasc eval --horizons: {len(prompts)} prefixes", total=len(prompts))
+            for p in prompts:
+                rows += hz.validate_prefix(m, p.prefix, static_h, policy.eps)
+                bar.advance(task)
+        out[key] = hz.summarize(rows)
+    return {
+        "dasc_eval_version": EVAL_JSON_VERSION,
+        "model": model_record(model, em, spec, tensors, provenance),
+        "protocol": {"name": "horizon validation (Eq. 4, 5): Spearman across units per (prefix, layer)",
+                     "prefix_len": prefix_len, "n_prefixes": len(prompts), "prompt_source": source,
+                     "prompts_sha256": prompts_hash(prompts), "a_s": policy.a_s, "eps": policy.eps,
+                     "device": str(em.device)},
+        **out,
+    }

@@ -1,0 +1,104 @@
+"""What a new user hit with ``dasc eval`` (issue 20, item 1): each case as the user saw it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from dasc_compile.cli import app
+from tests.support.tiny_models import compile_for
+
+pytestmark = pytest.mark.transformers_range
+
+runner = CliRunner()
+
+
+def _cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _one_error_line(r, code=2):
+    assert r.exit_code == code, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+    return lines[0]
+
+
+def test_missing_transformers_is_one_line_naming_the_extra(gdn_dir, tmp_path, monkeypatch):
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    monkeypatch.setitem(sys.modules, "transformers", None)        # import transformers -> ImportError
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan))
+    assert line == "error: dasc eval needs the 'transformers' package (>= 5.12): pip install 'dasc[eval]'"
+
+
+def test_help_keeps_the_extra_name():
+    r = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "pip install 'dasc[eval]'" in r.output
+
+
+def test_prefix_beyond_a_nested_context_is_refused_before_loading(tmp_path):
+    from tests.support.tiny_models import write_qwen35
+
+    d = write_qwen35(tmp_path / "q35")
+    cfg = json.loads((d / "config.json").read_text())
+    assert "max_position_embeddings" not in cfg and cfg["text_config"]["max_position_embeddings"] == 2048
+    plan = compile_for(d, 16, tmp_path / "p.dasc")
+    line = _one_error_line(_cli("eval", d, "--plan", plan, "--prefix-len", 2040, "--suffix-len", 16))
+    assert "2056 tokens" in line and "text_config.max_position_embeddings 2048" in line
+
+
+def test_kimi_context_is_model_max_length(kda_dir, tmp_path):
+    cfg = json.loads((kda_dir / "config.json").read_text())
+    assert cfg["model_max_length"] == 2048 and "max_position_embeddings" not in cfg
+    plan = compile_for(kda_dir, 16, tmp_path / "p.dasc")
+    line = _one_error_line(_cli("eval", kda_dir, "--plan", plan, "--prefix-len", 4000))
+    assert "model_max_length 2048" in line
+
+
+def test_random_plan_is_labelled_random_and_empty_plan_prints_inf(gdn_dir, tmp_path):
+    rnd = compile_for(gdn_dir, 16, tmp_path / "r.dasc", random_seed=2027)
+    none = compile_for(gdn_dir, 10 ** 9, tmp_path / "n.dasc")          # no horizon is that long: nothing kept
+    out = tmp_path / "r.json"
+    r = _cli("eval", gdn_dir, "--plan", rnd, "--plan", none, "--retrieval", 1, "--prefix-len", 80, "--gen-tokens", 2,
+             "--arms", "dense,nr", "--json", out)
+    assert r.exit_code == 0, r.output
+    assert "Random plan (seed 2027), zero-filled" in r.output and "Random plan (seed 2027) w_max 16" in r.output
+    assert r.output.count("dasc-nr") == 1                               # only the empty horizon plan's row
+    assert "C_temp inf," in r.output and "infx" not in r.output
+    doc = json.loads(out.read_text())                                   # strict JSON: inf is null
+    assert doc["plans"][0]["plan"]["selection"] == "random" and doc["plans"][0]["plan"]["random_seed"] == 2027
+    assert doc["plans"][1]["plan"]["n_kept"] == 0 and doc["plans"][1]["plan"]["c_temp_ragged"] is None
+
+
+def test_interrupted_run_keeps_the_finished_prompts(gdn_dir, tmp_path, monkeypatch):
+    from dasc_compile.eval import protocol
+
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    real, calls = protocol.run_prompt, []
+
+    def stop_on_third(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(protocol, "run_prompt", stop_on_third)
+    out = tmp_path / "r.json"
+    r = _cli("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80, "--gen-tokens", 2,
+             "--arms", "dense,nr", "--json", out)
+    line = _one_error_line(r, code=130)
+    assert line == f"interrupted after 2 of 4 prompts; the 2 finished are in {out}"
+    doc = json.loads(out.read_text())
+    assert doc["protocol"]["n_prompts"] == 2 and doc["protocol"]["n_prompts_planned"] == 4
+    assert doc["protocol"]["complete"] is False and doc["arms"]["nr"]["n_prompts"] == 2
+
+
+def test_controls_without_an_initial_state_are_refused(gdn_dir, tmp_path):
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "nr,init"))
+    assert "--init-from DIR or --init-seed N" in line
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--init-from", gdn_dir, "--init-seed", 1))
+    assert "alternatives" in line
