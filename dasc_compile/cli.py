@@ -90,10 +90,10 @@ def compile_cmd(
               f"kept {t.n_kept}/{t.n_units} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
               + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")",
               markup=False)
-    from dasc_compile.provenance import figure_label
+    from dasc_compile.provenance import figure_label, short_line
 
-    if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which
-        con.print(f"note: decay values not trained; provenance: {plan.model.provenance}", markup=False)
+    if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which, in one short line
+        con.print(f"note: {short_line(plan.model.provenance)}", markup=False)
 
 
 def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
@@ -225,14 +225,16 @@ def size_cmd(
                                                 help="dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default the runtime's 8."),
 ) -> None:
     """Native and compressed slots, capacity and SGLang flags of every arm at equal state memory (App. C.1)."""
-    from dasc_runtime.size_report import size_command
+    from dasc_compile.size_report import size_command
 
     try:
-        size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,
-                     budget=budget, strategy=strategy, overlap_schedule=not no_overlap, pair_plan=pair_plan,
-                     as_json=as_json, refresh_slots=refresh_slots)
+        warnings = size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,
+                                budget=budget, strategy=strategy, overlap_schedule=not no_overlap,
+                                pair_plan=pair_plan, as_json=as_json, refresh_slots=refresh_slots)
     except DascInputError as exc:
         _fail(exc)
+    for line in warnings:
+        err.print(f"warning: {line}", markup=False)
 
 
 # `dasc eval` (quality cost of a plan, horizon validation): its body lives in dasc_compile.eval.command

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from dasc_compile.schema import DascInputError, UnitSpec, load_plan, usable_slots
-from dasc_runtime.wr_scratch import DEFAULT_REFRESH_SLOTS, refresh_active
+from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
 
 __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
            "int8_bytes_per_slot", "compressed_bytes_per_slot", "dense_slots_for_budget", "size_arms",
@@ -177,7 +177,7 @@ def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
     m = int(budget_bytes) // int(bytes_dense_slot) - 1
     if m < 1:
         raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({bytes_dense_slot} bytes a slot "
-                             f"on one TP rank, one padding slot)")
+                             f"on one TP rank, one padding slot); expected at least {2 * int(bytes_dense_slot)} bytes")
     return m
 
 
@@ -236,11 +236,19 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
             arm is labelled ``dasc-wr-w{W}`` and its flags name B.
     Returns:
         one :class:`ArmSizing` per arm, in the order asked.
+    The options are checked as the server checks them
+    (:func:`dasc_runtime.serving_rules.settle_size_options`): a storage-balanced plan at TP > 1 is sized
+    and flagged without the overlap scheduler (``--disable-overlap-schedule``), since the runtime needs it.
+
     Raises:
         DascInputError: R or M outside [1, 2**31], a budget outside [1, 2**50] bytes, both or neither
-            of M and budget, M < k * R (Dense could not run R),
-            no pool slot fits, an unknown arm or strategy.
+            of M and budget, M < k * R (Dense could not run R; with a budget, the smallest that does),
+            no pool slot fits (the smallest M or budget that does), an unknown arm or strategy, or a
+            configuration the dasc runtime refuses (``extra_buffer_lazy``, ``balance: hybrid``, ...).
     """
+    slots_per_running_request(strategy)           # an unknown strategy first, then what dasc serves
+    overlap_schedule = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
+                                           refresh_slots=refresh_slots).overlap_schedule
     k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
     r = max_running_requests
     _check_count("--max-running-requests", r)
@@ -254,9 +262,14 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     m_native = k * r
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
-        raise DascInputError(f"--dense-slots {m}: SGLang runs at most floor(M / {k}) requests with {strategy}"
-                             f"{'' if overlap_schedule else ' without the overlap scheduler'}, so "
-                             f"--max-running-requests {r} needs M >= {m_native}")
+        runs = (f"SGLang runs at most floor(M / {k}) requests with {strategy}"
+                f"{'' if overlap_schedule else ' without the overlap scheduler'}")
+        if budget_bytes is not None:
+            need = (m_native + 1) * b_dense
+            raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
+                                 f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
+                                 f"M >= {m_native}: a budget of at least {need} bytes ({need / GIB:.3f} GiB)")
+        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
         (() if overlap_schedule else ("--disable-overlap-schedule",))
     budget = (m + 1) * b_dense
@@ -270,7 +283,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
             continue
         if name == "int8":
             b8 = int8_bytes_per_slot(plan)
-            mm = _pool(m, m_native, b_dense, b8, 0, "SGLang INT8")
+            mm = _pool(m, m_native, b_dense, b8, 0, "SGLang INT8", budget_bytes is not None)
             out.append(ArmSizing(arm="int8", kind="int8", native_slots=m_native, ckpt_slots=mm.compressed_slots,
                                  capacity=mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
                                  used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b8,
@@ -289,7 +302,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
         policy = "wr" if wr else "nr"
         mm = _pool(m, m_native, b_dense, b_c, scratch_slots * b_c + n_wr * b_dense,
-                   f"dasc-{policy}{'+INT8' if i8 else ''}")
+                   f"dasc-{policy}{'+INT8' if i8 else ''}", budget_bytes is not None)
         label = f"dasc-{policy}-w{plan.policy.w_max}{'-int8' if i8 else ''}"
         out.append(ArmSizing(arm=label, kind="dasc", native_slots=m_native, ckpt_slots=mm.compressed_slots,
                              capacity=m_native + mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
@@ -302,16 +315,21 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     return out
 
 
-def _pool(m: int, m_native: int, b_dense: int, b: int, scratch: int, what: str) -> MatchedMemory:
+def _pool(m: int, m_native: int, b_dense: int, b: int, scratch: int, what: str, by_budget: bool) -> MatchedMemory:
+    """:func:`matched_memory`, its refusal naming the flag that sized M (``--budget`` when ``by_budget``) and the
+    smallest value of it that fits one slot: ``M >= M' + ceil((2 b + scratch) / b_dense)``."""
     try:
         return matched_memory(dense_slots=m, native_slots=m_native, bytes_dense_slot=b_dense,
                               bytes_compressed_slot=b, scratch_bytes=scratch)
     except DascInputError:
         left = (m - m_native) * b_dense - scratch
         beside = f" and {scratch} bytes of scratch" if scratch else ""
+        m_min = m_native + -(-(2 * b + scratch) // b_dense)
+        need = (f"--budget of at least {(m_min + 1) * b_dense} bytes ({(m_min + 1) * b_dense / GIB:.3f} GiB)"
+                if by_budget else f"--dense-slots of at least {m_min}")
         raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave "
                              f"{left} bytes beside the M'={m_native} native slots{beside}, one "
-                             f"{what} slot needs {b} bytes (+1 reserved); raise --dense-slots or lower "
+                             f"{what} slot needs {b} bytes (+1 reserved); give a {need}, or lower "
                              f"--max-running-requests{' or --refresh-slots' if scratch else ''}") from None
 
 
