@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 
 from dasc_compile.schema import DascInputError
 
-__all__ = ["DEFAULT_REFRESH_SLOTS", "Refusal", "Rule", "RULES", "STARTUP_ONLY", "SCOPES", "SettledOptions",
+__all__ = ["DEFAULT_REFRESH_SLOTS", "Refusal", "Rule", "RULES", "SMALLEST_AUTO_CHUNK", "STARTUP_ONLY", "SCOPES",
+           "SettledOptions",
            "refresh_active", "serving_refusals", "settle_size_options", "markdown"]
 
 #: Windows replayed by one dasc-wr scratch pass when ``--dasc-refresh-slots`` is not given.
@@ -211,7 +212,8 @@ def _over_chunk(c: _Ctx):
     chunk = c.g("chunked_prefill_size")
     return _when(w > 0 and chunk is not None and chunk > 0 and w > chunk,
                  f"the plan's refresh window w_replay_cap={w} tokens exceeds --chunked-prefill-size {chunk}: one "
-                 f"scratch pass could not fit SGLang's prefill budget", (("--chunked-prefill-size", "chunked_prefill_size", w),))
+                 f"scratch pass could not fit SGLang's prefill budget",
+                 (("--chunked-prefill-size", "chunked_prefill_size", w),))
 
 
 @_rule("refresh_dp_attention", "refresh", "a refresh pass on one DP rank would stall the other ranks' collectives.")
@@ -265,18 +267,24 @@ def serving_refusals(server_args, plan=None, *, refresh_slots: Optional[int] = N
     return out
 
 
+#: The smallest ``--chunked-prefill-size`` SGLang 0.5.17 picks by itself (by GPU memory, 2048-16384 tokens):
+#: what ``dasc size`` assumes when it prints no chunk size of its own.
+SMALLEST_AUTO_CHUNK = 2048
+
+
 @dataclass(frozen=True, kw_only=True)
 class SettledOptions:
     """The SGLang options ``dasc size`` sizes and prints, after the rules' fixes.
 
     Attributes:
         overlap_schedule: False when ``--disable-overlap-schedule`` is (or had to be) given.
-        added: flags added to every arm's command line because the dasc runtime needs them.
+        extra_flags: flags (with values) added to every arm beyond the strategy and overlap flags,
+            because the dasc runtime needs them (``--chunked-prefill-size W``).
         notes: one line per added flag, saying why (printed as ``warning:`` lines).
     """
 
     overlap_schedule: bool
-    added: tuple[str, ...] = ()
+    extra_flags: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
 
@@ -285,26 +293,36 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     """The options ``dasc size`` prints for ``plan``, checked by :func:`serving_refusals` as the server checks
     them: fixes applied (with a note each), anything else refused.
 
+    The chunk size ``dasc size`` does not print is taken as :data:`SMALLEST_AUTO_CHUNK`, so a dasc-wr
+    window longer than that gets ``--chunked-prefill-size W`` (the server refuses it on a GPU where
+    SGLang picks a smaller chunk). The served context length is not known before launch
+    (``refresh_window_over_context`` is checked at start-up only).
+
     Args:
         plan: the loaded plan; strategy: ``--mamba-radix-cache-strategy``; overlap_schedule: whether
             SGLang's overlap scheduler runs (``--disable-overlap-schedule`` absent); refresh_slots: B.
     Returns:
         :class:`SettledOptions`.
     Raises:
-        DascInputError: one line, ``the dasc runtime refuses ...``, for what no flag fixes.
+        DascInputError: one line, ``the dasc runtime would refuse to start: ...``, for what no flag fixes.
     """
-    sa = SimpleNamespace(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap_schedule)
-    added, notes = [], []
+    sa = SimpleNamespace(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap_schedule,
+                         chunked_prefill_size=SMALLEST_AUTO_CHUNK)
+    extra, notes = [], []
     for r in serving_refusals(sa, plan, refresh_slots=refresh_slots):
-        if r.fix and r.scope == "option":
-            for flag, attr, value in r.fix:
-                setattr(sa, attr, value)
-                added.append(flag)
-            notes.append(f"added {' '.join(f for f, _, _ in r.fix)} to every arm: the dasc runtime refuses {r.text}")
+        if not r.fix:
+            continue
+        for flag, attr, value in r.fix:
+            setattr(sa, attr, value)
+            if attr != "disable_overlap_schedule":
+                extra += [flag] if value is True else [flag, str(value)]
+        added = " ".join(f if v is True else f"{f} {v}" for f, _, v in r.fix)
+        notes.append(f"added {added} to every arm: the dasc runtime refuses {r.text}")
     left = serving_refusals(sa, plan, refresh_slots=refresh_slots)
     if left:
         raise DascInputError("the dasc runtime would refuse to start: " + "; ".join(r.text for r in left))
-    return SettledOptions(overlap_schedule=not sa.disable_overlap_schedule, added=tuple(added), notes=tuple(notes))
+    return SettledOptions(overlap_schedule=not sa.disable_overlap_schedule, extra_flags=tuple(extra),
+                          notes=tuple(notes))
 
 
 def markdown() -> str:

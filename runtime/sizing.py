@@ -247,8 +247,9 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
             configuration the dasc runtime refuses (``extra_buffer_lazy``, ``balance: hybrid``, ...).
     """
     slots_per_running_request(strategy)           # an unknown strategy first, then what dasc serves
-    overlap_schedule = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
-                                           refresh_slots=refresh_slots).overlap_schedule
+    settled = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
+                                  refresh_slots=refresh_slots)
+    overlap_schedule = settled.overlap_schedule
     k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
     r = max_running_requests
     _check_count("--max-running-requests", r)
@@ -271,7 +272,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
                                  f"M >= {m_native}: a budget of at least {need} bytes ({need / GIB:.3f} GiB)")
         raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
-        (() if overlap_schedule else ("--disable-overlap-schedule",))
+        (() if overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     budget = (m + 1) * b_dense
     out: list[ArmSizing] = []
     for name in arms:
