@@ -19,8 +19,10 @@ from rich.console import Console
 
 from dasc_compile.errors import DascInputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Decay-Aware State Compression: compile and inspect state-checkpoint plans.")
+ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
+             "checkpoint's decay tensors, choose w_max (sweep), inspect it, size the serving arms (size), "
+             "measure its quality cost (eval), write reference checkpoints (reference).")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=ROOT_HELP)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -41,7 +43,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the dasc version and the plan schema version, then exit.")) -> None:
-    """Decay-Aware State Compression: compile and inspect state-checkpoint plans."""
+    """Decay-Aware State Compression (see ROOT_HELP)."""
 
 
 @app.command("compile")
@@ -66,11 +68,11 @@ def compile_cmd(
     """Compile a dasc plan from a checkpoint's decay tensors."""
     from dasc_compile.artifact import recover_out
     from dasc_compile.compiler import compile_plan, default_out_dir, plan_warnings
-    from dasc_compile.policy import resolve_policy
+    from dasc_compile.policy import POLICY_FLAGS, resolve_policy
 
     try:
         recover_out(out if out is not None else default_out_dir(model))   # first: undo an interrupted replacement
-        pol = resolve_policy(policy, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
+        pol = resolve_policy(policy, flags=POLICY_FLAGS, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
                              load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
@@ -93,7 +95,7 @@ def compile_cmd(
     from dasc_compile.provenance import figure_label, short_line
 
     if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which, in one short line
-        con.print(f"note: {short_line(plan.model.provenance)}", markup=False)
+        con.print(f"note: decay values not trained; {short_line(plan.model.provenance)}", markup=False)
 
 
 def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
@@ -167,6 +169,8 @@ def reference_cmd(
                                      f"full-size checkpoints exist for {', '.join(refckpt.MODEL_NAMES)}")
             _write_new_dir(out, lambda tmp: calibrated.write_calibrated(name, tmp, seed=seed))
         else:
+            if full_size:   # before writing: the user should know what lands on disk
+                err.print(f"warning: {_full_size_note(name)}", markup=False)
             _write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
                 name, tmp, seed=seed))
     except DascInputError as exc:
@@ -175,6 +179,16 @@ def reference_cmd(
 
     note_written(out)
     Console().print(f"wrote {out}", markup=False)
+
+
+def _full_size_note(name: str) -> str:
+    """The ``--full-size`` warning: the apparent size of what is written, and that holes keep it small on disk."""
+    from dasc_compile import refckpt
+
+    gb = refckpt.full_size_bytes(name) / 1e9
+    return (f"--full-size writes {name} at its real size: {gb:,.0f} GB of tensors ({gb / 1.073741824:,.0f} GiB), "
+            f"all but the decay tensors sparse holes (a few MB on a file system with sparse files: ext4, xfs, "
+            f"btrfs, tmpfs); a copy or archive that does not keep holes writes all {gb:,.0f} GB")
 
 
 #: Largest ``dasc reference --seed`` (torch.Generator.manual_seed takes 64-bit seeds).

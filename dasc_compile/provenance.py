@@ -78,8 +78,10 @@ def figure_line(note: str, width: int = 90) -> str:
 def short_line(note: str) -> str:
     """The one short provenance line of every output but ``dasc inspect`` (which prints the whole note).
 
-    ``"provenance: <figure_label> (dasc inspect shows the note)"`` for generated decay values, or
-    ``"provenance: trained weights"``: at most about 110 characters whatever the note's length.
+    ``"provenance: <figure_label> (dasc inspect shows the note)"`` for generated decay values, else
+    ``"provenance: trained weights: <note cut to 80 characters>"`` (:func:`figure_line`): at most about
+    110 characters whatever the note's length.
     """
     label = figure_label(note)
-    return f"provenance: {label} (dasc inspect shows the note)" if label is not None else "provenance: trained weights"
+    return f"provenance: {label} (dasc inspect shows the note)" if label is not None else \
+        f"provenance: {figure_line(note, width=80)}"
