@@ -8,7 +8,6 @@ Things a user should know about a valid plan are ``warning: ...`` lines on stder
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -64,6 +63,8 @@ def compile_cmd(
     pool_budget: Optional[int] = typer.Option(None, "--pool-budget", help="Per-rank compressed-pool budget in bytes (for usable slots)."),
     no_kernels: bool = typer.Option(False, "--no-kernels", help="Do not render the Triton kernel module."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the plan path."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (path, content hash, totals, warnings) "
+                                                       "as one JSON document (keys: docs/cli.md)."),
 ) -> None:
     """Compile a dasc plan from a checkpoint's decay tensors."""
     from dasc_compile.artifact import recover_out
@@ -71,6 +72,9 @@ def compile_cmd(
     from dasc_compile.policy import POLICY_FLAGS, resolve_policy
 
     try:
+        if quiet and as_json:
+            raise DascInputError("--quiet and --json are alternatives: --quiet prints the plan path, --json the "
+                                 "whole summary; give one")
         recover_out(out if out is not None else default_out_dir(model))   # first: undo an interrupted replacement
         pol = resolve_policy(policy, flags=POLICY_FLAGS, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
                              load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
@@ -80,18 +84,19 @@ def compile_cmd(
     from dasc_compile.cli_exit import note_written
 
     note_written(path)   # a later stdout error or Ctrl-C says the plan is complete
-    for line in plan_warnings(plan) + _policy_family_warnings(policy, plan.model.family):
+    warnings = plan_warnings(plan) + _policy_family_warnings(policy, plan.model.family)
+    for line in warnings:
         err.print(f"warning: {line}", markup=False)
+    from dasc_compile.compile_summary import summary_json, summary_line
+
+    if as_json:
+        sys.stdout.write(json.dumps(summary_json(plan, path, warnings), indent=1) + "\n")
+        return
     con = Console(highlight=False, soft_wrap=True)   # one line per message: never wrapped into two
     if quiet:
         con.print(str(path / "plan.json"), markup=False)
         return
-    t = plan.totals
-    c_temp = f"{t.c_temp_ragged:.2f}x" if math.isfinite(t.c_temp_ragged) else "inf (nothing kept)"
-    con.print(f"wrote {path / 'plan.json'}  ({plan.model.model_type}, {t.num_recurrent_layers} {plan.model.family} layers, "
-              f"kept {t.n_kept}/{t.n_units} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
-              + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")",
-              markup=False)
+    con.print(summary_line(plan, path), markup=False)
     from dasc_compile.provenance import figure_label, short_line
 
     if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which, in one short line
