@@ -122,8 +122,14 @@ def plan_warnings(plan: Plan) -> list[str]:
     return out
 
 
+def layer_horizon_stats(horizons: list[torch.Tensor]) -> list[tuple[HorizonQuantiles, list[int]]]:
+    """Per recurrent layer, the quantiles and histogram (over ``HORIZON_BIN_EDGES``) of its horizons (tokens)."""
+    return [(HorizonQuantiles(**horizon_quantiles(h)), horizon_histogram(h, HORIZON_BIN_EDGES)) for h in horizons]
+
+
 def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, fingerprint: Fingerprint,
-               provenance: str, quantization_config: dict | None = None) -> Plan:
+               provenance: str, quantization_config: dict | None = None,
+               stats: list[tuple[HorizonQuantiles, list[int]]] | None = None) -> Plan:
     """Assemble the :class:`Plan` (without kernels) from per-layer horizons.
 
     Args:
@@ -131,6 +137,8 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
         horizons: per recurrent layer, float64 ``[n_units]`` retention horizons (tokens).
         quantization_config: the config's ``quantization_config`` (quantized weights cannot be
             permuted, so ``balance: hybrid`` is refused for them).
+        stats: :func:`layer_horizon_stats` of ``horizons`` when already computed (they do not depend on
+            w_max, TP or INT8).
     Raises:
         DascInputError: ``tp_size`` incompatible with the heads (from the TP stage).
     """
@@ -155,6 +163,7 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
 
     layers = []
     w_cap = 0
+    stats = stats if stats is not None else layer_horizon_stats(horizons)
     for i, (layer_id, h, kept) in enumerate(zip(spec.recurrent_layer_ids, horizons, kept_sets)):
         local = torch.ones(n_l, dtype=torch.bool)
         local[kept] = False
@@ -171,9 +180,9 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
             n_units=n_l,
             n_kept=int(kept.numel()),
             offset=offsets[i],
-            kept_units=[int(u) for u in kept.tolist()],
-            horizon_quantiles=HorizonQuantiles(**horizon_quantiles(h)),
-            horizon_histogram=horizon_histogram(h, HORIZON_BIN_EDGES),
+            kept_units=kept.tolist(),               # int64 tensor -> Python ints
+            horizon_quantiles=stats[i][0],
+            horizon_histogram=stats[i][1],
             refresh_window=w_layer,
             bytes_temporal_dense=dense_l,
             bytes_temporal_kept=int(kept.numel()) * ub,
@@ -303,13 +312,14 @@ def plan_from_source(source: DecaySource, policy: Policy, *, horizons: dict | No
         raise DascInputError("w_max is not set: pass --wmax N or set 'w_max' in the policy file")
     policy = resolve_family_policy(source.spec, policy)
     key = (policy.a_s, policy.eps, policy.safe_gate_lower_bound)
-    h = horizons.get(key) if horizons is not None else None
-    if h is None:
+    cached = horizons.get(key) if horizons is not None else None
+    if cached is None:
         h = layer_horizons(source.spec, policy, source.tensors)
+        cached = (h, layer_horizon_stats(h))
         if horizons is not None:
-            horizons[key] = h
-    plan = build_plan(source.spec, policy, h, fingerprint=source.fingerprint, provenance=source.provenance,
-                      quantization_config=source.quantization_config)
+            horizons[key] = cached
+    plan = build_plan(source.spec, policy, cached[0], fingerprint=source.fingerprint, provenance=source.provenance,
+                      quantization_config=source.quantization_config, stats=cached[1])
     check_servable(plan)
     return plan
 
