@@ -8,7 +8,6 @@ Things a user should know about a valid plan are ``warning: ...`` lines on stder
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -161,6 +160,7 @@ def reference_cmd(
     """Write a reference checkpoint (exact names/shapes/dtypes; decay values not trained: an initialisation
     draw, or for *-calibrated names synthesised to match the paper's published statistics)."""
     from dasc_compile import calibrated, refckpt
+    from dasc_compile.atomic import write_new_dir
 
     try:
         if not 0 <= seed <= MAX_REFERENCE_SEED:
@@ -172,11 +172,11 @@ def reference_cmd(
             if full_size:
                 raise DascInputError(f"--full-size: {name} is written decay-only (config.json + decay tensors); "
                                      f"full-size checkpoints exist for {', '.join(refckpt.MODEL_NAMES)}")
-            _write_new_dir(out, lambda tmp: calibrated.write_calibrated(name, tmp, seed=seed))
+            write_new_dir(out, lambda tmp: calibrated.write_calibrated(name, tmp, seed=seed))
         else:
             if full_size:   # before writing: the user should know what lands on disk
                 err.print(f"warning: {_full_size_note(name)}", markup=False)
-            _write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
+            write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
                 name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)
@@ -198,36 +198,6 @@ def _full_size_note(name: str) -> str:
 
 #: Largest ``dasc reference --seed`` (torch.Generator.manual_seed takes 64-bit seeds).
 MAX_REFERENCE_SEED = 2**63 - 1
-
-
-def _write_new_dir(out: Path, write) -> None:
-    """Run ``write(tmp)`` into a temporary sibling of ``out``, then move it to ``out`` (new or empty).
-
-    Nothing is left behind on failure or interrupt (no ``config.json.tmp``, no half a checkpoint).
-
-    Raises:
-        DascInputError: ``out`` exists and is not an empty directory, or cannot be written.
-    """
-    import shutil
-
-    from dasc_compile import atomic
-
-    try:
-        if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
-            raise DascInputError(f"{out}: --out must be a new or empty directory")
-        tmp = atomic.staging_dir(out)
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)
-        atomic.replace_dir(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DascInputError(f"{out}: cannot write ({exc.strerror or exc}); nothing was written") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 @app.command("size")

@@ -52,14 +52,16 @@ def _checkpoint(model: Path):
     return spec, read_decay_tensors(src, spec), src.provenance
 
 
-def _load_plans(paths: list[Path], spec, tensors) -> list:
+def _load_plans(paths: list, spec, tensors) -> list:
+    """``[(label, Plan)]`` of plan directories, or of ``(label, Plan)`` pairs already in memory (``dasc sweep``),
+    each checked against the model's decay tensors and recurrent layers."""
     from dasc_compile.checkpoint import decay_fingerprint
     from dasc_compile.schema import load_plan
 
     fp = decay_fingerprint(tensors)
     plans = []
     for p in paths:
-        plan = load_plan(p, verify_kernels=False)
+        p, plan = p if isinstance(p, tuple) else (p, load_plan(p, verify_kernels=False))
         if plan.fingerprint.decay_sha256 != fp:
             raise DascInputError(
                 f"{p}: plan was compiled from other decay tensors (fingerprint {plan.fingerprint.decay_sha256[:12]}..., "
@@ -169,6 +171,8 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
              prefix_len: int = 512, suffix_len: int = 64, gen_tokens: int = 16, device: str = "cpu", seed: int = 0,
              progress: bool = True, time_budget_s: Optional[float] = None) -> dict:
     """The cached-prefix evaluation of ``plans`` on ``model`` (see :mod:`dasc_compile.eval.protocol`).
+
+    ``plans``: plan directories, or ``(label, Plan)`` pairs compiled in memory (``dasc sweep --eval``).
 
     ``time_budget_s`` (benchmarks only): start no new prompt after this many seconds; the record then
     covers the prompts evaluated (``protocol.n_prompts``, ``prompts_sha256``, ``stopped_early``).
