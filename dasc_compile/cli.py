@@ -231,6 +231,11 @@ from dasc_compile.eval.command import eval_cmd  # noqa: E402
 
 app.command("eval")(eval_cmd)
 
+# `dasc sweep` (choose w_max: a w_max x TP x INT8 grid in memory): its body lives in dasc_compile.sweep_command
+from dasc_compile.sweep_command import sweep_cmd  # noqa: E402
+
+app.command("sweep")(sweep_cmd)
+
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status; never raises.

@@ -172,7 +172,7 @@ def test_root_help_names_every_command():
     r = dasc("--help")
     assert r.code == 0 and "compile and inspect" not in r.out
     commands = [c.name for c in app.registered_commands]
-    assert set(commands) >= {"compile", "inspect", "reference", "size", "eval"}
+    assert set(commands) >= {"compile", "inspect", "reference", "size", "eval", "sweep"}
     assert all(f"({name})" in ROOT_HELP or name in ("compile", "inspect") for name in commands)
     assert all(f" {name} " in " ".join(r.out.split()) for name in commands)
 
