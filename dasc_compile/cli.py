@@ -119,7 +119,7 @@ def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
 @app.command("inspect")
 def inspect_cmd(
     plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys documented in README)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram."),
 ) -> None:
     """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.support.clihelp import assert_one_error, dasc, snapshot
+from tests.support.clihelp import ROOT, assert_one_error, dasc, snapshot
 
 
 def _strict(text: str) -> dict:
@@ -43,3 +43,10 @@ def test_json_and_quiet_are_alternatives(tmp_path, gdn):
     r = dasc("compile", gdn, "--wmax", 4, "--out", tmp_path / "p", "--json", "--quiet")
     assert_one_error(r, "--quiet and --json are alternatives")
     assert snapshot(tmp_path) == before
+
+
+def test_json_keys_are_documented(tmp_path, kda):
+    text = (ROOT / "docs" / "cli.md").read_text()
+    doc = _strict(dasc("compile", kda, "--wmax", 4, "--out", tmp_path / "p", "--json").out)
+    keys = set(doc) | set(doc["model"]) | set(doc["tp"]) | set(doc["refresh"]) | set(doc["provenance"])
+    assert not sorted(k for k in keys if f"`{k}`" not in text), "undocumented dasc compile --json keys"

@@ -61,6 +61,13 @@ def test_storage_at_tp_gets_the_flag_the_runtime_needs(kimi_sweep):
     assert kimi_sweep["recommendation"] is None and kimi_sweep["eval"] is None
 
 
+def test_json_keys_are_documented(kimi_sweep):
+    text = (ROOT / "docs" / "cli.md").read_text()
+    keys = set(kimi_sweep) | set(kimi_sweep["model"]) | set(kimi_sweep["rows"][0]) | set(kimi_sweep["grid"])
+    keys |= set(kimi_sweep["sizing"]) | set(kimi_sweep["model"]["provenance"])
+    assert not sorted(k for k in keys if f"`{k}`" not in text), "undocumented dasc sweep --json keys"
+
+
 def test_calibrated_figures_come_out_of_the_sweep():
     # the paper's Kimi-Linear C_ckpt at TP8 with storage balancing (BENCHMARKS / calibrated targets)
     doc = _json(dasc("sweep", KIMI, "--wmax", "16,64,128,512", "--tp", "8", "--balance", "storage", "--json"))
