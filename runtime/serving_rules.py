@@ -306,22 +306,22 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     Raises:
         DascInputError: one line, ``the dasc runtime would refuse to start: ...``, for what no flag fixes.
     """
-    sa = SimpleNamespace(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap_schedule,
-                         chunked_prefill_size=SMALLEST_AUTO_CHUNK)
+    opts = dict(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap_schedule,
+                chunked_prefill_size=SMALLEST_AUTO_CHUNK)      # the ServerArgs fields dasc size prints
     extra, notes = [], []
-    for r in serving_refusals(sa, plan, refresh_slots=refresh_slots):
+    for r in serving_refusals(SimpleNamespace(**opts), plan, refresh_slots=refresh_slots):
         if not r.fix:
             continue
         for flag, attr, value in r.fix:
-            setattr(sa, attr, value)
+            opts[attr] = value
             if attr != "disable_overlap_schedule":
                 extra += [flag] if value is True else [flag, str(value)]
         added = " ".join(f if v is True else f"{f} {v}" for f, _, v in r.fix)
         notes.append(f"added {added} to every arm: the dasc runtime refuses {r.text}")
-    left = serving_refusals(sa, plan, refresh_slots=refresh_slots)
+    left = serving_refusals(SimpleNamespace(**opts), plan, refresh_slots=refresh_slots)
     if left:
         raise DascInputError("the dasc runtime would refuse to start: " + "; ".join(r.text for r in left))
-    return SettledOptions(overlap_schedule=not sa.disable_overlap_schedule, extra_flags=tuple(extra),
+    return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"], extra_flags=tuple(extra),
                           notes=tuple(notes))
 
 

@@ -214,3 +214,32 @@ def test_refusal_doc_is_generated_from_the_rules():
     doc = (ROOT / "docs" / "runtime-refusals.md").read_text()
     assert doc == serving_rules.markdown(), "regenerate: python -m dasc_runtime.serving_rules > docs/runtime-refusals.md"
     assert all(f"`{r.name}`" in doc for r in RULES) and all(f"`{k}`" in doc for k in STARTUP_ONLY)
+
+
+def test_size_says_a_plan_keeps_nothing(plans, tmp_path):
+    # issue 22: "capacity 392 (7.54x Dense)" with no word that every hit restores a zero state
+    plan, plan_dir, _ = compile_tiny(tmp_path, w_max=10**6)
+    assert plan.totals.n_kept == 0
+    r = runner.invoke(app, ["size", str(plan_dir), "--dense-slots", "64", "--max-running-requests", "4"])
+    assert r.exit_code == 0
+    assert "warning: nothing is kept" in r.stderr and "every hit restores a zero temporal state" in r.stderr
+
+
+def test_size_budget_errors_name_the_budget_and_the_smallest_that_fits(tmp_path):
+    # issue 22: --budget 1.5GiB answered with an error about --dense-slots 36, a flag the user did not pass
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import Policy
+
+    _, path = compile_plan(ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated", Policy(w_max=16),
+                           tmp_path / "k", with_kernels=False)
+    r = runner.invoke(app, ["size", str(path), "--budget", "1.5GiB", "--max-running-requests", "8"])
+    assert r.exit_code == 2 and "--dense-slots" not in r.output
+    assert r.output.strip() == (
+        "error: --budget 1610612736 bytes holds Dense M=36 native slots of 43417600 bytes (+1 padding slot) on one TP "
+        "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 8 needs M >= 40: "
+        "a budget of at least 1780121600 bytes (1.658 GiB)")
+    ok = runner.invoke(app, ["size", str(path), "--budget", "1780121600", "--max-running-requests", "8", "--json"])
+    assert ok.exit_code == 2 and "no SGLang INT8 checkpoint slot fits" in ok.output and "--budget of at least" in ok.output
+    need = int(ok.output.split("--budget of at least ")[1].split(" ")[0])
+    assert runner.invoke(app, ["size", str(path), "--budget", str(need), "--max-running-requests", "8"]).exit_code == 0
+    assert runner.invoke(app, ["size", str(path), "--budget", str(need - 1), "--max-running-requests", "8"]).exit_code == 2
