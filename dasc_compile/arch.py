@@ -24,9 +24,11 @@ def arch_from_config(config: dict, source: str = "config.json", family_override:
     Args:
         config: the parsed config.json.
         source: file name used in error messages.
-        family_override: policy ``family`` (e.g. ``kda_safe_gate``) to force a decay family.
+        family_override: policy ``family``: must be the config's own family (a check, never a change:
+            SGLang serves the decay the config describes).
     Raises:
-        DascInputError: unknown ``model_type``, missing or invalid fields, no layer kinds.
+        DascInputError: unknown ``model_type``, missing or invalid fields, no layer kinds, or a
+            ``family_override`` other than the config's family.
     """
     load_all()  # each family module registers the model types it parses
 
@@ -37,12 +39,17 @@ def arch_from_config(config: dict, source: str = "config.json", family_override:
             f"{source}: model_type {model_type!r} is not supported; supported: {sorted(MODEL_PARSERS)}")
     spec = MODEL_PARSERS[model_type](config, source)
     if family_override is not None and family_override != spec.family:
-        compatible = {"kda": {"kda_safe_gate"}, "kda_safe_gate": {"kda"}}
-        if family_override not in compatible.get(spec.family, set()):
-            raise DascInputError(
-                f"{source}: policy family {family_override!r} does not fit model_type {model_type!r} "
-                f"(its family is {spec.family!r})")
-        spec = replace(spec, family=family_override)
+        # the served model computes its decay as its config says, so a plan of another family would
+        # keep the wrong units; only the config can change the family
+        hint = ""
+        if {family_override, spec.family} == {"kda", "kda_safe_gate"}:
+            hint = ("; a Kimi-K3-style safe gate is declared in config.json's linear_attn_config "
+                    "(safe_gate: true or gate_lower_bound)" if family_override == "kda_safe_gate" else
+                    "; this config declares the safe gate (safe_gate / gate_lower_bound)")
+        raise DascInputError(
+            f"{source}: family {family_override!r} (--family or the policy field 'family') does not fit "
+            f"model_type {model_type!r}, whose config makes it {spec.family!r}{hint}; drop --family or give "
+            f"{spec.family!r}")
     return spec
 
 

@@ -40,7 +40,9 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
 
     A dasc plan is a JSON object with an integer ``schema_version`` and a 64-hex ``content_hash``,
     and the sha256 of its bytes with that hash value blanked (``"content_hash":""``) equals the hash:
-    the canonical form dasc writes (:func:`dasc_compile.schema.compute_content_hash`).
+    the canonical form dasc writes (:func:`dasc_compile.schema.compute_content_hash`). A plan of this
+    schema version in another layout (re-indented by a JSON tool) counts too when its content hashes to
+    the stored hash, as :func:`dasc_compile.schema.load_plan` checks it.
 
     Returns:
         ``(True, "")`` or ``(False, why)`` with a short reason for messages.
@@ -65,9 +67,26 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
     if m is None or obj.get("content_hash") != m.group(1).decode():
         return False, "no content hash"
     blank = raw[:m.start(1)] + raw[m.end(1):]
-    if hashlib.sha256(blank).hexdigest() != m.group(1).decode():
-        return False, "content_hash does not match its content (edited since dasc wrote it)"
-    return True, ""
+    if hashlib.sha256(blank).hexdigest() == m.group(1).decode() or _same_content(obj):
+        return True, ""
+    return False, "content_hash does not match its content (edited since dasc wrote it)"
+
+
+def _same_content(obj: dict) -> bool:
+    """Whether a plan of this schema version, written in another layout (pretty-printed, keys spaced), has
+    the content its hash was computed from: the test ``dasc inspect`` applies (``load_plan``), so a plan
+    the reader accepts is never called edited here."""
+    from pydantic import ValidationError
+
+    from dasc_compile.schema import SCHEMA_VERSION, compute_content_hash
+
+    if obj.get("schema_version") != SCHEMA_VERSION:
+        return False
+    try:
+        plan = Plan.model_validate(obj)
+    except (ValidationError, ValueError, RecursionError):
+        return False
+    return compute_content_hash(plan) == plan.content_hash
 
 
 def _is_plan_companion(p: Path) -> bool:

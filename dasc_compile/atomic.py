@@ -28,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["aside_dirs", "recover", "replace_dir", "signals_held", "staging_dir"]
+__all__ = ["aside_dirs", "recover", "replace_dir", "signals_held", "staging_dir", "write_new_dir"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -181,3 +181,33 @@ def replace_dir(new: Path, dest: Path) -> None:
             os.rmdir(aside)
             raise
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def write_new_dir(out: Path, write) -> None:
+    """Run ``write(tmp)`` into a temporary sibling of ``out``, then move it to ``out`` (new or empty):
+    ``dasc reference`` and ``dasc sweep --out``.
+
+    Nothing is left behind on failure or interrupt (no ``config.json.tmp``, no half a checkpoint, no
+    half the plans of a sweep).
+
+    Raises:
+        DascInputError: ``out`` exists and is not an empty directory, or cannot be written.
+    """
+    from dasc_compile.errors import DascInputError
+
+    try:
+        if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
+            raise DascInputError(f"{out}: --out must be a new or empty directory")
+        tmp = staging_dir(out)
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o755)
+        replace_dir(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DascInputError(f"{out}: cannot write ({exc.strerror or exc}); nothing was written") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

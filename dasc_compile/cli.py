@@ -8,8 +8,6 @@ Things a user should know about a valid plan are ``warning: ...`` lines on stder
 from __future__ import annotations
 
 import json
-import math
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -19,8 +17,10 @@ from rich.console import Console
 
 from dasc_compile.errors import DascInputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Decay-Aware State Compression: compile and inspect state-checkpoint plans.")
+ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
+             "checkpoint's decay tensors, choose w_max (sweep), inspect it, size the serving arms (size), "
+             "measure its quality cost (eval), write reference checkpoints (reference).")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=ROOT_HELP)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -41,7 +41,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the dasc version and the plan schema version, then exit.")) -> None:
-    """Decay-Aware State Compression: compile and inspect state-checkpoint plans."""
+    """Decay-Aware State Compression (see ROOT_HELP)."""
 
 
 @app.command("compile")
@@ -62,15 +62,20 @@ def compile_cmd(
     pool_budget: Optional[int] = typer.Option(None, "--pool-budget", help="Per-rank compressed-pool budget in bytes (for usable slots)."),
     no_kernels: bool = typer.Option(False, "--no-kernels", help="Do not render the Triton kernel module."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the plan path."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (path, content hash, totals, warnings) "
+                                                       "as one JSON document (keys: docs/cli.md)."),
 ) -> None:
     """Compile a dasc plan from a checkpoint's decay tensors."""
     from dasc_compile.artifact import recover_out
     from dasc_compile.compiler import compile_plan, default_out_dir, plan_warnings
-    from dasc_compile.policy import resolve_policy
+    from dasc_compile.policy import POLICY_FLAGS, resolve_policy
 
     try:
+        if quiet and as_json:
+            raise DascInputError("--quiet and --json are alternatives: --quiet prints the plan path, --json the "
+                                 "whole summary; give one")
         recover_out(out if out is not None else default_out_dir(model))   # first: undo an interrupted replacement
-        pol = resolve_policy(policy, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
+        pol = resolve_policy(policy, flags=POLICY_FLAGS, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
                              load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
@@ -78,22 +83,23 @@ def compile_cmd(
     from dasc_compile.cli_exit import note_written
 
     note_written(path)   # a later stdout error or Ctrl-C says the plan is complete
-    for line in plan_warnings(plan) + _policy_family_warnings(policy, plan.model.family):
+    warnings = plan_warnings(plan) + _policy_family_warnings(policy, plan.model.family)
+    for line in warnings:
         err.print(f"warning: {line}", markup=False)
+    from dasc_compile.compile_summary import summary_json, summary_line
+
+    if as_json:
+        sys.stdout.write(json.dumps(summary_json(plan, path, warnings), indent=1) + "\n")
+        return
     con = Console(highlight=False, soft_wrap=True)   # one line per message: never wrapped into two
     if quiet:
         con.print(str(path / "plan.json"), markup=False)
         return
-    t = plan.totals
-    c_temp = f"{t.c_temp_ragged:.2f}x" if math.isfinite(t.c_temp_ragged) else "inf (nothing kept)"
-    con.print(f"wrote {path / 'plan.json'}  ({plan.model.model_type}, {t.num_recurrent_layers} {plan.model.family} layers, "
-              f"kept {t.n_kept}/{t.n_units} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
-              + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")",
-              markup=False)
-    from dasc_compile.provenance import figure_label
+    con.print(summary_line(plan, path), markup=False)
+    from dasc_compile.provenance import figure_label, short_line
 
-    if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which
-        con.print(f"note: decay values not trained; provenance: {plan.model.provenance}", markup=False)
+    if figure_label(plan.model.provenance) is not None:   # any generated decay source: say which, in one short line
+        con.print(f"note: decay values not trained; {short_line(plan.model.provenance)}", markup=False)
 
 
 def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
@@ -113,7 +119,7 @@ def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
 @app.command("inspect")
 def inspect_cmd(
     plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys documented in README)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram."),
 ) -> None:
     """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""
@@ -154,6 +160,7 @@ def reference_cmd(
     """Write a reference checkpoint (exact names/shapes/dtypes; decay values not trained: an initialisation
     draw, or for *-calibrated names synthesised to match the paper's published statistics)."""
     from dasc_compile import calibrated, refckpt
+    from dasc_compile.atomic import write_new_dir
 
     try:
         if not 0 <= seed <= MAX_REFERENCE_SEED:
@@ -165,9 +172,11 @@ def reference_cmd(
             if full_size:
                 raise DascInputError(f"--full-size: {name} is written decay-only (config.json + decay tensors); "
                                      f"full-size checkpoints exist for {', '.join(refckpt.MODEL_NAMES)}")
-            _write_new_dir(out, lambda tmp: calibrated.write_calibrated(name, tmp, seed=seed))
+            write_new_dir(out, lambda tmp: calibrated.write_calibrated(name, tmp, seed=seed))
         else:
-            _write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
+            if full_size:   # before writing: the user should know what lands on disk
+                err.print(f"warning: {_full_size_note(name)}", markup=False)
+            write_new_dir(out, lambda tmp: (refckpt.write_full_size if full_size else refckpt.write_decay_only)(
                 name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)
@@ -177,38 +186,18 @@ def reference_cmd(
     Console().print(f"wrote {out}", markup=False)
 
 
+def _full_size_note(name: str) -> str:
+    """The ``--full-size`` warning: the apparent size of what is written, and that holes keep it small on disk."""
+    from dasc_compile import refckpt
+
+    gb = refckpt.full_size_bytes(name) / 1e9
+    return (f"--full-size writes {name} at its real size: {gb:,.0f} GB of tensors ({gb / 1.073741824:,.0f} GiB), "
+            f"all but the decay tensors sparse holes (a few MB on a file system with sparse files: ext4, xfs, "
+            f"btrfs, tmpfs); a copy or archive that does not keep holes writes all {gb:,.0f} GB")
+
+
 #: Largest ``dasc reference --seed`` (torch.Generator.manual_seed takes 64-bit seeds).
 MAX_REFERENCE_SEED = 2**63 - 1
-
-
-def _write_new_dir(out: Path, write) -> None:
-    """Run ``write(tmp)`` into a temporary sibling of ``out``, then move it to ``out`` (new or empty).
-
-    Nothing is left behind on failure or interrupt (no ``config.json.tmp``, no half a checkpoint).
-
-    Raises:
-        DascInputError: ``out`` exists and is not an empty directory, or cannot be written.
-    """
-    import shutil
-
-    from dasc_compile import atomic
-
-    try:
-        if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
-            raise DascInputError(f"{out}: --out must be a new or empty directory")
-        tmp = atomic.staging_dir(out)
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o755)
-        atomic.replace_dir(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DascInputError(f"{out}: cannot write ({exc.strerror or exc}); nothing was written") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 @app.command("size")
@@ -225,20 +214,27 @@ def size_cmd(
                                                 help="dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default the runtime's 8."),
 ) -> None:
     """Native and compressed slots, capacity and SGLang flags of every arm at equal state memory (App. C.1)."""
-    from dasc_runtime.size_report import size_command
+    from dasc_compile.size_report import size_command
 
     try:
-        size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,
-                     budget=budget, strategy=strategy, overlap_schedule=not no_overlap, pair_plan=pair_plan,
-                     as_json=as_json, refresh_slots=refresh_slots)
+        warnings = size_command(str(plan_path), max_running_requests=max_running_requests, dense_slots=dense_slots,
+                                budget=budget, strategy=strategy, overlap_schedule=not no_overlap,
+                                pair_plan=pair_plan, as_json=as_json, refresh_slots=refresh_slots)
     except DascInputError as exc:
         _fail(exc)
+    for line in warnings:
+        err.print(f"warning: {line}", markup=False)
 
 
 # `dasc eval` (quality cost of a plan, horizon validation): its body lives in dasc_compile.eval.command
 from dasc_compile.eval.command import eval_cmd  # noqa: E402
 
 app.command("eval")(eval_cmd)
+
+# `dasc sweep` (choose w_max: a w_max x TP x INT8 grid in memory): its body lives in dasc_compile.sweep_command
+from dasc_compile.sweep_command import sweep_cmd  # noqa: E402
+
+app.command("sweep")(sweep_cmd)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ One direction, one module per stage (DESIGN.md "Data flow"); this module only wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -121,8 +122,14 @@ def plan_warnings(plan: Plan) -> list[str]:
     return out
 
 
+def layer_horizon_stats(horizons: list[torch.Tensor]) -> list[tuple[HorizonQuantiles, list[int]]]:
+    """Per recurrent layer, the quantiles and histogram (over ``HORIZON_BIN_EDGES``) of its horizons (tokens)."""
+    return [(HorizonQuantiles(**horizon_quantiles(h)), horizon_histogram(h, HORIZON_BIN_EDGES)) for h in horizons]
+
+
 def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, fingerprint: Fingerprint,
-               provenance: str, quantization_config: dict | None = None) -> Plan:
+               provenance: str, quantization_config: dict | None = None,
+               stats: list[tuple[HorizonQuantiles, list[int]]] | None = None) -> Plan:
     """Assemble the :class:`Plan` (without kernels) from per-layer horizons.
 
     Args:
@@ -130,6 +137,8 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
         horizons: per recurrent layer, float64 ``[n_units]`` retention horizons (tokens).
         quantization_config: the config's ``quantization_config`` (quantized weights cannot be
             permuted, so ``balance: hybrid`` is refused for them).
+        stats: :func:`layer_horizon_stats` of ``horizons`` when already computed (they do not depend on
+            w_max, TP or INT8).
     Raises:
         DascInputError: ``tp_size`` incompatible with the heads (from the TP stage).
     """
@@ -154,6 +163,7 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
 
     layers = []
     w_cap = 0
+    stats = stats if stats is not None else layer_horizon_stats(horizons)
     for i, (layer_id, h, kept) in enumerate(zip(spec.recurrent_layer_ids, horizons, kept_sets)):
         local = torch.ones(n_l, dtype=torch.bool)
         local[kept] = False
@@ -170,9 +180,9 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
             n_units=n_l,
             n_kept=int(kept.numel()),
             offset=offsets[i],
-            kept_units=[int(u) for u in kept.tolist()],
-            horizon_quantiles=HorizonQuantiles(**horizon_quantiles(h)),
-            horizon_histogram=horizon_histogram(h, HORIZON_BIN_EDGES),
+            kept_units=kept.tolist(),               # int64 tensor -> Python ints
+            horizon_quantiles=stats[i][0],
+            horizon_histogram=stats[i][1],
             refresh_window=w_layer,
             bytes_temporal_dense=dense_l,
             bytes_temporal_kept=int(kept.numel()) * ub,
@@ -245,6 +255,95 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
     )
 
 
+@dataclass(frozen=True)
+class DecaySource:
+    """A checkpoint read once (``~KB``: config.json and the decay tensors): what every plan of it is built from.
+
+    Attributes:
+        spec: the architecture (:class:`ArchSpec`); tensors: ``[(name, tensor)]``, per recurrent layer
+            ``A_log`` then ``dt_bias`` (shapes ``spec.a_log_shape`` / ``spec.dt_bias_shape``, as stored);
+        fingerprint: the :class:`Fingerprint` a plan records; provenance: the checkpoint's note;
+        quantization_config: the config's, or None (quantized weights cannot be permuted).
+    """
+
+    spec: ArchSpec
+    tensors: list
+    fingerprint: Fingerprint
+    provenance: str
+    quantization_config: dict | None
+
+
+def read_decay_source(model: str | Path, *, config: str | Path | None = None,
+                      family: str | None = None) -> DecaySource:
+    """Open ``model`` (file, directory or index), check its config against its tensors, read the decay tensors.
+
+    Args:
+        family: the policy's ``family`` (a check against the config's, see :func:`arch_from_config`).
+    Raises:
+        DascInputError: any bad file, tensor or config field; a config with no recurrent layer.
+    """
+    src = open_checkpoint(model, config)
+    spec = arch_from_config(src.config, str(src.config_path), family)
+    if not spec.recurrent_layer_ids:
+        raise DascInputError(
+            f"{src.config_path}: the config makes no layer recurrent ({spec.layer_kind_source} lists only full "
+            f"attention); dasc compresses recurrent state, expected at least one linear-attention layer")
+    check_against_tensors(spec, src.tensor_files.keys(), str(src.root))
+    tensors = read_decay_tensors(src, spec)
+    served = FAMILIES[spec.family].served_decay   # the family's served form, when the server transforms it
+    fingerprint = Fingerprint(
+        config_sha256=config_fingerprint(src.config),
+        decay_sha256=decay_fingerprint(tensors),
+        decay_tensors=[name for name, _ in tensors],
+        served=served(tensors) if served is not None else None,
+    )
+    return DecaySource(spec=spec, tensors=tensors, fingerprint=fingerprint, provenance=src.provenance,
+                       quantization_config=text_config(src.config).get("quantization_config")
+                       or src.config.get("quantization_config"))
+
+
+def plan_from_source(source: DecaySource, policy: Policy, *, horizons: dict | None = None) -> Plan:
+    """The plan of ``source`` under ``policy``, in memory: no kernels, no content hash (see :func:`finish_plan`).
+
+    Args:
+        horizons: a cache shared across calls (``dasc sweep``): the per-layer horizons of Eq. 3 depend only
+            on (a_s, eps, safe-gate bound), not on w_max, TP or INT8.
+    Raises:
+        DascInputError: ``w_max`` unset, a TP size the heads do not divide, a pool budget that holds no slot.
+    """
+    if policy.w_max is None:
+        raise DascInputError("w_max is not set: pass --wmax N or set 'w_max' in the policy file")
+    policy = resolve_family_policy(source.spec, policy)
+    key = (policy.a_s, policy.eps, policy.safe_gate_lower_bound)
+    cached = horizons.get(key) if horizons is not None else None
+    if cached is None:
+        h = layer_horizons(source.spec, policy, source.tensors)
+        cached = (h, layer_horizon_stats(h))
+        if horizons is not None:
+            horizons[key] = cached
+    plan = build_plan(source.spec, policy, cached[0], fingerprint=source.fingerprint, provenance=source.provenance,
+                      quantization_config=source.quantization_config, stats=cached[1])
+    check_servable(plan)
+    return plan
+
+
+def finish_plan(plan: Plan, *, with_kernels: bool = True) -> tuple[Plan, dict[str, str]]:
+    """Render the kernel module (optional) and set the content hash: the plan as ``dasc compile`` writes it.
+
+    Returns:
+        (plan, {file name: source} of the files beside plan.json).
+    """
+    files: dict[str, str] = {}
+    if with_kernels:
+        from dasc_compile.kernels import kernel_constants, kernel_module_entry, render_kernel_module
+
+        constants = kernel_constants(plan)
+        file_name, source = render_kernel_module(constants)
+        files[file_name] = source
+        plan = plan.model_copy(update={"kernels": kernel_module_entry(constants, file_name, source)})
+    return with_content_hash(plan), files
+
+
 def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None = None, *,
                  config: str | Path | None = None, with_kernels: bool = True) -> tuple[Plan, Path]:
     """Compile a plan for the checkpoint at ``model`` and write it atomically to ``out_dir``.
@@ -267,36 +366,17 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
         raise DascInputError("w_max is not set: pass --wmax N or set 'w_max' in the policy file")
     out = Path(out_dir) if out_dir is not None else default_out_dir(model)
     prepare_out(out)   # early: a refused --out costs no reading; an interrupted replacement is undone
-    src = open_checkpoint(model, config)
-    spec = arch_from_config(src.config, str(src.config_path), policy.family)
-    if not spec.recurrent_layer_ids:
-        raise DascInputError(
-            f"{src.config_path}: the config makes no layer recurrent ({spec.layer_kind_source} lists only full "
-            f"attention); dasc compresses recurrent state, expected at least one linear-attention layer")
-    check_against_tensors(spec, src.tensor_files.keys(), str(src.root))
-    policy = resolve_family_policy(spec, policy)
-    tensors = read_decay_tensors(src, spec)
-    served = FAMILIES[spec.family].served_decay   # the family's served form, when the server transforms it
-    fingerprint = Fingerprint(
-        config_sha256=config_fingerprint(src.config),
-        decay_sha256=decay_fingerprint(tensors),
-        decay_tensors=[name for name, _ in tensors],
-        served=served(tensors) if served is not None else None,
-    )
-    horizons = layer_horizons(spec, policy, tensors)
-    plan = build_plan(spec, policy, horizons, fingerprint=fingerprint, provenance=src.provenance,
-                      quantization_config=text_config(src.config).get("quantization_config")
-                      or src.config.get("quantization_config"))
-    check_servable(plan)
-    files: dict[str, str] = {}
-    if with_kernels:
-        from dasc_compile.kernels import kernel_constants, kernel_module_entry, render_kernel_module
+    return write_plan(plan_from_source(read_decay_source(model, config=config, family=policy.family), policy),
+                      out, with_kernels=with_kernels)
 
-        constants = kernel_constants(plan)
-        file_name, source = render_kernel_module(constants)
-        files[file_name] = source
-        plan = plan.model_copy(update={"kernels": kernel_module_entry(constants, file_name, source)})
-    plan = with_content_hash(plan)
+
+def write_plan(plan: Plan, out: Path, *, with_kernels: bool = True) -> tuple[Plan, Path]:
+    """:func:`finish_plan`, check it as its reader will, and write it atomically to ``out``.
+
+    Raises:
+        DascInputError: ``out`` cannot hold a plan (see :func:`dasc_compile.artifact.write_plan_dir`).
+    """
+    plan, files = finish_plan(plan, with_kernels=with_kernels)
     _check_own_plan(plan, out)
     return plan, write_plan_dir(plan, out, files)
 

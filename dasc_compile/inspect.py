@@ -15,7 +15,7 @@ The plan is read by :func:`dasc_compile.schema.load_plan` (the one reader). The 
 with the PNG (``--plot``: heatmap, horizon histogram, per-rank bytes) that
 :func:`dasc_compile.plot.plot_plan` draws.
 
-The keys of :func:`inspect_json` are documented in README.md ("dasc inspect --json keys").
+The keys of :func:`inspect_json` are documented in docs/cli.md ("dasc inspect --json keys").
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _json_safe(x: Any) -> Any:
 
 
 def inspect_json(plan: Plan) -> dict:
-    """The machine-readable inspection document (keys documented in README.md).
+    """The machine-readable inspection document (keys documented in docs/cli.md).
 
     Every value is plain JSON: ``json.dumps(doc, allow_nan=False)`` succeeds; infinite values
     (e.g. horizons of units that never decay) are the string ``"Infinity"``, as in plan.json.

@@ -167,7 +167,7 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
     label = figure_label(plan.model.provenance)
     if label is not None:   # every generated decay source is named on the figure itself
         tail = " - these figures describe no trained model" if is_initialisation_draw(plan) else ""
-        note = textwrap.fill(f"{label.upper()}. provenance: {plain(plan.model.provenance)}{tail}", width=150)
+        note = textwrap.fill(f"{label.upper()}{tail} (dasc inspect shows the provenance note)", width=150)
         fig.supxlabel(note, color="crimson", fontsize=9, fontweight="bold")  # constrained layout makes room
     else:                   # trained weights are named too, so no figure goes out without its source
         fig.supxlabel(textwrap.fill(plain(figure_line(plan.model.provenance, width=300)), width=150), fontsize=9)

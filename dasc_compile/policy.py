@@ -83,6 +83,12 @@ class Policy(BaseModel):
         return v
 
 
+#: The ``dasc compile`` / ``dasc sweep`` flag of each policy field (bad values are named by their flag).
+POLICY_FLAGS = {"w_max": "--wmax", "tp_size": "--tp", "balance": "--balance", "a_s": "--a-s", "eps": "--eps",
+                "family": "--family", "load_policy": "--load-policy", "int8": "--int8", "random_seed": "--random-seed",
+                "pool_budget_bytes": "--pool-budget"}
+
+
 def _format_validation_error(source: str, err: ValidationError) -> str:
     first = err.errors()[0]
     loc = short_text(".".join(str(p) for p in first["loc"]) or "<root>", 80)
@@ -118,16 +124,22 @@ def load_policy_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve_policy(path: str | Path | None = None, **overrides: Any) -> Policy:
+def resolve_policy(path: str | Path | None = None, *, flags: Optional[dict[str, str]] = None,
+                   **overrides: Any) -> Policy:
     """Build a :class:`Policy` from an optional YAML file, then CLI overrides (``None`` = unset).
 
     The file is validated in pydantic strict mode: a value of the wrong type is refused, never
     converted (``w_max: true`` is not 1, ``int8: "yes"`` is not true, ``w_max: "64"`` is not 64);
     integers are accepted for float fields.
 
+    Args:
+        path: the YAML policy file, or None. flags: field -> the flag that set each override
+            (:data:`POLICY_FLAGS` from the CLI), so a bad value is named by its flag; None for
+            library callers (then ``command-line flags: policy field '<name>'``).
+        overrides: field -> value (None: unset).
     Raises:
-        DascInputError: unknown key, wrong type or out-of-range value, naming the file (or
-            ``command-line flags``) and the field.
+        DascInputError: unknown key, wrong type or out-of-range value, naming the file (or the flag)
+            and the field.
     """
     fields: dict[str, Any] = load_policy_file(path) if path is not None else {}
     source = str(path) if path is not None else "policy"
@@ -140,4 +152,9 @@ def resolve_policy(path: str | Path | None = None, **overrides: Any) -> Policy:
     try:
         return Policy(**fields)
     except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        if flags and field in given and field in flags:
+            raise DascInputError(f"{flags[field]} {short_text(str(given[field]), 80)}: {first['msg']} (policy field "
+                                 f"'{field}')") from None
         raise DascInputError(_format_validation_error("command-line flags", exc)) from None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["CALIBRATED_PREFIX", "INIT_DRAW_PREFIX", "KINDS", "REAL_A_LOG_PREFIX", "figure_label",
-           "figure_line", "provenance_kind"]
+           "figure_line", "provenance_kind", "short_line"]
 
 INIT_DRAW_PREFIX = "initialisation draw, not trained"
 CALIBRATED_PREFIX = "synthetic, calibrated to published statistics; not trained weights"
@@ -73,3 +73,15 @@ def figure_line(note: str, width: int = 90) -> str:
     if len(short) > width:
         short = short[:width - 3].rstrip() + "..."
     return f"trained weights: {short}" if short else "trained weights"
+
+
+def short_line(note: str) -> str:
+    """The one short provenance line of every output but ``dasc inspect`` (which prints the whole note).
+
+    ``"provenance: <figure_label> (dasc inspect shows the note)"`` for generated decay values, else
+    ``"provenance: trained weights: <note cut to 80 characters>"`` (:func:`figure_line`): at most about
+    110 characters whatever the note's length.
+    """
+    label = figure_label(note)
+    return f"provenance: {label} (dasc inspect shows the note)" if label is not None else \
+        f"provenance: {figure_line(note, width=80)}"

@@ -55,7 +55,8 @@ from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, 
 
 __all__ = [
     "GDN_SCHEME", "KDA_SAFE_SCHEME", "KDA_SCHEME", "MODEL_NAMES", "Param", "REFERENCE_CONFIGS", "draw_decay", "main",
-    "parameter_table", "provenance_note", "resolve_config", "write_bundled", "write_decay_only", "write_full_size",
+    "full_size_bytes", "parameter_table", "provenance_note", "resolve_config", "write_bundled", "write_decay_only",
+    "write_full_size",
     "write_json", "write_sparse_shard",
 ]
 
@@ -210,6 +211,17 @@ def write_sparse_shard(path: Path, params: list[Param], data: dict[str, bytes], 
         fh.truncate(start + off)   # everything not written is a hole: no disk blocks, reads as zeros
     os.replace(tmp, path)
     return off
+
+
+def full_size_bytes(model: str | dict) -> int:
+    """Tensor bytes of :func:`write_full_size`'s checkpoint of ``model`` (its apparent size, headers aside):
+    ``sum(prod(shape) * dtype bytes)`` over :func:`parameter_table`. Nearly all of it is holes on disk.
+
+    Raises:
+        DascInputError: unknown model name.
+    """
+    _name, cfg = resolve_config(model)
+    return sum(math.prod(shape) * DTYPE_BYTES[dt] for _, shape, dt in parameter_table(cfg))
 
 
 def write_full_size(model: str | dict, out_dir: str | Path, seed: int = 0, shard_bytes: float = 5e9) -> Path:

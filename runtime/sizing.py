@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from dasc_compile.schema import DascInputError, UnitSpec, load_plan, usable_slots
-from dasc_runtime.wr_scratch import DEFAULT_REFRESH_SLOTS, refresh_active
+from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
 
 __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
            "int8_bytes_per_slot", "compressed_bytes_per_slot", "dense_slots_for_budget", "size_arms",
@@ -177,7 +177,7 @@ def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
     m = int(budget_bytes) // int(bytes_dense_slot) - 1
     if m < 1:
         raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({bytes_dense_slot} bytes a slot "
-                             f"on one TP rank, one padding slot)")
+                             f"on one TP rank, one padding slot); expected at least {2 * int(bytes_dense_slot)} bytes")
     return m
 
 
@@ -236,11 +236,20 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
             arm is labelled ``dasc-wr-w{W}`` and its flags name B.
     Returns:
         one :class:`ArmSizing` per arm, in the order asked.
+    The options are checked as the server checks them
+    (:func:`dasc_runtime.serving_rules.settle_size_options`): a storage-balanced plan at TP > 1 is sized
+    and flagged without the overlap scheduler (``--disable-overlap-schedule``), since the runtime needs it.
+
     Raises:
         DascInputError: R or M outside [1, 2**31], a budget outside [1, 2**50] bytes, both or neither
-            of M and budget, M < k * R (Dense could not run R),
-            no pool slot fits, an unknown arm or strategy.
+            of M and budget, M < k * R (Dense could not run R; with a budget, the smallest that does),
+            no pool slot fits (the smallest M or budget that does), an unknown arm or strategy, or a
+            configuration the dasc runtime refuses (``extra_buffer_lazy``, ``balance: hybrid``, ...).
     """
+    slots_per_running_request(strategy)           # an unknown strategy first, then what dasc serves
+    settled = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
+                                  refresh_slots=refresh_slots)
+    overlap_schedule = settled.overlap_schedule
     k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
     r = max_running_requests
     _check_count("--max-running-requests", r)
@@ -254,12 +263,20 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     m_native = k * r
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
-        raise DascInputError(f"--dense-slots {m}: SGLang runs at most floor(M / {k}) requests with {strategy}"
-                             f"{'' if overlap_schedule else ' without the overlap scheduler'}, so "
-                             f"--max-running-requests {r} needs M >= {m_native}")
+        runs = (f"SGLang runs at most floor(M / {k}) requests with {strategy}"
+                f"{'' if overlap_schedule else ' without the overlap scheduler'}")
+        if budget_bytes is not None:
+            need = (m_native + 1) * b_dense
+            raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
+                                 f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
+                                 f"M >= {m_native}: a budget of at least {need} bytes ({need / GIB:.3f} GiB)")
+        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
-        (() if overlap_schedule else ("--disable-overlap-schedule",))
+        (() if overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     budget = (m + 1) * b_dense
+    pools = {name: _pool_arm(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+             for name in arms if name != "dense"}
+    _check_pools_fit(m, m_native, b_dense, pools.values(), by_budget=budget_bytes is not None)
     out: list[ArmSizing] = []
     for name in arms:
         if name == "dense":
@@ -268,33 +285,27 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
                                  bytes_native_slot=b_dense, bytes_ckpt_slot=0, c_ckpt=1.0,
                                  flags=common + ("--max-mamba-cache-size", str(m))))
             continue
+        _, b, scratch = pools[name]
+        mm = matched_memory(dense_slots=m, native_slots=m_native, bytes_dense_slot=b_dense, bytes_compressed_slot=b,
+                            scratch_bytes=scratch)
         if name == "int8":
-            b8 = int8_bytes_per_slot(plan)
-            mm = _pool(m, m_native, b_dense, b8, 0, "SGLang INT8")
             out.append(ArmSizing(arm="int8", kind="int8", native_slots=m_native, ckpt_slots=mm.compressed_slots,
                                  capacity=mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
-                                 used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b8,
-                                 c_ckpt=b_dense / b8, int8=True,
+                                 used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b,
+                                 c_ckpt=b_dense / b, int8=True,
                                  flags=common + ("--max-mamba-cache-size", str(m_native),
                                                  "--enable-int8-mamba-checkpoint", "--int8-mamba-ckpt-size",
                                                  str(mm.compressed_slots))))
             continue
-        if name not in ("dasc", "dasc-int8"):
-            raise DascInputError(f"arm {name!r}: expected dense, int8, dasc or dasc-int8")
         i8 = name == "dasc-int8"
-        own = i8 == bool(plan.policy.int8)
-        path = plan_path if own else pair_plan_path
-        b_c = compressed_bytes_per_slot(plan, int8=i8)
-        wr = refresh_active(plan)                     # dasc-wr: B hidden native scratch slots (wr_scratch.py)
+        path = plan_path if i8 == bool(plan.policy.int8) else pair_plan_path
+        wr = refresh_active(plan)
         n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
-        policy = "wr" if wr else "nr"
-        mm = _pool(m, m_native, b_dense, b_c, scratch_slots * b_c + n_wr * b_dense,
-                   f"dasc-{policy}{'+INT8' if i8 else ''}")
-        label = f"dasc-{policy}-w{plan.policy.w_max}{'-int8' if i8 else ''}"
+        label = f"dasc-{'wr' if wr else 'nr'}-w{plan.policy.w_max}{'-int8' if i8 else ''}"
         out.append(ArmSizing(arm=label, kind="dasc", native_slots=m_native, ckpt_slots=mm.compressed_slots,
                              capacity=m_native + mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
-                             used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b_c,
-                             c_ckpt=b_dense / b_c, w_max=plan.policy.w_max, int8=i8, plan=path,
+                             used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b,
+                             c_ckpt=b_dense / b, w_max=plan.policy.w_max, int8=i8, plan=path,
                              flags=common + ("--max-mamba-cache-size", str(m_native), "--dasc-plan",
                                              path if path is not None else "{plan}", "--dasc-pool-slots",
                                              str(mm.compressed_slots))
@@ -302,17 +313,45 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     return out
 
 
-def _pool(m: int, m_native: int, b_dense: int, b: int, scratch: int, what: str) -> MatchedMemory:
-    try:
-        return matched_memory(dense_slots=m, native_slots=m_native, bytes_dense_slot=b_dense,
-                              bytes_compressed_slot=b, scratch_bytes=scratch)
-    except DascInputError:
-        left = (m - m_native) * b_dense - scratch
-        beside = f" and {scratch} bytes of scratch" if scratch else ""
-        raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave "
-                             f"{left} bytes beside the M'={m_native} native slots{beside}, one "
-                             f"{what} slot needs {b} bytes (+1 reserved); raise --dense-slots or lower "
-                             f"--max-running-requests{' or --refresh-slots' if scratch else ''}") from None
+def _pool_arm(plan, name: str, *, b_dense: int, scratch_slots: int, refresh_slots: Optional[int]) -> tuple[str, int, int]:
+    """``(what, bytes per pool slot, scratch bytes)`` of a pool arm: SGLang's INT8 pool, or the plan's compressed
+    pool in the plan's temporal dtype (``dasc``) or INT8 (``dasc-int8``), charged dasc-wr's B native scratch slots.
+
+    Raises:
+        DascInputError: an unknown arm name.
+    """
+    if name == "int8":
+        return "SGLang INT8", int8_bytes_per_slot(plan), 0
+    if name not in ("dasc", "dasc-int8"):
+        raise DascInputError(f"arm {name!r}: expected dense, int8, dasc or dasc-int8")
+    i8 = name == "dasc-int8"
+    b_c = compressed_bytes_per_slot(plan, int8=i8)
+    wr = refresh_active(plan)                     # dasc-wr: B hidden native scratch slots (wr_scratch.py)
+    n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
+    return f"dasc-{'wr' if wr else 'nr'}{'+INT8' if i8 else ''}", b_c, scratch_slots * b_c + n_wr * b_dense
+
+
+def _check_pools_fit(m: int, m_native: int, b_dense: int, pools, *, by_budget: bool) -> None:
+    """Refuse an M that leaves some pool arm without one usable slot (App. C.1), naming the first such arm and the
+    smallest M (or ``--budget``) that fits *every* arm: ``M >= M' + ceil((2 b + scratch) / b_dense)`` per arm.
+
+    Raises:
+        DascInputError: one line, naming ``--budget`` when ``by_budget``, else ``--dense-slots``.
+    """
+    pools = list(pools)
+    short = [(what, b, sc) for what, b, sc in pools if usable_slots(max((m - m_native) * b_dense - sc, 0), b) < 1]
+    if not short:
+        return
+    what, b, scratch = short[0]
+    m_min = max(m_native + -(-(2 * pb + sc) // b_dense) for _, pb, sc in pools)
+    left = (m - m_native) * b_dense - scratch
+    beside = f" and {scratch} bytes of scratch" if scratch else ""
+    need = (f"--budget of at least {(m_min + 1) * b_dense} bytes ({(m_min + 1) * b_dense / GIB:.3f} GiB)"
+            if by_budget else f"--dense-slots of at least {m_min}")
+    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave {left} bytes beside the "
+                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); give a "
+                         f"{need} (every arm fits then), or lower --max-running-requests"
+                         f"{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}")
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0) -> MatchedMemory:

@@ -40,90 +40,30 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
     """Refuse server options the plan cannot serve, all in one line (each named with the flag that turns
     it off). ``plan``: the loaded plan, or None (then only the plan-independent options are checked).
 
-    Checked: radix cache on and built-in (no ``--disable-radix-cache``, no ``--radix-cache-backend``),
-    no ``--enable-hierarchical-cache``, no ``--enable-unified-memory`` / ``--enable-page-major-kv-layout``
-    (page-major state layout, ``mamba_ckpt_pool`` is None there), no ``--enable-int8-mamba-checkpoint``
-    (the plan's ``int8`` composes INT8 instead), no speculative decoding, no ReplaySSM rings, no
-    session radix cache / streaming sessions, pipeline parallel size 1.
+    The rules, and why each exists, are :data:`dasc_runtime.serving_rules.RULES` (scope ``option``);
+    ``dasc size`` checks its printed flags with the same function. ``--mamba-max-states-per-path`` is
+    served: SGLang's path cap evicts interior states through the component's ``evict_component``,
+    which frees either tier (tested in ``tests/runtime/``).
 
-    Refused options (item 11) and why:
-
-    ==================================  ===============================================================
-    ``--mamba-radix-cache-strategy      its second ping-pong slot is allocated and freed on demand by
-    extra_buffer_lazy``                 SGLang's batch result processor (``mamba_lazy_*``), a path
-                                        dasc's insertion (which donates / packs that slot) is not tested
-                                        on; ``extra_buffer`` (SGLang's default) and ``no_buffer`` are
-    ``--enable-mixed-chunk``            a MIXED batch joins decode requests to the hit batch whose
-                                        copy-on-write and dasc-wr refresh dasc plans; not tested
-    ``--enable-dp-attention``           each DP rank schedules its own requests while the tier agreement
-                                        and the decay fingerprint gather run on the attention-TP group;
-                                        not tested
-    ``--enable-memory-saver``           it releases and restores SGLang's tagged allocations; the dasc
-                                        pool is allocated outside them, so a release would keep it and a
-                                        resume would not restore what it held
-    ==================================  ===============================================================
-
-    ``--mamba-max-states-per-path`` is served: SGLang's path cap evicts interior states through the
-    component's ``evict_component``, which frees either tier (tested in ``tests/runtime/``).
-
-    Storage balancing under overlap scheduling (item 9): a storage-balanced pack is an all-to-all on
-    the attention-TP group issued on the scheduler's current stream. With SGLang's overlap scheduler
-    that is the schedule stream, while the previous batch's forward, and its TP collectives, may still
-    run on the forward stream: the two streams' collectives could interleave differently on different
-    ranks (a cross-rank deadlock). Without overlap scheduling the scheduler thread issues cache work and
-    forwards on one stream in one order, the same on every rank. So a storage-balanced plan at TP > 1
-    is refused unless ``--disable-overlap-schedule`` is given.
+    Raises:
+        DascRefusal: ``unsupported option(s): <clause>; <clause>...``.
     """
-    g = lambda name, default=None: getattr(sa, name, default)  # noqa: E731
-    bad = []
-    if g("disable_radix_cache"):
-        bad.append("--disable-radix-cache (dasc compresses radix-cached state checkpoints)")
-    if g("radix_cache_backend"):
-        bad.append(f"--radix-cache-backend={g('radix_cache_backend')} (dasc plugs into the built-in cache)")
-    if g("enable_hierarchical_cache"):
-        bad.append("--enable-hierarchical-cache (host offload of compressed checkpoints is not supported)")
-    if g("enable_unified_memory"):
-        bad.append("--enable-unified-memory (the unified memory pool has no checkpoint pool slot)")
-    if g("enable_page_major_kv_layout"):
-        bad.append("--enable-page-major-kv-layout (page-major Mamba state layout is not supported)")
-    if g("enable_int8_mamba_checkpoint"):
-        bad.append("--enable-int8-mamba-checkpoint (compile the plan with int8: true instead)")
-    if g("speculative_algorithm"):
-        bad.append(f"--speculative-algorithm {g('speculative_algorithm')} (speculative states are not supported)")
-    if g("enable_linear_replayssm") or g("enable_linear_replayssm_spec"):
-        bad.append("--enable-linear-replayssm (ring-buffered states are not supported)")
-    if g("enable_session_radix_cache"):
-        bad.append("--enable-session-radix-cache (not supported)")
-    if g("enable_streaming_session"):
-        bad.append("--enable-streaming-session (not supported)")
-    if g("disaggregation_mode") not in (None, "null"):
-        bad.append(f"--disaggregation-mode {g('disaggregation_mode')} (PD disaggregation is not supported)")
-    if (g("pp_size", 1) or 1) > 1:
-        bad.append(f"--pp-size {g('pp_size')} (pipeline parallelism is not supported)")
-    if g("mamba_radix_cache_strategy") == "extra_buffer_lazy":
-        bad.append("--mamba-radix-cache-strategy extra_buffer_lazy (use extra_buffer, SGLang's default, or "
-                   "no_buffer)")
-    if g("enable_mixed_chunk"):
-        bad.append("--enable-mixed-chunk (drop it)")
-    if g("enable_dp_attention"):
-        bad.append("--enable-dp-attention (not supported)")
-    if g("enable_memory_saver"):
-        bad.append("--enable-memory-saver (the dasc pool lies outside the memory it releases and restores)")
-    if plan is not None and plan.tp.balance == "storage" and plan.tp.tp_size > 1 \
-            and not g("disable_overlap_schedule", False):
-        bad.append(f"a storage-balanced plan at TP {plan.tp.tp_size} with overlap scheduling (its all-to-all "
-                   f"on the schedule stream could interleave with the forward's TP collectives differently "
-                   f"on each rank; add --disable-overlap-schedule, or recompile with --balance off)")
+    from dasc_runtime.serving_rules import serving_refusals
+
+    bad = serving_refusals(sa, plan, scopes=("option",))
     if bad:
-        raise DascRefusal("unsupported option(s): " + "; ".join(bad))
+        raise DascRefusal("unsupported option(s): " + "; ".join(r.text for r in bad))
 
 
 def check_plan_supported(plan: Plan) -> None:
-    """Refuse plan features this runtime does not serve yet: hybrid TP balancing. (dasc-wr plans are
-    served; their own start-up checks are :func:`dasc_runtime.wr_scratch.check_refresh_startup`.)"""
-    if plan.tp.balance == "hybrid":
-        raise DascRefusal("the plan uses balance=hybrid (compute-head permutation of the loaded weights), "
-                          "which this runtime does not apply yet; recompile with --balance storage or off")
+    """Refuse plan features this runtime does not serve yet (:data:`dasc_runtime.serving_rules.RULES`, scope
+    ``plan``: hybrid TP balancing). dasc-wr plans are served; their own start-up checks are
+    :func:`dasc_runtime.wr_scratch.check_refresh_startup`."""
+    from dasc_runtime.serving_rules import serving_refusals
+
+    bad = serving_refusals(None, plan, scopes=("plan",))
+    if bad:
+        raise DascRefusal("; ".join(r.text for r in bad))
 
 
 def check_model_type(plan: Plan, model_type: str, architectures: Sequence[str] = ()) -> None:

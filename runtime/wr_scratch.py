@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
+
+# the default B and what counts as a dasc-wr plan belong to the serving rules (dasc size charges the same)
+from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
 
 __all__ = ["DEFAULT_REFRESH_SLOTS", "RefreshCounters", "ScratchBudget", "refresh_active", "check_refresh_startup",
            "around_req_pool_init", "build_pool_with_scratch", "budget_after_scratch", "scratch_state_bytes",
            "window_tokens"]
 
 logger = logging.getLogger("dasc")
-
-#: Windows replayed by one scratch pass when ``--dasc-refresh-slots`` is not given.
-DEFAULT_REFRESH_SLOTS = 8
 
 
 @dataclass
@@ -103,12 +104,6 @@ def window_tokens(n_p: int, w_cap: int, page_size: int = 1) -> int:
     return w
 
 
-def refresh_active(plan) -> bool:
-    """True when ``plan`` asks for dasc-wr and omits units (a keep-all plan has W_replay = 0: nothing to run)."""
-    return plan is not None and plan.policy.load_policy == "wr" and bool(plan.refresh.any_local) \
-        and plan.refresh.w_replay_cap > 0
-
-
 def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: int,
                           chunked_prefill_size: Optional[int], server_args=None) -> int:
     """Start-up checks of dasc-wr; returns B, the windows one scratch pass replays.
@@ -126,34 +121,24 @@ def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: in
             budget, a window longer than the served context or than one chunked-prefill chunk,
             or DP attention (a scratch pass on one DP rank would stall the others' collectives).
     """
+    from dasc_runtime.serving_rules import serving_refusals
     from dasc_runtime.verify import DascRefusal
 
+    opts = SimpleNamespace(chunked_prefill_size=chunked_prefill_size,
+                           enable_dp_attention=bool(getattr(server_args, "enable_dp_attention", False)))
+    bad = serving_refusals(opts, plan, refresh_slots=refresh_slots, context_len=context_len, scopes=("refresh",))
+    if bad:                                     # one at a time, in rule order
+        raise DascRefusal(bad[0].text)
     if not refresh_active(plan):
-        if refresh_slots is not None:
-            raise DascRefusal(f"--dasc-refresh-slots {refresh_slots} needs a plan with load_policy: wr that "
-                              f"omits units (this plan is load_policy: {plan.policy.load_policy}, "
-                              f"w_replay_cap {plan.refresh.w_replay_cap})")
         return 0
     w = int(plan.refresh.w_replay_cap)
     b = DEFAULT_REFRESH_SLOTS if refresh_slots is None else int(refresh_slots)
-    if b < 1:
-        raise DascRefusal(f"--dasc-refresh-slots {b}: dasc-wr needs at least one scratch slot for its refresh pass "
-                          "(or recompile the plan with load_policy: nr)")
-    if w >= context_len:
-        raise DascRefusal(f"the plan's refresh window w_replay_cap={w} tokens exceeds the served context length "
-                          f"({context_len} tokens); recompile with a smaller --wmax or raise --context-length")
     if chunked_prefill_size is not None and chunked_prefill_size > 0:
-        if w > chunked_prefill_size:
-            raise DascRefusal(f"the plan's refresh window w_replay_cap={w} tokens exceeds --chunked-prefill-size "
-                              f"{chunked_prefill_size}: one scratch pass could not fit SGLang's prefill budget")
         fit = chunked_prefill_size // w
         if b > fit:
             logger.info("dasc: --dasc-refresh-slots %d capped to %d (%d-token windows in a %d-token prefill chunk)",
                         b, fit, w, chunked_prefill_size)
             b = fit
-    if server_args is not None and getattr(server_args, "enable_dp_attention", False):
-        raise DascRefusal("--enable-dp-attention with a dasc-wr plan: a refresh pass on one DP rank would stall "
-                          "the other ranks' collectives; use a load_policy: nr plan")
     return b
 
 

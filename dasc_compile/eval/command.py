@@ -78,9 +78,11 @@ def render(doc: dict, con: Console) -> None:
     """Print the evaluation as one table per plan (or Table 1(b) for ``--horizons``)."""
     from dasc_compile.plan_views import fmt_ratio
 
+    from dasc_compile.provenance import short_line
+
     m = doc["model"]
     con.print(f"model {m['path']} ({m['model_type']}, {m['family']}, {len(m['recurrent_layer_ids'])} recurrent "
-              f"layers); provenance: {m['provenance']}", markup=False)
+              f"layers); {short_line(m['provenance'])}", markup=False)
     if "table_1b" in doc:
         n_layers = len(m["recurrent_layer_ids"])
         con.print(f"Table 1(b): Spearman correlation across units of the static horizon H_s with the observed "

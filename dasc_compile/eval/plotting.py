@@ -20,10 +20,11 @@ def _num(v) -> float:
 
 def provenance_line(note: str) -> str:
     """The footer of the quality figure: where the model's decay values came from
-    (:func:`dasc_compile.provenance.figure_line`; generated values get their label in capitals and the note)."""
+    (:func:`dasc_compile.provenance.figure_line`; generated values get their label in capitals, the note is
+    left to ``dasc inspect``)."""
     line = figure_line(note, width=140)
     if figure_label(note) is not None:
-        line = f"{line.upper()}. provenance: {note}"
+        line = f"{line.upper()} (dasc inspect shows the provenance note)"
     return line.replace("$", r"\$")   # keep matplotlib from reading '$...$' as mathtext
 
 

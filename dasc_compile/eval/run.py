@@ -62,15 +62,16 @@ def checkpoint_decays(model: Path):
     return spec, read_decay_tensors(src, spec), src.provenance
 
 
-def load_plans(paths: list[Path], spec, tensors) -> list:
-    """``[(path, Plan)]`` of plans compiled from exactly these decay tensors and recurrent layers."""
+def load_plans(paths: list, spec, tensors) -> list:
+    """``[(label, Plan)]`` of plan directories, or of ``(label, Plan)`` pairs already in memory (``dasc
+    sweep``), each checked to be compiled from exactly these decay tensors and recurrent layers."""
     from dasc_compile.checkpoint import decay_fingerprint
     from dasc_compile.schema import load_plan
 
     fp = decay_fingerprint(tensors)
     plans = []
     for p in paths:
-        plan = load_plan(p, verify_kernels=False)
+        p, plan = p if isinstance(p, tuple) else (p, load_plan(p, verify_kernels=False))
         if plan.fingerprint.decay_sha256 != fp:
             raise DascInputError(
                 f"{p}: plan was compiled from other decay tensors (fingerprint {plan.fingerprint.decay_sha256[:12]}..., "
@@ -202,6 +203,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
              init_seed: Optional[int] = None, json_out: Optional[Path] = None) -> dict:
     """The cached-prefix evaluation of ``plans`` on ``model`` (:mod:`dasc_compile.eval.protocol`).
 
+    ``plans``: plan directories, or ``(label, Plan)`` pairs compiled in memory (``dasc sweep --eval``).
     ``time_budget_s`` (benchmarks only): start no new prompt after this many seconds. ``init_from`` /
     ``init_seed``: the initial state for the ``init`` / ``untrained`` arms and the decay drift.
     ``json_out``: the document is rewritten there after every prompt.

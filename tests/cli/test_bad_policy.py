@@ -140,11 +140,12 @@ def test_strict_policy_still_reads_ordinary_yaml(tmp_path, gdn, text, field, val
 
 @pytest.mark.parametrize("args, needles", [
     (["--wmax", "true"], ["'--wmax'", "valid integer"]),
-    (["--wmax", "16", "--random-seed", str(2**70)], ["command-line flags", "'random_seed'"]),
-    (["--wmax", "16", "--tp", "0"], ["command-line flags", "'tp_size'"]),
-    (["--wmax", "16", "--eps", "nan"], ["command-line flags", "'eps'"]),
-    (["--wmax", "16", "--balance", "x" * 5000], ["command-line flags", "'balance'", "..."]),
-    (["--wmax", "16", "--pool-budget", "-5"], ["command-line flags", "'pool_budget_bytes'"]),
+    (["--wmax", "16", "--random-seed", str(2**70)], [f"--random-seed {2**70}: ", "'random_seed'"]),
+    (["--wmax", "16", "--tp", "0"], ["--tp 0: Input should be greater than or equal to 1", "'tp_size'"]),
+    (["--wmax", "16", "--eps", "nan"], ["--eps nan: ", "'eps'"]),
+    (["--wmax", "16", "--balance", "x" * 5000], ["--balance xxx", "'balance'", "..."]),
+    (["--wmax", "16", "--pool-budget", "-5"], ["--pool-budget -5: ", "'pool_budget_bytes'"]),
+    (["--wmax", "-1"], ["error: --wmax -1: Input should be greater than or equal to 0 (policy field 'w_max')"]),
 ])
 def test_bad_flags(tmp_path, gdn, args, needles):
     before = snapshot(tmp_path)

@@ -163,3 +163,51 @@ def test_policy_file_of_another_family_is_warned_about(tmp_path, gdn, kda):
     (tmp_path / "mine.yaml").write_text("w_max: 16\n")   # a name that is no family: nothing to say
     own = dasc("compile", kda, "--policy", tmp_path / "mine.yaml", "--out", tmp_path / "s")
     assert own.code == 0 and own.err == ""
+
+
+def test_root_help_names_every_command():
+    # issue 22: the root help said "compile and inspect" for five commands
+    from dasc_compile.cli import ROOT_HELP, app
+
+    r = dasc("--help")
+    assert r.code == 0 and "compile and inspect" not in r.out
+    commands = [c.name for c in app.registered_commands]
+    assert set(commands) >= {"compile", "inspect", "reference", "size", "eval", "sweep"}
+    assert all(f"({name})" in ROOT_HELP or name in ("compile", "inspect") for name in commands)
+    assert all(f" {name} " in " ".join(r.out.split()) for name in commands)
+
+
+def test_full_size_says_how_large_it_is_before_writing(tmp_path, monkeypatch):
+    # issue 22: --full-size wrote a 152 GiB sparse checkpoint without a word
+    from dasc_compile import refckpt
+
+    written = []
+    monkeypatch.setattr(refckpt, "write_full_size", lambda name, tmp, seed: written.append(name))
+    r = dasc("reference", "qwen3-next-80b-a3b", "--full-size", "--out", tmp_path / "q")
+    assert r.code == 0 and written == ["qwen3-next-80b-a3b"]
+    (w,) = _warnings(r)
+    assert "qwen3-next-80b-a3b at its real size: 163 GB of tensors (151 GiB)" in w and "sparse holes" in w, w
+    assert "writes all 163 GB" in w
+    assert refckpt.full_size_bytes("kimi-linear-48b-a3b") == 98_245_541_888
+    assert dasc("reference", "qwen3-next-80b-a3b", "--out", tmp_path / "d").err == ""   # decay-only: nothing to say
+
+
+def test_provenance_is_one_short_line_outside_inspect(tmp_path):
+    # issue 22: the ~600-character provenance note was repeated by compile, size and the plot
+    from dasc_compile.provenance import short_line
+    from tests.support.clihelp import ROOT
+
+    note_len = None
+    ref = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated"
+    c = dasc("compile", ref, "--wmax", 16, "--out", tmp_path / "k")
+    from dasc_compile.schema import load_plan
+
+    note = load_plan(tmp_path / "k").model.provenance
+    note_len = len(note)
+    assert note_len > 400 and note not in c.out and c.out.count("provenance:") == 1
+    line = short_line(note)
+    assert len(line) < 120 and line in c.out
+    s = dasc("size", tmp_path / "k", "--dense-slots", 64, "--max-running-requests", 8)
+    assert s.code == 0 and note not in s.out and s.out.count("provenance:") == 1 and line in s.out
+    i = dasc("inspect", tmp_path / "k")
+    assert " ".join(note.split())[:200] in " ".join(i.out.replace("│", " ").split())   # the full note lives here

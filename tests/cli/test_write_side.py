@@ -216,7 +216,8 @@ def _dasc_plan(tmp_path, gdn, name="plan"):
 
 
 @pytest.mark.parametrize("kind", ["users_plan_json", "edited_plan", "rehashed_by_name_only", "kernels_only",
-                                  "plan_plus_notes", "plan_json_is_dir", "plan_json_symlink", "foreign_pycache"])
+                                  "plan_plus_notes", "plan_json_is_dir", "plan_json_symlink", "foreign_pycache",
+                                  "edited_pretty_plan"])
 def test_out_that_is_not_an_earlier_dasc_plan_is_refused_and_kept(tmp_path, gdn, kind):
     out = tmp_path / "plan"
     needles = ["choose another --out"]
@@ -229,6 +230,12 @@ def test_out_that_is_not_an_earlier_dasc_plan_is_refused_and_kept(tmp_path, gdn,
         pj = out / "plan.json"
         if kind == "edited_plan":
             pj.write_text(pj.read_text().replace('"w_max":16', '"w_max":17'))
+            needles.append("edited since dasc wrote it")
+        elif kind == "edited_pretty_plan":      # re-indented and then edited: still the user's
+            doc = json.loads(pj.read_text())
+            doc["policy"]["w_max"] = 17
+            pj.write_text(json.dumps(doc, indent=2))
+            assert dasc("inspect", out).code == 2
             needles.append("edited since dasc wrote it")
         elif kind == "rehashed_by_name_only":   # a look-alike: right field names, hash of something else
             pj.write_text(json.dumps({"schema_version": 2, "content_hash": "0" * 64, "x": 1}))
@@ -258,7 +265,8 @@ def test_out_that_is_not_an_earlier_dasc_plan_is_refused_and_kept(tmp_path, gdn,
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("kind", ["earlier_plan", "earlier_plan_with_pycache", "no_kernels_plan", "empty_dir"])
+@pytest.mark.parametrize("kind", ["earlier_plan", "earlier_plan_with_pycache", "no_kernels_plan", "empty_dir",
+                                  "pretty_printed_plan"])
 def test_earlier_plan_or_empty_dir_is_replaced(tmp_path, gdn, kind):
     from dasc_compile.schema import load_plan
 
@@ -273,6 +281,10 @@ def test_earlier_plan_or_empty_dir_is_replaced(tmp_path, gdn, kind):
             (kname,) = [p.name for p in out.glob("dasc_kernels_*.py")]
             (out / "__pycache__").mkdir()
             (out / "__pycache__" / kname.replace(".py", ".cpython-311.pyc")).write_bytes(b"\0")
+        if kind == "pretty_printed_plan":   # issue 22: inspect reads a re-indented plan, so compile replaces it too
+            pj = out / "plan.json"
+            pj.write_text(json.dumps(json.loads(pj.read_text()), indent=2))
+            assert dasc("inspect", out).code == 0
     r = dasc("compile", gdn, "--wmax", 4, "--out", out)
     assert r.code == 0, r.err
     assert load_plan(out).policy.w_max == 4

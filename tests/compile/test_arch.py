@@ -44,9 +44,16 @@ def test_kimi_safe_gate_from_config_and_policy():
     cfg = {**KIMI, "linear_attn_config": {**KIMI["linear_attn_config"], "gate_lower_bound": -5}}
     s = arch_from_config(cfg)
     assert s.family == "kda_safe_gate" and s.safe_gate_lower_bound == -5.0
-    assert arch_from_config(KIMI, family_override="kda_safe_gate").family == "kda_safe_gate"
-    with pytest.raises(DascInputError, match="does not fit model_type 'kimi_linear'"):
-        arch_from_config(KIMI, family_override="gdn")
+    assert arch_from_config(cfg, family_override="kda_safe_gate").family == "kda_safe_gate"   # the same: a check
+    # issue 22: a family other than the config's is refused like gdn is, never silently applied
+    for fam in ("kda_safe_gate", "gdn"):
+        with pytest.raises(DascInputError, match=f"family '{fam}' \\(--family or the policy field 'family'\\) "
+                                                 "does not fit model_type 'kimi_linear', whose config makes it 'kda'"):
+            arch_from_config(KIMI, family_override=fam)
+    with pytest.raises(DascInputError, match="declared in config.json's linear_attn_config"):
+        arch_from_config(KIMI, family_override="kda_safe_gate")
+    with pytest.raises(DascInputError, match="this config declares the safe gate"):
+        arch_from_config(cfg, family_override="kda")
 
 
 def test_qwen35_nested_text_config_and_layer_types_win():

@@ -185,7 +185,7 @@ def test_out_dir_holding_other_files_is_refused_and_kept(tmp_path):
     (["--wmax", "abc"], "Invalid value for '--wmax'"),
     (["--wmax", "16", "--bogus"], "No such option: --bogus"),
     (["--wmax", "99999999999999999999"], "policy field 'w_max'"),
-    (["--wmax", "16", "--a-s", "nan"], "policy field 'a_s': Input should be a finite number"),
+    (["--wmax", "16", "--a-s", "nan"], "--a-s nan: Input should be a finite number (policy field 'a_s')"),
 ])
 def test_console_script_usage_errors_are_one_line(tmp_path, args, needle):
     ck = small_gdn(tmp_path / "gdn")

@@ -214,7 +214,7 @@ def test_json_document_kda_kernels_and_provenance():
 def test_json_keys_are_documented():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     doc = insp.inspect_json(gdn_plan())
     keys = (set(doc) | set(doc["layers"][0]) | set(doc["tp"]) | set(doc["tp"]["ranks"][0])
             | set(doc["tp"]["ranks"][0]["storage"]) | set(doc["head_summary"]) | set(doc["provenance"]))

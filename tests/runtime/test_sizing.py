@@ -27,7 +27,8 @@ from dasc_compile.cli import app
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
-from dasc_runtime import size_report, sizing
+from dasc_compile import size_report
+from dasc_runtime import sizing
 from dasc_compile.schema import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,7 +283,8 @@ def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--dense-slots", "64", "--max-running-requests", "8", "--refresh-slots", "2"], "runs no refresh"),
+    (["--dense-slots", "64", "--max-running-requests", "8", "--refresh-slots", "2"],
+     "the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr"),
     (["--dense-slots", "64"], "max-running-requests R is required"),
     (["--dense-slots", "20", "--max-running-requests", "8"], "needs M >= 40"),
     (["--budget", "lots", "--max-running-requests", "8"], "--budget: expected a positive size"),

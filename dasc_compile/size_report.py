@@ -1,8 +1,10 @@
 """``dasc size PLAN``: the text / JSON report of every serving arm's slots, capacity and SGLang flags at
 equal state memory (paper App. C.1), and the byte-size parser of its ``--budget``.
 
-The sizing itself is :mod:`dasc_runtime.sizing` (one place); this module only reads the command's
-inputs and prints what :func:`dasc_runtime.sizing.size_arms` computed.
+The sizing itself is :mod:`dasc_runtime.sizing` (one place), and what the server would refuse is
+:func:`dasc_runtime.serving_rules.settle_size_options` (the function the server's own start-up checks
+call); this module only reads the command's inputs and prints what they computed, with the plan's
+warnings (:func:`dasc_compile.compiler.plan_warnings`) and the flags the rules added.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import asdict
 from typing import Optional
 
 from dasc_compile.schema import DascInputError, load_plan
-from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES, GIB, compressed_bytes_per_slot,
-                                 size_arms, slots_per_running_request)
+from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES, GIB,
+                                 compressed_bytes_per_slot, size_arms, slots_per_running_request)
 
 __all__ = ["parse_bytes", "size_command"]
 
@@ -47,7 +49,7 @@ def parse_bytes(text: str) -> int:
 def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_slots: Optional[int] = None,
                  budget: Optional[str] = None, strategy: str = "extra_buffer", overlap_schedule: bool = True,
                  pair_plan: Optional[str] = None, as_json: bool = False, refresh_slots: Optional[int] = None,
-                 out=None) -> None:
+                 out=None) -> list[str]:
     """``dasc size PLAN``: print every arm's slots, capacity and SGLang flags (module docstring).
 
     Args:
@@ -57,22 +59,26 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
             :func:`size_arms`. as_json: print one JSON document (a list of arms) instead of text.
         refresh_slots: a dasc-wr plan's scratch slots B (``--dasc-refresh-slots``; None: the runtime's
             default), each charged as one dense slot (``B * b_dense`` bytes).
+    Returns:
+        the warning lines (without ``warning:``) for stderr: flags added because the runtime needs
+        them, and what the plan itself warrants (nothing kept, ...).
     Raises:
-        DascInputError: a bad plan, a pair plan that differs, sizes that do not fit, B < 1, or B given
-            for a plan that runs no refresh (one line; the runtime refuses both at start-up too).
+        DascInputError: a bad plan, a pair plan that differs, sizes that do not fit, or a configuration
+            the dasc runtime refuses (B given for a plan that runs no refresh, B < 1,
+            ``extra_buffer_lazy``, ``balance: hybrid``, ...), one line.
     """
+    from dasc_compile.compiler import plan_warnings
+    from dasc_compile.provenance import short_line
+    from dasc_runtime.serving_rules import settle_size_options
+
     out = out or sys.stdout
     if max_running_requests is None:
         raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
     plan = load_plan(plan_path)
+    slots_per_running_request(strategy)      # an unknown strategy first, then what the runtime serves
+    settled = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
+                                  refresh_slots=refresh_slots)
     if refresh_slots is not None:
-        from dasc_runtime.wr_scratch import refresh_active
-
-        if not refresh_active(plan):
-            raise DascInputError(f"--refresh-slots {refresh_slots}: {plan_path} runs no refresh (load_policy "
-                                 f"{plan.policy.load_policy}, w_replay_cap {plan.refresh.w_replay_cap})")
-        if refresh_slots < 1:
-            raise DascInputError(f"--refresh-slots {refresh_slots}: dasc-wr needs at least one scratch slot")
         _check_count("--refresh-slots", refresh_slots)
     if pair_plan is not None:
         other = load_plan(pair_plan)
@@ -88,13 +94,14 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
                      budget_bytes=None if budget is None else parse_bytes(budget), strategy=strategy,
                      overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan,
                      refresh_slots=refresh_slots)
+    warnings = list(settled.notes) + plan_warnings(plan)
     if as_json:
         out.write(json.dumps([asdict(a) for a in arms], indent=1) + "\n")
-        return
-    k = slots_per_running_request(strategy, overlap_schedule=overlap_schedule)
+        return warnings
+    k = slots_per_running_request(strategy, overlap_schedule=settled.overlap_schedule)
     b = arms[0].budget_bytes
     out.write(f"plan {plan_path}: {plan.model.model_type}, w_max {plan.policy.w_max}, TP {plan.tp.tp_size} "
-              f"(bytes per TP rank), {plan.model.provenance}\n")
+              f"(bytes per TP rank); {short_line(plan.model.provenance)}\n")
     out.write(f"budget {b} B ({b / GIB:.3f} GiB) = Dense's {arms[0].native_slots} + 1 native slots x "
               f"{arms[0].bytes_native_slot} B; every arm runs {max_running_requests} requests "
               f"({strategy}: {k} native slots a request, so M' = {k * max_running_requests})\n")
@@ -110,3 +117,4 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
         flip = "--int8" if not plan.policy.int8 else "--no-int8"
         out.write(f"{{plan}}: compile the same model with --wmax {plan.policy.w_max} {flip} and pass it as "
                   f"--pair-plan to check it\n")
+    return warnings

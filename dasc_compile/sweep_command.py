@@ -1,0 +1,185 @@
+"""``dasc sweep MODEL --wmax 4,16,64,128,512``: the typer command (registered in :mod:`dasc_compile.cli`).
+
+It reads the flags, refuses bad ones with one ``error:`` line (exit status 2) before any work, runs
+:func:`dasc_compile.sweep.run_sweep` (and :func:`~dasc_compile.sweep.evaluate` /
+:func:`~dasc_compile.sweep.recommend` when asked) and prints with :mod:`dasc_compile.sweep_report`.
+Nothing is written unless ``--out DIR`` (the plans) or ``--plot FILE.png`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from dasc_compile.errors import DascInputError
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_EVAL_SOURCE = re.compile(r"(sharegpt|retrieval):([0-9]+)")
+
+
+def _eval_sources(spec: str) -> dict:
+    """``--eval``: a JSON-lines file (dasc eval's ``--prompts``), ``sharegpt:N`` or ``retrieval:N``."""
+    m = _EVAL_SOURCE.fullmatch(spec.strip())
+    if m is None:
+        path = Path(spec)
+        if not path.is_file():
+            raise DascInputError(f"--eval {spec}: expected a JSON-lines prompt file (dasc eval --prompts), "
+                                 f"sharegpt:N or retrieval:N; no such file")
+        return {"prompts_file": path}
+    n = int(m.group(2))
+    if n < 1:
+        raise DascInputError(f"--eval {spec}: expected at least one prompt")
+    return {"sharegpt": n} if m.group(1) == "sharegpt" else {"retrieval": n}
+
+
+def _int8_settings(text: Optional[str], default: bool) -> tuple[bool, ...]:
+    if text is None:
+        return (default,)
+    table = {"off": (False,), "on": (True,), "both": (False, True)}
+    if text not in table:
+        raise DascInputError(f"--int8 {text}: expected off, on or both")
+    return table[text]
+
+
+def sweep_cmd(
+    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or an index."),
+    wmax: str = typer.Option(..., "--wmax", help="w_max values in tokens, comma-separated, e.g. 4,16,64,128,512."),
+    tp: Optional[str] = typer.Option(None, "--tp", help="TP degrees, comma-separated (default: the policy's, 1)."),
+    balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
+    int8: Optional[str] = typer.Option(None, "--int8", help="Kept units stored as INT8: off | on | both."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields."),
+    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file."),
+    a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
+    eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
+    load_policy: Optional[str] = typer.Option(None, "--load-policy", help="nr (zero-fill) or wr (suffix refresh)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="State budget per TP rank (e.g. 8GiB): capacity of "
+                                                                "every arm at equal memory, as dasc size."),
+    max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests",
+                                                       help="R with --budget: running requests of every arm."),
+    strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy",
+                                 help="With --budget: extra_buffer | no_buffer (as dasc size)."),
+    no_overlap: bool = typer.Option(False, "--disable-overlap-schedule", help="With --budget: size without SGLang's "
+                                                                              "overlap scheduler."),
+    refresh_slots: Optional[int] = typer.Option(None, "--refresh-slots", help="With --budget, dasc-wr: scratch slots B."),
+    eval_prompts: Optional[str] = typer.Option(None, "--eval", help="Measure each w_max with dasc eval on these "
+                                               "prompts: a JSON-lines file, sharegpt:N or retrieval:N."),
+    prefix_len: int = typer.Option(512, "--prefix-len", help="With --eval: cached prefix length, tokens."),
+    suffix_len: int = typer.Option(64, "--suffix-len", help="With --eval: scored suffix length, tokens."),
+    device: str = typer.Option("cpu", "--device", help="With --eval: torch device."),
+    max_kl: Optional[float] = typer.Option(None, "--max-kl", help="With --eval: mark the largest w_max whose "
+                                                                  "KL(dense||arm) per token stays within X nats."),
+    max_nll: Optional[float] = typer.Option(None, "--max-nll-delta", help="With --eval: the same for the NLL "
+                                                                          "increase per token, nats."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write every swept plan into this new directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: C_ckpt, capacity and quality against w_max."),
+) -> None:
+    """Choose w_max: compile the plans of a w_max x TP x INT8 grid in memory and compare them."""
+    from dasc_compile import sweep as sw
+    from dasc_compile.policy import POLICY_FLAGS, resolve_policy
+
+    user_flags = _user_flags(policy, config, a_s, eps, load_policy, balance)
+    try:
+        quality = [(m, v) for m, v in (("kl", max_kl), ("nll_delta", max_nll)) if v is not None]
+        _check_flags(quality, eval_prompts, budget, max_running_requests, plot)
+        base = resolve_policy(policy, flags=POLICY_FLAGS, a_s=a_s, eps=eps, load_policy=load_policy, balance=balance)
+        grid = sw.SweepGrid(w_max=sw.parse_int_list(wmax, "--wmax"),
+                            tp=sw.parse_int_list(tp, "--tp", lo=1) if tp is not None else (base.tp_size,),
+                            int8=_int8_settings(int8, bool(base.int8)), base=base)
+        sizing = _sizing(budget, max_running_requests, strategy, not no_overlap, refresh_slots)
+        eval_kw = _eval_sources(eval_prompts) if eval_prompts is not None else None
+        result = sw.run_sweep(model, grid, config=config, sizing=sizing, plan_dir=out)
+        if eval_kw is not None:
+            sw.evaluate(result, prefix_len=prefix_len, suffix_len=suffix_len, device=device,
+                        progress=sys.stderr.isatty(), **eval_kw)
+        if quality:
+            sw.recommend(result, *quality[0])
+        if out is not None:
+            sw.write_plans(result, out)
+    except DascInputError as exc:
+        _err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(code=2)
+    from dasc_compile.cli_exit import note_written
+    from dasc_compile.sweep_report import plot_sweep, render, sweep_json
+
+    if out is not None:
+        note_written(out)
+    for line in _warnings(result):
+        _err.print(f"warning: {line}", markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(sweep_json(result, user_flags=user_flags, plan_dir=out), indent=1) + "\n")
+    else:
+        con = Console(highlight=False, soft_wrap=True) if sys.stdout.isatty() else \
+            Console(highlight=False, soft_wrap=True, width=200)
+        render(result, con, user_flags=user_flags, plan_dir=out)
+        if out is not None:
+            con.print(f"wrote {len(result.rows)} plans into {out}", markup=False)
+    if plot is not None:
+        try:
+            plot_sweep(result, plot)
+        except DascInputError as exc:
+            _err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(code=2)
+        _err.print(f"wrote {plot}", markup=False)
+
+
+def _check_flags(quality, eval_prompts, budget, max_running_requests, plot) -> None:
+    """Flag combinations that cannot work, refused before any reading."""
+    if len(quality) > 1:
+        raise DascInputError("--max-kl and --max-nll-delta are alternatives: give one quality budget")
+    if quality and eval_prompts is None:
+        flag = "--max-kl" if quality[0][0] == "kl" else "--max-nll-delta"
+        raise DascInputError(f"{flag} needs --eval PROMPTS: each plan's quality is measured by dasc eval")
+    if quality and not quality[0][1] >= 0:
+        raise DascInputError(f"{'--max-kl' if quality[0][0] == 'kl' else '--max-nll-delta'} {quality[0][1]}: "
+                             f"expected a number >= 0 (nats per token)")
+    if (budget is None) != (max_running_requests is None):
+        raise DascInputError("--budget and --max-running-requests go together: every arm is sized to run R "
+                             "requests in the same state memory")
+    if plot is not None:
+        from dasc_compile.eval.command import check_outputs
+
+        if plot.suffix.lower() != ".png":
+            raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
+        check_outputs(plot)
+
+
+def _sizing(budget, r, strategy, overlap, refresh_slots):
+    if budget is None:
+        if refresh_slots is not None:
+            raise DascInputError("--refresh-slots sizes dasc-wr's scratch slots: give it with --budget")
+        return None
+    from dasc_compile.size_report import parse_bytes
+    from dasc_compile.sweep import Sizing
+    from dasc_runtime.sizing import _check_count
+
+    _check_count("--max-running-requests", r)
+    if refresh_slots is not None:
+        _check_count("--refresh-slots", refresh_slots)
+    return Sizing(budget_bytes=parse_bytes(budget), max_running_requests=r, strategy=strategy,
+                  overlap_schedule=overlap, refresh_slots=refresh_slots)
+
+
+def _user_flags(policy, config, a_s, eps, load_policy, balance) -> list[str]:
+    """The compile flags the user gave, as ``dasc compile`` takes them (for the recommended command)."""
+    out = []
+    for flag, value in (("--policy", policy), ("--config", config), ("--a-s", a_s), ("--eps", eps),
+                        ("--load-policy", load_policy), ("--balance", balance)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def _warnings(result) -> list[str]:
+    """Each distinct warning once: what dasc compile would say about a plan, and flags the runtime needs."""
+    seen: list[str] = []
+    for line in [*(w for r in result.rows for w in r.warnings), *result.notes]:
+        if line not in seen:
+            seen.append(line)
+    return seen

@@ -1,0 +1,257 @@
+"""What ``dasc sweep`` prints: one table per TP degree (a row per w_max and INT8 setting), the recommended
+operating point with its exact ``dasc compile`` command and SGLang flags, the JSON document and the plot.
+
+JSON (``--json``; ``sweep_format`` 1: adding a key keeps it, removing or changing one bumps it):
+``model`` (path, model_type, family, decay_sha256, provenance kind and line), ``policy`` (the fields every
+point shares), ``grid`` (w_max, tp, int8 lists), ``sizing`` (budget_bytes, max_running_requests, strategy,
+overlap_schedule, refresh_slots; null without ``--budget``), ``baselines`` (per TP: the Dense and SGLang
+INT8 arms of ``dasc size``), ``rows`` (per plan: w_max, tp_size, balance, int8, name, n_units, n_kept,
+kept_fraction, c_temp_ragged, c_temp_padded, layout_gain, c_ckpt (Eq. 6, the TP bottleneck rank's),
+bytes_compressed_per_slot, bytes_dense_per_slot, w_replay_cap (tokens, Eq. 7), warnings, ``arm`` (the
+dasc arm of ``dasc size`` or null) and ``quality`` (``dasc eval``'s arms for the plan or null)),
+``eval`` (protocol of the ``dasc eval`` run or null), ``quality_budget`` and ``recommendation``
+(``w_max`` and one ``{tp_size, int8, compile, sglang}`` command pair per TP x INT8 point, or null), ``notes``
+and ``wall_s``. Infinite ratios are the string ``"Infinity"``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from dasc_compile.errors import DascInputError
+from dasc_compile.inspect import _json_safe
+from dasc_compile.plan_views import fmt_ratio
+from dasc_compile.provenance import figure_label, figure_line, provenance_kind, short_line
+from dasc_compile.sweep import SweepResult, SweepRow
+
+__all__ = ["SWEEP_FORMAT", "commands_for", "render", "sweep_json", "plot_sweep"]
+
+SWEEP_FORMAT = 1
+_METRIC_NAME = {"kl": "KL(dense||arm)", "nll_delta": "NLL - dense"}
+
+
+def _q(row: SweepRow, arm: str, metric: str) -> str:
+    if row.quality is None or arm not in row.quality:
+        return "-"
+    v = row.quality[arm][metric]
+    if isinstance(v, dict):
+        return "-" if v.get("mean") is None else f"{v['mean']:.4f} ± {v['sd']:.4f}"
+    return "-" if v is None else f"{v:.4f}"
+
+
+def commands_for(result: SweepResult, row: SweepRow, user_flags: list[str], plan_dir: Optional[Path]) -> dict:
+    """The ``dasc compile`` command that writes ``row``'s plan and the SGLang launch flags that serve it.
+
+    ``user_flags``: the compile flags the user gave the sweep (``--policy FILE``, ``--a-s``, ...), kept as
+    given; the point's ``--wmax``, ``--tp``, ``--balance`` and INT8 setting are added. The SGLang flags
+    are the dasc arm's from ``dasc size`` with a budget, else ``--dasc-plan`` and what the runtime needs.
+    """
+    from dasc_runtime.serving_rules import settle_size_options
+
+    pol = row.plan.policy
+    path = str(plan_dir / row.name) if plan_dir is not None else row.name
+    compile_args = ["dasc", "compile", str(result.model), *user_flags, "--wmax", str(pol.w_max)]
+    if pol.tp_size > 1 or result.grid.base.tp_size != 1:
+        compile_args += ["--tp", str(pol.tp_size)]
+    if pol.balance != "off" and "--balance" not in user_flags:
+        compile_args += ["--balance", pol.balance]
+    if bool(pol.int8) != bool(result.grid.base.int8) or pol.int8:
+        compile_args.append("--int8" if pol.int8 else "--no-int8")
+    compile_args += ["--out", path]
+    model_dir = result.model if result.model.is_dir() else result.model.parent
+    sglang = ["python", "-m", "sglang.launch_server", "--model-path", str(model_dir)]
+    if pol.tp_size > 1:
+        sglang += ["--tp-size", str(pol.tp_size)]
+    if row.arm is not None:
+        sglang += list(row.arm.flags)
+    else:
+        s = result.sizing
+        settled = settle_size_options(row.plan, strategy="extra_buffer", overlap_schedule=True,
+                                      refresh_slots=None if s is None else s.refresh_slots)
+        sglang += (["--disable-overlap-schedule"] if not settled.overlap_schedule else []) + \
+            list(settled.extra_flags) + ["--dasc-plan", path]
+    return {"tp_size": pol.tp_size, "int8": bool(pol.int8), "compile": shlex.join(compile_args),
+            "sglang": shlex.join(sglang)}
+
+
+def _recommended_rows(result: SweepResult) -> list[SweepRow]:
+    return [r for r in result.rows if r.plan.policy.w_max == result.recommended]
+
+
+def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir: Optional[Path]) -> None:
+    """Print the sweep: header, one table per TP degree, notes, the recommendation (module docstring)."""
+    src, first = result.source, result.rows[0].plan
+    con.print(f"dasc sweep {result.model}: {src.spec.model_type}, {len(src.spec.recurrent_layer_ids)} "
+              f"{src.spec.family} layers, {first.totals.n_units} units; {short_line(src.provenance)}", markup=False)
+    s, ev = result.sizing, result.eval_doc
+    arm = result.grid.base.load_policy
+    both = len(result.grid.int8) > 1
+    for tp in result.grid.tp:
+        rows = [r for r in result.rows if r.plan.policy.tp_size == tp]
+        title = f"TP {tp}" + (f", balance {rows[0].plan.policy.balance}" if tp > 1 else "")
+        if s is not None:
+            dense, int8 = result.baselines[tp]
+            title += (f"; budget {s.budget_bytes:,} B per rank, R = {s.max_running_requests}: Dense capacity "
+                      f"{dense.capacity}, SGLang INT8 {int8.capacity}")
+        t = Table(title=title, title_justify="left")
+        cols = ["w_max"] + (["int8"] if both else []) + ["kept units", "kept %", "C_temp", "C_temp padded",
+                                                         "layout gain", "C_ckpt"]
+        if s is not None:
+            cols += ["dasc pool slots", "capacity (x Dense)"]
+        if ev is not None:
+            cols += [f"dasc-{arm} NLL-dense", f"dasc-{arm} KL", "Random KL (mean ± SD)"]
+        for c in cols:
+            t.add_column(c, justify="right")
+        for r in rows:
+            p, tot = r.plan, r.plan.totals
+            mark = " *" if result.recommended == p.policy.w_max else ""
+            cells = [f"{p.policy.w_max}{mark}"] + (["on" if p.policy.int8 else "off"] if both else []) + [
+                f"{tot.n_kept:,}/{tot.n_units:,}", f"{100 * tot.n_kept / tot.n_units:.1f}",
+                fmt_ratio(tot.c_temp_ragged), fmt_ratio(tot.c_temp_padded), fmt_ratio(tot.layout_gain),
+                fmt_ratio(p.tp.c_ckpt_tp)]
+            if s is not None:
+                d = result.baselines[tp][0].capacity
+                cells += [f"{r.arm.ckpt_slots:,}", f"{r.arm.capacity:,} ({r.arm.capacity / d:.2f}x)"]
+            if ev is not None:
+                cells += [_q(r, arm, "nll_delta"), _q(r, arm, "kl"), _q(r, "random", "kl")]
+            t.add_row(*cells)
+        con.print(t)
+    if s is not None:
+        con.print("capacity = cached states an arm holds at equal state memory, as `dasc size` counts them "
+                  "(dasc: native + compressed slots)", markup=False)
+    if ev is not None:
+        pr = ev["protocol"]
+        con.print(f"quality: dasc eval on {pr['n_prompts']} prompts ({pr['prompt_source']}), prefix {pr['prefix_len']} "
+                  f"tokens, nats per token; Random = count-matched random masks, {len(pr['random_seeds'])} seeds; "
+                  f"the same for every TP and INT8 setting of a w_max (dasc eval does not model INT8 storage)",
+                  markup=False)
+    qb = result.quality_budget
+    if qb is None:
+        return
+    flag = {"kl": "--max-kl", "nll_delta": "--max-nll-delta"}[qb["metric"]]
+    if result.recommended is None:
+        w0 = min(r.plan.policy.w_max for r in result.rows)
+        con.print(f"no swept w_max meets {flag} {qb['max']}: the smallest, {w0}, gives dasc-{qb['arm']} "
+                  f"{_METRIC_NAME[qb['metric']]} {_q(result.rows[0], qb['arm'], qb['metric'])}", markup=False)
+        return
+    con.print(f"* recommended: w_max {result.recommended}, the largest swept w_max whose dasc-{qb['arm']} "
+              f"{_METRIC_NAME[qb['metric']]} is <= {qb['max']} with every smaller one's too", markup=False)
+    for row in _recommended_rows(result):
+        c = commands_for(result, row, user_flags, plan_dir)
+        con.print(f"  TP {c['tp_size']}{', int8' if c['int8'] else ''}:", markup=False)
+        con.print(f"    {c['compile']}", markup=False)
+        con.print(f"    {c['sglang']}", markup=False)
+
+
+def sweep_json(result: SweepResult, *, user_flags: list[str], plan_dir: Optional[Path]) -> dict:
+    """The ``--json`` document (module docstring)."""
+    src = result.source
+    rows = []
+    for r in result.rows:
+        p, tot = r.plan, r.plan.totals
+        rows.append({"w_max": p.policy.w_max, "tp_size": p.policy.tp_size, "balance": p.policy.balance,
+                     "int8": bool(p.policy.int8), "name": r.name, "n_units": tot.n_units, "n_kept": tot.n_kept,
+                     "kept_fraction": tot.n_kept / tot.n_units, "c_temp_ragged": tot.c_temp_ragged,
+                     "c_temp_padded": tot.c_temp_padded, "layout_gain": tot.layout_gain, "c_ckpt": p.tp.c_ckpt_tp,
+                     "bytes_compressed_per_slot": p.tp.bottleneck_bytes_per_slot,
+                     "bytes_dense_per_slot": p.tp.bytes_dense_per_slot, "w_replay_cap": p.refresh.w_replay_cap,
+                     "warnings": r.warnings, "arm": asdict(r.arm) if r.arm is not None else None,
+                     "quality": r.quality})
+    rec = None
+    if result.recommended is not None:
+        rec = {"w_max": result.recommended,
+               "commands": [commands_for(result, r, user_flags, plan_dir) for r in _recommended_rows(result)]}
+    ev = result.eval_doc
+    return _json_safe({
+        "sweep_format": SWEEP_FORMAT,
+        "model": {"path": str(result.model), "model_type": src.spec.model_type, "family": src.spec.family,
+                  "decay_sha256": src.fingerprint.decay_sha256,
+                  "provenance": {"kind": provenance_kind(src.provenance), "line": short_line(src.provenance)}},
+        "policy": result.grid.base.model_dump(exclude={"w_max", "tp_size", "int8"}),
+        "grid": {"w_max": list(result.grid.w_max), "tp": list(result.grid.tp), "int8": list(result.grid.int8)},
+        "sizing": asdict(result.sizing) if result.sizing is not None else None,
+        "baselines": {str(tp): {"dense": asdict(d), "int8": asdict(i)} for tp, (d, i) in result.baselines.items()},
+        "rows": rows,
+        "eval": None if ev is None else {"protocol": ev["protocol"], "dasc_eval_version": ev["dasc_eval_version"]},
+        "quality_budget": result.quality_budget,
+        "recommendation": rec,
+        "notes": result.notes,
+        "wall_s": round(result.wall_s, 3),
+    })
+
+
+def plot_sweep(result: SweepResult, out: Path) -> None:
+    """Write a PNG: C_ckpt (and capacity over Dense, with a budget) against w_max per TP and INT8 setting,
+    and with ``--eval`` the quality of the plans' arm beside the Random band (mean +- SD), with the
+    recommended w_max marked and the one-line provenance under the panels.
+
+    Raises:
+        DascInputError: ``out`` does not end in ``.png`` or cannot be written.
+    """
+    out = Path(out)
+    if out.suffix.lower() != ".png":
+        raise DascInputError(f"{out}: --plot writes a PNG image; give a file name ending in .png")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = 1 + (result.sizing is not None) + (result.eval_doc is not None)
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)
+    axes = list(axes[0])
+    series = sorted({(r.plan.policy.tp_size, bool(r.plan.policy.int8)) for r in result.rows})
+    for tp, i8 in series:
+        rows = [r for r in result.rows if (r.plan.policy.tp_size, bool(r.plan.policy.int8)) == (tp, i8)]
+        xs = [r.plan.policy.w_max for r in rows]
+        label = f"TP {tp}" + (" int8" if i8 else "")
+        axes[0].plot(xs, [r.plan.tp.c_ckpt_tp for r in rows], "o-", label=label)
+        if result.sizing is not None:
+            d = result.baselines[tp][0].capacity
+            axes[1].plot(xs, [r.arm.capacity / d for r in rows], "o-", label=label)
+    axes[0].set_ylabel("C_ckpt (bottleneck rank)")
+    if result.sizing is not None:
+        axes[1].set_ylabel("checkpoint capacity / Dense")
+        axes[1].axhline(1.0, color="black", ls=":", lw=1)
+    if result.eval_doc is not None:
+        ax, arm = axes[-1], result.grid.base.load_policy
+        qb = result.quality_budget
+        metric = qb["metric"] if qb is not None else "kl"
+        rows = sorted({r.plan.policy.w_max: r for r in result.rows}.items())
+        xs = [w for w, _ in rows]
+        ax.plot(xs, [r.quality[arm][metric] for _, r in rows], "o-", label=f"dasc-{arm}")
+        m = [r.quality["random"][metric]["mean"] for _, r in rows]
+        sd = [r.quality["random"][metric]["sd"] for _, r in rows]
+        ax.fill_between(xs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color="gray", alpha=0.3,
+                        label="Random ±SD")
+        if qb is not None:
+            ax.axhline(qb["max"], color="crimson", ls=":", lw=1, label=f"budget {qb['max']}")
+        ax.set_ylabel(f"{_METRIC_NAME[metric]}, nats/token")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("w_max (tokens)")
+        ax.grid(alpha=0.3)
+        if result.recommended is not None:
+            ax.axvline(result.recommended, color="green", ls="--", lw=1)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"dasc sweep: {result.source.spec.model_type} ({result.source.spec.family})", fontsize=10)
+    note = result.source.provenance
+    label = figure_label(note)
+    text = f"{label.upper()} (dasc inspect shows the provenance note)" if label is not None else figure_line(note)
+    fig.supxlabel(text.replace("$", r"\$"), fontsize=8, color="black" if label is None else "crimson")
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        tmp.replace(out)
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot write the plot ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
