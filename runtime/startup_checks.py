@@ -6,7 +6,7 @@ with some hooks missing: without ``_create_unified_radix_cache`` patched, SGLang
 ``MambaComponent`` would drive the dasc pool as if it were its INT8 pool, silently. Each check here
 raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
 
-* :func:`check_hooks`: every target of ``plugin.HOOKS`` is in ``HookRegistry._patched`` and the
+* :func:`check_hooks`: every target of ``plugin.hooks()`` is in ``HookRegistry._patched`` and the
   attribute SGLang calls still is a wrapper chain holding dasc's hook (sglang/srt/plugins/
   hook_registry.py, ``_wrap_fn``: each wrapper's closure holds ``hook``, ``__wrapped__`` the next);
 * :func:`check_component`: after SGLang built its tree cache (AFTER ``kv_cache_builder.
@@ -51,7 +51,7 @@ def _chain_holds(fn, hook) -> bool:
 
 
 def hook_problems(hooks: Iterable) -> list[str]:
-    """Targets of ``hooks`` (``plugin.HOOKS``: ``(target, hook, kind)``) not patched with their hook."""
+    """Targets of ``hooks`` (``plugin.hooks()``: ``(target, hook, kind)``) not patched with their hook."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     out = []
@@ -64,7 +64,7 @@ def hook_problems(hooks: Iterable) -> list[str]:
 
 
 def check_hooks(hooks: Iterable) -> None:
-    """Refuse to start unless every hook of ``hooks`` (``plugin.HOOKS``) is in place (module docstring).
+    """Refuse to start unless every hook of ``hooks`` (``plugin.hooks()``) is in place (module docstring).
 
     Raises:
         DascRefusal: names every target that is not patched with its dasc hook.
@@ -75,7 +75,7 @@ def check_hooks(hooks: Iterable) -> None:
     bad = hook_problems(hooks)
     if bad:
         raise DascRefusal(f"{len(bad)} of dasc's {len(hooks)} SGLang hooks not in place: " + "; ".join(bad)
-                          + " (another plugin patching the same targets, or not sglang 0.5.17?)")
+                          + " (another plugin patching the same targets?)")
 
 
 def check_component(tree_cache, dpool) -> None:

@@ -15,11 +15,10 @@ import torch
 from dasc_compile.schema import DascInputError, Plan
 from dasc_runtime.rank_layout import torch_dtype
 
-__all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_plan_supported",
+__all__ = ["DascRefusal", "check_server_args", "check_plan_supported",
            "check_model_type",
            "check_state", "check_fingerprint"]
 
-SUPPORTED_SGLANG = "0.5.17"
 logger = logging.getLogger("dasc")
 
 
@@ -30,15 +29,11 @@ class DascRefusal(DascInputError):
         super().__init__(f"dasc: refusing to start: {what}")
 
 
-def check_sglang_version(version: str) -> None:
-    """Raises DascRefusal unless ``version`` is the pinned SGLang release (its internals change between releases)."""
-    if version != SUPPORTED_SGLANG:
-        raise DascRefusal(f"sglang {version} is installed; the dasc runtime is written against sglang=={SUPPORTED_SGLANG}")
-
-
 def check_server_args(sa, plan: Plan | None = None) -> None:
     """Refuse server options the plan cannot serve, all in one line (each named with the flag that turns
     it off). ``plan``: the loaded plan, or None (then only the plan-independent options are checked).
+
+    The SGLang version itself is checked by :func:`dasc_runtime.sglang_api.check_version`.
 
     Checked: radix cache on and built-in (no ``--disable-radix-cache``, no ``--radix-cache-backend``),
     no ``--enable-hierarchical-cache``, no ``--enable-unified-memory`` / ``--enable-page-major-kv-layout``
@@ -61,6 +56,10 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
     ``--enable-memory-saver``           it releases and restores SGLang's tagged allocations; the dasc
                                         pool is allocated outside them, so a release would keep it and a
                                         resume would not restore what it held
+    ``--enable-lmcache``,               external stores and SGLang 0.5.23's unified-cache linker copy a
+    ``--enable-flexkv``,                node's Mamba state out by its native slot id; a compressed
+    ``--enable-unified-cache-external-  checkpoint's id names a dasc pool row, so they would copy the
+    linker`` (0.5.23)                   wrong slot
     ==================================  ===============================================================
 
     ``--mamba-max-states-per-path`` is served: SGLang's path cap evicts interior states through the
@@ -74,7 +73,10 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
     forwards on one stream in one order, the same on every rank. So a storage-balanced plan at TP > 1
     is refused unless ``--disable-overlap-schedule`` is given.
     """
-    g = lambda name, default=None: getattr(sa, name, default)  # noqa: E731
+    from dasc_runtime.sglang_api import api
+
+    option = api().server_option          # the value in effect (0.5.23 resolves beside the raw input)
+    g = lambda name, default=None: option(sa, name, default)  # noqa: E731
     bad = []
     if g("disable_radix_cache"):
         bad.append("--disable-radix-cache (dasc compresses radix-cached state checkpoints)")
@@ -109,6 +111,11 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
         bad.append("--enable-dp-attention (not supported)")
     if g("enable_memory_saver"):
         bad.append("--enable-memory-saver (the dasc pool lies outside the memory it releases and restores)")
+    if g("enable_lmcache") or g("enable_flexkv"):
+        bad.append("--enable-lmcache / --enable-flexkv (external KV stores offload Mamba states by native slot id)")
+    if g("enable_unified_cache_external_linker"):
+        bad.append("--enable-unified-cache-external-linker (SGLang 0.5.23's linker offloads a node's Mamba state "
+                   "by its native slot id; a compressed checkpoint has none)")
     if plan is not None and plan.tp.balance == "storage" and plan.tp.tp_size > 1 \
             and not g("disable_overlap_schedule", False):
         bad.append(f"a storage-balanced plan at TP {plan.tp.tp_size} with overlap scheduling (its all-to-all "

@@ -35,7 +35,7 @@ __all__ = ["UPDATE_TARGETS", "check_served_weights", "around_weight_update", "af
 logger = logging.getLogger("dasc")
 
 _MANAGER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
-#: the hook targets (``plugin.HOOKS`` registers :func:`around_weight_update` on each, AROUND)
+#: the hook targets (``plugin.hooks()`` registers :func:`around_weight_update` on each, AROUND)
 UPDATE_TARGETS = tuple(f"{_MANAGER}.{m}" for m in ("update_weights_from_disk", "update_weights_from_distributed",
                                                      "update_weights_from_tensor", "update_weights_from_ipc"))
 

@@ -151,7 +151,7 @@ def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: in
             logger.info("dasc: --dasc-refresh-slots %d capped to %d (%d-token windows in a %d-token prefill chunk)",
                         b, fit, w, chunked_prefill_size)
             b = fit
-    if server_args is not None and getattr(server_args, "enable_dp_attention", False):
+    if _server_option(server_args)("enable_dp_attention"):
         raise DascRefusal("--enable-dp-attention with a dasc-wr plan: a refresh pass on one DP rank would stall "
                           "the other ranks' collectives; use a load_policy: nr plan")
     return b
@@ -182,6 +182,15 @@ def budget_after_scratch(budget_bytes: int, what: str = "--dasc-pool-bytes") -> 
     return left
 
 
+def _server_option(server_args):
+    """``name -> value in effect`` of SGLang's server options (the release's adapter), None without server args."""
+    if server_args is None:
+        return lambda name: None
+    from dasc_runtime.sglang_api import api
+
+    return lambda name: api().server_option(server_args, name)
+
+
 def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots: Optional[int], server_args=None):
     """Run ``HybridReqToTokenPool.__init__`` (``original``) with dasc-wr's hidden scratch rows and slots.
 
@@ -203,15 +212,15 @@ def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots
     from dasc_runtime.side_channels import hide_scratch_rows
 
     INSTALLED.refresh = None
+    option = _server_option(server_args)
     b = check_refresh_startup(plan, refresh_slots=refresh_slots, context_len=int(kwargs.get("max_context_len", 0)),
-                              chunked_prefill_size=getattr(server_args, "chunked_prefill_size", None),
-                              server_args=server_args)
+                              chunked_prefill_size=option("chunked_prefill_size"), server_args=server_args)
     if b == 0:
         original(pool, **kwargs)
         return None
     size, mamba = int(kwargs["size"]), int(kwargs["mamba_size"])
     budget = ScratchBudget(seqs=b, w_cap=int(plan.refresh.w_replay_cap),
-                           page_size=int(getattr(server_args, "page_size", 1) or 1),
+                           page_size=int(option("page_size") or 1),
                            rows=tuple(range(size + 1, size + 1 + b)), slots=tuple(range(mamba + 1, mamba + 1 + b)),
                            device=torch.device(kwargs["device"]), state_bytes=scratch_state_bytes(plan, b))
     INSTALLED.refresh = budget
