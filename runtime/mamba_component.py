@@ -1,9 +1,9 @@
 """SGLang's Mamba tree component with dasc's two tiers (paper §4.4, App. B.2).
 
 :class:`DascMambaComponent` replaces SGLang's ``MambaComponent`` (0.5.17:
-``mem_cache/unified_cache/components/mamba_component.py``, 0.5.23: ``.../components/mamba.py``; the
-installed release's adapter, :func:`dasc_runtime.sglang_api.api`, names the class and every call
-whose signature differs) through
+``mem_cache/unified_cache/components/mamba_component.py``, 0.5.23: ``.../components/mamba.py``; every
+call whose signature differs goes through the installed release's adapter,
+:func:`dasc_runtime.sglang_api.api`) through
 ``CacheInitParams.component_registry_override`` (``plugin.around_create_unified_radix_cache``). It
 keeps SGLang's tree, lock and LRU machinery and overrides only the calls where the tier of a cached
 state matters; each override's docstring says what SGLang calls it for, what dasc changes and which
@@ -26,6 +26,9 @@ from typing import Optional
 
 import torch
 
+# the package exports both classes in 0.5.17 and 0.5.23 (their modules were renamed in 0.5.23)
+from sglang.srt.mem_cache.unified_cache.components import EvictLayer, MambaComponent
+
 from dasc_runtime.demotion import DemotionEngine
 from dasc_runtime.pool import DascCheckpointPool
 from dasc_runtime.sglang_api import api
@@ -38,10 +41,9 @@ __all__ = ["DascMambaComponent"]
 logger = logging.getLogger(__name__)
 
 SGLANG = api()      # the installed release's adapter (refuses an untested SGLang here, at import)
-EvictLayer = SGLANG.evict_layer()
 
 
-class DascMambaComponent(TierOperations, SGLANG.mamba_component_base()):
+class DascMambaComponent(TierOperations, MambaComponent):
     """SGLang's Mamba tree component with the dense + compressed tiers (see module docstring).
 
     Requires ``req_to_token_pool.mamba_ckpt_pool`` to be a :class:`DascCheckpointPool` (the plugin

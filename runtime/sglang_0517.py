@@ -46,20 +46,6 @@ def extra_buffer_on() -> bool:
 
 # ---------------------------------------------------------------- the Mamba tree component
 
-def mamba_component_base():
-    """SGLang's Mamba tree component class (``mem_cache/unified_cache/components/mamba_component.py``)."""
-    from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaComponent
-
-    return MambaComponent
-
-
-def evict_layer():
-    """SGLang's ``EvictLayer`` enum (``mem_cache/unified_cache/components/tree_component.py``)."""
-    from sglang.srt.mem_cache.unified_cache.components.tree_component import EvictLayer
-
-    return EvictLayer
-
-
 def mamba_state(req):
     """The object holding a request's Mamba fields (``mamba_pool_idx``, ``mamba_cow_src_index``,
     ``mamba_needs_clear``, ``mamba_last_track_seqlen``, ``mamba_ping_pong_track_buffer``): the ``Req`` itself
@@ -70,7 +56,7 @@ def mamba_state(req):
 def evict_component_args(args: tuple, kwargs: dict) -> tuple[Any, Optional[list]]:
     """``(target, cache_actions)`` of ``MambaComponent.evict_component(node, device_frees, host_frees,
     target=EvictLayer.DEVICE)``'s arguments after ``host_frees``; 0.5.17 has no cache actions (None)."""
-    target = args[0] if args else kwargs.get("target", evict_layer().DEVICE)
+    target = args[0] if args else kwargs.get("target", _evict_layer().DEVICE)
     return target, None
 
 
@@ -83,7 +69,7 @@ def evict_in_walk(tree_core, node, component, tracker: dict, device_frees: dict,
                   actions: Optional[list]) -> None:
     """Drop an internal node's Mamba state and cascade (``UnifiedTreeCore._evict_component_and_detach_lru``
     then ``_cascade_evict``, ``mem_cache/unified_cache/unified_tree_core.py``); frees are collected."""
-    layer = evict_layer()
+    layer = _evict_layer()
     tree_core._evict_component_and_detach_lru(node, component, device_frees, host_frees, target=layer.DEVICE,
                                               tracker=tracker)
     tree_core._cascade_evict(node, component, tracker, device_frees, host_frees)
@@ -123,3 +109,46 @@ def forget_tracking(req) -> None:
     """After an unfinished request's tracked state went to the tree: no tracked state left to cache
     (``MambaComponent.cleanup_after_caching_req``)."""
     req.mamba_last_track_seqlen = None
+
+
+def _evict_layer():
+    """SGLang's ``EvictLayer`` enum, imported through the ``unified_cache.components`` package (its home
+    module was renamed in 0.5.23, the package export was not)."""
+    from sglang.srt.mem_cache.unified_cache.components import EvictLayer
+
+    return EvictLayer
+
+
+# ---------------------------------------------------------------- dasc-wr's scratch pass
+
+def prefix_locations(req, req_to_token_pool):
+    """KV locations of a hit's cached prefix, int64 ``[n_p]``, in ``prepare_for_extend`` after SGLang's
+    allocation: ``Req.prefix_indices`` (set by the match, ``managers/schedule_batch.py``)."""
+    return req.prefix_indices
+
+
+def stand_in_request(rid: str, ids, prefix_len: int, end: int, row: int):
+    """A stand-in ``Req`` replaying tokens ``ids[prefix_len:end]`` on scratch row ``row`` (its cached
+    prefix is read through the row; ``Req.set_extend_range``, ``Req.req_pool_idx``)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    r = Req(rid=rid, origin_input_text="", origin_input_ids=ids,
+            sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+    r.full_untruncated_fill_ids = ids
+    r.set_extend_range(prefix_len, end)
+    r.req_pool_idx = row
+    return r
+
+
+def stand_in_inputs(batch, input_ids, track_slots=None) -> None:
+    """The stand-in batch's token ids (int64 ``[tokens]`` on the device, ``ScheduleBatch.input_ids``) and,
+    under the extra buffer, tracking masked off on ``track_slots`` (int64 ``[n]``)."""
+    import torch
+
+    batch.input_ids = input_ids
+    if track_slots is not None:
+        n = track_slots.numel()
+        batch.mamba_track_indices = track_slots
+        batch.mamba_track_mask = torch.zeros(n, dtype=torch.bool, device=track_slots.device)
+        batch.mamba_track_seqlens = torch.full((n,), -1, dtype=torch.int64, device=track_slots.device)

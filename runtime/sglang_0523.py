@@ -52,21 +52,6 @@ def extra_buffer_on() -> bool:
 
 # ---------------------------------------------------------------- the Mamba tree component
 
-def mamba_component_base():
-    """SGLang's Mamba tree component class: the module ``components/mamba_component.py`` was renamed
-    ``mem_cache/unified_cache/components/mamba.py``."""
-    from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
-
-    return MambaComponent
-
-
-def evict_layer():
-    """SGLang's ``EvictLayer`` enum: ``components/tree_component.py`` became ``components/base.py``."""
-    from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
-
-    return EvictLayer
-
-
 def mamba_state(req):
     """The object holding a request's Mamba fields: 0.5.23 moved them off ``Req`` into ``req.kv``
     (``ReqKvInfo``, ``managers/schedule_batch.py``), same names."""
@@ -77,7 +62,7 @@ def evict_component_args(args: tuple, kwargs: dict) -> tuple[Any, Optional[list]
     """``(target, cache_actions)`` of ``evict_component(node, device_frees, host_frees, cache_actions,
     target=EvictLayer.DEVICE)`` after ``host_frees`` (``cache_actions`` is new in 0.5.23)."""
     actions = args[0] if args else kwargs["cache_actions"]
-    target = args[1] if len(args) > 1 else kwargs.get("target", evict_layer().DEVICE)
+    target = args[1] if len(args) > 1 else kwargs.get("target", _evict_layer().DEVICE)
     return target, actions
 
 
@@ -91,7 +76,7 @@ def evict_in_walk(tree_core, node, component, tracker: dict, device_frees: dict,
                   actions: Optional[list]) -> None:
     """Drop an internal node's Mamba state and cascade (``UnifiedTreeCore._evict_component_and_detach_lru``
     then ``_cascade_evict``, both now taking ``cache_actions``); frees and actions are collected."""
-    layer = evict_layer()
+    layer = _evict_layer()
     tree_core._evict_component_and_detach_lru(node, component, device_frees, host_frees, actions,
                                               target=layer.DEVICE, tracker=tracker)
     tree_core._cascade_evict(node, component, tracker, device_frees, host_frees, actions)
@@ -139,3 +124,55 @@ def forget_tracking(req) -> None:
     (0.5.23 also forgets the other slot's length, ``mamba_prev_track_seqlen``)."""
     req.kv.mamba_last_track_seqlen = None
     req.kv.mamba_prev_track_seqlen = None
+
+
+def _evict_layer():
+    """SGLang's ``EvictLayer`` enum, imported through the ``unified_cache.components`` package (its home
+    module was renamed in 0.5.23, the package export was not)."""
+    from sglang.srt.mem_cache.unified_cache.components import EvictLayer
+
+    return EvictLayer
+
+
+# ---------------------------------------------------------------- dasc-wr's scratch pass
+
+def prefix_locations(req, req_to_token_pool):
+    """KV locations of a hit's cached prefix, int64 ``[n_p]``, in ``prepare_for_extend`` after SGLang's
+    allocation: 0.5.23 keeps no ``Req.prefix_indices``; ``alloc_for_extend`` (``mem_cache/allocation.py``)
+    has written them to the request's row, ``req_to_token[req.kv.req_pool_idx, :req.prefix_len]``."""
+    import torch
+
+    return req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.prefix_len].to(torch.int64)
+
+
+def stand_in_request(rid: str, ids, prefix_len: int, end: int, row: int):
+    """A stand-in ``Req`` replaying tokens ``ids[prefix_len:end]`` on scratch row ``row``: 0.5.23 has no
+    ``set_extend_range``; the range is ``Req.prefix_len`` / ``Req.extend_end``, the row ``req.kv.req_pool_idx``."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    r = Req(rid=rid, origin_input_text="", origin_input_ids=ids,
+            sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+    r.full_untruncated_fill_ids = ids
+    r.prefix_len = prefix_len
+    r.extend_end = end
+    r.kv.req_pool_idx = row
+    return r
+
+
+def stand_in_inputs(batch, input_ids, track_slots=None) -> None:
+    """The stand-in batch's token ids and tracking: 0.5.23's ``prepare_for_extend`` stages prefill ids on
+    the host (``prefill_input_ids_cpu``, moved by ``overlap_utils.resolve_forward_inputs``); the pass
+    hands ``ForwardBatch.init_new`` device ids directly. Its extra-buffer tracking also reads the host
+    lists ``mamba_prefill_track_mask_cpu`` / ``mamba_track_seqlens_cpu`` (all off here)."""
+    import torch
+
+    batch.input_ids = input_ids
+    batch.prefill_input_ids_cpu = None
+    if track_slots is not None:
+        n = track_slots.numel()
+        batch.mamba_track_indices = track_slots
+        batch.mamba_track_mask = torch.zeros(n, dtype=torch.bool, device=track_slots.device)
+        batch.mamba_track_seqlens = torch.full((n,), -1, dtype=torch.int64, device=track_slots.device)
+        batch.mamba_prefill_track_mask_cpu = [False] * n
+        batch.mamba_track_seqlens_cpu = [-1] * n
