@@ -16,7 +16,7 @@ import inspect
 import logging
 
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
-from dasc_runtime.weight_updates import UPDATE_TARGETS       # hook target names (the module imports no torch)
+from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
 
 __all__ = ["register", "add_cli_args", "hooks"]
 
@@ -331,15 +331,17 @@ _HOOK_TABLE = (
     ("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
      around_deferred_cow, "AROUND"),
     ("sglang.srt.mem_cache.kv_cache_builder.build_kv_cache", after_build_kv_cache, "AFTER"),
-) + tuple((target, around_weight_update, "AROUND") for target in UPDATE_TARGETS)
+)
 
 
 def hooks(adapter=None) -> tuple:
-    """The 18 ``(target, hook, kind)`` of dasc for an SGLang release (default: the installed one).
+    """The ``(target, hook, kind)`` of dasc for an SGLang release (default: the installed one): 18 for
+    0.5.17, 19 for 0.5.23 (its ``end_weight_update``).
 
     Args:
         adapter: a release's adapter module (:mod:`dasc_runtime.sglang_0517` / ``sglang_0523``); it
-            names the two targets that differ (``CACHE_FACTORY_TARGET``, ``ENGINE_KWARGS_TARGET``).
+            names the targets that differ (``CACHE_FACTORY_TARGET``, ``ENGINE_KWARGS_TARGET``,
+            ``WEIGHT_UPDATE_METHODS``).
     Raises:
         DascRefusal: ``adapter`` is None and the installed SGLang is not a tested release.
     """
@@ -348,7 +350,8 @@ def hooks(adapter=None) -> tuple:
 
         adapter = api()
     names = {_CACHE_FACTORY: adapter.CACHE_FACTORY_TARGET, _ENGINE_KWARGS: adapter.ENGINE_KWARGS_TARGET}
-    return tuple((names.get(target, target), fn, kind) for target, fn, kind in _HOOK_TABLE)
+    return tuple((names.get(target, target), fn, kind) for target, fn, kind in _HOOK_TABLE) + tuple(
+        (target, around_weight_update, "AROUND") for target in update_targets(adapter))
 
 
 def register() -> None:

@@ -17,6 +17,11 @@ CACHE_FACTORY_TARGET = "sglang.srt.mem_cache.registry._create_unified_radix_cach
 #: ``entrypoints/engine.py`` builds ``ServerArgs(**kwargs)``).
 ENGINE_KWARGS_TARGET = "sglang.srt.server_args.ServerArgs.__init__"
 
+#: ``SchedulerWeightUpdaterManager`` methods that replace the served weights (``managers/scheduler_components/
+#: weight_updater.py``).
+WEIGHT_UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
+                         "update_weights_from_ipc")
+
 
 # ---------------------------------------------------------------- start-up
 
@@ -36,12 +41,23 @@ def server_option(sa, name: str, default: Any = None) -> Any:
     return getattr(sa, name, default)
 
 
+def dp_attention_on(sa) -> bool:
+    """True when attention runs data parallel: ``--enable-dp-attention`` (``server_args.py``)."""
+    return bool(server_option(sa, "enable_dp_attention", False))
+
+
 def extra_buffer_on() -> bool:
     """True when SGLang tracks Mamba states in ping-pong extra buffers (``extra_buffer`` /
     ``extra_buffer_lazy``): ``ServerArgs.enable_mamba_extra_buffer()`` of the published server args."""
     from sglang.srt.runtime_context import get_server_args
 
     return bool(get_server_args().enable_mamba_extra_buffer())
+
+
+def weights_replaced(out) -> bool:
+    """Whether a weight-update reply means the served weights changed: 0.5.17 flushes (and asserts the
+    flush) only after the target's update succeeded, so ``out.success``."""
+    return bool(getattr(out, "success", False))
 
 
 # ---------------------------------------------------------------- the Mamba tree component

@@ -19,6 +19,15 @@ CACHE_FACTORY_TARGET = "sglang.srt.mem_cache.registry.create_unified_radix_cache
 #: (``entrypoints/engine.py``) is where ``Engine(..., dasc_plan=...)`` keyword arguments arrive.
 ENGINE_KWARGS_TARGET = "sglang.srt.entrypoints.engine.Engine.__init__"
 
+#: ``SchedulerWeightUpdaterManager`` methods that replace the served weights: 0.5.17's four, plus
+#: ``end_weight_update``, which finalizes a session whose weights arrived without one of them (P2P / RDMA,
+#: ``managers/scheduler_components/weight_updater.py``).
+WEIGHT_UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_distributed", "update_weights_from_tensor",
+                         "update_weights_from_ipc", "end_weight_update")
+#: The reply 0.5.23's ``SchedulerWeightUpdaterManager.flush_cache_after_weight_update`` gives when the weights
+#: were replaced and the flush was refused (requests still running); the update then reports failure.
+_FLUSH_REFUSED = "Weights were updated, but the cache was not flushed"
+
 
 # ---------------------------------------------------------------- start-up
 
@@ -42,12 +51,25 @@ def server_option(sa, name: str, default: Any = None) -> Any:
     return resolution_result(sa, name, default)
 
 
+def dp_attention_on(sa) -> bool:
+    """True when attention runs data parallel: 0.5.23 sizes it as ``--attn-dp-size N > 1``
+    (``arg_groups/fields/parallel.py``); ``--enable-dp-attention`` is a deprecated spelling that
+    resolution turns into ``attn_dp_size`` and leaves false, so both are read."""
+    return int(server_option(sa, "attn_dp_size", 1) or 1) > 1 or bool(server_option(sa, "enable_dp_attention", False))
+
+
 def extra_buffer_on() -> bool:
     """True when SGLang tracks Mamba states in ping-pong extra buffers: ``get_exec().mamba.enable_mamba_extra_buffer``
     (``runtime_context.py``; 0.5.17's ``ServerArgs.enable_mamba_extra_buffer()`` is gone)."""
     from sglang.srt.runtime_context import get_exec
 
     return bool(get_exec().mamba.enable_mamba_extra_buffer)
+
+
+def weights_replaced(out) -> bool:
+    """Whether a weight-update reply means the served weights changed: a success, or 0.5.23's failure
+    whose message says the weights were updated but the cache flush was refused (:data:`_FLUSH_REFUSED`)."""
+    return bool(getattr(out, "success", False)) or str(getattr(out, "message", "")).startswith(_FLUSH_REFUSED)
 
 
 # ---------------------------------------------------------------- the Mamba tree component

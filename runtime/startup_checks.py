@@ -11,7 +11,8 @@ raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
   hook_registry.py, ``_wrap_fn``: each wrapper's closure holds ``hook``, ``__wrapped__`` the next);
 * :func:`check_component`: after SGLang built its tree cache (AFTER ``kv_cache_builder.
   build_kv_cache``, :func:`after_build_kv_cache`), the cache's Mamba component is dasc's
-  :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool;
+  :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool, on
+  SGLang's Python tree core (0.5.23 also has a Rust one, which it picks only for built-in components);
 
 The refused server options (item 11) and their reasons live with the other option checks in
 :func:`dasc_runtime.verify.check_server_args`.
@@ -106,6 +107,13 @@ def check_component(tree_cache, dpool) -> None:
     if comp.dpool is not dpool:
         raise DascRefusal(f"the two-tier component of SGLang's {kind} drives another pool than this process's "
                           f"dasc pool")
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if not isinstance(comp.tree_core, UnifiedTreeCore):
+        # SGLang 0.5.23 can run the tree in Rust; dasc's overrides and its walk need the Python tree core
+        raise DascRefusal(f"SGLang's {kind} runs the tree core {type(comp.tree_core).__name__}; dasc's two-tier "
+                          f"component needs SGLang's Python UnifiedTreeCore (unset "
+                          f"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND)")
 
 
 def after_build_kv_cache(result, hooks: Iterable):

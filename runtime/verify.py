@@ -75,7 +75,8 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
     """
     from dasc_runtime.sglang_api import api
 
-    option = api().server_option          # the value in effect (0.5.23 resolves beside the raw input)
+    adapter = api()
+    option = adapter.server_option        # the value in effect (0.5.23 resolves beside the raw input)
     g = lambda name, default=None: option(sa, name, default)  # noqa: E731
     bad = []
     if g("disable_radix_cache"):
@@ -107,8 +108,8 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
                    "no_buffer)")
     if g("enable_mixed_chunk"):
         bad.append("--enable-mixed-chunk (drop it)")
-    if g("enable_dp_attention"):
-        bad.append("--enable-dp-attention (not supported)")
+    if adapter.dp_attention_on(sa):
+        bad.append("DP attention (--enable-dp-attention / --attn-dp-size > 1: not supported)")
     if g("enable_memory_saver"):
         bad.append("--enable-memory-saver (the dasc pool lies outside the memory it releases and restores)")
     if g("enable_lmcache") or g("enable_flexkv"):

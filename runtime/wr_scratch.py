@@ -151,9 +151,9 @@ def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: in
             logger.info("dasc: --dasc-refresh-slots %d capped to %d (%d-token windows in a %d-token prefill chunk)",
                         b, fit, w, chunked_prefill_size)
             b = fit
-    if _server_option(server_args)("enable_dp_attention"):
-        raise DascRefusal("--enable-dp-attention with a dasc-wr plan: a refresh pass on one DP rank would stall "
-                          "the other ranks' collectives; use a load_policy: nr plan")
+    if server_args is not None and _dp_attention(server_args):
+        raise DascRefusal("DP attention (--enable-dp-attention / --attn-dp-size > 1) with a dasc-wr plan: a refresh "
+                          "pass on one DP rank would stall the other ranks' collectives; use a load_policy: nr plan")
     return b
 
 
@@ -189,6 +189,13 @@ def _server_option(server_args):
     from dasc_runtime.sglang_api import api
 
     return lambda name: api().server_option(server_args, name)
+
+
+def _dp_attention(server_args) -> bool:
+    """DP attention configured in ``server_args`` (the release's adapter: ``dp_attention_on``)."""
+    from dasc_runtime.sglang_api import api
+
+    return api().dp_attention_on(server_args)
 
 
 def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots: Optional[int], server_args=None):

@@ -55,6 +55,37 @@ class Steps0517:
         req.set_extend_range(prefix, end)
 
     @staticmethod
+    def commit_kv(req, n: int) -> None:
+        """The forward committed ``n`` tokens of KV (what the batch result processor records)."""
+        req.kv_committed_len = n
+
+    @classmethod
+    def admit_extend(cls, cache, req, tokens) -> None:
+        """A matched request admitted for one extend of the rest of ``tokens`` (lock + extend range)."""
+        cls.lock(cache, req)
+        req.set_extend_range(len(req.prefix_indices), len(tokens))
+
+    @staticmethod
+    def forward_inputs(batch) -> None:
+        """What the scheduler does to a prepared batch before ``ForwardBatch.init_new`` (nothing in 0.5.17)."""
+
+    @staticmethod
+    def call_cache_factory(factory, server_args, params):
+        """Build the tree cache through the unified radix cache factory, ``(ctx, server_args, params)``."""
+        from types import SimpleNamespace
+
+        ctx = SimpleNamespace(is_hybrid_swa=False, is_hybrid_ssm=True, enable_hierarchical_cache=False)
+        return factory(ctx, server_args, params)
+
+    @staticmethod
+    def engine_server_args(**kwargs):
+        """The ``ServerArgs`` ``Engine(**kwargs)`` builds, without launching anything: 0.5.17's Engine
+        builds ``ServerArgs(**kwargs)``, which is where dasc's keyword-argument hook sits."""
+        from sglang.srt.server_args import ServerArgs
+
+        return ServerArgs(**kwargs)
+
+    @staticmethod
     def checkpoint_chunk(cache, req) -> None:
         """A chunked prefill's chunk goes to the tree (``cache_unfinished_req(req, chunked=True)``)."""
         cache.cache_unfinished_req(req, chunked=True)
@@ -88,6 +119,33 @@ class Steps0517:
     def runner_fields(pool, alloc) -> dict:
         """What ``ForwardBatch.init_new`` reads from a model runner beyond 0.5.17's (none)."""
         return {}
+
+    @staticmethod
+    def weight_manager(worker, flush_cache):
+        """SGLang's ``SchedulerWeightUpdaterManager`` over a stand-in ``TpModelWorker`` (no TP group, no draft)."""
+        from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
+
+        return SchedulerWeightUpdaterManager(tp_worker=worker, draft_worker=None, tp_cpu_group=None,
+                                            memory_saver_adapter=None, flush_cache=flush_cache,
+                                            is_fully_idle=lambda: True)
+
+    @staticmethod
+    def update_requests(flush_cache: bool) -> dict:
+        """One request per weight-replacing manager method (the runtime adapter's ``WEIGHT_UPDATE_METHODS``)."""
+        from sglang.srt.managers import io_struct as io
+
+        return {
+            "update_weights_from_disk": io.UpdateWeightFromDiskReqInput(model_path="/new", flush_cache=flush_cache),
+            "update_weights_from_distributed": io.UpdateWeightsFromDistributedReqInput(
+                names=[], dtypes=[], shapes=[], flush_cache=flush_cache),
+            "update_weights_from_tensor": io.UpdateWeightsFromTensorReqInput(serialized_named_tensors=[],
+                                                                             flush_cache=flush_cache),
+            "update_weights_from_ipc": io.UpdateWeightsFromIPCReqInput(zmq_handles={}, flush_cache=flush_cache),
+        }
+
+    @staticmethod
+    def before_update(manager, method: str) -> None:
+        """What an update call needs first (nothing in 0.5.17)."""
 
     @staticmethod
     def cow_request(src, dst, clear: bool = False):
@@ -129,6 +187,52 @@ class Steps0523(Steps0517):
         req.full_untruncated_fill_ids = array("q", tokens)
         req.prefix_len = prefix
         req.extend_end = end
+
+    @staticmethod
+    def commit_kv(req, n: int) -> None:
+        req.kv.kv_committed_len = n
+
+    @classmethod
+    def admit_extend(cls, cache, req, tokens) -> None:
+        cls.lock(cache, req)
+        req.extend_end = len(tokens)                # prefix_len was set by the match
+
+    @staticmethod
+    def forward_inputs(batch) -> None:
+        """0.5.23 stages prefill ids on the host; ``overlap_utils.resolve_forward_inputs`` moves them."""
+        batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device)
+        batch.prefill_input_ids_cpu = None
+
+    @staticmethod
+    def call_cache_factory(factory, server_args, params):
+        """``create_unified_radix_cache(ctx)``: the params and server args ride on the build context."""
+        from types import SimpleNamespace
+
+        ctx = SimpleNamespace(is_hybrid_swa=False, is_hybrid_ssm=True, enable_hierarchical_cache=False,
+                              params=params, server_args=server_args, tp_worker=None)
+        return factory(ctx)
+
+    @staticmethod
+    def engine_server_args(**kwargs):
+        """The ``ServerArgs`` ``Engine(**kwargs)`` builds: 0.5.23's Engine (where dasc's keyword-argument hook
+        sits) runs up to launching its subprocesses, which this stand-in replaces by a stop."""
+        from sglang.srt.entrypoints.engine import Engine
+
+        class _Stop(Exception):
+            pass
+
+        built = []
+
+        class _NoLaunch(Engine):
+            def _launch_subprocesses(self, server_args, **_):
+                built.append(server_args)
+                raise _Stop
+
+        try:
+            _NoLaunch(**kwargs)
+        except _Stop:
+            pass
+        return built[0]
 
     @staticmethod
     def checkpoint_chunk(cache, req) -> None:
@@ -178,6 +282,39 @@ class Steps0523(Steps0517):
                                        token_to_kv_pool=alloc.get_kvcache(), page_size=1, device="cpu")
         return dict(kv_index_translator=translator, lora_manager=None, prefill_attention_backend_str="torch_native",
                     attn_tp_sequence_sharded=False)
+
+    @staticmethod
+    def weight_manager(worker, flush_cache):
+        """0.5.23's manager reads the TP CPU group from the runtime context and records weight versions on
+        its scheduler; a one-process stand-in for both."""
+        from types import SimpleNamespace
+
+        from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
+        from sglang.srt.runtime_context import get_parallel
+
+        with get_parallel().override(tp_group=SimpleNamespace(cpu_group=None)):
+            return SchedulerWeightUpdaterManager(
+                tp_worker=worker, draft_worker=None, memory_saver_adapter=None, flush_cache=flush_cache,
+                is_fully_idle=lambda: True, scheduler=SimpleNamespace(record_weight_version_change=lambda **_: None))
+
+    @classmethod
+    def update_requests(cls, flush_cache: bool) -> dict:
+        """0.5.17's four, plus ``end_weight_update`` (weights that arrived by P2P / RDMA in the session)."""
+        from sglang.srt.managers import io_struct as io
+
+        return {**Steps0517.update_requests(flush_cache), "end_weight_update": io.EndWeightUpdateReqInput()}
+
+    @staticmethod
+    def before_update(manager, method: str) -> None:
+        """The distributed and tensor paths need an open update session; ``end_weight_update`` gets a fresh
+        one with no load in it (weights that arrived by P2P / RDMA, finalized by ``post_load_weights``)."""
+        from sglang.srt.managers import io_struct as io
+
+        if method == "end_weight_update" and manager._session is not None:
+            assert manager.end_weight_update(io.EndWeightUpdateReqInput()).success
+        if method in ("update_weights_from_distributed", "update_weights_from_tensor", "end_weight_update") \
+                and manager._session is None:
+            assert manager.begin_weight_update(io.BeginWeightUpdateReqInput()).success
 
     @staticmethod
     def cow_request(src, dst, clear: bool = False):
