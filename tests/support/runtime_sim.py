@@ -49,12 +49,14 @@ class Sim:
     mamba cache chunk), balance / wr (plan policy), streams (simulated device; False: the real CPU
     path, packs inline), tp_rank / tp_size (this rank of a plan compiled for tp_size; the test sets
     the demotion engine's CPU group), max_states_per_path (SGLang's ``--mamba-max-states-per-path``),
-    device_seed (device progress; default from seed and rank).
+    device_seed (device progress; default from seed and rank), eviction_policy (SGLang's
+    ``--radix-eviction-policy``: it orders Full-KV leaf eviction, which cascades to Mamba states).
     """
 
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
                  seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None,
-                 wr=False, streams=True, tp_rank=0, tp_size=1, max_states_per_path=None, device_seed=None):
+                 wr=False, streams=True, tp_rank=0, tp_size=1, max_states_per_path=None, device_seed=None,
+                 eviction_policy="lru"):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -97,7 +99,7 @@ class Sim:
         self.cache = UnifiedRadixCache(CacheInitParams(
             req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc, page_size=1, disable=False,
             tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=extra_buffer,
-            component_registry_override={ComponentType.MAMBA: DascMambaComponent}))
+            component_registry_override={ComponentType.MAMBA: DascMambaComponent}, eviction_policy=eviction_policy))
         self.comp = self.cache.components[ComponentType.MAMBA]
         self.device = None
         if streams:
