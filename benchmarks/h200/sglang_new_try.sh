@@ -8,13 +8,13 @@
 # records where it stops: torch / sgl_kernel import (compiled against torch 2.14's C++ ABI), SGLang's
 # imports, dasc's adapter pick, then a dense and a dasc server on the tiny Qwen3-Next model.
 #
-# On the CPU machine (pip access), once:
+# On the CPU machine (pip access), once (about 5 minutes):
 #   WHEELS=benchmarks/h200/sglang/wheels-0.5.23.txt WORK=/tmp/dasc-sglang-new-site \
 #     bash benchmarks/h200/sglang/build_site.sh .dev/sglang-new/site.tar.xz
-#   bash benchmarks/h200/prepare_carry.sh          # .dev/sglang (helpers, tiny config) and .dev/dascwhl
-# Device call (carry .dev/sglang-new, .dev/sglang and .dev/dascwhl; together they must stay under 64 MiB,
-# so a 0.5.17 site.tar.xz in .dev/sglang must be moved aside for this call):
-#   bash benchmarks/h200/sglang_new_try.sh
+#   cp benchmarks/h200/sglang/qwen3next-tiny.config.json benchmarks/h200/sglang/smoke_client.py .dev/sglang-new/
+#   rm -rf .dev/dascwhl && python3 -m pip wheel -q --no-deps -w .dev/dascwhl .
+# Device call: run(command="bash benchmarks/h200/sglang_new_try.sh", carry=[".dev/sglang-new", ".dev/dascwhl"],
+#   kind="nvidia-h200", timeout_s=600); the carry must stay under 64 MiB (build_site.sh prints the tarball size).
 # Evidence: stdout and $OUT/sglang_new_try/ (server logs, client JSON).
 set -uo pipefail
 OUT=${OUT:-/tmp}/sglang_new_try
@@ -52,7 +52,7 @@ if [ $kernel -ne 0 ] || [ $imports -ne 0 ]; then
 fi
 
 stamp "tiny model and a plan, then one dense and one dasc server"
-CFG=.dev/sglang/qwen3next-tiny.config.json
+CFG=.dev/sglang-new/qwen3next-tiny.config.json
 python3 -m benchmarks.h200.smoke_model checkpoint "$CFG" /tmp/tiny || exit 3
 python3 -m benchmarks.h200.smoke_model plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
 COMMON=(--skip-tokenizer-init --mem-fraction-static 0.5 --context-length 8192 --disable-prefill-cuda-graph
@@ -71,7 +71,7 @@ serve() {  # serve PORT LABEL [extra flags...]: start on the 0.5.23 site (not ru
   done
   if [ $up -eq 0 ]; then echo "FAILED $label: server did not start"; tail -30 "$OUT/server_$port.log"
   else
-    python3 .dev/sglang/smoke_client.py "$port" 60 > "$OUT/client_$label.json" 2>&1 \
+    python3 .dev/sglang-new/smoke_client.py "$port" 60 > "$OUT/client_$label.json" 2>&1 \
       && echo "OK     $label: $(tail -1 "$OUT/client_$label.json")" || { echo "FAILED $label client"; tail -5 "$OUT/client_$label.json"; }
     grep -m3 "dasc" "$OUT/server_$port.log" || true
   fi
