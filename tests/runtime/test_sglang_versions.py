@@ -65,3 +65,25 @@ def test_an_untested_release_gets_only_the_flag_hooks_and_refuses_at_model_load(
     seen = []
     plugin.engine_kwargs_init(lambda self, **kw: seen.append(kw), SimpleNamespace(), model_path="m")
     assert seen == [{"model_path": "m"}]
+
+
+def test_every_server_option_dasc_reads_exists_in_this_release():
+    """A renamed option would read as its default and silently skip a refusal: every name
+    ``verify.check_server_args`` and the adapter read must be a field of the installed ``ServerArgs``."""
+    import inspect
+    import re
+
+    from sglang.srt.server_args import ServerArgs
+
+    from dasc_runtime import verify, wr_scratch
+    from dasc_runtime.sglang_api import api
+    from tests.support.sglang_steps import steps
+
+    read = set(re.findall(r'\bg\("([a-z_]+)"', inspect.getsource(verify.check_server_args)))
+    read |= set(re.findall(r'(?:option|server_option)\((?:sa|server_args)?,?\s*"([a-z_]+)"',
+                           inspect.getsource(wr_scratch) + inspect.getsource(api())))
+    assert {"disable_radix_cache", "enable_hierarchical_cache", "enable_mixed_chunk", "chunked_prefill_size",
+            "page_size", "enable_dp_attention"} <= read
+    sa = ServerArgs(model_path="dummy")
+    missing = sorted(n for n in read - steps().ABSENT_OPTIONS if not hasattr(sa, n))
+    assert not missing, f"server options dasc reads that this SGLang does not have: {missing}"

@@ -19,6 +19,9 @@ import torch
 class Steps0517:
     """SGLang 0.5.17 (``managers/schedule_batch.py``, ``managers/schedule_policy.py``, ``mem_cache/unified_radix_cache.py``)."""
 
+    #: server options dasc refuses that this release does not have (added in a later one)
+    ABSENT_OPTIONS = frozenset({"enable_unified_cache_external_linker"})
+
     @staticmethod
     def new_req(rid: str, tokens):
         from sglang.srt.managers.schedule_batch import Req
@@ -158,6 +161,8 @@ class Steps0517:
 class Steps0523(Steps0517):
     """SGLang 0.5.23: request fields on ``req.kv`` (``ReqKvInfo``), tree locks as ``req.lock``
     (``TreeLock``), chunks and finishes through ``mem_cache/common.py``."""
+
+    ABSENT_OPTIONS = frozenset()
 
     @staticmethod
     def lock(cache, req) -> None:
