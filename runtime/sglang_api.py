@@ -61,7 +61,7 @@ def check_version(version: str) -> None:
         DascRefusal: ``"dasc: refusing to start: sglang X is installed; ..."`` naming the tested range.
     """
     if str(version) not in ADAPTERS:
-        from dasc_runtime.verify import DascRefusal
+        from dasc_runtime.refusal import DascRefusal
 
         raise DascRefusal(f"sglang {version} is installed; the dasc runtime is tested with sglang {tested_range()} "
                           f"(supported range {TESTED[0]}-{TESTED[-1]}; the releases between are not tested): "

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import torch
 
-from dasc_compile.schema import DascInputError, Plan
+from dasc_compile.schema import Plan
+from dasc_runtime.refusal import DascRefusal  # noqa: F401  (its home; importers name it through this module)
 from dasc_runtime.rank_layout import torch_dtype
 
 __all__ = ["DascRefusal", "check_server_args", "check_plan_supported",
@@ -20,13 +21,6 @@ __all__ = ["DascRefusal", "check_server_args", "check_plan_supported",
            "check_state", "check_fingerprint"]
 
 logger = logging.getLogger("dasc")
-
-
-class DascRefusal(DascInputError):
-    """The plan cannot serve this model / configuration; the message names what differs."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"dasc: refusing to start: {what}")
 
 
 def check_server_args(sa, plan: Plan | None = None) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {ROOT / "runtime" / "sglang_api.py", ROOT / "runtime" / "sglang_0517.py", ROOT / "runtime" / "sglang_0523.py",
-            ROOT / "tests" / "support" / "sglang_steps.py"}
+            ROOT / "tests" / "support" / "sglang_steps.py",
+            ROOT / "tests" / "runtime" / "test_sglang_versions.py"}     # the tests of the selection itself
 VERSION_LITERAL = re.compile(r"^\d+\.\d+\.\d+")
 #: names whose presence tells one release from another: probing them (hasattr / getattr) is a version check
 RENAMED = {"kv", "prefix_indices", "copy_mamba_state", "copy_from", "_create_unified_radix_cache",
