@@ -120,7 +120,8 @@ def reclaim_wait_mode() -> str:
     ``stream`` (default): the current CUDA stream waits on the demotion's event (``wait_event``, no
     host block). Safe because every later write to the freed native slot is issued on SGLang's
     schedule stream after this point, or on its forward stream, which waits on the schedule stream
-    before each forward (sglang/srt/managers/scheduler.py, 0.5.17; state zeroing and copy-on-write
+    before each forward (sglang/srt/managers/scheduler.py, 0.5.17 and 0.5.23, read not run on a GPU for
+    0.5.23; state zeroing and copy-on-write
     of hits are deferred to the forward stream), and a later demotion's side stream first waits on
     the schedule stream (:meth:`SideStream.run`). The argument rests on those waits and on the
     configurations ``verify.check_server_args`` refuses (host offload, PD transfer, speculative

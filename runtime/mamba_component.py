@@ -1,7 +1,9 @@
 """SGLang's Mamba tree component with dasc's two tiers (paper §4.4, App. B.2).
 
-:class:`DascMambaComponent` replaces SGLang 0.5.17's ``MambaComponent``
-(``mem_cache/unified_cache/components/mamba_component.py``) through
+:class:`DascMambaComponent` replaces SGLang's ``MambaComponent`` (0.5.17:
+``mem_cache/unified_cache/components/mamba_component.py``, 0.5.23: ``.../components/mamba.py``; every
+call whose signature differs goes through the installed release's adapter,
+:func:`dasc_runtime.sglang_api.api`) through
 ``CacheInitParams.component_registry_override`` (``plugin.around_create_unified_radix_cache``). It
 keeps SGLang's tree, lock and LRU machinery and overrides only the calls where the tier of a cached
 state matters; each override's docstring says what SGLang calls it for, what dasc changes and which
@@ -24,11 +26,12 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaComponent
-from sglang.srt.mem_cache.unified_cache.components.tree_component import EvictLayer
+# the package exports both classes in 0.5.17 and 0.5.23 (their modules were renamed in 0.5.23)
+from sglang.srt.mem_cache.unified_cache.components import EvictLayer, MambaComponent
 
 from dasc_runtime.demotion import DemotionEngine
 from dasc_runtime.pool import DascCheckpointPool
+from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import attach_component, insert_tier, mark_staged, set_insert_tier, tier_policy_of
 from dasc_runtime.tier_operations import TierOperations
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierBook, TierCounters, TierPolicy
@@ -36,6 +39,8 @@ from dasc_runtime.tiers import COMPRESSED, DENSE, TierBook, TierCounters, TierPo
 __all__ = ["DascMambaComponent"]
 
 logger = logging.getLogger(__name__)
+
+SGLANG = api()      # the installed release's adapter (refuses an untested SGLang here, at import)
 
 
 class DascMambaComponent(TierOperations, MambaComponent):
@@ -157,8 +162,14 @@ class DascMambaComponent(TierOperations, MambaComponent):
         """
         cache = self.cache
         pool = cache.req_to_token_pool
+        st = SGLANG.mamba_state(req)
         extra = cache.enable_mamba_extra_buffer
-        cache_len = req.mamba_last_track_seqlen if extra else token_ids_len
+        tracked = None
+        if is_finished and extra:
+            picked = SGLANG.finished_checkpoint(self, req, token_ids_len, insert_params)
+            cache_len, tracked = picked if picked is not None else (0, None)
+        else:
+            cache_len = st.mamba_last_track_seqlen if extra else token_ids_len
         if not cache_len:
             # nothing to cache: SGLang's own handling (dense value, dropped by the insert)
             out = super().prepare_for_caching_req(req, insert_params, token_ids_len, is_finished)
@@ -181,16 +192,14 @@ class DascMambaComponent(TierOperations, MambaComponent):
             return out
         mp = pool.mamba_pool
         if is_finished:
-            src = (req.mamba_ping_pong_track_buffer[pool.get_mamba_ping_pong_keep_idx(req)].view(-1) if extra
-                   else req.mamba_pool_idx.view(-1))
-            self.dpool.store_from_active(mp, src, c)
+            self.dpool.store_from_active(mp, tracked if extra else st.mamba_pool_idx.view(-1), c)
         elif extra:
-            new_slot = self._alloc_mamba_slot()
+            new_slot = SGLANG.alloc_native_slot(self, req)
             src_active = pool.donate_mamba_ping_pong_slot(req, new_slot)
             self.dpool.store_from_active(mp, src_active.view(-1), c)
             pool.mamba_allocator.free(src_active)
         else:
-            self.dpool.store_from_active(mp, req.mamba_pool_idx.view(-1), c)
+            self.dpool.store_from_active(mp, st.mamba_pool_idx.view(-1), c)
         insert_params.mamba_value = c
         set_insert_tier(insert_params, COMPRESSED)
         return cache_len
@@ -231,7 +240,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
             if is_finished:
                 self.cache.req_to_token_pool.free_mamba_cache(req)
             else:
-                req.mamba_last_track_seqlen = None
+                SGLANG.forget_tracking(req)
         self.maintain()
 
     # ------------------------------------------------------------------ SGLang overrides: hits
@@ -254,14 +263,16 @@ class DascMambaComponent(TierOperations, MambaComponent):
 
     # ------------------------------------------------------------------ SGLang overrides: eviction
 
-    def evict_component(self, node, device_frees, host_frees, target=EvictLayer.DEVICE):
+    def evict_component(self, node, device_frees, host_frees, *args, **kwargs):
         """SGLang drops one node's state (eviction walk, cascade, excess path states).
 
         Returns ``(native slots freed, host slots freed)``. dasc: a compressed state frees its
         compressed slot directly and reports 0 native slots freed ("evicting a compressed node
         alone cannot free a native slot"); a dense one is SGLang's own eviction. Both clear the
-        node's tier. App. B.2 "Pressure-driven reclamation".
+        node's tier. App. B.2 "Pressure-driven reclamation". The arguments after ``host_frees``
+        differ between releases (0.5.23 adds ``cache_actions``); they pass through unchanged.
         """
+        target, _ = SGLANG.evict_component_args(args, kwargs)
         cd = node.component_data[self.component_type]
         if EvictLayer.DEVICE in target and cd.value is not None:
             assert node.id not in self.pending, f"node {node.id} is being demoted (pinned) and cannot be evicted"
@@ -272,11 +283,11 @@ class DascMambaComponent(TierOperations, MambaComponent):
                 self.book.clear(cd)
                 cd.value = None
                 self.counters.evictions_compressed += 1
-                _, host = super().evict_component(node, device_frees, host_frees, target)
+                _, host = super().evict_component(node, device_frees, host_frees, *args, **kwargs)
                 return 0, host          # no native slot freed
             self.book.clear(cd)
             self.counters.evictions_dense += 1
-        return super().evict_component(node, device_frees, host_frees, target)
+        return super().evict_component(node, device_frees, host_frees, *args, **kwargs)
 
     def _evict_device_start(self, request_cnt: int) -> None:
         """SGLang starts a walk to free ``request_cnt`` native slots; dasc keeps only the count (its
@@ -287,7 +298,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
         """SGLang ends the walk; dasc forgets the request."""
         self._evict_request = 0
 
-    def _evict_device_next_node(self, tracker, device_frees, host_frees):
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, *args, **kwargs):
         """SGLang asks for the next step of the walk until ``tracker[MAMBA]`` native slots are freed.
 
         Returns the id of a leaf for SGLang's driver to evict (its Full KV goes too), or None when
@@ -295,8 +306,12 @@ class DascMambaComponent(TierOperations, MambaComponent):
         reclamation": first commit pending demotions (waiting for their packs, see
         :meth:`DemotionEngine.commit_ready`); then compressed space free -> demote the oldest
         eligible dense node now; else evict the oldest eligible node (a compressed one only while a
-        dense node remains to be demoted into its slot).
+        dense node remains to be demoted into its slot). The walk loops until the request is met,
+        so both releases' drivers fit: 0.5.17 stops at the first None, 0.5.23 calls again after a
+        step that made progress (the next call then returns None with none). 0.5.23's
+        ``cache_actions`` collect the cascade's actions, applied by SGLang after the call.
         """
+        actions = SGLANG.walk_actions(args, kwargs)
         ct = self.component_type
         tc = self.tree_core
         while tracker[ct] < self._evict_request:
@@ -318,9 +333,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
                 return None                 # evicting compressed states cannot free a native slot
             if x in tc.evictable_device_leaves:
                 return x.id
-            tc._evict_component_and_detach_lru(x, self, device_frees, host_frees, target=EvictLayer.DEVICE,
-                                               tracker=tracker)
-            tc._cascade_evict(x, self, tracker, device_frees, host_frees)
+            SGLANG.evict_in_walk(tc, x, self, tracker, device_frees, host_frees, actions)
         return None
 
     def reset_session_state(self) -> None:

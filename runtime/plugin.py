@@ -4,7 +4,10 @@
 scheduler). It only registers hooks (``HookRegistry``); each hook passes straight through when no
 plan is configured, so installing dasc changes nothing until ``--dasc-plan`` / ``DASC_PLAN`` is
 given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.md``; the pool the
-``_init_mamba_pool`` hook installs is built by :mod:`dasc_runtime.pool_install`.
+``_init_mamba_pool`` hook installs is built by :mod:`dasc_runtime.pool_install`. Two hook targets
+differ between SGLang releases (the cache factory and where ``Engine`` keyword arguments arrive); the
+installed release's adapter (:func:`dasc_runtime.sglang_api.api`) names them, :func:`hooks` builds the
+table.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ import inspect
 import logging
 
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
-from dasc_runtime.weight_updates import UPDATE_TARGETS       # hook target names (the module imports no torch)
+from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
 
-__all__ = ["register", "add_cli_args", "HOOKS"]
+__all__ = ["register", "add_cli_args", "hooks"]
 
 logger = logging.getLogger("dasc")
 
@@ -72,12 +75,24 @@ def from_cli_args(result, cls, args):
     return result
 
 
-def server_args_init(original, self, *args, **kwargs):
-    """AROUND ``ServerArgs.__init__``: ``Engine(..., dasc_plan=..., dasc_pool_slots=...)`` keyword arguments."""
+def engine_kwargs_init(original, self, *args, **kwargs):
+    """AROUND the constructor that receives ``Engine(..., dasc_plan=..., dasc_pool_slots=...)`` keyword
+    arguments (the adapter's ``ENGINE_KWARGS_TARGET``: ``ServerArgs.__init__`` in 0.5.17,
+    ``Engine.__init__`` in 0.5.23): pops them, exports ``DASC_*`` before the constructor runs (it
+    may start the scheduler processes, which inherit the environment), then records them on the
+    ``ServerArgs`` it built."""
+    from dasc_runtime.settings import DascSettings
+    from dasc_runtime.sglang_api import api
+
     raw = {field: kwargs.pop(kw) for kw, field in _KWARGS.items() if kw in kwargs}
+    if not raw.get("plan"):
+        return original(self, *args, **kwargs)
+    adapter = api()                                   # an untested SGLang is refused here, in one line
+    DascSettings.from_mapping(raw, source="dasc keyword arguments").export()
     original(self, *args, **kwargs)
-    if raw.get("plan"):
-        _store_settings(self, raw)
+    sa = adapter.server_args_of(self)
+    if sa is not None:
+        _store_settings(sa, raw)
 
 
 # ---------------------------------------------------------------- hooks
@@ -98,7 +113,7 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
     from dasc_runtime.startup_checks import check_hooks
     from dasc_runtime.verify import DascRefusal, check_server_args
 
-    check_hooks(HOOKS)
+    check_hooks(hooks())
     bound = inspect.signature(HybridReqToTokenPool._init_mamba_pool).bind(req_pool, *args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
@@ -111,6 +126,10 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
         raise DascRefusal("ReplaySSM ring buffers are not supported")
     if a.get("speculative_num_draft_tokens") is not None:
         raise DascRefusal("speculative decoding states are not supported")
+    if a.get("short_conv_layer_ids") or a.get("ngram_context_len"):
+        # SGLang 0.5.23's per-slot side states (Qwen4-Exp PLE short conv / n-gram pools) ride along
+        # with each native slot; dasc's pack and load do not carry them (SGLang's INT8 pool refuses too)
+        raise DascRefusal("per-slot PLE side states (short-conv / n-gram pools) are not stored by the dasc pool")
     install_pool(req_pool, mamba_size=a["mamba_size"], cache_params=a["cache_params"],
                  mamba_layer_ids=a["mamba_layer_ids"], device=a["device"], settings=settings)
     return result
@@ -122,14 +141,13 @@ def after_load_model(result, runner, *args, **kwargs):
     if not settings.active or getattr(runner, "is_draft_worker", False):
         return result
     from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.sglang_api import check_version, installed_version
     from dasc_runtime.startup_checks import check_hooks
-    from dasc_runtime.verify import check_model_type, check_plan_supported, check_server_args, check_sglang_version
+    from dasc_runtime.verify import check_model_type, check_plan_supported, check_server_args
     from dasc_runtime.weight_updates import check_served_weights
 
-    import sglang
-
-    check_sglang_version(getattr(sglang, "__version__", "unknown"))
-    check_hooks(HOOKS)
+    check_version(installed_version())
+    check_hooks(hooks())
     sa = getattr(runner, "server_args", None) or published_server_args()
     plan = load_plan_once(settings)
     check_server_args(sa, plan)
@@ -151,23 +169,25 @@ def after_load_model(result, runner, *args, **kwargs):
     return result
 
 
-def around_create_unified_radix_cache(original, ctx, server_args, params):
-    """AROUND ``registry._create_unified_radix_cache``: the two-tier Mamba component."""
+def around_create_unified_radix_cache(original, ctx, *args, **kwargs):
+    """AROUND SGLang's unified radix cache factory (the adapter's ``CACHE_FACTORY_TARGET``): the two-tier
+    Mamba component, put in the ``CacheInitParams`` the factory builds its cache from."""
     settings = _settings()
     if not settings.active or not ctx.is_hybrid_ssm:
-        return original(ctx, server_args, params)
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-
+        return original(ctx, *args, **kwargs)
     from dasc_runtime.installed import INSTALLED
     from dasc_runtime.mamba_component import DascMambaComponent
     from dasc_runtime.pool import DascCheckpointPool
+    from dasc_runtime.sglang_api import api
     from dasc_runtime.verify import DascRefusal
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
+    params = api().cache_factory_params(ctx, args, kwargs)
     if not isinstance(getattr(params.req_to_token_pool, "mamba_ckpt_pool", None), DascCheckpointPool):
         raise DascRefusal("the request pool has no dasc pool (unified memory pool or an unsupported model?)")
     params.component_registry_override = {**(params.component_registry_override or {}),
                                           ComponentType.MAMBA: DascMambaComponent}
-    cache = original(ctx, server_args, params)
+    cache = original(ctx, *args, **kwargs)
     INSTALLED.component = cache.components[ComponentType.MAMBA]
     logger.info("dasc: two-tier state checkpoint cache installed (%s)", type(cache).__name__)
     return cache
@@ -178,14 +198,16 @@ def around_collect_cow(original, batch, reqs):
     the hits of the admitted batch by tier, and under dasc-wr the refresh passes of the compressed hits
     (:func:`dasc_runtime.wr_refresh.plan_refresh`)."""
     from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.sglang_api import api
     from dasc_runtime.side_channels import attach_tier_hint
     from dasc_runtime.wr_refresh import plan_refresh
 
     pool = INSTALLED.pool
     if pool is None:
         return original(batch, reqs)
-    cow = [r for r in reqs if r.mamba_cow_src_index is not None]
-    hint = [pool.is_own_id_tensor(r.mamba_cow_src_index) for r in cow]
+    state = api().mamba_state
+    cow = [r for r in reqs if state(r).mamba_cow_src_index is not None]
+    hint = [pool.is_own_id_tensor(state(r).mamba_cow_src_index) for r in cow]
     out = original(batch, reqs)
     if INSTALLED.component is not None:
         INSTALLED.component.counters.count_admitted_hits(hint)      # admission, not match (issue 13 item 12)
@@ -270,7 +292,7 @@ def after_build_kv_cache(result, *args, **kwargs):
         return result
     from dasc_runtime.startup_checks import after_build_kv_cache as hook
 
-    return hook(result, HOOKS)
+    return hook(result, hooks())
 
 
 def around_weight_update(original, manager, recv_req, *args, **kwargs):
@@ -283,13 +305,18 @@ def around_weight_update(original, manager, recv_req, *args, **kwargs):
     return hook(original, manager, recv_req, *args, **kwargs)
 
 
-HOOKS = (
+_CACHE_FACTORY = "cache factory"          # placeholders filled from the installed release's adapter
+_ENGINE_KWARGS = "engine kwargs"
+#: ``Engine(**kwargs)`` exists in every release; on an untested one its hook refuses a dasc plan in one line
+_ENGINE_ANY_RELEASE = "sglang.srt.entrypoints.engine.Engine.__init__"
+
+_HOOK_TABLE = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", add_cli_args, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", from_cli_args, "AFTER"),
-    ("sglang.srt.server_args.ServerArgs.__init__", server_args_init, "AROUND"),
+    (_ENGINE_KWARGS, engine_kwargs_init, "AROUND"),
     ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", after_init_mamba_pool, "AFTER"),
     ("sglang.srt.model_executor.model_runner.ModelRunner.load_model", after_load_model, "AFTER"),
-    ("sglang.srt.mem_cache.registry._create_unified_radix_cache", around_create_unified_radix_cache, "AROUND"),
+    (_CACHE_FACTORY, around_create_unified_radix_cache, "AROUND"),
     ("sglang.srt.managers.schedule_batch.ScheduleBatch._collect_deferred_mamba_cow_and_clear", around_collect_cow,
      "AROUND"),
     ("sglang.srt.managers.scheduler_components.pool_stats_observer.SchedulerPoolStatsObserver._get_mamba_token_info",
@@ -304,23 +331,45 @@ HOOKS = (
     ("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
      around_deferred_cow, "AROUND"),
     ("sglang.srt.mem_cache.kv_cache_builder.build_kv_cache", after_build_kv_cache, "AFTER"),
-) + tuple((target, around_weight_update, "AROUND") for target in UPDATE_TARGETS)
+)
+
+
+def hooks(adapter=None) -> tuple:
+    """The ``(target, hook, kind)`` of dasc for an SGLang release (default: the installed one): 18 for
+    0.5.17, 19 for 0.5.23 (its ``end_weight_update``).
+
+    Args:
+        adapter: a release's adapter module (:mod:`dasc_runtime.sglang_0517` / ``sglang_0523``); it
+            names the targets that differ (``CACHE_FACTORY_TARGET``, ``ENGINE_KWARGS_TARGET``,
+            ``WEIGHT_UPDATE_METHODS``).
+    Raises:
+        DascRefusal: ``adapter`` is None and the installed SGLang is not a tested release.
+    """
+    if adapter is None:
+        from dasc_runtime.sglang_api import api
+
+        adapter = api()
+    names = {_CACHE_FACTORY: adapter.CACHE_FACTORY_TARGET, _ENGINE_KWARGS: adapter.ENGINE_KWARGS_TARGET}
+    return tuple((names.get(target, target), fn, kind) for target, fn, kind in _HOOK_TABLE) + tuple(
+        (target, around_weight_update, "AROUND") for target in update_targets(adapter))
 
 
 def register() -> None:
     """Entry point of the ``sglang.srt.plugins`` group: register the dasc hooks (cheap, no CUDA)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    import sglang
+    from dasc_runtime.sglang_api import adapter_for, installed_version, tested_range
 
-    from dasc_runtime.verify import SUPPORTED_SGLANG
-
-    version = getattr(sglang, "__version__", "unknown")
-    hooks = HOOKS
-    if version != SUPPORTED_SGLANG:
+    version = installed_version()
+    adapter = adapter_for(version)
+    if adapter is not None:
+        table = hooks(adapter)
+    else:
         # keep the flags (so a plan is refused with a clear message, not an argparse error) and
-        # refuse at start-up; no cache hook is applied to an unknown SGLang
-        logger.warning("dasc: sglang %s is installed, the dasc runtime supports %s only", version, SUPPORTED_SGLANG)
-        hooks = HOOKS[:3] + (HOOKS[4],)
-    for target, fn, kind in hooks:
+        # refuse at start-up (ModelRunner.load_model); no cache hook is applied to an untested SGLang
+        logger.warning("dasc: sglang %s is installed, the dasc runtime is tested with sglang %s only", version,
+                       tested_range())
+        table = tuple(h for h in _HOOK_TABLE if h[1] in (add_cli_args, from_cli_args, after_load_model)) + (
+            (_ENGINE_ANY_RELEASE, engine_kwargs_init, "AROUND"),)
+    for target, fn, kind in table:
         HookRegistry.register(target, fn, getattr(HookType, kind))

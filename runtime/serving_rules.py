@@ -65,15 +65,22 @@ class Refusal:
 @dataclass(frozen=True)
 class _Ctx:
     """What a rule reads: SGLang's ``ServerArgs`` (any object with its attribute names; missing ones read
-    as unset), the plan or None, ``--dasc-refresh-slots`` and the served context length (None: unknown)."""
+    as unset) through ``read`` (the release's resolved value at start-up, the attribute elsewhere), the
+    plan or None, ``--dasc-refresh-slots`` and the served context length (None: unknown)."""
 
     sa: Any
     plan: Any
     refresh_slots: Optional[int]
     context_len: Optional[int]
+    read: Callable[[Any, str, Any], Any] = getattr
 
     def g(self, name: str, default=None):
-        return getattr(self.sa, name, default)
+        return self.read(self.sa, name, default)
+
+    def dp_attention(self) -> bool:
+        """Data-parallel attention in either spelling: ``--enable-dp-attention`` (0.5.17; deprecated in
+        0.5.23) or ``--attn-dp-size N > 1`` (0.5.23)."""
+        return bool(self.g("enable_dp_attention", False)) or int(self.g("attn_dp_size", 1) or 1) > 1
 
 
 @dataclass(frozen=True)
@@ -144,12 +151,18 @@ _option("extra_buffer_lazy", "mamba_radix_cache_strategy", "--mamba-radix-cache-
 _option("mixed_chunk", "enable_mixed_chunk", "--enable-mixed-chunk (drop it)",
         "a MIXED batch joins decode requests to the hit batch whose copy-on-write and dasc-wr refresh dasc "
         "plans; not tested.")
-_option("dp_attention", "enable_dp_attention", "--enable-dp-attention (not supported)",
-        "each DP rank schedules its own requests while the tier agreement and the decay fingerprint gather run "
-        "on the attention-TP group; not tested.")
+_rule("dp_attention", "option", "each DP rank schedules its own requests while the tier agreement and the decay "
+      "fingerprint gather run on the attention-TP group; not tested.")(
+    lambda c: _when(c.dp_attention(), "DP attention (--enable-dp-attention / --attn-dp-size > 1: not supported)"))
 _option("memory_saver", "enable_memory_saver", "--enable-memory-saver (the dasc pool lies outside the memory it "
         "releases and restores)", "it releases and restores SGLang's tagged allocations; the dasc pool is "
         "allocated outside them, so a release would keep it and a resume would not restore what it held.")
+_rule("external_state_store", "option", "external KV stores (LMCache, FlexKV) and SGLang 0.5.23's unified-cache "
+      "linker copy a node's Mamba state out by its native slot id; a compressed checkpoint's id names a dasc pool "
+      "row, so they would copy the wrong slot.")(
+    lambda c: _when(bool(c.g("enable_lmcache") or c.g("enable_flexkv") or c.g("enable_unified_cache_external_linker")),
+                    "--enable-lmcache / --enable-flexkv / --enable-unified-cache-external-linker (external stores "
+                    "offload Mamba states by native slot id; a compressed checkpoint has none)"))
 
 
 @_rule("storage_balance_overlap", "option", """a storage-balanced pack is an all-to-all on the attention-TP group
@@ -218,15 +231,15 @@ def _over_chunk(c: _Ctx):
 
 @_rule("refresh_dp_attention", "refresh", "a refresh pass on one DP rank would stall the other ranks' collectives.")
 def _wr_dp(c: _Ctx):
-    return _when(refresh_active(c.plan) and bool(c.g("enable_dp_attention", False)),
-                 "--enable-dp-attention with a dasc-wr plan: a refresh pass on one DP rank would stall the other "
-                 "ranks' collectives; use a load_policy: nr plan")
+    return _when(refresh_active(c.plan) and c.dp_attention(),
+                 "DP attention (--enable-dp-attention / --attn-dp-size > 1) with a dasc-wr plan: a refresh pass on "
+                 "one DP rank would stall the other ranks' collectives; use a load_policy: nr plan")
 
 
 #: Start-up refusals that need the served model, its weights or SGLang's objects, so neither
 #: ``dasc size`` nor ``dasc sweep`` can decide them: ``module.function -> what it compares``.
 STARTUP_ONLY: dict[str, str] = {
-    "verify.check_sglang_version": "the installed SGLang release against the supported ones",
+    "sglang_api.check_version": "the installed SGLang release against the tested ones (docs/sglang-versions.md)",
     "verify.check_model_type": "the served model_type / architectures against the plan's",
     "verify.check_state": "SGLang's state shapes, dtypes, TP size and recurrent layer ids against the plan's",
     "verify.check_fingerprint": "the decay tensors of the loaded weights against the plan's fingerprint "
@@ -243,7 +256,8 @@ STARTUP_ONLY: dict[str, str] = {
 
 
 def serving_refusals(server_args, plan=None, *, refresh_slots: Optional[int] = None,
-                     context_len: Optional[int] = None, scopes=SCOPES) -> list[Refusal]:
+                     context_len: Optional[int] = None, scopes=SCOPES,
+                     read_option: Optional[Callable[[Any, str, Any], Any]] = None) -> list[Refusal]:
     """Every :data:`RULES` refusal that applies, in rule order (the one decision shared by the server and
     ``dasc size`` / ``dasc sweep``).
 
@@ -254,10 +268,13 @@ def serving_refusals(server_args, plan=None, *, refresh_slots: Optional[int] = N
         refresh_slots: ``--dasc-refresh-slots`` B (None: not given, the runtime's default applies).
         context_len: the served context length in tokens, or None when not known (before launch).
         scopes: which scopes to check (:data:`SCOPES`).
+        read_option: ``(server_args, name, default) -> value``; the start-up check passes the release
+            adapter's ``server_option`` (0.5.23 resolves options beside the raw input); default: the attribute.
     Returns:
         the refusals; empty when the server would start as far as these rules see.
     """
-    ctx = _Ctx(server_args if server_args is not None else SimpleNamespace(), plan, refresh_slots, context_len)
+    ctx = _Ctx(server_args if server_args is not None else SimpleNamespace(), plan, refresh_slots, context_len,
+               read_option or getattr)
     out = []
     for r in RULES:
         if r.scope in scopes:

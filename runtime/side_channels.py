@@ -1,6 +1,6 @@
 """Every value dasc attaches to an object outside its own API, each with the reason SGLang forces it.
 
-SGLang 0.5.17 builds the cache component itself, passes fixed ``Params`` dataclasses between its
+SGLang (0.5.17 and 0.5.23 alike) builds the cache component itself, passes fixed ``Params`` dataclasses between its
 cache calls and hands the model runner a bare id tensor, so some facts dasc needs have no field to
 travel in. Each such fact travels in exactly one named channel below, written and read only through
 the helpers of this module: this file is the complete list of dasc's footprints on objects it does
@@ -76,9 +76,12 @@ STAGED_KEY = "dasc_staged_epoch"
 def attach_settings(server_args, raw: dict) -> None:
     """Store the raw ``--dasc-*`` values (field -> value, ``None`` entries dropped) on ``server_args``.
 
-    ``object.__setattr__`` because SGLang may freeze the dataclass; the dict pickles with it.
+    A plain ``setattr`` of an underscore name: both tested releases seal only their configuration fields
+    (0.5.17's dataclass after resolution, 0.5.23's ``msgspec.Struct`` during and after it) and let an
+    underscore bookkeeping attribute through, and both pickle it into every scheduler process (0.5.23's
+    ``ServerArgs.__reduce__`` carries ``__dict__``). ``object.__setattr__`` cannot reach a Struct.
     """
-    object.__setattr__(server_args, SERVER_ARGS_ATTR, {k: v for k, v in raw.items() if v is not None})
+    setattr(server_args, SERVER_ARGS_ATTR, {k: v for k, v in raw.items() if v is not None})
 
 
 def settings_of(server_args) -> Optional[dict]:

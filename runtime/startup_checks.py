@@ -6,12 +6,13 @@ with some hooks missing: without ``_create_unified_radix_cache`` patched, SGLang
 ``MambaComponent`` would drive the dasc pool as if it were its INT8 pool, silently. Each check here
 raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
 
-* :func:`check_hooks`: every target of ``plugin.HOOKS`` is in ``HookRegistry._patched`` and the
+* :func:`check_hooks`: every target of ``plugin.hooks()`` is in ``HookRegistry._patched`` and the
   attribute SGLang calls still is a wrapper chain holding dasc's hook (sglang/srt/plugins/
   hook_registry.py, ``_wrap_fn``: each wrapper's closure holds ``hook``, ``__wrapped__`` the next);
 * :func:`check_component`: after SGLang built its tree cache (AFTER ``kv_cache_builder.
   build_kv_cache``, :func:`after_build_kv_cache`), the cache's Mamba component is dasc's
-  :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool;
+  :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool, on
+  SGLang's Python tree core (0.5.23 also has a Rust one, which it picks only for built-in components);
 
 The refused server options (item 11) and their reasons live with the other option checks in
 :func:`dasc_runtime.verify.check_server_args`.
@@ -51,7 +52,7 @@ def _chain_holds(fn, hook) -> bool:
 
 
 def hook_problems(hooks: Iterable) -> list[str]:
-    """Targets of ``hooks`` (``plugin.HOOKS``: ``(target, hook, kind)``) not patched with their hook."""
+    """Targets of ``hooks`` (``plugin.hooks()``: ``(target, hook, kind)``) not patched with their hook."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     out = []
@@ -64,7 +65,7 @@ def hook_problems(hooks: Iterable) -> list[str]:
 
 
 def check_hooks(hooks: Iterable) -> None:
-    """Refuse to start unless every hook of ``hooks`` (``plugin.HOOKS``) is in place (module docstring).
+    """Refuse to start unless every hook of ``hooks`` (``plugin.hooks()``) is in place (module docstring).
 
     Raises:
         DascRefusal: names every target that is not patched with its dasc hook.
@@ -75,7 +76,7 @@ def check_hooks(hooks: Iterable) -> None:
     bad = hook_problems(hooks)
     if bad:
         raise DascRefusal(f"{len(bad)} of dasc's {len(hooks)} SGLang hooks not in place: " + "; ".join(bad)
-                          + " (another plugin patching the same targets, or not sglang 0.5.17?)")
+                          + " (another plugin patching the same targets?)")
 
 
 def check_component(tree_cache, dpool) -> None:
@@ -106,6 +107,13 @@ def check_component(tree_cache, dpool) -> None:
     if comp.dpool is not dpool:
         raise DascRefusal(f"the two-tier component of SGLang's {kind} drives another pool than this process's "
                           f"dasc pool")
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if not isinstance(comp.tree_core, UnifiedTreeCore):
+        # SGLang 0.5.23 can run the tree in Rust; dasc's overrides and its walk need the Python tree core
+        raise DascRefusal(f"SGLang's {kind} runs the tree core {type(comp.tree_core).__name__}; dasc's two-tier "
+                          f"component needs SGLang's Python UnifiedTreeCore (unset "
+                          f"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND)")
 
 
 def after_build_kv_cache(result, hooks: Iterable):

@@ -12,11 +12,9 @@ demotion, the watermark step after every cache call (App. B.2 "Pressure-driven r
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Optional
 
-from sglang.srt.mem_cache.unified_cache.components.tree_component import EvictLayer
-
+from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import is_staged
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierPolicy
 
@@ -31,19 +29,9 @@ class TierOperations:
     """
 
     def evict_node(self, node) -> None:
-        """Evict one unlocked node's state outside an eviction walk (leaf: the whole leaf, as SGLang does)."""
-        tc = self.tree_core
-        if node in tc.evictable_device_leaves:
-            res = tc.evict_device_leaf(node.id, False)
-            self.cache._free_values(res.device_frees, res.host_frees)
-            return
-        device_frees: dict = defaultdict(list)
-        host_frees: dict = defaultdict(list)
-        tracker: dict = defaultdict(int)
-        tc._evict_component_and_detach_lru(node, self, device_frees, host_frees, target=EvictLayer.DEVICE,
-                                           tracker=tracker)
-        tc._cascade_evict(node, self, tracker, device_frees, host_frees)
-        self.cache._free_values(device_frees, host_frees)
+        """Evict one unlocked node's state outside an eviction walk (leaf: the whole leaf, as SGLang does;
+        the release's adapter applies the frees, :func:`dasc_runtime.sglang_0523.evict_outside_walk`)."""
+        api().evict_outside_walk(self.cache, node, self)
 
     def drop_compressed(self) -> tuple[int, int]:
         """Cancel pending demotions and evict every compressed checkpoint no request holds (the

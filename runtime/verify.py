@@ -12,28 +12,15 @@ from typing import Sequence
 
 import torch
 
-from dasc_compile.schema import DascInputError, Plan
+from dasc_compile.schema import Plan
+from dasc_runtime.refusal import DascRefusal  # noqa: F401  (its home; importers name it through this module)
 from dasc_runtime.rank_layout import torch_dtype
 
-__all__ = ["DascRefusal", "SUPPORTED_SGLANG", "check_sglang_version", "check_server_args", "check_plan_supported",
+__all__ = ["DascRefusal", "check_server_args", "check_plan_supported",
            "check_model_type",
            "check_state", "check_fingerprint"]
 
-SUPPORTED_SGLANG = "0.5.17"
 logger = logging.getLogger("dasc")
-
-
-class DascRefusal(DascInputError):
-    """The plan cannot serve this model / configuration; the message names what differs."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"dasc: refusing to start: {what}")
-
-
-def check_sglang_version(version: str) -> None:
-    """Raises DascRefusal unless ``version`` is the pinned SGLang release (its internals change between releases)."""
-    if version != SUPPORTED_SGLANG:
-        raise DascRefusal(f"sglang {version} is installed; the dasc runtime is written against sglang=={SUPPORTED_SGLANG}")
 
 
 def check_server_args(sa, plan: Plan | None = None) -> None:
@@ -43,14 +30,17 @@ def check_server_args(sa, plan: Plan | None = None) -> None:
     The rules, and why each exists, are :data:`dasc_runtime.serving_rules.RULES` (scope ``option``);
     ``dasc size`` checks its printed flags with the same function. ``--mamba-max-states-per-path`` is
     served: SGLang's path cap evicts interior states through the component's ``evict_component``,
-    which frees either tier (tested in ``tests/runtime/``).
+    which frees either tier (tested in ``tests/runtime/``). The SGLang release itself is checked by
+    :func:`dasc_runtime.sglang_api.check_version`; option values are read as the release resolves them
+    (its adapter's ``server_option``).
 
     Raises:
         DascRefusal: ``unsupported option(s): <clause>; <clause>...``.
     """
     from dasc_runtime.serving_rules import serving_refusals
+    from dasc_runtime.sglang_api import api
 
-    bad = serving_refusals(sa, plan, scopes=("option",))
+    bad = serving_refusals(sa, plan, scopes=("option",), read_option=api().server_option)
     if bad:
         raise DascRefusal("unsupported option(s): " + "; ".join(r.text for r in bad))
 

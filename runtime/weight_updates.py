@@ -2,11 +2,12 @@
 
 A plan is valid for the decay values it was compiled from (``Plan.fingerprint``). SGLang checks
 nothing of the kind when it replaces weights at run time, through the scheduler's
-``SchedulerWeightUpdaterManager`` (sglang/srt/managers/scheduler_components/weight_updater.py,
-0.5.17): ``update_weights_from_disk``, ``update_weights_from_distributed``,
-``update_weights_from_tensor`` and ``update_weights_from_ipc`` (the HTTP / ``Engine`` update paths
-all end there, on every TP rank). :func:`around_weight_update` wraps each one; after a successful
-update it
+``SchedulerWeightUpdaterManager`` (sglang/srt/managers/scheduler_components/weight_updater.py):
+``update_weights_from_disk``, ``update_weights_from_distributed``, ``update_weights_from_tensor``
+and ``update_weights_from_ipc`` (the HTTP / ``Engine`` update paths all end there, on every TP rank),
+and in 0.5.23 also ``end_weight_update``, which finalizes weights a session received by P2P / RDMA.
+:func:`around_weight_update` wraps each one; after an update that replaced the weights (0.5.23
+reports an update whose cache flush was refused as failed, though the weights changed) it
 
 1. flushes the compressed tier, unless SGLang already flushed the whole cache (the request's
    ``flush_cache``, default True, asserted by SGLang): pending demotions are cancelled and every
@@ -30,14 +31,18 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-__all__ = ["UPDATE_TARGETS", "check_served_weights", "around_weight_update", "after_weight_update"]
+__all__ = ["update_targets", "check_served_weights", "around_weight_update", "after_weight_update"]
 
 logger = logging.getLogger("dasc")
 
 _MANAGER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
-#: the hook targets (``plugin.HOOKS`` registers :func:`around_weight_update` on each, AROUND)
-UPDATE_TARGETS = tuple(f"{_MANAGER}.{m}" for m in ("update_weights_from_disk", "update_weights_from_distributed",
-                                                     "update_weights_from_tensor", "update_weights_from_ipc"))
+
+
+def update_targets(adapter) -> tuple[str, ...]:
+    """The hook targets (``plugin.hooks()`` registers :func:`around_weight_update` on each, AROUND): the
+    ``SchedulerWeightUpdaterManager`` methods of a release that replace the served weights (its adapter's
+    ``WEIGHT_UPDATE_METHODS``: the four ``update_weights_from_*``, plus 0.5.23's ``end_weight_update``)."""
+    return tuple(f"{_MANAGER}.{m}" for m in adapter.WEIGHT_UPDATE_METHODS)
 
 
 def _attn_tp_gather():
@@ -129,14 +134,19 @@ def after_weight_update(runner, *, flushed: bool, load_format=None) -> Optional[
 
 
 def around_weight_update(original, manager, recv_req, *args, **kwargs):
-    """AROUND each ``SchedulerWeightUpdaterManager.update_weights_from_*``: SGLang's update, then
-    :func:`after_weight_update`; its note is appended to the reply's ``message``."""
+    """AROUND each weight-replacing ``SchedulerWeightUpdaterManager`` method (:func:`update_targets`): SGLang's
+    update, then :func:`after_weight_update` when the release's adapter says the weights were replaced
+    (``weights_replaced``); the cache counts as flushed only when the update asked for it and succeeded.
+    The note is appended to the reply's ``message``."""
     from dasc_runtime.installed import INSTALLED
 
+    from dasc_runtime.sglang_api import api
+
     out = original(manager, recv_req, *args, **kwargs)
-    if INSTALLED.pool is None or not getattr(out, "success", False):
+    if INSTALLED.pool is None or not api().weights_replaced(out):
         return out
-    note = after_weight_update(manager.tp_worker.model_runner, flushed=bool(getattr(recv_req, "flush_cache", False)),
+    flushed = bool(getattr(recv_req, "flush_cache", False)) and bool(getattr(out, "success", False))
+    note = after_weight_update(manager.tp_worker.model_runner, flushed=flushed,
                                load_format=getattr(recv_req, "load_format", None))
     if note:
         out.message = f"{out.message}; {note}" if getattr(out, "message", "") else note

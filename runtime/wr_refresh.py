@@ -1,4 +1,4 @@
-"""dasc-wr: the bounded suffix refresh of a compressed hit in SGLang 0.5.17 (paper §4.2, App. B.2, Eq. 7).
+"""dasc-wr: the bounded suffix refresh of a compressed hit in SGLang (paper §4.2, App. B.2, Eq. 7).
 
 On a compressed-tier hit the deferred copy-on-write restores the kept (global) units exactly and
 zero-fills the local ones (dasc-nr, :meth:`~dasc_runtime.pool.DascCheckpointPool.load_to_active`).
@@ -96,38 +96,37 @@ class RefreshWork:
 
 
 def _stand_in_batch(batch, budget, hits, out_locs):
-    """A ``ScheduleBatch`` of stand-in requests replaying each hit's window (see module docstring)."""
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, compute_extend_logprob_start_len
+    """A ``ScheduleBatch`` of stand-in requests replaying each hit's window (see module docstring).
+
+    ``hits``: ``(req, n_p, W, prefix)`` per window, ``prefix`` the hit's cached KV locations before its
+    window (int64 ``[n_p - W]``). The fields a release's ``ForwardBatch.init_new`` reads beyond
+    0.5.17's are set by the adapter (:func:`dasc_runtime.sglang_0523.stand_in_inputs`).
+    """
+    from sglang.srt.managers.schedule_batch import ScheduleBatch, compute_extend_logprob_start_len
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.runtime_context import get_server_args
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-    from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    from dasc_runtime.sglang_api import api
+
+    adapter = api()
     reqs, tokens = [], []
-    for k, (req, n_p, w) in enumerate(hits):
+    for k, (req, n_p, w, _) in enumerate(hits):
         ids = array("q", req.full_untruncated_fill_ids[:n_p])
-        r = Req(rid=f"dasc-refresh-{k}", origin_input_text="", origin_input_ids=ids,
-                sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-        r.full_untruncated_fill_ids = ids
-        r.prefix_indices = req.prefix_indices[: n_p - w]
-        r.set_extend_range(n_p - w, n_p)
-        r.req_pool_idx = budget.rows[k]
-        reqs.append(r)
+        reqs.append(adapter.stand_in_request(f"dasc-refresh-{k}", ids, n_p - w, n_p, budget.rows[k]))
         tokens.extend(ids[n_p - w:])
     sb = ScheduleBatch.init_new(reqs, batch.req_to_token_pool, batch.token_to_kv_pool_allocator, batch.tree_cache,
                                 batch.model_config, batch.enable_overlap, SpeculativeAlgorithm.NONE)
     dev = batch.device
     n = len(hits)
-    seq = [n_p for _, n_p, _ in hits]
+    seq = [n_p for _, n_p, _, _ in hits]
     sb.forward_mode = ForwardMode.EXTEND
-    sb.prefix_lens = [n_p - w for _, n_p, w in hits]
-    sb.extend_lens = [w for _, _, w in hits]
+    sb.prefix_lens = [n_p - w for _, n_p, w, _ in hits]
+    sb.extend_lens = [w for _, _, w, _ in hits]
     sb.extend_num_tokens = len(tokens)
     sb.extend_logprob_start_lens = [
         compute_extend_logprob_start_len(logprob_start_len=-1, prefix_len=p, extend_len=e, full_untruncated_fill_len=s)
         for p, e, s in zip(sb.prefix_lens, sb.extend_lens, seq)]
-    sb.input_ids = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)
     sb.req_pool_indices_cpu = torch.tensor(budget.rows[:n], dtype=torch.int64)
     sb.req_pool_indices = budget.rows_t[:n]
     sb.seq_lens_cpu = torch.tensor(seq, dtype=torch.int64)
@@ -136,11 +135,9 @@ def _stand_in_batch(batch, budget, hits, out_locs):
     sb.seq_lens_sum = sum(seq)
     sb.out_cache_loc = out_locs
     sb.multimodal_inputs = [None] * n
-    if get_server_args().enable_mamba_extra_buffer():
-        # no tracking in a scratch pass: mask False everywhere
-        sb.mamba_track_indices = budget.slots_t[:n].clone()
-        sb.mamba_track_mask = torch.zeros(n, dtype=torch.bool, device=dev)
-        sb.mamba_track_seqlens = torch.full((n,), -1, dtype=torch.int64, device=dev)
+    # the window's tokens, and no Mamba tracking in a scratch pass (mask False everywhere)
+    adapter.stand_in_inputs(sb, torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True),
+                            track_slots=budget.slots_t[:n].clone() if adapter.extra_buffer_on() else None)
     sb.sampling_info = SamplingBatchInfo.from_schedule_batch(sb, batch.model_config.vocab_size)
     return sb
 
@@ -168,38 +165,41 @@ def plan_refresh(batch, cow_reqs: list, compressed: list) -> Optional[RefreshWor
         no hit needs a refresh (dense hits, W_replay = 0, or no wr plan).
     """
     from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.sglang_api import api
     from dasc_runtime.side_channels import attach_refresh_work
     from dasc_runtime.wr_scratch import window_tokens
 
     budget = INSTALLED.refresh
     if budget is None or batch.mamba_cow_src_indices is None:
         return None
+    adapter = api()
     hits = []
     for req, c in zip(cow_reqs, compressed):
         if not c:
             continue                                   # dense hit: exact copy, no refresh
-        n_p = len(req.prefix_indices)
+        prefix = adapter.prefix_locations(req, batch.req_to_token_pool)
+        n_p = int(prefix.numel())
         w = window_tokens(n_p, budget.w_cap, budget.page_size)
         if w > 0:
-            hits.append((req, n_p, w))
+            hits.append((req, n_p, w, prefix[: n_p - w]))
     passes = []
     for i in range(0, len(hits), budget.seqs):
         group = hits[i:i + budget.seqs]
-        locs = _alloc_window_slots(batch, sum(w for _, _, w in group))
+        locs = _alloc_window_slots(batch, sum(w for _, _, w, _ in group))
         while locs is None and len(group) > 1:         # fewer windows before giving up
             budget.counters.skipped += 1
             group = group[:-1]
-            locs = _alloc_window_slots(batch, sum(w for _, _, w in group))
+            locs = _alloc_window_slots(batch, sum(w for _, _, w, _ in group))
         if locs is None:
             budget.counters.skipped += len(group)
             continue
         sb = _stand_in_batch(batch, budget, group, locs)
-        dst = torch.stack([req.mamba_pool_idx.reshape(()) for req, _, _ in group]).to(torch.int64)
+        dst = torch.stack([adapter.mamba_state(req).mamba_pool_idx.reshape(()) for req, _, _, _ in group])
         passes.append(RefreshPass(batch=sb, rows=list(budget.rows[:len(group)]),
-                                  slots=list(budget.slots[:len(group)]), prefix=[r.prefix_indices for r in sb.reqs],
-                                  windows=[w for _, _, w in group], dst=dst,
-                                  rids=[req.rid for req, _, _ in group],
-                                  ids=[list(req.full_untruncated_fill_ids[:n_p]) for req, n_p, _ in group]
+                                  slots=list(budget.slots[:len(group)]), prefix=[pre for _, _, _, pre in group],
+                                  windows=[w for _, _, w, _ in group], dst=dst.to(torch.int64),
+                                  rids=[req.rid for req, _, _, _ in group],
+                                  ids=[list(req.full_untruncated_fill_ids[:n_p]) for req, n_p, _, _ in group]
                                   if _DUMP_DIR else []))
     if not passes:
         return None

@@ -124,8 +124,8 @@ def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: in
     from dasc_runtime.serving_rules import serving_refusals
     from dasc_runtime.verify import DascRefusal
 
-    opts = SimpleNamespace(chunked_prefill_size=chunked_prefill_size,
-                           enable_dp_attention=bool(getattr(server_args, "enable_dp_attention", False)))
+    opts = SimpleNamespace(chunked_prefill_size=chunked_prefill_size,   # DP attention as the release spells it
+                           enable_dp_attention=server_args is not None and _dp_attention(server_args))
     bad = serving_refusals(opts, plan, refresh_slots=refresh_slots, context_len=context_len, scopes=("refresh",))
     if bad:                                     # one at a time, in rule order
         raise DascRefusal(bad[0].text)
@@ -167,6 +167,22 @@ def budget_after_scratch(budget_bytes: int, what: str = "--dasc-pool-bytes") -> 
     return left
 
 
+def _server_option(server_args):
+    """``name -> value in effect`` of SGLang's server options (the release's adapter), None without server args."""
+    if server_args is None:
+        return lambda name: None
+    from dasc_runtime.sglang_api import api
+
+    return lambda name: api().server_option(server_args, name)
+
+
+def _dp_attention(server_args) -> bool:
+    """DP attention configured in ``server_args`` (the release's adapter: ``dp_attention_on``)."""
+    from dasc_runtime.sglang_api import api
+
+    return api().dp_attention_on(server_args)
+
+
 def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots: Optional[int], server_args=None):
     """Run ``HybridReqToTokenPool.__init__`` (``original``) with dasc-wr's hidden scratch rows and slots.
 
@@ -188,15 +204,15 @@ def build_pool_with_scratch(original, pool, kwargs: dict, plan, *, refresh_slots
     from dasc_runtime.side_channels import hide_scratch_rows
 
     INSTALLED.refresh = None
+    option = _server_option(server_args)
     b = check_refresh_startup(plan, refresh_slots=refresh_slots, context_len=int(kwargs.get("max_context_len", 0)),
-                              chunked_prefill_size=getattr(server_args, "chunked_prefill_size", None),
-                              server_args=server_args)
+                              chunked_prefill_size=option("chunked_prefill_size"), server_args=server_args)
     if b == 0:
         original(pool, **kwargs)
         return None
     size, mamba = int(kwargs["size"]), int(kwargs["mamba_size"])
     budget = ScratchBudget(seqs=b, w_cap=int(plan.refresh.w_replay_cap),
-                           page_size=int(getattr(server_args, "page_size", 1) or 1),
+                           page_size=int(option("page_size") or 1),
                            rows=tuple(range(size + 1, size + 1 + b)), slots=tuple(range(mamba + 1, mamba + 1 + b)),
                            device=torch.device(kwargs["device"]), state_bytes=scratch_state_bytes(plan, b))
     INSTALLED.refresh = budget

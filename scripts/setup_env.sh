@@ -1,26 +1,43 @@
 #!/usr/bin/env bash
-# Create (or reuse) a virtual environment with dasc, its test tools and SGLang 0.5.17's cache
-# classes, all running on a CPU. Usage: bash scripts/setup_env.sh [VENV_DIR]   (default .venv)
+# Create (or reuse) a virtual environment with dasc, its test tools and SGLang's cache classes, all on a CPU.
 #
-# Why these pins: SGLang 0.5.17 (the runtime's pinned version) imports torchvision at module level;
-# torch 2.14.1 + torchvision 0.29.1 load together on a CPU (the CPU-only torch 2.13.0 wheel has no
-# matching torchvision). SGLang itself pins torch 2.11 for its GPU kernels, so it is installed with
-# --no-deps plus only what its cache code imports; its cache classes run on torch 2.14.1.
-# triton comes with torch 2.14.1 and runs dasc's kernels on CPU under TRITON_INTERPRET=1.
+#   bash scripts/setup_env.sh [VENV_DIR]              lowest: SGLang 0.5.17, transformers at dasc's lowest pin
+#   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, the newest transformers
+#
+# The runtime supports SGLang 0.5.17 through 0.5.23 (docs/sglang-versions.md). README's test command uses the
+# lowest environment; CI (.ci/run) also builds the newest one and runs the version-sensitive tests there.
+#
+# Why these pins: SGLang imports torchvision at module level; torch 2.14.1 + torchvision 0.29.1 load together on
+# a CPU (the CPU-only torch 2.13.0 wheel has no matching torchvision) and lie on this machine's disk. SGLang
+# 0.5.17 pins torch 2.11 and 0.5.23 torch 2.14.1 for their GPU kernels; both are installed with --no-deps plus
+# only what their cache code (and 0.5.23's Engine, where dasc's keyword hook sits) imports, and their cache
+# classes run on torch 2.14.1. triton comes with torch and runs dasc's kernels on CPU under TRITON_INTERPRET=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${1:-$ROOT/.venv}
-MARK="$VENV/.dasc-env-v1"
+FLAVOUR=${2:-lowest}
+# --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
+TRANSFORMERS_LOWEST="transformers==5.12.1"
+# --- transformers of the newest environment ---------------------------------------------------------------
+TRANSFORMERS_NEWEST="transformers==5.24.*"
+COMMON="numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp
+  dill gguf partial_json_parser einops compressed-tensors sentencepiece apache-tvm-ffi==0.1.11"
+case "$FLAVOUR" in
+  lowest)   MARK="$VENV/.dasc-env-v1"; SGLANG="sglang==0.5.17"
+            EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1" ;;
+  --newest) MARK="$VENV/.dasc-env-newest-v1"; SGLANG="sglang==0.5.23"
+            EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard" ;;
+  *)        echo "usage: bash scripts/setup_env.sh [VENV_DIR] [--newest]" >&2; exit 2 ;;
+esac
 if [ ! -f "$MARK" ]; then
   python3 -m venv "$VENV"
   P="$VENV/bin/python -m pip"
   $P install -q torch==2.14.1 torchvision==0.29.1
-  $P install -q --no-deps sglang==0.5.17
-  $P install -q -c <(echo torch==2.14.1) numpy orjson psutil pybase64 requests packaging pillow starlette \
-    msgspec pydantic pyzmq tqdm IPython aiohttp dill gguf partial_json_parser "transformers==5.12.1" \
-    "openai==2.6.1" "xgrammar==0.2.1" einops compressed-tensors sentencepiece "apache-tvm-ffi==0.1.11"
+  $P install -q --no-deps "$SGLANG"
+  # shellcheck disable=SC2086
+  $P install -q -c <(echo torch==2.14.1) $COMMON $EXTRA
   touch "$MARK"
 fi
 # dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts)
 "$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) -e "$ROOT[test,eval]"
-echo "environment ready: $VENV"
+echo "environment ready: $VENV ($FLAVOUR)"

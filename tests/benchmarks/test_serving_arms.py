@@ -65,8 +65,11 @@ def _sglang_cache_params(ref: Path, tp: int):
     from sglang.srt.configs.qwen3_5 import Qwen3_5Config
     from sglang.srt.runtime_context import get_parallel
 
+    from tests.support.runtime_fixtures import set_server_args
+
+    set_server_args()                       # a published context, as in a scheduler (0.5.23 reads it here)
     cfg = json.loads((ref / "config.json").read_text())
-    with get_parallel().override(attn_tp_size=tp):
+    with get_parallel().override(tp_size=tp, attn_tp_size=tp, moe_tp_size=tp):   # 0.5.23 checks it is consistent
         if cfg["model_type"] == "kimi_linear":
             return KimiLinearConfig(**cfg).mamba2_cache_params
         return Qwen3_5Config(**cfg).text_config.mamba2_cache_params
@@ -86,6 +89,7 @@ def _sglang_int8_slot_bytes(cp) -> int:
     return one["total"] - zero["total"]
 
 
+@pytest.mark.sglang
 @pytest.mark.parametrize("ref,tp,env,hand", [
     (KIMI, 1, {}, KIMI_B_INT8),
     # GDN: 48 layers, 48 value heads, d = 128, conv (10240, 3) bfloat16
@@ -115,6 +119,7 @@ def test_int8_bytes_per_slot_matches_sglang(tmp_path, monkeypatch, ref, tp, env,
     assert got == _sglang_int8_slot_bytes(cp) == hand
 
 
+@pytest.mark.sglang
 def test_kimi_sglang_state_layout_and_hand_numbers():
     cp = _sglang_cache_params(KIMI, 1)
     # SGLang 0.5.17 keeps Kimi's three q/k/v conv windows in ONE tensor, window axis first

@@ -3,7 +3,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every runtime test is SGLang-version sensitive: mark it ``sglang``, so CI's second environment (the
+    newest tested SGLang) selects the whole directory with ``-m "sglang or transformers_range"``."""
+    for item in items:
+        if _HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.sglang)
 
 
 @pytest.fixture(autouse=True)

@@ -66,6 +66,7 @@ EXAMPLES = {
     "mixed_chunk": dict(server=dict(enable_mixed_chunk=True), size=("never", "--enable-mixed-chunk")),
     "dp_attention": dict(server=dict(enable_dp_attention=True), size=("never", "--enable-dp-attention")),
     "memory_saver": dict(server=dict(enable_memory_saver=True), size=("never", "--enable-memory-saver")),
+    "external_state_store": dict(server=dict(enable_lmcache=True), size=("never", "--enable-lmcache")),
     "storage_balance_overlap": dict(plan="storage2", server=dict(disable_overlap_schedule=False),
                                     size=("correct", [], "--disable-overlap-schedule")),
     "balance_hybrid": dict(plan="hybrid2", size=("refuse", [])),

@@ -86,7 +86,7 @@ def test_insert_tier_rides_on_sglang_insert_params():
 
 @needs_sglang
 def test_node_metadata_keys_on_sglang_component_data():
-    from sglang.srt.mem_cache.unified_cache.components.tree_component import ComponentData
+    from sglang.srt.mem_cache.unified_cache.components import ComponentData
 
     from dasc_runtime.side_channels import is_staged, mark_staged, node_tier, pop_node_tier, set_node_tier
 

@@ -1,6 +1,7 @@
 """Matched-memory sizing of the serving arms (runtime/sizing.py, paper App. C.1) and ``dasc size``.
 
-Every byte count and cap is checked against SGLang 0.5.17 itself, on CPU: the state shapes from its
+Every byte count and cap is checked against the installed SGLang itself (0.5.17 or 0.5.23; CI runs
+both), on CPU: the state shapes from its
 own model configs (``KimiLinearConfig`` / ``Qwen3_5Config``), the native pool from
 ``KVCacheConfigurator._handle_max_mamba_cache`` (what the server subtracts for
 ``--max-mamba-cache-size``), the running cap from ``KVCacheConfigurator.resolve_max_num_reqs`` /
@@ -70,12 +71,16 @@ def _configurator(sa, ref: Path = KIMI, tp: int = 1):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     cfg = json.loads((ref / "config.json").read_text())
-    with get_parallel().override(attn_tp_size=tp):
+    with get_parallel().override(tp_size=tp, attn_tp_size=tp, moe_tp_size=tp):   # 0.5.23 checks it is consistent
         hf = KimiLinearConfig(**cfg) if cfg["model_type"] == "kimi_linear" else Qwen3_5Config(**cfg).text_config
         cp = hf.mamba2_cache_params
+    # the fields either release's methods read (0.5.17: ``ps``; 0.5.23: ``attn_dp_size``, ``pp_size``,
+    # ``fused_entry_bytes``, ``hybrid_kda_config``, ``extra_mamba_cache_bytes_per_req``)
     stub = types.SimpleNamespace(server_args=sa, mambaish_config=types.SimpleNamespace(mamba2_cache_params=cp),
-                                 ps=types.SimpleNamespace(pp_size=1, attn_dp_size=1),
+                                 ps=types.SimpleNamespace(pp_size=1, attn_dp_size=1), attn_dp_size=1, pp_size=1,
                                  spec_algorithm=SpeculativeAlgorithm.NONE, hybrid_gdn_config=None,
+                                 hybrid_kda_config=None, extra_mamba_cache_bytes_per_req=0,
+                                 fused_entry_bytes=lambda kind: None,
                                  model_config=types.SimpleNamespace(context_len=17408, hf_config=hf))
     stub._calculate_mamba_ratio = lambda: KVCacheConfigurator._calculate_mamba_ratio(stub)
     return stub, cp, KVCacheConfigurator

@@ -30,7 +30,13 @@ PREFIX = "dasc: refusing to start: unsupported option(s): "
     ("mamba_radix_cache_strategy", "extra_buffer_lazy",
      "--mamba-radix-cache-strategy extra_buffer_lazy (use extra_buffer, SGLang's default, or no_buffer)"),
     ("enable_mixed_chunk", True, "--enable-mixed-chunk (drop it)"),
-    ("enable_dp_attention", True, "--enable-dp-attention (not supported)"),
+    ("enable_dp_attention", True, "DP attention (--enable-dp-attention / --attn-dp-size > 1: not supported)"),
+    ("enable_lmcache", True, "--enable-lmcache / --enable-flexkv / --enable-unified-cache-external-linker (external "
+     "stores offload Mamba states by native slot id; a compressed checkpoint has none)"),
+    ("enable_unified_cache_external_linker", True, "--enable-lmcache / --enable-flexkv / "
+     "--enable-unified-cache-external-linker (external stores offload Mamba states by native slot id; a compressed "
+     "checkpoint has none)"),
+    ("attn_dp_size", 2, "DP attention (--enable-dp-attention / --attn-dp-size > 1: not supported)"),
     ("enable_memory_saver", True,
      "--enable-memory-saver (the dasc pool lies outside the memory it releases and restores)"),
 ])
@@ -137,15 +143,18 @@ def test_hook_problems_finds_unpatched_failed_and_replaced_targets(probe_module)
 
 
 def test_every_hook_target_exists_in_this_sglang():
-    from dasc_runtime.plugin import HOOKS
+    from dasc_runtime.plugin import hooks
+    from dasc_runtime.sglang_api import api
     from dasc_runtime.startup_checks import _resolve
-    from dasc_runtime.weight_updates import UPDATE_TARGETS
+    from dasc_runtime.weight_updates import update_targets
 
-    missing = [t for t, _, _ in HOOKS if _resolve(t) is None]
+    missing = [t for t, _, _ in hooks() if _resolve(t) is None]
     assert not missing, missing
-    targets = [t for t, _, _ in HOOKS]
+    targets = [t for t, _, _ in hooks()]
+    assert len(targets) == len(set(targets)) == 14 + len(api().WEIGHT_UPDATE_METHODS)
+    assert api().CACHE_FACTORY_TARGET in targets and api().ENGINE_KWARGS_TARGET in targets
     assert "sglang.srt.mem_cache.kv_cache_builder.build_kv_cache" in targets
-    assert set(UPDATE_TARGETS) <= set(targets) and len(UPDATE_TARGETS) == 4
+    assert set(update_targets(api())) <= set(targets) and len(update_targets(api())) >= 4
 
 
 def test_check_component_refuses_sglangs_own_component_and_a_missing_pool(tmp_path):
@@ -174,10 +183,11 @@ def test_real_plugin_loading_refuses_a_hook_that_failed_or_was_replaced(tmp_path
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and line, f"probe failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     out = json.loads(line[-1][len("RESULT "):])
-    target = "sglang.srt.mem_cache.registry._create_unified_radix_cache"
-    from dasc_runtime.plugin import HOOKS
+    from dasc_runtime.plugin import hooks as dasc_hooks
+    from dasc_runtime.sglang_api import api
 
-    hooks = f"DascRefusal: dasc: refusing to start: 1 of dasc's {len(HOOKS)} SGLang hooks not in place: " + target
+    target = api().CACHE_FACTORY_TARGET
+    hooks = f"DascRefusal: dasc: refusing to start: 1 of dasc's {len(dasc_hooks())} SGLang hooks not in place: " + target
     assert out["registry_patched"] is False
     assert out["failed_patch"].startswith(hooks + " (not patched: SGLang's HookRegistry logged the error)")
     assert out["patched"] == "started"

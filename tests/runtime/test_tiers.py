@@ -66,7 +66,7 @@ def test_compressed_first_then_dense_spill_without_copy(tmp_path):
     b = _node_of(sim, sim.request_tokens(SEQ_B))
     assert sim.comp.tier(b) == "dense"
     # dense spill hands the finished request's own native slot to the tree (no copy)
-    assert b.component_data[sim.MAMBA].value.tolist() == [int(req.mamba_pool_idx)]
+    assert b.component_data[sim.MAMBA].value.tolist() == [int(sim.mamba(req).mamba_pool_idx)]
     assert sim.pool.mamba_allocator.available_size() == sim.M - 1
     c = sim.comp.counters
     assert (c.inserts_compressed, c.inserts_dense) == (1, 1)
@@ -170,7 +170,7 @@ def test_chunked_prefill_inserts_compressed_and_rematches(tmp_path):
     sim.rng.randrange = lambda k: k - 1
     sim.finish()
     sim.check(3, content=True)
-    assert sim.comp.counters.inserts_compressed == 2 and req.mamba_pool_idx is None
+    assert sim.comp.counters.inserts_compressed == 2 and sim.mamba(req).mamba_pool_idx is None
 
 
 @pytest.mark.parametrize("mode", ["stream", "host"])
@@ -305,7 +305,7 @@ def test_stream_wait_orders_later_work_after_the_side_stream_pack():
 
 def test_tier_book_counts_follow_tier_and_lock_changes():
     """TierBook on SGLang's ComponentData: counts move with the tier; locked counts with lock_ref 0 <-> 1."""
-    from sglang.srt.mem_cache.unified_cache.components.tree_component import ComponentData
+    from sglang.srt.mem_cache.unified_cache.components import ComponentData
 
     from dasc_runtime.side_channels import node_tier
     from dasc_runtime.tiers import TierBook

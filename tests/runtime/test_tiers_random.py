@@ -1,4 +1,4 @@
-"""Randomized insert / match / evict / demote sequences against SGLang 0.5.17's UnifiedRadixCache.
+"""Randomized insert / match / evict / demote sequences against the installed SGLang's UnifiedRadixCache.
 
 Every step is followed by :meth:`runtime_sim.Sim.check`: SGLang's own tree sanity check plus
 dasc's invariants (no native or compressed slot leaked or owned twice, tier counts, locked nodes
@@ -115,3 +115,28 @@ def test_random_ops_keep_invariants(tmp_path, name):
     if not kwargs.get("compressed_only") and kwargs["compressed_slots"] >= 4 and n_ops >= 2000:   # rare otherwise
         assert s["batch_mixed"] > 0 and sim.dpool.counters.mixed_batches >= s["batch_mixed"]
     assert sim.dpool.counters.hint_misses == 0
+
+
+def _eviction_policies() -> list[str]:
+    """``--radix-eviction-policy`` choices of the installed SGLang (0.5.23 adds ``tlru``)."""
+    if SGLANG_SKIP_REASON:
+        return []
+    from sglang.srt.server_args import RADIX_EVICTION_POLICY_CHOICES
+
+    return list(RADIX_EVICTION_POLICY_CHOICES)
+
+
+@pytest.mark.parametrize("policy", _eviction_policies())
+def test_random_ops_under_each_eviction_policy(tmp_path, policy):
+    """SGLang's eviction policy orders Full-KV leaf eviction, which cascades to the Mamba states of either tier;
+    dasc's invariants hold under every policy the release offers (a short run of the tight two-tier mix)."""
+    from tests.support.runtime_sim import Sim, run_ops
+
+    seed = int(SEED_OVERRIDE) if SEED_OVERRIDE is not None else 111
+    sim = Sim(tmp_path, seed=seed, check_content_every=25, mamba_size=10, compressed_slots=5, watermark=2, kv_size=160,
+              eviction_policy=policy)
+    assert sim.comp.tree_core.eviction_strategy.__class__.__name__.lower().startswith(policy)
+    run_ops(sim, 600, f"reproduce: DASC_RANDOM_SEED={seed} .venv/bin/python -m pytest -q "
+                      f"'tests/runtime/test_tiers_random.py::test_random_ops_under_each_eviction_policy[{policy}]'")
+    c = sim.comp.counters
+    assert sim.stats["finished"] > 100 and c.evictions_compressed > 0 and c.evictions_dense > 0

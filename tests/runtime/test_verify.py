@@ -223,7 +223,7 @@ def test_plan_for_other_tp_size_or_hybrid_balance_is_refused(tmp_path):
 def test_server_option_refusals():
     from types import SimpleNamespace
 
-    from dasc_runtime.verify import DascRefusal, check_server_args, check_sglang_version
+    from dasc_runtime.verify import DascRefusal, check_server_args
 
     check_server_args(SimpleNamespace(pp_size=1))
     for field, value, msg in [("enable_hierarchical_cache", True, "--enable-hierarchical-cache"),
@@ -236,8 +236,6 @@ def test_server_option_refusals():
                               ("disaggregation_mode", "prefill", "PD disaggregation")]:
         with pytest.raises(DascRefusal, match=msg):
             check_server_args(SimpleNamespace(**{field: value}))
-    with pytest.raises(DascRefusal, match="sglang 0.5.16 is installed"):
-        check_sglang_version("0.5.16")
 
 
 def test_unserved_plan_features_are_refused(tmp_path):

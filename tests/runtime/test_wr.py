@@ -99,7 +99,7 @@ def test_startup_refusals_are_one_line(findings):
         "refuse_zero": "--dasc-refresh-slots 0: dasc-wr needs at least one scratch slot",
         "refuse_nr_slots": "--dasc-refresh-slots 4 needs a plan with load_policy: wr",
         "refuse_chunk": "w_replay_cap=8 tokens exceeds --chunked-prefill-size 4",
-        "refuse_dp": "--enable-dp-attention with a dasc-wr plan",
+        "refuse_dp": "DP attention (--enable-dp-attention / --attn-dp-size > 1) with a dasc-wr plan",
         "refuse_context": "w_replay_cap=8 tokens exceeds the served context length (8 tokens)",
         "refuse_pool_bytes": "leaves no room for dasc-wr's 8 scratch slots",
     }

@@ -1,4 +1,4 @@
-"""Tiny plans and SGLang pools for the runtime tests (CPU, SGLang 0.5.17's own classes).
+"""Tiny plans and SGLang pools for the runtime tests (CPU, the installed SGLang's own classes: 0.5.17 or 0.5.23).
 
 Plans come from the real compiler (``dasc_compile.compiler.compile_plan``) run on a tiny
 decay-only checkpoint written here, so the runtime is tested against what users will load.
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 SGLANG_SKIP_REASON = ""
-try:  # the runtime tests need SGLang 0.5.17's cache classes
+try:  # the runtime tests need SGLang's cache classes (a tested release: dasc_runtime.sglang_api)
     import sglang  # noqa: F401
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
 except Exception as exc:  # pragma: no cover - depends on the environment
-    SGLANG_SKIP_REASON = f"sglang 0.5.17 cannot be imported ({type(exc).__name__}: {exc})"
+    SGLANG_SKIP_REASON = f"sglang cannot be imported ({type(exc).__name__}: {exc})"
 
 GDN_HEADS, GDN_KEY_HEADS, GDN_D = 4, 2, 16
 GDN_LINEAR, GDN_FULL = [0, 1, 2], [3]
@@ -152,10 +152,12 @@ def compile_tiny(tmp: Path, kind: str = "gdn", with_kernels: bool = False, **pol
 
 # ---------------------------------------------------------------- SGLang pools on device="cpu"
 
-def set_server_args(chunk: int = 64):
+def set_server_args(chunk: int = 64, **options):
+    """Publish ``ServerArgs(model_path="dummy", page_size=1, **options)`` as a scheduler would; options are
+    given at construction (0.5.23's record is read-only once published)."""
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    sa = ServerArgs(model_path="dummy", page_size=1)
+    sa = ServerArgs(model_path="dummy", page_size=1, **options)
     sa._mamba_cache_chunk_size = chunk
     set_global_server_args_for_scheduler(sa)
     return sa

@@ -18,6 +18,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from tests.support import runtime_fixtures as F  # noqa: E402
+from tests.support.sglang_steps import steps  # noqa: E402
 
 
 def main(plan_dir: str, kda_plan_dir: str) -> dict:
@@ -31,10 +32,14 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     load_plugins()                                            # what launch_server / Engine / schedulers do
-    from dasc_runtime.plugin import HOOKS
+    from dasc_runtime.plugin import hooks
 
-    out["hooks_applied"] = sorted(t for t, _, _ in HOOKS if t in HookRegistry._patched)
-    out["hooks_total"] = len(HOOKS)
+    S = steps()
+    out["hooks_applied"] = sorted(t for t, _, _ in hooks() if t in HookRegistry._patched)
+    out["hooks_total"] = len(hooks())
+    from dasc_runtime.sglang_api import api as _api
+
+    out["weight_methods"] = len(_api().WEIGHT_UPDATE_METHODS)
 
     # 1. the CLI flag (python -m sglang.launch_server ... --dasc-plan PLAN) and the environment
     for k in ("DASC_PLAN", "DASC_POOL_SLOTS", "DASC_POOL_BYTES", "DASC_COMPRESSED_ONLY", "DASC_DEMOTE_WATERMARK",
@@ -50,11 +55,20 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     import pickle
 
     out["pickled_settings"] = settings_of(pickle.loads(pickle.dumps(sa)))
-    # 2. Engine(...) keyword arguments reach ServerArgs the same way
-    sa_kw = ServerArgs(model_path="dummy", page_size=1, dasc_plan=plan_dir, dasc_compressed_only=True)
-    out["kwarg_settings"] = settings_of(sa_kw)
+    # 2. Engine(...) keyword arguments reach every scheduler process (the settings it reads)
+    from dataclasses import asdict
+
+    from dasc_runtime.settings import DascSettings, current_settings
+
+    cli_env = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("DASC_")}
+    sa_kw = S.engine_server_args(model_path="dummy", page_size=1, dasc_plan=plan_dir, dasc_compressed_only=True)
+    seen = asdict(current_settings(sa_kw))
+    out["kwarg_settings"] = {k: v for k, v in seen.items() if v != getattr(DascSettings(), k)}
+    for k in [k for k in os.environ if k.startswith("DASC_")]:
+        os.environ.pop(k)
     plain = ServerArgs(model_path="dummy", page_size=1)
     out["plain_settings"] = settings_of(plain)
+    os.environ.update(cli_env)
 
     # 3. the pool hook: HybridReqToTokenPool gets the dasc pool in mamba_ckpt_pool
     sa._mamba_cache_chunk_size = 64
@@ -68,12 +82,15 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     out["pool_watermark"] = tier_policy_of(ck).watermark if isinstance(ck, DascCheckpointPool) else None
 
     # 4. the cache hook: the built-in factory builds UnifiedRadixCache with the two-tier component
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.registry import _create_unified_radix_cache
+    import pkgutil
 
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from dasc_runtime.sglang_api import api
+
+    factory = pkgutil.resolve_name(api().CACHE_FACTORY_TARGET)
     params = CacheInitParams(req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=1, disable=False)
-    ctx = SimpleNamespace(is_hybrid_swa=False, is_hybrid_ssm=True, enable_hierarchical_cache=False)
-    cache = _create_unified_radix_cache(ctx, sa, params)
+    cache = S.call_cache_factory(factory, sa, params)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
     comp = cache.components[ComponentType.MAMBA]
@@ -83,9 +100,8 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     cid = ck.alloc(1)
-    reqs = [SimpleNamespace(mamba_cow_src_index=torch.tensor([3]), mamba_pool_idx=torch.tensor(4), mamba_needs_clear=False),
-            SimpleNamespace(mamba_cow_src_index=cid, mamba_pool_idx=torch.tensor(5), mamba_needs_clear=False),
-            SimpleNamespace(mamba_cow_src_index=None, mamba_pool_idx=torch.tensor(6), mamba_needs_clear=True)]
+    reqs = [S.cow_request(torch.tensor([3]), torch.tensor(4)), S.cow_request(cid, torch.tensor(5)),
+            S.cow_request(None, torch.tensor(6), clear=True)]
     batch = SimpleNamespace()
     ScheduleBatch._collect_deferred_mamba_cow_and_clear(batch, reqs)
     out["cow_src"] = batch.mamba_cow_src_indices.tolist()

@@ -1,14 +1,16 @@
 """A CPU simulation of SGLang's scheduler driving the two-tier dasc cache (for the tier tests).
 
-It builds SGLang 0.5.17's HybridReqToTokenPool, KV allocator and UnifiedRadixCache with
-:class:`dasc_runtime.mamba_component.DascMambaComponent`, then runs requests the way the scheduler does:
-``Req.init_next_round_input`` (match + staged copy-on-write), ``inc_lock_ref`` (admission),
+It builds the installed SGLang's (0.5.17 or 0.5.23) HybridReqToTokenPool, KV allocator and
+UnifiedRadixCache with :class:`dasc_runtime.mamba_component.DascMambaComponent`, then runs requests the
+way that release's scheduler does (the steps that differ are :mod:`tests.support.sglang_steps`):
+``Req.init_next_round_input`` (match + staged copy-on-write), the admission lock,
 ``alloc_req_slots``, KV allocation with eviction, a batch of admitted requests whose copy-on-write is
 collected through the plugin's own hint path (``plugin.around_collect_cow`` around SGLang's
 ``ScheduleBatch._collect_deferred_mamba_cow_and_clear``, so batches mix dense and compressed hits)
 and restored as the model runner does (``DascCheckpointPool.load_to_active`` on the batch), a
-"forward" that writes a state that is a pure function of the token prefix, ``cache_unfinished_req``
-for chunked prefill and ``cache_finished_req``. Requests are also matched and not admitted (the
+"forward" that writes a state that is a pure function of the token prefix, a chunk's insert
+(``cache_unfinished_req`` / ``checkpoint``) for chunked prefill and the finish
+(``cache_finished_req`` / ``release_kv_cache``). Requests are also matched and not admitted (the
 scheduler's revert), and matched with a Mamba eviction before their admission lock.
 
 With ``streams=True`` (the default) the device is simulated (``tests/support/runtime_streams.py``): the
@@ -36,6 +38,7 @@ import torch
 
 from tests.support import runtime_fixtures as F
 from tests.support.runtime_streams import SimDevice, StreamedOps, stream_copy_from
+from tests.support.sglang_steps import steps
 
 
 class Sim:
@@ -46,16 +49,17 @@ class Sim:
     mamba cache chunk), balance / wr (plan policy), streams (simulated device; False: the real CPU
     path, packs inline), tp_rank / tp_size (this rank of a plan compiled for tp_size; the test sets
     the demotion engine's CPU group), max_states_per_path (SGLang's ``--mamba-max-states-per-path``),
-    device_seed (device progress; default from seed and rank).
+    device_seed (device progress; default from seed and rank), eviction_policy (SGLang's
+    ``--radix-eviction-policy``: it orders Full-KV leaf eviction, which cascades to Mamba states).
     """
 
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
                  seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None,
-                 wr=False, streams=True, tp_rank=0, tp_size=1, max_states_per_path=None, device_seed=None):
+                 wr=False, streams=True, tp_rank=0, tp_size=1, max_states_per_path=None, device_seed=None,
+                 eviction_policy="lru"):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-        from sglang.srt.server_args import set_global_server_args_for_scheduler
 
         from dasc_runtime.demotion import SideStream
         from dasc_runtime.installed import INSTALLED
@@ -65,10 +69,12 @@ class Sim:
         from dasc_runtime.side_channels import attach_tier_policy
         from dasc_runtime.tiers import TierPolicy
 
-        sa = F.set_server_args(chunk=chunk)
-        if max_states_per_path is not None:
-            sa.mamba_max_states_per_path = max_states_per_path
-            set_global_server_args_for_scheduler(sa)
+        F.set_server_args(chunk=chunk, **({} if max_states_per_path is None else
+                                          {"mamba_max_states_per_path": max_states_per_path}))
+        from dasc_runtime.sglang_api import api
+
+        self.S = steps()                    # the installed release's scheduler steps
+        self.mamba = api().mamba_state      # a request's Mamba fields
         self.extra_buffer, self.chunk = extra_buffer, chunk
         self.seed = seed
         self.rng = random.Random(seed)
@@ -93,7 +99,7 @@ class Sim:
         self.cache = UnifiedRadixCache(CacheInitParams(
             req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc, page_size=1, disable=False,
             tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=extra_buffer,
-            component_registry_override={ComponentType.MAMBA: DascMambaComponent}))
+            component_registry_override={ComponentType.MAMBA: DascMambaComponent}, eviction_policy=eviction_policy))
         self.comp = self.cache.components[ComponentType.MAMBA]
         self.device = None
         if streams:
@@ -178,13 +184,9 @@ class Sim:
     # ---------------------------------------------------------------- scheduler-like steps
 
     def _new_req(self):
-        from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
         toks = self.request_tokens(self.rng.choice(self.seqs))
         self.rid += 1
-        return Req(rid=str(self.rid), origin_input_text="", origin_input_ids=array("q", toks),
-                   sampling_params=SamplingParams(temperature=0, max_new_tokens=1)), toks
+        return self.S.new_req(str(self.rid), toks), toks
 
     def admit(self, chunked=False, pressure=False, k=None):
         """Admit a batch of ``k`` (default: 1-3 at random) requests (match, lock, slots, KV each), then
@@ -217,25 +219,26 @@ class Sim:
         if pressure:
             self.cache.evict(EvictParams(num_tokens=0, mamba_num=self.rng.randint(1, 2)))
             self.stats["pressure"] += 1
-        # admission lock (PrefillAdder._req_inc_lock_ref)
-        self.cache.inc_lock_ref(req.last_node)
-        req.skip_lock_node_ids = {}
-        if self.pool.mamba_allocator.available_size() < 1 and req.mamba_pool_idx is None:
+        # admission lock (PrefillAdder)
+        self.S.lock(self.cache, req)
+        st = self.mamba(req)
+        if self.pool.mamba_allocator.available_size() < 1 and st.mamba_pool_idx is None:
             self.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
-        if req.mamba_pool_idx is None and self.pool.mamba_allocator.available_size() < 1:
+        if st.mamba_pool_idx is None and self.pool.mamba_allocator.available_size() < 1:
             # backpressure: the scheduler would not admit this request now
-            self.cache.dec_lock_ref(req.last_node)
-            req.mamba_cow_src_index = None
+            self.S.unlock(self.cache, req)
+            st.mamba_cow_src_index = None
             self.stats["backpressure"] += 1
             return None
+        prefix_locs = self.S.prefix_locations(self.cache, req)
         alloc_req_slots(self.pool, [req], self.cache)
-        prefix = len(req.prefix_indices)
+        prefix = len(prefix_locs)
         need = len(toks) - prefix
         if self.alloc.available_size() < need:
             self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
         kv = self.alloc.alloc(need)
         assert kv is not None, "KV pool exhausted in the simulation"
-        self.pool.req_to_token[req.req_pool_idx, :len(toks)] = torch.cat([req.prefix_indices, kv]).to(torch.int32)
+        self.pool.req_to_token[self.S.row(req), :len(toks)] = torch.cat([prefix_locs.to(kv.dtype), kv]).to(torch.int32)
         self._lock_note(req)
         self.meta[req.rid] = (toks, prefix, kv, node)
         return req
@@ -245,12 +248,8 @@ class Sim:
         (``Scheduler._get_new_batch_prefill_raw`` when ``add_one_req`` rejects it)."""
         req, _ = self._new_req()
         req.init_next_round_input(self.cache)
-        self.stats["matched_not_admitted"] += req.mamba_cow_src_index is not None
-        req.mamba_cow_src_index = None
-        req.mamba_needs_clear = False
-        if req.mamba_pool_idx is not None:
-            self.pool.mamba_allocator.free(req.mamba_pool_idx.unsqueeze(-1))
-            req.mamba_pool_idx = None
+        self.stats["matched_not_admitted"] += self.mamba(req).mamba_cow_src_index is not None
+        self.S.drop_match(self.cache, req)
 
     def _collect(self, reqs):
         """The batch's copy-on-write through the plugin's hook around SGLang's own collector."""
@@ -280,8 +279,8 @@ class Sim:
         """The batch's forward: restore every hit (one ``load_to_active``, mixed tiers), check it, write states."""
         from dasc_runtime.side_channels import tier_hint
 
-        cow = [r for r in reqs if r.mamba_cow_src_index is not None]
-        srcs = {r.rid: r.mamba_cow_src_index for r in cow}
+        cow = [r for r in reqs if self.mamba(r).mamba_cow_src_index is not None]
+        srcs = {r.rid: self.mamba(r).mamba_cow_src_index for r in cow}
         batch = self._collect(reqs)
         src = batch.mamba_cow_src_indices
         if cow:
@@ -304,28 +303,26 @@ class Sim:
                     window, ran = self.wr.refresh(req, toks, prefix, srcs[req.rid], kv)
                     want = self.wr.expected(want, window) if ran else want
                     self.stats["wr_refreshed" if ran else "wr_skipped"] += 1
-                self._launch(lambda s=int(req.mamba_pool_idx), w=want, c=exp_c, nid=node.id, t=tier:
+                self._launch(lambda s=int(self.mamba(req).mamba_pool_idx), w=want, c=exp_c, nid=node.id, t=tier:
                              self._check_restored(s, w, c, nid, t))
                 self.stats[f"restore_{tier}"] += 1
         for req in reqs:
             toks, prefix, kv, node = self.meta.pop(req.rid)
-            slot = req.mamba_pool_idx
-            req.kv_committed_len = len(toks)
-            req.full_untruncated_fill_ids = array("q", toks)
+            slot = self.mamba(req).mamba_pool_idx
             ext_start = prefix
             if chunked and len(toks) - prefix >= 2:
                 k = self.rng.randint(prefix + 1, len(toks) - 1)
                 self._write_state(slot, toks[:k])
                 self._track(req, toks, prefix, k)
-                req.set_extend_range(prefix, k)
+                self.S.start_extend(req, prefix, k, toks)
                 self._unlock_note(req)
-                self.cache.cache_unfinished_req(req, chunked=True)
+                self.S.checkpoint_chunk(self.cache, req)
                 self._lock_note(req)
                 self.stats["unfinished"] += 1
                 ext_start = k
             self._track(req, toks, ext_start, len(toks))
             self._write_state(slot, toks)
-            req.set_extend_range(0, len(toks))
+            self.S.start_extend(req, ext_start, len(toks), toks)
             self.inflight.append(req)
 
     def _check_restored(self, slot, want, exp_conv, node_id, tier):
@@ -350,10 +347,7 @@ class Sim:
         if not self.extra_buffer or end - start < self.chunk:
             return
         aligned = start + (end - start) // self.chunk * self.chunk
-        idx = req.mamba_next_track_idx
-        self._write_state(req.mamba_ping_pong_track_buffer[idx], toks[:aligned])
-        req.mamba_next_track_idx = 1 - idx
-        req.mamba_last_track_seqlen = aligned
+        self._write_state(self.S.track(self.pool, req, aligned), toks[:aligned])
 
     def _write_state(self, slot, toks):
         """The forward writes state(toks) into native slot ``slot`` (on the schedule stream)."""
@@ -388,8 +382,7 @@ class Sim:
             return self.admit()
         req = self.inflight.pop(self.rng.randrange(len(self.inflight)))
         self._unlock_note(req)
-        self.cache.cache_finished_req(req, kv_len_to_handle=len(req.origin_input_ids))
-        self.pool.free(req)
+        self.S.finish(self.cache, self.pool, req)
         self.stats["finished"] += 1
 
     def evict_mamba(self):
@@ -487,9 +480,10 @@ class Sim:
         assert count == comp.book.counts(), f"step {step}: tier counts {comp.book.counts()} != recount {count}"
         assert locked == comp.book.locked, f"step {step}: locked counts {comp.book.locked} != recount {locked}"
         for req in self.inflight:
-            native_held.append(int(req.mamba_pool_idx))
+            st = self.mamba(req)
+            native_held.append(int(st.mamba_pool_idx))
             if self.extra_buffer:
-                native_held += [v for v in req.mamba_ping_pong_track_buffer.tolist() if v != -1]
+                native_held += [v for v in st.mamba_ping_pong_track_buffer.tolist() if v != -1]
         free_native = self.pool.mamba_allocator.free_slots.tolist()
         every = sorted(free_native + native_held)
         assert every == list(range(1, self.M + 1)), \

@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import warnings
-from array import array
 from types import SimpleNamespace
 
 warnings.filterwarnings("ignore")
@@ -26,20 +25,24 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from tests.support import runtime_fixtures as F  # noqa: E402
+from tests.support.sglang_steps import steps  # noqa: E402
 
 M, SIZE, KV = 10, 8, 400
 
 
 def server_args(plan_dir, **extra):
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    """Publish SGLang's server args; the ``dasc_*`` settings reach the pool hooks through ``DASC_*`` (what
+    a scheduler process inherits from the launcher in either release)."""
+    from dasc_runtime.settings import DascSettings
 
+    dasc = {"plan": plan_dir, "compressed_only": True}
     if "dasc_pool_bytes" not in extra:
         extra["dasc_pool_slots"] = 4
-    sa = ServerArgs(model_path="dummy", page_size=1, attention_backend="torch_native", dasc_plan=plan_dir,
-                    dasc_compressed_only=True, **extra)
-    sa._mamba_cache_chunk_size = 4
-    set_global_server_args_for_scheduler(sa)
-    return sa
+    dasc.update({k[len("dasc_"):]: extra.pop(k) for k in list(extra) if k.startswith("dasc_")})
+    for k in [k for k in os.environ if k.startswith("DASC_")]:
+        os.environ.pop(k)
+    DascSettings.from_mapping(dasc).export()
+    return F.set_server_args(chunk=4, attention_backend="torch_native", **extra)
 
 
 def refusal(fn) -> str:
@@ -100,13 +103,17 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     for k in [k for k in os.environ if k.startswith("DASC_")]:
         os.environ.pop(k)
     load_plugins()
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    import pkgutil
+
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.registry import _create_unified_radix_cache
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from dasc_runtime.sglang_api import api
+
+    S, mamba = steps(), api().mamba_state
 
     import sglang.srt.model_executor.forward_batch_info as fbi
     from dasc_runtime.installed import INSTALLED, status_line
@@ -122,9 +129,9 @@ def main(wr_dir: str, nr_dir: str) -> dict:
                         mamba_physical=pool.mamba_pool.size, mamba_alloc=pool.mamba_allocator.size,
                         mamba_free=pool.mamba_allocator.available_size(), native_size=dpool.native_size)
     params = CacheInitParams(req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=1, disable=False)
-    ctx = SimpleNamespace(is_hybrid_swa=False, is_hybrid_ssm=True, enable_hierarchical_cache=False)
-    cache = _create_unified_radix_cache(ctx, sa, params)
-    mcfg = SimpleNamespace(vocab_size=1000, is_encoder_decoder=False, is_multimodal=False, model_is_mrope=False)
+    cache = S.call_cache_factory(pkgutil.resolve_name(api().CACHE_FACTORY_TARGET), sa, params)
+    mcfg = SimpleNamespace(vocab_size=1000, is_encoder_decoder=False, is_multimodal=False, model_is_mrope=False,
+                           requires_mm_token_modalities=False)
 
     lid = max(cp.layers) + 1
     kb, vb = kv.get_key_buffer(lid), kv.get_value_buffer(lid)
@@ -135,15 +142,13 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     runner = SimpleNamespace(device="cpu", req_to_token_pool=pool, token_to_kv_pool=kv,
                              token_to_kv_pool_allocator=alloc, is_draft_worker=False, server_args=sa,
                              model_config=mcfg, ngram_embedding_manager=SimpleNamespace(enabled=False),
-                             _prepare_eager_forward_batch=lambda fb: None)
+                             _prepare_eager_forward_batch=lambda fb: None, **S.runner_fields(pool, alloc))
     runner.eager_runner = StandInEager(runner, lid, emb)
 
     def admit(tokens):
-        req = Req(rid=str(len(tokens)), origin_input_text="", origin_input_ids=array("q", tokens),
-                  sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+        req = S.new_req(str(len(tokens)), tokens)
         req.init_next_round_input(cache)
-        cache.inc_lock_ref(req.last_node)
-        req.set_extend_range(len(req.prefix_indices), len(tokens))
+        S.admit_extend(cache, req, tokens)
         b = ScheduleBatch.init_new([req], pool, alloc, cache, mcfg, False, SpeculativeAlgorithm.NONE)
         b.prepare_for_extend()                                  # the hook plans the refresh here
         return req, b
@@ -152,10 +157,9 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     t1 = list(range(100, 120))
     r1, _ = admit(t1)
     exact = torch.randn(mc.temporal[:, 0].shape, generator=g)
-    mc.temporal[:, int(r1.mamba_pool_idx)] = exact
-    r1.kv_committed_len = len(t1)
-    cache.cache_finished_req(r1, kv_len_to_handle=len(t1))   # compressed-only: packed into the pool
-    pool.free(r1)
+    mc.temporal[:, int(mamba(r1).mamba_pool_idx)] = exact
+    S.commit_kv(r1, len(t1))
+    S.finish(cache, pool, r1)                                # compressed-only: packed into the pool
     out["compressed_after_insert"] = dpool.used_size()
     cached_kv = sorted(set(cache.all_values_flatten().tolist()))
 
@@ -166,12 +170,14 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     out["hint"] = tier_hint(b2.mamba_cow_src_indices)
     out["planned"] = None if work is None else [dict(rows=p.rows, slots=p.slots, windows=p.windows,
                                                      locs=p.batch.out_cache_loc.tolist()) for p in work.passes]
-    out["n_p"] = len(r2.prefix_indices)
-    own_kv = pool.req_to_token[r2.req_pool_idx, :len(t1) + 6].tolist()
+    r2_prefix = S.prefix_locations(cache, r2)
+    out["n_p"] = len(r2_prefix)
+    own_kv = pool.req_to_token[S.row(r2), :len(t1) + 6].tolist()
+    S.forward_inputs(b2)
     fb = ForwardBatch.init_new(b2, runner, return_hidden_states_before_norm=False)
     kb0, vb0 = kb.clone(), vb.clone()
     free0 = alloc.available_size()
-    dst = int(r2.mamba_pool_idx)
+    dst = int(mamba(r2).mamba_pool_idx)
     ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(runner, fb)   # restore, then refresh (hooks)
     call = runner.eager_runner.calls[0] if runner.eager_runner.calls else None
     changed = ((kb != kb0).flatten(1).any(1) | (vb != vb0).flatten(1).any(1)).nonzero().flatten().tolist()
@@ -180,7 +186,7 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     out["kv_free_delta"] = alloc.available_size() - free0
     if call is not None:
         n_p, w = out["n_p"], out["planned"][0]["windows"][0]
-        pre = r2.prefix_indices[: n_p - w].tolist()
+        pre = r2_prefix[: n_p - w].tolist()
         ref = reference_attention(kb0, vb0, pre, emb[torch.tensor(call["input_ids"])])
         out["attn_max_err"] = float((call.pop("attn") - ref).abs().max())
         out["scratch_call"] = call
@@ -194,7 +200,7 @@ def main(wr_dir: str, nr_dir: str) -> dict:
         out["local_equal_window"] = bool(torch.equal(got[local], want_local[local]))
         out["kept_equal_checkpoint"] = bool(torch.equal(got[kept], want_kept[kept]))
     # a hit whose window finds no KV room (every free slot held, nothing evictable): it stays dasc-nr
-    cache.dec_lock_ref(r2.last_node)
+    S.unlock(cache, r2)
     hog = alloc.alloc(alloc.available_size() - 4)            # room for the request itself only
     locks = [cache.inc_lock_ref(n) for n in [r2.last_node]]
     r3, b3 = admit(t1 + list(range(400, 404)))
@@ -225,7 +231,7 @@ def main(wr_dir: str, nr_dir: str) -> dict:
     out["pool_bytes_slots"] = INSTALLED.pool.num_slots if INSTALLED.pool is not None else None
     out["refuse_nr_slots"] = refusal(with_args(nr_dir, dasc_refresh_slots=4))
     out["refuse_chunk"] = refusal(with_args(wr_dir, chunked_prefill_size=4))
-    out["refuse_dp"] = refusal(with_args(wr_dir, enable_dp_attention=True, dp_size=1))
+    out["refuse_dp"] = refusal(with_args(wr_dir, enable_dp_attention=True, dp_size=2, tp_size=2))
     server_args(wr_dir)
 
     def short_context():

@@ -35,7 +35,7 @@ class StandInForward:
         locs = set(fb.out_cache_loc.tolist())
         held = set(sim.cache.all_values_flatten().tolist())
         for req in sim.inflight:
-            held |= set(pool.req_to_token[req.req_pool_idx, :len(req.origin_input_ids)].tolist())
+            held |= set(pool.req_to_token[sim.S.row(req), :len(req.origin_input_ids)].tolist())
         held |= h.current_kv
         assert not (locs & held), f"scratch pass writes cached / request KV slots {sorted(locs & held)}"
         ids, a = fb.input_ids.tolist(), 0
@@ -62,11 +62,12 @@ class WrHarness:
         assert self.budget is not None, "the simulation's pool was not built with scratch slots"
         sa = ServerArgs(model_path="dummy", page_size=1, attention_backend="torch_native")
         self.mcfg = SimpleNamespace(vocab_size=100000, is_encoder_decoder=False, is_multimodal=False,
-                                    model_is_mrope=False)
+                                    model_is_mrope=False, requires_mm_token_modalities=False)
         self.runner = SimpleNamespace(device="cpu", req_to_token_pool=sim.pool, token_to_kv_pool_allocator=sim.alloc,
                                       is_draft_worker=False, server_args=sa, model_config=self.mcfg,
                                       ngram_embedding_manager=SimpleNamespace(enabled=False),
-                                      _prepare_eager_forward_batch=lambda fb: None)
+                                      _prepare_eager_forward_batch=lambda fb: None,
+                                      **sim.S.runner_fields(sim.pool, sim.alloc))
         self.runner.eager_runner = StandInForward(self)
         self.current_kv: set = set()
 
@@ -98,7 +99,8 @@ class WrHarness:
             assert self.budget.counters.skipped == skipped0 + 1, "a compressed hit was neither refreshed nor skipped"
             return toks[prefix - w:prefix], False
         (p,) = work.passes
-        assert p.windows == [w] and p.prefix[0].tolist() == req.prefix_indices[:prefix - w].tolist()
+        own = sim.pool.req_to_token[sim.S.row(req), :prefix - w].tolist()      # the hit's row, as the sim wrote it
+        assert p.windows == [w] and p.prefix[0].tolist() == own
         free0 = sim.alloc.available_size()
         run_refresh(self.runner, work)
         assert sim.alloc.available_size() == free0 + w, "the window's KV slots did not go back to the allocator"

@@ -15,8 +15,7 @@ from types import SimpleNamespace
 warnings.filterwarnings("ignore")
 
 from tests.support import runtime_fixtures as F  # noqa: E402
-
-REGISTRY = "sglang.srt.mem_cache.registry._create_unified_radix_cache"
+from tests.support.sglang_steps import steps  # noqa: E402
 
 
 def _try(fn) -> str:
@@ -32,6 +31,11 @@ def main(plan_dir: str) -> dict:
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+    from dasc_runtime.sglang_api import api
+
+    REGISTRY = api().CACHE_FACTORY_TARGET            # the installed release's unified radix cache factory
+    factory_name = REGISTRY.rsplit(".", 1)[1]
+    S = steps()
     out: dict = {}
     # 1. the registry hook fails to patch: SGLang's HookRegistry logs it and goes on
     real_apply = HookRegistry._apply_target.__func__
@@ -62,16 +66,15 @@ def main(plan_dir: str) -> dict:
 
     from dasc_runtime.plugin import after_build_kv_cache
 
-    ctx = SimpleNamespace(is_hybrid_swa=False, is_hybrid_ssm=True, enable_hierarchical_cache=False)
     params = CacheInitParams(req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=1, disable=False)
-    cache = registry._create_unified_radix_cache(ctx, sa, params)
+    cache = S.call_cache_factory(getattr(registry, factory_name), sa, params)
     out["patched"] = _try(lambda: after_build_kv_cache(SimpleNamespace(tree_cache=cache)))
 
     # 3. something else rebinds the factory to SGLang's original: its own MambaComponent on the dasc pool
-    original = registry._create_unified_radix_cache.__wrapped__
-    registry._create_unified_radix_cache = original
+    original = getattr(registry, factory_name).__wrapped__
+    setattr(registry, factory_name, original)
     params2 = CacheInitParams(req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, page_size=1, disable=False)
-    plain = original(ctx, sa, params2)
+    plain = S.call_cache_factory(original, sa, params2)
     out["plain_component"] = type(plain.components[list(plain.components)[-1]]).__name__
     out["replaced"] = _try(lambda: after_build_kv_cache(SimpleNamespace(tree_cache=plain)))
     from dasc_runtime.startup_checks import check_component
@@ -83,9 +86,7 @@ def main(plan_dir: str) -> dict:
     # 4. patched again; the real start-up path refuses an option it does not serve, with one line
     HookRegistry._apply_target(REGISTRY, HookRegistry._hooks[REGISTRY])
     INSTALLED.reset()
-    sa_m = ServerArgs(model_path="dummy", page_size=1, enable_mixed_chunk=True)
-    sa_m._mamba_cache_chunk_size = 64
-    set_global_server_args_for_scheduler(sa_m)
+    F.set_server_args(chunk=64, enable_mixed_chunk=True)
     out["mixed_chunk"] = _try(lambda: F.hybrid_pools(F.gdn_cache_params(), mamba_size=8))
     return out
 

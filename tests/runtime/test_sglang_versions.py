@@ -1,0 +1,91 @@
+"""The installed SGLang picks its adapter; an untested release is refused at start-up in one line (issue 21)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.support.runtime_fixtures import SGLANG_SKIP_REASON, compile_tiny
+
+pytestmark = [pytest.mark.sglang,
+              pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")]
+
+
+def test_the_installed_release_is_tested_and_picks_its_adapter():
+    import sglang
+
+    from dasc_runtime.sglang_api import TESTED, adapter_for, api, installed_version
+
+    assert installed_version() == sglang.__version__ in TESTED
+    assert api() is adapter_for(sglang.__version__) and api().VERSION == sglang.__version__
+    assert TESTED == ("0.5.17", "0.5.23")
+
+
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.20", "0.5.23.post1", "0.6.0", "unknown"])
+def test_an_untested_release_is_refused_in_one_line(version):
+    from dasc_runtime.sglang_api import adapter_for, check_version
+    from dasc_runtime.verify import DascRefusal
+
+    assert adapter_for(version) is None
+    with pytest.raises(DascRefusal) as info:
+        check_version(version)
+    msg = str(info.value)
+    assert msg == (f"dasc: refusing to start: sglang {version} is installed; the dasc runtime is tested with sglang "
+                   f"0.5.17 and 0.5.23 (supported range 0.5.17-0.5.23; the releases between are not tested): "
+                   f"install sglang==0.5.23 or sglang==0.5.17")
+    assert "\n" not in msg
+
+
+def test_an_untested_release_gets_only_the_flag_hooks_and_refuses_at_model_load(tmp_path, monkeypatch):
+    """``register()`` on an untested SGLang: the ``--dasc-*`` flags stay (no argparse error), no cache hook is
+    applied, and the first process that loads a model with a plan refuses, naming the tested range."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from dasc_runtime import plugin, sglang_api
+    from dasc_runtime.verify import DascRefusal
+
+    registered = []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, t, fn, kind: registered.append((t, fn))))
+    monkeypatch.setattr(sglang_api, "installed_version", lambda: "0.5.20")
+    plugin.register()
+    assert sorted(fn.__name__ for _, fn in registered) == ["add_cli_args", "after_load_model", "engine_kwargs_init",
+                                                           "from_cli_args"]
+    assert ("sglang.srt.entrypoints.engine.Engine.__init__", plugin.engine_kwargs_init) in registered
+    _, plan_dir, _ = compile_tiny(tmp_path)
+    monkeypatch.setenv("DASC_PLAN", str(plan_dir))
+    with pytest.raises(DascRefusal, match=r"^dasc: refusing to start: sglang 0\.5\.20 is installed; .*0\.5\.17 and "
+                                          r"0\.5\.23"):
+        plugin.after_load_model(None, SimpleNamespace(is_draft_worker=False))
+    # Engine(dasc_plan=...) on an untested release: refused before SGLang sees the keyword
+    monkeypatch.setattr(sglang_api, "_API", [None])
+    with pytest.raises(DascRefusal, match="sglang 0.5.20 is installed"):
+        plugin.engine_kwargs_init(lambda self, **kw: None, SimpleNamespace(), dasc_plan=str(plan_dir))
+    # without a plan the keyword hook passes straight through
+    seen = []
+    plugin.engine_kwargs_init(lambda self, **kw: seen.append(kw), SimpleNamespace(), model_path="m")
+    assert seen == [{"model_path": "m"}]
+
+
+def test_every_server_option_dasc_reads_exists_in_this_release():
+    """A renamed option would read as its default and silently skip a refusal: every name
+    ``serving_rules`` (what ``verify.check_server_args`` applies) and the adapter read must be a field of the
+    installed ``ServerArgs``."""
+    import inspect
+    import re
+
+    from sglang.srt.server_args import ServerArgs
+
+    from dasc_runtime import serving_rules, wr_scratch
+    from dasc_runtime.sglang_api import api
+    from tests.support.sglang_steps import steps
+
+    rules = inspect.getsource(serving_rules)        # the start-up checks read options through these rules
+    read = set(re.findall(r'\bg\("([a-z_]+)"', rules)) | set(re.findall(r'_option\("[a-z_]+", "([a-z_]+)"', rules))
+    read |= set(re.findall(r'(?:option|server_option)\((?:sa|server_args)?,?\s*"([a-z_]+)"',
+                           inspect.getsource(wr_scratch) + inspect.getsource(api())))
+    assert {"disable_radix_cache", "enable_hierarchical_cache", "enable_mixed_chunk", "chunked_prefill_size",
+            "page_size", "enable_dp_attention"} <= read
+    sa = ServerArgs(model_path="dummy")
+    missing = sorted(n for n in read - steps().ABSENT_OPTIONS if not hasattr(sa, n))
+    assert not missing, f"server options dasc reads that this SGLang does not have: {missing}"
