@@ -254,6 +254,33 @@ def test_client_refuses_bad_input_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "o.json").exists()
 
 
+@pytest.mark.parametrize("extra, needle", [
+    (["--vocab-size", "0"], "--vocab-size"),            # was: ZeroDivisionError in every client thread, exit 0
+    (["--sample-s", "0"], "--sample-s"),                # was: a sampler spinning without a pause
+    (["--timeout-s", "-1"], "--timeout-s"),             # was: every request failed, result written
+    (["--url", "localhost:30000"], "--url"),            # was: sent to 127.0.0.1:80 (no scheme: no host parsed)
+    (["--url", "https://127.0.0.1:30000"], "--url"),    # plain HTTP only
+    (["--url", "http://127.0.0.1:30000/v1"], "--url"),  # the path would be dropped (requests go to /generate)
+    (["--out", "."], "is a folder"),                    # was: the whole run, then IsADirectoryError
+])
+def test_client_refuses_bad_values_before_any_request(tmp_path, capsys, monkeypatch, extra, needle):
+    monkeypatch.chdir(tmp_path)
+    base = ["--trace", str(TRACE), "--url", "http://127.0.0.1:9", "--arm", "x", "--seed", "0",
+            "--conversations-per-seed", "2", "--clients", "2", "--out", str(tmp_path / "o.json")]
+    sent = []
+    monkeypatch.setattr(cr, "generate", lambda *a, **k: sent.append(a) or [])
+    assert cr.main(base + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not sent and not (tmp_path / "o.json").exists()
+
+
+def test_open_loop_refuses_a_think_time_that_is_not_a_number(tmp_path, capsys):
+    base = ["--trace", str(TRACE), "--url", "http://127.0.0.1:9", "--arm", "x", "--seed", "0",
+            "--conversations-per-seed", "2", "--rate", "1", "--out", str(tmp_path / "o.json")]
+    assert cr.main(base + ["--think-s", "nan"]) == 2 and "--think-s" in capsys.readouterr().err
+
+
 def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
     w = tmp_path / "w"
     (w / "runs").mkdir(parents=True)
