@@ -275,12 +275,26 @@ def main(argv: Iterable[str] | None = None) -> int:
             raise DascInputError(f"--clients: expected >= 1, got {a.clients}")
         if a.rate is not None and not (a.rate > 0 and math.isfinite(a.rate)):
             raise DascInputError(f"--rate: expected a positive number of conversations per s, got {a.rate}")
-        if a.think_s < 0 or (a.clients is not None and a.think_s):
+        if not (math.isfinite(a.think_s) and a.think_s >= 0) or (a.clients is not None and a.think_s):
             raise DascInputError(f"--think-s: expected >= 0 and only with --rate, got {a.think_s}")
         if a.decode_clip is not None and a.decode_clip < 1:
             raise DascInputError(f"--decode-clip: expected >= 1 token, got {a.decode_clip}")
+        if a.vocab_size is not None and a.vocab_size < 1:
+            raise DascInputError(f"--vocab-size: expected the served model's vocabulary size (>= 1), got {a.vocab_size}")
+        for flag, v in (("--sample-s", a.sample_s), ("--timeout-s", a.timeout_s)):
+            if not (math.isfinite(v) and v > 0):
+                raise DascInputError(f"{flag}: expected a positive number of seconds, got {v}")
+        u = urlsplit(a.url)
+        try:
+            u.port
+        except ValueError:
+            u = None
+        if u is None or u.scheme != "http" or not u.hostname or u.path not in ("", "/"):
+            raise DascInputError(f"--url {a.url}: expected the server's http://HOST:PORT, e.g. http://127.0.0.1:30000")
         if not a.out.parent.is_dir():
             raise DascInputError(f"--out {a.out}: folder {a.out.parent} does not exist")
+        if a.out.is_dir():
+            raise DascInputError(f"--out {a.out}: is a folder; give the result file's name (.json or .json.gz)")
         header, convs = load_trace(a.trace)
         indices = seed_conversations(len(convs), a.conversations_per_seed, a.seed, pool_seed=a.pool_seed)
         sessions = build_sessions(convs, indices, seed=a.seed, replay=a.replay, decode_clip=a.decode_clip,
@@ -309,7 +323,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     later = sum(x.turn > 0 for x in r.records)
     print(f"{a.arm} seed {a.seed}: {len(r.records)} requests ({failed} failed) in {wall:.1f} s; "
           f"later turns hit {hits}/{later}", flush=True)
-    return 1 if failed else 0
+    return 1 if failed or not r.records else 0      # no record at all: the clients never ran a request
 
 
 if __name__ == "__main__":

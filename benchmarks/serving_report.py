@@ -140,12 +140,30 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             baseline (and the call then has no drift figure).
     """
     out = []
+    manifests = []
     for w in works:
         man_p, srv_p = w / "manifest.json", w / "servers.json"
         if not man_p.is_file():
             raise DascInputError(f"{w}: no manifest.json (not a run_chat work folder)")
-        man = json.loads(man_p.read_text())
-        servers = json.loads(srv_p.read_text()) if srv_p.is_file() else {}
+        man = _read_json_file(man_p, "run_chat manifest")
+        if not isinstance(man, dict) or not isinstance(man.get("runs"), list):
+            raise DascInputError(f"{man_p}: expected a run_chat manifest (an object with a 'runs' list)")
+        manifests.append((w, man))
+    # an exclusion that matches nothing is a typo: the report would silently keep what it should leave out
+    calls = {i for _, man in manifests for i in range(len(man.get("calls") or ()))} \
+        | {e.get("call") for _, man in manifests for e in man["runs"]}
+    files = {e.get("file") for _, man in manifests for e in man["runs"]}
+    for c in exclude_calls:
+        if c not in calls:
+            raise DascInputError(f"--exclude-call {c}: no such call in {', '.join(map(str, works))} "
+                                 f"(calls {', '.join(map(str, sorted(x for x in calls if x is not None)))})")
+    for f in exclude_runs:
+        if f not in files:
+            raise DascInputError(f"--exclude-run {f}: no run of that file name in the manifests of "
+                                 f"{', '.join(map(str, works))} (names as under runs/)")
+    for w, man in manifests:
+        srv_p = w / "servers.json"
+        servers = _read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
         gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
                 if e.get("file") in exclude_runs and e["role"] == "arm"}
         for e in man["runs"]:
@@ -155,8 +173,11 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                 continue
             if e["role"] == "drift" and (e["call"], e["arm"], e["seed"]) in gone:
                 e = {**e, "role": "arm"}
-            res = read_json(f)
-            cfg = res["config"]
+            try:
+                res = read_json(f)
+                cfg = res["config"]
+            except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+                raise DascInputError(f"{f}: not a readable chat_replay result ({type(exc).__name__}: {exc})") from None
             launch = (servers.get(e["arm"]) or {}).get("launch")
             mr = int(launch["flags"][launch["flags"].index("--max-running-requests") + 1]) \
                 if launch and "--max-running-requests" in launch["flags"] else 8
@@ -166,6 +187,14 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
                         "launch": launch, "max_running": mr, **run_stats(res, max_running=mr)})
     return out
+
+
+def _read_json_file(path: Path, what: str):
+    """``path``'s JSON, or one ``error:`` line naming the file and what it should be."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DascInputError(f"{path}: not a readable {what} ({type(exc).__name__}: {exc})") from None
 
 
 def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None) -> list[dict]:
@@ -290,7 +319,15 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    objs = [o for p in summaries for o in json.loads(Path(p).read_text())
+    if out.suffix.lower() != ".png":
+        raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
+    if not out.parent.is_dir():
+        raise DascInputError(f"--out {out}: folder {out.parent} does not exist")
+    loaded = [(p, _read_json_file(p, "serving_report summary.json")) for p in summaries]
+    for p, doc in loaded:
+        if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
+            raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
+    objs = [o for _, doc in loaded for o in doc
             if o.get("ttft_ratio_vs_dense_spread") and o["ttft_ratio_vs_dense_spread"]["n"]]
     if not objs:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
@@ -347,6 +384,9 @@ def main(argv: Iterable[str] | None = None) -> int:
                         help="leave out this result file (name under runs/; repeatable); an excluded opening "
                              "baseline run is replaced by the call's closing run of the same seed")
         a = ap.parse_args(argv)
+        if a.out.exists() and not a.out.is_dir():
+            raise DascInputError(f"--out {a.out}: exists and is not a folder; give the folder for summary.json and "
+                                 f"tables.md")
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))

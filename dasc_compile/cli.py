@@ -150,7 +150,8 @@ def inspect_cmd(
 
 @app.command("reference")
 def reference_cmd(
-    name: str = typer.Argument(..., help="Initialisation draw: qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b. "
+    name: str = typer.Argument(..., help="Initialisation draw: qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b | "
+                               "nemotron-h-8b-base-8k | granite-4.0-h-tiny | falcon-h1-0.5b. "
                                "Calibrated to the paper's published figures: kimi-linear-48b-a3b-calibrated | "
                                "qwen3-next-80b-a3b-calibrated | kimi-k3-calibrated | qwen3.5-27b-calibrated."),
     out: Path = typer.Option(..., "--out", help="Directory to write."),

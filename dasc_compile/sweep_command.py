@@ -62,16 +62,18 @@ def sweep_cmd(
                                                                 "every arm at equal memory, as dasc size."),
     max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests",
                                                        help="R with --budget: running requests of every arm."),
-    strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy",
-                                 help="With --budget: extra_buffer | no_buffer (as dasc size)."),
+    strategy: Optional[str] = typer.Option(None, "--mamba-radix-cache-strategy",
+                                           help="With --budget: extra_buffer (default) | no_buffer (as dasc size)."),
     no_overlap: bool = typer.Option(False, "--disable-overlap-schedule", help="With --budget: size without SGLang's "
                                                                               "overlap scheduler."),
     refresh_slots: Optional[int] = typer.Option(None, "--refresh-slots", help="With --budget, dasc-wr: scratch slots B."),
     eval_prompts: Optional[str] = typer.Option(None, "--eval", help="Measure each w_max with dasc eval on these "
                                                "prompts: a JSON-lines file, sharegpt:N or retrieval:N."),
-    prefix_len: int = typer.Option(512, "--prefix-len", help="With --eval: cached prefix length, tokens."),
-    suffix_len: int = typer.Option(64, "--suffix-len", help="With --eval: scored suffix length, tokens."),
-    device: str = typer.Option("cpu", "--device", help="With --eval: torch device."),
+    prefix_len: Optional[int] = typer.Option(None, "--prefix-len", help="With --eval: cached prefix length, "
+                                                                         "tokens (default 512)."),
+    suffix_len: Optional[int] = typer.Option(None, "--suffix-len", help="With --eval: scored suffix length, "
+                                                                         "tokens (default 64)."),
+    device: Optional[str] = typer.Option(None, "--device", help="With --eval: torch device (default cpu)."),
     max_kl: Optional[float] = typer.Option(None, "--max-kl", help="With --eval: mark the largest w_max whose "
                                                                   "KL(dense||arm) per token stays within X nats."),
     max_nll: Optional[float] = typer.Option(None, "--max-nll-delta", help="With --eval: the same for the NLL "
@@ -88,15 +90,18 @@ def sweep_cmd(
     try:
         quality = [(m, v) for m, v in (("kl", max_kl), ("nll_delta", max_nll)) if v is not None]
         _check_flags(quality, eval_prompts, budget, max_running_requests, plot)
+        _check_companions(eval_prompts, budget, prefix_len=prefix_len, suffix_len=suffix_len, device=device,
+                          strategy=strategy, no_overlap=no_overlap)
         base = resolve_policy(policy, flags=POLICY_FLAGS, a_s=a_s, eps=eps, load_policy=load_policy, balance=balance)
         grid = sw.SweepGrid(w_max=sw.parse_int_list(wmax, "--wmax"),
                             tp=sw.parse_int_list(tp, "--tp", lo=1) if tp is not None else (base.tp_size,),
                             int8=_int8_settings(int8, bool(base.int8)), base=base)
-        sizing = _sizing(budget, max_running_requests, strategy, not no_overlap, refresh_slots)
+        sizing = _sizing(budget, max_running_requests, strategy or "extra_buffer", not no_overlap, refresh_slots)
         eval_kw = _eval_sources(eval_prompts) if eval_prompts is not None else None
         result = sw.run_sweep(model, grid, config=config, sizing=sizing, plan_dir=out)
         if eval_kw is not None:
-            sw.evaluate(result, prefix_len=prefix_len, suffix_len=suffix_len, device=device,
+            sw.evaluate(result, prefix_len=512 if prefix_len is None else prefix_len,
+                        suffix_len=64 if suffix_len is None else suffix_len, device=device or "cpu",
                         progress=sys.stderr.isatty(), **eval_kw)
         if quality:
             sw.recommend(result, *quality[0])
@@ -148,6 +153,21 @@ def _check_flags(quality, eval_prompts, budget, max_running_requests, plot) -> N
         if plot.suffix.lower() != ".png":
             raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
         check_outputs(plot)
+
+
+def _check_companions(eval_prompts, budget, **given) -> None:
+    """A flag that only acts with ``--eval`` or ``--budget`` is refused without it: silently ignoring
+    ``--prefix-len 2048`` (or ``--mamba-radix-cache-strategy no_buffer``) would print figures for
+    settings the user did not ask for."""
+    needs = {"prefix_len": ("--prefix-len", "--eval PROMPTS"), "suffix_len": ("--suffix-len", "--eval PROMPTS"),
+             "device": ("--device", "--eval PROMPTS"),
+             "strategy": ("--mamba-radix-cache-strategy", "--budget BYTES --max-running-requests R"),
+             "no_overlap": ("--disable-overlap-schedule", "--budget BYTES --max-running-requests R")}
+    for key, value in given.items():
+        flag, partner = needs[key]
+        missing = eval_prompts is None if partner.startswith("--eval") else budget is None
+        if missing and value not in (None, False):
+            raise DascInputError(f"{flag} acts only with {partner}: give it with {partner.split()[0]}, or drop it")
 
 
 def _sizing(budget, r, strategy, overlap, refresh_slots):

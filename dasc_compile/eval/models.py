@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,6 +213,19 @@ def _hf_error(path: Path, cfg: dict, exc: Exception) -> DascInputError:
                           f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
 
 
+def quiet_transformers() -> None:
+    """Keep transformers' own notices out of the CLI's output (its contract: results, ``warning:`` and
+    ``error:`` lines): optional-kernel warnings ("The fast path is not available ..."), weight-loading
+    bars and deprecation notices about the checkpoint's config.json (``rope_scaling``), which a user of
+    dasc cannot act on. Called before the first config is read or model built (:func:`preflight` runs
+    before :func:`load_eval_model`)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
+
+
 def build_from_config(path: Path, cfg: dict, seed: int):
     """The model ``path/config.json`` describes, initialised by transformers (``from_config``) after
     ``torch.manual_seed(seed)``: the initialisation a training run seeded with ``seed`` started from when
@@ -227,6 +241,7 @@ def build_from_config(path: Path, cfg: dict, seed: int):
     if is_legacy_kda(cfg):
         raise DascInputError(f"{path}: a {ARCHITECTURE} initialisation cannot be rebuilt from a seed; "
                              f"give its initial checkpoint with --init-from DIR")
+    quiet_transformers()
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         torch.manual_seed(seed)
@@ -248,6 +263,7 @@ def preflight(path: Path, dtype: torch.dtype = torch.float32):
     cfg = _read_config(path)
     if is_legacy_kda(cfg):
         return None
+    quiet_transformers()
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         with torch.device("meta"):
@@ -355,10 +371,7 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     path = Path(path)
     cfg = require_model_support(path)
     family = model_family(path, cfg)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()      # no optional-kernel warnings or weight-loading bars in the CLI's output
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     if init_seed is not None:
         model = build_from_config(path, cfg, init_seed)
     elif is_legacy_kda(cfg):

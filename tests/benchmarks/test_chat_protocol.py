@@ -254,7 +254,35 @@ def test_client_refuses_bad_input_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "o.json").exists()
 
 
-def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
+@pytest.mark.parametrize("extra, needle", [
+    (["--vocab-size", "0"], "--vocab-size"),            # was: ZeroDivisionError in every client thread, exit 0
+    (["--sample-s", "0"], "--sample-s"),                # was: a sampler spinning without a pause
+    (["--timeout-s", "-1"], "--timeout-s"),             # was: every request failed, result written
+    (["--url", "localhost:30000"], "--url"),            # was: sent to 127.0.0.1:80 (no scheme: no host parsed)
+    (["--url", "https://127.0.0.1:30000"], "--url"),    # plain HTTP only
+    (["--url", "http://127.0.0.1:30000/v1"], "--url"),  # the path would be dropped (requests go to /generate)
+    (["--out", "."], "is a folder"),                    # was: the whole run, then IsADirectoryError
+])
+def test_client_refuses_bad_values_before_any_request(tmp_path, capsys, monkeypatch, extra, needle):
+    monkeypatch.chdir(tmp_path)
+    base = ["--trace", str(TRACE), "--url", "http://127.0.0.1:9", "--arm", "x", "--seed", "0",
+            "--conversations-per-seed", "2", "--clients", "2", "--out", str(tmp_path / "o.json")]
+    sent = []
+    monkeypatch.setattr(cr, "generate", lambda *a, **k: sent.append(a) or [])
+    assert cr.main(base + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not sent and not (tmp_path / "o.json").exists()
+
+
+def test_open_loop_refuses_a_think_time_that_is_not_a_number(tmp_path, capsys):
+    base = ["--trace", str(TRACE), "--url", "http://127.0.0.1:9", "--arm", "x", "--seed", "0",
+            "--conversations-per-seed", "2", "--rate", "1", "--out", str(tmp_path / "o.json")]
+    assert cr.main(base + ["--think-s", "nan"]) == 2 and "--think-s" in capsys.readouterr().err
+
+
+def _work(tmp_path) -> Path:
+    """A run_chat work folder of four runs over two calls (dense and w16, one closing drift run)."""
     w = tmp_path / "w"
     (w / "runs").mkdir(parents=True)
     rec = {"conv": 0, "turn": 0, "source_id": "a", "prompt_tokens": 100, "max_new_tokens": 4, "reuse_bound": 0,
@@ -269,7 +297,48 @@ def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
         cr.write_json(w / "runs" / f, {"config": cfg, "records": [{**rec, "ttft_s": ttft}], "inflight": [], "wall_s": 1})
         runs.append({"call": call, "index": i, "arm": arm, "seed": 0, "role": role, "file": f, "rc": 0})
     (w / "manifest.json").write_text(json.dumps({"runs": runs, "calls": [{}, {}]}))
+    return w
+
+
+def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
+    w = _work(tmp_path)
     got = sr.collect([w], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
     assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in got) == [("dense", "arm", 2.0), ("w16", "arm", 1.0)]
     o = {x["arm"]: x for x in sr.summarize(got, model="m", decays="d")}
     assert o["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
+
+
+def _report_error(capsys, *argv) -> str:
+    assert sr.main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_report_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, capsys):
+    """Each was a traceback, or a silent report of runs the user meant to leave out."""
+    w = _work(tmp_path)
+    base = [w, "--model", "m", "--decays", "d"]
+    (tmp_path / "file").write_text("x")
+    assert "--out" in _report_error(capsys, *base, "--out", tmp_path / "file")             # was FileExistsError
+    out = tmp_path / "rep"
+    assert "--exclude-call 7" in _report_error(capsys, *base, "--out", out, "--exclude-call", 7)   # was ignored
+    assert "--exclude-run nope.json.gz" in _report_error(capsys, *base, "--out", out, "--exclude-run", "nope.json.gz")
+    assert "--exclude-call 7" in _report_error(capsys, "rates", w, "--exclude-call", 7)
+    (w / "runs" / "w16_3.json.gz").write_bytes(b"\x1f\x8b truncated")
+    assert "w16_3.json.gz" in _report_error(capsys, *base, "--out", out)                  # was a gzip traceback
+    (w / "manifest.json").write_text("{")
+    assert "manifest.json" in _report_error(capsys, *base, "--out", out)                  # was JSONDecodeError
+    assert not out.exists()
+
+
+def test_regime_map_refuses_bad_input_with_one_line(tmp_path, capsys):
+    summary = tmp_path / "summary.json"
+    summary.write_text("[]")
+    assert "nope.json" in _report_error(capsys, "map", tmp_path / "nope.json", "--out", tmp_path / "m.png")
+    (tmp_path / "plan.json").write_text('{"schema_version": 3}')
+    assert "a list of arm objects" in _report_error(capsys, "map", tmp_path / "plan.json", "--out", tmp_path / "m.png")
+    assert "does not exist" in _report_error(capsys, "map", summary, "--out", tmp_path / "no" / "m.png")
+    (tmp_path / "d").mkdir()        # was: "wrote d" while matplotlib wrote d.png
+    assert "ending in .png" in _report_error(capsys, "map", summary, "--out", tmp_path / "d")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "plan.json", "summary.json"]

@@ -132,6 +132,13 @@ def test_plot(tmp_path):
     (["--wmax", "16", "--budget", "8GiB", "--max-running-requests", "8", "--mamba-radix-cache-strategy",
       "extra_buffer_lazy"], ["the dasc runtime would refuse to start: --mamba-radix-cache-strategy extra_buffer_lazy"]),
     (["--wmax", "16", "--refresh-slots", "2"], ["--refresh-slots", "with --budget"]),
+    # flags that act only with --eval / --budget are refused without it, never silently ignored
+    (["--wmax", "16", "--prefix-len", "2048"], ["--prefix-len acts only with --eval PROMPTS"]),
+    (["--wmax", "16", "--suffix-len", "8"], ["--suffix-len acts only with --eval PROMPTS"]),
+    (["--wmax", "16", "--device", "cuda"], ["--device acts only with --eval PROMPTS"]),
+    (["--wmax", "16", "--mamba-radix-cache-strategy", "no_buffer"], ["--mamba-radix-cache-strategy acts only with "
+                                                                     "--budget"]),
+    (["--wmax", "16", "--disable-overlap-schedule"], ["--disable-overlap-schedule acts only with --budget"]),
     (["--wmax", "16", "--eval", "nope.jsonl"], ["--eval nope.jsonl: expected a JSON-lines prompt file"]),
     (["--wmax", "16", "--eval", "retrieval:1"], ["kimi"]),   # decay-only (or transformers < 5.17): eval cannot run it
     (["--wmax", "16", "--plot", "s.jpg"], ["--plot writes a PNG"]),

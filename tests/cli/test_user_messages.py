@@ -177,6 +177,19 @@ def test_root_help_names_every_command():
     assert all(f" {name} " in " ".join(r.out.split()) for name in commands)
 
 
+def test_reference_help_names_every_reference():
+    # the help listed 7 of the 10 names 'dasc reference' writes (not the three Mamba2 references)
+    import inspect
+
+    from dasc_compile import calibrated, refckpt
+    from dasc_compile.cli import reference_cmd
+
+    help_text = inspect.signature(reference_cmd).parameters["name"].default.help
+    listed = {n.strip(" .") for part in help_text.split(":")[1:] for n in part.split("|")}
+    listed = {n.split(". ")[0] for n in listed}
+    assert set(refckpt.MODEL_NAMES) | set(calibrated.CALIBRATED_NAMES) <= listed, listed
+
+
 def test_full_size_says_how_large_it_is_before_writing(tmp_path, monkeypatch):
     # issue 22: --full-size wrote a 152 GiB sparse checkpoint without a word
     from dasc_compile import refckpt
