@@ -5,8 +5,8 @@
 #   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, the newest transformers
 #
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
-# README's test command uses the
-# lowest environment; CI (.ci/run) also builds the newest one and runs the version-sensitive tests there.
+# README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs
+# the version-sensitive tests there.
 #
 # Why these pins: SGLang imports torchvision at module level; torch 2.14.1 + torchvision 0.29.1 load together on
 # a CPU (the CPU-only torch 2.13.0 wheel has no matching torchvision) and lie on this machine's disk. SGLang
