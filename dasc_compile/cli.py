@@ -124,11 +124,12 @@ def inspect_cmd(
 ) -> None:
     """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""
     from dasc_compile import inspect as insp
+    from dasc_compile.figures import check_png
     from dasc_compile.schema import load_plan
 
     try:
-        if plot is not None and plot.suffix.lower() != ".png":
-            raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
+        if plot is not None:
+            check_png(plot)
         plan = load_plan(plan_path)   # also checks the kernel module beside plan.json
         if plot is not None:
             from dasc_compile.plot import plot_plan

@@ -149,10 +149,9 @@ def _check_flags(quality, eval_prompts, budget, max_running_requests, plot) -> N
                              "requests in the same state memory")
     if plot is not None:
         from dasc_compile.eval.command import check_outputs
+        from dasc_compile.figures import check_png
 
-        if plot.suffix.lower() != ".png":
-            raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
-        check_outputs(plot)
+        check_outputs(check_png(plot))
 
 
 def _check_companions(eval_prompts, budget, **given) -> None:

@@ -194,13 +194,10 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
     Raises:
         DascInputError: ``out`` does not end in ``.png`` or cannot be written.
     """
-    out = Path(out)
-    if out.suffix.lower() != ".png":
-        raise DascInputError(f"{out}: --plot writes a PNG image; give a file name ending in .png")
-    import matplotlib
+    from dasc_compile.figures import check_png, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    out = check_png(out)
+    plt = pyplot()
 
     panels = 1 + (result.sizing is not None) + (result.eval_doc is not None)
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)

@@ -140,8 +140,10 @@ def eval_cmd(
 ) -> None:
     """Measure what a plan costs in quality (dense, dasc-nr, dasc-wr, Random, controls) on a real model."""
     try:
-        if plot is not None and plot.suffix.lower() != ".png":
-            raise DascInputError(f"{plot}: --plot writes a PNG image; give a file name ending in .png")
+        if plot is not None:
+            from dasc_compile.figures import check_png
+
+            check_png(plot)
         if plot is not None and horizons:
             raise DascInputError("--plot draws quality against w_max and has no --horizons figure; "
                                  "use --json for the Table 1(b) values")

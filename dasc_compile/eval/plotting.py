@@ -71,13 +71,10 @@ def plot_quality(result: dict, out: str | Path) -> None:
     Raises:
         DascInputError: ``out`` does not end in ``.png`` or cannot be written.
     """
-    out = Path(out)
-    if out.suffix.lower() != ".png":
-        raise DascInputError(f"{out}: --plot writes a PNG image; give a file name ending in .png")
-    import matplotlib
+    from dasc_compile.figures import check_png, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    out = check_png(out)
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
     draw_panels(axes, result)
