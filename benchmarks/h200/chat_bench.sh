@@ -39,16 +39,9 @@ stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 stamp "setup ($(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || echo no GPU))"
 launcher=(); PY=python3
 if [ -n "${LAUNCHER:-}" ]; then launcher=(--launcher "$LAUNCHER"); PY=${PYTHON:-python3}   # CPU rehearsal
-elif [ ! -f /tmp/site/.done ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$CARRY/.dev/sglang/site.tar.xz" && touch /tmp/site/.done || exit 3
+else
+  source benchmarks/h200/site_env.sh && dasc_site "$CARRY/.dev/sglang/site.tar.xz" "$OUT" || exit 3
 fi
-WHL=$(ls "$CARRY"/.dev/dascwhl/dasc-*.whl); H=$(sha256sum "$WHL" | cut -c1-16)
-if [ -z "${LAUNCHER:-}" ] && [ "$(cat /tmp/site/.dasc-whl 2>/dev/null)" != "$H" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL" \
-    > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
-  echo "$H" > /tmp/site/.dasc-whl
-fi
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$W/plans" "$W/kimi"
 [ -f "$W/plans/arms.json" ] || tar -xJf "$CARRY/.dev/ol/plans.tar.xz" -C "$W/plans" || exit 3
 "$PY" - plans/reference/kimi-linear-48b-a3b-calibrated/config.json "$W/kimi/config.json" "$NUM_EXPERTS" <<'EOF' || exit 3

@@ -32,14 +32,7 @@ T0=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 
 stamp "setup: SGLang site, dasc install"
-if [ ! -f /tmp/site/.done ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf "$DEV/site.tar.xz" && touch /tmp/site/.done || { echo "unpack failed"; exit 3; }
-fi
-if ls .dev/dascwhl/dasc-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dev/dascwhl/dasc-*.whl > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 3; }
-else
-  python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 3; }
-fi
+source benchmarks/h200/site_env.sh && dasc_site "$DEV/site.tar.xz" "$OUT" || exit 3
 python3 -c "import sglang, torch; from importlib.metadata import entry_points as e; \
 print('sglang', sglang.__version__, 'torch', torch.__version__, 'plugins', [x.value for x in e(group='sglang.srt.plugins')])"
 

@@ -12,8 +12,7 @@ DEV=.dev/sglang
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 T0=$(date +%s); stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 stamp setup
-[ -f /tmp/site/.done ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf "$DEV/site.tar.xz" && touch /tmp/site/.done; } || exit 3
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dev/dascwhl/dasc-*.whl > "$OUT/pip.log" 2>&1 || exit 3
+source benchmarks/h200/site_env.sh && dasc_site "$DEV/site.tar.xz" "$OUT" || exit 3
 python3 -m benchmarks.h200.smoke_model checkpoint "$DEV/qwen3next-tiny.config.json" /tmp/tiny > /dev/null || exit 3
 python3 -m benchmarks.h200.smoke_model plan /tmp/tiny /tmp/plan-w16.dasc --wmax 16 || exit 3
 TRACE=benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz

@@ -1,0 +1,24 @@
+# Sourced by the H200 drivers (repo root of a device call): `source benchmarks/h200/site_env.sh; dasc_site TAR OUT`.
+# dasc_site unpacks the carried SGLang site (TAR, e.g. .dev/sglang/site.tar.xz) into /tmp/site once per machine,
+# installs dasc there from the carried wheel .dev/dascwhl/dasc-*.whl when its hash differs from the one installed
+# (a warm machine keeps it; without a wheel, the checkout editable, which the image's setuptools may refuse), and
+# puts /tmp/site first on PYTHONPATH (the carried transformers must win over the image's). pip's log: OUT/pip.log.
+# Returns 3, with the log's tail, when a step fails.
+dasc_site() {
+  local tar=$1 log=$2/pip.log whl h
+  if [ ! -f /tmp/site/.done ]; then
+    mkdir -p /tmp/site && tar -C /tmp/site -xJf "$tar" && touch /tmp/site/.done || { echo "unpack of $tar failed"; return 3; }
+  fi
+  whl=$(ls .dev/dascwhl/dasc-*.whl 2>/dev/null | head -n 1)
+  if [ -n "$whl" ]; then
+    h=$(sha256sum "$whl" | cut -c1-16)
+    if [ "$(cat /tmp/site/.dasc-whl 2>/dev/null)" != "$h" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl" \
+        > "$log" 2>&1 || { tail -n 20 "$log"; return 3; }
+      echo "$h" > /tmp/site/.dasc-whl
+    fi
+  else
+    python3 -m pip install -q --no-deps --no-build-isolation -e . > "$log" 2>&1 || { tail -n 20 "$log"; return 3; }
+  fi
+  case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
+}
