@@ -13,6 +13,9 @@ SIGINT (Ctrl-C) / SIGTERM              ``error: interrupted (SIGINT)``          
 anything else (a bug)                  ``error: internal error (<type>: <message>) ...``       1
 =====================================  ======================================================  ======
 
+A signal that arrives while a module is being imported is held until the import is over (an
+exception thrown through a native extension's set-up, torch's among them, aborts the process).
+
 A command that has finished writing its output directory calls :func:`note_written`; if stdout then
 fails or a signal arrives, the ``error:`` line goes on to say that PATH was written completely and
 only the summary was lost (``...; PATH was written completely, only the summary was not printed``).
@@ -145,7 +148,51 @@ def _say(line: str) -> None:
         pass
 
 
-def _raise_interrupted(signum, _frame):
+#: True while :func:`run_guarded` runs; a re-delivery (:func:`_deliver_later`) after it is dropped.
+_active = False
+_redelivery: threading.Timer | None = None
+_REDELIVERY_S = 0.05
+
+
+def _importing(frame) -> bool:
+    """True when ``frame`` or a caller runs inside the import system (a module is being executed).
+
+    An exception raised there can cross a native extension's initialisation (torch's pybind11
+    module set-up calls back into Python); pybind11 cannot carry it through and aborts the process
+    (``terminate called after throwing ... error_already_set``), so a signal is not raised there.
+    """
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _deliver_later(signum: int) -> None:
+    """Send ``signum`` to this process again in ``_REDELIVERY_S`` seconds (one timer at a time)."""
+    global _redelivery
+    if _redelivery is not None and _redelivery.is_alive():
+        return
+
+    def again():
+        if _active:
+            os.kill(os.getpid(), signum)
+
+    _redelivery = threading.Timer(_REDELIVERY_S, again)
+    _redelivery.daemon = True
+    _redelivery.start()
+
+
+def _raise_interrupted(signum, frame):
+    """Handler for SIGINT / SIGTERM: raise :class:`Interrupted`, or defer it out of an import.
+
+    Inside an import (see :func:`_importing`) the signal is sent again a moment later, until it
+    lands in ordinary Python code; Ctrl-C during ``import torch`` thus ends the command a few
+    seconds later, cleanly, instead of aborting it with status -6.
+    """
+    if _importing(frame):
+        _deliver_later(signum)
+        return
     raise Interrupted(signum)
 
 
@@ -171,8 +218,10 @@ def run_guarded(body: Callable[[], int]) -> int:
     guard = StdoutGuard(sys.stdout)
     saved_stdout = sys.stdout
     sys.stdout = guard
+    global _active
     old_handlers = _install_handlers()
     _written.clear()
+    _active = True
     try:
         try:
             rc = body()
@@ -203,6 +252,7 @@ def run_guarded(body: Callable[[], int]) -> int:
             rc = 2
         return rc
     finally:
+        _active = False
         for s, h in old_handlers.items():
             signal.signal(s, h)
         sys.stdout = saved_stdout

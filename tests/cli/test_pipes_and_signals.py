@@ -306,3 +306,34 @@ def test_signal_after_reference_is_written_says_the_output_is_complete(tmp_path,
     r = dasc("reference", "kimi-linear-48b-a3b-calibrated", "--out", tmp_path / "ref2")
     line = assert_one_error(r, f"interrupted ({signal.Signals(sig).name})", code=code)
     assert "written" not in line and not (tmp_path / "ref2").exists()
+
+
+def test_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monkeypatch):
+    """A signal inside an import is delivered after it: raising it there could cross torch's
+    pybind11 set-up, which aborts the process (status -6, CI on 2026-12-01)."""
+    from dasc_compile.cli_exit import run_guarded
+
+    mark = tmp_path / "import-finished"
+    (tmp_path / "dasc_slow_native_mod.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "for _ in range(20):\n    time.sleep(0.01)\n"   # ordinary bytecode where a raise would land
+        f"open({str(mark)!r}, 'w').write('done')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reached_after_import = []
+
+    def body():
+        import dasc_slow_native_mod  # noqa: F401
+        reached_after_import.append(True)
+        time.sleep(5)              # the deferred signal lands here
+        return 0
+
+    t0 = time.monotonic()
+    try:
+        rc = run_guarded(body)
+    finally:
+        sys.modules.pop("dasc_slow_native_mod", None)
+    assert rc == 130
+    assert mark.read_text() == "done"             # the import ran to its end
+    assert reached_after_import == [True]         # and the signal ended the command after it
+    assert time.monotonic() - t0 < 3
