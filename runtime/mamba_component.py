@@ -21,6 +21,7 @@ demotions == C``; locked nodes are never demoted or evicted; demotion keeps the 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Optional
 
@@ -29,10 +30,13 @@ import torch
 # the package exports both classes in 0.5.17 and 0.5.23 (their modules were renamed in 0.5.23)
 from sglang.srt.mem_cache.unified_cache.components import EvictLayer, MambaComponent
 
+from dasc_runtime.account import ACCOUNT_TAG, CheckpointAccount, classify_origin
 from dasc_runtime.demotion import DemotionEngine
 from dasc_runtime.pool import DascCheckpointPool
 from dasc_runtime.sglang_api import api
-from dasc_runtime.side_channels import attach_component, insert_tier, mark_staged, set_insert_tier, tier_policy_of
+from dasc_runtime.side_channels import (attach_component, insert_origin, insert_tier, mark_reused, mark_staged,
+                                       pop_node_history, set_insert_origin, set_insert_tier, set_node_origin,
+                                       tier_policy_of)
 from dasc_runtime.tier_operations import TierOperations
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierBook, TierCounters, TierPolicy
 
@@ -52,6 +56,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
 
     Attributes:
         dpool: the compressed tier. policy: :class:`TierPolicy`. counters: :class:`TierCounters`.
+        account: :class:`~dasc_runtime.account.CheckpointAccount` (origin of each checkpoint, reuse,
+        evictions; logged and restarted at every flush).
         book: :class:`TierBook`. demotions: :class:`~dasc_runtime.demotion.DemotionEngine`.
         epoch: cache calls completed (one :meth:`maintain` each).
     Raises:
@@ -67,6 +73,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
         self.dpool: DascCheckpointPool = dpool
         self.policy: TierPolicy = tier_policy_of(dpool) or TierPolicy()
         self.counters = TierCounters()
+        self.account = CheckpointAccount()
         self.book = TierBook()
         self.demotions = DemotionEngine(cache=cache, dpool=dpool, book=self.book, counters=self.counters,
                                         component_type=self.component_type)
@@ -160,6 +167,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
         two later calls of this insert (:func:`~dasc_runtime.side_channels.set_insert_tier`). App.
         B.2 "Insertion and reuse".
         """
+        set_insert_origin(insert_params, classify_origin(is_finished=is_finished, fill_len=token_ids_len,
+                                                         prompt_len=len(req.origin_input_ids)))
         cache = self.cache
         pool = cache.req_to_token_pool
         st = SGLANG.mamba_state(req)
@@ -217,6 +226,10 @@ class DascMambaComponent(TierOperations, MambaComponent):
         if not had and cd.value is not None:
             tier = insert_tier(params, DENSE)
             self.book.set(cd, tier)
+            origin = insert_origin(params)
+            if origin is not None:
+                set_node_origin(cd, origin)
+                self.account.stored(origin)
             if tier == COMPRESSED:
                 self.counters.inserts_compressed += 1
             else:
@@ -258,7 +271,11 @@ class DascMambaComponent(TierOperations, MambaComponent):
         if params.cow_mamba:
             node = self.tree_core.node_by_id(result.best_match_node)
             if node is not self.tree_core.root_node and self.tier(node) is not None:
-                mark_staged(node.component_data[self.component_type], self.epoch)
+                cd = node.component_data[self.component_type]
+                mark_staged(cd, self.epoch)
+                first = mark_reused(cd)
+                if first is not None:
+                    self.account.reused(first)
         return super().finalize_match_result_in_cache(params, result)
 
     # ------------------------------------------------------------------ SGLang overrides: eviction
@@ -277,6 +294,9 @@ class DascMambaComponent(TierOperations, MambaComponent):
         if EvictLayer.DEVICE in target and cd.value is not None:
             assert node.id not in self.pending, f"node {node.id} is being demoted (pinned) and cannot be evicted"
             assert cd.lock_ref == 0, f"node {node.id} is locked (lock_ref={cd.lock_ref}) and cannot be evicted"
+            origin, reused = pop_node_history(cd)
+            if origin is not None:
+                self.account.evicted(origin, reused)
             if self.tier(node) == COMPRESSED:
                 self.dpool.free(cd.value)
                 self.tree_core.component_evictable_size_[self.component_type] -= len(cd.value)
@@ -340,10 +360,16 @@ class DascMambaComponent(TierOperations, MambaComponent):
         """SGLang resets per-session state when the cache is built or flushed (``reset()``).
 
         dasc: also waits for launched packs and drops pending demotions and the per-tier counts
-        (the tree and both pools are being emptied). Called once from SGLang's base constructor,
-        before dasc's own state exists.
+        (the tree and both pools are being emptied), and logs the checkpoint account of the stretch
+        since the last flush as one ``dasc account: {json}`` line (:mod:`dasc_runtime.account`),
+        unless nothing happened. Called once from SGLang's base constructor, before dasc's own state
+        exists.
         """
         super().reset_session_state()
         if hasattr(self, "demotions"):
             self.demotions.drop_all()
             self.book.reset()
+        if hasattr(self, "account"):
+            acct = self.account.close(self.counters)
+            if not CheckpointAccount.is_empty(acct):
+                logger.info("%s%s", ACCOUNT_TAG, json.dumps(acct, separators=(",", ":"), sort_keys=True))

@@ -25,6 +25,10 @@ insert tier         ``InsertParams._dasc_tier``          ``prepare_for_caching_r
                                                         ``cleanup_after_caching_req`` of the same insert see
                                                         only ``InsertParams`` (``base_prefix_cache.py``), whose
                                                         one Mamba field is ``mamba_value``.
+insert origin       ``InsertParams._dasc_origin``        the same insert: where the state was cached (chunk,
+                                                        prompt end, decode, reply end) is known in
+                                                        ``prepare_for_caching_req`` (it sees the request),
+                                                        the node gets it in ``commit_insert_component_data``.
 copy-on-write hint  ``_dasc_compressed_rows`` on         ``ModelRunner`` passes ``load_to_active`` only the
                     ``ScheduleBatch.mamba_cow_src_      concatenated source ids; telling native from compressed
                     indices``                           ids by value would read device memory (a sync) on the
@@ -35,6 +39,10 @@ staged epoch        ``ComponentData.metadata            the same dict: the cache
                     ["dasc_staged_epoch"]``             a staged copy-on-write source (not demoted or evicted
                                                         before the next call; ``finalize_match_result_in_cache``
                                                         runs before the scheduler locks the node).
+node origin         ``ComponentData.metadata            the same dict: the origin of the node's state and
+                    ["dasc_origin"]``, ``["dasc_reused"]``  whether it was ever a copy-on-write source
+                                                        (:mod:`dasc_runtime.account`; SGLang's nodes keep
+                                                        no such history).
 scratch rows        ``HybridReqToTokenPool.size``,      dasc-wr's scratch rows and Mamba slots: SGLang sizes the
                     ``_alloc_size``, ``free_slots``,    pool from its own config, so dasc builds it B larger and
                     ``mamba_allocator.size``            puts SGLang's sizes back; the top B rows / slots exist
@@ -61,6 +69,8 @@ __all__ = [
     "attach_tier_hint", "tier_hint", "attach_refresh_work", "refresh_work", "pop_refresh_work",
     "hide_scratch_rows",
     "node_tier", "set_node_tier", "pop_node_tier", "mark_staged", "is_staged",
+    "INSERT_ORIGIN_ATTR", "ORIGIN_KEY", "REUSED_KEY", "set_insert_origin", "insert_origin",
+    "set_node_origin", "mark_reused", "pop_node_history",
 ]
 
 SERVER_ARGS_ATTR = "_dasc_settings"
@@ -69,6 +79,9 @@ TIER_HINT_ATTR = "_dasc_compressed_rows"
 REFRESH_WORK_ATTR = "_dasc_refresh_work"
 TIER_KEY = "dasc_tier"
 STAGED_KEY = "dasc_staged_epoch"
+INSERT_ORIGIN_ATTR = "_dasc_origin"
+ORIGIN_KEY = "dasc_origin"
+REUSED_KEY = "dasc_reused"
 
 
 # ---------------------------------------------------------------- ServerArgs -> every scheduler process
@@ -123,6 +136,16 @@ def insert_tier(insert_params, default: str) -> str:
     if insert_params is None:
         return default
     return getattr(insert_params, INSERT_TIER_ATTR, default)
+
+
+def set_insert_origin(insert_params, origin: str) -> None:
+    """Record where this insert's state was cached (:func:`dasc_runtime.account.classify_origin`)."""
+    setattr(insert_params, INSERT_ORIGIN_ATTR, origin)
+
+
+def insert_origin(insert_params) -> Optional[str]:
+    """The origin recorded by :func:`set_insert_origin`, or None."""
+    return getattr(insert_params, INSERT_ORIGIN_ATTR, None) if insert_params is not None else None
 
 
 # ---------------------------------------------------------------- hit batch -> load_to_active
@@ -190,3 +213,24 @@ def mark_staged(component_data, epoch: int) -> None:
 def is_staged(component_data, epoch: int) -> bool:
     """True when the node was staged as a copy-on-write source during cache call ``epoch``."""
     return component_data.metadata.get(STAGED_KEY) == epoch
+
+
+def set_node_origin(component_data, origin: str) -> None:
+    """Record the origin of the node's new state (it has not been reused yet)."""
+    component_data.metadata[ORIGIN_KEY] = origin
+    component_data.metadata.pop(REUSED_KEY, None)
+
+
+def mark_reused(component_data) -> Optional[str]:
+    """Mark the node's state reused; returns its origin the first time, None after (or when unknown)."""
+    md = component_data.metadata
+    if md.get(REUSED_KEY) or ORIGIN_KEY not in md:
+        return None
+    md[REUSED_KEY] = True
+    return md[ORIGIN_KEY]
+
+
+def pop_node_history(component_data) -> tuple[Optional[str], bool]:
+    """Remove and return ``(origin, reused)`` of the node's state (``(None, False)`` when unrecorded)."""
+    md = component_data.metadata
+    return md.pop(ORIGIN_KEY, None), bool(md.pop(REUSED_KEY, False))

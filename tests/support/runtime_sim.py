@@ -478,6 +478,7 @@ class Sim:
             if content:
                 self._check_content(step, n, t)
         assert count == comp.book.counts(), f"step {step}: tier counts {comp.book.counts()} != recount {count}"
+        self._check_account(step)
         assert locked == comp.book.locked, f"step {step}: locked counts {comp.book.locked} != recount {locked}"
         for req in self.inflight:
             st = self.mamba(req)
@@ -504,6 +505,31 @@ class Sim:
             cd = n.component_data[self.MAMBA]
             assert cd.value is not None and cd.value.tolist() == value and comp.tier(n) == tier, \
                 f"step {step}: locked node {nid} changed ({tier}->{comp.tier(n)})"
+
+    def _check_account(self, step):
+        """The checkpoint account (runtime/account.py) agrees with the tree: per origin, stored minus evicted
+        = nodes holding a state of that origin, reused minus evicted-after-reuse = those marked reused."""
+        from dasc_runtime.account import ORIGINS
+
+        held = dict.fromkeys(ORIGINS, 0)
+        held_reused = dict.fromkeys(ORIGINS, 0)
+        for n in self.nodes():
+            md = n.component_data[self.MAMBA].metadata
+            if n.component_data[self.MAMBA].value is None:
+                assert "dasc_origin" not in md, f"step {step}: node {n.id} has an origin but no state"
+                continue
+            o = md.get("dasc_origin")
+            assert o in ORIGINS, f"step {step}: node {n.id} holds a state of unknown origin {o!r}"
+            held[o] += 1
+            held_reused[o] += bool(md.get("dasc_reused"))
+        c = self.comp.account.counts
+        for o in ORIGINS:
+            assert c["stored"][o] - c["evicted_unused"][o] - c["evicted_reused"][o] == held[o], \
+                f"step {step}: {o}: stored {c['stored'][o]} - evicted != held {held[o]} ({c})"
+            assert c["reused"][o] - c["evicted_reused"][o] == held_reused[o], \
+                f"step {step}: {o}: reused {c['reused'][o]} - evicted after reuse != held reused {held_reused[o]}"
+        assert c["stored"]["prompt"] == c["stored"]["decode"] == 0, f"step {step}: the simulation caches no prompt " \
+            f"ends and no decode states, the account says {c['stored']}"
 
     def _check_content(self, step, node, tier):
         toks = self.prefix_tokens(node)
