@@ -20,7 +20,8 @@ warm):
 
 Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD[__drift].json.gz`` (chat_replay results),
 ``manifest.json`` (one entry per run: order, role, arm, seed, wall, rc, the server's last dasc
-counter line; the settings), ``ARM/server.log``.
+counter line and, for dasc arms, the run's checkpoint account (runtime/account.py; a flush after
+the run logs it); the settings), ``ARM/server.log``.
 
     python3 -m benchmarks.run_chat up --arms-json /tmp/p/arms.json --plans /tmp/p --model /tmp/kimi16 \\
         --max-running-requests 8 --context-length 16640 --work /tmp/chat
@@ -100,6 +101,25 @@ def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
             "--context-length", str(a.context_length), "--max-running-requests", str(a.max_running_requests),
             "--cuda-graph-max-bs", str(a.max_running_requests), "--tp-size", "1", "--sleep-on-idle",
             *a.server_flag, *flags]
+
+
+def server_account(s: dict, log: Path, seen: int, wait_s: float = 5.0):
+    """Flush ``s``'s cache after a run and return the checkpoint account that flush logged
+    (``dasc account: {...}``, runtime/account.py: checkpoints stored / reused / evicted by origin and
+    the tier counters' changes since the flush before the run), or None: not a dasc arm, the flush was
+    refused, or no new line came within ``wait_s``. ``seen``: account lines in ``log`` before the run."""
+    from dasc_runtime.account import ACCOUNT_TAG, parse_account_line
+
+    if s.get("launch", {}).get("kind") != "dasc" or not flush(s["port"]):
+        return None
+    end = time.monotonic() + wait_s
+    while True:
+        lines = log_tail(log, ACCOUNT_TAG, n=seen + 1, limit=100_000)
+        if len(lines) > seen:
+            return parse_account_line(lines[-1])
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.2)
 
 
 def warm(port: int, lengths: Sequence[int], vocab: int) -> dict:
@@ -232,6 +252,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
                                      "role": role, "skipped": "server not up or flush refused"})
             return
+        server_log = a.work / arm / "server.log"
+        seen = len(log_tail(server_log, "dasc account: ", n=10**9, limit=1))
         out = runs_dir / f"{run_name(arm, seed, a.replay, a.pad_tokens, role)}.json.gz"
         cmd = [*CLIENT, "--trace", str(a.trace.resolve()), "--url", f"http://127.0.0.1:{s['port']}", "--arm", arm,
                "--seed", str(seed), "--conversations-per-seed", str(a.conversations_per_seed),
@@ -246,13 +268,14 @@ def cmd_run(a: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             rc, tail = -9, "cut by the deadline"
         dt = time.monotonic() - t
+        account = server_account(s, server_log, seen) if rc in (0, 1) else None
         if rc in (0, 1):   # the first estimate is replaced by what a run took
             state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
             state["ran"] += 1
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
                                  "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens, "file": out.name,
                                  "wall_s": round(dt, 1), "rc": rc, "client": tail.strip(),
-                                 "dasc_counters": log_tail(a.work / arm / "server.log", "dasc", 1)})
+                                 "dasc_counters": log_tail(server_log, "dasc", 1), "dasc_account": account})
         save_json(man_path, manifest)
         log(f"{arm} seed {seed} ({role}): rc {rc} in {dt:.0f} s: {tail.strip()[-200:]}")
 

@@ -16,6 +16,8 @@ Per run (``chat_replay`` records, successful requests):
   stored at the end of the served reply), ``prompt_end`` (a hit no longer than the previous prompt),
   ``lost`` (no hit although the bound was > 0: evicted before the turn came back);
 * ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
+* ``server_account``: what the dasc arms' servers counted themselves (checkpoints stored, reused and
+  evicted unused, by where they were stored; :mod:`benchmarks.ckpt_account`);
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
   the last third of the run exceed those over the middle third by more than half and by more than
   ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
@@ -36,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
 from dasc_compile.errors import DascInputError
 
@@ -185,7 +188,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "role": e["role"],
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
-                        "launch": launch, "max_running": mr, **run_stats(res, max_running=mr)})
+                        "launch": launch, "max_running": mr, "account": e.get("dasc_account"),
+                        **run_stats(res, max_running=mr)})
     return out
 
 
@@ -243,6 +247,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "e2e_ratio_vs_dense_spread": spread(re_d) if arm != "dense" else None,
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost")},
+                 "server_account": ckpt_account.aggregate(r.get("account") for r in mine),
                  "queue_s": s("queue_s")["mean"], "prefill_s": s("prefill_s")["mean"],
                  "failed": sum(r["failed"] for r in mine), "dense_drift": spread(drift) if arm == "dense" else None}
             objs.append(o)
@@ -309,6 +314,7 @@ def markdown(objs: Sequence[dict]) -> str:
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {o['capacity']} |")
         out.append("")
+        out.extend(ckpt_account.markdown_rows(rows))
     return "\n".join(out)
 
 

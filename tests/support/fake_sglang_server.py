@@ -13,6 +13,8 @@ from the arm's flags (Dense ``M - 3 R``, SGLang INT8 ``--int8-mamba-ckpt-size``,
 ``M' - 3 R + --dasc-pool-slots``). Generated ids depend on the prompt (so a served reply differs from
 the recorded one). With ``--enable-metrics`` the last event's ``meta_info`` carries ``queue_time``,
 ``forward_entry_time`` and ``prefill_finished_time`` as SGLang's request metrics do.
+A dasc arm (``--dasc-pool-slots``) prints a checkpoint account line at each ``/flush_cache``, in the
+runtime's format (runtime/account.py), counting its prompt and reply-end entries.
 ``FAKE_STARTUP_S`` delays /health, ``FAKE_DIE=1`` exits at start.
 Not a model of SGLang's latency: a rehearsal of the drivers' plumbing, timing and outputs.
 """
@@ -48,7 +50,19 @@ def main() -> int:
     else:
         k = max(1, (a.max_mamba_cache_size or 5 * r) - 3 * r + (a.dasc_pool_slots or 0))
     ready_at = time.monotonic() + float(os.environ.get("FAKE_STARTUP_S", "0"))
-    cache: OrderedDict[tuple, None] = OrderedDict()
+    cache: OrderedDict[tuple, list] = OrderedDict()     # sequence -> [origin, reused]
+    kinds = ("stored", "reused", "evicted_unused", "evicted_reused")
+    account = {k: {"chunk": 0, "prompt": 0, "decode": 0, "reply": 0} for k in kinds}
+    hits = [0]
+
+    def put(seq: tuple, origin: str) -> None:
+        if seq not in cache:
+            cache[seq] = [origin, False]
+            account["stored"][origin] += 1
+        cache.move_to_end(seq)
+        while len(cache) > k:
+            _, (o, used) = cache.popitem(last=False)
+            account["evicted_reused" if used else "evicted_unused"][o] += 1
     lock = threading.Lock()
     slots = threading.Semaphore(r)
     print(f"fake: Mamba Cache is allocated. max_mamba_cache_size: {a.max_mamba_cache_size}, cache K={k}", flush=True)
@@ -74,7 +88,13 @@ def main() -> int:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path == "/flush_cache":
                 with lock:
+                    if a.dasc_pool_slots and any(v for d in account.values() for v in d.values()):
+                        print("fake: dasc account: " + json.dumps({"origins": account,
+                                                                    "tiers": {"hits_compressed": hits[0]}}), flush=True)
                     cache.clear()
+                    for d in account.values():
+                        d.update(dict.fromkeys(d, 0))
+                    hits[0] = 0
                 return self._reply(200, b"")
             payload = json.loads(body)
             ids = tuple(payload["input_ids"])
@@ -94,10 +114,11 @@ def main() -> int:
                     cached = best // 64 * 64
                     if cached:
                         cache.move_to_end(hit)
-                    cache[ids] = None
-                    cache.move_to_end(ids)
-                    while len(cache) > k:
-                        cache.popitem(last=False)
+                        hits[0] += 1
+                        if not cache[hit][1]:
+                            cache[hit][1] = True
+                            account["reused"][cache[hit][0]] += 1
+                    put(ids, "prompt")
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -121,9 +142,7 @@ def main() -> int:
                                     prefill_finished_time=prefilled)
                     chunk(b"data: " + json.dumps({"output_ids": out, "meta_info": meta}).encode() + b"\n\n")
                 with lock:
-                    cache[ids + tuple(out[:-1])] = None
-                    while len(cache) > k:
-                        cache.popitem(last=False)
+                    put(ids + tuple(out[:-1]), "reply")
             chunk(b"data: [DONE]\n\n")
             chunk(b"")
 
