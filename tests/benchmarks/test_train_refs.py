@@ -5,6 +5,7 @@ against the horizon formula."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,3 +214,44 @@ def test_mamba2_checkpoint_compiles_to_the_heads_the_horizon_formula_keeps(data_
         assert [lp.kept_units for lp in p.layers] == [want[n][w] for n in names], w
     counts = [sum(len(k[w]) for k in want.values()) for w in W_MAX]
     assert counts[0] > counts[-1] and 0 < counts[1] < 12, counts      # the sets differ across w_max: a real check
+
+
+def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_them(data_dir, tmp_path):
+    """prepare.stage keeps each family's newest parts, carries only --families' (packed) with the shards;
+    pack's command-line unpacking (what train_refs.sh runs on the device) gives a directory train.py resumes."""
+    from benchmarks.train.prepare import stage
+    from benchmarks.train.train import main
+
+    prep = tmp_path / "prep"
+    (prep / "tokenizer").mkdir(parents=True)
+    for f in (data_dir / "tokenizer").iterdir():
+        (prep / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    shards = []
+    for f in sorted(data_dir.glob("shard-*.u16.xz")):
+        (prep / f.name).write_bytes(f.read_bytes())
+        shards.append({"file": f.name, "tokens": 1, "bytes": f.stat().st_size})
+    (prep / "meta.json").write_text(json.dumps({"shards": shards}))
+    main(_args(data_dir, tmp_path / "first", "mamba2", 2, "--pack-to", str(tmp_path / "returned")))
+    other = tmp_path / "gdn"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    pack.pack(other, tmp_path / "returned")
+    root = Path(__file__).resolve().parents[2]
+    call = tmp_path / "dev" / "call"
+    out = stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
+    assert out["resume"] == ["mamba2"] and out["shards"] == [s["file"] for s in shards]
+    assert sorted(p.name for p in (call / "resume").iterdir()) == sorted(
+        p.name for p in (tmp_path / "returned").glob("mamba2.tzp.*"))
+    assert sorted(p.name for p in (tmp_path / "dev" / "latest").iterdir()) == sorted(
+        p.name for p in (tmp_path / "returned").iterdir())
+    assert stage(prep, call, None, root, [], families=["gdn", "mamba2"])["resume"] == ["gdn", "mamba2"]
+
+    gdn, ck = pack.unpack_all(call / "resume", tmp_path / "device")
+    assert (gdn.name, ck.name) == ("gdn", "mamba2") and (ck / "train_state" / "optim.safetensors").exists()
+    state = main(_args(data_dir, tmp_path / "second", "mamba2", 1, "--resume", str(ck)))
+    assert state["step"] == 3 and [s["start_step"] for s in state["sessions"]] == [0, 2]
+
+    part = sorted((tmp_path / "returned").glob("mamba2.tzp.*"))[-1]
+    part.write_bytes(part.read_bytes()[:-10])
+    with pytest.raises(ValueError):
+        stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
