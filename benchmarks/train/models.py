@@ -4,7 +4,7 @@ GDN: ``Qwen3NextForCausalLM`` (model type ``qwen3_next``). KDA: ``KimiLinearForC
 (``kimi_linear``, transformers >= 5.17). Both: 8 layers, recurrent : full attention 3 : 1 as in the
 released models (layers 4 and 8 full attention), dense MLPs (no experts), hidden 256, the trimmed
 Qwen vocabulary of :mod:`benchmarks.train.tokenizer`. Sizes (``--size ref``) are set by what travels:
-a device call carries both models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
+a device call carries two models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
 
 Mamba2: ``NemotronHForCausalLM`` (``nemotron_h``, transformers >= 5.12). A Nemotron-H block holds one
 mixer or one MLP; the same 8 mixers as above (6 Mamba2, 2 attention: :func:`layer_types`) each followed
@@ -108,12 +108,14 @@ def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
 
     # time steps as released: dt_0 log-uniform in [1e-3, 0.1] at init, time_step_limit (0, inf) (no clamp in
     # mamba_ssm and SGLang; the trainer's scan, benchmarks/train/mamba2_chunk.py, follows it). No mamba_ssm
-    # kernels: nothing is looked up on the Hub and every machine runs the same arithmetic.
+    # kernels: nothing is looked up on the Hub and every machine runs the same arithmetic (5.24 ignores the flag
+    # and picks kernels where installed, but not in training: the scan is replaced there).
     return NemotronHConfig(
         vocab_size=vocab_size, hidden_size=s["hidden"], hybrid_override_pattern=nemotron_pattern(s["layers"]),
         intermediate_size=s["m2_mlp"], num_attention_heads=s["attn_heads"], num_key_value_heads=s["attn_kv"],
         head_dim=s["attn_dim"], mamba_num_heads=s["m2_h"], mamba_head_dim=s["m2_p"], ssm_state_size=s["m2_n"],
-        n_groups=s["m2_g"], conv_kernel=s["m2_k"], chunk_size=s["m2_chunk"], expand=s["m2_h"] * s["m2_p"] // s["hidden"],
+        n_groups=s["m2_g"], conv_kernel=s["m2_k"], chunk_size=s["m2_chunk"],
+        expand=s["m2_h"] * s["m2_p"] // s["hidden"],
         time_step_min=1e-3, time_step_max=0.1, time_step_floor=1e-4, time_step_limit=[0.0, float("inf")],
         use_mamba_kernels=False, layer_norm_epsilon=1e-5, initializer_range=0.02, tie_word_embeddings=False,
         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, max_position_embeddings=max_len)
