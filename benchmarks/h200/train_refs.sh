@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# One device call of reference-model training (issue 20 item 2): the GDN hybrid (Qwen3-Next architecture)
-# and the KDA hybrid (Kimi-Linear architecture) train side by side on the one GPU, each in its own
-# process, until a shared deadline; each saves where it stopped and packs itself into $OUT.
+# One device call of reference-model training (issue 20 item 2, issue 23 item 4): the GDN hybrid (Qwen3-Next
+# architecture), the KDA hybrid (Kimi-Linear architecture) and the Mamba2 hybrid (Nemotron-H architecture),
+# those FAMILIES names, train side by side on the one GPU, each in its own process, until a shared deadline;
+# each saves where it stopped and packs itself into $OUT.
 #
 # Here, on the CPU, before each call (benchmarks/train/prepare.py):
 #   python -m benchmarks.train.prepare data                         # once: tokenizer + shards (.dev/train/prep)
-#   python -m benchmarks.train.prepare stage [--returned DIR]       # DIR: the last call's files (gdn.tzp.*, kda.tzp.*)
+#   python -m benchmarks.train.prepare stage [--returned DIR] [--families F ...]   # DIR: the last call's files
+#     (gdn.tzp.*, kda.tzp.*, mamba2.tzp.*); F: the families this call trains (their checkpoints travel packed)
+# What fits one call (64 MiB in: tree 15.1 MiB + wheels ~3.8 + tokenizer 0.75 + 2 of margin = ~21.7 MiB, then the
+# packed `ref` checkpoints with their training state, gdn 14.5 / kda 15.5 / mamba2 15.7 MiB, then 2.5 MiB data
+# shards of ~4M tokens; out: 8 files of <= 16 MiB, run.log + summary.json + 1 part for gdn, 2 for kda and mamba2):
+#   fresh starts: any families (nothing carried in); out all three = 7 files, ~46 MiB
+#   resuming gdn + kda, mamba2 + gdn or mamba2 + kda: 11-12 MiB left, 4 shards (~16M tokens)
+#   resuming mamba2 alone: all 7 shards (17.6 MiB);  resuming all three: ~67 MiB, does not fit (stage refuses)
 # Device command (carry: .dev/train/call .dev/train/whl):
 #   bash benchmarks/h200/train_refs.sh [BUDGET_S]     (default 570; give the call timeout_s >= BUDGET_S + 15:
 #   a trainer still running at BUDGET_S - 10 gets SIGTERM (it saves), at BUDGET_S + 5 SIGKILL)
 # Environment: KERNELS=fla trains with flash-linear-attention's Triton ops (carried fla-core wheel; default
 # torch: transformers' PyTorch GDN, benchmarks/train/kda_chunk.py for KDA); FLA_PROBE=0 skips the background
 # probe of those ops (benchmarks/train/fla_probe.py, on by default when the wheel is carried, time-capped);
-# FAMILIES="gdn kda" picks the models; TRAIN_ARGS adds trainer flags to both.
+# FAMILIES="gdn kda" (default) picks the models, e.g. FAMILIES="mamba2" (it runs benchmarks/train/mamba2_chunk.py
+# whatever KERNELS says); TRAIN_ARGS adds trainer flags to all.
 # $OUT (at most 8 files): run.log (everything, each line tagged), summary.json (each model's last
-# record), gdn.tzp.NN and kda.tzp.NN (packed checkpoints with their training state; the next stage unpacks them).
+# record), <family>.tzp.NN (packed checkpoints with their training state; the next stage carries them on).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 T_START=$(date +%s)
@@ -43,13 +52,16 @@ export DASC_COMMIT=$(cat $CALL/commit.txt 2>/dev/null || echo unknown)
 if [ "$KERNELS" = fla ]; then export PYTHONPATH=/tmp/fla:$PYTHONPATH; fi
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$LOG"
 say "commit $DASC_COMMIT; data: $(cat $CALL/staged.json 2>/dev/null | tr -d '\n ')"
+if ls $CALL/resume/*.tzp.* >/dev/null 2>&1; then
+  python3 -m benchmarks.train.pack $CALL/resume /tmp/resume 2>&1 | tee -a "$LOG"
+fi
 
 n=$(echo $FAMILIES | wc -w)
 FRACTION=$(python3 -c "print(round(0.92 / $n, 2))")
 pids=()
 for fam in $FAMILIES; do
   resume=()
-  if [ -f "$CALL/resume/$fam/config.json" ]; then resume=(--resume "$CALL/resume/$fam"); fi
+  if [ -f "/tmp/resume/$fam/config.json" ]; then resume=(--resume "/tmp/resume/$fam"); fi
   say "$fam: ${resume[*]:-fresh start}"
   { timeout -k 15 $((STOP_AT - $(date +%s) + 10)) python3 -m benchmarks.train.train --family $fam --data $CALL \
       --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION "${resume[@]}" ${TRAIN_ARGS:-}; \

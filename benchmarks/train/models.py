@@ -1,10 +1,18 @@
-"""The two reference hybrids, built by transformers' own classes, and their checkpoint format.
+"""The three reference hybrids, built by transformers' own classes, and their checkpoint format.
 
 GDN: ``Qwen3NextForCausalLM`` (model type ``qwen3_next``). KDA: ``KimiLinearForCausalLM``
 (``kimi_linear``, transformers >= 5.17). Both: 8 layers, recurrent : full attention 3 : 1 as in the
 released models (layers 4 and 8 full attention), dense MLPs (no experts), hidden 256, the trimmed
 Qwen vocabulary of :mod:`benchmarks.train.tokenizer`. Sizes (``--size ref``) are set by what travels:
-a device call carries both models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
+a device call carries two models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
+
+Mamba2: ``NemotronHForCausalLM`` (``nemotron_h``, transformers >= 5.12). A Nemotron-H block holds one
+mixer or one MLP; the same 8 mixers as above (6 Mamba2, 2 attention: :func:`layer_types`) each followed
+by a ReLU^2 MLP except the Mamba2 layer just before an attention layer, as in the released pattern
+``M-M-M-M*-``: ``M-M-M*-M-M-M*-`` (14 blocks, given as ``hybrid_override_pattern``, which transformers
+5.12-5.24 all accept; 5.17 renamed the block kinds of ``layers_block_type`` to ``linear_attention`` /
+``full_attention`` and reads 5.12's names). 16 heads x 32 x d_state 64 per Mamba2 layer (expand 2,
+2 B/C groups), MLP 5.25 x hidden as released, no positional encoding, untied embeddings as released.
 
 A checkpoint directory (what ``save_checkpoint`` writes) is a Hugging Face model directory:
 ``config.json``, ``model-0000k-of-0000n.safetensors`` shards of at most 15 MB plus
@@ -12,33 +20,49 @@ A checkpoint directory (what ``save_checkpoint`` writes) is a Hugging Face model
 Kimi-Linear the released checkpoints' names, e.g. ``model.layers.0.self_attn.A_log``), tokenizer
 files, ``provenance.json``. Weights are bf16 except ``A_log`` and ``dt_bias`` (fp32, as serving
 engines keep them). The Kimi config also carries ``linear_attn_config`` (what dasc compile and the
-released Kimi-Linear configs use).
+released Kimi-Linear configs use). Nemotron-H checkpoints name their tensors as released
+(``backbone.layers.{i}.mixer.A_log``; transformers renames ``backbone.`` to ``model.`` on load); the
+config also carries ``hybrid_override_pattern`` and ``num_hidden_layers`` (as released; transformers'
+``to_dict`` leaves them out), and infinities as ``{"__float__": "Infinity"}`` (transformers' own
+spelling: ``time_step_limit`` is ``[0, inf]``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
 import torch
 
-FAMILIES = ("gdn", "kda")
+FAMILIES = ("gdn", "kda", "mamba2")
 DECAY_SUFFIXES = ("A_log", "dt_bias")
 SHARD_BYTES = 15_000_000          # < 16 MiB, the largest file a device call returns
 
-# hidden, MLP, layers, recurrent heads (GDN: key/value heads; KDA: heads), head dims, attention heads
+# hidden, MLP, mixer layers, recurrent heads (GDN: key/value heads; KDA: heads), head dims, attention heads;
+# Mamba2 (m2_): heads, head dim, d_state, B/C groups, conv kernel, scan chunk, MLP width
 SIZES = {
     "ref": dict(hidden=256, mlp=768, layers=8, gdn_hk=4, gdn_hv=16, gdn_dk=64, gdn_dv=32, kda_h=4, kda_d=64,
-                attn_heads=4, attn_kv=2, attn_dim=64),
+                attn_heads=4, attn_kv=2, attn_dim=64,
+                m2_h=16, m2_p=32, m2_n=64, m2_g=2, m2_k=4, m2_chunk=128, m2_mlp=1344),
     "smoke": dict(hidden=32, mlp=64, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=8, gdn_dv=8, kda_h=2, kda_d=8,
-                  attn_heads=2, attn_kv=1, attn_dim=16),
+                  attn_heads=2, attn_kv=1, attn_dim=16,
+                  m2_h=4, m2_p=16, m2_n=8, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=128),
 }
 
 
 def layer_types(n_layers: int) -> list[str]:
     """Every 4th layer full attention (Qwen3-Next's and Kimi-Linear's 3 : 1)."""
     return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layers)]
+
+
+def nemotron_pattern(n_mixers: int) -> str:
+    """Nemotron-H blocks for ``layer_types(n_mixers)``: M (Mamba2) or * (attention), each followed by an
+    MLP (-) unless the next mixer is attention (released: ``M-M-M-M*-``); 8 mixers: ``M-M-M*-M-M-M*-``."""
+    kinds = layer_types(n_mixers)
+    return "".join(("*" if k == "full_attention" else "M") + ("" if nxt == "full_attention" else "-")
+                   for k, nxt in zip(kinds, kinds[1:] + [None]))
 
 
 def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: int = 8192):
@@ -52,6 +76,8 @@ def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: 
     if size not in SIZES:
         raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
     s = SIZES[size]
+    if family == "mamba2":
+        return _nemotron_config(s, vocab_size, eos_id, max_len)
     kinds = layer_types(s["layers"])
     common = dict(vocab_size=vocab_size, hidden_size=s["hidden"], intermediate_size=s["mlp"],
                   num_hidden_layers=s["layers"], layer_types=kinds, num_attention_heads=s["attn_heads"],
@@ -75,6 +101,24 @@ def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: 
         qk_rope_head_dim=s["attn_dim"] // 2, qk_nope_head_dim=s["attn_dim"], v_head_dim=s["attn_dim"],
         num_experts=1, num_experts_per_tok=1, moe_intermediate_size=s["mlp"], tie_word_embeddings=False,
         max_position_embeddings=max_len)
+
+
+def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
+    from transformers import NemotronHConfig
+
+    # time steps as released: dt_0 log-uniform in [1e-3, 0.1] at init, time_step_limit (0, inf) (no clamp in
+    # mamba_ssm and SGLang; the trainer's scan, benchmarks/train/mamba2_chunk.py, follows it). No mamba_ssm
+    # kernels: nothing is looked up on the Hub and every machine runs the same arithmetic (5.24 ignores the flag
+    # and picks kernels where installed, but not in training: the scan is replaced there).
+    return NemotronHConfig(
+        vocab_size=vocab_size, hidden_size=s["hidden"], hybrid_override_pattern=nemotron_pattern(s["layers"]),
+        intermediate_size=s["m2_mlp"], num_attention_heads=s["attn_heads"], num_key_value_heads=s["attn_kv"],
+        head_dim=s["attn_dim"], mamba_num_heads=s["m2_h"], mamba_head_dim=s["m2_p"], ssm_state_size=s["m2_n"],
+        n_groups=s["m2_g"], conv_kernel=s["m2_k"], chunk_size=s["m2_chunk"],
+        expand=s["m2_h"] * s["m2_p"] // s["hidden"],
+        time_step_min=1e-3, time_step_max=0.1, time_step_floor=1e-4, time_step_limit=[0.0, float("inf")],
+        use_mamba_kernels=False, layer_norm_epsilon=1e-5, initializer_range=0.02, tie_word_embeddings=False,
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, max_position_embeddings=max_len)
 
 
 def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int):
@@ -104,8 +148,23 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _json_floats(v):
+    """inf / nan as transformers writes them (``{"__float__": "Infinity"}``): plain JSON, read back by
+    transformers and by dasc compile."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"__float__": "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")}
+    if isinstance(v, dict):
+        return {k: _json_floats(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_floats(x) for x in v]
+    return v
+
+
 def _config_json(model) -> dict:
     d = model.config.to_dict()
+    if d.get("model_type") == "nemotron_h":
+        d["hybrid_override_pattern"] = model.config.hybrid_override_pattern
+        d["num_hidden_layers"] = len(d["layers_block_type"])
     if d.get("model_type") == "kimi_linear":
         kinds = d["layer_types"]
         d["linear_attn_config"] = {
@@ -114,7 +173,7 @@ def _config_json(model) -> dict:
             "kda_layers": [i + 1 for i, k in enumerate(kinds) if k == "linear_attention"],
             "full_attn_layers": [i + 1 for i, k in enumerate(kinds) if k == "full_attention"]}
     d["dtype"] = "bfloat16"
-    return d
+    return _json_floats(d)
 
 
 def save_checkpoint(model, out: Path, tokenizer_dir: Path | None, provenance: dict | None) -> Path:

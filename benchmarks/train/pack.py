@@ -5,6 +5,9 @@ bytes, then odd bytes: for bf16 weights that puts the sign/exponent bytes togeth
 well) and zlib-compressed, then cut into parts ``NAME.tzp.00``, ``NAME.tzp.01``, ... of at most
 ``PART_BYTES`` (under the 16 MiB a device call returns per file). bf16 weights shrink to about 70 %.
 Tar puts file contents at 512-byte offsets, so every tensor starts on an even byte.
+
+``python -m benchmarks.train.pack SRC DEST`` unpacks every packed directory in SRC into DEST (what the
+device driver benchmarks/h200/train_refs.sh does with the checkpoints a call carries in packed).
 """
 
 from __future__ import annotations
@@ -74,3 +77,23 @@ def unpack(parts: list[Path], dest: Path) -> Path:
         tf.extractall(dest, filter="data")
         top = tf.getnames()[0].split("/")[0]
     return dest / top
+
+
+def unpack_all(src: Path, dest: Path) -> list[Path]:
+    """Unpack every directory packed in ``src`` (each group of ``NAME.tzp.NN``) into ``dest``; returns them
+    in name order.
+
+    Raises:
+        ValueError: a group is missing a part or damaged (:func:`unpack`).
+    """
+    names = sorted({p.name.split(".tzp.")[0] for p in Path(src).glob("*.tzp.*")})
+    return [unpack(list(Path(src).glob(f"{n}.tzp.*")), dest) for n in names]
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python -m benchmarks.train.pack SRC DEST")
+    for d in unpack_all(Path(sys.argv[1]), Path(sys.argv[2])):
+        print(f"unpacked {d}")

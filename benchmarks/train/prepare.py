@@ -11,9 +11,13 @@ the training conversations, benchmarks/train/tokenizer.py) and cut into shards o
 tokens (``shard-NNN.u16.xz``). Writes ``tokenizer/``, the shards and ``meta.json``.
 
 ``stage``: fills ``.dev/train/call/`` (the one folder a device call carries) with the tokenizer, the
-checkpoints to resume (unpacked from the files the last call returned, ``--returned``), and as many
-shards as fit in the 64 MiB a call carries, continuing after the shards the last call used (kept in
-``.dev/train/call/next_shard``). Prints the carry size and the command line.
+checkpoints to resume of ``--families`` (packed as the last calls returned them: ``--returned`` parts
+are checked by unpacking here and kept as each family's newest in ``.dev/train/latest/``; the device
+unpacks them, benchmarks/h200/train_refs.sh),
+and as many shards as fit in the 64 MiB a call carries, continuing after the shards the last call used
+(kept in ``.dev/train/call/next_shard``). Prints the carry size. Packed, a ``ref`` checkpoint with its
+training state carries ~14.5 MiB (gdn), ~15.5 (kda), ~15.7 (mamba2) instead of ~21-23 MiB unpacked;
+which families fit one call: the header of benchmarks/h200/train_refs.sh.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import random
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +36,7 @@ import numpy as np
 
 from benchmarks.train import pack
 from benchmarks.train.data import write_shard
+from benchmarks.train.models import FAMILIES
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
 
 CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
@@ -88,18 +94,37 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list[Path]) -> dict:
+def _stage_resume(call: Path, returned: Path | None, families) -> Path:
+    """Keep each family's newest packed checkpoint in ``call``'s sibling ``latest/`` (from ``returned``,
+    after a test unpacking: a damaged or missing part fails here, not on the device) and copy those of
+    ``families`` into ``call/resume/``, which holds nothing else. Returns ``call/resume``."""
+    latest, resume = call.parent / "latest", call / "resume"
+    latest.mkdir(parents=True, exist_ok=True)
+    for fam in FAMILIES:
+        parts = sorted(returned.glob(f"{fam}.tzp.*")) if returned is not None else []
+        if parts:
+            with tempfile.TemporaryDirectory() as tmp:
+                pack.unpack(parts, Path(tmp))
+            for old in latest.glob(f"{fam}.tzp.*"):
+                old.unlink()
+            for p in parts:
+                shutil.copy2(p, latest / p.name)
+    shutil.rmtree(resume, ignore_errors=True)
+    resume.mkdir(parents=True)
+    for fam in families:
+        for p in latest.glob(f"{fam}.tzp.*"):
+            shutil.copy2(p, resume / p.name)
+    return resume
+
+
+def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list[Path],
+          families=FAMILIES) -> dict:
     """Fill ``call`` for the next device call (see the module docstring); returns what it staged."""
     meta = json.loads((prep / "meta.json").read_text())
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
-    if returned is not None:
-        for fam in ("gdn", "kda"):
-            parts = sorted(returned.glob(f"{fam}.tzp.*"))
-            if parts:
-                shutil.rmtree(call / "resume" / fam, ignore_errors=True)
-                pack.unpack(parts, call / "resume")
+    resume = _stage_resume(call, returned, families)
     for old in call.glob("shard-*.u16.xz"):
         old.unlink()
     next_file = call / "next_shard"
@@ -117,7 +142,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         staged.append(s["file"])
         n_tok += s["tokens"]
     if not staged:
-        raise SystemExit(f"no shard fits: {used / 2**20:.1f} MiB are taken before any data (limit 64 MiB)")
+        raise SystemExit(f"no shard fits: {used / 2**20:.1f} MiB are taken before any data (limit 64 MiB; "
+                         f"resuming {sorted(families)}: stage fewer --families)")
     next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
@@ -127,7 +153,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
             "tree_mib": round(_tree_bytes(root) / 2 ** 20, 2),
             "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
-            "resume": sorted(p.name for p in (call / "resume").glob("*")) if (call / "resume").exists() else []}
+            "resume": sorted({p.name.split(".tzp.")[0] for p in resume.glob("*.tzp.*")})}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,7 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("stage")
     s.add_argument("--prep", type=Path, default=Path(".dev/train/prep"))
     s.add_argument("--call", type=Path, default=Path(".dev/train/call"))
-    s.add_argument("--returned", type=Path, default=None, help="folder holding the last call's gdn.tzp.* / kda.tzp.*")
+    s.add_argument("--returned", type=Path, default=None,
+                   help="folder holding the last call's packed checkpoints (gdn.tzp.*, kda.tzp.*, mamba2.tzp.*)")
+    s.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES),
+                   help="whose checkpoints this call resumes (the FAMILIES the call trains; default: all)")
     s.add_argument("--also-carried", type=Path, nargs="*", default=[Path(".dev/train/whl")],
                    help="other carried folders counted against the 64 MiB")
     a = ap.parse_args(argv)
@@ -152,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: v for k, v in meta.items() if k != "shards"} | {"n_shards": len(meta["shards"]),
               "shard_mib": round(sum(s["bytes"] for s in meta["shards"]) / 2 ** 20, 2)}, indent=1))
     else:
-        print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried)), indent=1))
+        print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families), indent=1))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Train one reference hybrid (GDN: Qwen3-Next architecture, KDA: Kimi-Linear) for one time-boxed session,
-starting fresh or resuming from a checkpoint directory, and save where it stopped.
+"""Train one reference hybrid (GDN: Qwen3-Next architecture, KDA: Kimi-Linear, Mamba2: Nemotron-H) for one
+time-boxed session, starting fresh or resuming from a checkpoint directory, and save where it stopped.
 
     python -m benchmarks.train.train --family gdn --data .dev/train/call --out DIR [--resume DIR]
         [--stop-at EPOCH_S] [--pack-to $OUT] [--max-steps N] ...
@@ -18,6 +18,13 @@ sets vs init, benchmarks/train/decays.py) and, with ``--pack-to``, the packed pa
 Every logged interval prints one JSON line: loss (text rows and recall rows), teacher-forced accuracy
 on recall answers, tokens/s, learning rate, gradient norm, mean |change| of A_log and dt_bias.
 Precision: fp32 master weights, bf16 autocast on CUDA; the recurrences run in fp32.
+
+Kernels (``kernels_in_use``, recorded per session): GDN transformers' PyTorch fallbacks, KDA
+benchmarks/train/kda_chunk.py, both flash-linear-attention's when it is importable. Mamba2 always runs
+benchmarks/train/mamba2_chunk.py's scan inside transformers' Nemotron-H mixers: without mamba_ssm /
+causal_conv1d (and the config sets ``use_mamba_kernels`` off) transformers 5.12 would run its
+``torch_forward``, whose chunked scan is wrong past the first ``chunk_size`` tokens; the conv is the
+mixer's own ``nn.Conv1d``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ import torch
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
 from benchmarks.train.data import Batches, read_shard
-from benchmarks.train.models import build_model, checkpoint_decays, decays, load_model, n_params, save_checkpoint
+from benchmarks.train.models import (FAMILIES, build_model, checkpoint_decays, decays, load_model, n_params,
+                                     save_checkpoint)
 from benchmarks.train.tokenizer import EOS, load_tokenizer
 
 T0 = time.time()
@@ -60,7 +68,7 @@ def log(rec: dict, fh=None) -> None:
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", choices=("gdn", "kda"), required=True)
+    ap.add_argument("--family", choices=FAMILIES, required=True)
     ap.add_argument("--size", default="ref")
     ap.add_argument("--data", type=Path, required=True, help="folder with tokenizer/ and shard-*.u16.xz")
     ap.add_argument("--out", type=Path, required=True)
@@ -110,6 +118,9 @@ def _sha(sd: dict) -> str:
 
 
 def kernels_in_use(family: str) -> str:
+    if family == "mamba2":      # installed on the model by main() (benchmarks.train.mamba2_chunk.use_chunk_scan)
+        return ("benchmarks/train/mamba2_chunk.py (plain PyTorch chunked SSD, dt unclamped as time_step_limit "
+                "says) in transformers' NemotronHMamba2Mixer; conv: its nn.Conv1d")
     if importlib.util.find_spec("fla") is not None:
         return "flash-linear-attention (picked by transformers at import)"
     if family == "kda":
@@ -163,6 +174,10 @@ def main(argv=None) -> dict:
     stream, shards = load_stream(a.data)
     a.out.mkdir(parents=True, exist_ok=True)
     model, state, init, opt_state, exact = start(a, tok)
+    if a.family == "mamba2":
+        from benchmarks.train.mamba2_chunk import use_chunk_scan
+
+        use_chunk_scan(model)
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     if cuda:
@@ -329,7 +344,9 @@ def provenance(a, state: dict, tok) -> dict:
     s = state["sessions"]
     return {
         "model": {"gdn": "GDN hybrid, Qwen3-Next architecture (transformers Qwen3NextForCausalLM)",
-                  "kda": "KDA hybrid, Kimi-Linear architecture (transformers KimiLinearForCausalLM)"}[a.family],
+                  "kda": "KDA hybrid, Kimi-Linear architecture (transformers KimiLinearForCausalLM)",
+                  "mamba2": "Mamba2 hybrid, Nemotron-H architecture (transformers NemotronHForCausalLM), trained "
+                            "with dt unclamped (time_step_limit (0, inf), as mamba_ssm and SGLang)"}[a.family],
         "trained_by": "benchmarks/train/train.py (dasc), sessions driven by benchmarks/h200/train_refs.sh",
         "parameters": s[-1]["params"] if s else None,
         "tokenizer": json.loads((a.data / "tokenizer" / "tokenizer_config.json").read_text()).get("dasc_source"),

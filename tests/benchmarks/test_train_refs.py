@@ -1,9 +1,11 @@
 """The reference-model trainer (benchmarks/train/) on tiny shapes, on the CPU: decay optimiser group,
-batches, resume (exact and travelling state), checkpoint format, packing."""
+batches, resume (exact and travelling state), checkpoint format, packing; the Mamba2 checkpoint's plan
+against the horizon formula."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +31,8 @@ def _has_kimi() -> bool:
         return False
 
 
-FAMILIES = ["gdn", pytest.param("kda", marks=pytest.mark.skipif(not _has_kimi(), reason="transformers < 5.17"))]
+FAMILIES = ["gdn", pytest.param("kda", marks=pytest.mark.skipif(not _has_kimi(), reason="transformers < 5.17")),
+            "mamba2"]
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +149,7 @@ def test_checkpoint_loads_with_transformers_and_dasc_compiles_it(data_dir, tmp_p
     main(_args(data_dir, tmp_path, family, 2))
     ck = tmp_path / family
     model = AutoModelForCausalLM.from_pretrained(str(ck))
-    assert model.config.model_type == {"gdn": "qwen3_next", "kda": "kimi_linear"}[family]
+    assert model.config.model_type == {"gdn": "qwen3_next", "kda": "kimi_linear", "mamba2": "nemotron_h"}[family]
     tok = AutoTokenizer.from_pretrained(str(ck))
     assert tok.decode(tok.encode("the river", add_special_tokens=False)) == "the river"
     prov = json.loads((ck / "provenance.json").read_text())
@@ -183,3 +186,72 @@ def test_pack_round_trip_and_damage(tmp_path):
     parts[0].write_bytes(bytes(blob))
     with pytest.raises(ValueError):
         pack.unpack(parts, tmp_path / "bad")
+
+
+def test_mamba2_checkpoint_compiles_to_the_heads_the_horizon_formula_keeps(data_dir, tmp_path):
+    """dasc compile (the CLI at w_max 16, the compiler at the others) on a trained Mamba2 checkpoint keeps, per
+    layer, the heads of the formula H = ln(eps) / (-exp(A_log) softplus(dt_bias)) > w_max computed from the
+    file's bytes independently of dasc (tests/compile/test_mamba2.py)."""
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import Policy
+    from tests.compile.test_mamba2 import W_MAX, independent_kept
+    from tests.support.clihelp import dasc
+
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path, "mamba2", 2))
+    ck = tmp_path / "mamba2"
+    want = independent_kept(ck / "model.safetensors")
+    assert sorted(want) == [f"backbone.layers.{i}.mixer.A_log" for i in (0, 2, 4)]       # pattern M-M-M*-
+    r = dasc("compile", ck, "--wmax", "16", "--out", tmp_path / "w16.dasc")
+    assert r.code == 0, r.err
+    plan = json.loads((tmp_path / "w16.dasc" / "plan.json").read_text())
+    assert plan["model"]["family"] == "mamba2" and [lp["layer_id"] for lp in plan["layers"]] == [0, 2, 4]
+    names = plan["fingerprint"]["decay_tensors"][::2]
+    assert {n: lp["kept_units"] for n, lp in zip(names, plan["layers"])} == {n: k[16] for n, k in want.items()}
+    for w in W_MAX[1:]:
+        p, _ = compile_plan(ck, Policy(w_max=w), tmp_path / f"w{w}", with_kernels=False)
+        assert [lp.kept_units for lp in p.layers] == [want[n][w] for n in names], w
+    counts = [sum(len(k[w]) for k in want.values()) for w in W_MAX]
+    assert counts[0] > counts[-1] and 0 < counts[1] < 12, counts      # the sets differ across w_max: a real check
+
+
+def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_them(data_dir, tmp_path):
+    """prepare.stage keeps each family's newest parts, carries only --families' (packed) with the shards;
+    pack's command-line unpacking (what train_refs.sh runs on the device) gives a directory train.py resumes."""
+    from benchmarks.train.prepare import stage
+    from benchmarks.train.train import main
+
+    prep = tmp_path / "prep"
+    (prep / "tokenizer").mkdir(parents=True)
+    for f in (data_dir / "tokenizer").iterdir():
+        (prep / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    shards = []
+    for f in sorted(data_dir.glob("shard-*.u16.xz")):
+        (prep / f.name).write_bytes(f.read_bytes())
+        shards.append({"file": f.name, "tokens": 1, "bytes": f.stat().st_size})
+    (prep / "meta.json").write_text(json.dumps({"shards": shards}))
+    main(_args(data_dir, tmp_path / "first", "mamba2", 2, "--pack-to", str(tmp_path / "returned")))
+    other = tmp_path / "gdn"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    pack.pack(other, tmp_path / "returned")
+    root = Path(__file__).resolve().parents[2]
+    call = tmp_path / "dev" / "call"
+    out = stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
+    assert out["resume"] == ["mamba2"] and out["shards"] == [s["file"] for s in shards]
+    assert sorted(p.name for p in (call / "resume").iterdir()) == sorted(
+        p.name for p in (tmp_path / "returned").glob("mamba2.tzp.*"))
+    assert sorted(p.name for p in (tmp_path / "dev" / "latest").iterdir()) == sorted(
+        p.name for p in (tmp_path / "returned").iterdir())
+    assert stage(prep, call, None, root, [], families=["gdn", "mamba2"])["resume"] == ["gdn", "mamba2"]
+
+    gdn, ck = pack.unpack_all(call / "resume", tmp_path / "device")
+    assert (gdn.name, ck.name) == ("gdn", "mamba2") and (ck / "train_state" / "optim.safetensors").exists()
+    state = main(_args(data_dir, tmp_path / "second", "mamba2", 1, "--resume", str(ck)))
+    assert state["step"] == 3 and [s["start_step"] for s in state["sessions"]] == [0, 2]
+
+    part = sorted((tmp_path / "returned").glob("mamba2.tzp.*"))[-1]
+    part.write_bytes(part.read_bytes()[:-10])
+    with pytest.raises(ValueError):
+        stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
