@@ -59,7 +59,7 @@ def markdown_rows(objs: Sequence[dict]) -> list[str]:
     if not rows:
         return []
     used = [x for x in ORIGINS if any(o["server_account"]["stored"][x] for o in rows)] or ["prompt", "reply"]
-    head = " | ".join(f"{x}: stored / reused / evicted unused" for x in used)
+    head = " | ".join(f"{x}: stored / share reused / share evicted unused" for x in used)
     out = ["Server-side checkpoint account (runtime/account.py; summed over the runs):", "",
            f"| arm | runs | {head} | hits c / d |", "|---|---:|" + "---|" * len(used) + "---|"]
     for o in rows:

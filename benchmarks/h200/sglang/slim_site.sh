@@ -55,6 +55,15 @@ for d in cutlass/include cutlass/tools/util/include cccl/cub/cub cccl/libcudacxx
          include csrc spdlog/include; do
   [ -d "$FD/$d" ] || { echo "error: $SITE/$FD/$d is missing (flashinfer's JIT needs it)" >&2; exit 2; }
 done
+# flashinfer 0.7 (SGLang 0.5.23's pin) ships the CUDA sources its JIT builds optional kernels from (258 MiB):
+# the 0.5.23 site exists for ONE try serving the tiny Qwen3-Next model (sglang_new_try.sh: triton attention,
+# pytorch sampling, triton MoE, SGLang's own GDN kernels), which compiles none of the sources below, and the
+# whole carry must stay under 64 MiB. Removed for that build only: DeepSeek-V4, KDA, MoE, FMHA, sampling,
+# Blackwell / sm100 / sm120 and experimental sources. The 0.5.17 site (flashinfer 0.6) is left as it was.
+if ls -d flashinfer_python-0.7.* >/dev/null 2>&1; then
+  ( cd $FD/csrc && rm -rf cake_dsv4 cake_sampling kda fused_moe cake_fmha cake_bgmv_moe experimental \
+      blackwell_* *sm100* *sm120* cake_trtllm_mla_blackwell cake_kimi_k3_mla cake_minimax_* )
+fi
 rm -rf tvm_ffi/3rdparty/libbacktrace
 find . -depth -type d \( -name tests -o -name __pycache__ \) -exec rm -rf {} +
 find . -type f -name '*.pyi' -delete
