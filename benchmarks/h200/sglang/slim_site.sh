@@ -59,8 +59,13 @@ done
 # the 0.5.23 site exists for ONE try serving the tiny Qwen3-Next model (sglang_new_try.sh: triton attention,
 # pytorch sampling, triton MoE, SGLang's own GDN kernels), which compiles none of the sources below, and the
 # whole carry must stay under 64 MiB. Removed for that build only: DeepSeek-V4, KDA, MoE, FMHA, sampling,
-# Blackwell / sm100 / sm120 and experimental sources. The 0.5.17 site (flashinfer 0.6) is left as it was.
+# Blackwell / sm100 / sm120 and experimental sources. Also 0.5.23's Rust extensions that this server never
+# loads: _server (only with SGLANG_RUST_SERVER, rust_server/server.py), _grpc (only with --grpc-port,
+# utils/common.py and entrypoints/http_server.py), _bench (benchmark/rust_client.py) and _multimodal (lazy, in
+# multimodal processors); rust_tree_core stays. The 0.5.17 site (flashinfer 0.6) is left as it was.
 if ls -d flashinfer_python-0.7.* >/dev/null 2>&1; then
+  rm -f sglang/srt/rust_extensions/_server.*.so sglang/srt/rust_extensions/_grpc.*.so \
+        sglang/srt/rust_extensions/_bench.*.so sglang/srt/rust_extensions/_multimodal.*.so
   ( cd $FD/csrc && rm -rf cake_dsv4 cake_sampling kda fused_moe cake_fmha cake_bgmv_moe experimental \
       blackwell_* *sm100* *sm120* cake_trtllm_mla_blackwell cake_kimi_k3_mla cake_minimax_* )
 fi
