@@ -164,6 +164,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
     started = []
+    procs: dict[str, subprocess.Popen] = {}
     for i, n in enumerate(names):
         s = servers.get(n)
         if s and alive(s["pid"]) and healthy(s["port"]):
@@ -180,6 +181,7 @@ def cmd_up(a: argparse.Namespace) -> int:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                  cwd=a.work)
         servers[n] = {"pid": p.pid, "port": port, "launch": arms[n], "command": " ".join(cmd), "up_s": None}
+        procs[n] = p
         started.append(n)
         log(f"{n}: launched on port {port}")
         time.sleep(a.stagger_s)
@@ -188,6 +190,7 @@ def cmd_up(a: argparse.Namespace) -> int:
     while pending and time.monotonic() - t0 < a.startup_deadline_s:
         for n in list(pending):
             s = servers[n]
+            procs[n].poll()   # reap a leader that exited: a zombie still counts for alive()'s killpg
             if not alive(s["pid"]):
                 s["failure"] = "exited during start-up: " + " | ".join(log_tail(a.work / n / "server.log", n=4))
                 log(f"{n}: {s['failure']}")

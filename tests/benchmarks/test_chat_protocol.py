@@ -124,6 +124,26 @@ def test_kill_stops_children_left_after_the_leader_exited():
     assert _state(child) in ("", "Z") and not ss.alive(proc.pid)
 
 
+def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkeypatch):
+    """A server that dies at start (a bad flag, a missing file) is reported with its log's last lines
+    at once, not after the whole --startup-deadline-s (330 s by default) of a device call."""
+    from benchmarks import run_chat
+
+    monkeypatch.setenv("FAKE_DIE", "1")
+    (tmp_path / "arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
+                                                     "flags": ["--max-running-requests", "4"]}]))
+    work = tmp_path / "w"
+    t0 = time.monotonic()
+    rc = run_chat.main(["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path),
+                        "--model", str(tmp_path), "--launcher",
+                        f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
+                        "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "40", "--base-port", str(_free_port()),
+                        "--work", str(work)])
+    assert rc == 1 and time.monotonic() - t0 < 20
+    failure = json.loads((work / "servers.json").read_text())["dense"]["failure"]
+    assert failure.startswith("exited during start-up") and "dying at start as asked" in failure
+
+
 def test_port_busy_only_while_someone_listens():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
