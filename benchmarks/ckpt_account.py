@@ -19,6 +19,7 @@ plan (Dense, SGLang INT8) have no account.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Iterable, Optional, Sequence
 
@@ -26,18 +27,66 @@ ORIGINS = ("chunk", "prompt", "decode", "reply")
 KINDS = ("stored", "reused", "evicted_unused", "evicted_reused")
 
 
-def aggregate(accounts: Iterable[Optional[dict]]) -> Optional[dict]:
+def _show(x) -> str:
+    try:
+        text = json.dumps(x)
+    except (TypeError, ValueError):
+        text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def problem(account) -> Optional[str]:
+    """What is wrong with one run's ``dasc_account`` (``None`` is fine: no account), or None.
+
+    The runtime's format: ``{"origins": {KIND: {ORIGIN: count}}, "tiers": {name: number}}`` with
+    KIND in :data:`KINDS`, ORIGIN in :data:`ORIGINS` and counts non-negative integers (a kind or
+    origin left out counts 0). Anything else would be summed wrongly or dropped without a word.
+    """
+    want = ('expected null or {"origins": {KIND: {ORIGIN: count}}, "tiers": {...}} with KIND one of '
+            f"{', '.join(KINDS)}, ORIGIN one of {', '.join(ORIGINS)} and counts integers >= 0")
+    if account is None:
+        return None
+    if not isinstance(account, dict) or not isinstance(account.get("origins"), dict):
+        return f"{want}; got {_show(account)}"
+    for k, per in account["origins"].items():
+        if k not in KINDS:
+            return f"origins.{k}: not a kind of the account; {want}"
+        if not isinstance(per, dict):
+            return f"origins.{k}: {want}; got {_show(per)}"
+        for o, v in per.items():
+            if o not in ORIGINS:
+                return f"origins.{k}.{o}: not an origin of the account; {want}"
+            if not _count(v):
+                return f"origins.{k}.{o}: {want}; got {_show(v)}"
+    tiers = account.get("tiers", {})
+    if not isinstance(tiers, dict):
+        return f"tiers: expected an object of tier counters, got {_show(tiers)}"
+    for k in ("hits_compressed", "hits_dense"):
+        if k in tiers and not _count(tiers[k]):
+            return f"tiers.{k}: expected an integer >= 0, got {_show(tiers[k])}"
+    return None
+
+
+def aggregate(accounts: Iterable[Optional[dict]], *, without: int = 0) -> Optional[dict]:
     """Sum the per-run accounts (None entries skipped) of one arm and condition.
 
+    Args:
+        accounts: each run's ``dasc_account`` (checked by :func:`problem` beforehand).
+        without: the arm's dasc runs whose flush logged no account (refused, or the line was cut).
     Returns:
-        None when no run has an account, else ``{"runs": n, KIND: {origin: int}, "reuse_frac":
-        {origin: float}, "wasted_frac": {origin: float}, "hits_compressed": int, "hits_dense": int}``
-        (fractions NaN where nothing of that origin was stored).
+        None when no run has an account and none lacks one (no dasc arm, or manifests from before
+        the account), else ``{"runs": n, "runs_without_account": without, KIND: {origin: int},
+        "reuse_frac": {origin: float}, "wasted_frac": {origin: float}, "hits_compressed": int,
+        "hits_dense": int}`` (fractions NaN where nothing of that origin was stored).
     """
     got = [a for a in accounts if isinstance(a, dict) and isinstance(a.get("origins"), dict)]
-    if not got:
+    if not got and not without:
         return None
-    out: dict = {"runs": len(got)}
+    out: dict = {"runs": len(got), "runs_without_account": without}
     for k in KINDS:
         out[k] = {o: sum(int((a["origins"].get(k) or {}).get(o, 0)) for a in got) for o in ORIGINS}
     out["reuse_frac"] = {o: out["reused"][o] / out["stored"][o] if out["stored"][o] else math.nan for o in ORIGINS}
@@ -46,6 +95,11 @@ def aggregate(accounts: Iterable[Optional[dict]]) -> Optional[dict]:
     for k in ("hits_compressed", "hits_dense"):
         out[k] = sum(int((a.get("tiers") or {}).get(k, 0)) for a in got)
     return out
+
+
+def _runs(a: dict) -> str:
+    n, m = a["runs"], a.get("runs_without_account", 0)
+    return f"{n} of {n + m}" if m else str(n)
 
 
 def _frac(x: float) -> str:
@@ -61,11 +115,14 @@ def markdown_rows(objs: Sequence[dict]) -> list[str]:
     used = [x for x in ORIGINS if any(o["server_account"]["stored"][x] for o in rows)] or ["prompt", "reply"]
     head = " | ".join(f"{x}: stored / share reused / share evicted unused" for x in used)
     out = ["Server-side checkpoint account (runtime/account.py; summed over the runs):", "",
-           f"| arm | runs | {head} | hits c / d |", "|---|---:|" + "---|" * len(used) + "---|"]
+           f"| arm | runs | {head} | hits: compressed / dense checkpoints |", "|---|---:|" + "---|" * len(used) + "---|"]
     for o in rows:
         a = o["server_account"]
         cells = " | ".join(f"{a['stored'][x]} / {_frac(a['reuse_frac'][x])} / {_frac(a['wasted_frac'][x])}"
                            for x in used)
-        out.append(f"| {o['arm']} | {a['runs']} | {cells} | {a['hits_compressed']} / {a['hits_dense']} |")
+        out.append(f"| {o['arm']} | {_runs(a)} | {cells} | {a['hits_compressed']} / {a['hits_dense']} |")
+    if any(o["server_account"].get("runs_without_account") for o in rows):
+        out += ["", "runs 'n of m': the other dasc runs' flush logged no account (the flush was refused, or no "
+                "complete 'dasc account:' line came; manifest.json has dasc_account null); the sums are of n runs."]
     out.append("")
     return out

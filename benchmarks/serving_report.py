@@ -182,6 +182,14 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
                 raise DascInputError(f"{f}: not a readable chat_replay result ({type(exc).__name__}: {exc})") from None
             launch = (servers.get(e["arm"]) or {}).get("launch")
+            bad = ckpt_account.problem(e.get("dasc_account"))
+            if bad:
+                raise DascInputError(f"{w / 'manifest.json'}: run {e['arm']} seed {e['seed']} ({e.get('file')}): "
+                                     f"dasc_account {bad}")
+            # a dasc run that has the key but no account: its flush logged none (manifests from before
+            # the account have no key at all)
+            no_account = ("dasc_account" in e and e["dasc_account"] is None
+                          and (launch or {}).get("kind") == "dasc")
             mr = int(launch["flags"][launch["flags"].index("--max-running-requests") + 1]) \
                 if launch and "--max-running-requests" in launch["flags"] else 8
             out.append({"work": str(w), "call": f"{w}#{e['call']}", "arm": e["arm"], "seed": e["seed"],
@@ -189,6 +197,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
                         "launch": launch, "max_running": mr, "account": e.get("dasc_account"),
+                        "account_missing": no_account,
                         **run_stats(res, max_running=mr)})
     return out
 
@@ -247,7 +256,8 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "e2e_ratio_vs_dense_spread": spread(re_d) if arm != "dense" else None,
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost")},
-                 "server_account": ckpt_account.aggregate(r.get("account") for r in mine),
+                 "server_account": ckpt_account.aggregate((r.get("account") for r in mine),
+                                                           without=sum(bool(r.get("account_missing")) for r in mine)),
                  "queue_s": s("queue_s")["mean"], "prefill_s": s("prefill_s")["mean"],
                  "failed": sum(r["failed"] for r in mine), "dense_drift": spread(drift) if arm == "dense" else None}
             objs.append(o)

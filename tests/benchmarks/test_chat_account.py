@@ -84,3 +84,80 @@ def test_run_chat_records_each_dasc_runs_account_and_the_report_reads_it(tmp_pat
     assert w16["server_account"]["runs"] == 2 and w16["server_account"]["stored"]["reply"] == 32
     assert next(o for o in objs if o["arm"] == "dense")["server_account"] is None
     assert "Server-side checkpoint account" in sr.markdown(objs)
+
+
+def _account_work(tmp_path, accounts) -> Path:
+    """A run_chat work folder: one Dense run and one dasc run per entry of ``accounts`` (its
+    ``dasc_account``; the string "absent" leaves the key out, as manifests before 2026-12-02 do)."""
+    from benchmarks import chat_replay as cr
+
+    w = tmp_path / "w"
+    (w / "runs").mkdir(parents=True)
+    rec = {"conv": 0, "turn": 0, "source_id": "a", "prompt_tokens": 100, "max_new_tokens": 4, "reuse_bound": 0,
+           "prev_prompt_tokens": 0, "start_s": 0, "end_s": 1, "ttft_s": 1.0, "e2e_s": 2.0, "cached_tokens": 0,
+           "completion_tokens": 4, "queue_s": 0.1, "prefill_s": 0.2, "success": True, "error": ""}
+    cfg = {"protocol": "closed-loop-paper", "replay": "served-reply", "pad_tokens": 0, "decode_clip": 4,
+           "clients": 2, "rate": None, "conversations_per_seed": 2}
+    runs = []
+    for seed, acct in enumerate(accounts):
+        for arm in ("dense", "dasc-nr-w16"):
+            f = f"{arm}_{seed}.json.gz"
+            cr.write_json(w / "runs" / f, {"config": cfg, "records": [rec], "inflight": [], "wall_s": 1})
+            e = {"call": 0, "index": len(runs), "arm": arm, "seed": seed, "role": "arm", "file": f, "rc": 0}
+            if arm == "dense":
+                e["dasc_account"] = None
+            elif acct != "absent":
+                e["dasc_account"] = acct
+            runs.append(e)
+    (w / "manifest.json").write_text(json.dumps({"runs": runs, "calls": [{}]}))
+    launch = {"dense": {"kind": "dense", "capacity": 4, "flags": ["--max-running-requests", "4"]},
+              "dasc-nr-w16": {"kind": "dasc", "capacity": 12, "flags": ["--max-running-requests", "4"]}}
+    (w / "servers.json").write_text(json.dumps({a: {"launch": x} for a, x in launch.items()}))
+    return w
+
+
+GOOD = _acct({"prompt": 4, "reply": 4}, {"reply": 2}, {"prompt": 4}, {"reply": 1}, 2)
+
+
+@pytest.mark.parametrize("bad, where", [
+    ("garbage", "dasc_account"),                                              # was silently no account
+    (5, "dasc_account"),
+    ({}, "dasc_account"),
+    ({"origins": "abc", "tiers": {}}, "origins"),
+    ({"origins": {"stored": {"prompt": "x"}}, "tiers": {}}, "stored.prompt"),  # was ValueError traceback
+    ({"origins": {"stored": {"prompt": None}}, "tiers": {}}, "stored.prompt"),  # was TypeError traceback
+    ({"origins": {"stored": {"prompt": 2.7}}, "tiers": {}}, "stored.prompt"),   # was counted as 2
+    ({"origins": {"stored": {"prompt": -3}}, "tiers": {}}, "stored.prompt"),
+    ({"origins": {"stored": {"prompt": True}}, "tiers": {}}, "stored.prompt"),
+    ({"origins": {"stored": [1, 2]}, "tiers": {}}, "stored"),                  # was AttributeError traceback
+    ({"origins": {"stored": {"prefix": 9}}, "tiers": {}}, "prefix"),           # was dropped silently
+    ({"origins": {"kept": {"prompt": 1}}, "tiers": {}}, "kept"),
+    ({"origins": {"stored": {"prompt": 1}}, "tiers": [1]}, "tiers"),           # was AttributeError traceback
+    ({"origins": {"stored": {"prompt": 1}}, "tiers": {"hits_compressed": "lots"}}, "hits_compressed"),
+])
+def test_report_refuses_a_malformed_account_with_one_line(tmp_path, capsys, bad, where):
+    w = _account_work(tmp_path, [GOOD, bad])
+    out = tmp_path / "rep"
+    assert sr.main([str(w), "--out", str(out), "--model", "m", "--decays", "d"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {w / 'manifest.json'}: ") and "dasc-nr-w16 seed 1" in err[0], err
+    assert where in err[0] and "expected" in err[0], err
+    assert not out.exists()
+
+
+def test_report_says_how_many_dasc_runs_logged_no_account(tmp_path):
+    """A dasc run whose flush was refused or whose account line was cut has ``dasc_account: null``:
+    the table says 'runs 1 of 2' instead of summing one run as if it were the arm's all."""
+    objs = sr.summarize(sr.collect([_account_work(tmp_path, [GOOD, None])]), model="m", decays="d")
+    a = next(o for o in objs if o["arm"] == "dasc-nr-w16")["server_account"]
+    assert (a["runs"], a["runs_without_account"]) == (1, 1)
+    md = sr.markdown(objs)
+    assert "| dasc-nr-w16 | 1 of 2 | 4 / 0.00 / 1.00 | 4 / 0.50 / 0.00 |" in md, md
+    assert "logged no account" in md
+    # every dasc run without one: the arm still has a row, not a silent absence
+    objs = sr.summarize(sr.collect([_account_work(tmp_path / "b", [None, None])]), model="m", decays="d")
+    assert "| dasc-nr-w16 | 0 of 2 |" in sr.markdown(objs)
+    # manifests from before the account (no key at all) report as before: no table
+    objs = sr.summarize(sr.collect([_account_work(tmp_path / "c", ["absent", "absent"])]), model="m", decays="d")
+    assert next(o for o in objs if o["arm"] == "dasc-nr-w16")["server_account"] is None
+    assert "Server-side checkpoint account" not in sr.markdown(objs)
