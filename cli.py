@@ -7,8 +7,12 @@ names. Python puts this file's folder first on ``sys.path`` when it runs it, so 
 this checkout's own.
 """
 
-import importlib.util
-import sys
+from dasc_compile.cli_exit import hold_signals
+
+hold_signals()   # first: a Ctrl-C while typer and rich are imported ends as one line, not a traceback
+
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
 
 if importlib.util.find_spec("dasc_runtime") is None:
     print("error: dasc is not installed in this Python: run `bash scripts/setup_env.sh .venv` (or "

@@ -15,6 +15,10 @@ anything else (a bug)                  ``error: internal error (<type>: <message
 
 A signal that arrives while a module is being imported is held until the import is over (an
 exception thrown through a native extension's set-up, torch's among them, aborts the process).
+A signal that arrives while the CLI itself starts (typer, rich and the commands are imported before
+:func:`run_guarded` runs) is held by :func:`hold_signals`, which the entry points (``cli.py``,
+:func:`main` of the console script) call first, and delivered as soon as :func:`run_guarded` starts;
+only the interpreter's own start-up, before the entry point's first line, is left uncovered.
 
 A command that has finished writing its output directory calls :func:`note_written`; if stdout then
 fails or a signal arrives, the ``error:`` line goes on to say that PATH was written completely and
@@ -37,7 +41,7 @@ from typing import Callable
 
 from dasc_compile.errors import DascInputError, short_text
 
-__all__ = ["Interrupted", "StdoutGuard", "note_written", "run_guarded"]
+__all__ = ["Interrupted", "StdoutGuard", "hold_signals", "main", "note_written", "run_guarded"]
 
 #: Output paths the running command has written completely (reset by each :func:`run_guarded`).
 _written: list[str] = []
@@ -196,6 +200,38 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
+#: Signals that arrived between :func:`hold_signals` and :func:`run_guarded` (delivered by the latter).
+_held: list[int] = []
+
+
+def _hold(signum, frame):
+    """Start-up handler: remember the signal for :func:`run_guarded` (raising here would be a
+    KeyboardInterrupt traceback, or for SIGTERM a silent death, from the middle of an import)."""
+    if signum not in _held:
+        _held.append(signum)
+
+
+def hold_signals() -> None:
+    """Hold SIGINT / SIGTERM until :func:`run_guarded` runs, which then ends the command with its
+    ``error: interrupted (...)`` line. Entry points call it before importing the CLI; after
+    :func:`run_guarded` returns, a late signal is ignored and the command's own status stands."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, _hold)
+        except (OSError, ValueError):
+            pass
+
+
+def main() -> None:
+    """Entry point of the ``dasc`` console script: hold signals, then import and run the CLI."""
+    hold_signals()
+    from dasc_compile.cli import run
+
+    sys.exit(run())
+
+
 def _install_handlers() -> dict:
     if threading.current_thread() is not threading.main_thread():
         return {}
@@ -224,6 +260,10 @@ def run_guarded(body: Callable[[], int]) -> int:
     _active = True
     try:
         try:
+            if _held:   # a signal came while the CLI was starting (hold_signals)
+                signum = _held[0]
+                _held.clear()
+                raise Interrupted(signum)
             rc = body()
             guard.flush()
         except Interrupted as exc:

@@ -337,3 +337,46 @@ def test_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monkey
     assert mark.read_text() == "done"             # the import ran to its end
     assert reached_after_import == [True]         # and the signal ended the command after it
     assert time.monotonic() - t0 < 3
+
+
+# A stand-in for a user's Ctrl-C that lands while the CLI's own modules (typer, rich, the commands)
+# are still being imported, before run_guarded has installed its handlers: the signal is sent from
+# inside the import of typer, then cli.py (or the console script's entry) runs as usual.
+_SIGNAL_IN_STARTUP = textwrap.dedent("""
+    import os, runpy, signal, sys
+    sig, entry, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+
+    class Finder:
+        def find_spec(self, name, path=None, target=None):
+            if name == "typer":
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), sig)
+            return None
+
+    sys.meta_path.insert(0, Finder())
+    if entry == "cli.py":
+        sys.argv = [{cli!r}, *argv]
+        runpy.run_path({cli!r}, run_name="__main__")
+    else:
+        import importlib
+        mod, fn = entry.split(":")
+        sys.argv = ["dasc", *argv]
+        getattr(importlib.import_module(mod), fn)()
+""")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("entry", ["cli.py", "console script"])
+def test_signal_while_the_cli_is_starting_is_one_line(tmp_path, sig, code, entry):
+    """A Ctrl-C in the first ~0.2 s (importing typer and rich, before run_guarded) was a KeyboardInterrupt
+    traceback, and SIGTERM killed the process without a word (status -15)."""
+    import tomllib
+
+    if entry == "console script":
+        entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["dasc"]
+    script = tmp_path / "start.py"
+    script.write_text(_SIGNAL_IN_STARTUP.format(cli=str(CLI)))
+    p = subprocess.run([sys.executable, str(script), str(int(sig)), entry, "--version"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert (p.returncode, p.stderr, p.stdout) == (code, f"error: interrupted ({signal.Signals(sig).name})\n", "")
