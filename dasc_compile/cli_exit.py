@@ -156,6 +156,8 @@ def _say(line: str) -> None:
 _active = False
 _redelivery: threading.Timer | None = None
 _REDELIVERY_S = 0.05
+#: True once :func:`_raise_interrupted` has raised in this :func:`run_guarded`; later signals are dropped.
+_interrupting = False
 
 
 def _importing(frame) -> bool:
@@ -194,9 +196,13 @@ def _raise_interrupted(signum, frame):
     lands in ordinary Python code; Ctrl-C during ``import torch`` thus ends the command a few
     seconds later, cleanly, instead of aborting it with status -6.
     """
+    global _interrupting
+    if _interrupting:      # a second Ctrl-C while the first unwinds / is reported: that one ends it
+        return
     if _importing(frame):
         _deliver_later(signum)
         return
+    _interrupting = True
     raise Interrupted(signum)
 
 
@@ -254,7 +260,8 @@ def run_guarded(body: Callable[[], int]) -> int:
     guard = StdoutGuard(sys.stdout)
     saved_stdout = sys.stdout
     sys.stdout = guard
-    global _active
+    global _active, _interrupting
+    _interrupting = False
     old_handlers = _install_handlers()
     _written.clear()
     _active = True
@@ -263,6 +270,7 @@ def run_guarded(body: Callable[[], int]) -> int:
             if _held:   # a signal came while the CLI was starting (hold_signals)
                 signum = _held[0]
                 _held.clear()
+                _interrupting = True
                 raise Interrupted(signum)
             rc = body()
             guard.flush()

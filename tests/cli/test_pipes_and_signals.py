@@ -380,3 +380,27 @@ def test_signal_while_the_cli_is_starting_is_one_line(tmp_path, sig, code, entry
                        text=True, timeout=120, cwd=ROOT)
     assert "Traceback" not in p.stderr, p.stderr
     assert (p.returncode, p.stderr, p.stdout) == (code, f"error: interrupted ({signal.Signals(sig).name})\n", "")
+
+
+def test_a_second_ctrl_c_while_the_first_is_reported_is_not_a_traceback(monkeypatch, capsys):
+    """Two quick Ctrl-Cs: the second landing while the first's line is written (or the handlers
+    are being restored) escaped run_guarded as an Interrupted traceback."""
+    import dasc_compile.cli_exit as cx
+
+    say = cx._say
+
+    def say_after_another_ctrl_c(line):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100):        # ordinary bytecode where the second signal's handler runs
+            time.sleep(0.001)
+        say(line)
+
+    monkeypatch.setattr(cx, "_say", say_after_another_ctrl_c)
+
+    def body():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        return 0
+
+    assert cx.run_guarded(body) == 130
+    assert capsys.readouterr().err == "error: interrupted (SIGINT)\n"
