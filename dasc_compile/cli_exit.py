@@ -238,6 +238,22 @@ def main() -> None:
     sys.exit(run())
 
 
+def _unraisable(args) -> None:
+    """``sys.unraisablehook`` during :func:`run_guarded`: an :class:`Interrupted` raised where Python
+    cannot propagate it (a ``__del__``, a weakref or GC callback: 'Exception ignored in ...') is not
+    printed but delivered again a moment later, in ordinary code; anything else goes to the old hook."""
+    global _interrupting
+    exc = args.exc_value
+    if isinstance(exc, Interrupted):
+        _interrupting = False
+        _deliver_later(exc.signum)
+        return
+    _saved_unraisablehook(args)
+
+
+_saved_unraisablehook = sys.unraisablehook
+
+
 def _install_handlers() -> dict:
     if threading.current_thread() is not threading.main_thread():
         return {}
@@ -260,8 +276,9 @@ def run_guarded(body: Callable[[], int]) -> int:
     guard = StdoutGuard(sys.stdout)
     saved_stdout = sys.stdout
     sys.stdout = guard
-    global _active, _interrupting
+    global _active, _interrupting, _saved_unraisablehook
     _interrupting = False
+    _saved_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable
     old_handlers = _install_handlers()
     _written.clear()
     _active = True
@@ -303,4 +320,5 @@ def run_guarded(body: Callable[[], int]) -> int:
         _active = False
         for s, h in old_handlers.items():
             signal.signal(s, h)
+        sys.unraisablehook = _saved_unraisablehook
         sys.stdout = saved_stdout

@@ -404,3 +404,25 @@ def test_a_second_ctrl_c_while_the_first_is_reported_is_not_a_traceback(monkeypa
 
     assert cx.run_guarded(body) == 130
     assert capsys.readouterr().err == "error: interrupted (SIGINT)\n"
+
+
+def test_a_ctrl_c_raised_where_python_ignores_exceptions_is_not_lost(capsys):
+    """A handler's exception inside a __del__ (or another place Python reports as 'Exception ignored
+    in: ...') was printed as a traceback and the Ctrl-C was lost: the command went on and ended 0."""
+    from dasc_compile.cli_exit import run_guarded
+
+    class SignalOnDel:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(50):     # ordinary bytecode where the handler runs, inside __del__
+                time.sleep(0.001)
+
+    def body():
+        SignalOnDel()
+        time.sleep(3)               # the signal, delivered again, lands here
+        return 0
+
+    t0 = time.monotonic()
+    assert run_guarded(body) == 130
+    assert capsys.readouterr().err == "error: interrupted (SIGINT)\n"
+    assert time.monotonic() - t0 < 2
