@@ -28,6 +28,8 @@ import json
 import random
 import shutil
 import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -94,21 +96,42 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def _stage_resume(call: Path, returned: Path | None, families) -> Path:
+class StageError(ValueError):
+    """Bad input to ``stage``: one line naming the flag or file and what was expected; nothing written."""
+
+
+def _returned_parts(returned: Path | None) -> dict[str, list[Path]]:
+    """Each family's packed parts in ``returned``, checked by a test unpacking (a damaged or missing
+    part fails here, not on the device)."""
+    if returned is None:
+        return {}
+    if not returned.is_dir():
+        raise StageError(f"--returned {returned}: not a folder (give the folder holding the last call's "
+                         f"<family>.tzp.* files)")
+    out = {}
+    for fam in FAMILIES:
+        parts = sorted(returned.glob(f"{fam}.tzp.*"))
+        if parts:
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    pack.unpack(parts, Path(tmp))
+            except (ValueError, OSError, tarfile.TarError) as exc:
+                raise StageError(f"--returned {returned}: {exc}; nothing was staged") from None
+            out[fam] = parts
+    return out
+
+
+def _stage_resume(call: Path, returned: dict[str, list[Path]], families) -> Path:
     """Keep each family's newest packed checkpoint in ``call``'s sibling ``latest/`` (from ``returned``,
-    after a test unpacking: a damaged or missing part fails here, not on the device) and copy those of
-    ``families`` into ``call/resume/``, which holds nothing else. Returns ``call/resume``."""
+    checked by :func:`_returned_parts`) and copy those of ``families`` into ``call/resume/``, which holds
+    nothing else. Returns ``call/resume``."""
     latest, resume = call.parent / "latest", call / "resume"
     latest.mkdir(parents=True, exist_ok=True)
-    for fam in FAMILIES:
-        parts = sorted(returned.glob(f"{fam}.tzp.*")) if returned is not None else []
-        if parts:
-            with tempfile.TemporaryDirectory() as tmp:
-                pack.unpack(parts, Path(tmp))
-            for old in latest.glob(f"{fam}.tzp.*"):
-                old.unlink()
-            for p in parts:
-                shutil.copy2(p, latest / p.name)
+    for fam, parts in returned.items():
+        for old in latest.glob(f"{fam}.tzp.*"):
+            old.unlink()
+        for p in parts:
+            shutil.copy2(p, latest / p.name)
     shutil.rmtree(resume, ignore_errors=True)
     resume.mkdir(parents=True)
     for fam in families:
@@ -117,22 +140,54 @@ def _stage_resume(call: Path, returned: Path | None, families) -> Path:
     return resume
 
 
+def _read_meta(prep: Path) -> dict:
+    try:
+        meta = json.loads((prep / "meta.json").read_text())
+        shards = meta["shards"]
+        assert isinstance(shards, list) and shards and all(isinstance(s["bytes"], int) for s in shards)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+        raise StageError(f"--prep {prep}: no readable meta.json with shards ({type(exc).__name__}: {exc}); "
+                         f"run `python -m benchmarks.train.prepare data --out {prep}` first") from None
+    if not (prep / "tokenizer").is_dir():
+        raise StageError(f"--prep {prep}: no tokenizer/ folder; run `python -m benchmarks.train.prepare data` first")
+    return meta
+
+
 def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list[Path],
           families=FAMILIES) -> dict:
-    """Fill ``call`` for the next device call (see the module docstring); returns what it staged."""
-    meta = json.loads((prep / "meta.json").read_text())
+    """Fill ``call`` for the next device call (see the module docstring); returns what it staged.
+
+    Every input is checked, and what the call would carry is measured, before anything is written:
+
+    Raises:
+        StageError: no readable ``prep``, a missing or damaged ``returned``, or ``families`` whose
+            checkpoints leave no room for the next shard (the staged call is left as it was).
+    """
+    meta = _read_meta(prep)
+    new_parts = _returned_parts(returned)
+    latest = call.parent / "latest"
+    carried = [p for fam in families
+               for p in (new_parts.get(fam) or sorted(latest.glob(f"{fam}.tzp.*")))]
+    next_file = call / "next_shard"
+    nxt = int(next_file.read_text()) if next_file.exists() else 0
+    shards = meta["shards"]
+    kept = [f for f in call.iterdir() if f.is_file() and not f.name.startswith("shard-")] if call.is_dir() else []
+    used = (_tree_bytes(root) + _dir_bytes(prep / "tokenizer") + sum(p.stat().st_size for p in carried)
+            + sum(f.stat().st_size for f in kept) + sum(_dir_bytes(e) for e in extra))
+    if shards[nxt % len(shards)]["bytes"] > CALL_LIMIT - MARGIN - used:
+        ck = sum(p.stat().st_size for p in carried)
+        raise StageError(f"--families {' '.join(families)}: no shard fits: {used / 2**20:.1f} MiB are taken before "
+                         f"any data ({ck / 2**20:.1f} of them the packed checkpoints to resume; limit 64 MiB less "
+                         f"{MARGIN / 2**20:.0f} of margin); stage fewer --families (nothing was changed)")
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
-    resume = _stage_resume(call, returned, families)
+    resume = _stage_resume(call, new_parts, families)
     for old in call.glob("shard-*.u16.xz"):
         old.unlink()
-    next_file = call / "next_shard"
-    nxt = int(next_file.read_text()) if next_file.exists() else 0
     used = _tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)
     room = CALL_LIMIT - MARGIN - used
     staged, n_tok = [], 0
-    shards = meta["shards"]
     for j in range(len(shards)):
         s = shards[(nxt + j) % len(shards)]
         if s["bytes"] > room:
@@ -141,22 +196,20 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         room -= s["bytes"]
         staged.append(s["file"])
         n_tok += s["tokens"]
-    if not staged:
-        raise SystemExit(f"no shard fits: {used / 2**20:.1f} MiB are taken before any data (limit 64 MiB; "
-                         f"resuming {sorted(families)}: stage fewer --families)")
     next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
                            text=True).stdout.strip()
     (call / "commit.txt").write_text(f"{head}{'+dirty' if dirty else ''}\n")
-    (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok}, indent=1) + "\n")
+    (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok, "families": list(families)},
+                                                 indent=1) + "\n")
     return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
             "tree_mib": round(_tree_bytes(root) / 2 ** 20, 2),
             "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
             "resume": sorted({p.name.split(".tzp.")[0] for p in resume.glob("*.tzp.*")})}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("data")
@@ -181,8 +234,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: v for k, v in meta.items() if k != "shards"} | {"n_shards": len(meta["shards"]),
               "shard_mib": round(sum(s["bytes"] for s in meta["shards"]) / 2 ** 20, 2)}, indent=1))
     else:
-        print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families), indent=1))
+        try:
+            print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families), indent=1))
+        except StageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -255,3 +255,60 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     part.write_bytes(part.read_bytes()[:-10])
     with pytest.raises(ValueError):
         stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
+
+
+def _prep(data_dir, tmp_path) -> Path:
+    prep = tmp_path / "prep"
+    (prep / "tokenizer").mkdir(parents=True)
+    for f in (data_dir / "tokenizer").iterdir():
+        (prep / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    shards = []
+    for f in sorted(data_dir.glob("shard-*.u16.xz")):
+        (prep / f.name).write_bytes(f.read_bytes())
+        shards.append({"file": f.name, "tokens": 1, "bytes": f.stat().st_size})
+    (prep / "meta.json").write_text(json.dumps({"shards": shards}))
+    return prep
+
+
+def _snapshot(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_stage_refuses_with_one_line_and_leaves_the_staged_call_as_it_was(data_dir, tmp_path, capsys, monkeypatch):
+    """Families whose checkpoints leave no room for a shard, a damaged or missing --returned, a --prep
+    without data: each was a traceback (or a bare line with status 1) after the call folder had already
+    lost its shards, or, for a mistyped --returned, a silent fresh start."""
+    from benchmarks.train import prepare
+
+    prep = _prep(data_dir, tmp_path)
+    returned = tmp_path / "returned"
+    for fam in ("gdn", "mamba2"):
+        (tmp_path / "ck" / fam).mkdir(parents=True)
+        (tmp_path / "ck" / fam / "config.json").write_text("{}")
+        (tmp_path / "ck" / fam / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(50_000))
+        pack.pack(tmp_path / "ck" / fam, returned)
+    call = tmp_path / "dev" / "call"
+    base = ["stage", "--prep", str(prep), "--call", str(call), "--also-carried"]
+    assert prepare.main([*base, "--returned", str(returned), "--families", "mamba2"]) == 0
+    capsys.readouterr()
+    before = _snapshot(tmp_path / "dev")
+    assert json.loads((call / "staged.json").read_text())["families"] == ["mamba2"]
+
+    def refused(*argv) -> str:
+        assert prepare.main([*base, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+        assert _snapshot(tmp_path / "dev") == before          # the staged call is untouched
+        return err[0]
+
+    room_for = prepare.CALL_LIMIT - prepare.MARGIN - 60_000    # one packed checkpoint and the tokenizer, no two
+    monkeypatch.setattr(prepare, "_tree_bytes", lambda root: room_for - prepare._dir_bytes(prep / "tokenizer")
+                        - 40_000)
+    line = refused("--families", "gdn", "mamba2")
+    assert "no shard fits" in line and "--families gdn mamba2" in line and "MiB" in line
+    monkeypatch.undo()
+    part = sorted(returned.glob("gdn.tzp.*"))[-1]
+    part.write_bytes(part.read_bytes()[:-10])
+    assert part.name in refused("--returned", str(returned), "--families", "gdn")
+    assert "--returned" in refused("--returned", str(tmp_path / "nope"), "--families", "gdn")
+    assert "--prep" in refused("--prep", str(tmp_path / "nope"))
