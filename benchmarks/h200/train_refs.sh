@@ -38,6 +38,16 @@ LOG=$OUT/run.log
 say() { echo "[train_refs $(($(date +%s) - T_START))s] $*" | tee -a "$LOG"; }
 
 say "budget ${BUDGET}s, stop at +$((STOP_AT - T_START))s, kernels $KERNELS, families: $FAMILIES"
+# a family the call was not staged for would start fresh without a word, and its returned checkpoint
+# would then replace the trained one as the newest (prepare stage --families records the staged ones)
+STAGED=$(python3 -c "import json, sys; print(' '.join(json.load(open(sys.argv[1])).get('families', ['?'])))" \
+  "$CALL/staged.json" 2>/dev/null || echo "?")
+for fam in $FAMILIES; do
+  if [ "$STAGED" != "?" ] && ! [[ " $STAGED " == *" $fam "* ]]; then
+    say "error: FAMILIES has $fam but the call was staged for: ${STAGED:-no family} (run prepare stage --families $FAMILIES)"
+    exit 2
+  fi
+done
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 # dasc's compiler (the decay report) needs pydantic, which the image lacks; fla only when asked for
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \

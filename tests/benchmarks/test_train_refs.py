@@ -312,3 +312,32 @@ def test_stage_refuses_with_one_line_and_leaves_the_staged_call_as_it_was(data_d
     assert part.name in refused("--returned", str(returned), "--families", "gdn")
     assert "--returned" in refused("--returned", str(tmp_path / "nope"), "--families", "gdn")
     assert "--prep" in refused("--prep", str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("families, staged, refused", [("gdn kda", ["mamba2"], True), ("mamba2", ["mamba2"], False),
+                                                       ("gdn", ["gdn", "kda"], False), ("gdn kda", None, False)])
+def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, families, staged, refused):
+    """FAMILIES="gdn kda" (the driver's default) on a call staged with --families mamba2 started both
+    fresh without a word; their returned checkpoints then replaced the trained ones as the newest."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "benchmarks/h200").mkdir(parents=True)
+    shutil.copy(root / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
+    call = tmp_path / ".dev/train/call"
+    call.mkdir(parents=True)
+    if staged is not None:       # None: a call staged before staged.json named its families
+        (call / "staged.json").write_text(json.dumps({"shards": [], "tokens": 0, "families": staged}))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "FAMILIES": families, "FLA_PROBE": "0",
+           "TRAIN_ARGS": "--max-steps 0"}
+    p = subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    log = (out / "run.log").read_text()
+    if refused:
+        assert p.returncode == 2 and "error: FAMILIES has gdn but the call was staged for: mamba2" in log, log
+        assert "trainer exit" not in log
+    else:
+        assert "error: FAMILIES" not in log and "trainer exit" in log, log
