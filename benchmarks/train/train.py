@@ -46,7 +46,7 @@ import torch
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
 from benchmarks.train.data import Batches, read_shard
-from benchmarks.train.models import (FAMILIES, build_model, checkpoint_decays, decays, load_model, n_params,
+from benchmarks.train.models import (FAMILIES, SIZES, build_model, checkpoint_decays, decays, load_model, n_params,
                                      save_checkpoint)
 from benchmarks.train.tokenizer import EOS, load_tokenizer
 
@@ -69,7 +69,7 @@ def log(rec: dict, fh=None) -> None:
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=FAMILIES, required=True)
-    ap.add_argument("--size", default="ref")
+    ap.add_argument("--size", default="ref", choices=SIZES)
     ap.add_argument("--data", type=Path, required=True, help="folder with tokenizer/ and shard-*.u16.xz")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint directory written by an earlier session")
@@ -96,7 +96,19 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--pack-to", type=Path, default=None)
     ap.add_argument("--no-decay-report", action="store_true")
     ap.add_argument("--commit", default=os.environ.get("DASC_COMMIT", "unknown"))
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    # checked before the model is built: a device call should not start to find a typo
+    if not (a.data / "tokenizer" / "tokenizer.json").is_file() or not any(a.data.glob("shard-*.u16.xz")):
+        _refuse(f"--data {a.data}: expected a folder with tokenizer/tokenizer.json and shard-*.u16.xz "
+                f"(python -m benchmarks.train.prepare data / stage)")
+    if a.resume is not None and not (a.resume / "train_state" / "state.json").is_file():
+        _refuse(f"--resume {a.resume}: not a checkpoint of an earlier session (no train_state/state.json)")
+    return a
+
+
+def _refuse(msg: str):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def load_stream(data: Path) -> tuple[np.ndarray, list[dict]]:

@@ -341,3 +341,25 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
         assert "trainer exit" not in log
     else:
         assert "error: FAMILIES" not in log and "trainer exit" in log, log
+
+
+@pytest.mark.parametrize("change, needle", [({"--size": "bogus"}, "--size"), ({"--data": "nope"}, "--data"),
+                                            ({"--resume": "nope"}, "--resume")])
+def test_trainer_refuses_bad_flags_before_it_builds_anything(data_dir, tmp_path, capsys, change, needle):
+    """A mistyped --size, --data or --resume was a ValueError / FileNotFoundError traceback (on the device,
+    after the call had started)."""
+    from benchmarks.train.train import main
+
+    argv = _args(data_dir, tmp_path / "out", "mamba2", 1)
+    for flag, value in change.items():
+        value = str(tmp_path / value) if value == "nope" else value
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and needle in err.strip().splitlines()[-1] and "error: " in err
+    assert not (tmp_path / "out").exists()
