@@ -271,8 +271,10 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    """Entry point of the ``dasc`` console script: ``sys.exit(run())``."""
-    sys.exit(run())
+    """``sys.exit(run())``, a signal after the command ignored (:func:`dasc_compile.cli_exit.finish`)."""
+    from dasc_compile.cli_exit import finish
+
+    finish(run())
 
 
 if __name__ == "__main__":

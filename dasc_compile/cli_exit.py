@@ -41,7 +41,7 @@ from typing import Callable
 
 from dasc_compile.errors import DascInputError, short_text
 
-__all__ = ["Interrupted", "StdoutGuard", "hold_signals", "main", "note_written", "run_guarded"]
+__all__ = ["Interrupted", "StdoutGuard", "finish", "hold_signals", "main", "note_written", "run_guarded"]
 
 #: Output paths the running command has written completely (reset by each :func:`run_guarded`).
 _written: list[str] = []
@@ -230,12 +230,24 @@ def hold_signals() -> None:
             pass
 
 
+def finish(rc: int):
+    """Exit with ``rc``, ignoring SIGINT / SIGTERM from now on: the command is over, and Python's
+    shutdown (long after importing torch) puts the default handlers back, so a late Ctrl-C killed the
+    process by the signal, with no line, after its output was complete."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    sys.exit(rc)
+
+
 def main() -> None:
     """Entry point of the ``dasc`` console script: hold signals, then import and run the CLI."""
     hold_signals()
     from dasc_compile.cli import run
 
-    sys.exit(run())
+    finish(run())
 
 
 def _unraisable(args) -> None:

@@ -426,3 +426,25 @@ def test_a_ctrl_c_raised_where_python_ignores_exceptions_is_not_lost(capsys):
     assert run_guarded(body) == 130
     assert capsys.readouterr().err == "error: interrupted (SIGINT)\n"
     assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("entry", ["cli.py", "console script"])
+def test_ctrl_c_after_the_command_finished_does_not_kill_it(tmp_path, gdn, entry):
+    """A Ctrl-C in the ~0.2 s after 'wrote ...' (Python's shutdown, which puts the default handlers
+    back) killed the process by the signal: status -2 and no line, after a complete plan."""
+    import tomllib
+
+    if entry == "cli.py":
+        cmd = [sys.executable, str(CLI)]
+    else:
+        mod, fn = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["dasc"].split(":")
+        cmd = [sys.executable, "-c", f"import sys; sys.argv[0] = 'dasc'; from {mod} import {fn}; {fn}()"]
+    for delay in (0.02, 0.08, 0.15):
+        p = subprocess.Popen([*cmd, "compile", str(gdn), "--wmax", "4", "--out", str(tmp_path / "plan")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        assert p.stdout.readline().startswith("wrote ")
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert (p.returncode == 0 and err == "") or (p.returncode == 130 and err.startswith("error: interrupted")), \
+            (delay, p.returncode, err)
