@@ -166,8 +166,8 @@ def eval_cmd(
         raise typer.Exit(code=2)
     except EvalInterrupted as exc:
         kept = f"; the {exc.done} finished are in {exc.json_out}" if exc.json_out else ""
-        ERR.print(f"interrupted after {exc.done} of {exc.planned} prompts{kept}", markup=False)
-        raise typer.Exit(code=130)
+        ERR.print(f"error: {exc}{kept}", markup=False)
+        raise typer.Exit(code=exc.exit_code)
     con = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=200)
     render(doc, con)                       # the tables first: a failed write below does not lose them
     try:

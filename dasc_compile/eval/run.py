@@ -29,6 +29,7 @@ from typing import Optional
 
 from rich.console import Console
 
+from dasc_compile.cli_exit import Interrupted
 from dasc_compile.errors import DascInputError
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
@@ -40,11 +41,15 @@ DRIFT_W_MAX = (16, 64, 128, 256)
 
 
 class EvalInterrupted(Exception):
-    """Ctrl-C during the prompts; ``done`` of ``planned`` prompts are in the JSON written so far."""
+    """Ctrl-C (or SIGTERM) during the prompts; ``done`` of ``planned`` prompts are in the JSON written so
+    far. ``signal_name`` / ``exit_code``: SIGINT / 130 or SIGTERM / 143."""
 
-    def __init__(self, done: int, planned: int, json_out: Optional[Path]):
-        super().__init__(f"interrupted after {done} of {planned} prompts")
-        self.done, self.planned, self.json_out = done, planned, json_out
+    def __init__(self, done: int, planned: int, json_out: Optional[Path], signum: int = 2):
+        import signal
+
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"interrupted ({self.signal_name}) after {done} of {planned} prompts")
+        self.done, self.planned, self.json_out, self.exit_code = done, planned, json_out, 128 + signum
 
 
 def checkpoint_decays(model: Path):
@@ -290,10 +295,11 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
                 if json_out is not None:
                     write_json(document(False), json_out)
                 bar.advance(task)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted) as exc:   # the CLI's handlers raise Interrupted (cli_exit)
         if json_out is not None and done:
             write_json(document(False), json_out)
-        raise EvalInterrupted(len(done), len(prompts), json_out if done else None) from None
+        raise EvalInterrupted(len(done), len(prompts), json_out if done else None,
+                              getattr(exc, "signum", 2)) from None
     doc = document(len(done) == len(prompts))
     if json_out is not None:
         write_json(doc, json_out)

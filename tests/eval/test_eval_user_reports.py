@@ -90,7 +90,7 @@ def test_interrupted_run_keeps_the_finished_prompts(gdn_dir, tmp_path, monkeypat
     r = _cli("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80, "--gen-tokens", 2,
              "--arms", "dense,nr", "--json", out)
     line = _one_error_line(r, code=130)
-    assert line == f"interrupted after 2 of 4 prompts; the 2 finished are in {out}"
+    assert line == f"error: interrupted (SIGINT) after 2 of 4 prompts; the 2 finished are in {out}"
     doc = json.loads(out.read_text())
     assert doc["protocol"]["n_prompts"] == 2 and doc["protocol"]["n_prompts_planned"] == 4
     assert doc["protocol"]["complete"] is False and doc["arms"]["nr"]["n_prompts"] == 2
@@ -123,3 +123,32 @@ def test_a_refused_reference_prints_only_the_error_line(ref, tmp_path):
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "whole trained checkpoint" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_real_ctrl_c_says_which_prompts_were_kept(gdn_dir, tmp_path, monkeypatch, sig, code):
+    """Under the real entry point a Ctrl-C is cli_exit's Interrupted, not a KeyboardInterrupt: the user got
+    a bare 'error: interrupted (SIGINT)' and was not told that the finished prompts were in --json."""
+    import os
+    import signal
+
+    from dasc_compile.eval import protocol
+    from tests.support.clihelp import dasc
+
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    real, calls = protocol.run_prompt, []
+
+    def signal_on_third(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), getattr(signal, sig))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(protocol, "run_prompt", signal_on_third)
+    out = tmp_path / "r.json"
+    r = dasc("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80, "--gen-tokens", 2,
+             "--arms", "dense,nr", "--json", out)
+    assert r.code == code and r.err_lines == [f"error: interrupted ({sig}) after 2 of 4 prompts; the 2 finished "
+                                              f"are in {out}"], (r.code, r.err)
+    doc = json.loads(out.read_text())
+    assert doc["protocol"]["n_prompts"] == 2 and doc["protocol"]["complete"] is False
