@@ -17,7 +17,7 @@ A signal that arrives while a module is being imported is held until the import 
 exception thrown through a native extension's set-up, torch's among them, aborts the process).
 A signal that arrives while the CLI itself starts (typer, rich and the commands are imported before
 :func:`run_guarded` runs) is held by :func:`hold_signals`, which the entry points (``cli.py``,
-:func:`main` of the console script) call first, and delivered as soon as :func:`run_guarded` starts;
+:func:`dasc_compile.entry.main` of the console script) call first, and delivered as soon as :func:`run_guarded` starts;
 only the interpreter's own start-up, before the entry point's first line, is left uncovered.
 
 A command that has finished writing its output directory calls :func:`note_written`; if stdout then
@@ -41,7 +41,7 @@ from typing import Callable
 
 from dasc_compile.errors import DascInputError, short_text
 
-__all__ = ["Interrupted", "StdoutGuard", "finish", "hold_signals", "main", "note_written", "run_guarded"]
+__all__ = ["Interrupted", "StdoutGuard", "finish", "hold_signals", "note_written", "run_guarded"]
 
 #: Output paths the running command has written completely (reset by each :func:`run_guarded`).
 _written: list[str] = []
@@ -240,14 +240,6 @@ def finish(rc: int):
         except (OSError, ValueError):
             pass
     sys.exit(rc)
-
-
-def main() -> None:
-    """Entry point of the ``dasc`` console script: hold signals, then import and run the CLI."""
-    hold_signals()
-    from dasc_compile.cli import run
-
-    finish(run())
 
 
 def _unraisable(args) -> None:

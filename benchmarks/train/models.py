@@ -9,9 +9,8 @@ a device call carries two models' checkpoints in and out within 64 MiB (see benc
 Mamba2: ``NemotronHForCausalLM`` (``nemotron_h``, transformers >= 5.12). A Nemotron-H block holds one
 mixer or one MLP; the same 8 mixers as above (6 Mamba2, 2 attention: :func:`layer_types`) each followed
 by a ReLU^2 MLP except the Mamba2 layer just before an attention layer, as in the released pattern
-``M-M-M-M*-``: ``M-M-M*-M-M-M*-`` (14 blocks, given as ``hybrid_override_pattern``, which transformers
-5.12-5.24 all accept; 5.17 renamed the block kinds of ``layers_block_type`` to ``linear_attention`` /
-``full_attention`` and reads 5.12's names). 16 heads x 32 x d_state 64 per Mamba2 layer (expand 2,
+``M-M-M-M*-``: ``M-M-M*-M-M-M*-`` (14 blocks, given as ``layers_block_type`` in the installed release's
+names, :func:`nemotron_block_types`: 5.17 renamed the kinds to ``linear_attention`` / ``full_attention``). 16 heads x 32 x d_state 64 per Mamba2 layer (expand 2,
 2 B/C groups), MLP 5.25 x hidden as released, no positional encoding, untied embeddings as released.
 
 A checkpoint directory (what ``save_checkpoint`` writes) is a Hugging Face model directory:
@@ -103,6 +102,22 @@ def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: 
         max_position_embeddings=max_len)
 
 
+def nemotron_block_types(config_cls, pattern: str) -> list[str]:
+    """``layers_block_type`` of ``pattern`` in the installed transformers' names (5.12: mamba / attention /
+    mlp; 5.17+: linear_attention / full_attention / mlp).
+
+    Uses the class's own ``_pattern_to_list`` unless something replaced it with one that drops MLP blocks:
+    SGLang (``srt/utils/hf_transformers_patches.py``) does so in every process that imports it, which made
+    the same seed build a 4-block model instead of 7 after an SGLang test ran in the same pytest process.
+    """
+    conv = config_cls._pattern_to_list
+    if len(conv("M-")) == 2:
+        return conv(pattern)
+    names = {c: conv(c)[0] for c in "M*"}
+    names["-"] = "mlp"
+    return [names[c] for c in pattern]
+
+
 def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
     from transformers import NemotronHConfig
 
@@ -111,7 +126,8 @@ def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
     # kernels: nothing is looked up on the Hub and every machine runs the same arithmetic (5.24 ignores the flag
     # and picks kernels where installed, but not in training: the scan is replaced there).
     return NemotronHConfig(
-        vocab_size=vocab_size, hidden_size=s["hidden"], hybrid_override_pattern=nemotron_pattern(s["layers"]),
+        vocab_size=vocab_size, hidden_size=s["hidden"],
+        layers_block_type=nemotron_block_types(NemotronHConfig, nemotron_pattern(s["layers"])),
         intermediate_size=s["m2_mlp"], num_attention_heads=s["attn_heads"], num_key_value_heads=s["attn_kv"],
         head_dim=s["attn_dim"], mamba_num_heads=s["m2_h"], mamba_head_dim=s["m2_p"], ssm_state_size=s["m2_n"],
         n_groups=s["m2_g"], conv_kernel=s["m2_k"], chunk_size=s["m2_chunk"],
