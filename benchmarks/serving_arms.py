@@ -224,9 +224,11 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
         raise DascInputError(f"{plan_dir}: plan has load_policy={plan.policy.load_policy}, arm {arm.name!r} needs "
                              f"load_policy={arm.load_policy} ({compile_hint(arm, tp, plan_dir)})")
     which = {"dense": "dense", "int8": "int8"}.get(arm.kind, "dasc-int8" if arm.int8 else "dasc")
+    # B is a dasc-wr arm's alone: the runtime refuses --dasc-refresh-slots with a plan that is not wr
+    wr_arm = arm.kind == "dasc" and arm.load_policy == "wr"
     sz = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots, strategy=strategy,
                    arms=[which], plan_path=f"{{plans}}/{name}", scratch_slots=scratch_slots,
-                   refresh_slots=refresh_slots)[0]
+                   refresh_slots=refresh_slots if wr_arm else None)[0]
     common = dict(arm=arm.name, kind=arm.kind, flags=list(sz.flags), native_slots=sz.native_slots,
                   ckpt_slots=sz.ckpt_slots, capacity=sz.capacity, budget_bytes=sz.budget_bytes,
                   used_bytes=sz.used_bytes, bytes_native_slot=sz.bytes_native_slot,

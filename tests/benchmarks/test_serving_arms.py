@@ -444,6 +444,11 @@ def test_wr_arm_charges_its_refresh_slots(wr_plans):
     two = sa.arm_launch(sa.parse_arms(["dasc-wr-w16"])[0], plans=wr_plans, dense_slots=56, max_running_requests=R,
                         refresh_slots=2)
     assert (two.ckpt_slots, two.refresh_slots, two.flags[-1]) == (35, 2, "2")
+    # one --refresh-slots for a whole arm list (prepare_serving.sh): it sizes the wr arm and leaves the others
+    # alone (it was passed to every arm, and the runtime's rules refuse B with an nr plan: exit 2)
+    nr2, dense2 = (sa.arm_launch(x, plans=wr_plans, dense_slots=56, max_running_requests=R, refresh_slots=2)
+                   for x in sa.parse_arms(["dasc-nr-w16", "dense"]))
+    assert (nr2.ckpt_slots, nr2.refresh_slots) == (41, 0) and "--dasc-refresh-slots" not in nr2.flags + dense2.flags
 
 
 def test_wr_arm_needs_a_wr_plan(wr_plans, tmp_path):
