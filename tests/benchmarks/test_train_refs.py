@@ -222,15 +222,8 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     from benchmarks.train.prepare import stage
     from benchmarks.train.train import main
 
-    prep = tmp_path / "prep"
-    (prep / "tokenizer").mkdir(parents=True)
-    for f in (data_dir / "tokenizer").iterdir():
-        (prep / "tokenizer" / f.name).write_bytes(f.read_bytes())
-    shards = []
-    for f in sorted(data_dir.glob("shard-*.u16.xz")):
-        (prep / f.name).write_bytes(f.read_bytes())
-        shards.append({"file": f.name, "tokens": 1, "bytes": f.stat().st_size})
-    (prep / "meta.json").write_text(json.dumps({"shards": shards}))
+    prep = _prep(data_dir, tmp_path)
+    shards = json.loads((prep / "meta.json").read_text())["shards"]
     main(_args(data_dir, tmp_path / "first", "mamba2", 2, "--pack-to", str(tmp_path / "returned")))
     other = tmp_path / "gdn"
     other.mkdir()
