@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 from dasc_compile import atomic
@@ -234,18 +233,14 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
         tmp = atomic.staging_dir(out)
     except OSError as exc:
         raise DascInputError(f"{_show(out)}: cannot create the plan directory ({exc.strerror or exc})") from None
-    try:
+
+    def write(d: Path) -> None:
         for name, text in [*(files or {}).items(), (PLAN_FILENAME, canonical_json(plan))]:
-            with open(tmp / name, "w", encoding="utf-8") as fh:
+            with open(d / name, "w", encoding="utf-8") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.chmod(tmp, 0o755)
-        atomic.replace_dir(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DascInputError(f"{_show(out)}: cannot write the plan ({exc.strerror or exc}); nothing was changed") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic.fill_and_place(tmp, out, write,
+                          lambda why: f"{_show(out)}: cannot write the plan ({why}); nothing was changed")
     return out

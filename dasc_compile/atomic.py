@@ -28,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["aside_dirs", "recover", "replace_dir", "signals_held", "staging_dir", "write_new_dir"]
+__all__ = ["aside_dirs", "fill_and_place", "recover", "replace_dir", "signals_held", "staging_dir", "write_new_dir"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -201,13 +201,27 @@ def write_new_dir(out: Path, write) -> None:
         tmp = staging_dir(out)
     except OSError as exc:
         raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
+    fill_and_place(tmp, out, write, lambda why: f"{out}: cannot write ({why}); nothing was written")
+
+
+def fill_and_place(tmp: Path, out: Path, write, message) -> None:
+    """Run ``write(tmp)`` into the staging directory ``tmp`` (:func:`staging_dir`), make it 0755 and move
+    it to ``out`` (:func:`replace_dir`); on any failure or interrupt ``tmp`` is removed and ``out`` is
+    untouched. Used by :func:`write_new_dir` and ``artifact.write_plan_dir``.
+
+    Raises:
+        DascInputError: an ``OSError`` while writing or moving, as ``message(reason)`` (reason: the
+            error's ``strerror``).
+    """
+    from dasc_compile.errors import DascInputError
+
     try:
         write(tmp)
         os.chmod(tmp, 0o755)
         replace_dir(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DascInputError(f"{out}: cannot write ({exc.strerror or exc}); nothing was written") from None
+        raise DascInputError(message(exc.strerror or exc)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
