@@ -43,27 +43,12 @@ python3 -m benchmarks.h200.smoke_model plan /tmp/nemo /tmp/plan-w0.dasc --wmax 0
 python3 cli.py compile /tmp/nemo --wmax 16 --load-policy wr --out /tmp/plan-wr16.dasc || exit 3
 
 stamp "kernel self-test (generated Triton pack/load vs PyTorch reference, CUDA, Mamba2 heads)"
-if ! python3 -m benchmarks.h200.smoke_model selftest /tmp/plan-w16.dasc 2>&1 | tail -3; then
-  echo "kernel self-test failed: servers below use DASC_OPS=reference"; export DASC_OPS=reference
-fi
+smoke_selftest /tmp/plan-w16.dasc
 
 COMMON=(--load-format dummy --skip-tokenizer-init --mem-fraction-static 0.5 --context-length 8192
         --disable-prefill-cuda-graph --max-running-requests 8 --log-level info)
 
-serve() {  # serve PORT LABEL [extra flags...]: start, run the client, stop
-  local port=$1 label=$2; shift 2
-  stamp "$label: start (port $port) $*"
-  local pid
-  pid=$(bash "$DEV/run_sglang.sh" "$DEV/site.tar.xz" /tmp/nemo "$port" "${COMMON[@]}" "$@")
-  local rc=$?
-  if [ $rc -ne 0 ]; then echo "$label: server did not start (rc $rc)"; return $rc; fi
-  stamp "$label: up"
-  python3 benchmarks/h200/runtime_smoke_client.py "$port" "$label" "$OUT/client_$label.json"
-  kill -TERM -- -"$pid" 2>/dev/null; sleep 6; kill -KILL -- -"$pid" 2>/dev/null
-  echo "--- $label: dasc log lines"
-  grep -E "dasc|Prefill batch" "$OUT/server_$port.log" | grep -vE "Available plugins|  - dasc" | cut -c1-300 | tail -12
-  return 0
-}
+serve() { smoke_serve /tmp/nemo "$@"; }   # serve PORT LABEL [extra flags...] (site_env.sh)
 
 RUNS=${DASC_SMOKE_RUNS:-"dense dasc_w16 dasc_w0 mismatch"}   # dasc_wr16 on request: the 600 s device limit
 want() { [[ " $RUNS " == *" $1 "* ]]; }

@@ -22,3 +22,30 @@ dasc_site() {
   fi
   case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
 }
+
+# The runtime smokes (runtime_smoke.sh, mamba2_smoke.sh) share these two steps.
+# smoke_selftest PLAN: the plan's generated Triton pack/load against the PyTorch reference on CUDA; when it
+# fails, the servers that follow use DASC_OPS=reference.
+smoke_selftest() {
+  if ! python3 -m benchmarks.h200.smoke_model selftest "$1" 2>&1 | tail -3; then
+    echo "kernel self-test failed: servers below use DASC_OPS=reference"; export DASC_OPS=reference
+  fi
+}
+
+# smoke_serve MODEL PORT LABEL [extra flags...]: start SGLang on MODEL (DEV/run_sglang.sh with the caller's
+# COMMON flags), run runtime_smoke_client.py against it (OUT/client_LABEL.json), stop it, print its dasc log
+# lines. Needs the caller's DEV, OUT, COMMON and stamp.
+smoke_serve() {
+  local model=$1 port=$2 label=$3; shift 3
+  stamp "$label: start (port $port) $*"
+  local pid
+  pid=$(bash "$DEV/run_sglang.sh" "$DEV/site.tar.xz" "$model" "$port" "${COMMON[@]}" "$@")
+  local rc=$?
+  if [ $rc -ne 0 ]; then echo "$label: server did not start (rc $rc)"; return $rc; fi
+  stamp "$label: up"
+  python3 benchmarks/h200/runtime_smoke_client.py "$port" "$label" "$OUT/client_$label.json"
+  kill -TERM -- -"$pid" 2>/dev/null; sleep 6; kill -KILL -- -"$pid" 2>/dev/null
+  echo "--- $label: dasc log lines"
+  grep -E "dasc|Prefill batch" "$OUT/server_$port.log" | grep -vE "Available plugins|  - dasc" | cut -c1-300 | tail -12
+  return 0
+}
