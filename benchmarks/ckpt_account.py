@@ -23,8 +23,7 @@ import json
 import math
 from typing import Iterable, Optional, Sequence
 
-ORIGINS = ("chunk", "prompt", "decode", "reply")
-KINDS = ("stored", "reused", "evicted_unused", "evicted_reused")
+from dasc_runtime.account import KINDS, ORIGINS  # noqa: F401  (the runtime's names, one definition)
 
 
 def _show(x) -> str:

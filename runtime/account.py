@@ -33,11 +33,15 @@ import dataclasses
 import json
 from typing import Optional
 
-__all__ = ["ACCOUNT_TAG", "ORIGINS", "CheckpointAccount", "classify_origin", "parse_account_line"]
+__all__ = ["ACCOUNT_TAG", "KINDS", "ORIGINS", "CheckpointAccount", "classify_origin", "parse_account_line"]
 
 ORIGINS = ("chunk", "prompt", "decode", "reply")
 ACCOUNT_TAG = "dasc account: "
-_KINDS = ("stored", "reused", "evicted_unused", "evicted_reused")
+KINDS = ("stored", "reused", "evicted_unused", "evicted_reused")
+
+
+def _zero() -> dict:
+    return {k: dict.fromkeys(ORIGINS, 0) for k in KINDS}
 
 
 def classify_origin(*, is_finished: bool, fill_len: int, prompt_len: int) -> str:
@@ -69,7 +73,7 @@ class CheckpointAccount:
     ``evicted_reused`` and origin in :data:`ORIGINS`. Host-side only; every method is O(1).
     """
 
-    counts: dict = dataclasses.field(default_factory=lambda: {k: dict.fromkeys(ORIGINS, 0) for k in _KINDS})
+    counts: dict = dataclasses.field(default_factory=_zero)
     _base: Optional[dict] = None          # the tier counters at the last close (their changes are reported)
 
     def stored(self, origin: str) -> None:
@@ -96,7 +100,7 @@ class CheckpointAccount:
         tiers = {k: (round(v - base.get(k, 0), 6) if isinstance(v, float) else v - base.get(k, 0))
                  for k, v in now.items()}
         out = {"origins": {k: dict(v) for k, v in self.counts.items()}, "tiers": tiers}
-        self.counts = {k: dict.fromkeys(ORIGINS, 0) for k in _KINDS}
+        self.counts = _zero()
         self._base = now
         return out
 
