@@ -103,19 +103,25 @@ def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
             *a.server_flag, *flags]
 
 
-def server_account(s: dict, log: Path, seen: int, wait_s: float = 5.0):
+def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
     """Flush ``s``'s cache after a run and return the checkpoint account that flush logged
     (``dasc account: {...}``, runtime/account.py: checkpoints stored / reused / evicted by origin and
     the tier counters' changes since the flush before the run), or None: not a dasc arm, the flush was
-    refused, or no new line came within ``wait_s``. ``seen``: account lines in ``log`` before the run."""
+    refused, or no account line came within ``wait_s``. ``offset``: the log's size before the run, bytes
+    (only what was logged after it is read)."""
     from dasc_runtime.account import ACCOUNT_TAG, parse_account_line
 
     if s.get("launch", {}).get("kind") != "dasc" or not flush(s["port"]):
         return None
     end = time.monotonic() + wait_s
     while True:
-        lines = log_tail(log, ACCOUNT_TAG, n=seen + 1, limit=100_000)
-        if len(lines) > seen:
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(offset)
+                lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ACCOUNT_TAG in ln]
+        except OSError:
+            lines = []
+        if lines:
             return parse_account_line(lines[-1])
         if time.monotonic() > end:
             return None
@@ -256,7 +262,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                                      "role": role, "skipped": "server not up or flush refused"})
             return
         server_log = a.work / arm / "server.log"
-        seen = len(log_tail(server_log, "dasc account: ", n=10**9, limit=1))
+        offset = server_log.stat().st_size if server_log.is_file() else 0
         out = runs_dir / f"{run_name(arm, seed, a.replay, a.pad_tokens, role)}.json.gz"
         cmd = [*CLIENT, "--trace", str(a.trace.resolve()), "--url", f"http://127.0.0.1:{s['port']}", "--arm", arm,
                "--seed", str(seed), "--conversations-per-seed", str(a.conversations_per_seed),
@@ -271,7 +277,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             rc, tail = -9, "cut by the deadline"
         dt = time.monotonic() - t
-        account = server_account(s, server_log, seen) if rc in (0, 1) else None
+        account = server_account(s, server_log, offset) if rc in (0, 1) else None
         if rc in (0, 1):   # the first estimate is replaced by what a run took
             state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
             state["ran"] += 1
