@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -44,9 +45,7 @@ class EvalInterrupted(Exception):
     """Ctrl-C (or SIGTERM) during the prompts; ``done`` of ``planned`` prompts are in the JSON written so
     far. ``signal_name`` / ``exit_code``: SIGINT / 130 or SIGTERM / 143."""
 
-    def __init__(self, done: int, planned: int, json_out: Optional[Path], signum: int = 2):
-        import signal
-
+    def __init__(self, done: int, planned: int, json_out: Optional[Path], signum: int = signal.SIGINT):
         self.signal_name = signal.Signals(signum).name
         super().__init__(f"interrupted ({self.signal_name}) after {done} of {planned} prompts")
         self.done, self.planned, self.json_out, self.exit_code = done, planned, json_out, 128 + signum
@@ -299,7 +298,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
         if json_out is not None and done:
             write_json(document(False), json_out)
         raise EvalInterrupted(len(done), len(prompts), json_out if done else None,
-                              getattr(exc, "signum", 2)) from None
+                              getattr(exc, "signum", signal.SIGINT)) from None
     doc = document(len(done) == len(prompts))
     if json_out is not None:
         write_json(doc, json_out)
