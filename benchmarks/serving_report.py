@@ -61,11 +61,12 @@ def pctl(xs: Sequence[float], q: float) -> float:
 
 
 def spread(xs: Sequence[float]) -> dict:
-    """mean, SD (n - 1; 0 for one value), min, max, P95 and n of the finite values."""
+    """mean, SD (n - 1; None for one value: one sample has no spread to report), min, max, P95 and n of
+    the finite values."""
     v = [x for x in xs if x is not None and not math.isnan(x)]
     if not v:
         return {"mean": None, "sd": None, "min": None, "max": None, "p95": None, "n": 0}
-    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0,
+    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else None,
             "min": min(v), "max": max(v), "p95": pctl(v, 95), "n": len(v)}
 
 
@@ -311,15 +312,16 @@ def markdown(objs: Sequence[dict]) -> str:
                    + (f"; Dense drift over a call {_f(d['dense_drift']['mean'])} (n={d['dense_drift']['n']})"
                       if d and d.get("dense_drift") and d["dense_drift"]["n"] else ""))
         out.append("")
-        out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense mean (SD) [min, max] | TTFT / INT8 | E2E / Dense | "
+        out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | "
                    "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity |")
         out.append("|---|---:|---|---|---|---|---|---|---|---|---:|")
         for o in rows:
             sp, r = o["mean_ttft_spread"], o["ttft_ratio_vs_dense_spread"]
             ri, ha = o["ttft_ratio_vs_int8_spread"], o["hit_account"]
             out.append(f"| {o['arm']} | {sp['n']} | {_f(sp['mean'])} ({_f(sp['sd'])}) | "
-                       + (f"{_f(r['mean'])} ({_f(r['sd'])}) [{_f(r['min'])}, {_f(r['max'])}]" if r and r["n"] else "—")
-                       + f" | {_f(ri['mean']) if ri and ri['n'] else '—'} | {_f(o['mean_e2e_ratio_vs_dense'])} | "
+                       + (f"{_f(r['mean'])} ({_f(r['sd'])}) [{_f(r['min'])}, {_f(r['max'])}], {r['n']}" if r and r["n"] else "—")
+                       + f" | {_f(ri['mean']) + ', ' + str(ri['n']) if ri and ri['n'] else '—'} | "
+                       f"{_f(o['mean_e2e_ratio_vs_dense'])} | "
                        f"{_f(o['hit_rate'])} ({_f(o['reuse_bound'])}) | {_f(o['ttft_hit_s'])} / {_f(o['ttft_miss_s'])} | "
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {o['capacity']} |")

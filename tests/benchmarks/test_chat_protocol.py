@@ -197,6 +197,17 @@ def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
     assert "TTFT / Dense" in sr.markdown(objs)
 
 
+def test_a_ratio_from_one_seed_pair_shows_no_spread_and_its_pair_count():
+    # seed 1 has no Dense run: w16's ratio rests on one pair, whatever its own run count
+    runs = [_run("dense", 0, 2.0), _run("w16", 0, 1.0), _run("w16", 1, 3.0)]
+    objs = sr.summarize(runs, model="m", decays="d")
+    w16 = objs[1]
+    assert w16["mean_ttft_spread"]["n"] == 2 and w16["ttft_ratio_vs_dense_spread"]["n"] == 1
+    assert w16["ttft_ratio_vs_dense_spread"]["sd"] is None
+    row = next(line for line in sr.markdown(objs).splitlines() if line.startswith("| w16 |"))
+    assert "0.500 (—) [0.500, 0.500], 1 |" in row
+
+
 def test_stability_rule_flags_a_growing_queue():
     flat = [[t, 10] for t in range(30)]
     growing = [[t, 10 + 2 * t] for t in range(30)]
