@@ -1,5 +1,6 @@
-"""``dasc size PLAN``: the text / JSON report of every serving arm's slots, capacity and SGLang flags at
-equal state memory (paper App. C.1), and the byte-size parser of its ``--budget``.
+"""``dasc size PLAN``: the text / JSON report of every serving arm's slots, capacity (with no request running
+and under load, :mod:`dasc_runtime.sizing`) and SGLang flags at equal state memory (paper App. C.1), and the
+byte-size parser of its ``--budget``.
 
 The sizing itself is :mod:`dasc_runtime.sizing` (one place), and what the server would refuse is
 :func:`dasc_runtime.serving_rules.settle_size_options` (the function the server's own start-up checks
@@ -44,6 +45,11 @@ def parse_bytes(text: str) -> int:
     if not 1 <= value <= MAX_BUDGET_BYTES:
         raise DascInputError(f"--budget: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
     return int(value)
+
+
+def _times(n: int, dense: int) -> str:
+    """``"2.56x Dense"``; Dense keeping no cached state under load has no ratio."""
+    return f"{n / dense:.2f}x Dense" if dense else "Dense 0"
 
 
 def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_slots: Optional[int] = None,
@@ -107,10 +113,13 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
               f"({strategy}: {k} native slots a request, so M' = {k * max_running_requests})\n")
     w = max(len(a.arm) for a in arms)
     m = b // arms[0].bytes_native_slot - 1
+    m_loaded = max(0, m - k * max_running_requests)     # Dense's cached states while R requests run
     for a in arms:
         pool = f"{a.ckpt_slots} x {a.bytes_ckpt_slot} B" if a.ckpt_slots else "-"
         out.write(f"{a.arm:>{w}}: native {a.native_slots:>5}, pool {pool:>18}, capacity {a.capacity:>5} "
-                  f"({a.capacity / m:.2f}x Dense), C_ckpt {a.c_ckpt:.2f}, used {a.used_bytes / GIB:.3f} GiB\n")
+                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>5} "
+                  f"({_times(a.capacity_under_load, m_loaded)}), C_ckpt {a.c_ckpt:.2f}, "
+                  f"used {a.used_bytes / GIB:.3f} GiB\n")
         out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")
     out.write(CAPACITY_LEGEND + "\n")
     if any(a.kind == "dasc" and a.plan is None for a in arms):

@@ -22,9 +22,15 @@ Rules (SGLang 0.5.17, ``mem_cache/kv_cache_configurator.py``):
   budget B. An arm with a pool of C slots of b bytes uses ``(M' + 1) b_dense + (C + 1) b`` (slot 0
   of every pool reserved) and C is the largest that fits (:func:`matched_memory`).
   A budget in bytes fixes ``M = floor(B / b_dense) - 1`` and then charges Dense's real allocation.
-* **Checkpoint capacity.** Dense: M (shared with running requests). SGLang INT8: C only (with
-  ``--enable-int8-mamba-checkpoint`` SGLang commits every cached state into that pool). dasc:
-  ``M' + C`` (dense checkpoints stay in native slots and are demoted into the C compressed ones).
+* **Checkpoint capacity** (``capacity``, no request running). Dense: M (shared with running
+  requests). SGLang INT8: C only (with ``--enable-int8-mamba-checkpoint`` SGLang commits every cached
+  state into that pool). dasc: ``M' + C`` (dense checkpoints stay in native slots and are demoted into
+  the C compressed ones).
+* **Capacity under load** (``capacity_under_load``, R requests running; :func:`capacity_under_load`):
+  the ``k * R`` native slots are the running requests' reservation, so what survives is the pool plus
+  any native slot beyond it: Dense ``max(0, M - k R)``, INT8 C, dasc C (``M' = k R``). This is what
+  serving sees: in the H200 chat runs (``benchmarks/results/2026-12-01-h200-chat-six-arms/``, R = 8,
+  M' = 40) every dasc hit came from the compressed pool, none from a dense checkpoint.
 
 Example::
 
@@ -42,8 +48,8 @@ from dasc_compile.schema import DascInputError, UnitSpec, load_plan, usable_slot
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
 
 __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
-           "int8_bytes_per_slot", "compressed_bytes_per_slot", "dense_slots_for_budget", "size_arms",
-           "plan_matched_memory", "main"]
+           "int8_bytes_per_slot", "compressed_bytes_per_slot", "dense_slots_for_budget", "capacity_under_load",
+           "size_arms", "plan_matched_memory", "main"]
 
 #: ``--mamba-radix-cache-strategy`` values dasc sizes for (SGLang's ``auto`` resolves to
 #: ``extra_buffer`` for Kimi-Linear / Qwen3-Next with the overlap scheduler; name it explicitly).
@@ -54,8 +60,12 @@ MAX_SLOTS = 2 ** 31
 #: Largest --budget per TP rank, bytes (1 PiB: far above any accelerator's memory).
 MAX_BUDGET_BYTES = 2 ** 50
 #: What "capacity" counts in each arm (printed under the ``dasc size`` table).
-CAPACITY_LEGEND = ("capacity = cached states an arm can hold: dense its M native slots; int8 its INT8 pool "
-                   "alone (SGLang commits every cached state there); dasc arms native + compressed pool")
+CAPACITY_LEGEND = ("capacity = cached states an arm can hold with no request running: dense its M native slots; "
+                   "int8 its INT8 pool alone (SGLang commits every cached state there); dasc arms native + "
+                   "compressed pool.\nunder load = what it keeps while R requests run: the M' = k*R native slots "
+                   "are the running requests' reservation, so the surviving checkpoints are the pool's (dense: "
+                   "M - k*R); the H200 chat runs measured this, every dasc hit from the compressed pool "
+                   "(benchmarks/results/2026-12-01-h200-chat-six-arms/)")
 
 
 def _check_count(flag: str, value, limit: int = MAX_SLOTS) -> None:
@@ -181,6 +191,20 @@ def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
     return m
 
 
+def capacity_under_load(*, native_slots: int, pool_slots: int, running_reserve: int) -> int:
+    """Cached states an arm keeps while R requests run, in slots: ``pool_slots + max(0, native_slots -
+    running_reserve)`` (module docstring). ``running_reserve`` is ``k * R`` native slots; ``pool_slots`` the
+    INT8 or dasc compressed pool's usable slots (0 for Dense).
+
+    Raises:
+        DascInputError: a negative or non-integer count.
+    """
+    for name, v in (("native_slots", native_slots), ("pool_slots", pool_slots), ("running_reserve", running_reserve)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise DascInputError(f"{name}: expected a whole number of slots >= 0, got {v!r}")
+    return pool_slots + max(0, native_slots - running_reserve)
+
+
 @dataclass(frozen=True)
 class ArmSizing:
     """One arm at matched state memory (per TP rank; slots are SGLang pool slots, bytes are bytes).
@@ -189,7 +213,8 @@ class ArmSizing:
         arm: ``dense`` | ``int8`` | ``dasc-nr-w{W}`` | ``dasc-nr-w{W}-int8`` (``dasc-wr-...`` for a dasc-wr plan,
             whose B scratch slots are charged); kind: dense | int8 | dasc.
         native_slots: ``--max-mamba-cache-size``; ckpt_slots: INT8 or dasc pool slots (usable).
-        capacity: checkpoint capacity in slots (module docstring); max_running_requests: R.
+        capacity: checkpoint capacity in slots with no request running; capacity_under_load: the slots
+            still holding cached states while R requests run (module docstring); max_running_requests: R.
         budget_bytes / used_bytes: state memory, used <= budget; bytes_native_slot / bytes_ckpt_slot.
         c_ckpt: ``b_dense / b_ckpt`` (1 for Dense). flags: the SGLang launch flags of this arm;
         ``{plan}`` stands for the arm's plan path where ``plan`` is None (no plan given for it).
@@ -201,6 +226,7 @@ class ArmSizing:
     native_slots: int
     ckpt_slots: int
     capacity: int
+    capacity_under_load: int
     max_running_requests: int
     budget_bytes: int
     used_bytes: int
@@ -281,6 +307,8 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     for name in arms:
         if name == "dense":
             out.append(ArmSizing(arm="dense", kind="dense", native_slots=m, ckpt_slots=0, capacity=m,
+                                 capacity_under_load=capacity_under_load(native_slots=m, pool_slots=0,
+                                                                         running_reserve=m_native),
                                  max_running_requests=r, budget_bytes=budget, used_bytes=budget,
                                  bytes_native_slot=b_dense, bytes_ckpt_slot=0, c_ckpt=1.0,
                                  flags=common + ("--max-mamba-cache-size", str(m))))
@@ -288,27 +316,25 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         _, b, scratch = pools[name]
         mm = matched_memory(dense_slots=m, native_slots=m_native, bytes_dense_slot=b_dense, bytes_compressed_slot=b,
                             scratch_bytes=scratch)
+        c = mm.compressed_slots
+        loaded = capacity_under_load(native_slots=m_native, pool_slots=c, running_reserve=m_native)
+        sized = dict(native_slots=m_native, ckpt_slots=c, capacity_under_load=loaded, max_running_requests=r,
+                     budget_bytes=budget, used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b,
+                     c_ckpt=b_dense / b)
         if name == "int8":
-            out.append(ArmSizing(arm="int8", kind="int8", native_slots=m_native, ckpt_slots=mm.compressed_slots,
-                                 capacity=mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
-                                 used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b,
-                                 c_ckpt=b_dense / b, int8=True,
+            out.append(ArmSizing(arm="int8", kind="int8", capacity=c, int8=True, **sized,
                                  flags=common + ("--max-mamba-cache-size", str(m_native),
-                                                 "--enable-int8-mamba-checkpoint", "--int8-mamba-ckpt-size",
-                                                 str(mm.compressed_slots))))
+                                                 "--enable-int8-mamba-checkpoint", "--int8-mamba-ckpt-size", str(c))))
             continue
         i8 = name == "dasc-int8"
         path = plan_path if i8 == bool(plan.policy.int8) else pair_plan_path
         wr = refresh_active(plan)
         n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
         label = f"dasc-{'wr' if wr else 'nr'}-w{plan.policy.w_max}{'-int8' if i8 else ''}"
-        out.append(ArmSizing(arm=label, kind="dasc", native_slots=m_native, ckpt_slots=mm.compressed_slots,
-                             capacity=m_native + mm.compressed_slots, max_running_requests=r, budget_bytes=budget,
-                             used_bytes=mm.used_bytes, bytes_native_slot=b_dense, bytes_ckpt_slot=b,
-                             c_ckpt=b_dense / b, w_max=plan.policy.w_max, int8=i8, plan=path,
+        out.append(ArmSizing(arm=label, kind="dasc", capacity=m_native + c, w_max=plan.policy.w_max, int8=i8,
+                             plan=path, **sized,
                              flags=common + ("--max-mamba-cache-size", str(m_native), "--dasc-plan",
-                                             path if path is not None else "{plan}", "--dasc-pool-slots",
-                                             str(mm.compressed_slots))
+                                             path if path is not None else "{plan}", "--dasc-pool-slots", str(c))
                              + (("--dasc-refresh-slots", str(n_wr)) if wr else ())))
     return out
 
@@ -386,8 +412,8 @@ def main(argv=None) -> int:
     print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B, "
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")
     print(f"Dense arm: --max-mamba-cache-size {mm.dense_slots}")
-    print(f"dasc arm:  {mm.flags()}   (capacity {mm.native_slots + mm.compressed_slots} checkpoints vs "
-          f"{mm.dense_slots})")
+    print(f"dasc arm:  {mm.flags()}   (capacity {mm.native_slots + mm.compressed_slots} checkpoints with no "
+          f"request running vs Dense's {mm.dense_slots}; running requests take native slots first)")
     return 0
 
 

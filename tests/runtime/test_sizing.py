@@ -186,6 +186,45 @@ def test_arms_at_matched_memory_hand_numbers(kimi):
     assert w16.c_ckpt == pytest.approx(2.64, abs=0.01)          # the paper's Kimi w16 point
     assert w16.flags[-4:] == ("--dasc-plan", "P", "--dasc-pool-slots", str(w16.ckpt_slots))
     assert w16i8.flags[-3] == "P8" and w16i8.int8 and w16i8.capacity > i8.capacity > w16.capacity - 40
+    # under load the M' = 40 native slots run the 8 requests: Dense keeps 64 - 40, the pool arms their pools
+    assert [a.capacity_under_load for a in arms.values()] == [24, 83, w16.ckpt_slots, w16i8.ckpt_slots]
+
+
+@pytest.mark.parametrize("native,pool,reserve,want", [
+    (56, 0, 40, 16),     # Dense M = 56, R = 8, extra_buffer + overlap (k = 5): 56 - 40
+    (40, 55, 40, 55),    # SGLang INT8 at M' = 40 with 55 pool slots: its pool alone
+    (40, 41, 40, 41),    # dasc-nr-w16 at M' = 40 with 41 compressed slots: not 81
+    (48, 41, 40, 49),    # a dasc arm given 8 native slots beyond k R keeps them too
+    (40, 0, 40, 0), (30, 0, 40, 0),
+])
+def test_capacity_under_load_hand_numbers(native, pool, reserve, want):
+    assert sizing.capacity_under_load(native_slots=native, pool_slots=pool, running_reserve=reserve) == want
+
+
+@pytest.mark.parametrize("kw", [dict(native_slots=-1), dict(pool_slots=True), dict(running_reserve=1.5)])
+def test_capacity_under_load_refuses_non_counts(kw):
+    args = {"native_slots": 40, "pool_slots": 1, "running_reserve": 40, **kw}
+    with pytest.raises(DascInputError, match=f"{next(iter(kw))}: expected a whole number of slots >= 0"):
+        sizing.capacity_under_load(**args)
+
+
+def test_dasc_size_prints_capacity_under_load(kimi):
+    """M = 56, R = 8 (the H200 chat runs of 2026-12-01): w16's 81 cached states are 41 under load, fewer than
+    INT8's 55; every hit of those runs came from the compressed pool."""
+    r = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "56", "--max-running-requests", "8",
+                            "--pair-plan", str(kimi["w16-int8"])])
+    assert r.exit_code == 0, r.output
+    line = {ln.split(":")[0].strip(): ln for ln in r.output.splitlines() if ": native" in ln}
+    assert "capacity    56 (1.00x Dense), under load    16 (1.00x Dense)" in line["dense"]
+    assert "capacity    55 (0.98x Dense), under load    55 (3.44x Dense)" in line["int8"]
+    assert "capacity    81 (1.45x Dense), under load    41 (2.56x Dense)" in line["dasc-nr-w16"]
+    assert "capacity   169 (3.02x Dense), under load   129 (8.06x Dense)" in line["dasc-nr-w16-int8"]
+    assert "the M' = k*R native slots are the running requests' reservation" in r.output
+    assert "2026-12-01-h200-chat-six-arms" in sizing.CAPACITY_LEGEND
+    j = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "56", "--max-running-requests", "8", "--json"])
+    got = {a["arm"]: (a["capacity"], a["capacity_under_load"]) for a in json.loads(j.output)}
+    assert got == {"dense": (56, 16), "int8": (55, 55), "dasc-nr-w16": (81, 41), "dasc-nr-w16-int8": (169, 129)}
+    assert size_report._times(41, 0) == "Dense 0"      # Dense at M = k R keeps nothing under load
 
 
 def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
@@ -252,7 +291,8 @@ def test_dasc_size_prints_every_arm_and_json(kimi):
         assert any(ln.strip().startswith(f"{arm}: native") for ln in r.output.splitlines()), arm
     assert f"--dasc-plan {kimi['w16-int8']} --dasc-pool-slots" in r.output
     assert "--int8-mamba-ckpt-size 83" in r.output and "{plan}" not in r.output
-    # one legend says what capacity counts per arm: int8 its pool alone (83 here), dasc native + pool
+    # one legend says what capacity counts per arm: int8 its pool alone (83 here), dasc native + pool,
+    # and what each keeps under load
     assert r.output.count(sizing.CAPACITY_LEGEND) == 1
     assert "int8 its INT8 pool alone (SGLang commits every cached state there)" in sizing.CAPACITY_LEGEND
     assert "dasc arms native + compressed pool" in sizing.CAPACITY_LEGEND
@@ -281,6 +321,8 @@ def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
     assert two["ckpt_slots"] == ((56 - 40) * B_DENSE - 2 * B_DENSE) // b_c - 1 == 35    # the 2026-12-01 arms.json
     assert default["ckpt_slots"] == ((56 - 40) * B_DENSE - 8 * B_DENSE) // b_c - 1 == 20
     assert two["used_bytes"] <= two["budget_bytes"] == 57 * B_DENSE
+    # B scratch slots hold no cached state: under load the arm keeps its pool alone
+    assert (two["capacity"], two["capacity_under_load"]) == (75, 35)
     for bad, match in (("0", "at least one scratch slot"), ("99999999999", "<= 2147483648")):
         r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
                                 "--refresh-slots", bad])
