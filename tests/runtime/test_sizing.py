@@ -225,6 +225,9 @@ def test_dasc_size_prints_capacity_under_load(kimi):
     got = {a["arm"]: (a["capacity"], a["capacity_under_load"]) for a in json.loads(j.output)}
     assert got == {"dense": (56, 16), "int8": (55, 55), "dasc-nr-w16": (81, 41), "dasc-nr-w16-int8": (169, 129)}
     assert size_report._times(41, 0) == "Dense 0"      # Dense at M = k R keeps nothing under load
+    doc = (ROOT / "docs" / "cli.md").read_text().split("### `dasc size --json` keys")[1].split("\n## ")[0]
+    keys = {k for a in json.loads(j.output) for k in a}
+    assert not sorted(k for k in keys if f"`{k}`" not in doc), "undocumented dasc size --json keys"
 
 
 def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
