@@ -36,6 +36,11 @@ SWEEP_FORMAT = 1
 _METRIC_NAME = {"kl": "KL(dense||arm)", "nll_delta": "NLL - dense"}
 
 
+def _times(n: int, dense: int) -> str:
+    """``"2.56x"`` of Dense's figure; none when Dense keeps no cached state under load."""
+    return f"{n / dense:.2f}x" if dense else "Dense 0"
+
+
 def _q(row: SweepRow, arm: str, metric: str) -> str:
     if row.quality is None or arm not in row.quality:
         return "-"
@@ -98,12 +103,13 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
         if s is not None:
             dense, int8 = result.baselines[tp]
             title += (f"; budget {s.budget_bytes:,} B per rank, R = {s.max_running_requests}: Dense capacity "
-                      f"{dense.capacity}, SGLang INT8 {int8.capacity}")
+                      f"{dense.capacity} ({dense.capacity_under_load} under load), SGLang INT8 {int8.capacity} "
+                      f"({int8.capacity_under_load} under load)")
         t = Table(title=title, title_justify="left")
         cols = ["w_max"] + (["int8"] if both else []) + ["kept units", "kept %", "C_temp", "C_temp padded",
                                                          "layout gain", "C_ckpt"]
         if s is not None:
-            cols += ["dasc pool slots", "capacity (x Dense)"]
+            cols += ["dasc pool slots", "capacity (x Dense)", "under load (x Dense)"]
         if ev is not None:
             cols += [f"dasc-{arm} NLL-dense", f"dasc-{arm} KL", "Random KL (mean ± SD)"]
         for c in cols:
@@ -116,15 +122,17 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
                 fmt_ratio(tot.c_temp_ragged), fmt_ratio(tot.c_temp_padded), fmt_ratio(tot.layout_gain),
                 fmt_ratio(p.tp.c_ckpt_tp)]
             if s is not None:
-                d = result.baselines[tp][0].capacity
-                cells += [f"{r.arm.ckpt_slots:,}", f"{r.arm.capacity:,} ({r.arm.capacity / d:.2f}x)"]
+                d = result.baselines[tp][0]
+                cells += [f"{r.arm.ckpt_slots:,}", f"{r.arm.capacity:,} ({r.arm.capacity / d.capacity:.2f}x)",
+                          f"{r.arm.capacity_under_load:,} ({_times(r.arm.capacity_under_load, d.capacity_under_load)})"]
             if ev is not None:
                 cells += [_q(r, arm, "nll_delta"), _q(r, arm, "kl"), _q(r, "random", "kl")]
             t.add_row(*cells)
         con.print(t)
     if s is not None:
-        con.print("capacity = cached states an arm holds at equal state memory, as `dasc size` counts them "
-                  "(dasc: native + compressed slots)", markup=False)
+        con.print("capacity = cached states an arm holds at equal state memory with no request running, as `dasc "
+                  "size` counts them (dasc: native + compressed slots); under load = while R requests run, when the "
+                  "M' = k*R native slots are theirs: the compressed pool alone, what serving sees", markup=False)
     if ev is not None:
         pr = ev["protocol"]
         con.print(f"quality: dasc eval on {pr['n_prompts']} prompts ({pr['prompt_source']}), prefix {pr['prefix_len']} "
@@ -145,6 +153,10 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
     for row in _recommended_rows(result):
         c = commands_for(result, row, user_flags, plan_dir)
         con.print(f"  TP {c['tp_size']}{', int8' if c['int8'] else ''}:", markup=False)
+        int8 = result.baselines[row.plan.policy.tp_size][1] if result.sizing is not None else None
+        if int8 is not None and row.arm.capacity_under_load < int8.capacity_under_load:
+            con.print(f"    note: under load this arm keeps {row.arm.capacity_under_load} cached states, fewer than "
+                      f"SGLang INT8's {int8.capacity_under_load} at the same budget", markup=False)
         con.print(f"    {c['compile']}", markup=False)
         con.print(f"    {c['sglang']}", markup=False)
 
@@ -187,9 +199,9 @@ def sweep_json(result: SweepResult, *, user_flags: list[str], plan_dir: Optional
 
 
 def plot_sweep(result: SweepResult, out: Path) -> None:
-    """Write a PNG: C_ckpt (and capacity over Dense, with a budget) against w_max per TP and INT8 setting,
-    and with ``--eval`` the quality of the plans' arm beside the Random band (mean +- SD), with the
-    recommended w_max marked and the one-line provenance under the panels.
+    """Write a PNG: C_ckpt (and, with a budget, capacity over Dense's with no request running and, dashed, under
+    load) against w_max per TP and INT8 setting, and with ``--eval`` the quality of the plans' arm beside the
+    Random band (mean +- SD), with the recommended w_max marked and the one-line provenance under the panels.
 
     Raises:
         DascInputError: ``out`` does not end in ``.png`` or cannot be written.
@@ -209,11 +221,14 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
         label = f"TP {tp}" + (" int8" if i8 else "")
         axes[0].plot(xs, [r.plan.tp.c_ckpt_tp for r in rows], "o-", label=label)
         if result.sizing is not None:
-            d = result.baselines[tp][0].capacity
-            axes[1].plot(xs, [r.arm.capacity / d for r in rows], "o-", label=label)
+            d = result.baselines[tp][0]
+            line, = axes[1].plot(xs, [r.arm.capacity / d.capacity for r in rows], "o-", label=label)
+            if d.capacity_under_load:
+                axes[1].plot(xs, [r.arm.capacity_under_load / d.capacity_under_load for r in rows], "s--",
+                             color=line.get_color(), label=f"{label} under load")
     axes[0].set_ylabel("C_ckpt (bottleneck rank)")
     if result.sizing is not None:
-        axes[1].set_ylabel("checkpoint capacity / Dense")
+        axes[1].set_ylabel("checkpoint capacity / Dense (dashed: under load)")
         axes[1].axhline(1.0, color="black", ls=":", lw=1)
     if result.eval_doc is not None:
         ax, arm = axes[-1], result.grid.base.load_policy

@@ -90,8 +90,41 @@ def test_text_table_matches_the_json(kimi_sweep):
     line = next(ln for ln in r.out.splitlines() if ln.startswith("│    16 "))
     assert f"{row['n_kept']:,}/{row['n_units']:,}" in line and f"{row['c_ckpt']:.2f}x" in line
     assert f"{row['arm']['capacity']:,} (" in line
-    dense = kimi_sweep["baselines"]["1"]["dense"]["capacity"]
-    assert f"Dense capacity {dense}" in r.out
+    dense = kimi_sweep["baselines"]["1"]["dense"]
+    # under load the M' = 40 native slots run the 8 requests: the dasc arm keeps its pool, Dense M - 40
+    assert row["arm"]["capacity_under_load"] == row["arm"]["ckpt_slots"]
+    assert dense["capacity_under_load"] == dense["capacity"] - 40
+    ratio = row["arm"]["capacity_under_load"] / dense["capacity_under_load"]
+    assert f"{row['arm']['capacity_under_load']:,} ({ratio:.2f}x)" in line
+    int8 = kimi_sweep["baselines"]["1"]["int8"]
+    assert (f"Dense capacity {dense['capacity']} ({dense['capacity_under_load']} under load), SGLang INT8 "
+            f"{int8['capacity']} ({int8['capacity_under_load']} under load)") in r.out
+
+
+def test_recommendation_notes_fewer_states_under_load_than_int8():
+    """At M = 56, R = 8 (the H200 chat runs of 2026-12-01) w16 keeps 41 cached states under load, INT8 55:
+    the recommendation says so; w64 keeps more and gets no note."""
+    import io
+
+    from rich.console import Console
+
+    from dasc_compile import sweep as sw
+    from dasc_compile.policy import Policy
+    from dasc_compile.sweep_report import render
+
+    sizing = sw.Sizing(budget_bytes=57 * 43_417_600, max_running_requests=8)
+    result = sw.run_sweep(KIMI, sw.SweepGrid(w_max=(16, 64), tp=(1,), int8=(False,), base=Policy()), sizing=sizing)
+    assert [r.arm.capacity_under_load for r in result.rows] == [41, 112]
+    assert [b.capacity_under_load for b in result.baselines[1]] == [16, 55]
+    for kl, want in ((0.02, True), (0.0, False)):          # w16 recommended, then w64
+        for row in result.rows:
+            row.quality = {"nr": {"kl": kl if row.plan.policy.w_max == 64 else 0.0, "nll_delta": 0.0}}
+        sw.recommend(result, "kl", 0.01)
+        out = io.StringIO()
+        render(result, Console(file=out, width=250), user_flags=[], plan_dir=None)
+        note = "note: under load this arm keeps 41 cached states, fewer than SGLang INT8's 55 at the same budget"
+        assert (note in out.getvalue()) == want, out.getvalue()
+        assert "under load (x Dense)" in out.getvalue() and "41 (2.56x)" in out.getvalue()
 
 
 def test_out_writes_the_plans_dasc_compile_writes(tmp_path):
