@@ -18,7 +18,10 @@ and dasc pool slots, checkpoint capacity) lives in :mod:`dasc_runtime.sizing`, t
 
 Every arm's flags name ``--max-running-requests R`` and ``--mamba-radix-cache-strategy`` explicitly.
 Checkpoint capacity (the x axis of the figures): Dense M, INT8 C (SGLang 0.5.17 commits every
-cached state into its INT8 pool, ``MambaComponent._commit_int8_checkpoint``), dasc ``M' + C``.
+cached state into its INT8 pool, ``MambaComponent._commit_int8_checkpoint``), dasc ``M' + C``, with
+no request running. ``capacity_under_load`` is what an arm keeps while R requests run: the ``M' = k R``
+native slots are theirs, so Dense ``M - k R``, INT8 C, dasc C (the H200 chat runs of 2026-12-01 drew
+every dasc hit from the compressed pool).
 
 CPU use (plans are compiled with ``dasc compile``; prints one line per arm, and ``--out`` writes
 the arms as JSON for ``run_chat.py``)::
@@ -146,7 +149,8 @@ class ArmLaunch:
         refresh_slots: dasc-wr's scratch slots B (``--dasc-refresh-slots``; 0 on other arms), inside
             used_bytes.
         env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``).
-        capacity: checkpoint capacity (slots), see the module docstring.
+        capacity: checkpoint capacity (slots) with no request running; capacity_under_load: with R
+            running (slots), see the module docstring.
         budget_bytes / used_bytes: per-rank state memory; used <= budget.
         bytes_native_slot / bytes_ckpt_slot: bytes of one slot of each pool.
         c_ckpt: the plan's compression ratio ``b_dense / b_compressed`` (1 for Dense, b_dense/b_int8
@@ -160,6 +164,7 @@ class ArmLaunch:
     native_slots: int
     ckpt_slots: int
     capacity: int
+    capacity_under_load: int
     budget_bytes: int
     used_bytes: int
     bytes_native_slot: int
@@ -230,8 +235,8 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
                    arms=[which], plan_path=f"{{plans}}/{name}", scratch_slots=scratch_slots,
                    refresh_slots=refresh_slots if wr_arm else None)[0]
     common = dict(arm=arm.name, kind=arm.kind, flags=list(sz.flags), native_slots=sz.native_slots,
-                  ckpt_slots=sz.ckpt_slots, capacity=sz.capacity, budget_bytes=sz.budget_bytes,
-                  used_bytes=sz.used_bytes, bytes_native_slot=sz.bytes_native_slot,
+                  ckpt_slots=sz.ckpt_slots, capacity=sz.capacity, capacity_under_load=sz.capacity_under_load,
+                  budget_bytes=sz.budget_bytes, used_bytes=sz.used_bytes, bytes_native_slot=sz.bytes_native_slot,
                   bytes_ckpt_slot=sz.bytes_ckpt_slot, c_ckpt=sz.c_ckpt, int8=sz.int8)
     if arm.kind != "dasc":
         return ArmLaunch(plan=None, **common)
@@ -321,7 +326,8 @@ def main(argv=None) -> int:
     width = max(len(x["arm"]) for x in arms)
     for x in arms:
         flags = " ".join(f.replace("{plans}", str(a.plans)) for f in x["flags"])
-        print(f"{x['arm']:>{width}}: capacity {x['capacity']:4d} (native {x['native_slots']}, "
+        print(f"{x['arm']:>{width}}: capacity {x['capacity']:4d} / {x['capacity_under_load']:4d} under load "
+              f"(native {x['native_slots']}, "
               f"ckpt {x['ckpt_slots']}), C_ckpt {x['c_ckpt']:.3f}, used {x['used_bytes'] / 2**20:.1f} / "
               f"{x['budget_bytes'] / 2**20:.1f} MiB  {flags}"
               f"{''.join(f' ({k}={v})' for k, v in x['env'].items())}")

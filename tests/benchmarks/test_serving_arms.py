@@ -149,6 +149,7 @@ def test_arm_launch_matched_budget(kimi_plans, arm):
     if arm.kind == "dense":
         assert r.flags == COMMON + ["--max-mamba-cache-size", "48"]
         assert (r.native_slots, r.ckpt_slots, r.capacity, r.used_bytes, r.c_ckpt) == (48, 0, 48, budget, 1.0)
+        assert r.capacity_under_load == 48 - M_NATIVE == 8      # 8 requests hold the other 40 native slots
         return
     # the other arms: M' native slots, slot 0 of each pool reserved, no room for one more ckpt slot
     assert r.native_slots == M_NATIVE
@@ -157,6 +158,8 @@ def test_arm_launch_matched_budget(kimi_plans, arm):
     assert r.ckpt_slots == (budget - (M_NATIVE + 1) * KIMI_B_DENSE) // r.bytes_ckpt_slot - 1 >= 1
     # INT8: SGLang caches every checkpoint in the INT8 pool, the native slots only run requests
     assert r.capacity == (r.ckpt_slots if arm.kind == "int8" else M_NATIVE + r.ckpt_slots)
+    # under load the M' native slots run the R requests: every pool arm keeps its pool alone
+    assert r.capacity_under_load == r.ckpt_slots
     assert r.c_ckpt == pytest.approx(KIMI_B_DENSE / r.bytes_ckpt_slot, rel=1e-12)
     if arm.kind == "int8":
         assert r.flags == COMMON + ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
@@ -318,7 +321,9 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
     int8 = arms[1]
     assert int8["flags"] == COMMON + ["--max-mamba-cache-size", "40", "--enable-int8-mamba-checkpoint",
                              "--int8-mamba-ckpt-size", "27"]
-    assert (int8["capacity"], int8["ckpt_slots"], int8["native_slots"]) == (27, 27, 40)
+    assert (int8["capacity"], int8["capacity_under_load"], int8["ckpt_slots"], int8["native_slots"]) == \
+        (27, 27, 27, 40)
+    assert (arms[0]["capacity"], arms[0]["capacity_under_load"]) == (48, 8)
     assert (int8["budget_bytes"], int8["used_bytes"], int8["bytes_ckpt_slot"]) == (2_127_462_400, 2_124_185_600,
                                                                                    12_288_000)
     w128 = arms[3]
@@ -326,7 +331,8 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
                                                               dense_slots=48, max_running_requests=8))))
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == len(sa.DEFAULT_ARMS)
-    assert "--int8-mamba-ckpt-size 27" in printed[1] and "capacity   27" in printed[1]
+    assert "--int8-mamba-ckpt-size 27" in printed[1] and "capacity   27 /   27 under load" in printed[1]
+    assert "capacity   48 /    8 under load" in printed[0]
     assert f"--dasc-plan {kimi_plans}/w128-tp1-off " in printed[3] and "{plans}" not in printed[3]
     assert [p.name for p in tmp_path.iterdir()] == ["arms.json"]          # no temporary file left
 
@@ -432,6 +438,7 @@ def test_wr_arm_charges_its_refresh_slots(wr_plans):
     assert nr.bytes_ckpt_slot == wr.bytes_ckpt_slot == W16_BC and budget == wr.budget_bytes == 2_474_803_200
     assert (nr.ckpt_slots, nr.refresh_slots, nr.load_policy) == (41, 0, "nr")
     assert "--dasc-refresh-slots" not in nr.flags
+    assert (nr.capacity, nr.capacity_under_load, wr.capacity_under_load) == (81, 41, 20)   # B scratch holds none
     assert (wr.ckpt_slots, wr.capacity, wr.refresh_slots, wr.load_policy, wr.plan) == (20, 60, 8, "wr",
                                                                                       "w16-wr-tp1-off")
     assert wr.flags == COMMON + ["--max-mamba-cache-size", "40", "--dasc-plan", "{plans}/w16-wr-tp1-off",
