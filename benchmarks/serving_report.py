@@ -16,6 +16,8 @@ Per run (``chat_replay`` records, successful requests):
   stored at the end of the served reply), ``prompt_end`` (a hit no longer than the previous prompt),
   ``lost`` (no hit although the bound was > 0: evicted before the turn came back);
 * ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
+* ``capacity`` / ``capacity_under_load`` (per arm, from arms.json): cached-state slots with no request
+  running / while R run (:mod:`benchmarks.serving_arms`; None where arms.json predates the key);
 * ``server_account``: what the dasc arms' servers counted themselves (checkpoints stored, reused and
   evicted unused, by where they were stored; :mod:`benchmarks.ckpt_account`);
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
@@ -44,7 +46,7 @@ from dasc_compile.errors import DascInputError
 
 SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
                 "mean_ttft_ratio_vs_dense", "mean_ttft_ratio_vs_int8", "mean_e2e_ratio_vs_dense", "p95_ttft_s",
-                "hit_rate", "capacity",
+                "hit_rate", "capacity", "capacity_under_load",
                 "protocol", "rho", "seed_kind", "clients", "max_running", "reply_clip", "inflight_mean", "stable",
                 "replay", "reuse_bound", "ttft_hit_s", "ttft_miss_s", "prefill_tokens_saved")
 
@@ -128,6 +130,12 @@ def _capacity(launch: dict | None):
     if not launch:
         return None
     return launch["ckpt_slots"] if launch["kind"] == "int8" else launch["capacity"]
+
+
+def _capacity_under_load(launch: dict | None):
+    """Slots an arm keeps cached while R requests run (``serving_arms`` module docstring); None for an
+    arms.json written before the key."""
+    return (launch or {}).get("capacity_under_load")
 
 
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
@@ -243,6 +251,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "mean_e2e_ratio_vs_dense": spread(re_d)["mean"] if arm != "dense" else None,
                  "p95_ttft_s": s("p95_ttft_s")["mean"], "hit_rate": s("hit_rate")["mean"],
                  "capacity": _capacity(mine[0]["launch"]),
+                 "capacity_under_load": _capacity_under_load(mine[0]["launch"]),
                  "protocol": protocol, "rho": (rho_of_rate or {}).get(rate), "seed_kind": "trace",
                  "clients": clients, "max_running": mine[0]["max_running"], "reply_clip": clip,
                  "inflight_mean": s("inflight_mean")["mean"], "stable": all(r["stable"] for r in mine),
@@ -296,9 +305,14 @@ def _f(x, nd=3) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
+def _n(x) -> str:
+    return "—" if x is None else str(x)
+
+
 def markdown(objs: Sequence[dict]) -> str:
     """One table per condition: per arm mean TTFT (s), ratios to Dense/INT8 (mean, SD, range),
-    E2E ratio, hit rate vs bound, hit/miss TTFT, queue/prefill, hit account, n."""
+    E2E ratio, hit rate vs bound, hit/miss TTFT, queue/prefill, hit account, n, capacity with no request
+    running / under load ("—" where arms.json predates the second)."""
     out = []
     for cond in dict.fromkeys((o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"], o["rate"])
                               for o in objs):
@@ -313,7 +327,7 @@ def markdown(objs: Sequence[dict]) -> str:
                       if d and d.get("dense_drift") and d["dense_drift"]["n"] else ""))
         out.append("")
         out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | "
-                   "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity |")
+                   "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity / under load |")
         out.append("|---|---:|---|---|---|---|---|---|---|---|---:|")
         for o in rows:
             sp, r = o["mean_ttft_spread"], o["ttft_ratio_vs_dense_spread"]
@@ -324,7 +338,7 @@ def markdown(objs: Sequence[dict]) -> str:
                        f"{_f(o['mean_e2e_ratio_vs_dense'])} | "
                        f"{_f(o['hit_rate'])} ({_f(o['reuse_bound'])}) | {_f(o['ttft_hit_s'])} / {_f(o['ttft_miss_s'])} | "
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
-                       f"{ha['prompt_end']} / {ha['lost']} | {o['capacity']} |")
+                       f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")
         out.append("")
         out.extend(ckpt_account.markdown_rows(rows))
     return "\n".join(out)
