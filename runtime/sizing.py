@@ -412,8 +412,9 @@ def main(argv=None) -> int:
     print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B, "
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")
     print(f"Dense arm: --max-mamba-cache-size {mm.dense_slots}")
-    print(f"dasc arm:  {mm.flags()}   (capacity {mm.native_slots + mm.compressed_slots} checkpoints with no "
-          f"request running vs Dense's {mm.dense_slots}; running requests take native slots first)")
+    print(f"dasc arm:  {mm.flags()}   (capacity {mm.native_slots + mm.compressed_slots} with no request running "
+          f"vs Dense's {mm.dense_slots}; running requests hold native slots: at M' = k R it keeps its "
+          f"{mm.compressed_slots} compressed ones)")
     return 0
 
 
