@@ -37,8 +37,8 @@ from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import (attach_component, insert_origin, insert_tier, mark_reused, mark_staged,
                                        pop_node_history, set_insert_origin, set_insert_tier, set_node_origin,
                                        tier_policy_of)
-from dasc_runtime.tier_operations import TierOperations
-from dasc_runtime.tiers import COMPRESSED, DENSE, TierBook, TierCounters, TierPolicy
+from dasc_runtime.tier_operations import TierOperations, evict_shadowed_first
+from dasc_runtime.tiers import COMPRESSED, DENSE, ShadowCounts, TierBook, TierCounters, TierPolicy
 
 __all__ = ["DascMambaComponent"]
 
@@ -59,6 +59,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
         account: :class:`~dasc_runtime.account.CheckpointAccount` (origin of each checkpoint, reuse,
         evictions; logged and restarted at every flush).
         book: :class:`TierBook`. demotions: :class:`~dasc_runtime.demotion.DemotionEngine`.
+        shadows: :class:`ShadowCounts` (on with ``DASC_EVICT_SHADOWED_FIRST``; see
+        :mod:`dasc_runtime.tier_operations`).
         epoch: cache calls completed (one :meth:`maintain` each).
     Raises:
         RuntimeError: the request pool holds no dasc pool.
@@ -75,6 +77,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
         self.counters = TierCounters()
         self.account = CheckpointAccount()
         self.book = TierBook()
+        self.shadows = ShadowCounts(self.component_type, on=evict_shadowed_first())
         self.demotions = DemotionEngine(cache=cache, dpool=dpool, book=self.book, counters=self.counters,
                                         component_type=self.component_type)
         self.epoch = 0
@@ -143,18 +146,19 @@ class DascMambaComponent(TierOperations, MambaComponent):
 
         None means dense spill, or in compressed-only mode that every compressed checkpoint is
         locked by running requests (App. B.2 backpressure: the caller does not cache the state).
-        Compressed-only mode evicts the oldest unlocked compressed checkpoints to make room.
+        Compressed-only mode evicts the oldest unlocked compressed checkpoints to make room
+        (:meth:`_victim`: shadowed ones first with ``DASC_EVICT_SHADOWED_FIRST``).
         """
         if not self.policy.compressed_tier:
             return None
         c = self.dpool.alloc(1)
         if c is not None or not self.policy.compressed_only:
             return c
-        x = self._oldest(COMPRESSED)
+        x = self._victim(COMPRESSED)
         while x is not None and c is None:
             self.evict_node(x)
             c = self.dpool.alloc(1)
-            x = self._oldest(COMPRESSED) if c is None else None
+            x = self._victim(COMPRESSED) if c is None else None
         return c
 
     def prepare_for_caching_req(self, req, insert_params, token_ids_len: int, is_finished: bool) -> Optional[int]:
@@ -226,6 +230,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
         if not had and cd.value is not None:
             tier = insert_tier(params, DENSE)
             self.book.set(cd, tier)
+            self.shadows.stored(node)
             origin = insert_origin(params)
             if origin is not None:
                 set_node_origin(cd, origin)
@@ -255,6 +260,12 @@ class DascMambaComponent(TierOperations, MambaComponent):
             else:
                 SGLANG.forget_tracking(req)
         self.maintain()
+
+    def redistribute_on_node_split(self, new_parent, child) -> None:
+        """SGLang splits ``child``: ``new_parent`` takes the first part of its key, the state stays on
+        ``child``. dasc: the new node's count of cached descendants (:class:`ShadowCounts`)."""
+        super().redistribute_on_node_split(new_parent=new_parent, child=child)
+        self.shadows.split(new_parent, child)
 
     # ------------------------------------------------------------------ SGLang overrides: hits
 
@@ -297,6 +308,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
             origin, reused = pop_node_history(cd)
             if origin is not None:
                 self.account.evicted(origin, reused)
+            self.shadows.dropped(node)
             if self.tier(node) == COMPRESSED:
                 self.dpool.free(cd.value)
                 self.tree_core.component_evictable_size_[self.component_type] -= len(cd.value)
@@ -326,7 +338,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
         reclamation": first commit pending demotions (waiting for their packs, see
         :meth:`DemotionEngine.commit_ready`); then compressed space free -> demote the oldest
         eligible dense node now; else evict the oldest eligible node (a compressed one only while a
-        dense node remains to be demoted into its slot). The walk loops until the request is met,
+        dense node remains to be demoted into its slot; :meth:`_victim`: shadowed ones first with
+        ``DASC_EVICT_SHADOWED_FIRST``). The walk loops until the request is met,
         so both releases' drivers fit: 0.5.17 stops at the first None, 0.5.23 calls again after a
         step that made progress (the next call then returns None with none). 0.5.23's
         ``cache_actions`` collect the cascade's actions, applied by SGLang after the call.
@@ -346,7 +359,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
                     self.demotions.demote_now(d)
                     tracker[ct] += 1
                     continue
-            x = self._oldest(None)
+            x = self._victim(None)
             if x is None:
                 return None
             if self.tier(x) == COMPRESSED and self._oldest(DENSE, exclude=x) is None:

@@ -43,6 +43,10 @@ node origin         ``ComponentData.metadata            the same dict: the origi
                     ["dasc_origin"]``, ``["dasc_reused"]``  whether it was ever a copy-on-write source
                                                         (:mod:`dasc_runtime.account`; SGLang's nodes keep
                                                         no such history).
+cached below        ``ComponentData.metadata            the same dict, only with ``DASC_EVICT_SHADOWED_FIRST``:
+                    ["dasc_below"]``                    how many checkpoints the node's descendants hold
+                                                        (:class:`dasc_runtime.tiers.ShadowCounts`; SGLang's
+                                                        nodes know their children, not what they cache).
 scratch rows        ``HybridReqToTokenPool.size``,      dasc-wr's scratch rows and Mamba slots: SGLang sizes the
                     ``_alloc_size``, ``free_slots``,    pool from its own config, so dasc builds it B larger and
                     ``mamba_allocator.size``            puts SGLang's sizes back; the top B rows / slots exist
@@ -71,6 +75,7 @@ __all__ = [
     "node_tier", "set_node_tier", "pop_node_tier", "mark_staged", "is_staged",
     "INSERT_ORIGIN_ATTR", "ORIGIN_KEY", "REUSED_KEY", "set_insert_origin", "insert_origin",
     "set_node_origin", "mark_reused", "pop_node_history",
+    "BELOW_KEY", "cached_below", "add_cached_below", "set_cached_below",
 ]
 
 SERVER_ARGS_ATTR = "_dasc_settings"
@@ -82,6 +87,7 @@ STAGED_KEY = "dasc_staged_epoch"
 INSERT_ORIGIN_ATTR = "_dasc_origin"
 ORIGIN_KEY = "dasc_origin"
 REUSED_KEY = "dasc_reused"
+BELOW_KEY = "dasc_below"
 
 
 # ---------------------------------------------------------------- ServerArgs -> every scheduler process
@@ -234,3 +240,19 @@ def pop_node_history(component_data) -> tuple[Optional[str], bool]:
     """Remove and return ``(origin, reused)`` of the node's state (``(None, False)`` when unrecorded)."""
     md = component_data.metadata
     return md.pop(ORIGIN_KEY, None), bool(md.pop(REUSED_KEY, False))
+
+
+def cached_below(component_data) -> int:
+    """Checkpoints the node's descendants hold (0 when never recorded)."""
+    return component_data.metadata.get(BELOW_KEY, 0)
+
+
+def add_cached_below(component_data, delta: int) -> None:
+    """A descendant of the node gained (+1) or lost (-1) its checkpoint."""
+    md = component_data.metadata
+    md[BELOW_KEY] = md.get(BELOW_KEY, 0) + delta
+
+
+def set_cached_below(component_data, n: int) -> None:
+    """Record that the node's descendants hold ``n`` checkpoints (a node SGLang's split just created)."""
+    component_data.metadata[BELOW_KEY] = n

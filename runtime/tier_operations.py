@@ -7,18 +7,53 @@ demotion, the watermark step after every cache call (App. B.2 "Pressure-driven r
 :meth:`TierOperations.maintain`), and dropping the compressed tier after a weight update
 (:mod:`dasc_runtime.weight_updates`). It uses the component's state set up by
 ``DascMambaComponent.__init__``: ``dpool``, ``policy``, ``book``, ``demotions``, ``epoch``,
-``_maintaining``, and SGLang's ``cache``, ``tree_core`` and ``component_type``.
+``_maintaining``, ``shadows``, and SGLang's ``cache``, ``tree_core`` and ``component_type``.
+
+Which checkpoint goes (:meth:`TierOperations._victim`, every eviction dasc chooses: the reclamation
+walk, the watermark step, room in a compressed-only pool). App. B.2 fixes one global LRU over both
+tiers: the oldest eligible checkpoint goes. ``DASC_EVICT_SHADOWED_FIRST=1`` (off by default,
+:func:`evict_shadowed_first`) puts one priority class in front of that LRU: first the oldest
+eligible *shadowed* checkpoint (a descendant node holds a checkpoint, either tier:
+:class:`dasc_runtime.tiers.ShadowCounts`), and only when none is left the plain LRU. Why: a hit
+takes the deepest cached checkpoint of its path, so a shadowed one pays off only once its
+descendant is gone, or for a request that leaves the tree between the two. The H200 chat runs'
+checkpoint account (``benchmarks/notes/2026-12-01-h200-six-arms-account.md``, "Why") showed each turn
+storing chunk, prompt-end and reply-end checkpoints on one path, reuse of 0/267 chunk, 2-10 %
+prompt-end and 56-77 % reply-end checkpoints, and the LRU evicting reply-end checkpoints unused
+(dasc-wr w16: 34 of 160, turns that then missed) while it still held their shadowed ancestors.
+The rule changes only which eligible checkpoint goes: locked, pending and staged nodes are never
+taken, and it reads only the tree, so every TP rank picks the same victim. The cost while on:
+O(path depth) per state stored or evicted, and a victim search that may walk the whole LRU when
+nothing is shadowed (measured in the branch's commit message).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
+from dasc_compile.schema import DascInputError
 from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import is_staged
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierPolicy
 
-__all__ = ["TierOperations"]
+__all__ = ["TierOperations", "evict_shadowed_first"]
+
+
+def evict_shadowed_first() -> bool:
+    """``DASC_EVICT_SHADOWED_FIRST``: evict shadowed checkpoints before the plain LRU (see the module
+    docstring). ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` / unset (the
+    default, App. B.2's one LRU); read once, when the component is built.
+
+    Raises:
+        DascInputError: any other value.
+    """
+    raw = os.environ.get("DASC_EVICT_SHADOWED_FIRST", "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    raise DascInputError(f"DASC_EVICT_SHADOWED_FIRST: expected 1 or 0, got {raw!r}")
 
 
 class TierOperations:
@@ -55,15 +90,26 @@ class TierOperations:
         cd = node.component_data[self.component_type]
         return cd.lock_ref == 0 and node.id not in self.pending and not is_staged(cd, self.epoch)
 
-    def _oldest(self, tier: Optional[str], exclude=None):
-        """Oldest eligible node of ``tier`` (any tier when None) in the shared Mamba LRU, or None."""
+    def _oldest(self, tier: Optional[str], exclude=None, where=None):
+        """Oldest eligible node of ``tier`` (any tier when None) in the shared Mamba LRU, or None;
+        with ``where``, the oldest for which ``where(node)`` also holds."""
         lru = self.tree_core.lru_lists[self.component_type]
         x = lru.get_lru_no_lock()
         while x is not None:
-            if x is not exclude and (tier is None or self.tier(x) == tier) and self.eligible(x):
+            if (x is not exclude and (tier is None or self.tier(x) == tier) and self.eligible(x)
+                    and (where is None or where(x))):
                 return x
             x = lru.get_prev_no_lock(x)
         return None
+
+    def _victim(self, tier: Optional[str]):
+        """The eligible node of ``tier`` (any when None) to evict next, or None: the oldest shadowed one
+        while ``DASC_EVICT_SHADOWED_FIRST`` is on, else (and when none is shadowed) the oldest one."""
+        if self.shadows.on:
+            x = self._oldest(tier, where=self.shadows.shadowed)
+            if x is not None:
+                return x
+        return self._oldest(tier)
 
     def demote_async(self, node) -> None:
         """Start a background demotion of ``node`` in this cache call (see :mod:`dasc_runtime.demotion`);
@@ -76,8 +122,8 @@ class TierOperations:
 
         Runs after every cache call on the scheduler thread and closes the call (``epoch += 1``).
         App. B.2 "Pressure-driven reclamation" below the watermark: compressed space free ->
-        demote the oldest eligible dense node; else evict the oldest eligible node (dense: frees a
-        native slot; compressed: frees room to demote, only while a dense node remains).
+        demote the oldest eligible dense node; else evict the oldest eligible node (:meth:`_victim`;
+        dense: frees a native slot; compressed: frees room to demote, only while a dense node remains).
         """
         if self._maintaining:
             return
@@ -97,7 +143,7 @@ class TierOperations:
                     self.demote_async(d)
                     need -= 1
                     continue
-                x = self._oldest(None)
+                x = self._victim(None)
                 if x is None or (self.tier(x) == COMPRESSED and self._oldest(DENSE, exclude=x) is None):
                     return
                 self.evict_node(x)

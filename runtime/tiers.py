@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from dasc_runtime.side_channels import node_tier, pop_node_tier, set_node_tier
+from dasc_runtime.side_channels import (add_cached_below, cached_below, node_tier, pop_node_tier, set_cached_below,
+                                       set_node_tier)
 
-__all__ = ["DENSE", "COMPRESSED", "TierPolicy", "TierCounters", "TierBook"]
+__all__ = ["DENSE", "COMPRESSED", "TierPolicy", "TierCounters", "TierBook", "ShadowCounts"]
 
 DENSE = "dense"
 COMPRESSED = "compressed"
@@ -135,3 +136,47 @@ class TierBook:
     def reset(self) -> None:
         """Zero every count (the tree was flushed)."""
         self.__init__()
+
+
+class ShadowCounts:
+    """Per tree node, how many checkpoints (either tier) its descendants hold; for the shadowed-first
+    eviction rule (:func:`dasc_runtime.tier_operations.evict_shadowed_first`), kept only while it is on.
+
+    A node whose count is > 0 is *shadowed*: a hit takes the deepest cached checkpoint of its path,
+    so the node's own checkpoint serves only requests that leave the tree between it and that
+    descendant. The count lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`)
+    and changes when a state enters or leaves a node (one walk up the node's ancestors, root
+    excluded) and when SGLang splits a node (the new node above it takes the child's count plus
+    the child's own state). Demotion changes a tier, not the count. Host only; per insert or
+    eviction O(depth of the node) while on, nothing while off.
+    """
+
+    def __init__(self, component_type, on: bool) -> None:
+        self.ct = component_type
+        self.on = on
+
+    def _add(self, node, delta: int) -> None:
+        p = node.parent
+        while p is not None and p.parent is not None:
+            add_cached_below(p.component_data[self.ct], delta)
+            p = p.parent
+
+    def stored(self, node) -> None:
+        """``node`` gained a state."""
+        if self.on:
+            self._add(node, 1)
+
+    def dropped(self, node) -> None:
+        """``node`` lost its state (eviction; still attached to its parent)."""
+        if self.on:
+            self._add(node, -1)
+
+    def split(self, new_parent, child) -> None:
+        """SGLang put ``new_parent`` (no state) between ``child`` and its old parent."""
+        if self.on:
+            cd = child.component_data[self.ct]
+            set_cached_below(new_parent.component_data[self.ct], cached_below(cd) + (cd.value is not None))
+
+    def shadowed(self, node) -> bool:
+        """True when a descendant of ``node`` holds a checkpoint (False whenever the rule is off)."""
+        return self.on and cached_below(node.component_data[self.ct]) > 0
