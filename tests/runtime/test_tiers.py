@@ -330,3 +330,124 @@ def test_tier_book_counts_follow_tier_and_lock_changes():
     assert node_tier(b) is None
     book.reset()
     assert book.counts() == {"dense": 0, "compressed": 0}
+
+
+# ---------------------------------------------------------------- DASC_EVICT_SHADOWED_FIRST
+
+SEQ_X = [51, 52, 53, 54, 55, 56]
+
+
+def _chat(sim):
+    """An unrelated reply-end checkpoint U, then one conversation's two turns, each chunked: chunk c1 and
+    reply r1, then c2 and r2 on the same radix path (turn 2 extends turn 1's reply and hits r1).
+    Returns ``(U, [c1, r1, c2, r2])``; the Mamba LRU, oldest first, is U c1 r1 c2 r2 (the hit on r1 moved it
+    to the front before c2 and r2 entered), so plain LRU evicts the unrelated reply-end U first."""
+    sim.rng.randint = lambda a, b: (a + b) // 2       # the chunk split: mid-prompt
+    _run(sim, SEQ_B)
+    u = _node_of(sim, sim.request_tokens(SEQ_B))
+    _run(sim, SEQ_X, chunked=True)
+    turn2 = sim.request_tokens(SEQ_X) + [57, 58, 59, 60]
+    _run(sim, turn2, chunked=True)
+    full = sim.request_tokens(turn2)
+    path = sorted((n for n in sim.nodes() if n.component_data[sim.MAMBA].value is not None
+                   and full[:len(sim.prefix_tokens(n))] == sim.prefix_tokens(n)),
+                  key=lambda n: len(sim.prefix_tokens(n)))
+    assert [n.component_data[sim.MAMBA].metadata["dasc_origin"] for n in path] == ["chunk", "reply", "chunk", "reply"]
+    assert sim.lru_ids() == [n.id for n in [u] + path]
+    assert sim.comp.account.counts["reused"]["reply"] == 1            # turn 2 restored r1
+    return u, path
+
+
+def _cached(sim, nodes) -> list[bool]:
+    return [n.component_data[sim.MAMBA].value is not None for n in nodes]
+
+
+@pytest.mark.parametrize("shadowed_first", [False, True])
+def test_compressed_only_pool_full_evicts_shadowed_checkpoints_first(tmp_path, shadowed_first):
+    """Compressed pool full (compressed-only, 5 slots): each new unrelated reply takes one slot. Plain LRU
+    (flag off) evicts the older unrelated reply-end U, then c1, r1; with DASC_EVICT_SHADOWED_FIRST the
+    path's shadowed checkpoints c1, r1, c2 go first, oldest first, and U and the path's reply-end r2 stay."""
+    sim = _sim(tmp_path, compressed_slots=5, compressed_only=True, shadowed_first=shadowed_first)
+    u, (c1, r1, c2, r2) = _chat(sim)
+    assert sim.dpool.available_size() == 0
+    evicted = []
+    for s in (SEQ_C, SEQ_D, [61, 62, 63]):
+        before = [u, c1, r1, c2, r2]
+        alive = _cached(sim, before)
+        _run(sim, s)
+        evicted += [n for n, a, b in zip(before, alive, _cached(sim, before)) if a and not b]
+    acct = sim.comp.account.counts
+    if shadowed_first:
+        assert evicted == [c1, r1, c2] and _cached(sim, [u, r2]) == [True, True]
+        assert (acct["evicted_unused"]["chunk"], acct["evicted_unused"]["reply"], acct["evicted_reused"]["reply"]) == (2, 0, 1)
+    else:
+        assert evicted == [u, c1, r1] and _cached(sim, [c2, r2]) == [True, True]
+        assert (acct["evicted_unused"]["chunk"], acct["evicted_unused"]["reply"], acct["evicted_reused"]["reply"]) == (1, 1, 1)
+    assert sim.comp.counters.evictions_compressed == 3
+    # a fourth: under the rule nothing shadowed is left, so it falls back to the plain LRU and takes U;
+    # the plain LRU takes c2. r2, the path's reply-end, stays either way
+    _run(sim, [64, 65])
+    assert _cached(sim, [u, c1, r1, c2, r2]) == [False, False, False, False, True]
+    sim.check(7, content=True)
+
+
+@pytest.mark.parametrize("shadowed_first", [False, True])
+def test_reclamation_walk_evicts_shadowed_checkpoints_first(tmp_path, shadowed_first):
+    """Two tiers, compressed pool full (U, the oldest, holds its one slot; the path spilled dense). SGLang
+    asks for native slots three times. Plain LRU: evict U (compressed) and demote c1 into its slot, then
+    evict c1 and demote r1, ...; with the rule the shadowed dense c1, r1, c2 are evicted (each frees a
+    native slot at once), U and r2 stay as they were."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim = _sim(tmp_path, compressed_slots=1, mamba_size=8, shadowed_first=shadowed_first)
+    u, (c1, r1, c2, r2) = _chat(sim)
+    assert [sim.comp.tier(n) for n in (u, c1, r1, c2, r2)] == ["compressed"] + ["dense"] * 4
+    free0 = sim.pool.mamba_allocator.available_size()
+    for i in range(3):
+        res = sim.cache.evict(EvictParams(num_tokens=0, mamba_num=1))
+        assert res.mamba_num_evicted == 1 and sim.pool.mamba_allocator.available_size() == free0 + i + 1
+        sim.check(8 + i, content=True)
+    if shadowed_first:
+        assert _cached(sim, [u, c1, r1, c2, r2]) == [True, False, False, False, True]
+        assert [sim.comp.tier(n) for n in (u, r2)] == ["compressed", "dense"]
+        assert (sim.comp.counters.evictions_dense, sim.comp.counters.evictions_compressed) == (3, 0)
+        assert sim.comp.counters.demotions_sync == 0
+    else:
+        assert _cached(sim, [u, c1, r1, c2, r2]) == [False, False, False, True, True]
+        assert [sim.comp.tier(n) for n in (c2, r2)] == ["compressed", "dense"]
+        assert (sim.comp.counters.evictions_dense, sim.comp.counters.evictions_compressed) == (0, 3)
+        assert sim.comp.counters.demotions_sync == 3
+
+
+@pytest.mark.parametrize("shadowed_first", [False, True])
+def test_watermark_step_evicts_a_shadowed_checkpoint_first(tmp_path, shadowed_first):
+    """The watermark step after a cache call, both pools full: plain LRU evicts U (compressed) and starts
+    demoting c1 into its slot; with the rule it evicts the shadowed dense c1 and U stays."""
+    from dasc_runtime.tiers import TierPolicy
+
+    sim = _sim(tmp_path, compressed_slots=1, mamba_size=8, shadowed_first=shadowed_first)
+    u, (c1, r1, c2, r2) = _chat(sim)
+    free0 = sim.pool.mamba_allocator.available_size()
+    sim.comp.policy = TierPolicy(watermark=free0 + 1)
+    sim.comp.maintain()
+    if shadowed_first:
+        assert _cached(sim, [u, c1, r1, c2, r2]) == [True, False, True, True, True] and not sim.comp.pending
+        assert sim.pool.mamba_allocator.available_size() == free0 + 1
+    else:
+        assert _cached(sim, [u, c1, r1, c2, r2]) == [False, True, True, True, True] and list(sim.comp.pending) == [c1.id]
+    sim.check(11, content=True)
+
+
+def test_evict_shadowed_first_setting(monkeypatch):
+    """DASC_EVICT_SHADOWED_FIRST: off unless set to 1 / true / yes / on; any other value is refused."""
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.tier_operations import evict_shadowed_first
+
+    monkeypatch.delenv("DASC_EVICT_SHADOWED_FIRST", raising=False)
+    assert evict_shadowed_first() is False
+    for raw, want in (("1", True), (" On ", True), ("true", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", raw)
+        assert evict_shadowed_first() is want
+    monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", "2")
+    with pytest.raises(DascInputError, match="DASC_EVICT_SHADOWED_FIRST: expected 1 or 0, got '2'"):
+        evict_shadowed_first()

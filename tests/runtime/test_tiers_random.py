@@ -47,6 +47,17 @@ CONFIGS = [
                                   watermark=2), 0.05, 108),
     ("wr-storage-compressed-only", dict(wr=True, balance="storage", mamba_size=8, compressed_slots=5,
                                         compressed_only=True), 0.05, 109),
+    # DASC_EVICT_SHADOWED_FIRST: shadowed checkpoints are evicted before the plain LRU; the descendant
+    # counts are rechecked against the tree after every step (Sim._check_shadows)
+    ("shadowed-first", dict(shadowed_first=True, mamba_size=10, compressed_slots=5, watermark=2), 0.10, 112),
+    ("shadowed-first-tight", dict(shadowed_first=True, mamba_size=7, compressed_slots=2, watermark=3, kv_size=160),
+     0.05, 113),
+    ("shadowed-first-compressed-only", dict(shadowed_first=True, mamba_size=8, compressed_slots=6,
+                                            compressed_only=True), 0.05, 114),
+    ("shadowed-first-extra-buffer", dict(shadowed_first=True, extra_buffer=True, mamba_size=14, compressed_slots=5,
+                                         watermark=2), 0.05, 115),
+    ("shadowed-first-path-cap", dict(shadowed_first=True, mamba_size=10, compressed_slots=4, watermark=2,
+                                     max_states_per_path=2), 0.05, 117),
 ]
 BY_NAME = {c[0]: c for c in CONFIGS}
 
@@ -63,9 +74,31 @@ def run_config(tmp_path, name: str, n_ops: int, seed=None):
     seed = int(SEED_OVERRIDE) if SEED_OVERRIDE is not None else (fixed if seed is None else seed)
     print(f"[random {name}] seed {seed}, {n_ops} ops")
     sim = Sim(tmp_path, seed=seed, check_content_every=25, **kwargs)
+    if kwargs.get("shadowed_first"):
+        _count_rule_choices(sim)
     run_ops(sim, n_ops, f"reproduce: DASC_RANDOM_SEED={seed} .venv/bin/python -m pytest -q "
                         f"'tests/runtime/test_tiers_random.py::test_random_ops_keep_invariants[{name}]'")
     return sim
+
+
+def _count_rule_choices(sim) -> None:
+    """Count in ``sim.stats`` the victims the shadowed-first rule chose (``victim_shadowed``) and those where
+    it differs from the plain LRU's oldest eligible node (``victim_not_oldest``), and check each choice:
+    a shadowed victim whenever an eligible shadowed node exists, never a locked, pending or staged one."""
+    comp, victim = sim.comp, sim.comp._victim
+
+    def counted(tier):
+        x = victim(tier)
+        oldest = comp._oldest(tier)
+        if x is not None:
+            assert comp.eligible(x) and (tier is None or comp.tier(x) == tier), f"victim {x.id} is not eligible"
+            shadowed = comp._oldest(tier, where=comp.shadows.shadowed)
+            assert x is (shadowed if shadowed is not None else oldest), f"victim {x.id} is not the rule's choice"
+            sim.stats["victim_shadowed"] += comp.shadows.shadowed(x)
+            sim.stats["victim_not_oldest"] += x is not oldest
+        return x
+
+    comp._victim = counted
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +148,8 @@ def test_random_ops_keep_invariants(tmp_path, name):
     if not kwargs.get("compressed_only") and kwargs["compressed_slots"] >= 4 and n_ops >= 2000:   # rare otherwise
         assert s["batch_mixed"] > 0 and sim.dpool.counters.mixed_batches >= s["batch_mixed"]
     assert sim.dpool.counters.hint_misses == 0
+    if kwargs.get("shadowed_first"):      # the rule chose victims, and some differ from the plain LRU's
+        assert s["victim_shadowed"] > 0 and s["victim_not_oldest"] > 0
 
 
 def _eviction_policies() -> list[str]:

@@ -28,6 +28,7 @@ the seed and step of a failure.
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import zlib
 from array import array
@@ -50,13 +51,15 @@ class Sim:
     path, packs inline), tp_rank / tp_size (this rank of a plan compiled for tp_size; the test sets
     the demotion engine's CPU group), max_states_per_path (SGLang's ``--mamba-max-states-per-path``),
     device_seed (device progress; default from seed and rank), eviction_policy (SGLang's
-    ``--radix-eviction-policy``: it orders Full-KV leaf eviction, which cascades to Mamba states).
+    ``--radix-eviction-policy``: it orders Full-KV leaf eviction, which cascades to Mamba states),
+    shadowed_first (``DASC_EVICT_SHADOWED_FIRST=1`` while the cache is built: shadowed checkpoints are
+    evicted first, :mod:`dasc_runtime.tier_operations`).
     """
 
     def __init__(self, tmp, *, mamba_size=10, compressed_slots=5, kv_size=400, watermark=2, compressed_only=False,
                  seed=0, kind="gdn", int8=False, check_content_every=1, extra_buffer=False, chunk=4, balance=None,
                  wr=False, streams=True, tp_rank=0, tp_size=1, max_states_per_path=None, device_seed=None,
-                 eviction_policy="lru"):
+                 eviction_policy="lru", shadowed_first=False):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.unified_cache.components import ComponentType
         from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -96,11 +99,20 @@ class Sim:
         attach_tier_policy(self.dpool, TierPolicy(compressed_only=compressed_only, watermark=watermark))
         self.pool.mamba_ckpt_pool = self.dpool
         self.MAMBA = ComponentType.MAMBA
-        self.cache = UnifiedRadixCache(CacheInitParams(
-            req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc, page_size=1, disable=False,
-            tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=extra_buffer,
-            component_registry_override={ComponentType.MAMBA: DascMambaComponent}, eviction_policy=eviction_policy))
+        env_before = os.environ.get("DASC_EVICT_SHADOWED_FIRST")
+        os.environ["DASC_EVICT_SHADOWED_FIRST"] = "1" if shadowed_first else "0"
+        try:
+            self.cache = UnifiedRadixCache(CacheInitParams(
+                req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc, page_size=1, disable=False,
+                tree_components=(ComponentType.FULL, ComponentType.MAMBA), enable_mamba_extra_buffer=extra_buffer,
+                component_registry_override={ComponentType.MAMBA: DascMambaComponent}, eviction_policy=eviction_policy))
+        finally:
+            if env_before is None:
+                del os.environ["DASC_EVICT_SHADOWED_FIRST"]
+            else:
+                os.environ["DASC_EVICT_SHADOWED_FIRST"] = env_before
         self.comp = self.cache.components[ComponentType.MAMBA]
+        assert self.comp.shadows.on == shadowed_first
         self.device = None
         if streams:
             dseed = device_seed if device_seed is not None else seed * 7919 + 1000003 * tp_rank + 17
@@ -479,6 +491,7 @@ class Sim:
                 self._check_content(step, n, t)
         assert count == comp.book.counts(), f"step {step}: tier counts {comp.book.counts()} != recount {count}"
         self._check_account(step)
+        self._check_shadows(step)
         assert locked == comp.book.locked, f"step {step}: locked counts {comp.book.locked} != recount {locked}"
         for req in self.inflight:
             st = self.mamba(req)
@@ -530,6 +543,30 @@ class Sim:
                 f"step {step}: {o}: reused {c['reused'][o]} - evicted after reuse != held reused {held_reused[o]}"
         assert c["stored"]["prompt"] == c["stored"]["decode"] == 0, f"step {step}: the simulation caches no prompt " \
             f"ends and no decode states, the account says {c['stored']}"
+
+    def _check_shadows(self, step):
+        """With the shadowed-first rule every node's count of cached descendants (ShadowCounts) equals a
+        recount of the tree; without it no node carries one."""
+        below = {}
+
+        def recount(n):                     # cached checkpoints strictly below n (iterative post-order)
+            order, stack = [], [n]
+            while stack:
+                x = stack.pop()
+                order.append(x)
+                stack.extend(x.children.values())
+            for x in reversed(order):
+                below[x.id] = sum(below[c.id] + (c.component_data[self.MAMBA].value is not None)
+                                  for c in x.children.values())
+
+        recount(self.comp.tree_core.root_node)
+        for n in self.nodes():
+            md = n.component_data[self.MAMBA].metadata
+            if self.comp.shadows.on:
+                assert md.get("dasc_below", 0) == below[n.id], \
+                    f"step {step}: node {n.id} counts {md.get('dasc_below', 0)} cached descendants, recount {below[n.id]}"
+            else:
+                assert "dasc_below" not in md, f"step {step}: node {n.id} has a descendant count with the rule off"
 
     def _check_content(self, step, node, tier):
         toks = self.prefix_tokens(node)
