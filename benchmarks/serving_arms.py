@@ -11,6 +11,9 @@ and dasc pool slots, checkpoint capacity) lives in :mod:`dasc_runtime.sizing`, t
   :func:`plan_name` names. A ``-hostwait`` suffix runs the same arm with ``DASC_RECLAIM_WAIT=host``
   in the server's environment (the reclamation walk waits for pending demotions on the host
   instead of ordering the current stream after them), for an A/B of that synchronisation.
+  A ``-shadowfirst`` suffix (any dasc arm, nr or wr) runs it with ``DASC_EVICT_SHADOWED_FIRST=1``:
+  checkpoints whose descendant on the radix path is cached are evicted before the plain LRU
+  (:mod:`dasc_runtime.tier_operations`), for an A/B of that eviction rule against its twin.
 * ``dasc-wr-wW`` (and ``...-int8``): dasc-wr (paper §4.2, Eq. 7), a plan compiled with
   ``load_policy: wr`` (plan directory ``wW[-int8]-wr-tp{P}-off``). Its B refresh scratch slots
   (``--dasc-refresh-slots B``, :mod:`dasc_runtime.wr_scratch`) are native slots, charged to the arm
@@ -50,11 +53,11 @@ class ArmSpec:
     and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``);
     ``reclaim_wait``: the runtime's ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``, dasc arms only);
     ``load_policy``: the plan's ``load_policy``, ``nr`` (zero-fill) or ``wr`` (suffix refresh, dasc
-    arms only).
+    arms only); ``shadowed_first``: the runtime's ``DASC_EVICT_SHADOWED_FIRST=1`` (dasc arms only).
 
     Raises:
         DascInputError: a field outside these values, ``w_max`` on a non-dasc arm (or missing on a
-            dasc arm), ``host`` or ``wr`` on a non-dasc arm.
+            dasc arm), ``host``, ``wr`` or ``shadowed_first`` on a non-dasc arm.
     """
 
     name: str
@@ -64,6 +67,7 @@ class ArmSpec:
     balance: str = "off"
     reclaim_wait: str = "stream"
     load_policy: str = "nr"
+    shadowed_first: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("dense", "int8", "dasc"):
@@ -76,6 +80,8 @@ class ArmSpec:
         if self.load_policy not in ("nr", "wr") or (self.load_policy == "wr" and self.kind != "dasc"):
             raise DascInputError(f"arm {self.name!r}: load_policy must be 'nr', or 'wr' on a dasc arm, "
                                  f"got {self.load_policy!r} on a {self.kind} arm")
+        if self.shadowed_first and self.kind != "dasc":
+            raise DascInputError(f"arm {self.name!r}: shadowed_first is for dasc arms, not a {self.kind} arm")
 
 
 # paper §5.3: Dense, SGLang INT8, dasc-nr at four w_max, dasc-nr + INT8
@@ -148,7 +154,8 @@ class ArmLaunch:
         native_slots: ``--max-mamba-cache-size``; ckpt_slots: INT8 or dasc pool slots (usable).
         refresh_slots: dasc-wr's scratch slots B (``--dasc-refresh-slots``; 0 on other arms), inside
             used_bytes.
-        env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``).
+        env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``,
+            ``DASC_EVICT_SHADOWED_FIRST`` for ``-shadowfirst``).
         capacity: checkpoint capacity (slots) with no request running; capacity_under_load: with R
             running (slots), see the module docstring.
         budget_bytes / used_bytes: per-rank state memory; used <= budget.
@@ -244,14 +251,16 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
     total_units = len(plan.model.recurrent_layer_ids) * plan.model.num_value_heads * plan.tp.units_per_head
     flags = list(sz.flags)
     n_wr = int(flags[flags.index("--dasc-refresh-slots") + 1]) if "--dasc-refresh-slots" in flags else 0
+    env = {"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {}
+    if arm.shadowed_first:
+        env["DASC_EVICT_SHADOWED_FIRST"] = "1"
     return ArmLaunch(plan=name, w_max=arm.w_max, balance=arm.balance, kept_fraction=kept / total_units,
-                     load_policy=arm.load_policy, refresh_slots=n_wr,
-                     env={"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {}, **common)
+                     load_policy=arm.load_policy, refresh_slots=n_wr, env=env, **common)
 
 
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
-    """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait]`` for any W
-    (ASCII digits; suffixes in any order, each at most once), or ``dasc-wr-wW[-int8]``.
+    """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst]`` for any W
+    (ASCII digits; suffixes in any order, each at most once), or ``dasc-wr-wW[-int8][-shadowfirst]``.
 
     Raises:
         DascInputError: a name of neither form (one line naming it).
@@ -266,14 +275,16 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
         if len(parts) >= 3 and parts[0] == "dasc" and parts[1] in ("nr", "wr") and parts[2].startswith("w") \
                 and parts[2][1:].isascii() and parts[2][1:].isdigit():
             rest = parts[3:]
-            allowed = {"int8", "storage", "hostwait"} if parts[1] == "nr" else {"int8"}
+            allowed = {"int8", "storage", "hostwait", "shadowfirst"} if parts[1] == "nr" else {"int8", "shadowfirst"}
             if set(rest) <= allowed and len(set(rest)) == len(rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
                                    balance="storage" if "storage" in rest else "off",
-                                   reclaim_wait="host" if "hostwait" in rest else "stream", load_policy=parts[1]))
+                                   reclaim_wait="host" if "hostwait" in rest else "stream", load_policy=parts[1],
+                                   shadowed_first="shadowfirst" in rest))
                 continue
         raise DascInputError(f"arm {n!r}: expected one of {sorted(known)}, "
-                             f"dasc-nr-wW[-int8][-storage][-hostwait] or dasc-wr-wW[-int8]")
+                             f"dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst] or "
+                             f"dasc-wr-wW[-int8][-shadowfirst]")
     return out
 
 
@@ -289,7 +300,8 @@ def main(argv=None) -> int:
                     help="SGLang's --mamba-radix-cache-strategy (extra_buffer | extra_buffer_lazy | no_buffer)")
     ap.add_argument("--tp", type=int, default=1, help="TP degree P the plans were compiled for (>= 1)")
     ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS],
-                    help="arm names: dense, int8, dasc-nr-wW[-int8][-storage][-hostwait] or dasc-wr-wW[-int8] "
+                    help="arm names: dense, int8, dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst] or "
+                         "dasc-wr-wW[-int8][-shadowfirst] "
                          f"(default: {' '.join(a.name for a in DEFAULT_ARMS)})")
     ap.add_argument("--refresh-slots", type=int, default=None,
                     help="dasc-wr arms: scratch slots B (--dasc-refresh-slots, charged to the arm; default: the "

@@ -288,10 +288,27 @@ def test_hostwait_arm_same_memory_as_its_stream_twin_and_sets_the_env(kimi_plans
     assert (host.flags, host.capacity, host.used_bytes) == (stream.flags, stream.capacity, stream.used_bytes)
 
 
+def test_shadowfirst_arm_same_memory_as_its_twin_and_sets_the_env(kimi_plans):
+    """-shadowfirst changes only the server's DASC_EVICT_SHADOWED_FIRST (nr and wr arms, with -hostwait too);
+    flags, slots and bytes are the twin's."""
+    for twin, name, env in (("dasc-nr-w128", "dasc-nr-w128-shadowfirst", {"DASC_EVICT_SHADOWED_FIRST": "1"}),
+                            ("dasc-nr-w128", "dasc-nr-w128-shadowfirst-hostwait",
+                             {"DASC_RECLAIM_WAIT": "host", "DASC_EVICT_SHADOWED_FIRST": "1"})):
+        plain, shadow = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
+                         for a in sa.parse_arms([twin, name]))
+        assert plain.env == {} and shadow.env == env
+        assert (shadow.flags, shadow.capacity, shadow.used_bytes) == (plain.flags, plain.capacity, plain.used_bytes)
+    (wr,) = sa.parse_arms(["dasc-wr-w16-int8-shadowfirst"])
+    assert (wr.load_policy, wr.w_max, wr.int8, wr.shadowed_first, wr.reclaim_wait) == ("wr", 16, True, True, "stream")
+    assert not any(a.shadowed_first for a in sa.parse_arms([a.name for a in sa.DEFAULT_ARMS]))
+
+
 @pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
                                   "dasc-xr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
                                   "dasc-nr-w64-hostwait-hostwait", "int8-hostwait", "dasc-wr-w64-storage",
-                                  "dasc-wr-w64-hostwait", "dasc-wr-w64-int8-int8", "dasc-wr-wx", "dasc-wr"])
+                                  "dasc-wr-w64-hostwait", "dasc-wr-w64-int8-int8", "dasc-wr-wx", "dasc-wr",
+                                  "dense-shadowfirst", "int8-shadowfirst", "dasc-nr-w64-shadowfirst-shadowfirst",
+                                  "dasc-wr-w64-shadowfirst-storage"])
 def test_parse_arms_rejects(name):
     msg = _one_line_error(lambda: sa.parse_arms(["dense", name]), "expected one of")
     assert repr(name) in msg
@@ -305,6 +322,7 @@ def test_parse_arms_rejects(name):
     (dict(name="x", kind="dasc", w_max=64, reclaim_wait="spin"), "got 'spin'"),
     (dict(name="x", kind="dense", load_policy="wr"), "'wr' on a dasc arm, got 'wr' on a dense arm"),
     (dict(name="x", kind="dasc", w_max=64, load_policy="xr"), "got 'xr' on a dasc arm"),
+    (dict(name="x", kind="int8", shadowed_first=True), "shadowed_first is for dasc arms, not a int8 arm"),
 ])
 def test_arm_spec_rejects(kw, match):
     _one_line_error(lambda: sa.ArmSpec(**kw), match)
