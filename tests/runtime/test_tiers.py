@@ -377,12 +377,13 @@ def test_compressed_only_pool_full_evicts_shadowed_checkpoints_first(tmp_path, s
         _run(sim, s)
         evicted += [n for n, a, b in zip(before, alive, _cached(sim, before)) if a and not b]
     acct = sim.comp.account.counts
+    gone = (acct["evicted_unused"]["chunk"], acct["evicted_unused"]["reply"], acct["evicted_reused"]["reply"])
     if shadowed_first:
         assert evicted == [c1, r1, c2] and _cached(sim, [u, r2]) == [True, True]
-        assert (acct["evicted_unused"]["chunk"], acct["evicted_unused"]["reply"], acct["evicted_reused"]["reply"]) == (2, 0, 1)
+        assert gone == (2, 0, 1)            # two chunks never reused, r1 after its one reuse
     else:
         assert evicted == [u, c1, r1] and _cached(sim, [c2, r2]) == [True, True]
-        assert (acct["evicted_unused"]["chunk"], acct["evicted_unused"]["reply"], acct["evicted_reused"]["reply"]) == (1, 1, 1)
+        assert gone == (1, 1, 1)            # U's reply-end went unused
     assert sim.comp.counters.evictions_compressed == 3
     # a fourth: under the rule nothing shadowed is left, so it falls back to the plain LRU and takes U;
     # the plain LRU takes c2. r2, the path's reply-end, stays either way
