@@ -78,6 +78,9 @@ class DascMambaComponent(TierOperations, MambaComponent):
         self.account = CheckpointAccount()
         self.book = TierBook()
         self.shadows = ShadowCounts(self.component_type, on=evict_shadowed_first())
+        if self.shadows.on:   # a departure from App. B.2's one LRU: say so in the server log
+            logger.info("dasc: DASC_EVICT_SHADOWED_FIRST=1: checkpoints with a cached descendant are evicted "
+                        "before the LRU order")
         self.demotions = DemotionEngine(cache=cache, dpool=dpool, book=self.book, counters=self.counters,
                                         component_type=self.component_type)
         self.epoch = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -363,11 +365,14 @@ def _cached(sim, nodes) -> list[bool]:
 
 
 @pytest.mark.parametrize("shadowed_first", [False, True])
-def test_compressed_only_pool_full_evicts_shadowed_checkpoints_first(tmp_path, shadowed_first):
+def test_compressed_only_pool_full_evicts_shadowed_checkpoints_first(tmp_path, shadowed_first, caplog):
     """Compressed pool full (compressed-only, 5 slots): each new unrelated reply takes one slot. Plain LRU
     (flag off) evicts the older unrelated reply-end U, then c1, r1; with DASC_EVICT_SHADOWED_FIRST the
     path's shadowed checkpoints c1, r1, c2 go first, oldest first, and U and the path's reply-end r2 stay."""
-    sim = _sim(tmp_path, compressed_slots=5, compressed_only=True, shadowed_first=shadowed_first)
+    with caplog.at_level(logging.INFO, logger="dasc_runtime.mamba_component"):
+        sim = _sim(tmp_path, compressed_slots=5, compressed_only=True, shadowed_first=shadowed_first)
+    # the departure from App. B.2's one LRU is said in the server log, and only when it is on
+    assert any("DASC_EVICT_SHADOWED_FIRST=1" in r.getMessage() for r in caplog.records) is shadowed_first
     u, (c1, r1, c2, r2) = _chat(sim)
     assert sim.dpool.available_size() == 0
     evicted = []
