@@ -63,8 +63,23 @@ def _store_settings(server_args, raw: dict) -> None:
 
     settings = DascSettings.from_mapping(raw, source="dasc flags")
     if settings.active:
+        check_env_knobs()
         attach_settings(server_args, raw)
         settings.export()                 # every child process inherits DASC_*
+
+
+def check_env_knobs() -> None:
+    """The environment-only A/B knobs (``runtime/settings.py``), read where they act inside the
+    scheduler: parsed here, at start-up, so a typo is refused before the model loads.
+
+    Raises:
+        DascInputError: a value ``DASC_RECLAIM_WAIT`` or ``DASC_EVICT_SHADOWED_FIRST`` does not take.
+    """
+    from dasc_runtime.demotion import reclaim_wait_mode
+    from dasc_runtime.tier_operations import evict_shadowed_first
+
+    reclaim_wait_mode()
+    evict_shadowed_first()
 
 
 def from_cli_args(result, cls, args):
@@ -89,6 +104,7 @@ def engine_kwargs_init(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     adapter = api()                                   # an untested SGLang is refused here, in one line
     DascSettings.from_mapping(raw, source="dasc keyword arguments").export()
+    check_env_knobs()
     original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
     if sa is not None:

@@ -22,6 +22,11 @@ Sources, first match wins:
    --dasc-refresh-slots    DASC_REFRESH_SLOTS          dasc-wr: windows one scratch pass replays (scratch
                                                        request rows and native Mamba slots; default 8)
    ======================  ==========================  =========================================
+
+Two more knobs are environment-only, for A/B runs of one runtime choice (read where they act, checked
+at start-up by :func:`dasc_runtime.plugin.check_env_knobs`): ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``,
+:func:`dasc_runtime.demotion.reclaim_wait_mode`) and ``DASC_EVICT_SHADOWED_FIRST`` (yes / no,
+:func:`dasc_runtime.tier_operations.evict_shadowed_first`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Mapping, Optional
 from dasc_compile.schema import DascInputError
 from dasc_runtime.side_channels import settings_of
 
-__all__ = ["DascSettings", "ENV_VARS", "current_settings"]
+__all__ = ["DascSettings", "ENV_VARS", "current_settings", "parse_bool"]
 
 ENV_VARS = {
     "plan": "DASC_PLAN",
@@ -58,10 +63,24 @@ def _int(name: str, raw) -> Optional[int]:
     return v
 
 
-def _bool(raw) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    return str(raw).strip().lower() in ("1", "true", "yes", "on")
+#: Spellings of a yes / no setting (case and surrounding spaces ignored; unset or empty is no).
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def parse_bool(name: str, raw) -> bool:
+    """A yes / no setting: a bool as it is, else one of :data:`TRUE_WORDS` / :data:`FALSE_WORDS`.
+
+    Raises:
+        DascInputError: any other value (``DASC_COMPRESSED_ONLY=2`` was silently "no"), naming ``name``.
+    """
+    if isinstance(raw, bool) or raw is None:
+        return bool(raw)
+    word = str(raw).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise DascInputError(f"{name}: expected 1 / true / yes / on or 0 / false / no / off, got {raw!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +111,9 @@ class DascSettings:
             plan=str(plan) if plan not in (None, "") else None,
             pool_slots=_int(f"{source}: pool_slots", d.get("pool_slots")),
             pool_bytes=_int(f"{source}: pool_bytes", d.get("pool_bytes")),
-            compressed_only=_bool(d.get("compressed_only", False)),
+            compressed_only=parse_bool(f"{source}: compressed_only", d.get("compressed_only", False)),
             demote_watermark=_int(f"{source}: demote_watermark", d.get("demote_watermark")),
-            dummy_decay_ok=_bool(d.get("dummy_decay_ok", False)),
+            dummy_decay_ok=parse_bool(f"{source}: dummy_decay_ok", d.get("dummy_decay_ok", False)),
             refresh_slots=_int(f"{source}: refresh_slots", d.get("refresh_slots")),
         )
 

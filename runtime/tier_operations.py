@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from dasc_compile.schema import DascInputError
 from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import is_staged
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierPolicy
@@ -52,12 +51,9 @@ def evict_shadowed_first() -> bool:
     Raises:
         DascInputError: any other value.
     """
-    raw = os.environ.get("DASC_EVICT_SHADOWED_FIRST", "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    raise DascInputError(f"DASC_EVICT_SHADOWED_FIRST: expected 1 or 0, got {raw!r}")
+    from dasc_runtime.settings import parse_bool
+
+    return parse_bool("DASC_EVICT_SHADOWED_FIRST", os.environ.get("DASC_EVICT_SHADOWED_FIRST"))
 
 
 class TierOperations:

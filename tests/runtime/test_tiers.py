@@ -455,5 +455,5 @@ def test_evict_shadowed_first_setting(monkeypatch):
         monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", raw)
         assert evict_shadowed_first() is want
     monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", "2")
-    with pytest.raises(DascInputError, match="DASC_EVICT_SHADOWED_FIRST: expected 1 or 0, got '2'"):
+    with pytest.raises(DascInputError, match="DASC_EVICT_SHADOWED_FIRST: expected 1 / true / yes / on or 0 / false / no / off, got '2'"):
         evict_shadowed_first()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -174,6 +175,47 @@ def test_settings_sources_and_env_roundtrip(monkeypatch):
     monkeypatch.setenv("DASC_PLAN", "/from-env")
     assert current_settings(SA()).plan == "/from-args" and current_settings(SA()).pool_slots == 7
     assert current_settings(object()).plan == "/from-env"
+
+
+def test_yes_no_settings_refuse_what_they_do_not_take(monkeypatch):
+    """DASC_COMPRESSED_ONLY=2 was silently "no"; every yes / no setting now names itself and its words."""
+    from dasc_compile.errors import DascInputError
+
+    from dasc_runtime.settings import DascSettings, parse_bool
+
+    assert [parse_bool("x", v) for v in (True, " On ", "yes", "1", None, "", "off", "No", False)] == \
+        [True, True, True, True, False, False, False, False, False]
+    with pytest.raises(DascInputError, match=r"^environment: compressed_only: expected 1 / true / yes / on "
+                                             r"or 0 / false / no / off, got '2'$"):
+        DascSettings.from_env({"DASC_PLAN": "/p", "DASC_COMPRESSED_ONLY": "2"})
+    with pytest.raises(DascInputError, match="dummy_decay_ok: .* got 'maybe'"):
+        DascSettings.from_mapping({"plan": "/p", "dummy_decay_ok": "maybe"})
+
+
+@pytest.mark.parametrize("var, bad, needle", [
+    ("DASC_EVICT_SHADOWED_FIRST", "2", "DASC_EVICT_SHADOWED_FIRST: expected 1 / true / yes / on or 0 / false / no / off, got '2'"),
+    ("DASC_RECLAIM_WAIT", "sometimes", "DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'sometimes'"),
+])
+def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_the_cache(monkeypatch, var, bad, needle):
+    """The plugin's flag step (launcher process, before any model loads) parses the env-only A/B knobs;
+    the settings are not attached when one is bad."""
+    from dasc_compile.errors import DascInputError
+
+    from dasc_runtime import plugin
+
+    class SA:
+        pass
+
+    for v in ("DASC_EVICT_SHADOWED_FIRST", "DASC_RECLAIM_WAIT"):
+        monkeypatch.delenv(v, raising=False)
+    sa = SA()
+    monkeypatch.setenv(var, bad)
+    with pytest.raises(DascInputError) as err:
+        plugin._store_settings(sa, {"plan": "/p"})
+    assert str(err.value) == needle and not hasattr(sa, "_dasc_settings")
+    monkeypatch.setenv(var, {"DASC_EVICT_SHADOWED_FIRST": "on", "DASC_RECLAIM_WAIT": "host"}[var])
+    monkeypatch.setattr("os.environ", dict(os.environ))      # export() writes DASC_* here, not into the session
+    plugin._store_settings(sa, {"plan": "/p"})
 
 
 @needs_sglang
