@@ -42,6 +42,7 @@ from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
+from benchmarks.serving_tables import markdown, read_json_file, regime_map
 from dasc_compile.errors import DascInputError
 
 SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
@@ -133,9 +134,26 @@ def _capacity(launch: dict | None):
 
 
 def _capacity_under_load(launch: dict | None):
-    """Slots an arm keeps cached while R requests run (``serving_arms`` module docstring); None for an
-    arms.json written before the key."""
-    return (launch or {}).get("capacity_under_load")
+    """Slots an arm keeps cached while R requests run (``serving_arms`` module docstring). An arms.json
+    written before the key gets it from the recorded slots and flags, by the same rule
+    (``dasc_runtime.sizing.capacity_under_load``); None without a launch record."""
+    if not launch:
+        return None
+    if launch.get("capacity_under_load") is not None:
+        return launch["capacity_under_load"]
+    if not all(k in launch for k in ("native_slots", "ckpt_slots", "flags")):
+        return None
+    from dasc_runtime.sizing import capacity_under_load, slots_per_running_request
+
+    flags = launch["flags"]
+
+    def flag(name, default):
+        return flags[flags.index(name) + 1] if name in flags else default
+
+    k = slots_per_running_request(flag("--mamba-radix-cache-strategy", "extra_buffer"),
+                                  overlap_schedule="--disable-overlap-schedule" not in flags)
+    return capacity_under_load(native_slots=launch["native_slots"], pool_slots=launch["ckpt_slots"],
+                               running_reserve=k * int(flag("--max-running-requests", 8)))
 
 
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
@@ -157,7 +175,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         man_p, srv_p = w / "manifest.json", w / "servers.json"
         if not man_p.is_file():
             raise DascInputError(f"{w}: no manifest.json (not a run_chat work folder)")
-        man = _read_json_file(man_p, "run_chat manifest")
+        man = read_json_file(man_p, "run_chat manifest")
         if not isinstance(man, dict) or not isinstance(man.get("runs"), list):
             raise DascInputError(f"{man_p}: expected a run_chat manifest (an object with a 'runs' list)")
         manifests.append((w, man))
@@ -175,7 +193,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                                  f"{', '.join(map(str, works))} (names as under runs/)")
     for w, man in manifests:
         srv_p = w / "servers.json"
-        servers = _read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
+        servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
         gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
                 if e.get("file") in exclude_runs and e["role"] == "arm"}
         for e in man["runs"]:
@@ -209,14 +227,6 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "account_missing": no_account,
                         **run_stats(res, max_running=mr)})
     return out
-
-
-def _read_json_file(path: Path, what: str):
-    """``path``'s JSON, or one ``error:`` line naming the file and what it should be."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise DascInputError(f"{path}: not a readable {what} ({type(exc).__name__}: {exc})") from None
 
 
 def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None) -> list[dict]:
@@ -299,91 +309,6 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
     x = spread([r["cond"][6] / r["wall_s"] for r in base])
     return {"x_sat": x, "saturated": all(r["inflight_mean"] >= r["max_running"] for r in base),
             "rates": {rho: rho * x["mean"] for rho in rhos}}
-
-
-def _f(x, nd=3) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
-
-
-def _n(x) -> str:
-    return "—" if x is None else str(x)
-
-
-def markdown(objs: Sequence[dict]) -> str:
-    """One table per condition: per arm mean TTFT (s), ratios to Dense/INT8 (mean, SD, range),
-    E2E ratio, hit rate vs bound, hit/miss TTFT, queue/prefill, hit account, n, capacity with no request
-    running / under load ("—" where arms.json predates the second)."""
-    out = []
-    for cond in dict.fromkeys((o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"], o["rate"])
-                              for o in objs):
-        rows = [o for o in objs if (o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"],
-                                    o["rate"]) == cond]
-        p, rep, pad, clip, c, rate = cond
-        d = next((o for o in rows if o["arm"] == "dense"), None)
-        out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s")
-                   + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
-                     f"{rows[0]['context_max']}"
-                   + (f"; Dense drift over a call {_f(d['dense_drift']['mean'])} (n={d['dense_drift']['n']})"
-                      if d and d.get("dense_drift") and d["dense_drift"]["n"] else ""))
-        out.append("")
-        out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | "
-                   "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity / under load |")
-        out.append("|---|---:|---|---|---|---|---|---|---|---|---:|")
-        for o in rows:
-            sp, r = o["mean_ttft_spread"], o["ttft_ratio_vs_dense_spread"]
-            ri, ha = o["ttft_ratio_vs_int8_spread"], o["hit_account"]
-            out.append(f"| {o['arm']} | {sp['n']} | {_f(sp['mean'])} ({_f(sp['sd'])}) | "
-                       + (f"{_f(r['mean'])} ({_f(r['sd'])}) [{_f(r['min'])}, {_f(r['max'])}], {r['n']}" if r and r["n"] else "—")
-                       + f" | {_f(ri['mean']) + ', ' + str(ri['n']) if ri and ri['n'] else '—'} | "
-                       f"{_f(o['mean_e2e_ratio_vs_dense'])} | "
-                       f"{_f(o['hit_rate'])} ({_f(o['reuse_bound'])}) | {_f(o['ttft_hit_s'])} / {_f(o['ttft_miss_s'])} | "
-                       f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
-                       f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")
-        out.append("")
-        out.extend(ckpt_account.markdown_rows(rows))
-    return "\n".join(out)
-
-
-def regime_map(summaries: Sequence[Path], out: Path) -> None:
-    """Mean-TTFT ratio to Dense (mean and range over seeds) against the mean initial prompt, one
-    series per (arm, protocol, replay, rate); from ``summary.json`` files of this module."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if out.suffix.lower() != ".png":
-        raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
-    if not out.parent.is_dir():
-        raise DascInputError(f"--out {out}: folder {out.parent} does not exist")
-    loaded = [(p, _read_json_file(p, "serving_report summary.json")) for p in summaries]
-    for p, doc in loaded:
-        if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
-            raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
-    objs = [o for _, doc in loaded for o in doc
-            if o.get("ttft_ratio_vs_dense_spread") and o["ttft_ratio_vs_dense_spread"]["n"]]
-    if not objs:
-        raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    series = {}
-    for o in objs:
-        lab = f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
-        series.setdefault(lab, []).append(o)
-    for lab, os_ in sorted(series.items()):
-        os_.sort(key=lambda o: o["initial_prompt_mean"])
-        x = [o["initial_prompt_mean"] for o in os_]
-        y = [o["ttft_ratio_vs_dense_spread"]["mean"] for o in os_]
-        lo = [m - o["ttft_ratio_vs_dense_spread"]["min"] for m, o in zip(y, os_)]
-        hi = [o["ttft_ratio_vs_dense_spread"]["max"] - m for m, o in zip(y, os_)]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, ls="none",
-                    label=f"{lab}, n={'/'.join(str(o['ttft_ratio_vs_dense_spread']['n']) for o in os_)}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.axhline(0.6, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("mean initial prompt (tokens)")
-    ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
-    ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200; n = trace seeds per point)", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -208,23 +208,28 @@ def test_a_ratio_from_one_seed_pair_shows_no_spread_and_its_pair_count():
     assert "0.500 (—) [0.500, 0.500], 1 |" in row
 
 
-def test_summary_carries_capacity_under_load_and_old_arms_json_shows_a_dash():
+def test_summary_carries_capacity_under_load_and_old_arms_json_derives_it():
     """The 2026-12-01 H200 sizing (M = 56, R = 8): w16 81 / 41 under load, INT8 55 / 55, Dense 56 / 16; an
-    arms.json from before the key reads as None and prints "—"."""
+    arms.json from before the key gets it from its slots and flags (w64: 112 pool + max(0, 40 - 5 x 8));
+    with the overlap scheduler off k is 4, so 8 of 40 native slots survive; no launch prints "—"."""
     launch = {"dense": {"kind": "dense", "capacity": 56, "capacity_under_load": 16, "ckpt_slots": 0},
               "int8": {"kind": "int8", "capacity": 55, "capacity_under_load": 55, "ckpt_slots": 55},
               "w16": {"kind": "dasc", "capacity": 81, "capacity_under_load": 41, "ckpt_slots": 41},
-              "w64": {"kind": "dasc", "capacity": 152, "ckpt_slots": 112}}           # written before the key
+              "w64": {"kind": "dasc", "capacity": 152, "ckpt_slots": 112, "native_slots": 40,   # before the key
+                      "flags": ["--max-running-requests", "8", "--mamba-radix-cache-strategy", "extra_buffer"]},
+              "w64x": {"kind": "dasc", "capacity": 152, "ckpt_slots": 112, "native_slots": 40,
+                       "flags": ["--max-running-requests", "8", "--disable-overlap-schedule"]}}
     runs = [{**_run(a, 0, t), "launch": launch[a]} for a, t in (("dense", 2.0), ("int8", 1.0), ("w16", 1.0),
-                                                                   ("w64", 1.0))]
+                                                                   ("w64", 1.0), ("w64x", 1.0))]
     runs.append(_run("w128", 0, 1.0))                                                  # no launch at all
     objs = {o["arm"]: o for o in sr.summarize(runs, model="m", decays="d")}
     assert {a: (o["capacity"], o["capacity_under_load"]) for a, o in objs.items()} == {
-        "dense": (56, 16), "int8": (55, 55), "w16": (81, 41), "w64": (152, None), "w128": (None, None)}
+        "dense": (56, 16), "int8": (55, 55), "w16": (81, 41), "w64": (152, 112), "w64x": (152, 120),
+        "w128": (None, None)}
     rows = {ln.split(" | ")[0][2:]: ln for ln in sr.markdown(list(objs.values())).splitlines() if ln.startswith("| ")}
     assert "| capacity / under load |" in rows["arm"]
     assert rows["w16"].endswith("| 81 / 41 |") and rows["int8"].endswith("| 55 / 55 |")
-    assert rows["dense"].endswith("| 56 / 16 |") and rows["w64"].endswith("| 152 / — |")
+    assert rows["dense"].endswith("| 56 / 16 |") and rows["w64"].endswith("| 152 / 112 |")
     assert rows["w128"].endswith("| — / — |")
 
 
