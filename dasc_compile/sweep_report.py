@@ -122,9 +122,11 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
                 fmt_ratio(tot.c_temp_ragged), fmt_ratio(tot.c_temp_padded), fmt_ratio(tot.layout_gain),
                 fmt_ratio(p.tp.c_ckpt_tp)]
             if s is not None:
-                d = result.baselines[tp][0]
+                d, i8 = result.baselines[tp]
+                below = " < INT8" if r.arm.capacity_under_load < i8.capacity_under_load else ""
                 cells += [f"{r.arm.ckpt_slots:,}", f"{r.arm.capacity:,} ({r.arm.capacity / d.capacity:.2f}x)",
-                          f"{r.arm.capacity_under_load:,} ({_times(r.arm.capacity_under_load, d.capacity_under_load)})"]
+                          f"{r.arm.capacity_under_load:,} ({_times(r.arm.capacity_under_load, d.capacity_under_load)})"
+                          f"{below}"]
             if ev is not None:
                 cells += [_q(r, arm, "nll_delta"), _q(r, arm, "kl"), _q(r, "random", "kl")]
             t.add_row(*cells)
@@ -132,7 +134,8 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
     if s is not None:
         con.print("capacity = cached states an arm holds at equal state memory with no request running, as `dasc "
                   "size` counts them (dasc: native + compressed slots); under load = while R requests run, when the "
-                  "M' = k*R native slots are theirs: the compressed pool alone, what serving sees", markup=False)
+                  "M' = k*R native slots are theirs: the compressed pool alone, what serving sees; '< INT8': fewer "
+                  "than SGLang's INT8 pool keeps at the same budget, so that arm should not beat it on hits", markup=False)
     if ev is not None:
         pr = ev["protocol"]
         con.print(f"quality: dasc eval on {pr['n_prompts']} prompts ({pr['prompt_source']}), prefix {pr['prefix_len']} "

@@ -124,7 +124,15 @@ def test_recommendation_notes_fewer_states_under_load_than_int8():
         render(result, Console(file=out, width=250), user_flags=[], plan_dir=None)
         note = "note: under load this arm keeps 41 cached states, fewer than SGLang INT8's 55 at the same budget"
         assert (note in out.getvalue()) == want, out.getvalue()
-        assert "under load (x Dense)" in out.getvalue() and "41 (2.56x)" in out.getvalue()
+        assert "under load (x Dense)" in out.getvalue() and "41 (2.56x) < INT8" in out.getvalue()
+        assert "112 (7.00x) < INT8" not in out.getvalue() and "112 (7.00x)" in out.getvalue()
+    # the row mark needs no --eval: without a recommendation w16's row still says it keeps fewer than INT8
+    for row in result.rows:
+        row.quality = None
+    result.recommended = None
+    out = io.StringIO()
+    render(result, Console(file=out, width=250), user_flags=[], plan_dir=None)
+    assert "41 (2.56x) < INT8" in out.getvalue()
 
 
 def test_out_writes_the_plans_dasc_compile_writes(tmp_path):
