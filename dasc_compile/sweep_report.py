@@ -231,8 +231,13 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
                              color=line.get_color(), label=f"{label} under load")
     axes[0].set_ylabel("C_ckpt (bottleneck rank)")
     if result.sizing is not None:
-        axes[1].set_ylabel("checkpoint capacity / Dense (dashed: under load)")
+        axes[1].set_ylabel("cached states / Dense's")
         axes[1].axhline(1.0, color="black", ls=":", lw=1)
+        for tp in sorted({t for t, _ in series}):      # SGLang INT8 under load: the bar a dasc arm must clear
+            d, i8 = result.baselines[tp]
+            if d.capacity_under_load:
+                axes[1].axhline(i8.capacity_under_load / d.capacity_under_load, color="gray", ls="-.", lw=1,
+                                label=f"SGLang INT8 under load, TP {tp}")
     if result.eval_doc is not None:
         ax, arm = axes[-1], result.grid.base.load_policy
         qb = result.quality_budget
