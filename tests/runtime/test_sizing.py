@@ -46,7 +46,8 @@ def kimi(tmp_path_factory):
     for name, pol in (("w16", Policy(w_max=16)), ("w16-int8", Policy(w_max=16, int8=True)), ("w64", Policy(w_max=64)),
                       ("w16-tp2", Policy(w_max=16, tp_size=2, balance="storage")),
                       ("w16-int8-tp2", Policy(w_max=16, tp_size=2, balance="storage", int8=True)),
-                      ("w16-wr", Policy(w_max=16, load_policy="wr"))):
+                      ("w16-wr", Policy(w_max=16, load_policy="wr")),
+                      ("w16-wr-int8", Policy(w_max=16, load_policy="wr", int8=True))):
         _, path = compile_plan(KIMI, pol, d / name, with_kernels=False)
         out[name] = path
     return out
@@ -330,6 +331,42 @@ def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
         r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
                                 "--refresh-slots", bad])
         assert r.exit_code == 2 and match in r.output, r.output
+
+
+@pytest.mark.parametrize("main,pair,differs", [
+    # a wr plan paired with an nr INT8 plan: the runtime refuses --dasc-refresh-slots for the nr one
+    ("w16-wr", "w16-int8", "its load_policy nr ({main}: wr) differs; compile the same model with --wmax 16 "
+                           "--load-policy wr --int8"),
+    # the reverse: an nr arm serving a wr plan, its refresh scratch slots not charged
+    ("w16", "w16-wr-int8", "its load_policy wr ({main}: nr) differs; compile the same model with --wmax 16 --int8"),
+    # a TP plan: named as TP size / balance, before any byte comparison
+    ("w16-tp2", "w16-int8", "its tp_size 1 ({main}: 2), balance off ({main}: storage) differ; compile the same "
+                            "model with --wmax 16 --tp 2 --balance storage --int8"),
+])
+def test_pair_plan_must_match_load_policy_and_tp_layout(kimi, main, pair, differs):
+    r = runner.invoke(app, ["size", str(kimi[main]), "--dense-slots", "64", "--max-running-requests", "8",
+                            "--pair-plan", str(kimi[pair])])
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: --pair-plan {kimi[pair]}: " + differs.format(main=kimi[main])
+
+
+@pytest.mark.parametrize("main,pair,flags", [
+    ("w16", "w16-int8", "--wmax 16 --int8"),
+    ("w16-int8", "w16", "--wmax 16 --no-int8"),
+    ("w16-wr", "w16-wr-int8", "--wmax 16 --load-policy wr --int8"),
+    ("w16-tp2", "w16-int8-tp2", "--wmax 16 --tp 2 --balance storage --int8"),
+])
+def test_pair_plan_hint_names_every_compile_flag_and_following_it_works(kimi, main, pair, flags):
+    args = ["size", str(kimi[main]), "--dense-slots", "64", "--max-running-requests", "8"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == (f"{{plan}}: compile the same model with {flags} and pass it as --pair-plan "
+                                         f"to check it")
+    assert size_report.pair_compile_flags(load_plan(kimi[main])) == flags
+    ok = runner.invoke(app, args + ["--pair-plan", str(kimi[pair]), "--json"])
+    assert ok.exit_code == 0, ok.output
+    paired = [a for a in json.loads(ok.stdout) if a["kind"] == "dasc" and a["plan"] == str(kimi[pair])]
+    assert len(paired) == 1 and ("--dasc-refresh-slots" in paired[0]["flags"]) == (main == "w16-wr")
 
 
 @pytest.mark.parametrize("args,match", [
