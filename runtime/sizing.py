@@ -146,10 +146,12 @@ class MatchedMemory:
     scratch_bytes: int          # staging / scratch charged to dasc, bytes
     budget_bytes: int           # (M + 1) * b_dense
     used_bytes: int             # (M' + 1) * b_dense + (C + 1) * b_compressed + scratch <= budget
+    refresh_slots: int = 0      # B: a dasc-wr plan's --dasc-refresh-slots (charged in scratch_bytes), else 0
 
     def flags(self) -> str:
         """The launch flags of the dasc arm."""
-        return f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
+        return (f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
+                + (f" --dasc-refresh-slots {self.refresh_slots}" if self.refresh_slots else ""))
 
 
 def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int, bytes_compressed_slot: int,
@@ -380,41 +382,60 @@ def _check_pools_fit(m: int, m_native: int, b_dense: int, pools, *, by_budget: b
                          f"{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}")
 
 
-def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0) -> MatchedMemory:
-    """:func:`matched_memory` with the plan's per-rank byte figures (any M').
+def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0,
+                        refresh_slots: Optional[int] = None) -> MatchedMemory:
+    """:func:`matched_memory` of the plan's own dasc arm (any M'), its pool and scratch as :func:`size_arms` charges
+    them (:func:`_pool_arm`): the bottleneck rank's compressed slot, and for a dasc-wr plan B = ``refresh_slots``
+    (default :data:`DEFAULT_REFRESH_SLOTS`) native scratch slots, named in :meth:`MatchedMemory.flags`.
 
     ``scratch_slots``: staging charged to dasc in compressed-slot units (the PyTorch store/load path
     stages up to one batch of hits; the generated kernels stage nothing).
     """
-    b_comp = plan.tp.bottleneck_bytes_per_slot
-    return matched_memory(dense_slots=dense_slots, native_slots=native_slots,
-                          bytes_dense_slot=plan.tp.bytes_dense_per_slot, bytes_compressed_slot=b_comp,
-                          scratch_bytes=scratch_slots * b_comp)
+    from dataclasses import replace
+
+    b_dense = int(plan.tp.bytes_dense_per_slot)
+    _, b_comp, scratch = _pool_arm(plan, "dasc-int8" if plan.policy.int8 else "dasc", b_dense=b_dense,
+                                   scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+    mm = matched_memory(dense_slots=dense_slots, native_slots=native_slots, bytes_dense_slot=b_dense,
+                        bytes_compressed_slot=b_comp, scratch_bytes=scratch)
+    n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if refresh_active(plan) else 0
+    return replace(mm, refresh_slots=n_wr)
 
 
 def main(argv=None) -> int:
     """``python -m dasc_runtime.sizing --plan P --dense-slots M --native-slots M'``: the dasc arm's flags
-    for a chosen M' (``dasc size`` sizes M' from --max-running-requests). Returns 0, or 2 with one
-    ``error:`` line on stderr."""
+    for a chosen M' (``dasc size`` sizes M' from --max-running-requests; both charge a dasc-wr plan's
+    refresh scratch slots through :func:`plan_matched_memory`). Returns 0, or 2 with one ``error:`` line
+    on stderr."""
     ap = argparse.ArgumentParser(prog="python -m dasc_runtime.sizing", description=main.__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, help="plan directory or plan.json")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
     ap.add_argument("--native-slots", type=int, required=True, help="M': native slots kept for the dasc arm")
     ap.add_argument("--scratch-slots", type=int, default=0, help="staging charged to dasc, in compressed slots")
+    ap.add_argument("--refresh-slots", type=int, default=None,
+                    help=f"dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default "
+                         f"the runtime's {DEFAULT_REFRESH_SLOTS}")
     a = ap.parse_args(argv)
     try:
         plan = load_plan(a.plan)
+        settled = settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True,
+                                      refresh_slots=a.refresh_slots)
+        if a.refresh_slots is not None:
+            _check_count("--refresh-slots", a.refresh_slots)
         mm = plan_matched_memory(plan, dense_slots=a.dense_slots, native_slots=a.native_slots,
-                                 scratch_slots=a.scratch_slots)
+                                 scratch_slots=a.scratch_slots, refresh_slots=a.refresh_slots)
     except DascInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B, "
+    for note in settled.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    scratch = f", scratch={mm.scratch_bytes} B" if mm.scratch_bytes else ""
+    print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B{scratch}, "
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")
     print(f"Dense arm: --max-mamba-cache-size {mm.dense_slots}")
-    print(f"dasc arm:  {mm.flags()}   (capacity {mm.native_slots + mm.compressed_slots} with no request running "
-          f"vs Dense's {mm.dense_slots}; running requests hold native slots: at M' = k R it keeps its "
-          f"{mm.compressed_slots} compressed ones)")
+    print(f"dasc arm:  {' '.join((mm.flags(),) + settled.extra_flags)}   (capacity "
+          f"{mm.native_slots + mm.compressed_slots} with no request running vs Dense's {mm.dense_slots}; running "
+          f"requests hold native slots: at M' = k R it keeps its {mm.compressed_slots} compressed ones)")
     return 0
 
 

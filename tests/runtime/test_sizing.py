@@ -369,6 +369,34 @@ def test_pair_plan_hint_names_every_compile_flag_and_following_it_works(kimi, ma
     assert len(paired) == 1 and ("--dasc-refresh-slots" in paired[0]["flags"]) == (main == "w16-wr")
 
 
+@pytest.mark.parametrize("name,extra,pool,tail", [
+    ("w16-wr", [], 20, " --dasc-refresh-slots 8"),
+    ("w16-wr", ["--refresh-slots", "2"], 35, " --dasc-refresh-slots 2"),
+    ("w16-wr-int8", [], 64, " --dasc-refresh-slots 8"),
+    ("w16", [], 41, ""),
+])
+def test_sizing_module_main_agrees_with_dasc_size(kimi, capsys, name, extra, pool, tail):
+    """``python -m dasc_runtime.sizing`` charges dasc-wr's refresh scratch slots as ``dasc size`` does: at M = 56,
+    M' = 40 (R = 8) the same pool and flags (it printed the nr pool, 41, for a wr plan)."""
+    assert sizing.main(["--plan", str(kimi[name]), "--dense-slots", "56", "--native-slots", "40", *extra]) == 0
+    out = capsys.readouterr().out
+    assert f"dasc arm:  --max-mamba-cache-size 40 --dasc-pool-slots {pool}{tail}   (capacity {40 + pool} " in out
+    r = runner.invoke(app, ["size", str(kimi[name]), "--dense-slots", "56", "--max-running-requests", "8", "--json",
+                            *extra])
+    arm = next(a for a in json.loads(r.stdout) if a["kind"] == "dasc" and a["plan"] == str(kimi[name]))
+    assert arm["ckpt_slots"] == pool and " ".join(arm["flags"]).endswith(f"--dasc-pool-slots {pool}{tail}")
+    assert f"used={arm['used_bytes']} B" in out
+
+
+def test_sizing_module_main_refuses_refresh_slots_for_an_nr_plan(kimi, capsys):
+    assert sizing.main(["--plan", str(kimi["w16"]), "--dense-slots", "56", "--native-slots", "40",
+                        "--refresh-slots", "2"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == (
+        "error: the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr that "
+        "omits units (this plan is load_policy: nr, w_replay_cap 16)\n")
+
+
 @pytest.mark.parametrize("args,match", [
     (["--dense-slots", "64", "--max-running-requests", "8", "--refresh-slots", "2"],
      "the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr"),
