@@ -288,23 +288,28 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     else:
         _check_count("--budget", budget_bytes, MAX_BUDGET_BYTES)
     b_dense = int(plan.tp.bytes_dense_per_slot)
-    m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     m_native = k * r
+    pools = {name: _pool_arm(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+             for name in arms if name != "dense"}
+    by_budget = budget_bytes is not None
+    if by_budget and budget_bytes // b_dense - 1 < 1:
+        raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({b_dense} bytes a slot on one TP "
+                             f"rank, one padding slot); "
+                             + _smallest_fit(None, m_native, k, r, b_dense, pools.values(), by_budget=True))
+    m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
         runs = (f"SGLang runs at most floor(M / {k}) requests with {strategy}"
                 f"{'' if overlap_schedule else ' without the overlap scheduler'}")
-        if budget_bytes is not None:
-            need = (m_native + 1) * b_dense
+        need = _smallest_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
+        if by_budget:
             raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
                                  f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
-                                 f"M >= {m_native}: a budget of at least {need} bytes ({need / GIB:.3f} GiB)")
-        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}")
+                                 f"M >= {m_native}: {need}")
+        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}: {need}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
         (() if overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     budget = (m + 1) * b_dense
-    pools = {name: _pool_arm(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
-             for name in arms if name != "dense"}
-    _check_pools_fit(m, m_native, b_dense, pools.values(), by_budget=budget_bytes is not None)
+    _check_pools_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
     out: list[ArmSizing] = []
     for name in arms:
         if name == "dense":
@@ -359,9 +364,34 @@ def _pool_arm(plan, name: str, *, b_dense: int, scratch_slots: int, refresh_slot
     return f"dasc-{'wr' if wr else 'nr'}{'+INT8' if i8 else ''}", b_c, scratch_slots * b_c + n_wr * b_dense
 
 
-def _check_pools_fit(m: int, m_native: int, b_dense: int, pools, *, by_budget: bool) -> None:
+def _smallest_fit(m: Optional[int], m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
+                  given: Optional[int] = None) -> str:
+    """The hint of every sizing refusal: the smallest ``--budget`` (or ``--dense-slots``) with which *every* arm runs R
+    requests and keeps one usable pool slot, ``M >= M' + max over pools of ceil((2 b + scratch) / b_dense)`` (slot 0
+    of a pool is reserved), so following it cannot fail on the next arm. Where that exceeds the tool's own bound
+    (2**50 bytes, 2**31 slots) it says to lower ``--max-running-requests`` instead, with the largest R that fits
+    Dense's M (``m``, from the ``given`` budget; None: no slot) and the largest any allowed budget fits."""
+    extra = max([0] + [-(-(2 * pb + sc) // b_dense) for _, pb, sc in pools])
+    m_min = m_native + extra
+    if by_budget and (m_min + 1) * b_dense <= MAX_BUDGET_BYTES:
+        need = (m_min + 1) * b_dense
+        return f"a --budget of at least {need} bytes ({need / GIB:.3f} GiB) fits every arm"
+    if not by_budget and m_min <= MAX_SLOTS:
+        return f"--dense-slots {m_min} or more fits every arm"
+    m_cap = MAX_BUDGET_BYTES // b_dense - 1 if by_budget else MAX_SLOTS
+    bound = "--budget up to 2**50 bytes" if by_budget else "--dense-slots up to 2**31"
+    here = ""
+    if m is not None and (m - extra) // k >= 1:
+        flag = f"--budget {given}" if by_budget else f"--dense-slots {m}"
+        here = f" ({(m - extra) // k} with {flag})"
+    return (f"no {bound} runs --max-running-requests {r} in every arm: lower --max-running-requests to at most "
+            f"{max(0, (m_cap - extra) // k)}{here}")
+
+
+def _check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
+                     given: Optional[int] = None) -> None:
     """Refuse an M that leaves some pool arm without one usable slot (App. C.1), naming the first such arm and the
-    smallest M (or ``--budget``) that fits *every* arm: ``M >= M' + ceil((2 b + scratch) / b_dense)`` per arm.
+    smallest M (or ``--budget``) that fits *every* arm (:func:`_smallest_fit`).
 
     Raises:
         DascInputError: one line, naming ``--budget`` when ``by_budget``, else ``--dense-slots``.
@@ -371,15 +401,13 @@ def _check_pools_fit(m: int, m_native: int, b_dense: int, pools, *, by_budget: b
     if not short:
         return
     what, b, scratch = short[0]
-    m_min = max(m_native + -(-(2 * pb + sc) // b_dense) for _, pb, sc in pools)
     left = (m - m_native) * b_dense - scratch
     beside = f" and {scratch} bytes of scratch" if scratch else ""
-    need = (f"--budget of at least {(m_min + 1) * b_dense} bytes ({(m_min + 1) * b_dense / GIB:.3f} GiB)"
-            if by_budget else f"--dense-slots of at least {m_min}")
+    hint = _smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
+    if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
+        hint += f", or lower --max-running-requests{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}"
     raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave {left} bytes beside the "
-                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); give a "
-                         f"{need} (every arm fits then), or lower --max-running-requests"
-                         f"{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}")
+                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); {hint}")
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0,

@@ -397,6 +397,54 @@ def test_sizing_module_main_refuses_refresh_slots_for_an_nr_plan(kimi, capsys):
         "omits units (this plan is load_policy: nr, w_replay_cap 16)\n")
 
 
+def test_budget_hint_is_the_smallest_for_every_arm_at_once(kimi):
+    """--budget 1 used to say 86835200 bytes (one dense slot), that one 260505600 (M' slots), that one 303923200
+    (one INT8 pool slot): every refusal now names the last, the smallest with which every arm fits."""
+    def err(*args):
+        r = runner.invoke(app, ["size", str(kimi["w16"]), "--max-running-requests", "1", *args])
+        assert r.exit_code == 2
+        return r.output.strip()
+
+    fits = "a --budget of at least 303923200 bytes (0.283 GiB) fits every arm"
+    assert err("--budget", "1") == ("error: --budget 1 bytes holds no dense slot (43417600 bytes a slot on one TP "
+                                    f"rank, one padding slot); {fits}")
+    assert err("--budget", "86835200") == (
+        "error: --budget 86835200 bytes holds Dense M=1 native slots of 43417600 bytes (+1 padding slot) on one TP "
+        "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5: "
+        f"{fits}")
+    assert err("--budget", "303923199") == (
+        "error: no SGLang INT8 checkpoint slot fits: Dense's M=5 slots leave 0 bytes beside the M'=5 native slots, "
+        f"one SGLang INT8 slot needs 12288000 bytes (+1 reserved); {fits}, or lower --max-running-requests")
+    assert err("--dense-slots", "3").endswith("needs M >= 5: --dense-slots 6 or more fits every arm")
+    for name, need in (("w16", 303923200), ("w16-wr", 651264000)):    # dasc-wr: 8 refresh scratch slots more
+        plan = load_plan(kimi[name])
+        assert sizing.size_arms(plan, max_running_requests=1, budget_bytes=need)
+        with pytest.raises(DascInputError, match=f"a --budget of at least {need} bytes"):
+            sizing.size_arms(plan, max_running_requests=1, budget_bytes=need - 1)
+
+
+def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
+    """R = 2**31 needs more than the 2**50-byte bound on --budget: the hint names the largest R instead."""
+    def err(*args):
+        r = runner.invoke(app, ["size", str(kimi["w16"]), "--max-running-requests", "2147483648", *args])
+        assert r.exit_code == 2
+        return r.output.strip()
+
+    assert err("--budget", "1GiB").endswith(
+        "needs M >= 10737418240: no --budget up to 2**50 bytes runs --max-running-requests 2147483648 in every arm: "
+        "lower --max-running-requests to at most 5186375 (4 with --budget 1073741824)")
+    assert err("--budget", "1").endswith("one padding slot); no --budget up to 2**50 bytes runs "
+                                         "--max-running-requests 2147483648 in every arm: lower --max-running-requests "
+                                         "to at most 5186375")
+    assert err("--dense-slots", "64").endswith("lower --max-running-requests to at most 429496729 (12 with "
+                                               "--dense-slots 64)")
+    plan = load_plan(kimi["w16"])
+    assert sizing.size_arms(plan, max_running_requests=5186375, budget_bytes=sizing.MAX_BUDGET_BYTES)
+    assert sizing.size_arms(plan, max_running_requests=4, budget_bytes=2 ** 30)
+    with pytest.raises(DascInputError, match="lower --max-running-requests to at most 5186375 "):
+        sizing.size_arms(plan, max_running_requests=5186376, budget_bytes=sizing.MAX_BUDGET_BYTES)
+
+
 @pytest.mark.parametrize("args,match", [
     (["--dense-slots", "64", "--max-running-requests", "8", "--refresh-slots", "2"],
      "the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr"),
