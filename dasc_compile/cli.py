@@ -210,7 +210,7 @@ def size_cmd(
     budget: Optional[str] = typer.Option(None, "--budget", help="State budget per TP rank, e.g. 2147483648 or 2GiB (fixes M)."),
     strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy", help="extra_buffer | extra_buffer_lazy | no_buffer."),
     no_overlap: bool = typer.Option(False, "--disable-overlap-schedule", help="Size for SGLang without its overlap scheduler."),
-    pair_plan: Optional[str] = typer.Option(None, "--pair-plan", help="The same plan compiled with the other --int8 setting."),
+    pair_plan: Optional[str] = typer.Option(None, "--pair-plan", help="The same plan compiled with the other --int8 setting (same w_max, load policy, TP size and balance)."),
     as_json: bool = typer.Option(False, "--json", help="Print the arms as one JSON list."),
     refresh_slots: Optional[int] = typer.Option(None, "--refresh-slots",
                                                 help="dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default the runtime's 8."),

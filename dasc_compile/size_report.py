@@ -20,7 +20,7 @@ from dasc_compile.schema import DascInputError, load_plan
 from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES, GIB,
                                  compressed_bytes_per_slot, size_arms, slots_per_running_request)
 
-__all__ = ["parse_bytes", "size_command"]
+__all__ = ["PAIR_FIELDS", "pair_compile_flags", "parse_bytes", "size_command"]
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
@@ -87,15 +87,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     if refresh_slots is not None:
         _check_count("--refresh-slots", refresh_slots)
     if pair_plan is not None:
-        other = load_plan(pair_plan)
-        same = (other.fingerprint == plan.fingerprint and other.policy.w_max == plan.policy.w_max
-                and [lp.kept_units for lp in other.layers] == [lp.kept_units for lp in plan.layers])
-        if not same or bool(other.policy.int8) == bool(plan.policy.int8):
-            raise DascInputError(f"--pair-plan {pair_plan}: expected the same model, w_max and kept units as "
-                                 f"{plan_path} with int8={not plan.policy.int8}")
-        if compressed_bytes_per_slot(plan, int8=other.policy.int8) != other.tp.bottleneck_bytes_per_slot:
-            raise DascInputError(f"--pair-plan {pair_plan}: its bytes per compressed slot differ from the same units "
-                                 f"of {plan_path} at int8={other.policy.int8}")
+        _check_pair_plan(plan, plan_path, load_plan(pair_plan), pair_plan)
     arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,
                      budget_bytes=None if budget is None else parse_bytes(budget), strategy=strategy,
                      overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan,
@@ -123,7 +115,47 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
         out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")
     out.write(CAPACITY_LEGEND + "\n")
     if any(a.kind == "dasc" and a.plan is None for a in arms):
-        flip = "--int8" if not plan.policy.int8 else "--no-int8"
-        out.write(f"{{plan}}: compile the same model with --wmax {plan.policy.w_max} {flip} and pass it as "
-                  f"--pair-plan to check it\n")
+        out.write(f"{{plan}}: compile the same model with {pair_compile_flags(plan)} and pass it as --pair-plan "
+                  f"to check it\n")
     return warnings
+
+
+#: What a ``--pair-plan`` must share with the plan besides its model and kept units: the other INT8 arm is served
+#: with the same flags (``--dasc-refresh-slots`` for dasc-wr, one TP layout), so its load policy and TP layout match.
+PAIR_FIELDS = ("w_max", "load_policy", "tp_size", "balance")
+
+
+def pair_compile_flags(plan) -> str:
+    """The ``dasc compile`` flags that make the pair plan of ``plan`` (the one place they are derived): each
+    :data:`PAIR_FIELDS` value that is not the compile default, by its flag (``--wmax 16 --load-policy wr --tp 8
+    --balance storage``), then the other INT8 setting."""
+    from dasc_compile.policy import POLICY_FLAGS, Policy
+
+    flags = [f"{POLICY_FLAGS[f]} {getattr(plan.policy, f)}" for f in PAIR_FIELDS
+             if f == "w_max" or getattr(plan.policy, f) != Policy.model_fields[f].default]
+    return " ".join(flags + ["--no-int8" if plan.policy.int8 else "--int8"])
+
+
+def _check_pair_plan(plan, plan_path: str, other, pair_path: str) -> None:
+    """Refuse a ``--pair-plan`` that is not ``plan`` compiled with the other INT8 setting: another model, the same
+    INT8 setting, another w_max / load policy / TP layout (each named, before any byte figure), other kept units,
+    or other bytes per compressed slot.
+
+    Raises:
+        DascInputError: one line naming ``--pair-plan``, the file, what differs and the compile flags that match.
+    """
+    fix = f"compile the same model with {pair_compile_flags(plan)}"
+    if other.fingerprint != plan.fingerprint or bool(other.policy.int8) == bool(plan.policy.int8):
+        raise DascInputError(f"--pair-plan {pair_path}: expected the same model, w_max and kept units as "
+                             f"{plan_path} with int8={not plan.policy.int8} ({fix})")
+    differ = [f"{f} {getattr(other.policy, f)} ({plan_path}: {getattr(plan.policy, f)})" for f in PAIR_FIELDS
+              if getattr(other.policy, f) != getattr(plan.policy, f)]
+    if differ:
+        raise DascInputError(f"--pair-plan {pair_path}: its {', '.join(differ)} differ{'s' if len(differ) == 1 else ''}; "
+                             f"{fix}")
+    if [lp.kept_units for lp in other.layers] != [lp.kept_units for lp in plan.layers]:
+        raise DascInputError(f"--pair-plan {pair_path}: its kept units differ from {plan_path}'s ({fix}, and the "
+                             f"same --policy file, --a-s, --eps, --family and --random-seed)")
+    if compressed_bytes_per_slot(plan, int8=other.policy.int8) != other.tp.bottleneck_bytes_per_slot:
+        raise DascInputError(f"--pair-plan {pair_path}: its bytes per compressed slot differ from the same units "
+                             f"of {plan_path} at int8={other.policy.int8}")

@@ -146,10 +146,12 @@ class MatchedMemory:
     scratch_bytes: int          # staging / scratch charged to dasc, bytes
     budget_bytes: int           # (M + 1) * b_dense
     used_bytes: int             # (M' + 1) * b_dense + (C + 1) * b_compressed + scratch <= budget
+    refresh_slots: int = 0      # B: a dasc-wr plan's --dasc-refresh-slots (charged in scratch_bytes), else 0
 
     def flags(self) -> str:
         """The launch flags of the dasc arm."""
-        return f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
+        return (f"--max-mamba-cache-size {self.native_slots} --dasc-pool-slots {self.compressed_slots}"
+                + (f" --dasc-refresh-slots {self.refresh_slots}" if self.refresh_slots else ""))
 
 
 def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int, bytes_compressed_slot: int,
@@ -286,23 +288,28 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     else:
         _check_count("--budget", budget_bytes, MAX_BUDGET_BYTES)
     b_dense = int(plan.tp.bytes_dense_per_slot)
-    m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     m_native = k * r
+    pools = {name: _pool_arm(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+             for name in arms if name != "dense"}
+    by_budget = budget_bytes is not None
+    if by_budget and budget_bytes // b_dense - 1 < 1:
+        raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({b_dense} bytes a slot on one TP "
+                             f"rank, one padding slot); "
+                             + _smallest_fit(None, m_native, k, r, b_dense, pools.values(), by_budget=True))
+    m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
         runs = (f"SGLang runs at most floor(M / {k}) requests with {strategy}"
                 f"{'' if overlap_schedule else ' without the overlap scheduler'}")
-        if budget_bytes is not None:
-            need = (m_native + 1) * b_dense
+        need = _smallest_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
+        if by_budget:
             raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
                                  f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
-                                 f"M >= {m_native}: a budget of at least {need} bytes ({need / GIB:.3f} GiB)")
-        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}")
+                                 f"M >= {m_native}: {need}")
+        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}: {need}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
         (() if overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     budget = (m + 1) * b_dense
-    pools = {name: _pool_arm(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
-             for name in arms if name != "dense"}
-    _check_pools_fit(m, m_native, b_dense, pools.values(), by_budget=budget_bytes is not None)
+    _check_pools_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
     out: list[ArmSizing] = []
     for name in arms:
         if name == "dense":
@@ -357,9 +364,34 @@ def _pool_arm(plan, name: str, *, b_dense: int, scratch_slots: int, refresh_slot
     return f"dasc-{'wr' if wr else 'nr'}{'+INT8' if i8 else ''}", b_c, scratch_slots * b_c + n_wr * b_dense
 
 
-def _check_pools_fit(m: int, m_native: int, b_dense: int, pools, *, by_budget: bool) -> None:
+def _smallest_fit(m: Optional[int], m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
+                  given: Optional[int] = None) -> str:
+    """The hint of every sizing refusal: the smallest ``--budget`` (or ``--dense-slots``) with which *every* arm runs R
+    requests and keeps one usable pool slot, ``M >= M' + max over pools of ceil((2 b + scratch) / b_dense)`` (slot 0
+    of a pool is reserved), so following it cannot fail on the next arm. Where that exceeds the tool's own bound
+    (2**50 bytes, 2**31 slots) it says to lower ``--max-running-requests`` instead, with the largest R that fits
+    Dense's M (``m``, from the ``given`` budget; None: no slot) and the largest any allowed budget fits."""
+    extra = max([0] + [-(-(2 * pb + sc) // b_dense) for _, pb, sc in pools])
+    m_min = m_native + extra
+    if by_budget and (m_min + 1) * b_dense <= MAX_BUDGET_BYTES:
+        need = (m_min + 1) * b_dense
+        return f"a --budget of at least {need} bytes ({need / GIB:.3f} GiB) fits every arm"
+    if not by_budget and m_min <= MAX_SLOTS:
+        return f"--dense-slots {m_min} or more fits every arm"
+    m_cap = MAX_BUDGET_BYTES // b_dense - 1 if by_budget else MAX_SLOTS
+    bound = "--budget up to 2**50 bytes" if by_budget else "--dense-slots up to 2**31"
+    here = ""
+    if m is not None and (m - extra) // k >= 1:
+        flag = f"--budget {given}" if by_budget else f"--dense-slots {m}"
+        here = f" ({(m - extra) // k} with {flag})"
+    return (f"no {bound} runs --max-running-requests {r} in every arm: lower --max-running-requests to at most "
+            f"{max(0, (m_cap - extra) // k)}{here}")
+
+
+def _check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
+                     given: Optional[int] = None) -> None:
     """Refuse an M that leaves some pool arm without one usable slot (App. C.1), naming the first such arm and the
-    smallest M (or ``--budget``) that fits *every* arm: ``M >= M' + ceil((2 b + scratch) / b_dense)`` per arm.
+    smallest M (or ``--budget``) that fits *every* arm (:func:`_smallest_fit`).
 
     Raises:
         DascInputError: one line, naming ``--budget`` when ``by_budget``, else ``--dense-slots``.
@@ -369,52 +401,69 @@ def _check_pools_fit(m: int, m_native: int, b_dense: int, pools, *, by_budget: b
     if not short:
         return
     what, b, scratch = short[0]
-    m_min = max(m_native + -(-(2 * pb + sc) // b_dense) for _, pb, sc in pools)
     left = (m - m_native) * b_dense - scratch
     beside = f" and {scratch} bytes of scratch" if scratch else ""
-    need = (f"--budget of at least {(m_min + 1) * b_dense} bytes ({(m_min + 1) * b_dense / GIB:.3f} GiB)"
-            if by_budget else f"--dense-slots of at least {m_min}")
+    hint = _smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
+    if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
+        hint += f", or lower --max-running-requests{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}"
     raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave {left} bytes beside the "
-                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); give a "
-                         f"{need} (every arm fits then), or lower --max-running-requests"
-                         f"{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}")
+                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); {hint}")
 
 
-def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0) -> MatchedMemory:
-    """:func:`matched_memory` with the plan's per-rank byte figures (any M').
+def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0,
+                        refresh_slots: Optional[int] = None) -> MatchedMemory:
+    """:func:`matched_memory` of the plan's own dasc arm (any M'), its pool and scratch as :func:`size_arms` charges
+    them (:func:`_pool_arm`): the bottleneck rank's compressed slot, and for a dasc-wr plan B = ``refresh_slots``
+    (default :data:`DEFAULT_REFRESH_SLOTS`) native scratch slots, named in :meth:`MatchedMemory.flags`.
 
     ``scratch_slots``: staging charged to dasc in compressed-slot units (the PyTorch store/load path
     stages up to one batch of hits; the generated kernels stage nothing).
     """
-    b_comp = plan.tp.bottleneck_bytes_per_slot
-    return matched_memory(dense_slots=dense_slots, native_slots=native_slots,
-                          bytes_dense_slot=plan.tp.bytes_dense_per_slot, bytes_compressed_slot=b_comp,
-                          scratch_bytes=scratch_slots * b_comp)
+    from dataclasses import replace
+
+    b_dense = int(plan.tp.bytes_dense_per_slot)
+    _, b_comp, scratch = _pool_arm(plan, "dasc-int8" if plan.policy.int8 else "dasc", b_dense=b_dense,
+                                   scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+    mm = matched_memory(dense_slots=dense_slots, native_slots=native_slots, bytes_dense_slot=b_dense,
+                        bytes_compressed_slot=b_comp, scratch_bytes=scratch)
+    n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if refresh_active(plan) else 0
+    return replace(mm, refresh_slots=n_wr)
 
 
 def main(argv=None) -> int:
     """``python -m dasc_runtime.sizing --plan P --dense-slots M --native-slots M'``: the dasc arm's flags
-    for a chosen M' (``dasc size`` sizes M' from --max-running-requests). Returns 0, or 2 with one
-    ``error:`` line on stderr."""
+    for a chosen M' (``dasc size`` sizes M' from --max-running-requests; both charge a dasc-wr plan's
+    refresh scratch slots through :func:`plan_matched_memory`). Returns 0, or 2 with one ``error:`` line
+    on stderr."""
     ap = argparse.ArgumentParser(prog="python -m dasc_runtime.sizing", description=main.__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, help="plan directory or plan.json")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
     ap.add_argument("--native-slots", type=int, required=True, help="M': native slots kept for the dasc arm")
     ap.add_argument("--scratch-slots", type=int, default=0, help="staging charged to dasc, in compressed slots")
+    ap.add_argument("--refresh-slots", type=int, default=None,
+                    help=f"dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default "
+                         f"the runtime's {DEFAULT_REFRESH_SLOTS}")
     a = ap.parse_args(argv)
     try:
         plan = load_plan(a.plan)
+        settled = settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True,
+                                      refresh_slots=a.refresh_slots)
+        if a.refresh_slots is not None:
+            _check_count("--refresh-slots", a.refresh_slots)
         mm = plan_matched_memory(plan, dense_slots=a.dense_slots, native_slots=a.native_slots,
-                                 scratch_slots=a.scratch_slots)
+                                 scratch_slots=a.scratch_slots, refresh_slots=a.refresh_slots)
     except DascInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B, "
+    for note in settled.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    scratch = f", scratch={mm.scratch_bytes} B" if mm.scratch_bytes else ""
+    print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B{scratch}, "
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")
     print(f"Dense arm: --max-mamba-cache-size {mm.dense_slots}")
-    print(f"dasc arm:  {mm.flags()}   (capacity {mm.native_slots + mm.compressed_slots} with no request running "
-          f"vs Dense's {mm.dense_slots}; running requests hold native slots: at M' = k R it keeps its "
-          f"{mm.compressed_slots} compressed ones)")
+    print(f"dasc arm:  {' '.join((mm.flags(),) + settled.extra_flags)}   (capacity "
+          f"{mm.native_slots + mm.compressed_slots} with no request running vs Dense's {mm.dense_slots}; running "
+          f"requests hold native slots: at M' = k R it keeps its {mm.compressed_slots} compressed ones)")
     return 0
 
 

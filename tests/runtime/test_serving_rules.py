@@ -238,9 +238,11 @@ def test_size_budget_errors_name_the_budget_and_the_smallest_that_fits(tmp_path)
     assert r.output.strip() == (
         "error: --budget 1610612736 bytes holds Dense M=36 native slots of 43417600 bytes (+1 padding slot) on one TP "
         "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 8 needs M >= 40: "
-        "a budget of at least 1780121600 bytes (1.658 GiB)")
+        "a --budget of at least 1823539200 bytes (1.698 GiB) fits every arm")
+    # the smallest budget for every arm at once, not only for M' (that one failed next on the INT8 pool)
     ok = runner.invoke(app, ["size", str(path), "--budget", "1780121600", "--max-running-requests", "8", "--json"])
     assert ok.exit_code == 2 and "no SGLang INT8 checkpoint slot fits" in ok.output and "--budget of at least" in ok.output
     need = int(ok.output.split("--budget of at least ")[1].split(" ")[0])
+    assert need == 1823539200
     assert runner.invoke(app, ["size", str(path), "--budget", str(need), "--max-running-requests", "8"]).exit_code == 0
     assert runner.invoke(app, ["size", str(path), "--budget", str(need - 1), "--max-running-requests", "8"]).exit_code == 2

@@ -46,7 +46,8 @@ def kimi(tmp_path_factory):
     for name, pol in (("w16", Policy(w_max=16)), ("w16-int8", Policy(w_max=16, int8=True)), ("w64", Policy(w_max=64)),
                       ("w16-tp2", Policy(w_max=16, tp_size=2, balance="storage")),
                       ("w16-int8-tp2", Policy(w_max=16, tp_size=2, balance="storage", int8=True)),
-                      ("w16-wr", Policy(w_max=16, load_policy="wr"))):
+                      ("w16-wr", Policy(w_max=16, load_policy="wr")),
+                      ("w16-wr-int8", Policy(w_max=16, load_policy="wr", int8=True))):
         _, path = compile_plan(KIMI, pol, d / name, with_kernels=False)
         out[name] = path
     return out
@@ -330,6 +331,118 @@ def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
         r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
                                 "--refresh-slots", bad])
         assert r.exit_code == 2 and match in r.output, r.output
+
+
+@pytest.mark.parametrize("main,pair,differs", [
+    # a wr plan paired with an nr INT8 plan: the runtime refuses --dasc-refresh-slots for the nr one
+    ("w16-wr", "w16-int8", "its load_policy nr ({main}: wr) differs; compile the same model with --wmax 16 "
+                           "--load-policy wr --int8"),
+    # the reverse: an nr arm serving a wr plan, its refresh scratch slots not charged
+    ("w16", "w16-wr-int8", "its load_policy wr ({main}: nr) differs; compile the same model with --wmax 16 --int8"),
+    # a TP plan: named as TP size / balance, before any byte comparison
+    ("w16-tp2", "w16-int8", "its tp_size 1 ({main}: 2), balance off ({main}: storage) differ; compile the same "
+                            "model with --wmax 16 --tp 2 --balance storage --int8"),
+])
+def test_pair_plan_must_match_load_policy_and_tp_layout(kimi, main, pair, differs):
+    r = runner.invoke(app, ["size", str(kimi[main]), "--dense-slots", "64", "--max-running-requests", "8",
+                            "--pair-plan", str(kimi[pair])])
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: --pair-plan {kimi[pair]}: " + differs.format(main=kimi[main])
+
+
+@pytest.mark.parametrize("main,pair,flags", [
+    ("w16", "w16-int8", "--wmax 16 --int8"),
+    ("w16-int8", "w16", "--wmax 16 --no-int8"),
+    ("w16-wr", "w16-wr-int8", "--wmax 16 --load-policy wr --int8"),
+    ("w16-tp2", "w16-int8-tp2", "--wmax 16 --tp 2 --balance storage --int8"),
+])
+def test_pair_plan_hint_names_every_compile_flag_and_following_it_works(kimi, main, pair, flags):
+    args = ["size", str(kimi[main]), "--dense-slots", "64", "--max-running-requests", "8"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == (f"{{plan}}: compile the same model with {flags} and pass it as --pair-plan "
+                                         f"to check it")
+    assert size_report.pair_compile_flags(load_plan(kimi[main])) == flags
+    ok = runner.invoke(app, args + ["--pair-plan", str(kimi[pair]), "--json"])
+    assert ok.exit_code == 0, ok.output
+    paired = [a for a in json.loads(ok.stdout) if a["kind"] == "dasc" and a["plan"] == str(kimi[pair])]
+    assert len(paired) == 1 and ("--dasc-refresh-slots" in paired[0]["flags"]) == (main == "w16-wr")
+
+
+@pytest.mark.parametrize("name,extra,pool,tail", [
+    ("w16-wr", [], 20, " --dasc-refresh-slots 8"),
+    ("w16-wr", ["--refresh-slots", "2"], 35, " --dasc-refresh-slots 2"),
+    ("w16-wr-int8", [], 64, " --dasc-refresh-slots 8"),
+    ("w16", [], 41, ""),
+])
+def test_sizing_module_main_agrees_with_dasc_size(kimi, capsys, name, extra, pool, tail):
+    """``python -m dasc_runtime.sizing`` charges dasc-wr's refresh scratch slots as ``dasc size`` does: at M = 56,
+    M' = 40 (R = 8) the same pool and flags (it printed the nr pool, 41, for a wr plan)."""
+    assert sizing.main(["--plan", str(kimi[name]), "--dense-slots", "56", "--native-slots", "40", *extra]) == 0
+    out = capsys.readouterr().out
+    assert f"dasc arm:  --max-mamba-cache-size 40 --dasc-pool-slots {pool}{tail}   (capacity {40 + pool} " in out
+    r = runner.invoke(app, ["size", str(kimi[name]), "--dense-slots", "56", "--max-running-requests", "8", "--json",
+                            *extra])
+    arm = next(a for a in json.loads(r.stdout) if a["kind"] == "dasc" and a["plan"] == str(kimi[name]))
+    assert arm["ckpt_slots"] == pool and " ".join(arm["flags"]).endswith(f"--dasc-pool-slots {pool}{tail}")
+    assert f"used={arm['used_bytes']} B" in out
+
+
+def test_sizing_module_main_refuses_refresh_slots_for_an_nr_plan(kimi, capsys):
+    assert sizing.main(["--plan", str(kimi["w16"]), "--dense-slots", "56", "--native-slots", "40",
+                        "--refresh-slots", "2"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == (
+        "error: the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr that "
+        "omits units (this plan is load_policy: nr, w_replay_cap 16)\n")
+
+
+def test_budget_hint_is_the_smallest_for_every_arm_at_once(kimi):
+    """--budget 1 used to say 86835200 bytes (one dense slot), that one 260505600 (M' slots), that one 303923200
+    (one INT8 pool slot): every refusal now names the last, the smallest with which every arm fits."""
+    def err(*args):
+        r = runner.invoke(app, ["size", str(kimi["w16"]), "--max-running-requests", "1", *args])
+        assert r.exit_code == 2
+        return r.output.strip()
+
+    fits = "a --budget of at least 303923200 bytes (0.283 GiB) fits every arm"
+    assert err("--budget", "1") == ("error: --budget 1 bytes holds no dense slot (43417600 bytes a slot on one TP "
+                                    f"rank, one padding slot); {fits}")
+    assert err("--budget", "86835200") == (
+        "error: --budget 86835200 bytes holds Dense M=1 native slots of 43417600 bytes (+1 padding slot) on one TP "
+        "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5: "
+        f"{fits}")
+    assert err("--budget", "303923199") == (
+        "error: no SGLang INT8 checkpoint slot fits: Dense's M=5 slots leave 0 bytes beside the M'=5 native slots, "
+        f"one SGLang INT8 slot needs 12288000 bytes (+1 reserved); {fits}, or lower --max-running-requests")
+    assert err("--dense-slots", "3").endswith("needs M >= 5: --dense-slots 6 or more fits every arm")
+    for name, need in (("w16", 303923200), ("w16-wr", 651264000)):    # dasc-wr: 8 refresh scratch slots more
+        plan = load_plan(kimi[name])
+        assert sizing.size_arms(plan, max_running_requests=1, budget_bytes=need)
+        with pytest.raises(DascInputError, match=f"a --budget of at least {need} bytes"):
+            sizing.size_arms(plan, max_running_requests=1, budget_bytes=need - 1)
+
+
+def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
+    """R = 2**31 needs more than the 2**50-byte bound on --budget: the hint names the largest R instead."""
+    def err(*args):
+        r = runner.invoke(app, ["size", str(kimi["w16"]), "--max-running-requests", "2147483648", *args])
+        assert r.exit_code == 2
+        return r.output.strip()
+
+    assert err("--budget", "1GiB").endswith(
+        "needs M >= 10737418240: no --budget up to 2**50 bytes runs --max-running-requests 2147483648 in every arm: "
+        "lower --max-running-requests to at most 5186375 (4 with --budget 1073741824)")
+    assert err("--budget", "1").endswith("one padding slot); no --budget up to 2**50 bytes runs "
+                                         "--max-running-requests 2147483648 in every arm: lower --max-running-requests "
+                                         "to at most 5186375")
+    assert err("--dense-slots", "64").endswith("lower --max-running-requests to at most 429496729 (12 with "
+                                               "--dense-slots 64)")
+    plan = load_plan(kimi["w16"])
+    assert sizing.size_arms(plan, max_running_requests=5186375, budget_bytes=sizing.MAX_BUDGET_BYTES)
+    assert sizing.size_arms(plan, max_running_requests=4, budget_bytes=2 ** 30)
+    with pytest.raises(DascInputError, match="lower --max-running-requests to at most 5186375 "):
+        sizing.size_arms(plan, max_running_requests=5186376, budget_bytes=sizing.MAX_BUDGET_BYTES)
 
 
 @pytest.mark.parametrize("args,match", [
