@@ -46,19 +46,15 @@ from typing import Optional, Sequence
 
 from dasc_compile.schema import DascInputError, UnitSpec, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
+from dasc_runtime.sizing_fit import GIB, MAX_BUDGET_BYTES, MAX_SLOTS, check_pools_fit, smallest_fit
 
 __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
            "int8_bytes_per_slot", "compressed_bytes_per_slot", "dense_slots_for_budget", "capacity_under_load",
-           "size_arms", "plan_matched_memory", "main"]
+           "size_arms", "plan_matched_memory", "main", "GIB", "MAX_BUDGET_BYTES", "MAX_SLOTS"]
 
 #: ``--mamba-radix-cache-strategy`` values dasc sizes for (SGLang's ``auto`` resolves to
 #: ``extra_buffer`` for Kimi-Linear / Qwen3-Next with the overlap scheduler; name it explicitly).
 STRATEGIES: tuple[str, ...] = ("extra_buffer", "extra_buffer_lazy", "no_buffer")
-GIB = 2 ** 30
-#: Largest --dense-slots / --max-running-requests (SGLang sizes its pools with int32 indices).
-MAX_SLOTS = 2 ** 31
-#: Largest --budget per TP rank, bytes (1 PiB: far above any accelerator's memory).
-MAX_BUDGET_BYTES = 2 ** 50
 #: What "capacity" counts in each arm (printed under the ``dasc size`` table).
 CAPACITY_LEGEND = ("capacity = cached states an arm can hold with no request running: dense its M native slots; "
                    "int8 its INT8 pool alone (SGLang commits every cached state there); dasc arms native + "
@@ -295,12 +291,12 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     if by_budget and budget_bytes // b_dense - 1 < 1:
         raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({b_dense} bytes a slot on one TP "
                              f"rank, one padding slot); "
-                             + _smallest_fit(None, m_native, k, r, b_dense, pools.values(), by_budget=True))
+                             + smallest_fit(None, m_native, k, r, b_dense, pools.values(), by_budget=True))
     m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
         runs = (f"SGLang runs at most floor(M / {k}) requests with {strategy}"
                 f"{'' if overlap_schedule else ' without the overlap scheduler'}")
-        need = _smallest_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
+        need = smallest_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
         if by_budget:
             raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
                                  f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
@@ -309,7 +305,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
         (() if overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     budget = (m + 1) * b_dense
-    _check_pools_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
+    check_pools_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
     out: list[ArmSizing] = []
     for name in arms:
         if name == "dense":
@@ -362,52 +358,6 @@ def _pool_arm(plan, name: str, *, b_dense: int, scratch_slots: int, refresh_slot
     wr = refresh_active(plan)                     # dasc-wr: B hidden native scratch slots (wr_scratch.py)
     n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
     return f"dasc-{'wr' if wr else 'nr'}{'+INT8' if i8 else ''}", b_c, scratch_slots * b_c + n_wr * b_dense
-
-
-def _smallest_fit(m: Optional[int], m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
-                  given: Optional[int] = None) -> str:
-    """The hint of every sizing refusal: the smallest ``--budget`` (or ``--dense-slots``) with which *every* arm runs R
-    requests and keeps one usable pool slot, ``M >= M' + max over pools of ceil((2 b + scratch) / b_dense)`` (slot 0
-    of a pool is reserved), so following it cannot fail on the next arm. Where that exceeds the tool's own bound
-    (2**50 bytes, 2**31 slots) it says to lower ``--max-running-requests`` instead, with the largest R that fits
-    Dense's M (``m``, from the ``given`` budget; None: no slot) and the largest any allowed budget fits."""
-    extra = max([0] + [-(-(2 * pb + sc) // b_dense) for _, pb, sc in pools])
-    m_min = m_native + extra
-    if by_budget and (m_min + 1) * b_dense <= MAX_BUDGET_BYTES:
-        need = (m_min + 1) * b_dense
-        return f"a --budget of at least {need} bytes ({need / GIB:.3f} GiB) fits every arm"
-    if not by_budget and m_min <= MAX_SLOTS:
-        return f"--dense-slots {m_min} or more fits every arm"
-    m_cap = MAX_BUDGET_BYTES // b_dense - 1 if by_budget else MAX_SLOTS
-    bound = "--budget up to 2**50 bytes" if by_budget else "--dense-slots up to 2**31"
-    here = ""
-    if m is not None and (m - extra) // k >= 1:
-        flag = f"--budget {given}" if by_budget else f"--dense-slots {m}"
-        here = f" ({(m - extra) // k} with {flag})"
-    return (f"no {bound} runs --max-running-requests {r} in every arm: lower --max-running-requests to at most "
-            f"{max(0, (m_cap - extra) // k)}{here}")
-
-
-def _check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
-                     given: Optional[int] = None) -> None:
-    """Refuse an M that leaves some pool arm without one usable slot (App. C.1), naming the first such arm and the
-    smallest M (or ``--budget``) that fits *every* arm (:func:`_smallest_fit`).
-
-    Raises:
-        DascInputError: one line, naming ``--budget`` when ``by_budget``, else ``--dense-slots``.
-    """
-    pools = list(pools)
-    short = [(what, b, sc) for what, b, sc in pools if usable_slots(max((m - m_native) * b_dense - sc, 0), b) < 1]
-    if not short:
-        return
-    what, b, scratch = short[0]
-    left = (m - m_native) * b_dense - scratch
-    beside = f" and {scratch} bytes of scratch" if scratch else ""
-    hint = _smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
-    if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
-        hint += f", or lower --max-running-requests{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}"
-    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave {left} bytes beside the "
-                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); {hint}")
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0,

@@ -1,0 +1,65 @@
+"""What budget fits: the refusals of :mod:`dasc_runtime.sizing` when a Dense arm's M (from ``--budget`` or
+``--dense-slots``) leaves some pool arm no usable slot, and the hint every such refusal ends with (the
+smallest size that fits every arm, or the largest ``--max-running-requests`` any allowed size runs).
+Split from ``sizing.py``, which sizes the arms; the rule of what fits is App. C.1's, as there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from dasc_compile.schema import DascInputError, usable_slots
+
+__all__ = ["GIB", "MAX_BUDGET_BYTES", "MAX_SLOTS", "check_pools_fit", "smallest_fit"]
+
+GIB = 2 ** 30
+#: Largest --dense-slots / --max-running-requests (SGLang sizes its pools with int32 indices).
+MAX_SLOTS = 2 ** 31
+#: Largest --budget per TP rank, bytes (1 PiB: far above any accelerator's memory).
+MAX_BUDGET_BYTES = 2 ** 50
+
+
+def smallest_fit(m: Optional[int], m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
+                  given: Optional[int] = None) -> str:
+    """The hint of every sizing refusal: the smallest ``--budget`` (or ``--dense-slots``) with which *every* arm runs R
+    requests and keeps one usable pool slot, ``M >= M' + max over pools of ceil((2 b + scratch) / b_dense)`` (slot 0
+    of a pool is reserved), so following it cannot fail on the next arm. Where that exceeds the tool's own bound
+    (2**50 bytes, 2**31 slots) it says to lower ``--max-running-requests`` instead, with the largest R that fits
+    Dense's M (``m``, from the ``given`` budget; None: no slot) and the largest any allowed budget fits."""
+    extra = max([0] + [-(-(2 * pb + sc) // b_dense) for _, pb, sc in pools])
+    m_min = m_native + extra
+    if by_budget and (m_min + 1) * b_dense <= MAX_BUDGET_BYTES:
+        need = (m_min + 1) * b_dense
+        return f"a --budget of at least {need} bytes ({need / GIB:.3f} GiB) fits every arm"
+    if not by_budget and m_min <= MAX_SLOTS:
+        return f"--dense-slots {m_min} or more fits every arm"
+    m_cap = MAX_BUDGET_BYTES // b_dense - 1 if by_budget else MAX_SLOTS
+    bound = "--budget up to 2**50 bytes" if by_budget else "--dense-slots up to 2**31"
+    here = ""
+    if m is not None and (m - extra) // k >= 1:
+        flag = f"--budget {given}" if by_budget else f"--dense-slots {m}"
+        here = f" ({(m - extra) // k} with {flag})"
+    return (f"no {bound} runs --max-running-requests {r} in every arm: lower --max-running-requests to at most "
+            f"{max(0, (m_cap - extra) // k)}{here}")
+
+
+def check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,
+                     given: Optional[int] = None) -> None:
+    """Refuse an M that leaves some pool arm without one usable slot (App. C.1), naming the first such arm and the
+    smallest M (or ``--budget``) that fits *every* arm (:func:`smallest_fit`).
+
+    Raises:
+        DascInputError: one line, naming ``--budget`` when ``by_budget``, else ``--dense-slots``.
+    """
+    pools = list(pools)
+    short = [(what, b, sc) for what, b, sc in pools if usable_slots(max((m - m_native) * b_dense - sc, 0), b) < 1]
+    if not short:
+        return
+    what, b, scratch = short[0]
+    left = (m - m_native) * b_dense - scratch
+    beside = f" and {scratch} bytes of scratch" if scratch else ""
+    hint = smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
+    if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
+        hint += f", or lower --max-running-requests{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}"
+    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave {left} bytes beside the "
+                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); {hint}")
