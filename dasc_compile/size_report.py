@@ -102,7 +102,8 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
               f"(bytes per TP rank); {short_line(plan.model.provenance)}\n")
     out.write(f"budget {b} B ({b / GIB:.3f} GiB) = Dense's {arms[0].native_slots} + 1 native slots x "
               f"{arms[0].bytes_native_slot} B; every arm runs {max_running_requests} requests "
-              f"({strategy}: {k} native slots a request, so M' = {k * max_running_requests})\n")
+              f"({strategy}{'' if settled.overlap_schedule else ' without the overlap scheduler'}: {k} native slots "
+              f"a request, so M' = {k * max_running_requests})\n")
     w = max(len(a.arm) for a in arms)
     m = b // arms[0].bytes_native_slot - 1
     m_loaded = max(0, m - k * max_running_requests)     # Dense's cached states while R requests run

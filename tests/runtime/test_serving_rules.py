@@ -140,7 +140,7 @@ def test_size_refuses_what_the_server_refuses_and_says_so(plans):
     text = runner.invoke(app, ["size", str(plan_dir), "--dense-slots", "64", "--max-running-requests", "4"])
     assert text.exit_code == 0
     assert all("--disable-overlap-schedule" in ln for ln in text.stdout.splitlines() if "--max-running-requests" in ln)
-    assert "4 native slots a request" in text.stdout            # sized without the overlap scheduler (k = 4, not 5)
+    assert "extra_buffer without the overlap scheduler: 4 native slots a request" in text.stdout   # k = 4, not 5
     hy = runner.invoke(app, ["size", str(plans["hybrid2"][1]), "--dense-slots", "64", "--max-running-requests", "4"])
     assert hy.exit_code == 2 and "balance=hybrid" in hy.output and "recompile with --balance storage or off" in hy.output
 
