@@ -69,7 +69,8 @@ def targets(row: dict, jaccard_64: float | None) -> dict:
         "nr_below_random_2sd": None if None in (nr, rnd, sd) else nr < rnd - 2 * sd,
         "nr_below_init": None if None in (nr, init) else nr < init,
         "dense_retrieval_ge_0.9": None if d_far is None else d_far >= 0.9,
-        "nr_retrieval_within_0.05": (None if row["w_max"] != 16 or None in (d_far, nr_far)
+        # only where dense retrieves (the target's premise): a dense at 0 made "0 >= 0 - 0.05" read as a pass
+        "nr_retrieval_within_0.05": (None if row["w_max"] != 16 or None in (d_far, nr_far) or d_far < 0.9
                                      else nr_far >= d_far - 0.05),
         "wr_closes_half_gap": None if None in (nr, wr) or nr <= 0 else wr <= 0.5 * nr,
         "jaccard_64_le_0.8": None if jaccard_64 is None else jaccard_64 <= 0.8,

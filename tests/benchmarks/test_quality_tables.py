@@ -32,6 +32,9 @@ def test_targets_hand_cases():
     assert (t["nr_below_random_2sd"], t["wr_closes_half_gap"], t["nr_retrieval_within_0.05"], t["jaccard_64_le_0.8"]) \
         == (False, False, False, False)
     assert targets(_row(w_max=64), None)["nr_retrieval_within_0.05"] is None     # checked at w_max 16 only
+    # a dense that does not retrieve leaves nothing to be within 0.05 of: no verdict, not a pass
+    t = targets(_row(**{"retrieval_acc_far.dense": 0.0, "retrieval_acc_far.nr": 0.0}), None)
+    assert t["dense_retrieval_ge_0.9"] is False and t["nr_retrieval_within_0.05"] is None
     assert targets(_row(**{f"{HEAD_METRIC}.init": None}), None)["nr_below_init"] is None
 
 
