@@ -102,7 +102,9 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
         title = f"TP {tp}" + (f", balance {rows[0].plan.policy.balance}" if tp > 1 else "")
         if s is not None:
             dense, int8 = result.baselines[tp]
-            title += (f"; budget {s.budget_bytes:,} B per rank, R = {s.max_running_requests}: Dense capacity "
+            used = (f" (Dense's {dense.native_slots} + 1 slots use {dense.budget_bytes:,} B)"
+                    if dense.budget_bytes != s.budget_bytes else "")
+            title += (f"; budget {s.budget_bytes:,} B per rank{used}, R = {s.max_running_requests}: Dense capacity "
                       f"{dense.capacity} ({dense.capacity_under_load} under load), SGLang INT8 {int8.capacity} "
                       f"({int8.capacity_under_load} under load)")
         t = Table(title=title, title_justify="left")
