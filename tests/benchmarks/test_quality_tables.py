@@ -67,3 +67,20 @@ def test_tables_and_figure_from_real_runs(tmp_path):
     assert set(got["table_1b"]) == {"trained", "untrained"}
     assert "Table 1(b)" in md and "| untrained |" in md and "Jaccard" in md
     assert (tmp_path / "q" / "quality.png").stat().st_size > 5000
+    # the paired differences over prompts: nr - init on the first 16 tokens, with its SD and n
+    d = doc["plans"][1]["paired"]["nr_minus_init"][HEAD_METRIC]
+    assert rows[1][f"{HEAD_METRIC}.nr_minus_init"]["mean"] == pytest.approx(d["mean"])
+    assert "Paired over prompts" in md
+    assert f"| 4 | {d['mean']:+.4f} ± {d['sd']:.4f} ({round(d['frac_nr_lower'] * d['n'])}/{d['n']}) |" in md
+
+    # a run written before per-prompt values (dasc eval JSON version 2): the same tables, no paired one
+    old = {k: v for k, v in doc.items()}
+    old["plans"] = [{k: v for k, v in e.items() if k in ("plan", "arms", "untrained")} for e in doc["plans"]]
+    old["protocol"] = {k: v for k, v in doc["protocol"].items() if k != "prompts"}
+    write_json(old, tmp_path / "old.json")
+    assert main(["--eval", str(tmp_path / "old.json"), "--out", str(tmp_path / "q2")]) == 0
+    md2 = (tmp_path / "q2" / "quality.md").read_text()
+    assert "Paired over prompts" not in md2 and f"| {nr:.4f} |" in md2
+    rows2 = json.loads((tmp_path / "q2" / "quality.json").read_text())["gdn"]["runs"]["80"]["rows"]
+    assert rows2[1][f"{HEAD_METRIC}.nr_minus_init"] is None
+    assert rows2[1][f"{HEAD_METRIC}.nr"] == rows[1][f"{HEAD_METRIC}.nr"]
