@@ -80,7 +80,7 @@ _PAIRED = (("nr_minus_init", "init-horizon masks"), ("nr_minus_random", "Random 
 
 def paired_lines(paired: dict, plan: dict) -> list[str]:
     """One line per paired comparison (``plans[i].paired``): on the first 16 suffix tokens, the mean of the
-    per-prompt differences nr − other, their SD, n, and on how many prompts nr is lower."""
+    per-prompt differences nr − other, their SD, n, and on how many prompts nr is lower (and equal, if any)."""
     out = []
     for key, other in _PAIRED:
         if key not in paired:
@@ -91,8 +91,9 @@ def paired_lines(paired: dict, plan: dict) -> list[str]:
             if not d["n"]:
                 parts.append(f"{name} -")
                 continue
+            tied = round(d["frac_tied"] * d["n"])
             parts.append(f"{name} {d['mean']:+.4f} (SD {_fmt(d['sd'])}, n {d['n']}, nr lower on "
-                         f"{round(d['frac_nr_lower'] * d['n'])})")
+                         f"{round(d['frac_nr_lower'] * d['n'])}{f', tied on {tied}' if tied else ''})")
         out.append(f"paired over prompts, {arm_label('nr', {}, plan)} − {other}: " + "; ".join(parts))
     return out
 

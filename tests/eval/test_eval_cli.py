@@ -61,7 +61,7 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
     p = doc["plans"][0]["paired"]["nr_minus_random"]["nll_delta_head"]
     assert "paired over prompts, dasc-nr − init" not in r.output
     assert (f"paired over prompts, dasc-nr − Random (mean of the masks on each prompt): ΔNLL 1st 16 {p['mean']:+.4f} "
-            f"(SD {p['sd']:.4f}, n 3, nr lower on {round(p['frac_nr_lower'] * 3)})") in r.output
+            f"(SD {p['sd']:.4f}, n 3, nr lower on {round(p['frac_nr_lower'] * 3)}") in r.output
 
 
 def test_figure_line_names_every_kind():

@@ -77,6 +77,16 @@ def test_paired_summaries_hand_case():
     assert rounded({"a": [1 / 3, None, 123456789.0]}) == {"a": [0.333333, None, 123457000.0]}
 
 
+
+def test_paired_line_counts_lower_and_tied_prompts():
+    from dasc_compile.eval.command import paired_lines
+
+    d = paired_difference([0.1, 0.3, 0.2, 0.5], [0.2, 0.1, 0.2, 0.1])
+    lines = paired_lines({"nr_minus_init": {"nll_delta_head": d, "kl_head": paired_difference([1.0], [1.0])}}, {})
+    assert lines == [f"paired over prompts, dasc-nr − init-horizon masks: ΔNLL 1st 16 +0.1250 (SD {d['sd']:.4f}, n 4, "
+                     "nr lower on 1, tied on 1); KL 1st 16 +0.0000 (SD -, n 1, nr lower on 0, tied on 1)"]
+
+
 @pytest.fixture(scope="module")
 def run(gdn_dir, tmp_path_factory):
     """One plan, one text and one retrieval prompt, every arm and both controls, through the CLI's JSON."""
