@@ -120,10 +120,13 @@ def _ms(row: dict, key: str, digits: int = 4) -> str:
 
 
 def _paired(d: dict | None) -> str:
-    """``mean ± SD (lower on k/n)`` of a paired difference, ``-`` when not measured."""
+    """``mean ± SD (k/n[, t tied])`` of a paired difference (nr lower on k of n prompts, equal on t), ``-``
+    when not measured."""
     if not d or not d.get("n"):
         return "-"
-    return f"{d['mean']:+.4f} ± {_f(d['sd'])} ({round(d['frac_nr_lower'] * d['n'])}/{d['n']})"
+    tied = round((d.get("frac_tied") or 0) * d["n"])
+    return (f"{d['mean']:+.4f} ± {_f(d['sd'])} ({round(d['frac_nr_lower'] * d['n'])}/{d['n']}"
+            f"{f', {tied} tied' if tied else ''})")
 
 
 def paired_table(rows: list[dict]) -> list[str]:
@@ -133,7 +136,8 @@ def paired_table(rows: list[dict]) -> list[str]:
     if not any(r.get(k) for r in rows for k in keys):
         return []
     out = ["Paired over prompts: per prompt nr − init-horizon masks and nr − Random (the mean of the masks on "
-           "that prompt); mean ± SD of the differences over prompts (on k/n prompts nr is lower). SE = SD / √n.", "",
+           "that prompt); mean ± SD of the differences over prompts (on k/n prompts nr is lower; t tied: equal on t). "
+           "SE = SD / √n.", "",
            "| w_max | ΔNLL16 nr − init | ΔNLL16 nr − Random | KL16 nr − init | KL16 nr − Random |",
            "|---|---|---|---|---|"]
     for r in rows:
