@@ -25,6 +25,8 @@ import json
 from pathlib import Path
 
 HEAD_METRIC = "nll_delta_head"
+#: Paired differences over prompts read from runs that hold them (first 16 tokens: ΔNLL, KL).
+PAIRED = ("nll_delta_head", "kl_head")
 
 
 def _get(arms: dict, arm: str, metric: str):
@@ -56,6 +58,10 @@ def plan_row(entry: dict) -> dict:
         row[f"{metric}.untrained_random"] = _get(u, "random", metric)
         row[f"{metric}.untrained_random_sd"] = _sd(u, metric)
     row["n_retrieval_far"] = a.get("nr", {}).get("n_retrieval_far")
+    # paired over prompts (dasc eval JSON version 3): {"mean", "sd", "se", "n", "frac_nr_lower", "frac_tied"}
+    for metric in PAIRED:
+        for other in ("init", "random"):
+            row[f"{metric}.nr_minus_{other}"] = entry.get("paired", {}).get(f"nr_minus_{other}", {}).get(metric)
     return row
 
 
@@ -113,6 +119,32 @@ def _ms(row: dict, key: str, digits: int = 4) -> str:
     return "-" if m is None else f"{m:.{digits}f} ± {_f(s, digits)}"
 
 
+def _paired(d: dict | None) -> str:
+    """``mean ± SD (k/n[, t tied])`` of a paired difference (nr lower on k of n prompts, equal on t), ``-``
+    when not measured."""
+    if not d or not d.get("n"):
+        return "-"
+    tied = round((d.get("frac_tied") or 0) * d["n"])
+    return (f"{d['mean']:+.4f} ± {_f(d['sd'])} ({round(d['frac_nr_lower'] * d['n'])}/{d['n']}"
+            f"{f', {tied} tied' if tied else ''})")
+
+
+def paired_table(rows: list[dict]) -> list[str]:
+    """Markdown lines of the paired differences nr − init and nr − Random per w_max; none when no row has
+    them (runs written before per-prompt values)."""
+    keys = [f"{m}.nr_minus_{o}" for m in PAIRED for o in ("init", "random")]
+    if not any(r.get(k) for r in rows for k in keys):
+        return []
+    out = ["Paired over prompts: per prompt nr − init-horizon masks and nr − Random (the mean of the masks on "
+           "that prompt); mean ± SD of the differences over prompts (on k/n prompts nr is lower; t tied: equal on t). "
+           "SE = SD / √n.", "",
+           "| w_max | ΔNLL16 nr − init | ΔNLL16 nr − Random | KL16 nr − init | KL16 nr − Random |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['w_max']} | " + " | ".join(_paired(r.get(k)) for k in keys) + " |")
+    return out + [""]
+
+
 def _mark(v) -> str:
     return {True: "yes", False: "**no**", None: "-"}[v]
 
@@ -138,7 +170,8 @@ def markdown(models: dict) -> str:
                            f"| {_f(r['nll_delta_head.untrained_random'])} ± {_f(r['nll_delta_head.untrained_random_sd'])} "
                            f"| {_f(r['nll_delta.nr'])} | {_ms(r, 'nll_delta')} | {_f(r['kl_head.nr'])} | {_ms(r, 'kl_head')} "
                            f"| {_f(r['kl.nr'])} | {_ms(r, 'kl')} |")
-            out += ["", "Free-running greedy agreement with dense (text prompts) and retrieval accuracy of answers "
+            out += [""] + paired_table(rows)
+            out += ["Free-running greedy agreement with dense (text prompts) and retrieval accuracy of answers "
                     "lying more than w_max tokens back (n = prompts that far).", "",
                     "| w_max | agree nr | agree wr | agree init | agree Random | retr. dense | retr. nr | retr. wr "
                     "| retr. init | retr. Random | n |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -74,6 +74,30 @@ def _arm_table(title: str, arms: dict, plan: dict) -> Table:
     return t
 
 
+#: The paired comparisons printed under each plan's table: ``plans[i].paired`` key, what nr is compared with.
+_PAIRED = (("nr_minus_init", "init-horizon masks"), ("nr_minus_random", "Random (mean of the masks on each prompt)"))
+
+
+def paired_lines(paired: dict, plan: dict) -> list[str]:
+    """One line per paired comparison (``plans[i].paired``): on the first 16 suffix tokens, the mean of the
+    per-prompt differences nr − other, their SD, n, and on how many prompts nr is lower (and equal, if any)."""
+    out = []
+    for key, other in _PAIRED:
+        if key not in paired:
+            continue
+        parts = []
+        for m, name in (("nll_delta_head", "ΔNLL 1st 16"), ("kl_head", "KL 1st 16")):
+            d = paired[key][m]
+            if not d["n"]:
+                parts.append(f"{name} -")
+                continue
+            tied = round(d["frac_tied"] * d["n"])
+            parts.append(f"{name} {d['mean']:+.4f} (SD {_fmt(d['sd'])}, n {d['n']}, nr lower on "
+                         f"{round(d['frac_nr_lower'] * d['n'])}{f', tied on {tied}' if tied else ''})")
+        out.append(f"paired over prompts, {arm_label('nr', {}, plan)} − {other}: " + "; ".join(parts))
+    return out
+
+
 def render(doc: dict, con: Console) -> None:
     """Print the evaluation as one table per plan (or Table 1(b) for ``--horizons``)."""
     from dasc_compile.plan_views import fmt_ratio
@@ -112,9 +136,13 @@ def render(doc: dict, con: Console) -> None:
         title = (f"{p['path']}: {kind}w_max {p['w_max']}, kept {p['n_kept']}/{p['n_units']} units, "
                  f"C_temp {fmt_ratio(p['c_temp_ragged'])}, C_ckpt {fmt_ratio(p['c_ckpt'])}")
         con.print(_arm_table(title, entry["arms"], p))
+        for line in paired_lines(entry.get("paired", {}), p):
+            con.print(line, markup=False)
         if "untrained" in entry:
             con.print(_arm_table(f"untrained model (initial state) under the same masks, w_max {p['w_max']}",
                                  entry["untrained"], p))
+            for line in paired_lines(entry.get("untrained_paired", {}), p):
+                con.print(f"untrained model: {line}", markup=False)
 
 
 def eval_cmd(

@@ -35,12 +35,24 @@ class Prompt:
     distance: int | None = None
 
 
+def _ids(p: Prompt) -> bytes:
+    return json.dumps([p.prefix, p.suffix, p.answer]).encode()
+
+
 def prompts_hash(prompts: list[Prompt]) -> str:
     """sha256 (hex) of the prompts' token ids (prefix, suffix, answer, in order): the prompts' identity."""
     h = hashlib.sha256()
     for p in prompts:
-        h.update(json.dumps([p.prefix, p.suffix, p.answer]).encode())
+        h.update(_ids(p))
     return h.hexdigest()
+
+
+def prompt_record(index: int, p: Prompt) -> dict:
+    """What the JSON says about one prompt, so that runs can be paired prompt by prompt: its place in the
+    run, source (``sharegpt:17``, ``FILE:3``, ``builtin:KIND:depth=D``), kind, the retrieval answer's
+    distance (tokens back from the prefix boundary, else None) and the sha256 of its token ids."""
+    return {"index": index, "source": p.source, "kind": p.kind, "distance": p.distance,
+            "sha256": hashlib.sha256(_ids(p)).hexdigest()}
 
 
 def serialize_conversation(conv: dict) -> str:

@@ -16,11 +16,17 @@ Output (:func:`summarize_plan`): per arm the means over prompts of :data:`METRIC
 over the retrieval prompts, ``retrieval_acc_far`` over those whose answer lies more than the plan's
 w_max tokens back; None without any); ``random`` gives ``{"mean", "sd"}`` (sample SD over the five
 seeds) for each and ``per_seed``.
+
+Per prompt (:func:`per_prompt_values`): the same metrics for every prompt, in prompt order, so runs
+and arms can be paired; :func:`paired_summaries` gives the paired differences nr - init and nr -
+Random (the mean of the masks on each prompt) over prompts: mean, SD, SE, n and the share of prompts
+where nr is lower.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +41,13 @@ from dasc_compile.eval.prompts import Prompt
 MAX_ROWS = 16
 METRICS = ("nll_delta", "nll_delta_head", "kl", "kl_head", "agreement", "gen_agreement", "retrieval_acc",
            "retrieval_acc_far")
+#: Per-prompt values in the JSON, named as the means they average to (``retrieval_acc``: 1 / 0 per
+#: retrieval prompt; ``nll``: the arm's own NLL, dense's on the dense row).
+PER_PROMPT = ("nll_delta", "nll_delta_head", "kl", "kl_head", "agreement", "gen_agreement", "retrieval_acc", "nll")
+#: Significant digits of a per-prompt value in the JSON (the means and paired summaries use full precision).
+PER_PROMPT_DIGITS = 6
+#: Metrics of the paired summaries: the first 16 suffix tokens (issue 20's headline) and the whole suffix.
+PAIRED_METRICS = ("nll_delta_head", "kl_head", "nll_delta", "kl")
 
 
 @dataclass
@@ -151,21 +164,28 @@ def run_prompt(em, prompt: Prompt, cases: list[PlanCase], arms: tuple[str, ...],
             book.setdefault(where, []).append(row)
 
 
+def _values(rows: list[dict]) -> dict[str, list]:
+    """Per-prompt values of :data:`PER_PROMPT` from an arm's score rows, in prompt order (None where a
+    metric does not apply: ``gen_agreement`` of a retrieval prompt, ``retrieval_acc`` of a text prompt)."""
+    return {
+        "nll_delta": [r["nll"] - r["dense_nll"] for r in rows],
+        "nll_delta_head": [r["nll_head"] - r["dense_nll_head"] for r in rows],
+        "kl": [r["kl"] for r in rows],
+        "kl_head": [r["kl_head"] for r in rows],
+        "agreement": [r["agreement"] for r in rows],
+        "gen_agreement": [r["gen_agreement"] for r in rows],
+        "retrieval_acc": [r["retrieval"] for r in rows],
+        "nll": [r["nll"] for r in rows],
+    }
+
+
 def _summary(rows: list[dict], w_max: int) -> dict:
     far = [r["retrieval"] for r in rows if r["retrieval"] is not None and (r["distance"] or 0) > w_max]
-    return {
-        "nll_delta": mean_or_none([r["nll"] - r["dense_nll"] for r in rows]),
-        "nll_delta_head": mean_or_none([r["nll_head"] - r["dense_nll_head"] for r in rows]),
-        "kl": mean_or_none([r["kl"] for r in rows]),
-        "kl_head": mean_or_none([r["kl_head"] for r in rows]),
-        "agreement": mean_or_none([r["agreement"] for r in rows]),
-        "gen_agreement": mean_or_none([r["gen_agreement"] for r in rows]),
-        "retrieval_acc": mean_or_none([r["retrieval"] for r in rows]),
-        "retrieval_acc_far": mean_or_none(far),
-        "n_retrieval_far": len(far),
-        "nll": mean_or_none([r["nll"] for r in rows]),
-        "n_prompts": len(rows),
-    }
+    v = _values(rows)
+    out = {m: mean_or_none(v[m]) for m in METRICS if m != "retrieval_acc_far"}
+    out.update(retrieval_acc_far=mean_or_none(far), n_retrieval_far=len(far), nll=mean_or_none(v["nll"]),
+               n_prompts=len(rows))
+    return out
 
 
 def summarize_plan(case: PlanCase) -> dict:
@@ -181,6 +201,54 @@ def summarize_plan(case: PlanCase) -> dict:
         rnd["seeds"] = [int(s) for s in case.random_scores]
         out["random"] = rnd
     return out
+
+
+def per_prompt_values(case: PlanCase) -> dict:
+    """Arm name -> metric -> per-prompt values (full precision), prompt order; ``random`` gives
+    ``{"mean": {metric: [mean over the masks per prompt]}, "per_seed": {seed: {metric: [...]}}}``."""
+    out = {arm: _values(rows) for arm, rows in case.scores.items()}
+    if case.random_scores:
+        per_seed = {str(s): _values(rows) for s, rows in case.random_scores.items()}
+        seeds = list(per_seed.values())
+        mean = {m: [mean_or_none([v[m][i] for v in seeds]) for i in range(len(seeds[0][m]))] for m in PER_PROMPT}
+        out["random"] = {"mean": mean, "per_seed": per_seed}
+    return out
+
+
+def paired_difference(a: list, b: list) -> dict:
+    """The paired difference ``a - b`` over the prompts where both are measured: ``mean``, ``sd`` (sample
+    SD of the differences, n - 1; None below 2 prompts), ``se`` (sd / sqrt(n)), ``n``, ``frac_nr_lower``
+    (share of prompts with ``a < b``) and ``frac_tied`` (``a == b``)."""
+    d = [x - y for x, y in zip(a, b) if x is not None and y is not None]
+    n = len(d)
+    if not n:
+        return {"mean": None, "sd": None, "se": None, "n": 0, "frac_nr_lower": None, "frac_tied": None}
+    m = sum(d) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) if n > 1 else None
+    return {"mean": m, "sd": sd, "se": None if sd is None else sd / math.sqrt(n), "n": n,
+            "frac_nr_lower": sum(x < 0 for x in d) / n, "frac_tied": sum(x == 0 for x in d) / n}
+
+
+def paired_summaries(values: dict) -> dict:
+    """From :func:`per_prompt_values`: ``nr_minus_init`` and ``nr_minus_random`` (Random: the mean of the
+    masks on each prompt), each ``{metric: paired_difference}`` for :data:`PAIRED_METRICS`; a comparison
+    is left out when either arm was not run."""
+    if "nr" not in values:
+        return {}
+    others = {"nr_minus_init": values.get("init"), "nr_minus_random": values.get("random", {}).get("mean")}
+    return {name: {m: paired_difference(values["nr"][m], other[m]) for m in PAIRED_METRICS}
+            for name, other in others.items() if other is not None}
+
+
+def _sig(x):
+    return x if x is None else float(f"{x:.{PER_PROMPT_DIGITS}g}")
+
+
+def rounded(values):
+    """:func:`per_prompt_values` with every number to :data:`PER_PROMPT_DIGITS` significant digits (the JSON)."""
+    if isinstance(values, dict):
+        return {k: rounded(v) for k, v in values.items()}
+    return [_sig(x) for x in values]
 
 
 def plan_record(plan, label: str) -> dict:

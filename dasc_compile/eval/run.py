@@ -13,7 +13,10 @@ decay_sha256, provenance, and ``provenance_json``: a ``provenance.json`` beside 
 ``arms`` for the first plan, ``plans``: one ``{"plan", "arms"[, "untrained"]}`` per ``--plan`` in the
 order given, and with an initial state ``init``: ``{"source", "drift"}`` (:func:`controls.decay_drift`).
 ``arms`` maps ``dense | nr | wr | init | random`` to the metrics of :mod:`dasc_compile.eval.protocol`;
-``random`` gives ``{"mean", "sd"}`` per metric. ``--horizons`` writes ``{"model", "protocol",
+``random`` gives ``{"mean", "sd"}`` per metric. Each ``plans`` entry also holds ``per_prompt`` (arm ->
+metric -> values in the order of ``protocol.prompts``, 6 significant digits) and ``paired`` (``nr_minus_init``,
+``nr_minus_random``: :func:`protocol.paired_summaries`), and with the untrained control
+``untrained_per_prompt`` / ``untrained_paired``. ``--horizons`` writes ``{"model", "protocol",
 "table_1b"}`` instead. Non-finite numbers (C_temp of a plan that keeps nothing) are written as null.
 """
 
@@ -35,7 +38,8 @@ from dasc_compile.errors import DascInputError
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
 ERR = Console(stderr=True, highlight=False, soft_wrap=True)
-EVAL_JSON_VERSION = 2
+#: 3: per-prompt values, paired summaries and ``protocol.prompts`` added (every version-2 key kept).
+EVAL_JSON_VERSION = 3
 DEFAULT_RETRIEVAL = 10
 #: w_max values at which the decay drift (kept-set Jaccard with init) is always reported.
 DRIFT_W_MAX = (16, 64, 128, 256)
@@ -221,8 +225,9 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     from dasc_compile.eval.arms import RANDOM_SEEDS
     from dasc_compile.eval.hf_compat import require_transformers
     from dasc_compile.eval.models import _read_config, load_eval_model, load_tokenizer, preflight, require_model_support
-    from dasc_compile.eval.prompts import prompts_hash
-    from dasc_compile.eval.protocol import make_case, plan_record, run_prompt, summarize_plan
+    from dasc_compile.eval.prompts import prompt_record, prompts_hash
+    from dasc_compile.eval.protocol import (make_case, paired_summaries, per_prompt_values, plan_record, rounded,
+                                            run_prompt, summarize_plan)
 
     arm_t = parse_arms(arms)
     check_common(prefix_len, suffix_len, gen_tokens)
@@ -255,10 +260,16 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     t0, done = time.time(), []
 
     def document(complete: bool) -> dict:
-        per_plan = [{"plan": plan_record(c.plan, c.label), "arms": summarize_plan(c)} for c in cases]
+        per_plan = []
+        for c in cases:
+            pp = per_prompt_values(c)
+            per_plan.append({"plan": plan_record(c.plan, c.label), "arms": summarize_plan(c),
+                             "per_prompt": rounded(pp), "paired": paired_summaries(pp)})
         if untrained is not None:
             for rec, cu in zip(per_plan, untrained[2]):
-                rec["untrained"] = summarize_plan(cu)
+                pp = per_prompt_values(cu)
+                rec.update(untrained=summarize_plan(cu), untrained_per_prompt=rounded(pp),
+                           untrained_paired=paired_summaries(pp))
         doc = {
             "dasc_eval_version": EVAL_JSON_VERSION,
             "model": model_record(model, em, spec, tensors, provenance),
@@ -269,6 +280,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
                 "random_seeds": list(RANDOM_SEEDS), "prompt_source": source, "n_prompts": len(done),
                 "n_prompts_planned": len(prompts), "complete": complete,
                 "n_retrieval_prompts": sum(p.answer is not None for p in done), "prompts_sha256": prompts_hash(done),
+                "prompts": [prompt_record(i, p) for i, p in enumerate(done)],
                 "device": str(em.device), "dtype": "float32", "stopped_early": len(done) < len(prompts),
                 "wall_s": round(time.time() - t0, 3),
             },

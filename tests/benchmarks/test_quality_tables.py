@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from benchmarks.quality_tables import HEAD_METRIC, main, targets  # noqa: E402
+from benchmarks.quality_tables import HEAD_METRIC, _paired, main, targets  # noqa: E402
 from tests.support.tiny_models import compile_for, write_gdn  # noqa: E402
 
 pytestmark = pytest.mark.transformers_range
@@ -36,6 +36,14 @@ def test_targets_hand_cases():
     t = targets(_row(**{"retrieval_acc_far.dense": 0.0, "retrieval_acc_far.nr": 0.0}), None)
     assert t["dense_retrieval_ge_0.9"] is False and t["nr_retrieval_within_0.05"] is None
     assert targets(_row(**{f"{HEAD_METRIC}.init": None}), None)["nr_below_init"] is None
+
+
+def test_paired_cell_hand_cases():
+    assert _paired({"mean": -0.02, "sd": 0.05, "se": 0.0079, "n": 40, "frac_nr_lower": 0.7, "frac_tied": 0.0}) \
+        == "-0.0200 ± 0.0500 (28/40)"
+    assert _paired({"mean": 0.0, "sd": 0.0, "se": 0.0, "n": 6, "frac_nr_lower": 0.0, "frac_tied": 1.0}) \
+        == "+0.0000 ± 0.0000 (0/6, 6 tied)"
+    assert _paired(None) == "-" and _paired({"n": 0}) == "-"
 
 
 def test_tables_and_figure_from_real_runs(tmp_path):
@@ -67,3 +75,22 @@ def test_tables_and_figure_from_real_runs(tmp_path):
     assert set(got["table_1b"]) == {"trained", "untrained"}
     assert "Table 1(b)" in md and "| untrained |" in md and "Jaccard" in md
     assert (tmp_path / "q" / "quality.png").stat().st_size > 5000
+    # the paired differences over prompts: nr - init on the first 16 tokens, with its SD and n
+    d = doc["plans"][1]["paired"]["nr_minus_init"][HEAD_METRIC]
+    assert rows[1][f"{HEAD_METRIC}.nr_minus_init"]["mean"] == pytest.approx(d["mean"])
+    assert "Paired over prompts" in md
+    tied = round(d["frac_tied"] * d["n"])
+    assert (f"| 4 | {d['mean']:+.4f} ± {d['sd']:.4f} ({round(d['frac_nr_lower'] * d['n'])}/{d['n']}"
+            f"{f', {tied} tied' if tied else ''}) |") in md
+
+    # a run written before per-prompt values (dasc eval JSON version 2): the same tables, no paired one
+    old = {k: v for k, v in doc.items()}
+    old["plans"] = [{k: v for k, v in e.items() if k in ("plan", "arms", "untrained")} for e in doc["plans"]]
+    old["protocol"] = {k: v for k, v in doc["protocol"].items() if k != "prompts"}
+    write_json(old, tmp_path / "old.json")
+    assert main(["--eval", str(tmp_path / "old.json"), "--out", str(tmp_path / "q2")]) == 0
+    md2 = (tmp_path / "q2" / "quality.md").read_text()
+    assert "Paired over prompts" not in md2 and f"| {nr:.4f} |" in md2
+    rows2 = json.loads((tmp_path / "q2" / "quality.json").read_text())["gdn"]["runs"]["80"]["rows"]
+    assert rows2[1][f"{HEAD_METRIC}.nr_minus_init"] is None
+    assert rows2[1][f"{HEAD_METRIC}.nr"] == rows[1][f"{HEAD_METRIC}.nr"]

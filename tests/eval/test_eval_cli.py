@@ -57,6 +57,11 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
     assert out.stat().st_mode & 0o777 == 0o644
     assert drawn == ["trained weights: as read from checkpoint (trained weights)"]   # the figure names its source
     assert r.output.index("dasc-nr") < r.output.index(f"wrote {out}")                # tables before the files
+    # under each plan's table, the paired difference over prompts (no init arm in this run: nr - Random only)
+    p = doc["plans"][0]["paired"]["nr_minus_random"]["nll_delta_head"]
+    assert "paired over prompts, dasc-nr − init" not in r.output
+    assert (f"paired over prompts, dasc-nr − Random (mean of the masks on each prompt): ΔNLL 1st 16 {p['mean']:+.4f} "
+            f"(SD {p['sd']:.4f}, n 3, nr lower on {round(p['frac_nr_lower'] * 3)}") in r.output
 
 
 def test_figure_line_names_every_kind():
