@@ -223,8 +223,8 @@ def paired_difference(a: list, b: list) -> dict:
     n = len(d)
     if not n:
         return {"mean": None, "sd": None, "se": None, "n": 0, "frac_nr_lower": None, "frac_tied": None}
-    m = sum(d) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) if n > 1 else None
+    ms = mean_sd(d)                                  # the one sample-SD formula of dasc eval
+    m, sd = ms["mean"], ms["sd"] if n > 1 else None
     return {"mean": m, "sd": sd, "se": None if sd is None else sd / math.sqrt(n), "n": n,
             "frac_nr_lower": sum(x < 0 for x in d) / n, "frac_tied": sum(x == 0 for x in d) / n}
 
