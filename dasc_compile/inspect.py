@@ -154,6 +154,20 @@ def _opt(x: Any) -> str:
     return "-" if x is None else str(x)
 
 
+def _layer_mix(m) -> str:
+    """How the model's layers split: recurrent, full attention, and the rest (MLP / MoE blocks of
+    Nemotron-H's pattern, which hold no state), e.g. "24 recurrent + 4 full-attention + 24 MLP / MoE
+    (no state) of 52 layers". Falcon-H1 runs Mamba2 beside attention in the same layers: said so."""
+    rec, attn = set(m.recurrent_layer_ids), set(m.full_attention_layer_ids)
+    parts = [f"{len(rec)} recurrent", f"{len(attn)} full-attention"]
+    rest = m.num_hidden_layers - len(rec | attn)
+    if rest > 0:
+        parts.append(f"{rest} MLP / MoE (no state)")
+    both = len(rec & attn)
+    shared = f" ({both} run both side by side)" if both else ""
+    return " + ".join(parts) + f" of {m.num_hidden_layers} layers{shared}"
+
+
 def _head_dims(m) -> str:
     """Head counts and state dims in the family's own terms (``UnitKind.head_name`` / ``dim_names``)."""
     kind = UNIT_KINDS[m.unit_kind]
@@ -208,9 +222,7 @@ def render_report(plan: Plan, console: Console) -> None:
     sel = "horizon (H_s > W_max)" if plan.selection == "horizon" else \
         f"random, count-matched (seed {pol.random_seed})"
     console.print(_kv_table("Plan", [
-        ("model", f"{m.family} / {m.unit_kind}: {len(m.recurrent_layer_ids)} recurrent + "
-                  f"{len(m.full_attention_layer_ids)} full-attention of {m.num_hidden_layers} layers; "
-                  f"{_head_dims(m)}"),
+        ("model", f"{m.family} / {m.unit_kind}: {_layer_mix(m)}; {_head_dims(m)}"),
         ("selection", f"{sel}, W_max = {pol.w_max} tokens, a_s = {pol.a_s}, eps = {pol.eps:g}"),
         ("load policy", f"dasc-{pol.load_policy}"),
         ("state dtypes", f"temporal {pol.temporal_dtype}{' stored as INT8' if pol.int8 else ''}, "

@@ -75,6 +75,22 @@ def test_reference_facts():
     assert gra.full_attention_layer_ids == (5, 15, 25, 35)
 
 
+@pytest.mark.parametrize("name, mix", [
+    ("nemotron-h-8b-base-8k", "24 recurrent + 4 full-attention + 24 MLP / MoE (no state) of 52 layers;"),
+    ("granite-4.0-h-tiny", "36 recurrent + 4 full-attention of 40 layers;"),
+    ("falcon-h1-0.5b", "36 recurrent + 36 full-attention of 36 layers (36 run both side by side);"),
+])
+def test_inspect_accounts_for_every_layer(tmp_path, name, mix):
+    """Nemotron-H's pattern has stateless MLP blocks ('-') and Falcon-H1 runs Mamba2 beside attention in
+    each layer: `dasc inspect`'s model line must add up to num_hidden_layers either way."""
+    from rich.console import Console
+    from dasc_compile.inspect import render_report
+    plan, _ = compile_plan(BUNDLED / name, Policy(w_max=64), tmp_path / "p", with_kernels=False)
+    con = Console(record=True, width=400)
+    render_report(plan, con)
+    assert f"mamba2 / mamba2_head: {mix}" in con.export_text()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_bundled_references_are_reproducible(tmp_path, name):
     out = ref.write_decay_only(name, tmp_path / name, seed=0)
