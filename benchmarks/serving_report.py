@@ -315,17 +315,22 @@ def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["rates"]:
-            ap = argparse.ArgumentParser(prog="serving_report rates")
-            ap.add_argument("works", nargs="+", type=Path)
-            ap.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.7, 0.9])
-            ap.add_argument("--exclude-call", type=int, action="append", default=[])
+            ap = argparse.ArgumentParser(prog="serving_report rates",
+                                         description="protocol B's offered rates from Dense's measured closed-loop "
+                                                     "saturation throughput")
+            ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders with closed-loop Dense runs")
+            ap.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.7, 0.9],
+                            help="utilisations in (0, 1) (default 0.5 0.7 0.9)")
+            ap.add_argument("--exclude-call", type=int, action="append", default=[],
+                            help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
             a = ap.parse_args(argv[1:])
             print(json.dumps(open_loop_rates(collect(a.works, exclude_calls=a.exclude_call), a.rho), indent=1))
             return 0
         if argv[:1] == ["map"]:
-            ap = argparse.ArgumentParser(prog="serving_report map")
-            ap.add_argument("summaries", nargs="+", type=Path)
-            ap.add_argument("--out", type=Path, required=True)
+            ap = argparse.ArgumentParser(prog="serving_report map",
+                                         description="the regime map: mean-TTFT ratio to Dense over context and load")
+            ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
+            ap.add_argument("--out", type=Path, required=True, help="the figure to write (.png)")
             a = ap.parse_args(argv[1:])
             regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
@@ -333,8 +338,12 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
         ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
-        ap.add_argument("--model", required=True)
-        ap.add_argument("--decays", required=True)
+        ap.add_argument("--model", required=True,
+                        help="the served model as the tables and summary.json name it, e.g. 'Kimi-Linear-48B-A3B "
+                             "(16 of 256 experts, dummy weights)'")
+        ap.add_argument("--decays", required=True,
+                        help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
+                             "trained, init")
         ap.add_argument("--exclude-call", type=int, action="append", default=[],
                         help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
         ap.add_argument("--exclude-run", action="append", default=[],
