@@ -6,6 +6,10 @@ released models (layers 4 and 8 full attention), dense MLPs (no experts), hidden
 Qwen vocabulary of :mod:`benchmarks.train.tokenizer`. Sizes (``--size ref``) are set by what travels:
 a device call carries two models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
 
+Decays start as each class's ``_init_weights`` draws them, except GDN's ``dt_bias``, redrawn log-uniform
+in dt as the Gated DeltaNet authors' layer does (:data:`DECAY_INITS` says why); ``build_model``'s
+``decay_init`` keeps the first trained GDN (started from transformers' dt_bias = 1) rebuildable.
+
 Mamba2: ``NemotronHForCausalLM`` (``nemotron_h``, transformers >= 5.12). A Nemotron-H block holds one
 mixer or one MLP; the same 8 mixers as above (6 Mamba2, 2 attention: :func:`layer_types`) each followed
 by a ReLU^2 MLP except the Mamba2 layer just before an attention layer, as in the released pattern
@@ -137,17 +141,54 @@ def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, max_position_embeddings=max_len)
 
 
-def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int):
-    """The initialised model, fp32 on the CPU. The initialisation depends only on ``seed`` (and the
-    torch / transformers versions, recorded in provenance): it runs on the CPU generator, whatever
-    device training uses, so ``dasc eval``'s init control can rebuild it without a stored file."""
+# How a reference model's decays start. "transformers": the class's own _init_weights. "log-uniform-dt"
+# (GDN only): A_log as transformers draws it (log U(0.01, 16)), dt_bias redrawn as the Gated DeltaNet
+# authors' layer in flash-linear-attention (fla/layers/gated_deltanet.py) and Mamba2 draw it: dt log-uniform
+# in [1e-3, 0.1], floored at 1e-4, dt_bias = softplus^-1(dt). Qwen3-Next's _init_weights sets dt_bias = 1
+# (an init that real checkpoints always overwrite): softplus(1) = 1.31 puts every head's horizon (Eq. 3,
+# eps 1e-3) under ln(1000) / (1.31 * 0.01) ~ 16 tokens only for A < 0.33, about 2 % of heads, so a plan at
+# w_max >= 16 keeps nothing and 15M tokens of training did not change that (benchmarks/notes/
+# 2026-12-01-trained-refs-quality.md). With log-uniform dt the initial horizons span ~4 to ~10^5 tokens,
+# as the trained Qwen3.5 decays do (../shared/data/trained-decays), and training has structure to move.
+DECAY_INITS = ("transformers", "log-uniform-dt")
+DEFAULT_DECAY_INIT = {"gdn": "log-uniform-dt", "kda": "transformers", "mamba2": "transformers"}
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4
+
+
+def log_uniform_dt_bias(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``[n]`` fp32 dt_bias with softplus(dt_bias) = dt, dt = exp(U(ln DT_MIN, ln DT_MAX)) floored at DT_FLOOR."""
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    dt = torch.exp(u * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=DT_FLOOR)
+    return (dt + torch.log(-torch.expm1(-dt))).float()       # softplus^-1(dt), stable for small dt
+
+
+def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int, decay_init: str | None = None):
+    """The initialised model, fp32 on the CPU. The initialisation depends only on ``seed``,
+    ``decay_init`` (default :data:`DEFAULT_DECAY_INIT` of the family; see :data:`DECAY_INITS`) and the
+    torch / transformers versions, recorded in provenance: it runs on the CPU generator, whatever device
+    training uses, so ``dasc eval``'s init control can rebuild it without a stored file.
+
+    Raises:
+        ValueError: an unknown ``decay_init``, or "log-uniform-dt" for a family other than gdn.
+    """
     from transformers import AutoModelForCausalLM
 
+    decay_init = decay_init or DEFAULT_DECAY_INIT[family]
+    if decay_init not in DECAY_INITS or (decay_init == "log-uniform-dt" and family != "gdn"):
+        allowed = DECAY_INITS if family == "gdn" else ("transformers",)
+        raise ValueError(f"decay_init {decay_init!r} for {family}: expected one of {allowed}")
     cfg = model_config(family, size, vocab_size, eos_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return model.float()
+    model = model.float()
+    if decay_init == "log-uniform-dt":
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for n, p in model.named_parameters():          # layer order: the same draw for the same seed
+                if n.endswith(".dt_bias"):
+                    p.copy_(log_uniform_dt_bias(p.numel(), g).view_as(p))
+    return model
 
 
 def is_decay(name: str) -> bool:

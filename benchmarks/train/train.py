@@ -46,7 +46,7 @@ import torch
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
 from benchmarks.train.data import Batches, read_shard
-from benchmarks.train.models import (FAMILIES, SIZES, build_model, checkpoint_decays, decays, load_model, n_params,
+from benchmarks.train.models import (DECAY_INITS, DEFAULT_DECAY_INIT, FAMILIES, SIZES, build_model, checkpoint_decays, decays, load_model, n_params,
                                      save_checkpoint)
 from benchmarks.train.tokenizer import EOS, load_tokenizer
 
@@ -74,6 +74,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint directory written by an earlier session")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decay-init", choices=DECAY_INITS, default=None,
+                    help="how A_log/dt_bias start on a fresh start (default: the family's, benchmarks/train/models.py "
+                         "DEFAULT_DECAY_INIT: log-uniform-dt for gdn, transformers otherwise); a resume keeps its own")
     ap.add_argument("--seq", type=int, default=2560)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--micro-batch", type=int, default=0, help="rows per forward pass (0: the whole batch)")
@@ -103,6 +106,10 @@ def parse(argv=None) -> argparse.Namespace:
                 f"(python -m benchmarks.train.prepare data / stage)")
     if a.resume is not None and not (a.resume / "train_state" / "state.json").is_file():
         _refuse(f"--resume {a.resume}: not a checkpoint of an earlier session (no train_state/state.json)")
+    if a.decay_init == "log-uniform-dt" and a.family != "gdn":
+        _refuse(f"--decay-init log-uniform-dt: only for --family gdn (the {a.family} classes draw dt themselves)")
+    if a.decay_init is not None and a.resume is not None:
+        _refuse("--decay-init: a resume continues from its own initialisation; give it on a fresh start only")
     return a
 
 
@@ -147,14 +154,16 @@ def start(a, tok):
     """(model on CPU, state dict, init decays {checkpoint names + live:...}, optimiser state or None, exact or None)."""
     vocab, eos = tok.get_vocab_size(), tok.token_to_id(EOS)
     if a.resume is None:
-        model = build_model(a.family, a.size, vocab, eos, a.seed)
+        decay_init = a.decay_init or DEFAULT_DECAY_INIT[a.family]
+        model = build_model(a.family, a.size, vocab, eos, a.seed, decay_init)
         tmp = a.out / f".init-{a.family}"
         save_checkpoint(model, tmp, None, None)
         init = checkpoint_decays(tmp) | {f"live:{k}": v for k, v in decays(model).items()}
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-        state = {"family": a.family, "size": a.size, "seed": a.seed, "step": 0, "tokens": 0, "sessions": [],
+        state = {"family": a.family, "size": a.size, "seed": a.seed, "decay_init": decay_init,
+                 "step": 0, "tokens": 0, "sessions": [],
                  "init_sha256": _sha(model.state_dict()), "init_versions": _versions()}
         return model, state, init, None, None
     from safetensors.torch import load_file
@@ -351,6 +360,11 @@ def finish(a, model, opt, state, session, init, tok, logf) -> dict:
     return state
 
 
+def _decay_init(state: dict) -> str:
+    """The decay initialisation a run started from (runs begun before the choice existed: transformers')."""
+    return state.get("decay_init", "transformers")
+
+
 def provenance(a, state: dict, tok) -> dict:
     """What ``provenance.json`` says: how the model was trained, over all sessions so far."""
     s = state["sessions"]
@@ -378,8 +392,9 @@ def provenance(a, state: dict, tok) -> dict:
                      "between_sessions": "weights travel as bf16 (A_log/dt_bias fp32); Adam's first moment restarts "
                                          "at zero and matrices' second moment is rebuilt from row/column means",
                      "seed": a.seed},
-        "init": {"seed": a.seed, "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
-                                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed})",
+        "init": {"seed": a.seed, "decay_init": _decay_init(state),
+                 "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
+                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{_decay_init(state)}')",
                  "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
                  "decays": "train_state/init_decays.safetensors"},
         "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}

@@ -5,6 +5,7 @@ against the horizon formula."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,32 @@ def _args(data_dir, out, family, steps, *extra):
 def _losses(out, family):
     rows = [json.loads(x) for x in (out / family / "train_state" / "log.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss_text"], r["loss_recall"]) for r in rows if "step" in r and "loss_text" in r]
+
+
+def test_gdn_decays_start_log_uniform_in_dt_and_the_old_init_stays_rebuildable():
+    """GDN's default: softplus(dt_bias) = dt, log-uniform in [1e-3, 0.1] (the GDN authors' fla layer), drawn the
+    same for the same seed; 'transformers' (what the first trained GDN started from) is the class's dt_bias = 1."""
+    from benchmarks.train.models import DT_MAX, DT_MIN, build_model as bm
+
+    def dts(m):
+        return torch.cat([torch.nn.functional.softplus(p.detach().double()) for n, p in m.named_parameters()
+                          if n.endswith(".dt_bias")])
+    new, again, other = bm("gdn", "ref", 300, 299, 0), bm("gdn", "ref", 300, 299, 0), bm("gdn", "ref", 300, 299, 1)
+    dt = dts(new)
+    assert dt.numel() == 96 and bool(((dt >= DT_MIN * (1 - 1e-5)) & (dt <= DT_MAX * (1 + 1e-5))).all())
+    # log-uniform: log dt spread over the whole range, not piled at one end (96 draws: quartiles of U(ln 1e-3, ln 0.1))
+    q = torch.quantile(dt.log(), torch.tensor([0.25, 0.75], dtype=torch.float64))
+    lo, hi = math.log(DT_MIN), math.log(DT_MAX)
+    assert lo + 0.1 * (hi - lo) < q[0] < lo + 0.4 * (hi - lo) < q[1] and q[1] < lo + 0.9 * (hi - lo)
+    assert torch.equal(dt, dts(again)) and not torch.equal(dt, dts(other))
+    old = bm("gdn", "ref", 300, 299, 0, "transformers")
+    assert torch.equal(torch.cat([p.detach() for n, p in old.named_parameters() if n.endswith(".dt_bias")]),
+                       torch.ones(96))
+    a_log = {n: p for n, p in new.named_parameters() if n.endswith(".A_log")}
+    assert all(torch.equal(p, dict(old.named_parameters())[n]) for n, p in a_log.items())   # A_log untouched
+    for fam in ("kda", "mamba2"):
+        with pytest.raises(ValueError, match="log-uniform-dt"):
+            bm(fam, "smoke", 300, 299, 0, "log-uniform-dt")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -337,7 +364,8 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
 
 
 @pytest.mark.parametrize("change, needle", [({"--size": "bogus"}, "--size"), ({"--data": "nope"}, "--data"),
-                                            ({"--resume": "nope"}, "--resume")])
+                                            ({"--resume": "nope"}, "--resume"),
+                                            ({"--decay-init": "log-uniform-dt"}, "--decay-init")])
 def test_trainer_refuses_bad_flags_before_it_builds_anything(data_dir, tmp_path, capsys, change, needle):
     """A mistyped --size, --data or --resume was a ValueError / FileNotFoundError traceback (on the device,
     after the call had started)."""
