@@ -7,9 +7,10 @@ warm):
 * ``up``: start each arm's ``sglang.launch_server`` (flags of ``benchmarks/serving_arms.py``:
   equal ``--max-running-requests`` and equal state memory, App. C.1; ``--enable-metrics`` so the
   client gets SGLang's own queue and prefill times) on one GPU, wait for ``/health``, and warm
-  each up (untimed, all servers at once; :func:`warm`): one never-cached prompt at each of
-  ``--warm-lengths`` tokens, then multi-turn sessions that hit, so the long-prompt and hit paths
-  are compiled before any timed run. The
+  each up (untimed; the first server alone, then the rest at once: :func:`warm_all`): one
+  never-cached prompt at each of ``--warm-lengths`` tokens, then ``--max-running-requests``
+  multi-turn sessions at once with follow-ups of the trace's sizes (:func:`warm_chats`), so the
+  long-prompt, hit and small-extend paths are compiled and tuned before any timed run. The
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
   every arm once on a flushed cache (``/flush_cache``), the arm order rotated from seed to seed
@@ -128,26 +129,50 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
         time.sleep(0.2)
 
 
-def warm(port: int, lengths: Sequence[int], vocab: int) -> dict:
-    """Untimed warm-up of one server, then a flush. Returns {s, failed}.
+# Tokens of a later user turn in the warm-up chats. The trace's follow-ups are 9-207 tokens (10th-90th
+# percentile; median 27), and a batch's token count picks SGLang's fused-MoE block config: the 200-token
+# follow-ups the warm-up used before left the small-extend configs to compile inside the first timed runs
+# (a 90-token prefill took 1.3 s in the first INT8 run of 2026-12-01, 0.1 s later).
+FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
 
-    One never-cached prompt at each length (one at a time: the long-prompt paths), then one chat
-    session per length, all at once, of three turns that hit the previous turn's checkpoints
-    (the restore, extend-with-prefix and batched-decode paths). The 2026-12-01 calls showed why
-    the second part is needed: with only single prompts, the first timed run of the first two arms
-    after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
+
+def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> tuple[list, list]:
+    """The warm-up's requests: ``(singles, chats)``, lists of ``ChatTurns`` with random token ids.
+
+    singles: one never-cached prompt per ``lengths`` entry (tokens), decoding 4 tokens.
+    chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
+    decode runs at every CUDA-graph batch size and prefills meet running decodes as in a timed run):
+    session i opens with ``lengths[i % len(lengths)]`` tokens, then three later turns of
+    :data:`FOLLOW_UPS` tokens (cycled from i), each hitting the previous turn's checkpoint (restore,
+    extend-with-prefix), decoding 64 / 16 / 48 / 8 tokens.
+    """
     import random
 
-    from benchmarks.chat_replay import Replay, run_closed
     from benchmarks.chat_trace import ChatTurns
 
-    t, rng = time.monotonic(), random.Random(port)
+    rng = random.Random(seed)
     ids = lambda n: [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n))]  # noqa: E731
     close = [IM_END, NEWLINE]
     singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
                          decode=[4]) for i, n in enumerate(lengths)]
-    chats = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close, ids(200), ids(200)],
-                       recorded=[close] * 3, decode=[32, 32, 32]) for i, n in enumerate(lengths)]
+    chats = [ChatTurns(conv=i, source_id="warm",
+                       user=[[IM_START] + ids(lengths[i % len(lengths)] - 3) + close]
+                       + [ids(FOLLOW_UPS[(i + j) % len(FOLLOW_UPS)]) for j in range(3)],
+                       recorded=[close] * 4, decode=[64, 16, 48, 8]) for i in range(sessions)]
+    return singles, chats
+
+
+def warm(port: int, lengths: Sequence[int], vocab: int, sessions: int = 8) -> dict:
+    """Untimed warm-up of one server (requests: :func:`warm_chats`), then a flush. Returns {s, failed}.
+
+    The singles run one at a time (the long-prompt paths), then the chats all at once (the restore,
+    extend-with-prefix, mixed prefill / decode and batched-decode paths). The 2026-12-01 calls showed
+    why the chats are needed: with only single prompts, the first timed run of the first two arms
+    after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
+    from benchmarks.chat_replay import Replay, run_closed
+
+    t = time.monotonic()
+    singles, chats = warm_chats(lengths, vocab, sessions, seed=port)
     url = f"http://127.0.0.1:{port}"
     failed = 0
     for group, clients in ((singles, 1), (chats, len(chats))):
@@ -156,6 +181,31 @@ def warm(port: int, lengths: Sequence[int], vocab: int) -> dict:
         failed += sum(not x.success for x in r.records)
     flush(port)
     return {"s": round(time.monotonic() - t, 1), "failed": failed}
+
+
+def warm_all(servers: dict, names: Sequence[str], lengths: Sequence[int], vocab: int, sessions: int,
+             first_alone: bool) -> dict:
+    """Warm ``names`` (arms of ``servers``); returns {arm: warm()'s result}.
+
+    With ``first_alone`` the first arm warms by itself before the others start, all at once. SGLang's
+    linear-attention Triton kernels autotune on first use and keep the winner in the Triton cache that
+    every server on the machine shares (``FLA_CACHE_RESULTS``, on by default): tuned on an otherwise
+    idle GPU, the configs every arm then reads are the same, rather than whichever of six servers'
+    timings, taken while all six competed for the GPU, was written last."""
+    res: dict = {}
+
+    def one(n):
+        res[n] = warm(servers[n]["port"], lengths, vocab, sessions)
+
+    rest = list(names)
+    if first_alone and rest:
+        one(rest.pop(0))
+    ts = [threading.Thread(target=one, args=(n,)) for n in rest]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    return res
 
 
 def cmd_up(a: argparse.Namespace) -> int:
@@ -211,13 +261,8 @@ def cmd_up(a: argparse.Namespace) -> int:
         log(f"{n}: {servers[n]['failure']}; stopped")
         kill(servers[n]["pid"])
     up = [n for n in started if servers[n].get("up_s") is not None]
-    res: dict = {}
-    ts = [threading.Thread(target=lambda n=n: res.__setitem__(n, warm(servers[n]["port"], a.warm_lengths,
-                                                                       a.vocab_size))) for n in up]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
+    res = warm_all(servers, up, a.warm_lengths, a.vocab_size, a.warm_sessions or a.max_running_requests,
+                   first_alone=not a.warm_all_at_once)
     for n in up:
         servers[n]["warmup"] = res.get(n)
         servers[n]["startup_lines"] = (log_tail(a.work / n / "server.log", "Mamba Cache is allocated", 2)
@@ -317,6 +362,10 @@ def main(argv=None) -> int:
     up.add_argument("--context-length", type=int, default=16640)
     up.add_argument("--server-flag", action="append", default=[])
     up.add_argument("--warm-lengths", type=int, nargs="*", default=[2048, 8192, 16000])
+    up.add_argument("--warm-sessions", type=int, default=0,
+                    help="chat sessions of the warm-up, run at once (default: --max-running-requests)")
+    up.add_argument("--warm-all-at-once", action="store_true",
+                    help="warm every server at once (default: the first alone, then the rest; warm_all says why)")
     up.add_argument("--stagger-s", type=float, default=3.0)
     up.add_argument("--startup-deadline-s", type=float, default=330.0)
     up.add_argument("--base-port", type=int, default=30100)

@@ -110,6 +110,44 @@ def _state(pid: int) -> str:
         return ""
 
 
+def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
+    from benchmarks.run_chat import FOLLOW_UPS, warm_chats
+
+    singles, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
+    assert [len(t.user[0]) for t in singles] == [2048, 8192, 16000]
+    assert len(chats) == 8 and all(len(t.user) == 4 and len(t.decode) == 4 for t in chats)
+    assert sorted({len(t.user[0]) for t in chats}) == [2048, 8192, 16000]
+    follow = {len(seg) for t in chats for seg in t.user[1:]}
+    assert follow == set(FOLLOW_UPS) and min(follow) <= 27 < max(follow)   # the trace's median follow-up: 27
+
+
+def test_first_server_warms_alone_then_the_rest_at_once(monkeypatch):
+    """The first arm's warm-up (it tunes the shared Triton autotune cache) must end before any other
+    starts, and the others must overlap; with --warm-all-at-once all overlap."""
+    import threading
+
+    from benchmarks import run_chat
+
+    spans, lock = {}, threading.Lock()
+
+    def fake_warm(port, lengths, vocab, sessions):
+        t0 = time.monotonic()
+        time.sleep(0.2)
+        with lock:
+            spans[port] = (t0, time.monotonic())
+        return {"s": 0.2, "failed": 0}
+
+    monkeypatch.setattr(run_chat, "warm", fake_warm)
+    servers = {n: {"port": p} for n, p in (("dense", 1), ("int8", 2), ("w16", 3))}
+    res = run_chat.warm_all(servers, ["dense", "int8", "w16"], [64], 1000, 8, first_alone=True)
+    assert set(res) == {"dense", "int8", "w16"}
+    assert spans[1][1] <= min(spans[2][0], spans[3][0])                      # dense alone first
+    assert spans[2][0] < spans[3][1] and spans[3][0] < spans[2][1]            # the rest together
+    spans.clear()
+    run_chat.warm_all(servers, ["dense", "int8", "w16"], [64], 1000, 8, first_alone=False)
+    assert spans[1][0] < spans[2][1] and spans[2][0] < spans[1][1]
+
+
 def test_kill_stops_children_left_after_the_leader_exited():
     """SGLang's scheduler can outlive the launcher and hold GPU memory: the whole group goes."""
     proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; exit 0"], stdout=subprocess.PIPE, text=True,
