@@ -13,8 +13,8 @@ warm):
   long-prompt, hit and small-extend paths are compiled and tuned before any timed run. The
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
-  every arm once on a flushed cache (``/flush_cache``), the arm order rotated from seed to seed
-  (:func:`schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
+  every arm once on a flushed cache (``/flush_cache``), the arm order a row of a Williams design
+  picked by the seed (:func:`schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
   drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
   closing Dense run. Each run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
@@ -52,13 +52,33 @@ REPO = Path(__file__).resolve().parent.parent
 CLIENT = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.chat_replay"]
 
 
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams design for ``n`` arms: orders (lists of arm indices) in which every arm takes every
+    position equally often and every ordered pair of arms (a directly before b) occurs equally often:
+    ``n`` orders for even ``n``, ``2n`` (each order and its reverse) for odd ``n``. Row ``r`` is the
+    first row ``0, 1, n-1, 2, n-2, ...`` plus ``r`` (mod ``n``)."""
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dense") -> list[tuple[str, int, str]]:
     """Run order of one call: ``(arm, seed, role)`` with role ``arm`` or ``drift``.
 
-    Seed ``i`` of the call runs every arm once, in ``arms`` rotated left by ``i``, except that the
-    first seed starts with ``baseline``; a last ``baseline`` run on the first seed (role
-    ``drift``) closes the call. So every arm runs first, middle and last across seeds, and the
-    baseline's drift over the call is the ratio of its two runs of the first seed.
+    Trace seed ``s`` runs every arm once, in row ``s mod len(rows)`` of :func:`williams_rows` (the
+    same order whichever call runs the seed), so across seeds every arm runs first, middle and last
+    equally often and follows every other arm equally often: a run's position or its predecessor (a
+    warmer GPU, a cache the last arm left) is spread over the arms instead of always favouring one.
+    (Plain rotations, used before 2026-12-02, kept each arm's predecessor fixed: INT8 always ran just
+    before w16.) The call's first seed is rotated to start with ``baseline``, and a last ``baseline``
+    run on that seed (role ``drift``) closes the call, so the baseline's drift over the call is the
+    ratio of its two runs of the first seed.
 
     Raises:
         DascInputError: ``baseline`` not among ``arms``, an arm or seed named twice, or no seed.
@@ -67,10 +87,14 @@ def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dens
         raise DascInputError(f"--arms: the baseline {baseline!r} must be one of the arms, got {list(arms)}")
     if len(set(arms)) != len(arms) or len(set(seeds)) != len(seeds) or not seeds:
         raise DascInputError(f"arms and seeds must be distinct and seeds non-empty, got {list(arms)} / {list(seeds)}")
+    rows = williams_rows(len(arms))
     out = []
     for i, s in enumerate(seeds):
-        k = arms.index(baseline) if i == 0 else i % len(arms)
-        out += [(a, s, "arm") for a in list(arms[k:]) + list(arms[:k])]
+        order = [arms[j] for j in rows[s % len(rows)]]
+        if i == 0:
+            k = order.index(baseline)
+            order = order[k:] + order[:k]
+        out += [(a, s, "arm") for a in order]
     return out + [(baseline, seeds[0], "drift")]
 
 
@@ -370,7 +394,7 @@ def main(argv=None) -> int:
     up.add_argument("--startup-deadline-s", type=float, default=330.0)
     up.add_argument("--base-port", type=int, default=30100)
     run = sub.add_parser("run", help="run trace seeds x arms on the resident servers")
-    run.add_argument("--arms", nargs="*", default=None, help="arms in rotation order (default: every server up)")
+    run.add_argument("--arms", nargs="*", default=None, help="the arms; each seed runs them in its row of a Williams design over this list (default: every server up)")
     run.add_argument("--baseline", default="dense")
     run.add_argument("--trace", type=Path, required=True)
     run.add_argument("--seeds", type=int, nargs="+", required=True)

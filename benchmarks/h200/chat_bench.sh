@@ -2,7 +2,7 @@
 # Serving protocols A (closed loop) and B (open loop) of issue 24 on ONE H200, from the repo root of a
 # device call. Every arm's SGLang server stays resident across device calls while the machine is warm
 # (benchmarks/run_chat.py starts them in their own sessions): the first call pays the start-up, later
-# calls go straight to measuring. Each call measures trace seeds x arms in a rotated order with Dense
+# calls go straight to measuring. Each call measures trace seeds x arms in a balanced order with Dense
 # first and, on the call's first seed, last (drift).
 #
 # Model: Kimi-Linear-48B-A3B's config with SGLang's dummy weights and NUM_EXPERTS routed experts (16
@@ -16,7 +16,7 @@
 #   .dev/dascwhl/dasc-*.whl   dasc (the runtime plugin)
 #   .dev/ol/plans.tar.xz      plans w16, w16+INT8, w64, w16 dasc-wr and arms.json (DENSE_SLOTS 56, MRR 8)
 # Run (device, repo root): bash benchmarks/h200/chat_bench.sh
-# Settings (env): ARMS (rotation order; default "dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"),
+# Settings (env): ARMS (the arms; each seed orders them by its Williams-design row; default "dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"),
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
 #   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
