@@ -155,17 +155,22 @@ def _opt(x: Any) -> str:
 
 
 def _layer_mix(m) -> str:
-    """How the model's layers split: recurrent, full attention, and the rest (MLP / MoE blocks of
-    Nemotron-H's pattern, which hold no state), e.g. "24 recurrent + 4 full-attention + 24 MLP / MoE
-    (no state) of 52 layers". Falcon-H1 runs Mamba2 beside attention in the same layers: said so."""
+    """How the model's layers split, adding up to ``num_hidden_layers``: e.g. "24 recurrent + 4
+    full-attention + 24 MLP / MoE (no state) of 52 layers" (Nemotron-H's pattern has stateless MLP
+    blocks), or for Falcon-H1, which runs Mamba2 beside attention in every layer, "36 layers, each
+    with a recurrent mixer beside full attention"."""
     rec, attn = set(m.recurrent_layer_ids), set(m.full_attention_layer_ids)
-    parts = [f"{len(rec)} recurrent", f"{len(attn)} full-attention"]
-    rest = m.num_hidden_layers - len(rec | attn)
-    if rest > 0:
-        parts.append(f"{rest} MLP / MoE (no state)")
-    both = len(rec & attn)
-    shared = f" ({both} run both side by side)" if both else ""
-    return " + ".join(parts) + f" of {m.num_hidden_layers} layers{shared}"
+    n, both = m.num_hidden_layers, rec & attn
+    rest = n - len(rec | attn)
+    tail = [f"{rest} MLP / MoE (no state)"] if rest > 0 else []
+    if not both:
+        return " + ".join([f"{len(rec)} recurrent", f"{len(attn)} full-attention", *tail]) + f" of {n} layers"
+    if both == rec == attn and not tail:
+        return f"{n} layers, each with a recurrent mixer beside full attention"
+    parts = [f"{len(both)} with a recurrent mixer beside full attention"]
+    parts += [f"{len(rec - attn)} recurrent only"] if rec - attn else []
+    parts += [f"{len(attn - rec)} full-attention only"] if attn - rec else []
+    return " + ".join(parts + tail) + f" of {n} layers"
 
 
 def _head_dims(m) -> str:
@@ -191,7 +196,8 @@ def render_report(plan: Plan, console: Console) -> None:
     """Print the human report of ``plan`` to ``console`` (rich tables; nothing is returned).
 
     Sections: header and provenance (a red panel when the decay values are an initialisation
-    draw, not trained), policy and fingerprint, per-layer table (r_l / n_l, ragged offsets
+    draw, not trained), the warnings ``dasc compile`` gave (``compiler.plan_warnings``: nothing kept,
+    w_max 0, ...), policy and fingerprint, per-layer table (r_l / n_l, ragged offsets
     [o_{l-1}, o_l), H_s quantiles, W per layer, bytes), layer-head summary (App. A.1), totals and
     ratios (Eq. 6), refresh window (Eq. 7), per-rank payloads (App. B.1, Fig. 9) and kernels.
 
@@ -218,6 +224,10 @@ def render_report(plan: Plan, console: Console) -> None:
             title=f"[bold yellow]{escape(figure_label(m.provenance) or '')}[/bold yellow]", border_style="yellow"))
     else:
         console.print(f"[bold]provenance:[/bold] {escape(m.provenance)}", highlight=False)
+    from dasc_compile.compiler import plan_warnings      # the lines `dasc compile` printed for this plan
+
+    for w in plan_warnings(plan):
+        console.print(f"[bold yellow]warning:[/bold yellow] {escape(w)}", highlight=False)
 
     sel = "horizon (H_s > W_max)" if plan.selection == "horizon" else \
         f"random, count-matched (seed {pol.random_seed})"
@@ -237,7 +247,7 @@ def render_report(plan: Plan, console: Console) -> None:
     lt = Table(title="Per-layer global units and ragged offsets", title_justify="left")
     for name, just in [("layer", "right"), ("rec", "right"), ("kept r_l", "right"), ("n_l", "right"),
                        ("kept %", "right"), ("offsets [o, o+r)", "right"), ("H_s min", "right"),
-                       ("H_s p50", "right"), ("H_s max", "right"), ("W_l", "right"),
+                       ("H_s p50", "right"), ("H_s max", "right"), ("W_l wr", "right"),
                        ("temporal kept", "right"), ("temporal dense", "right")]:
         lt.add_column(name, justify=just)
     loads = plan.tp.kept_per_rank_layer if plan.tp.tp_size > 1 else None
@@ -252,6 +262,10 @@ def render_report(plan: Plan, console: Console) -> None:
                    fmt_tokens(q.max), str(lp.refresh_window), fmt_bytes(lp.bytes_temporal_kept),
                    fmt_bytes(lp.bytes_temporal_dense), *extra)
     console.print(lt, highlight=False)
+    console.print("H_s: static retention horizon of the layer's units (tokens, Eq. 3); a unit is kept when "
+                  "H_s > W_max. W_l wr: the tokens dasc-wr replays for the layer's omitted units (Eq. 7: the next "
+                  "power of two above their longest H_s, at least 4, at most W_max; 0 when nothing is omitted).",
+                  highlight=False)
     hs = head_summary(plan)
     kind = UNIT_KINDS[m.unit_kind]
     if hs["pairs"] and kind.whole_head:   # a head is kept or omitted whole: no mixed pairs to report
