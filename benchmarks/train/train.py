@@ -106,6 +106,27 @@ def parse(argv=None) -> argparse.Namespace:
                 f"(python -m benchmarks.train.prepare data / stage)")
     if a.resume is not None and not (a.resume / "train_state" / "state.json").is_file():
         _refuse(f"--resume {a.resume}: not a checkpoint of an earlier session (no train_state/state.json)")
+    if a.resume is not None:
+        try:
+            st = json.loads((a.resume / "train_state" / "state.json").read_text())
+            was = (st["family"], st["seed"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _refuse(f"--resume {a.resume}: unreadable train_state/state.json ({type(exc).__name__}: {exc})")
+        if was != (a.family, a.seed):
+            _refuse(f"--resume {a.resume}: trained as --family {was[0]} --seed {was[1]}, asked --family {a.family} "
+                    f"--seed {a.seed}")
+    try:
+        dev = torch.device(a.device)
+    except RuntimeError:
+        _refuse(f"--device {a.device}: expected cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        _refuse(f"--device {a.device}: no CUDA device here (give --device cpu)")
+    if a.family == "kda":
+        import transformers
+
+        if importlib.util.find_spec("transformers.models.kimi_linear") is None:
+            _refuse(f"--family kda: needs transformers >= 5.17 (KimiLinearForCausalLM); this one is "
+                    f"{transformers.__version__}")
     if a.decay_init == "log-uniform-dt" and a.family != "gdn":
         _refuse(f"--decay-init log-uniform-dt: only for --family gdn (the {a.family} classes draw dt themselves)")
     if a.decay_init is not None and a.resume is not None:

@@ -365,7 +365,8 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
 
 @pytest.mark.parametrize("change, needle", [({"--size": "bogus"}, "--size"), ({"--data": "nope"}, "--data"),
                                             ({"--resume": "nope"}, "--resume"),
-                                            ({"--decay-init": "log-uniform-dt"}, "--decay-init")])
+                                            ({"--decay-init": "log-uniform-dt"}, "--decay-init"),
+                                            ({"--device": "bogus"}, "--device")])
 def test_trainer_refuses_bad_flags_before_it_builds_anything(data_dir, tmp_path, capsys, change, needle):
     """A mistyped --size, --data or --resume was a ValueError / FileNotFoundError traceback (on the device,
     after the call had started)."""
@@ -384,3 +385,29 @@ def test_trainer_refuses_bad_flags_before_it_builds_anything(data_dir, tmp_path,
     err = capsys.readouterr().err
     assert "Traceback" not in err and needle in err.strip().splitlines()[-1] and "error: " in err
     assert not (tmp_path / "out").exists()
+
+
+def test_trainer_refuses_a_resume_of_another_family_or_seed_before_any_work(data_dir, tmp_path, capsys):
+    """It was caught only after the data had loaded and --out was made, as a bare SystemExit (status 1)."""
+    from benchmarks.train.train import main
+
+    ck = tmp_path / "ck" / "train_state"
+    ck.mkdir(parents=True)
+    (ck / "state.json").write_text(json.dumps({"family": "gdn", "seed": 0}))
+    for extra, needle in ((["--resume", str(ck.parent)], "trained as --family gdn --seed 0, asked --family mamba2"),):
+        with pytest.raises(SystemExit) as exc:
+            main(_args(data_dir, tmp_path / "out", "mamba2", 1) + extra)
+        assert exc.value.code == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith("error: --resume ") and needle in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(_has_kimi(), reason="this transformers has kimi_linear")
+def test_trainer_names_the_transformers_release_kda_needs(data_dir, tmp_path, capsys):
+    from benchmarks.train.train import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(_args(data_dir, tmp_path / "out", "kda", 1))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and line.startswith("error: --family kda: needs transformers >= 5.17")
