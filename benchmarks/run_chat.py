@@ -7,9 +7,9 @@ warm):
 * ``up``: start each arm's ``sglang.launch_server`` (flags of ``benchmarks/serving_arms.py``:
   equal ``--max-running-requests`` and equal state memory, App. C.1; ``--enable-metrics`` so the
   client gets SGLang's own queue and prefill times) on one GPU, wait for ``/health``, and warm
-  each up (untimed; the first server alone, then the rest at once: :func:`warm_all`): one
+  each up (untimed; the first server alone, then the rest at once: ``benchmarks/chat_warm.py``): one
   never-cached prompt at each of ``--warm-lengths`` tokens, then ``--max-running-requests``
-  multi-turn sessions at once with follow-ups of the trace's sizes (:func:`warm_chats`), so the
+  multi-turn sessions at once with follow-ups of the trace's sizes, so the
   long-prompt, hit and small-extend paths are compiled and tuned before any timed run. The
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
@@ -38,12 +38,11 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.chat_replay import IM_END, IM_START, NEWLINE
+from benchmarks.chat_warm import warm_all
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
@@ -153,85 +152,6 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
         time.sleep(0.2)
 
 
-# Tokens of a later user turn in the warm-up chats. The trace's follow-ups are 9-207 tokens (10th-90th
-# percentile; median 27), and a batch's token count picks SGLang's fused-MoE block config: the 200-token
-# follow-ups the warm-up used before left the small-extend configs to compile inside the first timed runs
-# (a 90-token prefill took 1.3 s in the first INT8 run of 2026-12-01, 0.1 s later).
-FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
-
-
-def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> tuple[list, list]:
-    """The warm-up's requests: ``(singles, chats)``, lists of ``ChatTurns`` with random token ids.
-
-    singles: one never-cached prompt per ``lengths`` entry (tokens), decoding 4 tokens.
-    chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
-    decode runs at every CUDA-graph batch size and prefills meet running decodes as in a timed run):
-    session i opens with ``lengths[i % len(lengths)]`` tokens, then three later turns of
-    :data:`FOLLOW_UPS` tokens (cycled from i), each hitting the previous turn's checkpoint (restore,
-    extend-with-prefix), decoding 64 / 16 / 48 / 8 tokens.
-    """
-    import random
-
-    from benchmarks.chat_trace import ChatTurns
-
-    rng = random.Random(seed)
-    ids = lambda n: [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n))]  # noqa: E731
-    close = [IM_END, NEWLINE]
-    singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
-                         decode=[4]) for i, n in enumerate(lengths)]
-    chats = [ChatTurns(conv=i, source_id="warm",
-                       user=[[IM_START] + ids(lengths[i % len(lengths)] - 3) + close]
-                       + [ids(FOLLOW_UPS[(i + j) % len(FOLLOW_UPS)]) for j in range(3)],
-                       recorded=[close] * 4, decode=[64, 16, 48, 8]) for i in range(sessions)]
-    return singles, chats
-
-
-def warm(port: int, lengths: Sequence[int], vocab: int, sessions: int = 8) -> dict:
-    """Untimed warm-up of one server (requests: :func:`warm_chats`), then a flush. Returns {s, failed}.
-
-    The singles run one at a time (the long-prompt paths), then the chats all at once (the restore,
-    extend-with-prefix, mixed prefill / decode and batched-decode paths). The 2026-12-01 calls showed
-    why the chats are needed: with only single prompts, the first timed run of the first two arms
-    after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
-    from benchmarks.chat_replay import Replay, run_closed
-
-    t = time.monotonic()
-    singles, chats = warm_chats(lengths, vocab, sessions, seed=port)
-    url = f"http://127.0.0.1:{port}"
-    failed = 0
-    for group, clients in ((singles, 1), (chats, len(chats))):
-        r = Replay(url, group, timeout_s=300)
-        run_closed(r, clients)
-        failed += sum(not x.success for x in r.records)
-    flush(port)
-    return {"s": round(time.monotonic() - t, 1), "failed": failed}
-
-
-def warm_all(servers: dict, names: Sequence[str], lengths: Sequence[int], vocab: int, sessions: int,
-             first_alone: bool) -> dict:
-    """Warm ``names`` (arms of ``servers``); returns {arm: warm()'s result}.
-
-    With ``first_alone`` the first arm warms by itself before the others start, all at once. SGLang's
-    linear-attention Triton kernels autotune on first use and keep the winner in the Triton cache that
-    every server on the machine shares (``FLA_CACHE_RESULTS``, on by default): tuned on an otherwise
-    idle GPU, the configs every arm then reads are the same, rather than whichever of six servers'
-    timings, taken while all six competed for the GPU, was written last."""
-    res: dict = {}
-
-    def one(n):
-        res[n] = warm(servers[n]["port"], lengths, vocab, sessions)
-
-    rest = list(names)
-    if first_alone and rest:
-        one(rest.pop(0))
-    ts = [threading.Thread(target=one, args=(n,)) for n in rest]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
-    return res
-
-
 def cmd_up(a: argparse.Namespace) -> int:
     arms = {x["arm"]: x for x in json.loads(a.arms_json.read_text())}
     names = a.arms or list(arms)
@@ -309,6 +229,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
     servers = load_servers(a.work)
     names = a.arms or [n for n, s in servers.items() if s.get("up_s") is not None]
+    if not names:
+        print(f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
+        return 2
     try:
         order = schedule(names, a.seeds, baseline=a.baseline)
     except DascInputError as e:
@@ -371,49 +294,76 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
+    from benchmarks.chat_trace import REPLAYS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start and warm the arms' servers")
-    up.add_argument("--arms-json", type=Path, required=True)
+    up.add_argument("--arms-json", type=Path, required=True,
+                    help="the arms' launch flags at matched memory (benchmarks/serving_arms.py --out)")
     up.add_argument("--arms", nargs="*", default=None, help="these arms of arms.json (default: all)")
-    up.add_argument("--plans", type=Path, required=True)
-    up.add_argument("--model", type=Path, required=True)
-    up.add_argument("--launcher", default=f"{sys.executable} -m sglang.launch_server")
-    up.add_argument("--gpu", type=int, default=0)
-    up.add_argument("--max-running-requests", type=int, required=True)
-    up.add_argument("--mem-fraction-static", type=float, default=0.88)
-    up.add_argument("--max-total-tokens", type=int, default=1000000)
-    up.add_argument("--context-length", type=int, default=16640)
-    up.add_argument("--server-flag", action="append", default=[])
-    up.add_argument("--warm-lengths", type=int, nargs="*", default=[2048, 8192, 16000])
+    up.add_argument("--plans", type=Path, required=True, help="folder of the compiled plans ({plans} in arms.json)")
+    up.add_argument("--model", type=Path, required=True, help="the served model's folder (config.json)")
+    up.add_argument("--launcher", default=f"{sys.executable} -m sglang.launch_server",
+                    help="the server command (a CPU rehearsal: tests/support/fake_sglang_server.py)")
+    up.add_argument("--gpu", type=int, default=0, help="the GPU every server runs on")
+    up.add_argument("--max-running-requests", type=int, required=True, help="each server's running limit R")
+    up.add_argument("--mem-fraction-static", type=float, default=0.88, help="SGLang's flag, for every server")
+    up.add_argument("--max-total-tokens", type=int, default=1000000,
+                    help="each server's KV cap in tokens (keeps six servers' KV pools within one GPU)")
+    up.add_argument("--context-length", type=int, default=16640, help="SGLang's flag, for every server")
+    up.add_argument("--server-flag", action="append", default=[],
+                    help="one more launch flag for every server (repeatable; quote a flag with its value)")
+    up.add_argument("--warm-lengths", type=int, nargs="*", default=[2048, 8192, 16000],
+                    help="warm-up prompt lengths in tokens (benchmarks/chat_warm.py)")
     up.add_argument("--warm-sessions", type=int, default=0,
                     help="chat sessions of the warm-up, run at once (default: --max-running-requests)")
     up.add_argument("--warm-all-at-once", action="store_true",
-                    help="warm every server at once (default: the first alone, then the rest; warm_all says why)")
-    up.add_argument("--stagger-s", type=float, default=3.0)
-    up.add_argument("--startup-deadline-s", type=float, default=330.0)
-    up.add_argument("--base-port", type=int, default=30100)
+                    help="warm every server at once (default: the first alone, then the rest; chat_warm.warm_all says why)")
+    up.add_argument("--stagger-s", type=float, default=3.0, help="seconds between server launches")
+    up.add_argument("--startup-deadline-s", type=float, default=330.0,
+                    help="a server not healthy by then is stopped and reported")
+    up.add_argument("--base-port", type=int, default=30100, help="arm i listens on base + 10 i")
     run = sub.add_parser("run", help="run trace seeds x arms on the resident servers")
-    run.add_argument("--arms", nargs="*", default=None, help="the arms; each seed runs them in its row of a Williams design over this list (default: every server up)")
-    run.add_argument("--baseline", default="dense")
-    run.add_argument("--trace", type=Path, required=True)
-    run.add_argument("--seeds", type=int, nargs="+", required=True)
-    run.add_argument("--conversations-per-seed", type=int, default=24)
-    run.add_argument("--pool-seed", type=int, default=0)
-    run.add_argument("--replay", default="served-reply")
-    run.add_argument("--decode-clip", type=int, default=256)
-    run.add_argument("--pad-tokens", type=int, default=0)
-    run.add_argument("--clients", type=int, default=24)
+    run.add_argument("--arms", nargs="*", default=None,
+                     help="the arms; each seed runs them in its row of a Williams design over this list "
+                          "(default: every server up)")
+    run.add_argument("--baseline", default="dense", help="the arm that opens and closes the call (drift)")
+    run.add_argument("--trace", type=Path, required=True, help="a chat trace (benchmarks/build_trace.py)")
+    run.add_argument("--seeds", type=int, nargs="+", required=True,
+                     help="trace seeds: disjoint conversation samples of the trace (chat_trace.seed_conversations)")
+    run.add_argument("--conversations-per-seed", type=int, default=24, help="conversations in one seed's sample")
+    run.add_argument("--pool-seed", type=int, default=0, help="the permutation the seeds' samples are cut from")
+    run.add_argument("--replay", default="served-reply", choices=REPLAYS,
+                     help="what the next turn carries as the last reply (benchmarks/chat_replay.py)")
+    run.add_argument("--decode-clip", type=int, default=256, help="reply lengths clipped at this many tokens")
+    run.add_argument("--pad-tokens", type=int, default=0,
+                     help="unique tokens put before each conversation (the context-length axis)")
+    run.add_argument("--clients", type=int, default=None, help="closed loop: concurrent clients (default 24)")
     run.add_argument("--rate", type=float, default=None, help="open loop instead: conversation starts per s")
-    run.add_argument("--think-s", type=float, default=0.0)
+    run.add_argument("--think-s", type=float, default=None, help="open loop: mean think time between turns, s")
     run.add_argument("--first-run-s", type=float, default=60.0, help="estimate of a run before one has run")
     run.add_argument("--deadline-s", type=float, default=500.0, help="no run is begun that would end after this")
     down = sub.add_parser("down", help="stop the servers")
     for p in (up, run, down):
-        p.add_argument("--work", type=Path, required=True)
+        p.add_argument("--work", type=Path, required=True, help="the work folder (servers.json, runs/, manifest.json)")
     for p in (up, run):
-        p.add_argument("--vocab-size", type=int, default=163840)
+        p.add_argument("--vocab-size", type=int, default=163840,
+                       help="the served model's vocabulary: pad and warm-up token ids are drawn below it "
+                            "(default Kimi-Linear's 163,840)")
     a = ap.parse_args(argv)
+    if a.cmd == "run":
+        if a.rate is None and a.think_s is not None:
+            ap.error("--think-s: only with --rate (the closed loop has no think time)")
+        if a.rate is not None and a.clients is not None:
+            ap.error("--clients: only without --rate (the open loop's load is its rate)")
+        a.clients = 24 if a.clients is None and a.rate is None else a.clients
+        a.think_s = 0.0 if a.think_s is None else a.think_s
+        if not a.trace.is_file():
+            ap.error(f"--trace {a.trace}: no such file")
+    if a.cmd in ("run", "down") and not (a.work / "servers.json").is_file():
+        print(f"error: --work {a.work}: no servers.json (start the servers with `run_chat up` first)", file=sys.stderr)
+        return 2
     return {"up": cmd_up, "run": cmd_run, "down": cmd_down}[a.cmd](a)
 
 

@@ -335,7 +335,10 @@ def main(argv: Iterable[str] | None = None) -> int:
             regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
             return 0
-        ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        ap = argparse.ArgumentParser(
+            description="summary.json and tables.md from benchmarks/run_chat.py work folders (issue 24 item 7)",
+            epilog="Also: `serving_report rates WORK ...` (protocol B's offered rates from Dense's closed-loop "
+                   "saturation throughput) and `serving_report map SUMMARY.json ... --out PNG` (the regime map).")
         ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
         ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
         ap.add_argument("--model", required=True,
@@ -345,7 +348,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                         help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
                              "trained, init")
         ap.add_argument("--exclude-call", type=int, action="append", default=[],
-                        help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
+                        help="leave out this call's runs (index in manifest.json 'calls', in every work folder "
+                             "given; repeatable)")
         ap.add_argument("--exclude-run", action="append", default=[],
                         help="leave out this result file (name under runs/; repeatable); an excluded opening "
                              "baseline run is replaced by the call's closing run of the same seed")

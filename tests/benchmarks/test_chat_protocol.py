@@ -135,7 +135,7 @@ def _state(pid: int) -> str:
 
 
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
-    from benchmarks.run_chat import FOLLOW_UPS, warm_chats
+    from benchmarks.chat_warm import FOLLOW_UPS, warm_chats
 
     singles, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
     assert [len(t.user[0]) for t in singles] == [2048, 8192, 16000]
@@ -150,7 +150,7 @@ def test_first_server_warms_alone_then_the_rest_at_once(monkeypatch):
     starts, and the others must overlap; with --warm-all-at-once all overlap."""
     import threading
 
-    from benchmarks import run_chat
+    from benchmarks import chat_warm
 
     spans, lock = {}, threading.Lock()
 
@@ -161,14 +161,14 @@ def test_first_server_warms_alone_then_the_rest_at_once(monkeypatch):
             spans[port] = (t0, time.monotonic())
         return {"s": 0.2, "failed": 0}
 
-    monkeypatch.setattr(run_chat, "warm", fake_warm)
+    monkeypatch.setattr(chat_warm, "warm", fake_warm)
     servers = {n: {"port": p} for n, p in (("dense", 1), ("int8", 2), ("w16", 3))}
-    res = run_chat.warm_all(servers, ["dense", "int8", "w16"], [64], 1000, 8, first_alone=True)
+    res = chat_warm.warm_all(servers, ["dense", "int8", "w16"], [64], 1000, 8, first_alone=True)
     assert set(res) == {"dense", "int8", "w16"}
     assert spans[1][1] <= min(spans[2][0], spans[3][0])                      # dense alone first
     assert spans[2][0] < spans[3][1] and spans[3][0] < spans[2][1]            # the rest together
     spans.clear()
-    run_chat.warm_all(servers, ["dense", "int8", "w16"], [64], 1000, 8, first_alone=False)
+    chat_warm.warm_all(servers, ["dense", "int8", "w16"], [64], 1000, 8, first_alone=False)
     assert spans[1][0] < spans[2][1] and spans[2][0] < spans[1][1]
 
 
@@ -460,3 +460,31 @@ def test_regime_map_refuses_bad_input_with_one_line(tmp_path, capsys):
     (tmp_path / "d").mkdir()        # was: "wrote d" while matplotlib wrote d.png
     assert "ending in .png" in _report_error(capsys, "map", summary, "--out", tmp_path / "d")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "plan.json", "summary.json"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--seeds", "0"], "no servers.json"),                                         # nothing started
+    (["down"], "no servers.json"),
+    (["run", "--seeds", "0", "--think-s", "3"], "--think-s: only with --rate"),
+    (["run", "--seeds", "0", "--rate", "0.2", "--clients", "8"], "--clients: only without --rate"),
+    (["run", "--seeds", "0", "--replay", "bogus"], "--replay"),
+    (["run", "--seeds", "0", "--trace", "nope.json.gz"], "--trace nope.json.gz: no such file"),
+    (["run", "--seeds", "0", "--empty-servers"], "no server came up there"),
+])
+def test_run_chat_refuses_what_would_run_nothing(tmp_path, capsys, argv, needle):
+    """Each of these ran nothing and exited 0 (or named the baseline, not the cause)."""
+    from benchmarks import run_chat
+
+    work = tmp_path / "w"
+    if "--empty-servers" in argv:
+        argv = [x for x in argv if x != "--empty-servers"]
+        work.mkdir()
+        (work / "servers.json").write_text("{}")
+    if argv[0] == "run" and "--trace" not in argv:
+        argv += ["--trace", str(TRACE)]
+    try:
+        code = run_chat.main(argv + ["--work", str(work)])
+    except SystemExit as exc:                     # argparse's refusals
+        code = exc.code
+    assert code == 2 and needle in capsys.readouterr().err
+    assert not (work / "manifest.json").exists()

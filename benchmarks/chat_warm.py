@@ -1,0 +1,95 @@
+"""The untimed warm-up of the serving benchmark's servers (``benchmarks/run_chat.py up``).
+
+A server's first requests of a new shape pay one-time costs that must not land in a timed run: Triton
+compiles and autotuning of SGLang's kernels, the fused-MoE block configs picked by a batch's token count,
+the restore and extend-with-prefix paths. :func:`warm_chats` builds requests of the shapes a timed run
+sends, :func:`warm` replays them on one server, :func:`warm_all` orders the servers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Sequence
+
+from benchmarks.chat_replay import IM_END, IM_START, NEWLINE
+from benchmarks.sglang_server import flush
+
+
+# Tokens of a later user turn in the warm-up chats. The trace's follow-ups are 9-207 tokens (10th-90th
+# percentile; median 27), and a batch's token count picks SGLang's fused-MoE block config: the 200-token
+# follow-ups the warm-up used before left the small-extend configs to compile inside the first timed runs
+# (a 90-token prefill took 1.3 s in the first INT8 run of 2026-12-01, 0.1 s later).
+FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
+
+
+def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> tuple[list, list]:
+    """The warm-up's requests: ``(singles, chats)``, lists of ``ChatTurns`` with random token ids.
+
+    singles: one never-cached prompt per ``lengths`` entry (tokens), decoding 4 tokens.
+    chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
+    decode runs at every CUDA-graph batch size and prefills meet running decodes as in a timed run):
+    session i opens with ``lengths[i % len(lengths)]`` tokens, then three later turns of
+    :data:`FOLLOW_UPS` tokens (cycled from i), each hitting the previous turn's checkpoint (restore,
+    extend-with-prefix), decoding 64 / 16 / 48 / 8 tokens.
+    """
+    import random
+
+    from benchmarks.chat_trace import ChatTurns
+
+    rng = random.Random(seed)
+    ids = lambda n: [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n))]  # noqa: E731
+    close = [IM_END, NEWLINE]
+    singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
+                         decode=[4]) for i, n in enumerate(lengths)]
+    chats = [ChatTurns(conv=i, source_id="warm",
+                       user=[[IM_START] + ids(lengths[i % len(lengths)] - 3) + close]
+                       + [ids(FOLLOW_UPS[(i + j) % len(FOLLOW_UPS)]) for j in range(3)],
+                       recorded=[close] * 4, decode=[64, 16, 48, 8]) for i in range(sessions)]
+    return singles, chats
+
+
+def warm(port: int, lengths: Sequence[int], vocab: int, sessions: int = 8) -> dict:
+    """Untimed warm-up of one server (requests: :func:`warm_chats`), then a flush. Returns {s, failed}.
+
+    The singles run one at a time (the long-prompt paths), then the chats all at once (the restore,
+    extend-with-prefix, mixed prefill / decode and batched-decode paths). The 2026-12-01 calls showed
+    why the chats are needed: with only single prompts, the first timed run of the first two arms
+    after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
+    from benchmarks.chat_replay import Replay, run_closed
+
+    t = time.monotonic()
+    singles, chats = warm_chats(lengths, vocab, sessions, seed=port)
+    url = f"http://127.0.0.1:{port}"
+    failed = 0
+    for group, clients in ((singles, 1), (chats, len(chats))):
+        r = Replay(url, group, timeout_s=300)
+        run_closed(r, clients)
+        failed += sum(not x.success for x in r.records)
+    flush(port)
+    return {"s": round(time.monotonic() - t, 1), "failed": failed}
+
+
+def warm_all(servers: dict, names: Sequence[str], lengths: Sequence[int], vocab: int, sessions: int,
+             first_alone: bool) -> dict:
+    """Warm ``names`` (arms of ``servers``); returns {arm: warm()'s result}.
+
+    With ``first_alone`` the first arm warms by itself before the others start, all at once. SGLang's
+    linear-attention Triton kernels autotune on first use and keep the winner in the Triton cache that
+    every server on the machine shares (``FLA_CACHE_RESULTS``, on by default): tuned on an otherwise
+    idle GPU, the configs every arm then reads are the same, rather than whichever of six servers'
+    timings, taken while all six competed for the GPU, was written last."""
+    res: dict = {}
+
+    def one(n):
+        res[n] = warm(servers[n]["port"], lengths, vocab, sessions)
+
+    rest = list(names)
+    if first_alone and rest:
+        one(rest.pop(0))
+    ts = [threading.Thread(target=one, args=(n,)) for n in rest]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    return res
