@@ -145,9 +145,9 @@ def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
 # (GDN only): A_log as transformers draws it (log U(0.01, 16)), dt_bias redrawn as the Gated DeltaNet
 # authors' layer in flash-linear-attention (fla/layers/gated_deltanet.py) and Mamba2 draw it: dt log-uniform
 # in [1e-3, 0.1], floored at 1e-4, dt_bias = softplus^-1(dt). Qwen3-Next's _init_weights sets dt_bias = 1
-# (an init that real checkpoints always overwrite): softplus(1) = 1.31 puts every head's horizon (Eq. 3,
-# eps 1e-3) under ln(1000) / (1.31 * 0.01) ~ 16 tokens only for A < 0.33, about 2 % of heads, so a plan at
-# w_max >= 16 keeps nothing and 15M tokens of training did not change that (benchmarks/notes/
+# (an init that real checkpoints always overwrite): with softplus(1) = 1.31 a head's static horizon
+# (Eq. 3, eps 1e-3) is ln(1000) / (1.31 A) tokens, above 16 only for A < 0.33, about 2 % of heads, so a plan
+# at w_max >= 16 keeps (almost) nothing, and 15M tokens of training did not change that (benchmarks/notes/
 # 2026-12-01-trained-refs-quality.md). With log-uniform dt the initial horizons span ~4 to ~10^5 tokens,
 # as the trained Qwen3.5 decays do (../shared/data/trained-decays), and training has structure to move.
 DECAY_INITS = ("transformers", "log-uniform-dt")
