@@ -64,7 +64,7 @@ def problem(account) -> Optional[str]:
     tiers = account.get("tiers", {})
     if not isinstance(tiers, dict):
         return f"tiers: expected an object of tier counters, got {_show(tiers)}"
-    for k in ("hits_compressed", "hits_dense"):
+    for k in ("hits_compressed", "hits_dense", "evictions_shadowed"):
         if k in tiers and not _count(tiers[k]):
             return f"tiers.{k}: expected an integer >= 0, got {_show(tiers[k])}"
     return None
@@ -80,7 +80,9 @@ def aggregate(accounts: Iterable[Optional[dict]], *, without: int = 0) -> Option
         None when no run has an account and none lacks one (no dasc arm, or manifests from before
         the account), else ``{"runs": n, "runs_without_account": without, KIND: {origin: int},
         "reuse_frac": {origin: float}, "wasted_frac": {origin: float}, "hits_compressed": int,
-        "hits_dense": int}`` (fractions NaN where nothing of that origin was stored).
+        "hits_dense": int, "evictions_shadowed": int}`` (fractions NaN where nothing of that origin was
+        stored; evictions_shadowed: the victims of DASC_EVICT_SHADOWED_FIRST, 0 without it or in
+        accounts from before the counter).
     """
     got = [a for a in accounts if isinstance(a, dict) and isinstance(a.get("origins"), dict)]
     if not got and not without:
@@ -91,7 +93,7 @@ def aggregate(accounts: Iterable[Optional[dict]], *, without: int = 0) -> Option
     out["reuse_frac"] = {o: out["reused"][o] / out["stored"][o] if out["stored"][o] else math.nan for o in ORIGINS}
     out["wasted_frac"] = {o: out["evicted_unused"][o] / out["stored"][o] if out["stored"][o] else math.nan
                           for o in ORIGINS}
-    for k in ("hits_compressed", "hits_dense"):
+    for k in ("hits_compressed", "hits_dense", "evictions_shadowed"):
         out[k] = sum(int((a.get("tiers") or {}).get(k, 0)) for a in got)
     return out
 
@@ -114,12 +116,14 @@ def markdown_rows(objs: Sequence[dict]) -> list[str]:
     used = [x for x in ORIGINS if any(o["server_account"]["stored"][x] for o in rows)] or ["prompt", "reply"]
     head = " | ".join(f"{x}: stored / share reused / share evicted unused" for x in used)
     out = ["Server-side checkpoint account (runtime/account.py; summed over the runs):", "",
-           f"| arm | runs | {head} | hits: compressed / dense checkpoints |", "|---|---:|" + "---|" * len(used) + "---|"]
+           f"| arm | runs | {head} | hits: compressed / dense checkpoints | evicted by the shadowed-first rule |",
+           "|---|---:|" + "---|" * len(used) + "---|---:|"]
     for o in rows:
         a = o["server_account"]
         cells = " | ".join(f"{a['stored'][x]} / {_frac(a['reuse_frac'][x])} / {_frac(a['wasted_frac'][x])}"
                            for x in used)
-        out.append(f"| {o['arm']} | {_runs(a)} | {cells} | {a['hits_compressed']} / {a['hits_dense']} |")
+        out.append(f"| {o['arm']} | {_runs(a)} | {cells} | {a['hits_compressed']} / {a['hits_dense']} | "
+                   f"{a.get('evictions_shadowed', 0)} |")
     if any(o["server_account"].get("runs_without_account") for o in rows):
         out += ["", "runs 'n of m': the other dasc runs' flush logged no account (the flush was refused, or no "
                 "complete 'dasc account:' line came; manifest.json has dasc_account null); the sums are of n runs."]

@@ -22,10 +22,16 @@ COMMON_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"
 
 
 def server_env(arm: dict, gpus: Sequence[int]) -> dict[str, str]:
-    """Environment of an arm's server: this process's, the arm's ``env`` (``serving_arms``: e.g.
-    ``DASC_RECLAIM_WAIT=host`` for a ``-hostwait`` arm), then ``CUDA_VISIBLE_DEVICES`` = ``gpus``
-    and unbuffered Python output (these two always win)."""
-    return {**os.environ, **arm.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+    """Environment of an arm's server: this process's without any ``DASC_*`` variable, the arm's ``env``
+    (``serving_arms``: e.g. ``DASC_RECLAIM_WAIT=host`` for a ``-hostwait`` arm,
+    ``DASC_EVICT_SHADOWED_FIRST=1`` for a ``-shadowfirst`` one), then ``CUDA_VISIBLE_DEVICES`` = ``gpus``
+    and unbuffered Python output (these two always win).
+
+    The launching shell's ``DASC_*`` settings never reach a server: an A/B knob exported there would
+    otherwise turn on in the control arm too (and ``DASC_PLAN`` would put a plan into Dense), so the
+    comparison would silently compare the knob with itself."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}
+    return {**inherited, **arm.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
             "PYTHONUNBUFFERED": "1"}
 
 

@@ -54,7 +54,8 @@ def status_line() -> str:
             f"dasc ckpt d/c: {n['dense']}/{n['compressed']}",
             f"dasc free c: {pool.available_size()}/{pool.num_slots}",
             f"dasc demoted: {c.demotions_committed + c.demotions_sync} (pending {len(comp.pending)})",
-            f"dasc evicted d/c: {c.evictions_dense}/{c.evictions_compressed}",
+            f"dasc evicted d/c: {c.evictions_dense}/{c.evictions_compressed}"
+            + (f" (shadowed {c.evictions_shadowed})" if comp.shadows.on else ""),
             f"dasc inserted d/c: {c.inserts_dense}/{c.inserts_compressed}",
             f"dasc skipped: {c.skipped}",
             f"dasc reclaim waits: {c.reclaim_waits} ({c.reclaim_wait_host_s * 1e3:.0f} ms host)",

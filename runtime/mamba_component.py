@@ -311,6 +311,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
             origin, reused = pop_node_history(cd)
             if origin is not None:
                 self.account.evicted(origin, reused)
+            if self.shadows.shadowed(node):         # the shadowed-first rule's own victims (on only)
+                self.counters.evictions_shadowed += 1
             self.shadows.dropped(node)
             if self.tier(node) == COMPRESSED:
                 self.dpool.free(cd.value)

@@ -58,6 +58,8 @@ class TierCounters:
     demotions_sync: int = 0         # demotions on the current stream (reclamation; every one with storage balancing)
     evictions_dense: int = 0
     evictions_compressed: int = 0
+    evictions_shadowed: int = 0     # of those, checkpoints evicted while shadowed (counted only with
+                                    # DASC_EVICT_SHADOWED_FIRST on: how often that rule chose the victim)
     skipped: int = 0                # states not cached: compressed-only pool full of locked checkpoints
     reclaim_waits: int = 0          # pending demotions the reclamation walk had to wait for
     reclaim_wait_host_s: float = 0.0  # scheduler-thread time spent in those waits (s; ~0 with stream waits)

@@ -215,7 +215,7 @@ def test_port_busy_only_while_someone_listens():
     assert not ss.port_busy(port)
 
 
-def test_server_env_carries_the_arms_env_and_pins_the_gpus(monkeypatch):
+def test_server_env_carries_the_arms_env_only_and_pins_the_gpus(monkeypatch):
     monkeypatch.setenv("DASC_RECLAIM_WAIT", "stream")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     arm = {"arm": "dasc-nr-w512-hostwait", "env": {"DASC_RECLAIM_WAIT": "host", "CUDA_VISIBLE_DEVICES": "9"}}
@@ -223,7 +223,14 @@ def test_server_env_carries_the_arms_env_and_pins_the_gpus(monkeypatch):
     assert env["DASC_RECLAIM_WAIT"] == "host" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == os.environ["PATH"]
     plain = ss.server_env({"arm": "dense"}, [3])      # arms JSON written before the env field existed
-    assert plain["DASC_RECLAIM_WAIT"] == "stream" and plain["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "DASC_RECLAIM_WAIT" not in plain and plain["CUDA_VISIBLE_DEVICES"] == "3"
+    # an A/B knob exported in the launching shell reaches only the arm that names it
+    monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", "1")
+    monkeypatch.setenv("DASC_PLAN", "/tmp/some-plan")
+    twin = {"arm": "dasc-nr-w16-shadowfirst", "env": {"DASC_EVICT_SHADOWED_FIRST": "1"}}
+    assert "DASC_EVICT_SHADOWED_FIRST" not in ss.server_env({"arm": "dasc-nr-w16", "env": {}}, [0])
+    assert ss.server_env(twin, [0])["DASC_EVICT_SHADOWED_FIRST"] == "1"
+    assert not any(k.startswith("DASC_") for k in ss.server_env({"arm": "dense"}, [0]))
 
 
 def test_log_tail_filters_and_cuts(tmp_path):

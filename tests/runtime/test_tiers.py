@@ -390,10 +390,12 @@ def test_compressed_only_pool_full_evicts_shadowed_checkpoints_first(tmp_path, s
         assert evicted == [u, c1, r1] and _cached(sim, [c2, r2]) == [True, True]
         assert gone == (1, 1, 1)            # U's reply-end went unused
     assert sim.comp.counters.evictions_compressed == 3
+    assert sim.comp.counters.evictions_shadowed == (3 if shadowed_first else 0)   # the rule's own victims
     # a fourth: under the rule nothing shadowed is left, so it falls back to the plain LRU and takes U;
     # the plain LRU takes c2. r2, the path's reply-end, stays either way
     _run(sim, [64, 65])
     assert _cached(sim, [u, c1, r1, c2, r2]) == [False, False, False, False, True]
+    assert sim.comp.counters.evictions_shadowed == (3 if shadowed_first else 0)   # the fallback's U is not one
     sim.check(7, content=True)
 
 
@@ -417,12 +419,12 @@ def test_reclamation_walk_evicts_shadowed_checkpoints_first(tmp_path, shadowed_f
         assert _cached(sim, [u, c1, r1, c2, r2]) == [True, False, False, False, True]
         assert [sim.comp.tier(n) for n in (u, r2)] == ["compressed", "dense"]
         assert (sim.comp.counters.evictions_dense, sim.comp.counters.evictions_compressed) == (3, 0)
-        assert sim.comp.counters.demotions_sync == 0
+        assert sim.comp.counters.demotions_sync == 0 and sim.comp.counters.evictions_shadowed == 3
     else:
         assert _cached(sim, [u, c1, r1, c2, r2]) == [False, False, False, True, True]
         assert [sim.comp.tier(n) for n in (c2, r2)] == ["compressed", "dense"]
         assert (sim.comp.counters.evictions_dense, sim.comp.counters.evictions_compressed) == (0, 3)
-        assert sim.comp.counters.demotions_sync == 3
+        assert sim.comp.counters.demotions_sync == 3 and sim.comp.counters.evictions_shadowed == 0
 
 
 @pytest.mark.parametrize("shadowed_first", [False, True])

@@ -546,7 +546,8 @@ class Sim:
 
     def _check_shadows(self, step):
         """With the shadowed-first rule every node's count of cached descendants (ShadowCounts) equals a
-        recount of the tree; without it no node carries one."""
+        recount of the tree, and ``shadows.shadowed(node)`` is exactly "the recount is > 0"; without it no
+        node carries a count and none is shadowed."""
         below = {}
 
         def recount(n):                     # cached checkpoints strictly below n (iterative post-order)
@@ -567,6 +568,9 @@ class Sim:
                     f"step {step}: node {n.id} counts {md.get('dasc_below', 0)} cached descendants, recount {below[n.id]}"
             else:
                 assert "dasc_below" not in md, f"step {step}: node {n.id} has a descendant count with the rule off"
+            # the predicate the rule evicts by, against the recount (not against its own counts)
+            assert self.comp.shadows.shadowed(n) == (self.comp.shadows.on and below[n.id] > 0), \
+                f"step {step}: node {n.id} shadowed() {self.comp.shadows.shadowed(n)}, recount {below[n.id]}"
 
     def _check_content(self, step, node, tier):
         toks = self.prefix_tokens(node)
