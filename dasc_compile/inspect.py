@@ -224,7 +224,7 @@ def render_report(plan: Plan, console: Console) -> None:
             title=f"[bold yellow]{escape(figure_label(m.provenance) or '')}[/bold yellow]", border_style="yellow"))
     else:
         console.print(f"[bold]provenance:[/bold] {escape(m.provenance)}", highlight=False)
-    from dasc_compile.compiler import plan_warnings      # the lines `dasc compile` printed for this plan
+    from dasc_compile.compiler import plan_warnings      # here, not at the top: compiler imports torch
 
     for w in plan_warnings(plan):
         console.print(f"[bold yellow]warning:[/bold yellow] {escape(w)}", highlight=False)

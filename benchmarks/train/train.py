@@ -46,8 +46,8 @@ import torch
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
 from benchmarks.train.data import Batches, read_shard
-from benchmarks.train.models import (DECAY_INITS, DEFAULT_DECAY_INIT, FAMILIES, SIZES, build_model, checkpoint_decays, decays, load_model, n_params,
-                                     save_checkpoint)
+from benchmarks.train.models import (DECAY_INITS, DEFAULT_DECAY_INIT, FAMILIES, SIZES, build_model, checkpoint_decays,
+                                     decays, load_model, n_params, save_checkpoint)
 from benchmarks.train.tokenizer import EOS, load_tokenizer
 
 T0 = time.time()
@@ -104,9 +104,9 @@ def parse(argv=None) -> argparse.Namespace:
     if not (a.data / "tokenizer" / "tokenizer.json").is_file() or not any(a.data.glob("shard-*.u16.xz")):
         _refuse(f"--data {a.data}: expected a folder with tokenizer/tokenizer.json and shard-*.u16.xz "
                 f"(python -m benchmarks.train.prepare data / stage)")
-    if a.resume is not None and not (a.resume / "train_state" / "state.json").is_file():
-        _refuse(f"--resume {a.resume}: not a checkpoint of an earlier session (no train_state/state.json)")
     if a.resume is not None:
+        if not (a.resume / "train_state" / "state.json").is_file():
+            _refuse(f"--resume {a.resume}: not a checkpoint of an earlier session (no train_state/state.json)")
         try:
             st = json.loads((a.resume / "train_state" / "state.json").read_text())
             was = (st["family"], st["seed"])
