@@ -78,9 +78,16 @@ def provenance_note(scheme: str, seed: int) -> str:
 # ----------------------------------------------------------------------------- decay draws
 
 
-def _log_uniform_dt(gen: torch.Generator, n: int) -> torch.Tensor:
-    lo, hi = math.log(1e-3), math.log(1e-1)
-    dt = torch.exp(torch.rand(n, generator=gen, dtype=torch.float64) * (hi - lo) + lo).clamp_min(1e-4)
+#: dt range and floor of the Mamba2-style dt_bias draw (fla's GDN / KDA layers, mamba_ssm), time steps
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
+
+
+def log_uniform_dt_bias(gen: torch.Generator, n: int) -> torch.Tensor:
+    """``[n]`` float64 dt_bias with softplus(dt_bias) = dt, dt = exp(U(ln DT_MIN, ln DT_MAX)) floored at
+    DT_FLOOR (the inverse softplus written stably for small dt). Also used by the trained references'
+    GDN initialisation (benchmarks/train/models.py)."""
+    lo, hi = math.log(DT_MIN), math.log(DT_MAX)
+    dt = torch.exp(torch.rand(n, generator=gen, dtype=torch.float64) * (hi - lo) + lo).clamp_min(DT_FLOOR)
     return dt + torch.log(-torch.expm1(-dt))
 
 
@@ -119,7 +126,7 @@ def draw_decay(config: dict, seed: int = 0, spec: ArchSpec | None = None) -> tup
             else:
                 a = torch.zeros(h, dtype=torch.float64)
                 scheme = KDA_SAFE_SCHEME
-            d = _log_uniform_dt(gen, h * spec.head_k_dim)
+            d = log_uniform_dt_bias(gen, h * spec.head_k_dim)
             a_dtype, d_dtype = torch.float32, torch.float32
         else:  # pragma: no cover - families without a reference initialisation
             raise DascInputError(f"no reference initialisation for decay family {spec.family!r}")

@@ -152,14 +152,6 @@ def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
 # as the trained Qwen3.5 decays do (../shared/data/trained-decays), and training has structure to move.
 DECAY_INITS = ("transformers", "log-uniform-dt")
 DEFAULT_DECAY_INIT = {"gdn": "log-uniform-dt", "kda": "transformers", "mamba2": "transformers"}
-DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4
-
-
-def log_uniform_dt_bias(n: int, generator: torch.Generator) -> torch.Tensor:
-    """``[n]`` fp32 dt_bias with softplus(dt_bias) = dt, dt = exp(U(ln DT_MIN, ln DT_MAX)) floored at DT_FLOOR."""
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    dt = torch.exp(u * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=DT_FLOOR)
-    return (dt + torch.log(-torch.expm1(-dt))).float()       # softplus^-1(dt), stable for small dt
 
 
 def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int, decay_init: str | None = None):
@@ -172,6 +164,8 @@ def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int,
         ValueError: an unknown ``decay_init``, or "log-uniform-dt" for a family other than gdn.
     """
     from transformers import AutoModelForCausalLM
+
+    from dasc_compile.refckpt import log_uniform_dt_bias
 
     decay_init = decay_init or DEFAULT_DECAY_INIT[family]
     if decay_init not in DECAY_INITS or (decay_init == "log-uniform-dt" and family != "gdn"):
@@ -187,7 +181,7 @@ def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int,
         with torch.no_grad():
             for n, p in model.named_parameters():          # layer order: the same draw for the same seed
                 if n.endswith(".dt_bias"):
-                    p.copy_(log_uniform_dt_bias(p.numel(), g).view_as(p))
+                    p.copy_(log_uniform_dt_bias(g, p.numel()).view_as(p))
     return model
 
 

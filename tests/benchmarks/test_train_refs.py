@@ -69,7 +69,8 @@ def _losses(out, family):
 def test_gdn_decays_start_log_uniform_in_dt_and_the_old_init_stays_rebuildable():
     """GDN's default: softplus(dt_bias) = dt, log-uniform in [1e-3, 0.1] (the GDN authors' fla layer), drawn the
     same for the same seed; 'transformers' (what the first trained GDN started from) is the class's dt_bias = 1."""
-    from benchmarks.train.models import DT_MAX, DT_MIN, build_model as bm
+    from benchmarks.train.models import build_model as bm
+    from dasc_compile.refckpt import DT_MAX, DT_MIN
 
     def dts(m):
         return torch.cat([torch.nn.functional.softplus(p.detach().double()) for n, p in m.named_parameters()
