@@ -3,7 +3,8 @@
 # which other people may be editing): .dev/dascwhl/dasc-*.whl and .dev/ol/plans.tar.xz (calibrated
 # Kimi-Linear plans w16, w16+INT8, w64 and w16 dasc-wr (policy file 'load_policy: wr') compiled by
 # that commit's code, and arms.json from its serving_arms: dense int8 dasc-nr-w16 dasc-nr-w16-int8
-# dasc-nr-w64 dasc-wr-w16, and the twins dasc-nr-w16-shadowfirst dasc-wr-w16-shadowfirst (the same plans
+# dasc-nr-w64 dasc-wr-w16, and the twins dasc-nr-w16-shadowfirst dasc-nr-w16-int8-shadowfirst
+# dasc-wr-w16-shadowfirst (the same plans
 # with DASC_EVICT_SHADOWED_FIRST=1, for an A/B of that eviction rule; RUNTIME_COMMIT must have it); a
 # COMMIT whose serving_arms has no dasc-wr arms gets the first five, one without -shadowfirst no twins).
 # Usage (repo root, CPU machine): bash benchmarks/h200/prepare_serving.sh [COMMIT] (default HEAD)
@@ -28,7 +29,7 @@ W=$B/wheel-src; mkdir -p "$W" && git archive "$RUNTIME_COMMIT" | tar -x -C "$W" 
 rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw"
 P=$B/ol-plans; mkdir -p "$P"; printf 'int8: true\n' > "$B/int8.yaml"; printf 'load_policy: wr\n' > "$B/wr.yaml"
 wr=(); grep -q 'dasc-wr-w' "$B/benchmarks/serving_arms.py" && wr=(dasc-wr-w16)
-shadow=(); grep -q 'shadowfirst' "$B/benchmarks/serving_arms.py" && shadow=(dasc-nr-w16-shadowfirst "${wr[@]/%/-shadowfirst}")
+shadow=(); grep -q 'shadowfirst' "$B/benchmarks/serving_arms.py" && shadow=(dasc-nr-w16-shadowfirst dasc-nr-w16-int8-shadowfirst "${wr[@]/%/-shadowfirst}")
 REF=plans/reference/kimi-linear-48b-a3b-calibrated
 (cd "$B" && "$PY" cli.py compile "$REF" --wmax 16 --out "$P/w16-tp1-off" -q \
     && "$PY" cli.py compile "$REF" --wmax 16 --policy "$B/int8.yaml" --out "$P/w16-int8-tp1-off" -q \
