@@ -128,6 +128,8 @@ def _stage_resume(call: Path, returned: dict[str, list[Path]], families) -> Path
     latest, resume = call.parent / "latest", call / "resume"
     latest.mkdir(parents=True, exist_ok=True)
     for fam, parts in returned.items():
+        if all(p.resolve().parent == latest.resolve() for p in parts):
+            continue                 # --returned is latest/ itself: its parts are already the newest
         for old in latest.glob(f"{fam}.tzp.*"):
             old.unlink()
         for p in parts:

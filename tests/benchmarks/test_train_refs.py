@@ -266,6 +266,10 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     assert sorted(p.name for p in (tmp_path / "dev" / "latest").iterdir()) == sorted(
         p.name for p in (tmp_path / "returned").iterdir())
     assert stage(prep, call, None, root, [], families=["gdn", "mamba2"])["resume"] == ["gdn", "mamba2"]
+    latest = tmp_path / "dev" / "latest"            # --returned latest/ itself: its parts stay (once deleted them)
+    before = _snapshot(latest)
+    assert stage(prep, call, latest, root, [], families=["gdn", "mamba2"])["resume"] == ["gdn", "mamba2"]
+    assert _snapshot(latest) == before
 
     gdn, ck = pack.unpack_all(call / "resume", tmp_path / "device")
     assert (gdn.name, ck.name) == ("gdn", "mamba2") and (ck / "train_state" / "optim.safetensors").exists()
