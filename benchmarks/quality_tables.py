@@ -21,6 +21,7 @@ least half of dasc-nr's first-16 ΔNLL gap; kept-set Jaccard with init <= 0.8 at
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -232,16 +233,24 @@ def figure(models: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def _read_json(path: Path):
+    """One JSON document, plain or gzipped (``.gz``: how results under benchmarks/results keep them)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--eval", nargs="+", type=Path, required=True, help="dasc eval --json outputs")
-    ap.add_argument("--horizons", nargs="*", type=Path, default=[], help="dasc eval --horizons --json outputs")
+    ap.add_argument("--eval", nargs="+", type=Path, required=True, help="dasc eval --json outputs (plain or .gz)")
+    ap.add_argument("--horizons", nargs="*", type=Path, default=[], help="dasc eval --horizons --json outputs (plain or .gz)")
     ap.add_argument("--out", type=Path, required=True, help="folder for quality.md / .json / .png")
     a = ap.parse_args(argv)
     try:
-        docs = [json.loads(p.read_text()) for p in a.eval]
-        hdocs = [json.loads(p.read_text()) for p in a.horizons]
-    except (OSError, ValueError) as exc:
+        docs = [_read_json(p) for p in a.eval]
+        hdocs = [_read_json(p) for p in a.horizons]
+    except (OSError, ValueError, EOFError) as exc:
         ap.exit(2, f"error: cannot read the inputs ({exc})\n")
     if any("plans" not in d for d in docs) or any("table_1b" not in d for d in hdocs):
         ap.exit(2, "error: --eval takes dasc eval --json outputs and --horizons dasc eval --horizons --json outputs\n")

@@ -83,6 +83,14 @@ def test_tables_and_figure_from_real_runs(tmp_path):
     assert (f"| 4 | {d['mean']:+.4f} ± {d['sd']:.4f} ({round(d['frac_nr_lower'] * d['n'])}/{d['n']}"
             f"{f', {tied} tied' if tied else ''}) |") in md
 
+    # the same runs gzipped (how benchmarks/results keeps them): the same tables
+    import gzip
+    for n in ("e", "h"):
+        (tmp_path / f"{n}.json.gz").write_bytes(gzip.compress((tmp_path / f"{n}.json").read_bytes()))
+    assert main(["--eval", str(tmp_path / "e.json.gz"), "--horizons", str(tmp_path / "h.json.gz"),
+                 "--out", str(tmp_path / "qz")]) == 0
+    assert (tmp_path / "qz" / "quality.md").read_text() == md
+
     # a run written before per-prompt values (dasc eval JSON version 2): the same tables, no paired one
     old = {k: v for k, v in doc.items()}
     old["plans"] = [{k: v for k, v in e.items() if k in ("plan", "arms", "untrained")} for e in doc["plans"]]
