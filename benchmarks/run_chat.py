@@ -168,6 +168,12 @@ def cmd_up(a: argparse.Namespace) -> int:
     for i, n in enumerate(names):
         s = servers.get(n)
         if s and alive(s["pid"]) and healthy(s["port"]):
+            want = " ".join(server_command(a, arms[n], s["port"]))
+            if s.get("command") not in (None, want):
+                print(f"error: {n}: the server already up on port {s['port']} was launched with other flags "
+                      f"than this call asks for (e.g. --server-flag); stop the servers first "
+                      f"(python -m benchmarks.run_chat down --work {a.work})", file=sys.stderr)
+                return 2
             log(f"{n}: already up on port {s['port']}")
             continue
         port = a.base_port + 10 * i
@@ -205,8 +211,9 @@ def cmd_up(a: argparse.Namespace) -> int:
         log(f"{n}: {servers[n]['failure']}; stopped")
         kill(servers[n]["pid"])
     up = [n for n in started if servers[n].get("up_s") is not None]
-    res = warm_all(servers, up, a.warm_lengths, a.vocab_size, a.warm_sessions or a.max_running_requests,
-                   first_alone=not a.warm_all_at_once)
+    res = {} if not a.warm_lengths else warm_all(        # `--warm-lengths` with no value: no warm-up
+        servers, up, a.warm_lengths, a.vocab_size, a.warm_sessions or a.max_running_requests,
+        first_alone=not a.warm_all_at_once)
     for n in up:
         servers[n]["warmup"] = res.get(n)
         servers[n]["startup_lines"] = (log_tail(a.work / n / "server.log", "Mamba Cache is allocated", 2)
@@ -315,7 +322,7 @@ def main(argv=None) -> int:
     up.add_argument("--server-flag", action="append", default=[],
                     help="one more launch flag for every server (repeatable; quote a flag with its value)")
     up.add_argument("--warm-lengths", type=int, nargs="*", default=[2048, 8192, 16000],
-                    help="warm-up prompt lengths in tokens (benchmarks/chat_warm.py)")
+                    help="warm-up prompt lengths in tokens (benchmarks/chat_warm.py; none given: no warm-up)")
     up.add_argument("--warm-sessions", type=int, default=0,
                     help="chat sessions of the warm-up, run at once (default: --max-running-requests)")
     up.add_argument("--warm-all-at-once", action="store_true",

@@ -206,6 +206,27 @@ def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkey
     assert failure.startswith("exited during start-up") and "dying at start as asked" in failure
 
 
+def test_up_refuses_to_reuse_a_resident_server_launched_with_other_flags(tmp_path):
+    """A server kept up by the last call (DOWN=0) is reused only when this call would launch it with the
+    same command: a --server-flag the resident one lacks is refused in one line, not silently dropped."""
+    from benchmarks import run_chat
+
+    (tmp_path / "arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
+                                                     "flags": ["--max-running-requests", "4"]}]))
+    work = tmp_path / "w"
+    base = ["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path), "--model", str(tmp_path),
+            "--launcher", f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
+            "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "60",
+            "--base-port", str(_free_port()), "--work", str(work), "--warm-lengths"]
+    try:
+        assert run_chat.main(base) == 0
+        assert run_chat.main(base) == 0                                   # the same flags: reused
+        assert run_chat.main([*base[:-1], "--server-flag=--mamba-track-interval=64", "--warm-lengths"]) == 2
+        assert "--mamba-track-interval" not in json.loads((work / "servers.json").read_text())["dense"]["command"]
+    finally:
+        run_chat.main(["down", "--work", str(work)])
+
+
 def test_port_busy_only_while_someone_listens():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
