@@ -194,6 +194,11 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     for w, man in manifests:
         srv_p = w / "servers.json"
         servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
+        # each arm's first timed run in this work folder (its server's first full load after the warm-up)
+        first = {}
+        for e in sorted((e for e in man["runs"] if not e.get("skipped") and e.get("rc") in (0, 1)),
+                        key=lambda e: (e["call"], e.get("index", 0))):
+            first.setdefault(e["arm"], e.get("file"))
         gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
                 if e.get("file") in exclude_runs and e["role"] == "arm"}
         for e in man["runs"]:
@@ -224,7 +229,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
                         "launch": launch, "max_running": mr, "account": e.get("dasc_account"),
-                        "account_missing": no_account,
+                        "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
                         **run_stats(res, max_running=mr)})
     return out
 
@@ -311,6 +316,18 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
             "rates": {rho: rho * x["mean"] for rho in rhos}}
 
 
+def first_timed_note(runs: Sequence[dict]) -> str:
+    """A closing line naming the counted runs that were their arm's first timed run in the work folder
+    (first-use slowness that excluding the start-up call does not remove when an arm never ran there);
+    empty when there are none."""
+    hit = sorted(f"{r['arm']} seed {r['seed']} (call {r['call'].rsplit('#', 1)[-1]})"
+                 for r in runs if r.get("first_timed"))
+    if not hit:
+        return ""
+    return ("\nCounted runs that were their arm's first timed run (first-use slowness not excluded): "
+            + "; ".join(hit) + ".\n")
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -363,8 +380,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         objs = summarize(runs, model=a.model, decays=a.decays)
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "summary.json").write_text(json.dumps(objs, indent=1))
-        (a.out / "tables.md").write_text(markdown(objs))
-        print(markdown(objs))
+        text = markdown(objs) + first_timed_note(runs)
+        (a.out / "tables.md").write_text(text)
+        print(text)
         return 0
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -454,6 +454,22 @@ def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
     assert o["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
 
 
+def test_report_names_counted_runs_that_were_an_arms_first_timed_run(tmp_path):
+    """Leaving out the start-up call does not cover an arm whose first timed run came later: the report
+    names such runs (w16's first run is in call 0; excluding call 0 makes its call-1 run first-counted
+    only if it was its first overall, which it is not)."""
+    w = _work(tmp_path)
+    got = sr.collect([w], exclude_calls=[0])
+    assert [(r["arm"], r["first_timed"]) for r in got] == [("w16", False)]
+    assert sr.first_timed_note(got) == ""
+    got = sr.collect([w])
+    assert sorted((r["arm"], r["role"], r["first_timed"]) for r in got) == [
+        ("dense", "arm", True), ("dense", "drift", False), ("w16", "arm", False), ("w16", "arm", True)]
+    assert sr.first_timed_note(got).strip() == (
+        "Counted runs that were their arm's first timed run (first-use slowness not excluded): "
+        "dense seed 0 (call 0); w16 seed 0 (call 0).")
+
+
 def _report_error(capsys, *argv) -> str:
     assert sr.main([str(a) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
