@@ -21,9 +21,10 @@ least half of dasc-nr's first-16 ΔNLL gap; kept-set Jaccard with init <= 0.8 at
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
+
+from benchmarks.chat_replay import read_json
 
 HEAD_METRIC = "nll_delta_head"
 #: Paired differences over prompts read from runs that hold them (first 16 tokens: ΔNLL, KL).
@@ -233,14 +234,6 @@ def figure(models: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def _read_json(path: Path):
-    """One JSON document, plain or gzipped (``.gz``: how results under benchmarks/results keep them)."""
-    if path.suffix == ".gz":
-        with gzip.open(path, "rt") as f:
-            return json.load(f)
-    return json.loads(path.read_text())
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval", nargs="+", type=Path, required=True, help="dasc eval --json outputs (plain or .gz)")
@@ -248,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for quality.md / .json / .png")
     a = ap.parse_args(argv)
     try:
-        docs = [_read_json(p) for p in a.eval]
-        hdocs = [_read_json(p) for p in a.horizons]
+        docs = [read_json(p) for p in a.eval]          # plain or gzipped, as benchmarks/results keeps them
+        hdocs = [read_json(p) for p in a.horizons]
     except (OSError, ValueError, EOFError) as exc:
         ap.exit(2, f"error: cannot read the inputs ({exc})\n")
     if any("plans" not in d for d in docs) or any("table_1b" not in d for d in hdocs):
