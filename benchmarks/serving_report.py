@@ -225,6 +225,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             mr = int(launch["flags"][launch["flags"].index("--max-running-requests") + 1]) \
                 if launch and "--max-running-requests" in launch["flags"] else 8
             out.append({"work": str(w), "call": f"{w}#{e['call']}", "arm": e["arm"], "seed": e["seed"],
+                        "file": str(w / "runs" / e.get("file", "")),
                         "role": e["role"],
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
@@ -240,7 +241,15 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
     objs = []
     for cond in sorted({r["cond"] for r in runs}, key=str):
         rs_ = [r for r in runs if r["cond"] == cond and r["role"] == "arm"]
-        by = {(r["arm"], r["seed"]): r for r in rs_}
+        by: dict = {}
+        for r in rs_:
+            # a seed is one trace draw: a second run of it (another call or work folder) is not a second
+            # seed, and pairing would silently take whichever came last
+            if (r["arm"], r["seed"]) in by:
+                raise DascInputError(
+                    f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['seed'])].get('file')} and "
+                    f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
+            by[(r["arm"], r["seed"])] = r
         drift = []
         for r in runs:
             if r["cond"] == cond and r["role"] == "drift":

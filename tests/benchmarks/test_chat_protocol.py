@@ -470,6 +470,17 @@ def test_report_names_counted_runs_that_were_an_arms_first_timed_run(tmp_path):
         "dense seed 0 (call 0); w16 seed 0 (call 0).")
 
 
+def test_report_refuses_a_seed_counted_twice(tmp_path, capsys):
+    """w16 ran seed 0 in both calls: pairing took the last run silently and n counted one trace draw twice
+    (it happened when pooling sessions that reused seeds)."""
+    w = _work(tmp_path)
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep")
+    assert "w16 seed 0 is counted twice" in err and "w16_1.json.gz" in err and "w16_3.json.gz" in err
+    assert not (tmp_path / "rep").exists()
+    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "rep"),
+                    "--exclude-run", "w16_3.json.gz"]) == 0
+
+
 def _report_error(capsys, *argv) -> str:
     assert sr.main([str(a) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
