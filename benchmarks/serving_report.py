@@ -263,6 +263,13 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
             def ratios(base: str, key: str) -> list[float]:
                 return [r[key] / by[(base, r["seed"])][key] for r in mine if (base, r["seed"]) in by]
 
+            def by_seed(base: str) -> dict | None:
+                """{trace seed: mean-TTFT ratio to ``base``}: what lets the regime map pool sessions."""
+                if arm == base:
+                    return None
+                return {str(r["seed"]): r["mean_ttft_s"] / by[(base, r["seed"])]["mean_ttft_s"]
+                        for r in mine if (base, r["seed"]) in by}
+
             def s(key: str) -> dict:
                 return spread([r[key] for r in mine])
 
@@ -288,6 +295,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "ttft_ratio_vs_dense_spread": spread(rt_d) if arm != "dense" else None,
                  "ttft_ratio_vs_int8_spread": spread(rt_i) if arm != "int8" and rt_i else None,
                  "e2e_ratio_vs_dense_spread": spread(re_d) if arm != "dense" else None,
+                 "ttft_ratio_vs_dense_by_seed": by_seed("dense"), "ttft_ratio_vs_int8_by_seed": by_seed("int8"),
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost")},
                  "server_account": ckpt_account.aggregate((r.get("account") for r in mine),

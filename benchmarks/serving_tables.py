@@ -12,7 +12,7 @@ from typing import Sequence
 from benchmarks import ckpt_account
 from dasc_compile.errors import DascInputError
 
-__all__ = ["LEGEND", "markdown", "read_json_file", "regime_map"]
+__all__ = ["LEGEND", "markdown", "pool_points", "read_json_file", "regime_map"]
 
 
 def read_json_file(path: Path, what: str):
@@ -78,9 +78,48 @@ def markdown(objs: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
+def pool_points(docs: Sequence[list]) -> list[dict]:
+    """The regime map's points: one per (arm, protocol, replay, rate, context pad), pooling the per-seed
+    mean-TTFT ratios to Dense of every summary given (``ttft_ratio_vs_dense_by_seed``).
+
+    A trace seed measured in two summaries (two sessions that reused it) is one draw: its ratios are
+    averaged and it counts once in ``n``. An object without per-seed ratios (summaries written before
+    they were kept) stays a point of its own, from its ``ttft_ratio_vs_dense_spread``.
+
+    Returns: dicts ``label``, ``pad``, ``x`` (mean initial prompt, tokens), ``mean``, ``min``, ``max``,
+    ``n`` (distinct trace seeds), ``repeated`` (seeds measured more than once), ``seeds``.
+    """
+    groups: dict = {}
+    points = []
+    for doc in docs:
+        for o in doc:
+            sp = o.get("ttft_ratio_vs_dense_spread")
+            if not sp or not sp.get("n"):
+                continue
+            lab = f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
+            per = o.get("ttft_ratio_vs_dense_by_seed")
+            if not per:
+                points.append({"label": lab, "pad": o.get("pad_tokens"), "x": o["initial_prompt_mean"],
+                               "mean": sp["mean"], "min": sp["min"], "max": sp["max"], "n": sp["n"],
+                               "repeated": [], "seeds": o.get("seeds")})
+                continue
+            g = groups.setdefault((lab, o.get("pad_tokens"), o.get("rate")), {"x": [], "seeds": {}})
+            g["x"].append(o["initial_prompt_mean"])
+            for seed, r in per.items():
+                g["seeds"].setdefault(int(seed), []).append(r)
+    for (lab, pad, _), g in groups.items():
+        vals = [sum(v) / len(v) for _, v in sorted(g["seeds"].items())]
+        points.append({"label": lab, "pad": pad, "x": sum(g["x"]) / len(g["x"]), "mean": sum(vals) / len(vals),
+                       "min": min(vals), "max": max(vals), "n": len(vals),
+                       "repeated": sorted(s for s, v in g["seeds"].items() if len(v) > 1),
+                       "seeds": sorted(g["seeds"])})
+    return points
+
+
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
-    """Mean-TTFT ratio to Dense (mean and range over seeds) against the mean initial prompt, one
-    series per (arm, protocol, replay, rate); from ``summary.json`` files of this module."""
+    """Mean-TTFT ratio to Dense (mean and range over trace seeds, pooled over the summaries by
+    :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, rate);
+    from ``summary.json`` files of this module."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -93,26 +132,24 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     for p, doc in loaded:
         if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
             raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
-    objs = [o for _, doc in loaded for o in doc
-            if o.get("ttft_ratio_vs_dense_spread") and o["ttft_ratio_vs_dense_spread"]["n"]]
-    if not objs:
+    points = pool_points([doc for _, doc in loaded])
+    if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    series = {}
-    for o in objs:
-        lab = f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
-        series.setdefault(lab, []).append(o)
-    for lab, os_ in sorted(series.items()):
-        os_.sort(key=lambda o: o["initial_prompt_mean"])
-        x = [o["initial_prompt_mean"] for o in os_]
-        y = [o["ttft_ratio_vs_dense_spread"]["mean"] for o in os_]
-        lo = [m - o["ttft_ratio_vs_dense_spread"]["min"] for m, o in zip(y, os_)]
-        hi = [o["ttft_ratio_vs_dense_spread"]["max"] - m for m, o in zip(y, os_)]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, ls="none",
-                    label=f"{lab}, n={'/'.join(str(o['ttft_ratio_vs_dense_spread']['n']) for o in os_)}")
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    series: dict = {}
+    for pt in points:
+        series.setdefault(pt["label"], []).append(pt)
+    step = 60.0     # tokens between series at one context, so that error bars do not hide each other
+    for i, (lab, pts) in enumerate(sorted(series.items())):
+        pts.sort(key=lambda pt: pt["x"])
+        dx = (i - (len(series) - 1) / 2) * step
+        ax.errorbar([pt["x"] + dx for pt in pts], [pt["mean"] for pt in pts],
+                    yerr=[[pt["mean"] - pt["min"] for pt in pts], [pt["max"] - pt["mean"] for pt in pts]],
+                    marker="o", capsize=3, ls="none",
+                    label=f"{lab}, n={'/'.join(str(pt['n']) for pt in pts)}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("mean initial prompt (tokens)")
+    ax.set_xlabel(f"mean initial prompt (tokens; series offset by {step:.0f} tokens each for legibility)")
     ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
     ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200; n = trace seeds per point)", fontsize=10)
     ax.legend(fontsize=7)

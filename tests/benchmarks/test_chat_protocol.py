@@ -452,6 +452,8 @@ def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
     assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in got) == [("dense", "arm", 2.0), ("w16", "arm", 1.0)]
     o = {x["arm"]: x for x in sr.summarize(got, model="m", decays="d")}
     assert o["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
+    assert o["w16"]["ttft_ratio_vs_dense_by_seed"] == {"0": pytest.approx(0.5)}
+    assert o["dense"]["ttft_ratio_vs_dense_by_seed"] is None
 
 
 def test_report_names_counted_runs_that_were_an_arms_first_timed_run(tmp_path):
@@ -503,6 +505,28 @@ def test_report_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, cap
     (w / "manifest.json").write_text("{")
     assert "manifest.json" in _report_error(capsys, *base, "--out", out)                  # was JSONDecodeError
     assert not out.exists()
+
+
+def test_regime_map_pools_sessions_by_trace_seed_and_counts_a_reused_seed_once():
+    from benchmarks.serving_tables import pool_points
+
+    def arm(by_seed, x, pad=6000, name="w16"):
+        vals = list(by_seed.values())
+        return {"arm": name, "protocol": "closed-loop-paper", "replay": "served-reply", "rho": None, "rate": None,
+                "pad_tokens": pad, "initial_prompt_mean": x, "ttft_ratio_vs_dense_by_seed": by_seed,
+                "ttft_ratio_vs_dense_spread": {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
+                                               "n": len(vals)}}
+    s1 = [arm({"1": 0.6, "2": 0.8}, 10000.0), arm({"0": 1.1}, 4000.0, pad=0)]
+    s2 = [arm({"2": 0.6, "7": 0.5}, 10200.0), {"arm": "dense", "ttft_ratio_vs_dense_spread": None}]
+    pts = sorted(pool_points([s1, s2]), key=lambda p: p["x"])
+    assert [(p["pad"], p["n"], p["seeds"], p["repeated"]) for p in pts] == [(0, 1, [0], []), (6000, 3, [1, 2, 7], [2])]
+    long = pts[1]
+    assert long["x"] == pytest.approx(10100.0)
+    assert long["mean"] == pytest.approx((0.6 + 0.7 + 0.5) / 3)      # seed 2 is one draw: (0.8 + 0.6) / 2
+    assert (long["min"], long["max"]) == (pytest.approx(0.5), pytest.approx(0.7))
+    old = dict(arm({"3": 0.9}, 9000.0))
+    del old["ttft_ratio_vs_dense_by_seed"]                        # written before per-seed ratios were kept
+    assert [p["n"] for p in pool_points([[old]])] == [1]
 
 
 def test_regime_map_refuses_bad_input_with_one_line(tmp_path, capsys):
