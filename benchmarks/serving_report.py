@@ -224,7 +224,10 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                           and (launch or {}).get("kind") == "dasc")
             mr = int(launch["flags"][launch["flags"].index("--max-running-requests") + 1]) \
                 if launch and "--max-running-requests" in launch["flags"] else 8
+            trace = Path(str(cfg.get("trace") or "")).name
             out.append({"work": str(w), "call": f"{w}#{e['call']}", "arm": e["arm"], "seed": e["seed"],
+                        # a trace seed is a draw of one trace file: seed 3 of another trace is another draw
+                        "trace": trace, "draw": f"{trace.removesuffix('.json.gz')}/{e['seed']}",
                         "file": str(w / "runs" / e.get("file", "")),
                         "role": e["role"],
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
@@ -245,37 +248,39 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
         for r in rs_:
             # a seed is one trace draw: a second run of it (another call or work folder) is not a second
             # seed, and pairing would silently take whichever came last
-            if (r["arm"], r["seed"]) in by:
+            if (r["arm"], r["draw"]) in by:
                 raise DascInputError(
-                    f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['seed'])].get('file')} and "
+                    f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['draw'])].get('file')} and "
                     f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
-            by[(r["arm"], r["seed"])] = r
+            by[(r["arm"], r["draw"])] = r
         drift = []
         for r in runs:
             if r["cond"] == cond and r["role"] == "drift":
-                first = [x for x in rs_ if x["call"] == r["call"] and x["arm"] == r["arm"] and x["seed"] == r["seed"]]
+                first = [x for x in rs_ if x["call"] == r["call"] and x["arm"] == r["arm"] and x["draw"] == r["draw"]]
                 if first:
                     drift.append(r["mean_ttft_s"] / first[0]["mean_ttft_s"])
         protocol, replay, pad, clip, clients, rate, per_seed = cond
         for arm in sorted({r["arm"] for r in rs_}, key=lambda a: (a != "dense", a != "int8", a)):
-            mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: r["seed"])
+            mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: (r["trace"], r["seed"]))
+            one_trace = len({r["trace"] for r in mine}) == 1
 
             def ratios(base: str, key: str) -> list[float]:
-                return [r[key] / by[(base, r["seed"])][key] for r in mine if (base, r["seed"]) in by]
+                return [r[key] / by[(base, r["draw"])][key] for r in mine if (base, r["draw"]) in by]
 
             def by_seed(base: str) -> dict | None:
-                """{trace seed: mean-TTFT ratio to ``base``}: what lets the regime map pool sessions."""
+                """{"<trace>/<seed>": mean-TTFT ratio to ``base``}: what lets the regime map pool sessions."""
                 if arm == base:
                     return None
-                return {str(r["seed"]): r["mean_ttft_s"] / by[(base, r["seed"])]["mean_ttft_s"]
-                        for r in mine if (base, r["seed"]) in by}
+                return {r["draw"]: r["mean_ttft_s"] / by[(base, r["draw"])]["mean_ttft_s"]
+                        for r in mine if (base, r["draw"]) in by}
 
             def s(key: str) -> dict:
                 return spread([r[key] for r in mine])
 
             rt_d, rt_i, re_d = ratios("dense", "mean_ttft_s"), ratios("int8", "mean_ttft_s"), ratios("dense", "mean_e2e_s")
             o = {"arm": arm, "model": model, "w_max": _w_max(arm), "decays": decays,
-                 "regime": f"pad{pad}", "rate": rate, "decode_clip": clip, "seeds": [r["seed"] for r in mine],
+                 "regime": f"pad{pad}", "rate": rate, "decode_clip": clip, "seeds": [r["seed"] if one_trace else r["draw"] for r in mine],
+                 "traces": sorted({r["trace"] for r in mine}),
                  "mean_ttft_s": s("mean_ttft_s")["mean"],
                  "mean_ttft_ratio_vs_dense": spread(rt_d)["mean"] if arm != "dense" else None,
                  "mean_ttft_ratio_vs_int8": spread(rt_i)["mean"] if arm != "int8" else None,

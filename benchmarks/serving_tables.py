@@ -82,8 +82,8 @@ def pool_points(docs: Sequence[list]) -> list[dict]:
     """The regime map's points: one per (arm, protocol, replay, rate, context pad), pooling the per-seed
     mean-TTFT ratios to Dense of every summary given (``ttft_ratio_vs_dense_by_seed``).
 
-    A trace seed measured in two summaries (two sessions that reused it) is one draw: its ratios are
-    averaged and it counts once in ``n``. An object without per-seed ratios (summaries written before
+    A trace seed (``<trace>/<seed>``) measured in two summaries (two sessions that reused it) is one
+    draw: its ratios are averaged and it counts once in ``n``. An object without per-seed ratios (summaries written before
     they were kept) stays a point of its own, from its ``ttft_ratio_vs_dense_spread``.
 
     Returns: dicts ``label``, ``pad``, ``x`` (mean initial prompt, tokens), ``mean``, ``min``, ``max``,
@@ -106,7 +106,7 @@ def pool_points(docs: Sequence[list]) -> list[dict]:
             g = groups.setdefault((lab, o.get("pad_tokens"), o.get("rate")), {"x": [], "seeds": {}})
             g["x"].append(o["initial_prompt_mean"])
             for seed, r in per.items():
-                g["seeds"].setdefault(int(seed), []).append(r)
+                g["seeds"].setdefault(seed, []).append(r)
     for (lab, pad, _), g in groups.items():
         vals = [sum(v) / len(v) for _, v in sorted(g["seeds"].items())]
         points.append({"label": lab, "pad": pad, "x": sum(g["x"]) / len(g["x"]), "mean": sum(vals) / len(vals),

@@ -264,8 +264,10 @@ def test_log_tail_filters_and_cuts(tmp_path):
 
 # ---------------------------------------------------------------- report
 
-def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-loop-paper", "served-reply", 0, 256, 24, None, 24)):
+def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-loop-paper", "served-reply", 0, 256, 24, None, 24),
+         trace="t.json.gz"):
     return {"arm": arm, "seed": seed, "role": role, "call": call, "cond": cond, "launch": None, "max_running": 8,
+            "trace": trace, "draw": f"{trace.removesuffix('.json.gz')}/{seed}",
             "mean_ttft_s": ttft, "p95_ttft_s": ttft, "mean_e2e_s": 2 * ttft, "hit_rate": 0.5, "reuse_bound": 0.7,
             "prefill_tokens_saved": 10, "ttft_hit_s": ttft, "ttft_miss_s": ttft, "later_turns": 3, "reply_end": 1,
             "prompt_end": 1, "lost": 1, "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
@@ -285,6 +287,20 @@ def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
     assert w16["seeds"] == [0, 1] and w16["seed_kind"] == "trace"
     assert objs[0]["dense_drift"]["mean"] == pytest.approx(1.1)
     assert "TTFT / Dense" in sr.markdown(objs)
+
+
+def test_seed_numbers_of_two_traces_are_different_draws():
+    """Seed 0 of another trace is another sample of conversations: it neither pairs with this trace's
+    seed 0 nor counts as the same seed twice."""
+    runs = [_run("dense", 0, 2.0), _run("w16", 0, 1.0), _run("w16", 0, 3.0, trace="x1.json.gz"),
+            _run("dense", 0, 6.0, trace="x1.json.gz")]
+    w16 = sr.summarize(runs, model="m", decays="d")[1]
+    assert w16["ttft_ratio_vs_dense_by_seed"] == {"t/0": pytest.approx(0.5), "x1/0": pytest.approx(0.5)}
+    assert w16["seeds"] == ["t/0", "x1/0"] and w16["traces"] == ["t.json.gz", "x1.json.gz"]
+    runs[3] = _run("dense", 0, 2.0)     # only this trace's Dense: x1's seed 0 has no pair
+    with pytest.raises(Exception, match="dense seed 0 is counted twice"):
+        sr.summarize(runs + [_run("dense", 0, 2.0)], model="m", decays="d")
+    assert sr.summarize(runs[:3], model="m", decays="d")[1]["ttft_ratio_vs_dense_spread"]["n"] == 1
 
 
 def test_a_ratio_from_one_seed_pair_shows_no_spread_and_its_pair_count():
@@ -452,7 +468,7 @@ def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
     assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in got) == [("dense", "arm", 2.0), ("w16", "arm", 1.0)]
     o = {x["arm"]: x for x in sr.summarize(got, model="m", decays="d")}
     assert o["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
-    assert o["w16"]["ttft_ratio_vs_dense_by_seed"] == {"0": pytest.approx(0.5)}
+    assert o["w16"]["ttft_ratio_vs_dense_by_seed"] == {"/0": pytest.approx(0.5)}     # the fixture names no trace
     assert o["dense"]["ttft_ratio_vs_dense_by_seed"] is None
 
 
@@ -516,15 +532,17 @@ def test_regime_map_pools_sessions_by_trace_seed_and_counts_a_reused_seed_once()
                 "pad_tokens": pad, "initial_prompt_mean": x, "ttft_ratio_vs_dense_by_seed": by_seed,
                 "ttft_ratio_vs_dense_spread": {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
                                                "n": len(vals)}}
-    s1 = [arm({"1": 0.6, "2": 0.8}, 10000.0), arm({"0": 1.1}, 4000.0, pad=0)]
-    s2 = [arm({"2": 0.6, "7": 0.5}, 10200.0), {"arm": "dense", "ttft_ratio_vs_dense_spread": None}]
+    s1 = [arm({"t/1": 0.6, "t/2": 0.8}, 10000.0), arm({"t/0": 1.1}, 4000.0, pad=0)]
+    s2 = [arm({"t/2": 0.6, "t/7": 0.5, "u/2": 0.9}, 10200.0), {"arm": "dense", "ttft_ratio_vs_dense_spread": None}]
     pts = sorted(pool_points([s1, s2]), key=lambda p: p["x"])
-    assert [(p["pad"], p["n"], p["seeds"], p["repeated"]) for p in pts] == [(0, 1, [0], []), (6000, 3, [1, 2, 7], [2])]
+    # t/2 ran in both sessions (one draw); u/2 is seed 2 of another trace (another draw)
+    assert [(p["pad"], p["n"], p["seeds"], p["repeated"]) for p in pts] == [
+        (0, 1, ["t/0"], []), (6000, 4, ["t/1", "t/2", "t/7", "u/2"], ["t/2"])]
     long = pts[1]
     assert long["x"] == pytest.approx(10100.0)
-    assert long["mean"] == pytest.approx((0.6 + 0.7 + 0.5) / 3)      # seed 2 is one draw: (0.8 + 0.6) / 2
-    assert (long["min"], long["max"]) == (pytest.approx(0.5), pytest.approx(0.7))
-    old = dict(arm({"3": 0.9}, 9000.0))
+    assert long["mean"] == pytest.approx((0.6 + 0.7 + 0.5 + 0.9) / 4)      # t/2: (0.8 + 0.6) / 2
+    assert (long["min"], long["max"]) == (pytest.approx(0.5), pytest.approx(0.9))
+    old = dict(arm({"t/3": 0.9}, 9000.0))
     del old["ttft_ratio_vs_dense_by_seed"]                        # written before per-seed ratios were kept
     assert [p["n"] for p in pool_points([[old]])] == [1]
 
