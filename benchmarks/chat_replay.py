@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
-from benchmarks.build_trace import load_trace
+from benchmarks.trace_file import load_trace
 from benchmarks.chat_trace import (REPLAYS, ChatTurns, chat_turns, context_pad, reusable_tokens,
                                    seed_conversations)
 from dasc_compile.errors import DascInputError

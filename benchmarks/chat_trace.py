@@ -21,8 +21,9 @@ The **replay** decides what turn ``k + 1`` carries of turn ``k``'s reply (:class
 * ``recorded-reply``: the recorded assistant text (the trace's reply segment), whatever the
   server generated. Only the previous *prompt*'s checkpoints can match then.
 
-The module imports only the standard library (plus the stdlib-only trace reader), so the client
-runs on the GPU machine isolated from its site packages.
+The module imports only the standard library (plus the stdlib-only trace reader,
+``benchmarks/trace_file.py``), so the client runs on the GPU machine isolated from its site
+packages.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from benchmarks.build_trace import TraceConversation
+from benchmarks.trace_file import TraceConversation
 from dasc_compile.errors import DascInputError
 
 REPLAYS = ("served-reply", "recorded-reply")

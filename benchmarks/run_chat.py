@@ -336,7 +336,7 @@ def main(argv=None) -> int:
                      help="the arms; each seed runs them in its row of a Williams design over this list "
                           "(default: every server up)")
     run.add_argument("--baseline", default="dense", help="the arm that opens and closes the call (drift)")
-    run.add_argument("--trace", type=Path, required=True, help="a chat trace (benchmarks/build_trace.py)")
+    run.add_argument("--trace", type=Path, required=True, help="a chat trace (benchmarks/trace_file.py)")
     run.add_argument("--seeds", type=int, nargs="+", required=True,
                      help="trace seeds: disjoint conversation samples of the trace (chat_trace.seed_conversations)")
     run.add_argument("--conversations-per-seed", type=int, default=24, help="conversations in one seed's sample")

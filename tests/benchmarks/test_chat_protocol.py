@@ -21,7 +21,7 @@ import pytest
 from benchmarks import chat_replay as cr
 from benchmarks import serving_report as sr
 from benchmarks import sglang_server as ss
-from benchmarks.build_trace import TraceConversation
+from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
 from benchmarks.run_chat import run_name, schedule
 from dasc_compile.errors import DascInputError

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import build_trace as bt
+from benchmarks.trace_file import load_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
 
@@ -43,7 +44,7 @@ def test_every_trace_has_a_row_and_only_those():
 @pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.json.gz")))
 def test_readme_row_is_the_trace(name):
     row = _rows()[name]
-    header, convs = bt.load_trace(TRACES / name)
+    header, convs = load_trace(TRACES / name)
     p, s = header["params"], header["stats"]
     start, n, requests, clip, initial, final, decode, prompt, reuse, size = row[1:]
     assert (start, int(n), int(requests), int(clip)) == (p["start"], len(convs), s["requests"],
@@ -63,7 +64,7 @@ def test_long_prompt_trace_is_built_as_the_readme_says():
     every turn-1 prompt is at least 4,096 tokens (the prompts of the 2026-12-01 run were 2.1k on
     average) and the rebuild command in the README names exactly these options."""
     name = "sharegpt_qwen_n256_d1024_min4k_s0.json.gz"
-    header, convs = bt.load_trace(TRACES / name)
+    header, convs = load_trace(TRACES / name)
     p = header["params"]
     assert (p["num_conversations"], p["max_decode_tokens"], p["start"], p["min_initial_tokens"],
             p["seed"], p["turns"]) == (256, 1024, "earliest", 4096, 0, 4)
@@ -80,8 +81,8 @@ def test_disjoint_long_prompt_trace_shares_no_conversation_with_the_first():
     the header names the excluded file by its current sha256, and the README's rebuild command
     says so."""
     first, second = "sharegpt_qwen_n256_d1024_min4k_s0.json.gz", "sharegpt_qwen_n256_d1024_min4k_x1.json.gz"
-    _, convs0 = bt.load_trace(TRACES / first)
-    header, convs1 = bt.load_trace(TRACES / second)
+    _, convs0 = load_trace(TRACES / first)
+    header, convs1 = load_trace(TRACES / second)
     ids0, ids1 = {c.source_id for c in convs0}, {c.source_id for c in convs1}
     assert len(ids0) == len(convs0) == 256 and len(ids1) == len(convs1) == 256
     assert not ids0 & ids1
@@ -128,8 +129,8 @@ def test_exclude_trace_skips_its_conversations_and_keeps_the_permutation(tmp_pat
     first, second = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
     assert bt.main(["--out", str(first), "--sharegpt", str(src)] + _ARGS) == 0
     assert bt.main(["--out", str(second), "--sharegpt", str(src), "--exclude-trace", str(first)] + _ARGS) == 0
-    head_a, a = bt.load_trace(first)
-    head_b, b = bt.load_trace(second)
+    head_a, a = load_trace(first)
+    head_b, b = load_trace(second)
     ids_a, ids_b = [c.source_id for c in a], [c.source_id for c in b]
     assert len(ids_b) == 4 and not set(ids_a) & set(ids_b)
     # same seed, same permutation: the second trace holds the next four that meet the rules
