@@ -264,15 +264,16 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
             mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: (r["trace"], r["seed"]))
             one_trace = len({r["trace"] for r in mine}) == 1
 
+            def ratios_by_seed(base: str, key: str) -> dict:
+                """{"<trace>/<seed>": this arm's ``key`` over ``base``'s in the same draw}; summaries keep the
+                mean-TTFT ones so that the regime map can pool sessions."""
+                return {r["draw"]: r[key] / by[(base, r["draw"])][key] for r in mine if (base, r["draw"]) in by}
+
             def ratios(base: str, key: str) -> list[float]:
-                return [r[key] / by[(base, r["draw"])][key] for r in mine if (base, r["draw"]) in by]
+                return list(ratios_by_seed(base, key).values())
 
             def by_seed(base: str) -> dict | None:
-                """{"<trace>/<seed>": mean-TTFT ratio to ``base``}: what lets the regime map pool sessions."""
-                if arm == base:
-                    return None
-                return {r["draw"]: r["mean_ttft_s"] / by[(base, r["draw"])]["mean_ttft_s"]
-                        for r in mine if (base, r["draw"]) in by}
+                return None if arm == base else ratios_by_seed(base, "mean_ttft_s")
 
             def s(key: str) -> dict:
                 return spread([r[key] for r in mine])
