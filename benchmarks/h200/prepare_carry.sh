@@ -30,7 +30,7 @@ for arg in "$@"; do
   esac
 done
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
-PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo "$ROOT/.venv/bin/python" || echo python3)}
 if [ "$CHECK" = 0 ]; then
   mkdir -p .dev/sglang .dev/dascwhl
   cp benchmarks/h200/sglang/run_sglang.sh benchmarks/h200/sglang/smoke_client.py \
@@ -39,11 +39,20 @@ if [ "$CHECK" = 0 ]; then
     echo "building .dev/sglang/site.tar.xz (downloads the wheels of benchmarks/h200/sglang/wheels.txt)"
     bash benchmarks/h200/sglang/build_site.sh .dev/sglang/site.tar.xz
   fi
-  tmpw=$(mktemp -d)
-  if ! "$PY" -m pip wheel -q --no-deps -w "$tmpw" .; then
-    rm -rf "$tmpw" build; echo "error: pip wheel of $ROOT failed (the wheel in .dev/dascwhl is unchanged)" >&2; exit 3
+  # The device wheel is built from a copy of the checkout without the bundled trained eval models
+  # (plans/reference/* over 1 MiB, e.g. the 6.3 MB kda-hybrid-3m): no device driver reads them, and
+  # they would travel twice (tree + wheel), over the 64 MiB a call may send.
+  tmpw=$(mktemp -d); src="$tmpw/src"; mkdir -p "$src"
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
+  for f in "$src"/plans/reference/*/*.safetensors; do
+    [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 1048576 ] || continue
+    echo "device wheel leaves out ${f#"$src"/} ($(stat -c %s "$f") bytes: an eval model no device driver reads)"
+    rm -rf "$(dirname "$f")"
+  done
+  if ! (cd "$src" && "$PY" -m pip wheel -q --no-deps -w "$tmpw" .); then
+    rm -rf "$tmpw"; echo "error: pip wheel of $ROOT failed (the wheel in .dev/dascwhl is unchanged)" >&2; exit 3
   fi
-  rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw" build
+  rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw"
   rm -rf .whl
   if [ "$PYD" = 1 ]; then
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
