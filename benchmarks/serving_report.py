@@ -26,6 +26,7 @@ Per run (``chat_replay`` records, successful requests):
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
     python -m benchmarks.serving_report map benchmarks/results/*/summary.json --out benchmarks/figures/regime-map.png
+    python -m benchmarks.serving_report pooled benchmarks/results/*/summary.json --pad 6000   # seeds pooled over sessions
     python -m benchmarks.serving_report rates WORK --rho 0.5 0.7 0.9      # protocol B's offered loads
 """
 
@@ -42,7 +43,8 @@ from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
-from benchmarks.serving_tables import markdown, read_json_file, regime_map
+from benchmarks.serving_pool import pooled_table
+from benchmarks.serving_tables import load_summaries, markdown, read_json_file, regime_map
 from dasc_compile.errors import DascInputError
 
 SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
@@ -375,10 +377,20 @@ def main(argv: Iterable[str] | None = None) -> int:
             regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
             return 0
+        if argv[:1] == ["pooled"]:
+            ap = argparse.ArgumentParser(prog="serving_report pooled",
+                                         description="per-seed TTFT ratios to Dense and INT8 pooled over sessions "
+                                                     "(a seed measured twice counts once)")
+            ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
+            ap.add_argument("--pad", type=int, default=None, help="keep one context pad (tokens), e.g. 6000")
+            a = ap.parse_args(argv[1:])
+            print(pooled_table(load_summaries(a.summaries), pad=a.pad))
+            return 0
         ap = argparse.ArgumentParser(
             description="summary.json and tables.md from benchmarks/run_chat.py work folders (issue 24 item 7)",
             epilog="Also: `serving_report rates WORK ...` (protocol B's offered rates from Dense's closed-loop "
-                   "saturation throughput) and `serving_report map SUMMARY.json ... --out PNG` (the regime map).")
+                   "saturation throughput), `serving_report map SUMMARY.json ... --out PNG` (the regime map) and "
+                   "`serving_report pooled SUMMARY.json ... [--pad N]` (per-seed ratios pooled over sessions).")
         ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
         ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
         ap.add_argument("--model", required=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks import ckpt_account
+from benchmarks.serving_pool import group_label, pool_seed_ratios
 from dasc_compile.errors import DascInputError
 
 __all__ = ["LEGEND", "markdown", "pool_points", "read_json_file", "regime_map"]
@@ -89,31 +90,36 @@ def pool_points(docs: Sequence[list]) -> list[dict]:
     Returns: dicts ``label``, ``pad``, ``x`` (mean initial prompt, tokens), ``mean``, ``min``, ``max``,
     ``n`` (distinct trace seeds), ``repeated`` (seeds measured more than once), ``seeds``.
     """
-    groups: dict = {}
     points = []
     for doc in docs:
         for o in doc:
             sp = o.get("ttft_ratio_vs_dense_spread")
-            if not sp or not sp.get("n"):
-                continue
-            lab = f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
-            per = o.get("ttft_ratio_vs_dense_by_seed")
-            if not per:
-                points.append({"label": lab, "pad": o.get("pad_tokens"), "x": o["initial_prompt_mean"],
+            if sp and sp.get("n") and not o.get("ttft_ratio_vs_dense_by_seed"):
+                points.append({"label": group_label(o), "pad": o.get("pad_tokens"), "x": o["initial_prompt_mean"],
                                "mean": sp["mean"], "min": sp["min"], "max": sp["max"], "n": sp["n"],
                                "repeated": [], "seeds": o.get("seeds")})
-                continue
-            g = groups.setdefault((lab, o.get("pad_tokens"), o.get("rate")), {"x": [], "seeds": {}})
-            g["x"].append(o["initial_prompt_mean"])
-            for seed, r in per.items():
-                g["seeds"].setdefault(seed, []).append(r)
-    for (lab, pad, _), g in groups.items():
+    for (lab, pad, _), g in pool_seed_ratios(docs, "ttft_ratio_vs_dense_by_seed").items():
         vals = [sum(v) / len(v) for _, v in sorted(g["seeds"].items())]
         points.append({"label": lab, "pad": pad, "x": sum(g["x"]) / len(g["x"]), "mean": sum(vals) / len(vals),
                        "min": min(vals), "max": max(vals), "n": len(vals),
                        "repeated": sorted(s for s, v in g["seeds"].items() if len(v) > 1),
                        "seeds": sorted(g["seeds"])})
     return points
+
+
+def load_summaries(paths: Sequence[Path]) -> list[list]:
+    """Read ``summary.json`` files of this module (each a list of arm objects).
+
+    Raises:
+        DascInputError: a file is missing, not JSON, or not a list of objects (the message names it).
+    """
+    docs = []
+    for p in paths:
+        doc = read_json_file(p, "serving_report summary.json")
+        if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
+            raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
+        docs.append(doc)
+    return docs
 
 
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
@@ -128,11 +134,7 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
     if not out.parent.is_dir():
         raise DascInputError(f"--out {out}: folder {out.parent} does not exist")
-    loaded = [(p, read_json_file(p, "serving_report summary.json")) for p in summaries]
-    for p, doc in loaded:
-        if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
-            raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
-    points = pool_points([doc for _, doc in loaded])
+    points = pool_points(load_summaries(summaries))
     if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
     fig, ax = plt.subplots(figsize=(8, 4.8))

@@ -1,0 +1,109 @@
+"""Per-seed TTFT ratios pooled over sessions (issue 24): the regime map's points and the pooled table.
+
+Each ``serving_report`` summary (a list of arm objects) keeps, per arm, the mean-TTFT ratio of every trace
+seed to Dense's run of the same seed (``ttft_ratio_vs_dense_by_seed``) and to INT8's
+(``ttft_ratio_vs_int8_by_seed``), keyed ``"<trace stem>/<seed>"``. A seed measured in two summaries (two
+sessions that reused it) is one draw: its ratios are averaged and it counts once.
+
+Used by ``python -m benchmarks.serving_report pooled SUMMARY.json ...`` (:func:`pooled_table`) and by the
+regime map (:func:`benchmarks.serving_tables.pool_points`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+BASELINES = {"dense": "ttft_ratio_vs_dense_by_seed", "int8": "ttft_ratio_vs_int8_by_seed"}
+
+
+def group_label(o: dict) -> str:
+    """``arm (protocol, replay[, rho R])``: the series an arm object belongs to."""
+    return f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
+
+
+def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
+    """Group the per-seed ratios ``key`` of every arm object in ``docs`` by (label, pad tokens, rate).
+
+    Returns ``{(label, pad, rate): {"x": [initial prompt means, tokens], "seeds": {seed: [ratio, ...]}}}``;
+    arm objects without ``key`` are left out.
+    """
+    groups: dict = {}
+    for doc in docs:
+        for o in doc:
+            per = o.get(key)
+            if not per:
+                continue
+            g = groups.setdefault((group_label(o), o.get("pad_tokens"), o.get("rate")), {"x": [], "seeds": {}})
+            g["x"].append(o["initial_prompt_mean"])
+            for seed, r in per.items():
+                g["seeds"].setdefault(seed, []).append(float(r))
+    return groups
+
+
+def t_quantile_975(df: int) -> float:
+    """Student's t quantile at 0.975 for ``df`` >= 1 degrees of freedom (two-sided 95 %), by bisection on
+    the CDF integrated with Simpson's rule (no SciPy needed; 1e-4 accurate: 12.706 at df 1, 2.571 at 5)."""
+    if df < 1:
+        raise ValueError(f"t quantile needs df >= 1, got {df}")
+    logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf_half(x: float) -> float:          # P(0 < T < x)
+        n = 2000
+        h = x / n
+        f = [math.exp(logc - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(n + 1)]
+        return h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if cdf_half(mid) < 0.475:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def summarise(vals: Sequence[float]) -> dict:
+    """Mean, SD (n - 1), n, min, max, the 95 % t interval of the mean (None below two values) and how many
+    values lie below 1."""
+    n = len(vals)
+    mean = sum(vals) / n
+    sd: Optional[float] = None
+    ci = None
+    if n > 1:
+        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+        h = t_quantile_975(n - 1) * sd / math.sqrt(n)
+        ci = (mean - h, mean + h)
+    return {"mean": mean, "sd": sd, "n": n, "min": min(vals), "max": max(vals), "ci95": ci,
+            "below_1": sum(1 for v in vals if v < 1)}
+
+
+def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:
+    """Markdown: per (arm, protocol, replay, rate, pad) the pooled per-seed ratio to Dense and to INT8
+    (mean (SD), n, 95 % interval, seeds below 1, seeds measured twice); ``pad`` keeps one context pad."""
+    rows: dict = {}
+    for base, key in BASELINES.items():
+        for (lab, p, rate), g in pool_seed_ratios(docs, key).items():
+            if pad is not None and p != pad:
+                continue
+            vals = [sum(v) / len(v) for _, v in sorted(g["seeds"].items())]
+            rows.setdefault((lab, p, rate), {})[base] = (summarise(vals),
+                                                         sorted(s for s, v in g["seeds"].items() if len(v) > 1))
+
+    def cell(entry) -> str:
+        if entry is None:
+            return "—"
+        s, rep = entry
+        txt = f"{s['mean']:.3f}"
+        if s["sd"] is not None:
+            txt += f" ({s['sd']:.3f}), n = {s['n']}, [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], below 1: {s['below_1']}"
+        else:
+            txt += ", n = 1"
+        return txt + (f"; {len(rep)} seed(s) measured twice" if rep else "")
+
+    lines = ["| arm (protocol, replay) | pad | TTFT / Dense: mean (SD), n, 95 % interval | TTFT / INT8: mean (SD), n, 95 % interval |",
+             "|---|---:|---|---|"]
+    for (lab, p, rate), r in sorted(rows.items(), key=lambda kv: (str(kv[0][1]), kv[0][0], str(kv[0][2]))):
+        lines.append(f"| {lab}{f' at rate {rate}' if rate else ''} | {p} | {cell(r.get('dense'))} | {cell(r.get('int8'))} |")
+    return "\n".join(lines)

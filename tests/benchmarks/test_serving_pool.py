@@ -1,0 +1,67 @@
+"""Pooling per-seed TTFT ratios over sessions (benchmarks/serving_pool.py), against hand-computed values."""
+
+import math
+
+import pytest
+
+from benchmarks import serving_report
+from benchmarks.serving_pool import pool_seed_ratios, pooled_table, summarise, t_quantile_975
+from benchmarks.serving_tables import pool_points
+
+
+@pytest.mark.parametrize("df, q", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (9, 2.2622), (30, 2.0423)])
+def test_t_quantile_matches_tables(df, q):
+    assert t_quantile_975(df) == pytest.approx(q, abs=2e-4)
+
+
+def test_t_quantile_refuses_zero_df():
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
+
+
+def _arm(arm, dense=None, int8=None, pad=6000):
+    return {"arm": arm, "protocol": "closed-loop-paper", "replay": "served-reply", "rho": None, "rate": None,
+            "pad_tokens": pad, "initial_prompt_mean": 10000.0, "seeds": [],
+            "ttft_ratio_vs_dense_by_seed": dense, "ttft_ratio_vs_int8_by_seed": int8,
+            "ttft_ratio_vs_dense_spread": {"n": len(dense or {}), "mean": 0, "min": 0, "max": 0} if dense else None}
+
+
+def test_a_seed_in_two_sessions_counts_once():
+    s1 = [_arm("w16", dense={"t/1": 0.60, "t/2": 0.64}, int8={"t/1": 0.90})]
+    s2 = [_arm("w16", dense={"t/2": 0.68, "u/1": 0.50}, int8={"t/2": 1.10})]
+    g = pool_seed_ratios([s1, s2], "ttft_ratio_vs_dense_by_seed")
+    (key, val), = g.items()
+    assert key == ("w16 (closed-loop-paper, served-reply)", 6000, None)
+    assert val["seeds"] == {"t/1": [0.60], "t/2": [0.64, 0.68], "u/1": [0.50]}
+    pt, = pool_points([s1, s2])
+    # seeds: t/1 0.60, t/2 mean(0.64, 0.68) = 0.66, u/1 0.50 -> mean 0.58666..., n 3 (not 4)
+    assert pt["n"] == 3 and pt["mean"] == pytest.approx((0.60 + 0.66 + 0.50) / 3)
+    assert pt["repeated"] == ["t/2"]
+
+
+def test_summarise_sd_interval_and_below_one():
+    s = summarise([0.9, 1.0, 1.1])
+    assert s["mean"] == pytest.approx(1.0) and s["sd"] == pytest.approx(0.1)
+    h = t_quantile_975(2) * 0.1 / math.sqrt(3)        # 4.3027 * 0.0577 = 0.2484
+    assert s["ci95"] == pytest.approx((1.0 - h, 1.0 + h), abs=1e-6)
+    assert s["below_1"] == 1 and s["n"] == 3
+    one = summarise([0.7])
+    assert one["sd"] is None and one["ci95"] is None
+
+
+def test_pooled_table_filters_pad_and_prints_both_baselines():
+    docs = [[_arm("w16", dense={"t/1": 0.6, "t/2": 0.7}, int8={"t/1": 0.9, "t/2": 1.0}),
+             _arm("w16", dense={"t/3": 0.9}, pad=0)]]
+    text = pooled_table(docs, pad=6000)
+    row = [ln for ln in text.splitlines() if ln.startswith("| w16")]
+    assert len(row) == 1                                # the pad-0 object is left out
+    assert "0.650 (0.071), n = 2" in row[0] and "0.950 (0.071), n = 2" in row[0]
+    assert "below 1: 2" in row[0] and "below 1: 1" in row[0]
+
+
+def test_pooled_subcommand_refuses_a_file_that_is_not_a_summary(tmp_path, capsys):
+    bad = tmp_path / "summary.json"
+    bad.write_text('{"not": "a list"}')
+    assert serving_report.main(["pooled", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err and err.startswith("error:")
