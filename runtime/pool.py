@@ -261,8 +261,9 @@ class DascCheckpointPool:
             hint = [True] * src.numel()
         n_c = sum(1 for h in hint if h)
         if _LOG_RESTORES:
-            logger.info("dasc: restoring %d compressed (dasc-nr) + %d dense checkpoint(s) into active slots "
-                        "(totals before: compressed %d, dense %d)", n_c, len(hint) - n_c,
+            # zero-filled under either policy: a dasc-wr plan refreshes the local units afterwards
+            logger.info("dasc: restoring %d compressed (local units zero-filled) + %d dense checkpoint(s) into "
+                        "active slots (totals before: compressed %d, dense %d)", n_c, len(hint) - n_c,
                         self.counters.loads_compressed, self.counters.loads_dense)
         if n_c == len(hint):
             self.load_compressed(active_mamba_pool, src, dst)

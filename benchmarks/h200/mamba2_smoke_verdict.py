@@ -33,7 +33,7 @@ CASES = (("dense", 31001), ("dasc_w16", 31002), ("dasc_w0", 31003), ("mismatch",
 REFUSAL_RE = re.compile(r"dasc: refusing to start: decay tensors of the served weights \(sha256 [0-9a-f]+\.\.\.\) "
                         r"differ from the ones the plan was compiled from")
 #: runtime/pool.py (DASC_LOG_RESTORES=1): one line per restored batch
-RESTORE_RE = re.compile(r"dasc: restoring (\d+) compressed \(dasc-nr\) \+ (\d+) dense checkpoint")
+RESTORE_RE = re.compile(r"dasc: restoring (\d+) compressed \((?:dasc-nr|local units zero-filled)\) \+ (\d+) dense checkpoint")
 #: runtime/wr_scratch.py ScratchBudget.status(), part of SGLang's batch log line
 REFRESH_RE = re.compile(r"dasc refreshed: (\d+) ")
 N_NEW = 16                       # max_new_tokens of runtime_smoke_client.py (ignore_eos)

@@ -5,7 +5,7 @@
 # .dev/sglang/qwen3next-tiny.config.json; seeded random weights, SYNTHETIC decay values, not trained):
 #   A. dense         : SGLang alone. The same 700-token prefix twice -> the 2nd request is a cache hit.
 #   B. dasc W_max=16 : --dasc-plan (4 of 8 heads kept per layer). The 2nd request is a hit restored
-#                      from the compressed pool (log: "dasc: restoring 1 compressed (dasc-nr)").
+#                      from the compressed pool (log: "dasc: restoring 1 compressed (local units zero-filled)"; "(dasc-nr)" before f01e297).
 #   C. dasc W_max=0  : a plan that keeps every head. The restore is exact, so every output equals A's.
 #   D. mismatch      : a plan compiled from other decay values -> the server refuses to start.
 # Weights are a real safetensors checkpoint (not --load-format dummy): SGLang's dummy loader gives

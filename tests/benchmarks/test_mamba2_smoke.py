@@ -172,7 +172,7 @@ def _case(out: Path, label: str, port: int, rc="0", cached=(0, 512, 512), output
     (out / f"server_{port}.log").write_text(log)
 
 
-_RESTORE = ("[2026-12-02] dasc: restoring 1 compressed (dasc-nr) + 0 dense checkpoint(s) into active slots "
+_RESTORE = ("[2026-12-02] dasc: restoring 1 compressed (local units zero-filled) + 0 dense checkpoint(s) into active slots "
             "(totals before: compressed 0, dense 0)\n")
 RUNS = ["dense", "dasc_w16", "dasc_w0", "mismatch"]
 
@@ -256,7 +256,7 @@ smoke_serve() {   # site_env.sh's, minus the client: answers as runtime_smoke_cl
   if [ $rc -ne 0 ]; then echo "$label: server did not start (rc $rc)"; return $rc; fi
   python3 -c 'import json, sys; json.dump({"rows": [{"req": f"r{i} x", "prompt_tokens": 700, "cached_tokens": c,
     "output_ids": [i] * 16} for i, c in ((1, 0), (2, 512), (3, 512))]}, open(sys.argv[1], "w"))' "$OUT/client_$label.json"
-  [ "$label" = dense ] || echo "dasc: restoring 1 compressed (dasc-nr) + 0 dense checkpoint(s)" >> "$OUT/server_$port.log"
+  [ "$label" = dense ] || echo "dasc: restoring 1 compressed (local units zero-filled) + 0 dense checkpoint(s)" >> "$OUT/server_$port.log"
   return 0
 }
 """
