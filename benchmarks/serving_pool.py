@@ -1,4 +1,5 @@
-"""Per-seed TTFT ratios pooled over sessions (issue 24): the regime map's points and the pooled table.
+"""Per-seed TTFT ratios pooled over sessions (issue 24): the regime map's points and the pooled table; the
+summary statistics every serving table uses (:func:`spread`, :func:`summarise`).
 
 Each ``serving_report`` summary (a list of arm objects) keeps, per arm, the mean-TTFT ratio of every trace
 seed to Dense's run of the same seed (``ttft_ratio_vs_dense_by_seed``) and to INT8's
@@ -12,6 +13,7 @@ regime map (:func:`benchmarks.serving_tables.pool_points`).
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Optional, Sequence
 
 BASELINES = {"dense": "ttft_ratio_vs_dense_by_seed", "int8": "ttft_ratio_vs_int8_by_seed"}
@@ -41,6 +43,27 @@ def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
     return groups
 
 
+def pctl(xs: Sequence[float], q: float) -> float:
+    """q-th percentile, linear interpolation between order statistics; NaN for no values."""
+    v = sorted(x for x in xs if not math.isnan(x))
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def spread(xs: Sequence[float]) -> dict:
+    """mean, SD (n - 1; None for one value: one sample has no spread to report), min, max, P95 and n of
+    the finite values."""
+    v = [x for x in xs if x is not None and not math.isnan(x)]
+    if not v:
+        return {"mean": None, "sd": None, "min": None, "max": None, "p95": None, "n": 0}
+    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else None,
+            "min": min(v), "max": max(v), "p95": pctl(v, 95), "n": len(v)}
+
+
 def t_quantile_975(df: int) -> float:
     """Student's t quantile at 0.975 for ``df`` >= 1 degrees of freedom (two-sided 95 %), by bisection on
     the CDF integrated with Simpson's rule (no SciPy needed; 1e-4 accurate: 12.706 at df 1, 2.571 at 5)."""
@@ -65,18 +88,15 @@ def t_quantile_975(df: int) -> float:
 
 
 def summarise(vals: Sequence[float]) -> dict:
-    """Mean, SD (n - 1), n, min, max, the 95 % t interval of the mean (None below two values) and how many
-    values lie below 1."""
-    n = len(vals)
-    mean = sum(vals) / n
-    sd: Optional[float] = None
-    ci = None
-    if n > 1:
-        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
-        h = t_quantile_975(n - 1) * sd / math.sqrt(n)
-        ci = (mean - h, mean + h)
-    return {"mean": mean, "sd": sd, "n": n, "min": min(vals), "max": max(vals), "ci95": ci,
-            "below_1": sum(1 for v in vals if v < 1)}
+    """:func:`spread` plus the 95 % t interval of the mean (``ci95``, None below two values) and how many
+    values lie below 1 (``below_1``)."""
+    s = spread(vals)
+    s["ci95"] = None
+    if s["sd"] is not None:
+        h = t_quantile_975(s["n"] - 1) * s["sd"] / math.sqrt(s["n"])
+        s["ci95"] = (s["mean"] - h, s["mean"] + h)
+    s["below_1"] = sum(1 for v in vals if v < 1)
+    return s
 
 
 def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:

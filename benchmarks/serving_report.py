@@ -43,7 +43,7 @@ from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
-from benchmarks.serving_pool import pooled_table
+from benchmarks.serving_pool import pctl, pooled_table, spread
 from benchmarks.serving_tables import load_summaries, markdown, read_json_file, regime_map
 from dasc_compile.errors import DascInputError
 
@@ -52,27 +52,6 @@ SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_cli
                 "hit_rate", "capacity", "capacity_under_load",
                 "protocol", "rho", "seed_kind", "clients", "max_running", "reply_clip", "inflight_mean", "stable",
                 "replay", "reuse_bound", "ttft_hit_s", "ttft_miss_s", "prefill_tokens_saved")
-
-
-def pctl(xs: Sequence[float], q: float) -> float:
-    """q-th percentile, linear interpolation between order statistics; NaN for no values."""
-    v = sorted(x for x in xs if not math.isnan(x))
-    if not v:
-        return math.nan
-    pos = (len(v) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def spread(xs: Sequence[float]) -> dict:
-    """mean, SD (n - 1; None for one value: one sample has no spread to report), min, max, P95 and n of
-    the finite values."""
-    v = [x for x in xs if x is not None and not math.isnan(x)]
-    if not v:
-        return {"mean": None, "sd": None, "min": None, "max": None, "p95": None, "n": 0}
-    return {"mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else None,
-            "min": min(v), "max": max(v), "p95": pctl(v, 95), "n": len(v)}
 
 
 def _mean(xs: Sequence[float]) -> float:
