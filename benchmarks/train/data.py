@@ -14,6 +14,11 @@ the whole sequence:
   <key> is <value>." (the question format of ``dasc eval``'s built-in retrieval prompts);
 - ``kv``: a list of "<key>: <value>" lines, then "Lookup <key>: <value>" lines for some of them.
 
+Each row carries its kind (:data:`KINDS`, an index into it): ``text`` (no answers), ``needle`` (a needle row
+holding one needle), ``multikey`` (a needle row holding 2-4 needles with distinct keys, 1 or 2 of them asked)
+or ``kv``, the three recall kinds being those of ``dasc eval``'s built-in retrieval (niah_single,
+niah_multikey, kv_pairs). Drawn with the row, never read back from its tokens.
+
 Keys combine words of :data:`ADJECTIVES` and :data:`ANIMALS` but never equal one of ``dasc eval``'s
 twelve built-in keys (``dasc_compile.eval.retrieval._KEYS``, listed in :data:`EVAL_KEYS`), so
 evaluation keys are unseen pairs. Values are 4-digit numbers (as evaluated) or 5-6 digits. Every
@@ -46,6 +51,9 @@ FILLER = (
     "Lamps were lit in the square as the evening came.", "The teacher wrote the date on the board each morning.",
     "Snow covered the roofs and the streets were quiet.", "A train passed through the valley twice a day.",
 )
+KINDS = ("text", "needle", "multikey", "kv")     # row kind ids: the index in this tuple
+RECALL_KINDS = KINDS[1:]
+TEXT, NEEDLE, MULTIKEY, KV = range(len(KINDS))
 TEMPLATES = (  # (needle, question, answer lead); the first is dasc eval's wording
     (" The special magic number for {k} is {v}.",
      "\nQuestion: What is the special magic number for {k}?\nAnswer: The special magic number for {k} is", " {v}"),
@@ -91,21 +99,23 @@ class Batches:
         i = int(torch.randint(0, self.stream.numel() - n, (1,), generator=gen))
         return self.stream[i:i + n].tolist()
 
-    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Batch of ``step``: (token ids ``[B, T + 1]`` int64, answer mask ``[B, T + 1]`` bool marking the
-        tokens of recall answers; rows without a True are text rows)."""
+        tokens of recall answers, row kinds ``[B]`` int64 indexing :data:`KINDS`; text rows have no True)."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        rows, masks = [], []
+        rows, masks, kinds = [], [], []
         for _ in range(self.batch):
             mask = torch.zeros(self.seq + 1, dtype=torch.bool)
             if float(torch.rand((), generator=gen)) < self.recall_frac:
-                ids, answers = self._recall(gen)
+                ids, answers, kind = self._recall(gen)
                 mask[answers] = True
                 rows.append(ids)
             else:
                 rows.append(self._window(gen, self.seq + 1))
+                kind = TEXT
             masks.append(mask)
-        return torch.tensor(rows, dtype=torch.int64), torch.stack(masks)
+            kinds.append(kind)
+        return torch.tensor(rows, dtype=torch.int64), torch.stack(masks), torch.tensor(kinds, dtype=torch.int64)
 
     def _value(self, gen: torch.Generator) -> str:
         digits = 4 if float(torch.rand((), generator=gen)) < 0.7 else int(torch.randint(5, 7, (1,), generator=gen))
@@ -114,13 +124,14 @@ class Batches:
     def _keys(self, gen: torch.Generator, n: int) -> list[str]:
         return [self.keys[int(i)] for i in torch.randperm(len(self.keys), generator=gen)[:n]]
 
-    def _recall(self, gen: torch.Generator) -> tuple[list[int], list[int]]:
+    def _recall(self, gen: torch.Generator) -> tuple[list[int], list[int], int]:
+        """(token ids, answer positions, kind id) of one recall row of ``seq + 1`` tokens."""
         n = self.seq + 1
         if float(torch.rand((), generator=gen)) < 0.75:
             return self._needles(gen, n)
         return self._kv(gen, n)
 
-    def _needles(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int]]:
+    def _needles(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int]:
         n_needles = int(torch.randint(1, 5, (1,), generator=gen))
         needle_t, question_t, answer_t = TEMPLATES[int(torch.randint(0, len(TEMPLATES), (1,), generator=gen))]
         keys = self._keys(gen, n_needles)
@@ -153,9 +164,9 @@ class Batches:
             hay[pos:pos] = needle
         out = hay + tail
         assert len(out) == n
-        return out, [len(hay) + p for p in answers]
+        return out, [len(hay) + p for p in answers], NEEDLE if len(needles) == 1 else MULTIKEY
 
-    def _kv(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int]]:
+    def _kv(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int]:
         lines: list[list[int]] = []
         pairs: list[tuple[str, str]] = []
         head = self._enc("Key-value records:\n")
@@ -182,4 +193,4 @@ class Batches:
             answers += range(len(out), len(out) + len(ans))
             out += ans
         pad = self._window(gen, n - len(out))      # fill the rest with text, before the records
-        return pad + out, [len(pad) + p for p in answers]
+        return pad + out, [len(pad) + p for p in answers], KV

@@ -16,7 +16,9 @@ sets vs init, benchmarks/train/decays.py) and, with ``--pack-to``, the packed pa
 (benchmarks/train/pack.py).
 
 Every logged interval prints one JSON line: loss (text rows and recall rows), teacher-forced accuracy
-on recall answers, tokens/s, learning rate, gradient norm, mean |change| of A_log and dt_bias.
+on recall answers (``recall_acc`` over all, ``recall_acc_<kind>`` per synthetic row kind, the answer tokens
+of each in ``recall_tokens``: benchmarks/train/scoring.py), tokens/s, learning rate, gradient norm, mean
+|change| of A_log and dt_bias.
 Precision: fp32 master weights, bf16 autocast on CUDA; the recurrences run in fp32.
 
 Kernels (``kernels_in_use``, recorded per session): GDN transformers' PyTorch fallbacks, KDA
@@ -45,7 +47,8 @@ import torch
 
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
-from benchmarks.train.data import Batches, read_shard
+from benchmarks.train import scoring
+from benchmarks.train.data import KINDS, Batches, read_shard
 from benchmarks.train.models import (DECAY_INITS, DEFAULT_DECAY_INIT, FAMILIES, SIZES, build_model, checkpoint_decays,
                                      decays, load_model, n_params, save_checkpoint)
 from benchmarks.train.tokenizer import EOS, load_tokenizer
@@ -246,7 +249,7 @@ def main(argv=None) -> dict:
     log({"event": "start", "family": a.family, **{k: v for k, v in session.items() if k != "shards"},
          "shards": [s["file"] for s in shards], "total_steps": total, "tokens_per_step": tps}, logf)
     step0, t_loop, step_s = state["step"], time.time(), None
-    acc = {"loss_text": [], "loss_recall": [], "hit": 0, "n_ans": 0, "t": time.time(), "steps": 0, "gn": 0.0}
+    acc = _fresh_interval()
     while True:
         if a.max_steps and state["step"] - step0 >= a.max_steps:
             break
@@ -255,11 +258,11 @@ def main(argv=None) -> dict:
         t_step = time.time()
         lr = O.lr_at(state["step"], a.lr, a.warmup, total, a.cooldown, 0.1)
         O.set_lr(opt, lr)
-        xb, mask = batches.get(state["step"])
+        xb, mask, kind = batches.get(state["step"])
         while True:
             try:
                 opt.zero_grad(set_to_none=True)
-                stats = _forward_backward(model, xb, mask, micro, dev, cuda)
+                stats = scoring.forward_backward(model, xb, mask, kind, micro, dev, cuda)
                 break
             except torch.OutOfMemoryError:
                 if micro == 1:
@@ -274,8 +277,8 @@ def main(argv=None) -> dict:
         state["tokens"] += tps
         acc["loss_text"] += stats["text"]
         acc["loss_recall"] += stats["recall"]
-        acc["hit"] += stats["hit"]
-        acc["n_ans"] += stats["n_ans"]
+        acc["hit"] = [a + b for a, b in zip(acc["hit"], stats["hit"])]
+        acc["n_ans"] = [a + b for a, b in zip(acc["n_ans"], stats["n_ans"])]
         acc["steps"] += 1
         acc["gn"] += gn
         if cuda and state["step"] - step0 <= 3:
@@ -289,13 +292,13 @@ def main(argv=None) -> dict:
             mv = decay_report.movement(init_live, decays(model))
             log({"step": state["step"], "tokens": state["tokens"], "lr": lr,
                  "loss_text": _mean(acc["loss_text"]), "loss_recall": _mean(acc["loss_recall"]),
-                 "recall_acc": acc["hit"] / acc["n_ans"] if acc["n_ans"] else None,
+                 **scoring.interval_fields(acc["hit"], acc["n_ans"]),
                  "grad_norm": acc["gn"] / acc["steps"], "tok_s": acc["steps"] * tps / el,
                  "dA_log": mv.get("A_log", {}).get("mean_abs_change"),
                  "ddt_bias": mv.get("dt_bias", {}).get("mean_abs_change"), "micro_batch": micro,
                  "elapsed_s": round(time.time() - T0, 1),
                  "gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1) if cuda else None}, logf)
-            acc = {"loss_text": [], "loss_recall": [], "hit": 0, "n_ans": 0, "t": time.time(), "steps": 0, "gn": 0.0}
+            acc = _fresh_interval()
     wall = time.time() - t_loop
     steps = state["step"] - step0
     session.update({"end_step": state["step"], "steps": steps, "tokens": steps * tps, "loop_s": round(wall, 1),
@@ -310,32 +313,14 @@ def _stopped_by(a, steps: int) -> str:
     return "max_steps" if a.max_steps and steps >= a.max_steps else "deadline"
 
 
+def _fresh_interval() -> dict:
+    """Accumulators of one logged interval; ``hit`` / ``n_ans``: answer hits / tokens per kind id (KINDS)."""
+    return {"loss_text": [], "loss_recall": [], "hit": [0] * len(KINDS), "n_ans": [0] * len(KINDS), "t": time.time(),
+            "steps": 0, "gn": 0.0}
+
+
 def _mean(xs):
     return float(np.mean(xs)) if xs else None
-
-
-def _forward_backward(model, xb, mask, micro: int, dev, cuda: bool) -> dict:
-    """Loss ``mean over all target tokens`` backpropagated in micro-batches; per-row losses and answer hits."""
-    B = xb.shape[0]
-    out = {"text": [], "recall": [], "hit": 0, "n_ans": 0}
-    for i in range(0, B, micro):
-        x = xb[i:i + micro].to(dev, non_blocking=True)
-        m = mask[i:i + micro, 1:].to(dev)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cuda):
-            logits = model(input_ids=x[:, :-1], use_cache=False).logits
-        tgt = x[:, 1:]
-        ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
-        ce = ce.view(tgt.shape)
-        (ce.mean() * (x.shape[0] / B)).backward()
-        with torch.no_grad():
-            row = ce.mean(dim=1).tolist()
-            is_recall = m.any(dim=1).tolist()
-            for r, rec in zip(row, is_recall):
-                out["recall" if rec else "text"].append(r)
-            if m.any():
-                out["hit"] += int((logits.argmax(-1) == tgt)[m].sum())
-                out["n_ans"] += int(m.sum())
-    return out
 
 
 def finish(a, model, opt, state, session, init, tok, logf) -> dict:

@@ -117,15 +117,43 @@ def test_batches_are_a_function_of_the_step_and_mark_the_answers(data_dir):
 
     stream, _ = load_stream(data_dir)
     b = Batches(stream, tok, seq=192, batch=8, seed=3, recall_frac=1.0)
-    x1, m1 = b.get(5)
-    x2, m2 = b.get(5)
-    assert torch.equal(x1, x2) and torch.equal(m1, m2) and x1.shape == (8, 193)
+    x1, m1, k1 = b.get(5)
+    x2, m2, k2 = b.get(5)
+    assert torch.equal(x1, x2) and torch.equal(m1, m2) and torch.equal(k1, k2) and x1.shape == (8, 193)
+    assert k1.shape == (8,) and k1.dtype == torch.int64
     assert not torch.equal(b.get(6)[0], x1)
     for row, mask in zip(x1, m1):
         answer = tok.decode(row[mask].tolist())
         assert mask.any() and answer.replace(" ", "").isdigit(), answer
         text = tok.decode(row.tolist())
         assert all(k not in text for k in ("amber-falcon", "slate-raven", "umber-wolf"))
+
+
+def test_each_row_carries_the_kind_it_was_drawn_as(data_dir):
+    """The kind ids Batches.get gives (recall accuracy is reported per kind) match each row's text: kv rows
+    look keys up, needle rows hold one key, multikey rows 2-4; text rows (and only they) have no answers."""
+    import re
+
+    from benchmarks.train.data import KINDS, KV, MULTIKEY, NEEDLE, TEXT
+    from benchmarks.train.train import load_stream
+
+    tok = load_tokenizer(data_dir / "tokenizer")
+    stream, _ = load_stream(data_dir)
+    b = Batches(stream, tok, seq=192, batch=8, seed=3, recall_frac=0.7)
+    seen = [0] * len(KINDS)
+    for step in range(6):
+        x, m, kind = b.get(step)
+        assert torch.equal(kind == TEXT, ~m.any(dim=1))
+        for row, k in zip(x, kind.tolist()):
+            seen[k] += 1
+            text = tok.decode(row.tolist())
+            keys = set(re.findall(r"[a-z]+-[a-z]+", text)) & set(b.keys)
+            if k == KV:
+                assert "Lookup " in text and "Question:" not in text, text
+            elif k in (NEEDLE, MULTIKEY):
+                assert "Lookup " not in text and "Question:" in text, text
+                assert (len(keys) == 1) == (k == NEEDLE) and 1 <= len(keys) <= 4, (k, keys)
+    assert all(n > 0 for n in seen), seen         # every kind drawn: the checks above ran on each
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -142,6 +170,17 @@ def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
                                rtol=1e-5)
     state = json.loads((tmp_path / "second" / family / "train_state" / "state.json").read_text())
     assert state["step"] == 4 and [s["start_step"] for s in state["sessions"]] == [0, 2]
+    scored = 0
+    for line in (tmp_path / "second" / family / "train_state" / "log.jsonl").read_text().splitlines():
+        r = json.loads(line)          # every interval: recall per kind, whose token-weighted mean is recall_acc
+        if "loss_text" in r:
+            n = r["recall_tokens"]
+            assert set(n) == {"needle", "multikey", "kv"}
+            assert all((r[f"recall_acc_{k}"] is None) == (n[k] == 0) for k in n)
+            hits = sum(r[f"recall_acc_{k}"] * n[k] for k in n if n[k])
+            assert r["recall_acc"] == (pytest.approx(hits / sum(n.values())) if sum(n.values()) else None)
+            scored += sum(n.values()) > 0
+    assert scored > 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,0 +1,160 @@
+"""One training step's forward/backward and what it measures: per-row losses, recall accuracy overall and per
+synthetic row kind; and a reader of training histories.
+
+:func:`forward_backward` (called by benchmarks/train/train.py) scores the teacher-forced greedy predictions
+of the training forward pass itself (no extra pass) on the answer tokens of the recall rows
+(benchmarks/train/data.py), tallied by the kind id each row carries from the generator. One overall figure
+hid what the kinds do separately: key-value rows carry most answer tokens (a row asks as many lookups as
+fit), so ``recall_acc`` was mostly kv. Each logged interval therefore also reports, per recall kind of
+:data:`benchmarks.train.data.RECALL_KINDS`:
+
+- ``recall_acc_<kind>``: hits / answer tokens of that kind's rows (None when the interval had none);
+- ``recall_tokens``: ``{kind: answer tokens scored}``, the weights of the overall figure.
+
+``recall_acc`` stays (hits / answer tokens over all kinds), so histories written before the split compare.
+:func:`recall_by_kind` reads a record of either age; the command line prints the figures of history files:
+
+    python -m benchmarks.train.scoring FILE ...   # log.jsonl, log-<family>.jsonl, run.log, summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from benchmarks.train.data import KINDS, RECALL_KINDS
+
+
+def answer_tally(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, kind: torch.Tensor,
+                 n_kinds: int = len(KINDS)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hits and answer tokens per row kind.
+
+    Args:
+        pred: predicted token ids ``[b, T]`` (int64; argmax of the logits).
+        tgt: target token ids ``[b, T]`` (int64).
+        mask: ``[b, T]`` bool, True on the answer tokens scored (aligned with ``tgt``).
+        kind: ``[b]`` int64, each row's kind id (index into :data:`KINDS`), on ``pred``'s device.
+        n_kinds: number of kind ids.
+
+    Returns:
+        (hits ``[n_kinds]`` int64, answer tokens ``[n_kinds]`` int64), on ``pred``'s device.
+    """
+    hit = ((pred == tgt) & mask).sum(dim=1)
+    n = mask.sum(dim=1)
+    hits = torch.zeros(n_kinds, dtype=torch.int64, device=pred.device).index_add_(0, kind, hit)
+    answers = torch.zeros(n_kinds, dtype=torch.int64, device=pred.device).index_add_(0, kind, n)
+    return hits, answers
+
+
+def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict:
+    """Loss ``mean over all target tokens`` backpropagated in micro-batches; per-row losses and answer hits.
+
+    ``xb`` ``[B, T + 1]`` int64 token ids, ``mask`` ``[B, T + 1]`` bool answer tokens, ``kind`` ``[B]`` int64 row
+    kinds (data.KINDS), as ``Batches.get`` gives them. Returns ``text`` / ``recall``: per-row mean losses (floats)
+    of text / recall rows; ``hit`` / ``n_ans``: teacher-forced greedy hits / answer tokens per kind id (lists of
+    ``len(KINDS)`` ints), read from the training forward pass itself."""
+    B = xb.shape[0]
+    hits = torch.zeros(len(KINDS), dtype=torch.int64, device=dev)
+    n_ans = torch.zeros(len(KINDS), dtype=torch.int64, device=dev)
+    out = {"text": [], "recall": []}
+    for i in range(0, B, micro):
+        x = xb[i:i + micro].to(dev, non_blocking=True)
+        m = mask[i:i + micro, 1:].to(dev)
+        k = kind[i:i + micro].to(dev)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(input_ids=x[:, :-1], use_cache=False).logits
+        tgt = x[:, 1:]
+        ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
+        ce = ce.view(tgt.shape)
+        (ce.mean() * (x.shape[0] / B)).backward()
+        with torch.no_grad():
+            row = ce.mean(dim=1).tolist()
+            is_recall = m.any(dim=1).tolist()
+            for r, rec in zip(row, is_recall):
+                out["recall" if rec else "text"].append(r)
+            if m.any():                  # text-only micro-batches: no argmax
+                h, n = answer_tally(logits.argmax(-1), tgt, m, k, len(KINDS))
+                hits += h
+                n_ans += n
+    out["hit"], out["n_ans"] = hits.tolist(), n_ans.tolist()
+    return out
+
+
+def interval_fields(hits: list[int], answers: list[int]) -> dict:
+    """The recall fields of one logged interval, from counts per kind id (lists of ``len(KINDS)`` ints)."""
+    total_h, total_n = sum(hits), sum(answers)
+    out: dict = {"recall_acc": total_h / total_n if total_n else None}
+    for kind in RECALL_KINDS:
+        i = KINDS.index(kind)
+        out[f"recall_acc_{kind}"] = hits[i] / answers[i] if answers[i] else None
+    out["recall_tokens"] = {kind: int(answers[KINDS.index(kind)]) for kind in RECALL_KINDS}
+    return out
+
+
+def recall_by_kind(rec: dict) -> dict:
+    """``{"all": recall_acc, <kind>: recall_acc_<kind>, ...}`` of one logged record; a record written
+    before the split (only ``recall_acc``) gives None for every kind."""
+    return {"all": rec.get("recall_acc")} | {kind: rec.get(f"recall_acc_{kind}") for kind in RECALL_KINDS}
+
+
+def read_history(path: Path) -> list[dict]:
+    """Logged intervals of a history file: ``[{"family", "step", "all", <kind>...}]``.
+
+    Reads a trainer log (``log.jsonl`` / ``log-<family>.jsonl``: one JSON record a line), a device call's
+    ``run.log`` (lines tagged ``[<family>] {...}``) or its ``summary.json`` (each family's ``last_interval``).
+    """
+    path = Path(path)
+    text = path.read_text(errors="replace")
+    rows: list[dict] = []
+    if path.suffix == ".json":
+        for fam, recs in json.loads(text).items():
+            rec = recs.get("last_interval") if isinstance(recs, dict) else None
+            if rec is not None:
+                rows.append({"family": fam, "step": rec.get("step")} | recall_by_kind(rec))
+        return rows
+    family = path.stem[4:] if path.stem.startswith("log-") else None
+    for line in text.splitlines():
+        fam, body = family, line
+        if line.startswith("[") and "] {" in line:
+            tag, _, body = line.partition("] ")
+            fam = tag[1:]
+        if not body.startswith("{"):
+            continue
+        try:
+            rec = json.loads(body)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("event") == "start" and fam is None:       # untagged log.jsonl: the session's start names it
+            family = rec.get("family")
+        elif "step" in rec and "recall_acc" in rec:
+            rows.append({"family": fam, "step": rec["step"]} | recall_by_kind(rec))
+    return rows
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Training recall accuracy per row kind, from history files.")
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--last", action="store_true", help="only each family's last interval per file")
+    a = ap.parse_args(argv)
+    cols = ["all", *RECALL_KINDS]
+    print("file\tfamily\tstep\t" + "\t".join(cols))
+    for f in a.files:
+        rows = read_history(f)
+        if a.last:
+            rows = list({r["family"]: r for r in rows}.values())
+        for r in rows:
+            print(f"{f}\t{r['family']}\t{r['step']}\t" + "\t".join(_fmt(r[c]) for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

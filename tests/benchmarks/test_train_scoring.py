@@ -1,0 +1,121 @@
+"""Training-time recall accuracy per synthetic row kind (benchmarks/train/scoring.py): hand-built batches with
+known kinds and known predictions, counted by hand; the log fields; old and new history files read alike."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.train.data import KINDS, KV, MULTIKEY, NEEDLE, TEXT
+from benchmarks.train.scoring import answer_tally, forward_backward, interval_fields, read_history, recall_by_kind
+
+V = 10          # vocabulary of the fake model
+
+
+class _NextPlusOne(torch.nn.Module):
+    """Predicts token (x + 1) mod V after token x, whatever the context: logits ``[b, T, V]`` float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(V))     # something for backward() to reach
+
+    def forward(self, input_ids, use_cache=False):
+        logits = 5.0 * torch.nn.functional.one_hot((input_ids + 1) % V, V).float() + self.bias
+        return type("Out", (), {"logits": logits})()
+
+
+def _row(hits: str) -> list[int]:
+    """Token ids ``[len(hits) + 1]`` whose target t is predicted right iff hits[t] == "1": the next token is
+    x + 1 (a hit) or x + 3 (a miss), mod V."""
+    ids = [0]
+    for h in hits:
+        ids.append((ids[-1] + (1 if h == "1" else 3)) % V)
+    return ids
+
+
+# (kind, hit pattern over the 6 targets, answer targets): the hits on the answer targets, counted by hand
+ROWS = [
+    (NEEDLE, "110100", (2, 3)),          # targets 2, 3 -> 0, 1: needle 1 / 2
+    (KV, "101011", (1, 2, 3, 4)),        # 0, 1, 0, 1: kv 2 / 4
+    (MULTIKEY, "011000", (1, 2)),        # 1, 1: multikey 2 / 2
+    (TEXT, "111111", ()),                # no answers: counts nowhere
+    (KV, "000001", (3, 4, 5)),           # 0, 0, 1: kv 1 / 3 more (3 / 7 in all)
+]
+
+
+def _batch():
+    """(ids ``[5, 7]`` int64, mask ``[5, 7]`` bool on the answer tokens, kinds ``[5]`` int64) as Batches.get."""
+    xb = torch.tensor([_row(h) for _, h, _ in ROWS], dtype=torch.int64)
+    mask = torch.zeros_like(xb, dtype=torch.bool)
+    for r, (_, _, answers) in enumerate(ROWS):
+        for t in answers:
+            mask[r, t + 1] = True        # target t is token t + 1 of the row
+    return xb, mask, torch.tensor([k for k, _, _ in ROWS], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("micro", [1, 2, 5])
+def test_forward_backward_counts_hits_per_row_kind(micro):
+    """Micro-batches of 2 split the two kv rows and put the multikey row beside the text row: a kind read
+    from the wrong slice, or one shared kind per micro-batch, changes the counts."""
+    xb, mask, kind = _batch()
+    model = _NextPlusOne()
+    out = forward_backward(model, xb, mask, kind, micro, torch.device("cpu"), cuda=False)
+    want_hits, want_n = [0] * len(KINDS), [0] * len(KINDS)
+    want_hits[NEEDLE], want_n[NEEDLE] = 1, 2
+    want_hits[MULTIKEY], want_n[MULTIKEY] = 2, 2
+    want_hits[KV], want_n[KV] = 3, 7
+    assert out["hit"] == want_hits and out["n_ans"] == want_n
+    assert len(out["recall"]) == 4 and len(out["text"]) == 1
+    assert model.bias.grad is not None
+    f = interval_fields(out["hit"], out["n_ans"])
+    assert f["recall_acc"] == pytest.approx(6 / 11)
+    assert f["recall_acc_needle"] == pytest.approx(0.5)
+    assert f["recall_acc_multikey"] == pytest.approx(1.0)
+    assert f["recall_acc_kv"] == pytest.approx(3 / 7)
+    assert f["recall_tokens"] == {"needle": 2, "multikey": 2, "kv": 7}
+
+
+def test_answer_tally_follows_the_kind_ids_not_the_row_order():
+    pred = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    tgt = torch.tensor([[1, 2, 0], [1, 0, 0], [0, 0, 0]])
+    mask = torch.tensor([[True, True, True], [True, True, False], [False, True, True]])
+    hits, n = answer_tally(pred, tgt, mask, torch.tensor([KV, NEEDLE, KV]))
+    assert hits.tolist() == [0, 1, 0, 2] and n.tolist() == [0, 2, 0, 5]      # kv: 2 of 3, then 0 of 2
+    hits, n = answer_tally(pred, tgt, mask, torch.tensor([NEEDLE, KV, MULTIKEY]))
+    assert hits.tolist() == [0, 2, 0, 1] and n.tolist() == [0, 3, 2, 2]
+
+
+def test_interval_without_a_kind_reports_none_for_it():
+    f = interval_fields([0, 3, 0, 0], [0, 4, 0, 0])
+    assert f["recall_acc"] == 0.75 and f["recall_acc_needle"] == 0.75
+    assert f["recall_acc_multikey"] is None and f["recall_acc_kv"] is None
+    none = interval_fields([0] * len(KINDS), [0] * len(KINDS))
+    assert none["recall_acc"] is None and none["recall_tokens"] == {"needle": 0, "multikey": 0, "kv": 0}
+
+
+OLD = {"step": 25, "loss_text": 3.1, "loss_recall": 2.0, "recall_acc": 0.25}
+NEW = {"step": 50, "loss_text": 3.0, "loss_recall": 1.9, "recall_acc": 0.3, "recall_acc_needle": 1.0,
+       "recall_acc_multikey": 0.9, "recall_acc_kv": 0.05, "recall_tokens": {"needle": 10, "multikey": 20, "kv": 200}}
+
+
+def test_history_readers_take_old_and_new_records(tmp_path):
+    assert recall_by_kind(OLD) == {"all": 0.25, "needle": None, "multikey": None, "kv": None}
+    assert recall_by_kind(NEW) == {"all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05}
+    log = tmp_path / "log.jsonl"                  # train_state/log.jsonl: an old session, then a new one
+    log.write_text("\n".join(json.dumps(r) for r in ({"event": "start", "family": "gdn"}, OLD,
+                                                     {"event": "start", "family": "gdn"}, NEW,
+                                                     {"event": "saved", "step": 51})) + "\n")
+    assert read_history(log) == [{"family": "gdn", "step": 25, "all": 0.25, "needle": None, "multikey": None,
+                                  "kv": None},
+                                 {"family": "gdn", "step": 50, "all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05}]
+    run = tmp_path / "run.log"                    # a device call's run.log: lines tagged by family
+    run.write_text(f"[train_refs 0s] budget 570s\n[kda] {json.dumps(OLD)}\n[gdn] {json.dumps(NEW)}\n"
+                   "[gdn] not json {\n[fla] FLA_PROBE {}\n")
+    assert [(r["family"], r["step"], r["kv"]) for r in read_history(run)] == [("kda", 25, None), ("gdn", 50, 0.05)]
+    summary = tmp_path / "summary.json"           # train_refs.sh's summary: each family's last interval
+    summary.write_text(json.dumps({"kda": {"last_interval": OLD, "saved": {"event": "saved"}},
+                                   "gdn": {"last_interval": NEW}, "fla_probe": {"ok": True}}))
+    assert [(r["family"], r["all"], r["needle"]) for r in read_history(summary)] == [("kda", 0.25, None),
+                                                                                      ("gdn", 0.3, 1.0)]
