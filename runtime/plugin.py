@@ -7,7 +7,9 @@ given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.m
 ``_init_mamba_pool`` hook installs is built by :mod:`dasc_runtime.pool_install`. Two hook targets
 differ between SGLang releases (the cache factory and where ``Engine`` keyword arguments arrive); the
 installed release's adapter (:func:`dasc_runtime.sglang_api.api`) names them, :func:`hooks` builds the
-table.
+table. The hooks that can refuse inside a scheduler process at start-up carry ``@refuse_in_scheduler``
+(:mod:`dasc_runtime.scheduler_refusal`): there a ``DascRefusal`` is one log line and the server ends,
+instead of SGLang's scheduler traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import inspect
 import logging
 
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
+from dasc_runtime.scheduler_refusal import refuse_in_scheduler   # no torch, no sglang
 from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
 
 __all__ = ["register", "add_cli_args", "hooks"]
@@ -119,6 +122,7 @@ def _settings():
     return current_settings()
 
 
+@refuse_in_scheduler
 def after_init_mamba_pool(result, req_pool, *args, **kwargs):
     """AFTER ``HybridReqToTokenPool._init_mamba_pool``: refuse unsupported options, install the pool."""
     settings = _settings()
@@ -151,6 +155,7 @@ def after_init_mamba_pool(result, req_pool, *args, **kwargs):
     return result
 
 
+@refuse_in_scheduler
 def after_load_model(result, runner, *args, **kwargs):
     """AFTER ``ModelRunner.load_model``: model type and decay-tensor fingerprint of the loaded weights."""
     settings = _settings()
@@ -185,6 +190,7 @@ def after_load_model(result, runner, *args, **kwargs):
     return result
 
 
+@refuse_in_scheduler
 def around_create_unified_radix_cache(original, ctx, *args, **kwargs):
     """AROUND SGLang's unified radix cache factory (the adapter's ``CACHE_FACTORY_TARGET``): the two-tier
     Mamba component, put in the ``CacheInitParams`` the factory builds its cache from."""
@@ -285,6 +291,7 @@ def after_usage_parts(result, stats, *args, **kwargs):
     return result + [status_line()]
 
 
+@refuse_in_scheduler
 def around_req_pool_init(original, pool, *args, **kwargs):
     """AROUND ``HybridReqToTokenPool.__init__``: dasc-wr's hidden scratch rows and slots (``wr_scratch``)."""
     from dasc_runtime.wr_scratch import around_req_pool_init as hook
@@ -301,6 +308,7 @@ def around_deferred_cow(original, runner, forward_batch):
     return hook(original, runner, forward_batch)
 
 
+@refuse_in_scheduler
 def after_build_kv_cache(result, *args, **kwargs):
     """AFTER ``kv_cache_builder.build_kv_cache``: every hook in place, the tree's Mamba component dasc's
     (:func:`dasc_runtime.startup_checks.after_build_kv_cache`)."""
