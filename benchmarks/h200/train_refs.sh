@@ -21,7 +21,11 @@
 # torch: transformers' PyTorch GDN, benchmarks/train/kda_chunk.py for KDA); FLA_PROBE=0 skips the background
 # probe of those ops (benchmarks/train/fla_probe.py, on by default when the wheel is carried, time-capped);
 # FAMILIES="gdn kda" (default) picks the models, e.g. FAMILIES="mamba2" (it runs benchmarks/train/mamba2_chunk.py
-# whatever KERNELS says); TRAIN_ARGS adds trainer flags to all.
+# whatever KERNELS says); TRAIN_ARGS adds trainer flags to all; GDN_FLAGS, KDA_FLAGS, MAMBA2_FLAGS add trainer
+# flags to that family's trainer only (after TRAIN_ARGS; unset: today's recipe), e.g. the long-range recall recipe
+# for KDA, whose MLA layers stayed at uniform attention (benchmarks/train/recipe.py):
+#   KDA_FLAGS="--recall-frac 0.5 --recall-min-gap 512 --copy-frac 0.25 --attn-lr-mult 3 --log-attn-entropy"
+# Each session records the recipe it ran with (state.json's session list, the start line of run.log).
 # $OUT (at most 8 files): run.log (everything, each line tagged), summary.json (each model's last
 # record), <family>.tzp.NN (packed checkpoints with their training state; the next stage carries them on).
 set -uo pipefail
@@ -72,9 +76,11 @@ pids=()
 for fam in $FAMILIES; do
   resume=()
   if [ -f "/tmp/resume/$fam/config.json" ]; then resume=(--resume "/tmp/resume/$fam"); fi
-  say "$fam: ${resume[*]:-fresh start}"
+  flags_var="${fam^^}_FLAGS"            # GDN_FLAGS, KDA_FLAGS, MAMBA2_FLAGS
+  fam_flags=${!flags_var:-}
+  say "$fam: ${resume[*]:-fresh start}${fam_flags:+; $flags_var: $fam_flags}"
   { timeout -k 15 $((STOP_AT - $(date +%s) + 10)) python3 -m benchmarks.train.train --family $fam --data $CALL \
-      --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION "${resume[@]}" ${TRAIN_ARGS:-}; \
+      --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION "${resume[@]}" ${TRAIN_ARGS:-} $fam_flags; \
     echo $? > /tmp/refs-rc-$fam; } 2>&1 | sed -u "s/^/[$fam] /" >> "$LOG" &
   pids+=($!)
 done

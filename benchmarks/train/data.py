@@ -12,12 +12,25 @@ the whole sequence:
   inserted at token positions in a haystack of ShareGPT text or of plain filler sentences, then
   "Question: What is the special magic number for <key>?\\nAnswer: The special magic number for
   <key> is <value>." (the question format of ``dasc eval``'s built-in retrieval prompts);
-- ``kv``: a list of "<key>: <value>" lines, then "Lookup <key>: <value>" lines for some of them.
+- ``kv``: a list of "<key>: <value>" lines, then "Lookup <key>: <value>" lines for some of them;
+- ``copy`` (opt-in, ``copy_frac`` of the recall rows, 0 by default): "\\nCopy this:" and a span of 8-32 tokens
+  drawn one by one from random stream positions (no language-model shortcut: only looking back finds them), a
+  gap of text, then "\\nRepeat it exactly:" and the span again, which is what is scored (the mask covers
+  exactly the copied span, the row's last tokens).
+
+``min_gap`` (opt-in, 0 by default: depths as above) puts every answer's source at least that many tokens before
+its question: needles are inserted no closer than ``min_gap`` haystack tokens to the first question, kv rows get
+``min_gap`` tokens of text between the records and the lookups (and each record is looked up at most once, so no
+earlier lookup repeats the answer nearby), copy rows' gap is drawn in [min_gap, all that is left]. Made for a model
+whose recurrent layers answer short-range recall by themselves, so that its attention layers never have to learn
+it (Kimi-Linear's MLA layers stayed at uniform attention). With the defaults the generator takes exactly the
+draws it took before these options existed: the same seed gives the same tokens.
 
 Each row carries its kind (:data:`KINDS`, an index into it): ``text`` (no answers), ``needle`` (a needle row
-holding one needle), ``multikey`` (a needle row holding 2-4 needles with distinct keys, 1 or 2 of them asked)
-or ``kv``, the three recall kinds being those of ``dasc eval``'s built-in retrieval (niah_single,
-niah_multikey, kv_pairs). Drawn with the row, never read back from its tokens.
+holding one needle), ``multikey`` (a needle row holding 2-4 needles with distinct keys, 1 or 2 of them asked),
+``kv`` or ``copy``; the first three recall kinds are those of ``dasc eval``'s built-in retrieval (niah_single,
+niah_multikey, kv_pairs). Drawn with the row, never read back from its tokens. Kind ids are stable: new kinds
+are appended.
 
 Keys combine words of :data:`ADJECTIVES` and :data:`ANIMALS` but never equal one of ``dasc eval``'s
 twelve built-in keys (``dasc_compile.eval.retrieval._KEYS``, listed in :data:`EVAL_KEYS`), so
@@ -51,9 +64,11 @@ FILLER = (
     "Lamps were lit in the square as the evening came.", "The teacher wrote the date on the board each morning.",
     "Snow covered the roofs and the streets were quiet.", "A train passed through the valley twice a day.",
 )
-KINDS = ("text", "needle", "multikey", "kv")     # row kind ids: the index in this tuple
+KINDS = ("text", "needle", "multikey", "kv", "copy")     # row kind ids: the index in this tuple (append only)
 RECALL_KINDS = KINDS[1:]
-TEXT, NEEDLE, MULTIKEY, KV = range(len(KINDS))
+TEXT, NEEDLE, MULTIKEY, KV, COPY = range(len(KINDS))
+COPY_PROMPTS = ("\nCopy this:", "\nRepeat it exactly:")      # before the source span, before its copy
+COPY_SPAN = (8, 32)                                          # span length in tokens, both ends included
 TEMPLATES = (  # (needle, question, answer lead); the first is dasc eval's wording
     (" The special magic number for {k} is {v}.",
      "\nQuestion: What is the special magic number for {k}?\nAnswer: The special magic number for {k} is", " {v}"),
@@ -80,15 +95,30 @@ class Batches:
     Args:
         stream: concatenated token ids of the loaded shards, uint16 ``[n]`` with n > T + 1.
         tokenizer: a ``tokenizers.Tokenizer`` (encodes the recall strings).
+        recall_frac: share of recall rows.
+        min_gap: least distance in tokens from an answer's source to its question (module docstring; 0: any
+            depth, the original placement), at most ``seq // 2``.
+        copy_frac: share of the recall rows that are ``copy`` rows (0: none, the original stream).
     """
 
-    def __init__(self, stream: np.ndarray, tokenizer, seq: int, batch: int, seed: int, recall_frac: float):
+    def __init__(self, stream: np.ndarray, tokenizer, seq: int, batch: int, seed: int, recall_frac: float,
+                 min_gap: int = 0, copy_frac: float = 0.0):
         if stream.size <= 2 * (seq + 1):
             raise ValueError(f"the token stream must hold more than {2 * (seq + 1)} tokens, got {stream.size}")
         if not 0.0 <= recall_frac <= 1.0:
             raise ValueError(f"recall_frac must be in [0, 1], got {recall_frac}")
+        if not 0.0 <= copy_frac <= 1.0:
+            raise ValueError(f"copy_frac must be in [0, 1], got {copy_frac}")
+        if not 0 <= min_gap <= seq // 2:
+            raise ValueError(f"min_gap must be in [0, seq // 2 = {seq // 2}] (room for the recall rows' sources and "
+                             f"questions), got {min_gap}")
         self.stream = torch.from_numpy(stream.astype(np.int64))
         self.tok, self.seq, self.batch, self.seed, self.recall_frac = tokenizer, seq, batch, seed, recall_frac
+        self.min_gap, self.copy_frac = int(min_gap), float(copy_frac)
+        self._copy_prompts = [self._enc(p) for p in COPY_PROMPTS]
+        longest = sum(map(len, self._copy_prompts)) + 2 * COPY_SPAN[1] + self.min_gap
+        if copy_frac and longest > seq + 1:
+            raise ValueError(f"seq {seq} is too short for copy rows with a gap of {min_gap} (they need {longest})")
         self._filler = [self._enc(" " + s) for s in FILLER]
         self.keys = [f"{a}-{b}" for a in ADJECTIVES for b in ANIMALS if f"{a}-{b}" not in EVAL_KEYS]
 
@@ -127,6 +157,8 @@ class Batches:
     def _recall(self, gen: torch.Generator) -> tuple[list[int], list[int], int]:
         """(token ids, answer positions, kind id) of one recall row of ``seq + 1`` tokens."""
         n = self.seq + 1
+        if self.copy_frac and float(torch.rand((), generator=gen)) < self.copy_frac:   # no draw when off
+            return self._copy(gen, n)
         if float(torch.rand((), generator=gen)) < 0.75:
             return self._needles(gen, n)
         return self._kv(gen, n)
@@ -136,6 +168,7 @@ class Batches:
         needle_t, question_t, answer_t = TEMPLATES[int(torch.randint(0, len(TEMPLATES), (1,), generator=gen))]
         keys = self._keys(gen, n_needles)
         values = [self._value(gen) for _ in keys]
+        need = max(n // 4, self.min_gap)                              # haystack tokens wanted
         needles = [self._enc(needle_t.format(k=k, v=v)) for k, v in zip(keys, values)]
         for n_asked in (min(n_needles, 2), 1):   # needles sit at random depths, so asking the first ones is fair
             tail: list[int] = []
@@ -145,13 +178,14 @@ class Batches:
                 ans = self._enc(answer_t.format(v=values[i]))
                 answers += range(len(tail), len(tail) + len(ans))
                 tail += ans
-            while len(needles) > n_asked and n - len(tail) - sum(map(len, needles)) < n // 4:
+            while len(needles) > n_asked and n - len(tail) - sum(map(len, needles)) < need:
                 needles.pop()                                        # short sequences: fewer distractors
             budget = n - len(tail) - sum(map(len, needles))
-            if budget >= n // 4:
+            if budget >= need:
                 break
-        if budget < 1:
-            raise ValueError(f"seq {n - 1} is too short for the recall rows (they need {n - budget} tokens)")
+        if budget < max(1, self.min_gap):
+            raise ValueError(f"seq {n - 1} is too short for the recall rows (they need {n - budget} tokens"
+                             f"{f' and a gap of {self.min_gap}' if self.min_gap else ''})")
         if float(torch.rand((), generator=gen)) < 0.3:           # plain filler sentences, as dasc eval's haystack
             hay: list[int] = []
             while len(hay) < budget:
@@ -159,7 +193,9 @@ class Batches:
             hay = hay[:budget]
         else:
             hay = self._window(gen, budget)
-        at = sorted((int(torch.randint(0, budget + 1, (1,), generator=gen)) for _ in needles), reverse=True)
+        # at most budget - min_gap: at least min_gap haystack tokens follow every needle
+        at = sorted((int(torch.randint(0, budget + 1 - self.min_gap, (1,), generator=gen)) for _ in needles),
+                    reverse=True)
         for pos, needle in zip(at, needles):                      # deepest first: earlier positions do not shift
             hay[pos:pos] = needle
         out = hay + tail
@@ -171,7 +207,7 @@ class Batches:
         pairs: list[tuple[str, str]] = []
         head = self._enc("Key-value records:\n")
         used = len(head)
-        target = int(n * (0.5 + 0.4 * float(torch.rand((), generator=gen))))
+        target = int((n - self.min_gap) * (0.5 + 0.4 * float(torch.rand((), generator=gen))))
         for k in self._keys(gen, 400):
             v = self._value(gen)
             ids = self._enc(f"{k}: {v}\n")
@@ -184,8 +220,11 @@ class Batches:
             return self._needles(gen, n)
         out = head + [t for line in lines for t in line]
         answers: list[int] = []
-        while True:
-            k, v = pairs[int(torch.randint(0, len(pairs), (1,), generator=gen))]
+        order = torch.randperm(len(pairs), generator=gen).tolist() if self.min_gap else None
+        if self.min_gap:
+            out += self._window(gen, self.min_gap)         # text between the records and the lookups
+        while not self.min_gap or order:                   # min_gap: each record looked up at most once
+            k, v = pairs[order.pop() if self.min_gap else int(torch.randint(0, len(pairs), (1,), generator=gen))]
             q, ans = self._enc(f"\nLookup {k}:"), self._enc(f" {v}")
             if len(out) + len(q) + len(ans) > n:
                 break
@@ -194,3 +233,18 @@ class Batches:
             out += ans
         pad = self._window(gen, n - len(out))      # fill the rest with text, before the records
         return pad + out, [len(pad) + p for p in answers], KV
+
+    def _copy(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int]:
+        """A ``copy`` row (module docstring): text, the source span, a gap of text of at least ``min_gap``
+        tokens, the copy (the answers: the row's last ``L`` tokens)."""
+        length = int(torch.randint(COPY_SPAN[0], COPY_SPAN[1] + 1, (1,), generator=gen))
+        span = self.stream[torch.randint(0, self.stream.numel(), (length,), generator=gen)].tolist()
+        src, ask = self._copy_prompts
+        room = n - len(src) - len(ask) - 2 * length          # text tokens, before the source and in the gap
+        if room < self.min_gap:
+            raise ValueError(f"seq {n - 1} is too short for copy rows with a gap of {self.min_gap}")
+        gap = int(torch.randint(self.min_gap, room + 1, (1,), generator=gen))
+        hay = self._window(gen, room)
+        out = hay[:room - gap] + src + span + hay[room - gap:] + ask + span
+        assert len(out) == n
+        return out, list(range(n - length, n)), COPY

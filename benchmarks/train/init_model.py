@@ -28,8 +28,9 @@ def rebuild(trained: Path, out: Path) -> dict:
     from safetensors.torch import load_file
 
     from benchmarks.train.models import build_model, is_decay, save_checkpoint
+    from benchmarks.train.recipe import _decay_init
     from benchmarks.train.tokenizer import EOS, load_tokenizer
-    from benchmarks.train.train import _decay_init, _sha, _versions
+    from benchmarks.train.train import _sha, _versions
 
     state = json.loads((trained / "train_state" / "state.json").read_text())
     tok = load_tokenizer(trained)

@@ -2,7 +2,13 @@
 
 Groups: ``decay`` (``A_log``, ``dt_bias``: no weight decay, ``decay_lr_mult`` x the learning rate),
 ``matrix`` (tensors of two or more dims: weight decay), ``vector`` (norms and other 1-d tensors: no
-weight decay).
+weight decay). With ``attn_lr_mult`` other than 1 (opt-in; 1 keeps exactly the three groups above) the
+softmax-attention layers' parameters (benchmarks/train/attention.py) move to ``attn_matrix`` (weight decay)
+and ``attn_vector`` (none), at ``attn_lr_mult`` x the learning rate: the same weight-decay rule, their own rate.
+
+Optimiser state is stored per parameter name, not per group: a resume whose grouping differs (another
+``attn_lr_mult``) restores every tensor's moments into whatever group the parameter is now in; only the
+learning rate applied from then on changes. Matrices' moments travel factored whichever matrix group they are in.
 
 Schedule (warmup-stable-decay, so that training can stop after any call and continue in the next):
 linear warm-up over ``warmup`` steps, constant, then linear decay to ``final_frac`` over the last
@@ -25,15 +31,29 @@ import torch
 
 from benchmarks.train.models import is_decay
 
+FACTORED = ("matrix", "attn_matrix")      # groups whose second moment travels as row / column means
 
-def param_groups(model, lr: float, weight_decay: float, decay_lr_mult: float) -> list[dict]:
-    """Three AdamW groups (module docstring); each carries ``name``, ``lr_mult`` and the names of its params."""
-    groups = {"decay": [], "matrix": [], "vector": []}
+
+def param_groups(model, lr: float, weight_decay: float, decay_lr_mult: float,
+                 attn_lr_mult: float = 1.0) -> list[dict]:
+    """AdamW groups (module docstring): three, or five with ``attn_lr_mult`` != 1; each carries ``name``,
+    ``lr_mult`` and the names of its params (empty groups are left out)."""
+    groups = {"decay": [], "matrix": [], "vector": [], "attn_matrix": [], "attn_vector": []}
+    attn = set()
+    if attn_lr_mult != 1.0:
+        from benchmarks.train.attention import attention_param_names
+
+        attn = attention_param_names(model)
+        if not attn:
+            raise ValueError("attn_lr_mult: this model has no softmax-attention layers "
+                             "(benchmarks/train/attention.py ATTENTION_CLASSES)")
     for n, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        groups["decay" if is_decay(n) else "matrix" if p.dim() >= 2 else "vector"].append((n, p))
-    spec = {"decay": (0.0, decay_lr_mult), "matrix": (weight_decay, 1.0), "vector": (0.0, 1.0)}
+        kind = "decay" if is_decay(n) else "matrix" if p.dim() >= 2 else "vector"
+        groups[f"attn_{kind}" if n in attn and kind != "decay" else kind].append((n, p))
+    spec = {"decay": (0.0, decay_lr_mult), "matrix": (weight_decay, 1.0), "vector": (0.0, 1.0),
+            "attn_matrix": (weight_decay, attn_lr_mult), "attn_vector": (0.0, attn_lr_mult)}
     return [{"name": g, "params": [p for _, p in items], "param_names": [n for n, _ in items],
              "weight_decay": spec[g][0], "lr_mult": spec[g][1], "lr": lr * spec[g][1]}
             for g, items in groups.items() if items]
@@ -70,7 +90,7 @@ def compact_state(opt) -> dict[str, torch.Tensor]:
             continue
         out[f"step:{n}"] = torch.as_tensor(float(st["step"]))
         v, m = st["exp_avg_sq"].float().cpu(), st["exp_avg"].float().cpu()
-        if group == "matrix":
+        if group in FACTORED:
             v2 = v.reshape(v.shape[0], -1)
             out[f"v_row:{n}"], out[f"v_col:{n}"] = v2.mean(dim=1), v2.mean(dim=0)
         else:
@@ -111,6 +131,13 @@ def load_state(opt, state: dict[str, torch.Tensor]) -> dict:
             st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
             counts["factored"] += 1
     return counts
+
+
+def describe(opt) -> dict:
+    """``{group name: {"lr_mult", "weight_decay", "params"}}`` of an optimiser built from :func:`param_groups`
+    (what a session records)."""
+    return {g["name"]: {"lr_mult": g["lr_mult"], "weight_decay": g["weight_decay"], "params": len(g["params"])}
+            for g in opt.param_groups}
 
 
 def total_steps_for(tokens: float, tokens_per_step: int) -> int:

