@@ -35,6 +35,7 @@ import torch
 from dasc_compile.schema import DascInputError, usable_slots
 from dasc_runtime.ops import CheckpointTensors, TorchOps
 from dasc_runtime.rank_layout import RankLayout
+from dasc_runtime.restore_check import RestoreCheck
 from dasc_runtime.side_channels import tier_hint
 
 __all__ = ["DascCheckpointPool", "PoolCounters", "slots_for_budget", "bytes_per_slot", "host_index"]
@@ -140,6 +141,7 @@ class DascCheckpointPool:
         self._ids = torch.arange(self.id_offset, self.id_offset + rows, dtype=torch.int64, device=self.device)
         self._ids_ptr = self._ids.untyped_storage().data_ptr()
         self.counters = PoolCounters()
+        self.restore_check = RestoreCheck.from_env()        # None unless DASC_RESTORE_CHECK is set
         self.clear()
 
     # ---- allocator (host-side free list; slot 0 reserved) ----
@@ -198,10 +200,13 @@ class DascCheckpointPool:
         """
         if ids.numel() == 0:
             return
-        for c in self.slots_of(ids):
+        slots = self.slots_of(ids)
+        for c in slots:
             assert self._in_use[c], f"double free of dasc compressed slot {c} (id {c + self.id_offset})"
             self._in_use[c] = 0
             self._free.append(c)
+        if self.restore_check is not None:
+            self.restore_check.on_free(slots)
 
     def is_allocated(self, slot: int) -> bool:
         """True when compressed slot ``slot`` (1..C) is handed out."""
@@ -223,14 +228,20 @@ class DascCheckpointPool:
             ckpt_slots: int64 ``[N]`` compressed ids from :meth:`alloc` to write.
         """
         src = active_slots.reshape(-1).to(torch.int64)
-        self.ops.store(self.layout, active_mamba_pool.mamba_cache, src, self._rows(ckpt_slots), self.tensors)
+        rows = self._rows(ckpt_slots)
+        self.ops.store(self.layout, active_mamba_pool.mamba_cache, src, rows, self.tensors)
         self.counters.stores += src.numel()
+        if self.restore_check is not None:
+            self.restore_check.on_store(active_mamba_pool.mamba_cache, src, rows)
 
     def load_compressed(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
         """dasc-nr restore (§4.2): kept units exact, local units zero, conv copied, for every layer."""
         dst = active_slots.reshape(-1).to(torch.int64)
-        self.ops.load(self.layout, active_mamba_pool.mamba_cache, self._rows(ckpt_slots), dst, self.tensors)
+        rows = self._rows(ckpt_slots)
+        self.ops.load(self.layout, active_mamba_pool.mamba_cache, rows, dst, self.tensors)
         self.counters.loads_compressed += dst.numel()
+        if self.restore_check is not None:
+            self.restore_check.on_load(self.layout, active_mamba_pool.mamba_cache, rows, dst)
 
     def load_to_active(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
         """Restore a batch of hits into active slots (SGLang's deferred copy-on-write, on the forward stream).
@@ -295,6 +306,8 @@ class DascCheckpointPool:
         self.ops.load(self.layout, active_mamba_pool.mamba_cache, rows, torch.where(comp, dst, zero).to(torch.int64),
                       self.tensors)
         self.counters.loads_unsplit += src.numel()
+        if self.restore_check is not None:
+            self.restore_check.on_load(self.layout, active_mamba_pool.mamba_cache, rows[comp], dst[comp])
 
     # ---- accounting ----
 

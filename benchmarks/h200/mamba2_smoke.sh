@@ -16,6 +16,9 @@
 #                  with dasc's own decay refusal (started in the background beside A: it never serves).
 #   E. dasc_wr16 : (only when DASC_SMOKE_RUNS names it) the W_max=16 plan with load_policy wr: the hit runs
 #                  a scratch pass through SGLang's Mamba2 layers and refresh_copy (log "dasc refreshed").
+# B, C and E also log a restore check per hit (DASC_RESTORE_CHECK, runtime/restore_check.py): the restored slot
+# against the PyTorch reference of the state that was stored, which must be 0 (the dummy weights' outputs barely
+# depend on the state, so output equality alone would not show an exact restore).
 # B, C and E pass --dasc-dummy-decay-ok: dummy weights cannot match any compiled plan (D shows the check).
 # Each case is PASS or FAILED from evidence (start record, client answers, restore / refusal log lines, output
 # equality): benchmarks/h200/mamba2_smoke_verdict.py says what each needs. Exit status 1 when a case failed,
@@ -47,6 +50,7 @@ DEV=.dev/sglang
 CFG=benchmarks/h200/sglang/nemotronh-tiny.config.json
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export DASC_LOG_RESTORES=1
+export DASC_RESTORE_CHECK=8     # runtime/restore_check.py: the first 8 stored states checked at their restore
 T0=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 

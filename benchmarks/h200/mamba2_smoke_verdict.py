@@ -9,10 +9,14 @@ failed (0 only when every one passed). Evidence per case (stdlib only: it runs o
   prefix) has 0 cached tokens and r2 (the same prefix again) a prefix hit (cached tokens > 0);
 - ``dense``: nothing more (SGLang alone);
 - ``dasc_w16``: its server log has at least one ``dasc: restoring N compressed`` line with N >= 1 (the hit was
-  restored from the compressed pool), and r1 (no hit) equals dense's r1 when dense ran in the same call;
-- ``dasc_w0`` (keep-all plan): the restore line as above, and every output equals dense's (exact restore);
+  restored from the compressed pool), at least one ``dasc restore check`` line and every one of them 0 (the
+  restored slot equals the PyTorch reference of the state that was stored: kept units exact, local zero;
+  ``DASC_RESTORE_CHECK``, runtime/restore_check.py), and r1 (no hit) equals dense's r1 when dense ran in the
+  same call (the dummy weights' outputs barely depend on the state, so r2 is reported, not judged);
+- ``dasc_w0`` (keep-all plan): the restore and check lines as above, and every output equals dense's;
   dense must have run (the exactness is the case's whole claim);
-- ``dasc_wr16``: the restore line, r1 == dense r1 when dense ran, and a ``dasc refreshed: N`` line with N >= 1;
+- ``dasc_wr16``: the restore and check lines, r1 == dense r1 when dense ran, and a ``dasc refreshed: N`` line
+  with N >= 1;
 - ``mismatch``: the server did NOT start (``start_mismatch.rc`` non-zero) AND its log holds dasc's own start-up
   refusal for a decay mismatch (:data:`REFUSAL_RE`, the wording of ``dasc_runtime.verify.check_fingerprint``).
   A server that died of anything else (an SGLang assertion, an import error) fails the case.
@@ -34,6 +38,8 @@ REFUSAL_RE = re.compile(r"dasc: refusing to start: decay tensors of the served w
                         r"differ from the ones the plan was compiled from")
 #: runtime/pool.py (DASC_LOG_RESTORES=1): one line per restored batch
 RESTORE_RE = re.compile(r"dasc: restoring (\d+) compressed \((?:dasc-nr|local units zero-filled)\) \+ (\d+) dense checkpoint")
+#: runtime/restore_check.py (DASC_RESTORE_CHECK=N): the restored slot against the PyTorch reference of the stored state
+CHECK_RE = re.compile(r"dasc restore check: compressed row \d+ -> slot \d+: temporal max\|diff\| (\S+) .*conv max\|diff\| (\S+)")
 #: runtime/wr_scratch.py ScratchBudget.status(), part of SGLang's batch log line
 REFRESH_RE = re.compile(r"dasc refreshed: (\d+) ")
 N_NEW = 16                       # max_new_tokens of runtime_smoke_client.py (ignore_eos)
@@ -120,6 +126,13 @@ def judge(out: Path, label: str, port: int, dense: Optional[list]) -> tuple[bool
         bad.append(f"no compressed restore in its log ({n_lines} 'dasc: restoring' line(s), {n_c} compressed)")
     else:
         evidence.append(f"{n_c} compressed restore(s) in {n_lines} line(s): " + first[first.find("dasc:"):][:140])
+    checks = [(float(m.group(1)), float(m.group(2))) for m in map(CHECK_RE.search, log.splitlines()) if m]
+    if not checks:
+        bad.append("no 'dasc restore check' line in its log (DASC_RESTORE_CHECK not set, or no checked restore)")
+    elif any(c != (0.0, 0.0) for c in checks):
+        bad.append(f"restored slots differ from the PyTorch reference of the stored states: {checks}")
+    else:
+        evidence.append(f"{len(checks)} restore(s) checked against the PyTorch reference: max|diff| 0")
     same = [a.get("output_ids") == b.get("output_ids") for a, b in zip(dense or [], rows or [])]
     if label == "dasc_w0":
         if not dense:

@@ -173,7 +173,10 @@ def _case(out: Path, label: str, port: int, rc="0", cached=(0, 512, 512), output
 
 
 _RESTORE = ("[2026-12-02] dasc: restoring 1 compressed (local units zero-filled) + 0 dense checkpoint(s) into active slots "
-            "(totals before: compressed 0, dense 0)\n")
+            "(totals before: compressed 0, dense 0)\n"
+            "[2026-12-02] dasc restore check: compressed row 1 -> slot 3: temporal max|diff| 0 (kept 32 of 64 units), "
+            "conv max|diff| 0\n")
+_WRONG = _RESTORE.replace("temporal max|diff| 0 ", "temporal max|diff| 0.125 ")
 RUNS = ["dense", "dasc_w16", "dasc_w0", "mismatch"]
 
 
@@ -204,6 +207,8 @@ def test_verdict_passes_a_run_with_all_evidence(tmp_path):
     (lambda o: _case(o, "dense", 31001, cached=(0, 0, 0)), ["dense"]),                           # no prefix hit
     (lambda o: _case(o, "dasc_w16", 31002, log=""), ["dasc_w16"]),                               # no restore line
     (lambda o: _case(o, "dasc_w16", 31002, outputs=[[3] * 16] * 3, log=_RESTORE), ["dasc_w16"]),  # r1 != dense r1
+    (lambda o: _case(o, "dasc_w16", 31002, log=_RESTORE.splitlines()[0]), ["dasc_w16"]),        # no restore check
+    (lambda o: _case(o, "dasc_w0", 31003, log=_WRONG), ["dasc_w0"]),                # restored slot != reference
     (lambda o: _case(o, "dasc_w0", 31003, outputs=[_OUT16[0], _OUT16[1], [5] * 16], log=_RESTORE), ["dasc_w0"]),
     (lambda o: _case(o, "dasc_w0", 31003, outputs=[x[:15] for x in _OUT16], log=_RESTORE), ["dasc_w0"]),
     (lambda o: _case(o, "dasc_w0", 31003, rc="skipped (past the 450 s deadline)", outputs=None), ["dasc_w0"]),
@@ -256,7 +261,9 @@ smoke_serve() {   # site_env.sh's, minus the client: answers as runtime_smoke_cl
   if [ $rc -ne 0 ]; then echo "$label: server did not start (rc $rc)"; return $rc; fi
   python3 -c 'import json, sys; json.dump({"rows": [{"req": f"r{i} x", "prompt_tokens": 700, "cached_tokens": c,
     "output_ids": [i] * 16} for i, c in ((1, 0), (2, 512), (3, 512))]}, open(sys.argv[1], "w"))' "$OUT/client_$label.json"
-  [ "$label" = dense ] || echo "dasc: restoring 1 compressed (local units zero-filled) + 0 dense checkpoint(s)" >> "$OUT/server_$port.log"
+  [ "$label" = dense ] || printf '%s\n' "dasc: restoring 1 compressed (local units zero-filled) + 0 dense checkpoint(s)" \
+    "dasc restore check: compressed row 1 -> slot 3: temporal max|diff| 0 (kept 32 of 64 units), conv max|diff| 0" \
+    >> "$OUT/server_$port.log"
   return 0
 }
 """
