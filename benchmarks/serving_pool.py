@@ -16,6 +16,8 @@ import math
 import statistics
 from typing import Optional, Sequence
 
+from dasc_compile.errors import DascInputError
+
 BASELINES = {"dense": "ttft_ratio_vs_dense_by_seed", "int8": "ttft_ratio_vs_int8_by_seed"}
 
 
@@ -101,15 +103,28 @@ def summarise(vals: Sequence[float]) -> dict:
 
 def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:
     """Markdown: per (arm, protocol, replay, rate, pad) the pooled per-seed ratio to Dense and to INT8
-    (mean (SD), n, 95 % interval, seeds below 1, seeds measured twice); ``pad`` keeps one context pad."""
+    (mean (SD), n, 95 % interval, seeds below 1, seeds measured twice); ``pad`` keeps one context pad.
+
+    Raises:
+        DascInputError: no arm object with per-seed ratios (at ``pad``); the message lists the pads there are.
+    """
     rows: dict = {}
+    pads: set = set()
     for base, key in BASELINES.items():
         for (lab, p, rate), g in pool_seed_ratios(docs, key).items():
+            pads.add(p)
             if pad is not None and p != pad:
                 continue
             vals = [sum(v) / len(v) for _, v in sorted(g["seeds"].items())]
             rows.setdefault((lab, p, rate), {})[base] = (summarise(vals),
                                                          sorted(s for s, v in g["seeds"].items() if len(v) > 1))
+
+    if not rows:
+        where = f" at pad {pad}" if pad is not None else ""
+        have = f" (pads present: {', '.join(map(str, sorted(pads, key=str)))})" if pads else \
+            " (none has ttft_ratio_vs_dense_by_seed / ttft_ratio_vs_int8_by_seed: summaries written before 2026-12-02 " \
+            "lack them; regenerate them with serving_report from their chat.tar.gz)"
+        raise DascInputError(f"no arm with per-seed TTFT ratios{where} in the summaries given{have}")
 
     def cell(entry) -> str:
         if entry is None:

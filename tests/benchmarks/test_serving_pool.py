@@ -65,3 +65,16 @@ def test_pooled_subcommand_refuses_a_file_that_is_not_a_summary(tmp_path, capsys
     assert serving_report.main(["pooled", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(bad) in err and err.startswith("error:")
+
+
+def test_pooled_refuses_to_print_an_empty_table(tmp_path, capsys):
+    import json
+
+    docs = [[_arm("w16", dense={"t/1": 0.6}, int8={"t/1": 0.9})]]
+    with pytest.raises(Exception, match=r"at pad 1234 .*pads present: 6000"):
+        pooled_table(docs, pad=1234)
+    old = tmp_path / "summary.json"                      # a summary written before per-seed ratios were kept
+    old.write_text(json.dumps([{"arm": "dense", "protocol": "closed-loop-paper", "replay": "served-reply"}]))
+    assert serving_report.main(["pooled", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no arm with per-seed TTFT ratios") and "regenerate" in err
