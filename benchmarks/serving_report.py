@@ -25,7 +25,7 @@ Per run (``chat_replay`` records, successful requests):
   ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
-    python -m benchmarks.serving_report map benchmarks/results/*/summary.json --out benchmarks/figures/regime-map.png
+    python -m benchmarks.serving_report map RUN1/summary.json RUN2/summary.json ... --out benchmarks/figures/regime-map.png
     python -m benchmarks.serving_report pooled RUN1/summary.json RUN2/summary.json ... --pad 6000   # seeds pooled over sessions
     python -m benchmarks.serving_report rates WORK --rho 0.5 0.7 0.9      # protocol B's offered loads
 """
