@@ -46,6 +46,7 @@ set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-mamba2-smoke}
 mkdir -p "$OUT"
 rm -f "$OUT"/client_*.json "$OUT"/server_310*.log "$OUT"/start_*.rc   # a local re-run: no stale evidence
+exec > >(tee "$OUT/smoke.log") 2>&1   # the call's own evidence (kernel self-test, timings, verdict) comes back with the logs
 DEV=.dev/sglang
 CFG=benchmarks/h200/sglang/nemotronh-tiny.config.json
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
