@@ -236,6 +236,13 @@ def mamba2_dt_limit(mixer, cache, seq_len: int) -> tuple[float, float]:
     limit = (0.0, math.inf) if limit is None else tuple(limit)
     if _legacy_mamba2(mixer):
         return (mixer.time_step_min, math.inf) if type(mixer).__name__.startswith("NemotronH") else limit
-    steps = (cache is not None and seq_len == 1
-             and cache.get_recurrent_state(mixer.layer_idx, state_idx=0) is not None)
+    steps = cache is not None and seq_len == 1 and _holds_state(cache, mixer.layer_idx)
     return (0.0, math.inf) if steps else limit
+
+
+def _holds_state(cache, layer_idx: int) -> bool:
+    """Whether ``cache`` already holds layer ``layer_idx``'s recurrent state: ``get_recurrent_state`` from
+    5.2x; 5.17's cache has only ``has_previous_state`` (the test its Nemotron-H mixer itself makes)."""
+    if hasattr(cache, "get_recurrent_state"):
+        return cache.get_recurrent_state(layer_idx, state_idx=0) is not None
+    return bool(cache.has_previous_state(layer_idx))

@@ -32,8 +32,6 @@ from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_arg, kv_lay
                                          require_transformers)
 from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
 
-GDN_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
-MAMBA2_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")
 
 
 class ByteTokenizer:
@@ -320,22 +318,29 @@ def recurrent_mixers(model) -> tuple[dict[int, torch.nn.Module], int, int]:
 
 
 def model_family(path: Path, cfg: dict) -> str:
-    """``gdn`` | ``kda`` | ``mamba2``: the family of the model whose config.json ``cfg`` is.
+    """``gdn`` | ``kda`` | ``mamba2``: the decay family of the model whose config.json ``cfg`` is, as the
+    compiler's family registry parses it (:data:`dasc_compile.families.MODEL_PARSERS`), so that a family's
+    model types are listed once, in its module.
 
     Raises:
-        DascInputError: a model type dasc eval cannot run (one line naming the three families).
+        DascInputError: a model type no family parses (one line naming those that do); a config the
+            family's parser refuses (its own message); a KDA safe-gate config (Kimi-K3: transformers has no
+            class that runs its gate).
     """
+    from dasc_compile.families import MODEL_PARSERS, load_all
+
+    load_all()
     mt = cfg.get("model_type")
-    if mt in GDN_TYPES:
-        return "gdn"
-    if mt in MAMBA2_TYPES:
-        return "mamba2"
-    if mt == "kimi_linear":
-        return "kda"
-    raise DascInputError(
-        f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
-        f"expected a GDN hybrid ({', '.join(GDN_TYPES)}), a Mamba2 hybrid ({', '.join(MAMBA2_TYPES)}) "
-        f"or a KDA hybrid (kimi_linear)")
+    parser = MODEL_PARSERS.get(mt)
+    if parser is None:
+        raise DascInputError(
+            f"{path / 'config.json'}: model_type {mt!r} has no recurrent (linear-attention) layers dasc eval can run; "
+            f"expected one of {', '.join(sorted(MODEL_PARSERS))}")
+    family = parser(cfg, str(path / "config.json")).family
+    if family == "kda_safe_gate":
+        raise DascInputError(f"{path / 'config.json'}: a KDA safe-gate model (gate_lower_bound / safe_gate, as "
+                             f"Kimi-K3): dasc eval runs transformers' kimi_linear class, which has no safe gate")
+    return family
 
 
 def require_model_support(path: Path) -> dict:

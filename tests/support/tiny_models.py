@@ -112,9 +112,14 @@ def write_qwen35(out: Path, seed: int = 0) -> Path:
                      "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
                      "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "layer_types",
                      "max_position_embeddings", "initializer_range")}
-    cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=32,
-                                                             num_heads=2, out_hidden_size=64))
-    model = Qwen3_5ForConditionalGeneration(cfg)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+    try:
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+    except ValueError as exc:            # 5.17's vision tower refuses its own default rope ("supports only axial")
+        if "axial" not in str(exc):
+            raise
+        vision["rope_parameters"] = {"rope_type": "axial", "rope_theta": 10000.0}
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
     model.save_pretrained(out)
     d = json.loads((out / "config.json").read_text())
     d["dasc_tokenizer"] = "bytes"
