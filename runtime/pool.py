@@ -150,6 +150,8 @@ class DascCheckpointPool:
         """Release every slot (SGLang calls this on a cache flush). Contents are left as they are."""
         self._free: list[int] = list(range(self.num_slots, 0, -1))   # pop() yields 1, 2, 3, ...
         self._in_use = bytearray(self.num_slots + 1)
+        if getattr(self, "restore_check", None) is not None:     # (None while __init__ runs)
+            self.restore_check.on_free(range(self.num_slots + 1))
 
     def available_size(self) -> int:
         """Free compressed slots."""
@@ -306,7 +308,7 @@ class DascCheckpointPool:
         self.ops.load(self.layout, active_mamba_pool.mamba_cache, rows, torch.where(comp, dst, zero).to(torch.int64),
                       self.tensors)
         self.counters.loads_unsplit += src.numel()
-        if self.restore_check is not None:
+        if self.restore_check is not None and self.restore_check.saved:
             self.restore_check.on_load(self.layout, active_mamba_pool.mamba_cache, rows[comp], dst[comp])
 
     # ---- accounting ----

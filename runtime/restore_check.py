@@ -12,7 +12,7 @@ apart they are:
     dasc restore check: compressed row 3 -> slot 17: temporal max|diff| 0 (kept 32 of 64 units), conv max|diff| 0
 
 Exact restores give 0 on both (any plan without INT8; with INT8, 0 when the kernels round as the reference
-does). A row freed before it is restored is forgotten. Each check reads the device (``.tolist()``, a copy to
+does). A row freed (or flushed) before it is restored is forgotten. Each check reads the device (``.tolist()``, a copy to
 the host): off by default, for smoke runs only (``benchmarks/h200/mamba2_smoke.sh`` sets it).
 """
 
@@ -83,8 +83,9 @@ class RestoreCheck:
                              [c[:, s].detach().to("cpu", copy=True) for c in cache.conv])
             self.budget -= 1
 
-    def on_free(self, rows: list[int]) -> None:
-        """Compressed ``rows`` went back to the free list: their copies no longer describe them."""
+    def on_free(self, rows) -> None:
+        """Compressed ``rows`` (iterable of int) went back to the free list, one by one or all at once by a
+        cache flush (``clear``): their copies no longer describe them."""
         for r in rows:
             self.saved.pop(r, None)
 

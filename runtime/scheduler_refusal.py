@@ -7,8 +7,9 @@ The scheduler-side start-up hooks of :mod:`dasc_runtime.plugin` (``after_init_ma
 ``run_scheduler_process`` (sglang/srt/managers/scheduler.py, line 4949 in 0.5.17, 6370 in 0.5.23), which
 logs ``Scheduler hit an exception: Traceback ...`` (some 30 lines) before the refusal line, then sends
 SIGQUIT to ``parent_process`` (``psutil.Process().parent()``, taken at the top of that function).
-:func:`refuse_in_scheduler` wraps such a hook: a ``DascRefusal`` that is about to reach that handler is
-logged as exactly one line (``dasc: refusing to start: ...``), the server is ended the way that handler
+:func:`refuse_in_scheduler` wraps such a hook: a ``DascRefusal`` (or any other ``DascInputError`` the hook
+raises: a plan it cannot read, a pool budget too small for one slot, a bad ``DASC_OPS``) that is about to
+reach that handler is logged as exactly one line (``dasc: refusing to start: ...``), the server is ended the way that handler
 ends it, and the process leaves with :data:`EXIT_CODE` through ``os._exit`` (no traceback, no ``finally``
 of SGLang's: ``scheduler`` is still None there, so it would do nothing).
 
@@ -25,7 +26,7 @@ and the wrapper does nothing SGLang would not do. Weaker tests were not used:
 worker calling a hook would SIGQUIT its own harness), and the process title ``sglang::scheduler...``
 needs the optional ``setproctitle`` and says nothing about who catches the exception. Anywhere else (the
 main process, unit tests calling hooks directly, SGLang's Ray actors, which build ``Scheduler`` without
-``run_scheduler_process``) the ``DascRefusal`` propagates unchanged; any other exception always
+``run_scheduler_process``) the exception propagates unchanged; any exception that is not a ``DascInputError`` always
 propagates (a bug: SGLang's traceback is wanted).
 
 **Ending the server.** As SGLang's handler: SIGQUIT to ``parent_process`` (read from that frame; psutil's
@@ -50,6 +51,7 @@ import os
 import signal
 import sys
 
+from dasc_compile.schema import DascInputError
 from dasc_runtime.refusal import DascRefusal
 
 __all__ = ["refuse_in_scheduler", "scheduler_entry_frame", "EXIT_CODE"]
@@ -76,14 +78,14 @@ def scheduler_entry_frame(frame=None):
 
 
 def refuse_in_scheduler(hook):
-    """Wrap a scheduler-side start-up hook: under ``run_scheduler_process`` a ``DascRefusal`` ends the
+    """Wrap a scheduler-side start-up hook: under ``run_scheduler_process`` a ``DascInputError`` ends the
     server with one log line (module docstring); elsewhere, and for any other exception, nothing changes."""
 
     @functools.wraps(hook)
     def wrapper(*args, **kwargs):
         try:
             return hook(*args, **kwargs)
-        except DascRefusal as exc:
+        except DascInputError as exc:           # DascRefusal, or a plan / budget / option the hook refuses
             entry = scheduler_entry_frame()
             if entry is None:
                 raise
@@ -103,10 +105,11 @@ def _is_dp_controller(proc) -> bool:
     return any(s.startswith(DP_CONTROLLER_TITLE[:15]) for s in seen)
 
 
-def _end_server(exc: DascRefusal, entry) -> None:
-    """Log ``exc`` in one line, signal as SGLang's handler in ``entry`` would, leave with :data:`EXIT_CODE`."""
+def _end_server(exc: DascInputError, entry) -> None:
+    """Log ``exc`` in one line (``dasc: refusing to start: ...``), signal as SGLang's handler in ``entry``
+    would, leave with :data:`EXIT_CODE`."""
     try:
-        logger.error("%s", exc)
+        logger.error("%s", exc if isinstance(exc, DascRefusal) else DascRefusal(str(exc)))
         logging.shutdown()                      # flush every handler: os._exit skips it
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -2,7 +2,8 @@
 learning rate, benchmarks/train/optim.py) and how spread out their attention is (the entropy logged with
 ``--log-attn-entropy``).
 
-Which modules, by transformers class (the same names in transformers 5.12 and 5.17; the recurrent layers'
+Which modules, by transformers class (Qwen3-Next's and Nemotron-H's the same in transformers 5.12 and 5.17;
+Kimi-Linear's from 5.17, its first release; the recurrent layers'
 classes are others, so matching the class never picks a KDA, GDN or Mamba2 layer):
 
 - GDN (Qwen3-Next): ``Qwen3NextAttention``, ``model.layers.{i}.self_attn`` of the ``full_attention`` layers

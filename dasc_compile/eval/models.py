@@ -33,7 +33,6 @@ from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_arg, kv_lay
 from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
 
 
-
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0..255 (the stand-in vocabulary of dasc's small trained models)."""
 

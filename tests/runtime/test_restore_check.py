@@ -111,3 +111,31 @@ def test_off_by_default(tmp_path, monkeypatch):
     assert dp.restore_check is None
     _, dp = _make(tmp_path, monkeypatch, check="many")
     assert dp.restore_check is None
+
+
+def test_a_cache_flush_forgets_the_copies(tmp_path, monkeypatch, caplog):
+    # SGLang's flush calls clear(); a row handed out again must not be compared with the state it held before
+    mp, dp = _make(tmp_path, monkeypatch, check="1")
+    caplog.set_level(logging.INFO)
+    a = dp.alloc(1)
+    dp.store_from_active(mp, torch.tensor([2]), a)
+    dp.clear()
+    b = dp.alloc(1)
+    assert dp.slots_of(b) == dp.slots_of(a)
+    dp.store_from_active(mp, torch.tensor([4]), b)       # budget spent: not copied
+    dp.load_compressed(mp, b, torch.tensor([6]))
+    assert _lines(caplog) == [] and dp.restore_check.saved == {}
+
+
+def test_the_smoke_verdict_reads_the_line_the_check_logs(tmp_path, monkeypatch, caplog):
+    from benchmarks.h200.mamba2_smoke_verdict import CHECK_RE
+
+    mp, dp = _make(tmp_path, monkeypatch)
+    caplog.set_level(logging.INFO)
+    ids = dp.alloc(1)
+    dp.store_from_active(mp, torch.tensor([3]), ids)
+    dp.temporal[dp.slots_of(ids)[0], 0] += 0.5
+    dp.load_compressed(mp, ids, torch.tensor([6]))
+    (line,) = _lines(caplog)
+    m = CHECK_RE.search(line)
+    assert m and float(m.group(1)) == pytest.approx(0.5) and float(m.group(2)) == 0.0

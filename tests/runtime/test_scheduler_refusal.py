@@ -54,7 +54,14 @@ def _buggy_hook(result, *args, **kwargs):
     raise RuntimeError("a dasc bug (test)")
 
 
-_HOOKS = {"refusal": _refusing_hook, "bug": _buggy_hook}
+@refuse_in_scheduler
+def _input_error_hook(result, *args, **kwargs):
+    from dasc_compile.schema import DascInputError
+
+    raise DascInputError(WHAT)                 # e.g. a pool budget too small for one slot (pool.slots_for_budget)
+
+
+_HOOKS = {"refusal": _refusing_hook, "bug": _buggy_hook, "input": _input_error_hook}
 
 
 def _scheduler(kind: str) -> None:
@@ -104,6 +111,12 @@ def _assert_one_refusal_line(err: str) -> None:
 
 def test_refusal_in_scheduler_child_is_one_line_and_sigquits_the_parent():
     out, err = _run("refusal")
+    assert out == {"exitcode": EXIT_CODE, "sigquit": 1}
+    _assert_one_refusal_line(err)
+
+
+def test_an_input_error_in_scheduler_child_is_the_same_one_line_refusal():
+    out, err = _run("input")
     assert out == {"exitcode": EXIT_CODE, "sigquit": 1}
     _assert_one_refusal_line(err)
 
