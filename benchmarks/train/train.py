@@ -224,6 +224,10 @@ def main(argv=None) -> dict:
     kernels = kernels_in_use(a.family)
     tok = load_tokenizer(a.data / "tokenizer")
     stream, shards = load_stream(a.data)
+    try:        # before the model: a recipe the rows cannot hold is refused in one line (it draws no numbers)
+        batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac, a.recall_min_gap, a.copy_frac)
+    except ValueError as exc:
+        _refuse(f"--seq {a.seq} / --recall-min-gap {a.recall_min_gap} / --copy-frac {a.copy_frac}: {exc}")
     a.out.mkdir(parents=True, exist_ok=True)
     model, state, init, opt_state, exact = start(a, tok)
     if a.family == "mamba2":
@@ -245,7 +249,6 @@ def main(argv=None) -> dict:
     total = (O.total_steps_for(a.total_tokens, tps) if a.total_tokens is not None
              else state.get("total_steps") or O.total_steps_for(100e6, tps))
     state["total_steps"] = total
-    batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac, a.recall_min_gap, a.copy_frac)
     init_live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}
     micro = a.micro_batch or a.batch
     logf = open(a.out / f"log-{a.family}.jsonl", "a")

@@ -327,3 +327,16 @@ def test_train_refs_gives_each_family_its_own_flags(tmp_path):
     assert calls["kda"].endswith("--max-steps 0 --recall-min-gap 512 --copy-frac 0.25")
     assert calls["gdn"].endswith("--max-steps 0") and "--recall-min-gap" not in calls["gdn"]
     assert "kda: fresh start; KDA_FLAGS: --recall-min-gap 512 --copy-frac 0.25" in (out / "run.log").read_text()
+
+
+def test_copy_rows_that_do_not_fit_the_sequence_are_refused_before_the_model(data_dir, tmp_path, capsys, monkeypatch):
+    # the copy rows' length is the data generator's to check: it used to raise only after the model was built
+    from benchmarks.train import train
+
+    monkeypatch.setattr(train, "start", lambda *a, **k: pytest.fail("the model was built before the refusal"))
+    with pytest.raises(SystemExit) as exc:
+        train.main(_args(data_dir, tmp_path / "out", "gdn", 1, "--seq", "64", "--recall-min-gap", "32",
+                         "--copy-frac", "0.25"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: --seq 64 / --recall-min-gap 32")
+    assert "too short for copy rows" in err[0] and not (tmp_path / "out").exists()
