@@ -44,7 +44,7 @@ from typing import Iterable, Sequence
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
 from benchmarks.serving_pool import pctl, pooled_table, spread
-from benchmarks.serving_tables import load_summaries, markdown, read_json_file, regime_map
+from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, read_json_file, regime_map
 from dasc_compile.errors import DascInputError
 
 SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
@@ -318,18 +318,6 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
     x = spread([r["cond"][6] / r["wall_s"] for r in base])
     return {"x_sat": x, "saturated": all(r["inflight_mean"] >= r["max_running"] for r in base),
             "rates": {rho: rho * x["mean"] for rho in rhos}}
-
-
-def first_timed_note(runs: Sequence[dict]) -> str:
-    """A closing line naming the counted runs that were their arm's first timed run in the work folder
-    (first-use slowness that excluding the start-up call does not remove when an arm never ran there);
-    empty when there are none."""
-    hit = sorted(f"{r['arm']} seed {r['seed']} (call {r['call'].rsplit('#', 1)[-1]})"
-                 for r in runs if r.get("first_timed"))
-    if not hit:
-        return ""
-    return ("\nCounted runs that were their arm's first timed run (first-use slowness not excluded): "
-            + "; ".join(hit) + ".\n")
 
 
 def main(argv: Iterable[str] | None = None) -> int:

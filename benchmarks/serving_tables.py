@@ -79,6 +79,18 @@ def markdown(objs: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
+def first_timed_note(runs: Sequence[dict]) -> str:
+    """A closing line naming the counted runs that were their arm's first timed run in the work folder
+    (first-use slowness that excluding the start-up call does not remove when an arm never ran there);
+    empty when there are none."""
+    hit = sorted(f"{r['arm']} seed {r['seed']} (call {r['call'].rsplit('#', 1)[-1]})"
+                 for r in runs if r.get("first_timed"))
+    if not hit:
+        return ""
+    return ("\nCounted runs that were their arm's first timed run (first-use slowness not excluded): "
+            + "; ".join(hit) + ".\n")
+
+
 def pool_points(docs: Sequence[list]) -> list[dict]:
     """The regime map's points: one per (arm, protocol, replay, rate, context pad), pooling the per-seed
     mean-TTFT ratios to Dense of every summary given (``ttft_ratio_vs_dense_by_seed``).
