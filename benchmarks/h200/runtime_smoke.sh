@@ -20,10 +20,12 @@
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-smoke}
 mkdir -p "$OUT"
+exec > >(tee "$OUT/smoke.log") 2>&1   # the call's own evidence (kernel self-test, timings) comes back with the logs
 DEV=.dev/sglang
 CFG=$DEV/qwen3next-tiny.config.json
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export DASC_LOG_RESTORES=1
+export DASC_RESTORE_CHECK=8     # runtime/restore_check.py: each restored slot against the PyTorch reference of its stored state
 T0=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 
@@ -78,6 +80,10 @@ for port, label in ((30001, "dense"), (30002, "dasc_w16"), (30003, "dasc_w0"), (
     restores = [l for l in lines if "dasc: restoring" in l]
     plan = [l for l in lines if "dasc: plan" in l or "refusing to start" in l]
     print(f"{label}: {len(restores)} restore line(s)", (restores[:1] or [""])[0][-140:], "|", (plan[:1] or [""])[0][-160:])
+    checks = [l[l.find("dasc restore check"):] for l in lines if "dasc restore check" in l]
+    if checks:
+        print(f"{label}: {len(checks)} restore check(s) (0 = the restored slot equals the PyTorch reference):",
+              " | ".join(checks[:3]))
 d, w0, w16 = runs.get("dense"), runs.get("dasc_w0"), runs.get("dasc_w16")
 if d and w0:
     print("keep-all plan restores exactly: outputs dasc_w0 == dense for every request:",
