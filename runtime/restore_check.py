@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from dasc_compile.schema import DascInputError
 from dasc_runtime.ops import TorchOps
 from dasc_runtime.rank_layout import RankLayout
 
@@ -63,13 +64,20 @@ class RestoreCheck:
 
     @classmethod
     def from_env(cls) -> Optional["RestoreCheck"]:
-        """From ``DASC_RESTORE_CHECK`` (a count of states; unset, empty or 0: None, no check)."""
+        """From ``DASC_RESTORE_CHECK`` (a count of states; unset, empty or 0: None, no check).
+
+        Raises:
+            DascInputError: a value that is not a count (refused at start-up in one line, like the
+                runtime's other environment choices).
+        """
         raw = os.environ.get("DASC_RESTORE_CHECK", "").strip()
-        if not raw or raw == "0":
+        if not raw.isdigit() and raw:
+            raise DascInputError(f"DASC_RESTORE_CHECK={raw!r}: expected a count of restored states to check "
+                                 f"(0 or unset: off)")
+        if not raw or int(raw) == 0:
             return None
-        if not raw.isdigit():
-            logger.warning("dasc: DASC_RESTORE_CHECK=%r is not a count of states; no restore check", raw)
-            return None
+        logger.info("dasc: restore check on for the first %d stored states (DASC_RESTORE_CHECK; a diagnostic that "
+                    "reads the device at each checked store and restore)", int(raw))
         return cls(int(raw))
 
     def on_store(self, cache, src_slots: torch.Tensor, rows: torch.Tensor) -> None:

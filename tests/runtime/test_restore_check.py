@@ -106,11 +106,14 @@ def test_int8_restores_match_the_reference_round_trip(tmp_path, monkeypatch, cap
     assert not torch.equal(mp.mamba_cache.temporal[:, 6], mp.mamba_cache.temporal[:, 3])
 
 
-def test_off_by_default(tmp_path, monkeypatch):
-    _, dp = _make(tmp_path, monkeypatch, check="")
-    assert dp.restore_check is None
-    _, dp = _make(tmp_path, monkeypatch, check="many")
-    assert dp.restore_check is None
+def test_off_by_default_and_a_value_that_is_no_count_is_refused(tmp_path, monkeypatch):
+    from dasc_compile.schema import DascInputError
+
+    for off in ("", "0"):
+        _, dp = _make(tmp_path, monkeypatch, check=off)
+        assert dp.restore_check is None
+    with pytest.raises(DascInputError, match=r"DASC_RESTORE_CHECK='many': expected a count"):
+        _make(tmp_path, monkeypatch, check="many")
 
 
 def test_a_cache_flush_forgets_the_copies(tmp_path, monkeypatch, caplog):
