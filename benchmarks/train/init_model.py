@@ -28,14 +28,14 @@ def rebuild(trained: Path, out: Path) -> dict:
     from safetensors.torch import load_file
 
     from benchmarks.train.models import build_model, is_decay, save_checkpoint
-    from benchmarks.train.recipe import _decay_init
+    from benchmarks.train.recipe import decay_init_of
     from benchmarks.train.tokenizer import EOS, load_tokenizer
     from benchmarks.train.train import _sha, _versions
 
     state = json.loads((trained / "train_state" / "state.json").read_text())
     tok = load_tokenizer(trained)
     model = build_model(state["family"], state["size"], tok.get_vocab_size(), tok.token_to_id(EOS), state["seed"],
-                        _decay_init(state))
+                        decay_init_of(state))
     init = load_file(str(trained / "train_state" / "init_decays.safetensors"))
     for n, p in model.named_parameters():
         if is_decay(n) and not torch.equal(p.detach(), init[f"live:{n}"]):
@@ -46,7 +46,7 @@ def rebuild(trained: Path, out: Path) -> dict:
     sha_ok = _sha(model.state_dict()) == state["init_sha256"]
     if same_versions and not sha_ok:
         raise SystemExit("the rebuilt initial weights differ from the recorded sha256 under the same versions")
-    prov = {"model": f"initialisation of {trained}", "seed": state["seed"], "decay_init": _decay_init(state),
+    prov = {"model": f"initialisation of {trained}", "seed": state["seed"], "decay_init": decay_init_of(state),
             "decays_match_record": True,
             "weights_sha256_match_record": sha_ok, "versions_here": _versions(), "versions_recorded": state["init_versions"]}
     save_checkpoint(model, out, trained, prov)

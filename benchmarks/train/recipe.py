@@ -57,7 +57,7 @@ def recipe(a) -> dict:
             "warmup": a.warmup, "cooldown": a.cooldown}
 
 
-def _decay_init(state: dict) -> str:
+def decay_init_of(state: dict) -> str:
     """The decay initialisation a run started from (runs begun before the choice existed: transformers')."""
     return state.get("decay_init", "transformers")
 
@@ -102,9 +102,9 @@ def provenance(a, state: dict, tok) -> dict:
                  "recall": _recall_text(a),
                  "held_out": "ShareGPT index < 2000 (what dasc eval --sharegpt reads first)"},
         "training": training,
-        "init": {"seed": a.seed, "decay_init": _decay_init(state),
+        "init": {"seed": a.seed, "decay_init": decay_init_of(state),
                  "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
-                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{_decay_init(state)}')",
+                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{decay_init_of(state)}')",
                  "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
                  "decays": "train_state/init_decays.safetensors"},
         "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}
