@@ -21,7 +21,7 @@ autocast, with the attention function the model uses (``config._attn_implementat
 it also computes, from the query and key it is given, the probabilities of the row (``H x T x T`` fp32) and
 their entropy. Cost (estimated, not yet timed on the H200): one forward of 1 row where a training step is
 forward + backward of B rows, about 1/(3B) of a step per logged interval, ~0.1 % of the training time at B 16
-and --log-every 25; plus ``H x T x T`` fp32 per attention layer while it is measured (105 MB at H 4, T 2560). The training forward is not touched (nothing in it is
+and --log-every 25; plus 3-4 ``H x T x T`` fp32 buffers while a layer is measured (logits, mask, probabilities, entropy terms: ~0.3-0.4 GB at H 4, T 2560). The training forward is not touched (nothing in it is
 recorded), the wrapper returns what the wrapped function returns (for a model set to "eager", which has no shared function, it computes causal attention itself: :func:`_eager`, the probe row has no padding), and no random numbers are drawn: the weights
 and the token stream are the same with and without it.
 """
