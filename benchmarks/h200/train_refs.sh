@@ -98,22 +98,6 @@ rc=0
 for fam in $FAMILIES; do
   r=$(cat /tmp/refs-rc-$fam 2>/dev/null || echo missing); say "$fam trainer exit: $r"; [ "$r" = 0 ] || rc=1
 done
-python3 - "$LOG" "$OUT/summary.json" <<'EOF'
-import json, sys
-last = {}
-for line in open(sys.argv[1], errors="replace"):
-    tag, _, rest = line.partition("] ")
-    if rest.startswith("{"):
-        try:
-            rec = json.loads(rest)
-        except ValueError:
-            continue
-        fam = tag.lstrip("[")
-        if rec.get("event") == "saved" or "step" in rec:
-            last.setdefault(fam, {})["saved" if rec.get("event") == "saved" else "last_interval"] = rec
-    elif line.startswith("[fla] FLA_PROBE "):
-        last["fla_probe"] = json.loads(line[len("[fla] FLA_PROBE "):])
-json.dump(last, open(sys.argv[2], "w"), indent=1)
-EOF
+python3 -m benchmarks.train.scoring "$LOG" --write-summary "$OUT/summary.json" || say "summary.json not written"
 say "done; files: $(ls $OUT | tr '\n' ' ')"
 exit $rc

@@ -17,6 +17,7 @@ in every interval of a run without them; histories written before the kind exist
 :func:`recall_by_kind` reads a record of either age; the command line prints the figures of history files:
 
     python -m benchmarks.train.scoring FILE ...   # log.jsonl, log-<family>.jsonl, run.log, summary.json
+    python -m benchmarks.train.scoring RUN_LOG --write-summary OUT   # a device call's summary.json (run_summary)
 """
 
 from __future__ import annotations
@@ -102,22 +103,9 @@ def recall_by_kind(rec: dict) -> dict:
     return {"all": rec.get("recall_acc")} | {kind: rec.get(f"recall_acc_{kind}") for kind in RECALL_KINDS}
 
 
-def read_history(path: Path) -> list[dict]:
-    """Logged intervals of a history file: ``[{"family", "step", "all", <kind>...}]``.
-
-    Reads a trainer log (``log.jsonl`` / ``log-<family>.jsonl``: one JSON record a line), a device call's
-    ``run.log`` (lines tagged ``[<family>] {...}``) or its ``summary.json`` (each family's ``last_interval``).
-    """
-    path = Path(path)
-    text = path.read_text(errors="replace")
-    rows: list[dict] = []
-    if path.suffix == ".json":
-        for fam, recs in json.loads(text).items():
-            rec = recs.get("last_interval") if isinstance(recs, dict) else None
-            if rec is not None:
-                rows.append({"family": fam, "step": rec.get("step")} | recall_by_kind(rec))
-        return rows
-    family = path.stem[4:] if path.stem.startswith("log-") else None
+def _json_lines(text: str, family: str | None):
+    """``(family, record)`` for each JSON-object line of a history: a trainer log (untagged lines, ``family``
+    given or named by the session's ``start`` record) or a device call's ``run.log`` (``[<family>] {...}``)."""
     for line in text.splitlines():
         fam, body = family, line
         if line.startswith("[") and "] {" in line:
@@ -133,9 +121,53 @@ def read_history(path: Path) -> list[dict]:
             continue
         if rec.get("event") == "start" and fam is None:       # untagged log.jsonl: the session's start names it
             family = rec.get("family")
-        elif "step" in rec and "recall_acc" in rec:
-            rows.append({"family": fam, "step": rec["step"]} | recall_by_kind(rec))
-    return rows
+            continue
+        yield fam, rec
+
+
+def read_history(path: Path) -> list[dict]:
+    """Logged intervals of a history file: ``[{"family", "step", "all", <kind>...}]``.
+
+    Reads a trainer log (``log.jsonl`` / ``log-<family>.jsonl``: one JSON record a line), a device call's
+    ``run.log`` (lines tagged ``[<family>] {...}``) or its ``summary.json`` (each family's ``last_interval``).
+    """
+    path = Path(path)
+    text = path.read_text(errors="replace")
+    if path.suffix == ".json":
+        rows = []
+        for fam, recs in json.loads(text).items():
+            rec = recs.get("last_interval") if isinstance(recs, dict) else None
+            if rec is not None:
+                rows.append({"family": fam, "step": rec.get("step")} | recall_by_kind(rec))
+        return rows
+    family = path.stem[4:] if path.stem.startswith("log-") else None
+    return [{"family": fam, "step": rec["step"]} | recall_by_kind(rec)
+            for fam, rec in _json_lines(text, family) if "step" in rec and "recall_acc" in rec]
+
+
+FLA_PROBE_TAG = "[fla] FLA_PROBE "
+
+
+def run_summary(run_log: Path) -> dict:
+    """A device call's ``summary.json`` (benchmarks/h200/train_refs.sh) from its ``run.log``: for each family
+    its last logged interval (``last_interval``: any record with a ``step``) and its last ``saved`` event, plus
+    the fla probe's result line (``fla_probe``) when the call ran one. Unreadable lines are skipped."""
+    last: dict = {}
+    text = Path(run_log).read_text(errors="replace")
+    for fam, rec in _json_lines(text, None):
+        if fam is None:
+            continue
+        if rec.get("event") == "saved":
+            last.setdefault(fam, {})["saved"] = rec
+        elif "step" in rec:
+            last.setdefault(fam, {})["last_interval"] = rec
+    for line in text.splitlines():
+        if line.startswith(FLA_PROBE_TAG):
+            try:
+                last["fla_probe"] = json.loads(line[len(FLA_PROBE_TAG):])
+            except ValueError:
+                pass
+    return last
 
 
 def _fmt(x) -> str:
@@ -146,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Training recall accuracy per row kind, from history files.")
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--last", action="store_true", help="only each family's last interval per file")
+    ap.add_argument("--write-summary", type=Path, metavar="OUT",
+                    help="write the summary.json of the one run.log given (what train_refs.sh returns) and print nothing")
     a = ap.parse_args(argv)
+    if a.write_summary is not None:
+        if len(a.files) != 1:
+            ap.error("--write-summary takes exactly one run.log")
+        a.write_summary.write_text(json.dumps(run_summary(a.files[0]), indent=1))
+        return 0
     cols = ["all", *RECALL_KINDS]
     print("file\tfamily\tstep\t" + "\t".join(cols))
     for f in a.files:

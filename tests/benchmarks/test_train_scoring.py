@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from benchmarks.train.data import KINDS, KV, MULTIKEY, NEEDLE, TEXT
-from benchmarks.train.scoring import answer_tally, forward_backward, interval_fields, read_history, recall_by_kind
+from benchmarks.train.scoring import (answer_tally, forward_backward, interval_fields, main, read_history, recall_by_kind,
+                                      run_summary)
 
 V = 10          # vocabulary of the fake model
 
@@ -124,3 +125,28 @@ def test_history_readers_take_old_and_new_records(tmp_path):
                                    "gdn": {"last_interval": NEW}, "fla_probe": {"ok": True}}))
     assert [(r["family"], r["all"], r["needle"]) for r in read_history(summary)] == [("kda", 0.25, None),
                                                                                       ("gdn", 0.3, 1.0)]
+
+
+def test_run_summary_keeps_each_familys_last_interval_and_save_and_the_probe(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("\n".join([
+        "[train_refs 0s] budget 570s, families: gdn kda",
+        '[gdn] {"event": "start", "family": "gdn"}',
+        '[gdn] {"step": 10, "loss": 5.0, "recall_acc": 0.1}',
+        '[kda] {"step": 10, "loss": 6.0, "recall_acc": 0.2}',
+        '[gdn] {"step": 20, "loss": 4.0, "recall_acc": 0.3}',
+        '[gdn] {"step": 2',                                     # cut short when the call ended: skipped
+        '[gdn] {"event": "saved", "step": 20, "path": "ref"}',
+        '[fla] FLA_PROBE {"ok": true, "ops": 2}',
+        '[train_refs 560s] done',
+    ]) + "\n")
+    s = run_summary(log)
+    assert s == {"gdn": {"last_interval": {"step": 20, "loss": 4.0, "recall_acc": 0.3},
+                         "saved": {"event": "saved", "step": 20, "path": "ref"}},
+                 "kda": {"last_interval": {"step": 10, "loss": 6.0, "recall_acc": 0.2}},
+                 "fla_probe": {"ok": True, "ops": 2}}
+    out = tmp_path / "summary.json"
+    assert main([str(log), "--write-summary", str(out)]) == 0
+    assert json.loads(out.read_text()) == s
+    # the summary reads back as history: each family's last interval
+    assert [(r["family"], r["step"]) for r in read_history(out)] == [("gdn", 20), ("kda", 10)]
