@@ -68,9 +68,12 @@ def _install_observer(mixer) -> None:
 
 
 def observe_mamba2(mixers: dict) -> int | None:
-    """Install the decay observer on each Mamba2 mixer; returns the largest chunk one call may take from a
-    fresh cache (``EvalModel.max_chunk``: the smallest ``chunk_size`` on 5.12, else None)."""
-    for mixer in mixers.values():
+    """Install the decay observer on each Mamba2 mixer among ``mixers`` (layer id -> recurrent module; other
+    mixers are left alone, so a model of any family may be passed); returns the largest chunk one call may
+    take from a fresh cache (``EvalModel.max_chunk``: the smallest ``chunk_size`` on 5.12, else None; None
+    when there is no Mamba2 mixer)."""
+    mamba2 = [m for m in mixers.values() if is_mamba2_mixer(m)]
+    for mixer in mamba2:
         _install_observer(mixer)
-    chunks = [c for c in (mamba2_max_chunk(m) for m in mixers.values()) if c is not None]
+    chunks = [c for c in (mamba2_max_chunk(m) for m in mamba2) if c is not None]
     return min(chunks) if chunks else None

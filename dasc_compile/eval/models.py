@@ -385,7 +385,7 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     mixers, heads, uph = recurrent_mixers(model)
     if not mixers:
         raise DascInputError(f"{path}: the model has no recurrent (linear-attention) layers; nothing for a plan to compress")
-    max_chunk = observe_mamba2(mixers) if family == "mamba2" else None
+    max_chunk = observe_mamba2(mixers)          # acts on Mamba2 mixers only, whatever the family
     try:
         dev = torch.device(device)
         model = model.to(device=dev, dtype=dtype).eval()

@@ -145,3 +145,27 @@ def test_horizons_eval_and_controls_run_on_nemotron_h(mamba2_dir, tmp_path):
     assert w64["nr"]["kl"] > 0.0 and math.isfinite(w64["wr"]["kl"])
     assert {"init", "random"} <= set(w64) and "untrained" in doc["plans"][1]
     assert len(doc["init"]["drift"]["spearman_per_layer"]) == 2
+
+
+@pytest.mark.parametrize("model", ["gdn_model", "kda_model"])
+def test_the_mamba2_observer_leaves_other_mixers_alone(model, request):
+    """load_eval_model calls observe_mamba2 on every model (the mixer type decides, not the family name): a
+    GDN or KDA mixer must get no observer and no max_chunk, and a Mamba2 model's every mixer one."""
+    from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
+
+    em = request.getfixturevalue(model)
+    assert em.max_chunk is None
+    assert not any(is_mamba2_mixer(m) for m in em.mixers.values())
+    assert observe_mamba2(em.mixers) is None
+    assert not any(_has_observer(m) for m in em.mixers.values())
+
+
+def test_the_mamba2_observer_is_on_every_mamba2_mixer(mamba2_model):
+    from dasc_compile.eval.mamba2 import is_mamba2_mixer
+
+    assert mamba2_model.mixers and all(is_mamba2_mixer(m) and _has_observer(m) for m in mamba2_model.mixers.values())
+
+
+def _has_observer(mixer) -> bool:
+    """The observer's pre-hook (mamba2._install_observer's closure) is among the mixer's pre-hooks."""
+    return any(h.__qualname__.startswith("_install_observer.") for h in mixer._forward_pre_hooks.values())
