@@ -234,12 +234,12 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                     f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['draw'])].get('file')} and "
                     f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
             by[(r["arm"], r["draw"])] = r
-        drift = []
+        drift: dict[str, list[float]] = {}        # the call's baseline arm (run_chat --baseline): closing / opening run
         for r in runs:
             if r["cond"] == cond and r["role"] == "drift":
                 first = [x for x in rs_ if x["call"] == r["call"] and x["arm"] == r["arm"] and x["draw"] == r["draw"]]
                 if first:
-                    drift.append(r["mean_ttft_s"] / first[0]["mean_ttft_s"])
+                    drift.setdefault(r["arm"], []).append(r["mean_ttft_s"] / first[0]["mean_ttft_s"])
         protocol, replay, pad, clip, clients, rate, per_seed = cond
         for arm in sorted({r["arm"] for r in rs_}, key=lambda a: (a != "dense", a != "int8", a)):
             mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: (r["trace"], r["seed"]))
@@ -288,7 +288,8 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "server_account": ckpt_account.aggregate((r.get("account") for r in mine),
                                                            without=sum(bool(r.get("account_missing")) for r in mine)),
                  "queue_s": s("queue_s")["mean"], "prefill_s": s("prefill_s")["mean"],
-                 "failed": sum(r["failed"] for r in mine), "dense_drift": spread(drift) if arm == "dense" else None}
+                 "failed": sum(r["failed"] for r in mine), "dense_drift": spread(drift.get("dense", [])) if arm == "dense" else None,
+                 "drift": spread(drift[arm]) if arm in drift else None}
             objs.append(o)
     return objs
 

@@ -29,8 +29,8 @@ LEGEND = ("n: the arm's runs (trace seeds). Ratios pair an arm's run with the ba
           "and summarise the per-seed ratios: mean (SD) [min, max], then the number of pairs; (—) where one pair "
           "gives no spread. Hit rate: cached prompt tokens / prompt tokens; bound: the same if every earlier "
           "turn's prefix were cached. Later turns: turns 2+ whose prefix hit the previous reply's end, only the "
-          "previous prompt's end, or nothing (lost). Dense drift: its closing run / its opening run of the same "
-          "seed in one call. Capacity: cached states with no request running / while R requests run (the "
+          "previous prompt's end, or nothing (lost). Drift: the call's baseline arm (Dense unless the call named "
+          "another), its closing run / its opening run of the same seed in one call. Capacity: cached states with no request running / while R requests run (the "
           "running requests' native slots subtracted).")
 
 
@@ -40,6 +40,15 @@ def _f(x, nd=3) -> str:
 
 def _n(x) -> str:
     return "—" if x is None else str(x)
+
+
+def _drift(o: dict) -> dict:
+    """The arm's drift spread (summaries written before the ``drift`` key have ``dense_drift`` only)."""
+    return o.get("drift") or o["dense_drift"]
+
+
+def _arm_label(arm: str) -> str:
+    return {"dense": "Dense", "int8": "INT8"}.get(arm, arm)
 
 
 def markdown(objs: Sequence[dict]) -> str:
@@ -54,12 +63,12 @@ def markdown(objs: Sequence[dict]) -> str:
         rows = [o for o in objs if (o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"],
                                     o["rate"]) == cond]
         p, rep, pad, clip, c, rate = cond
-        d = next((o for o in rows if o["arm"] == "dense"), None)
+        d = next((o for o in rows if (o.get("drift") or o.get("dense_drift") or {}).get("n")), None)   # the call's baseline
         out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s")
                    + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
                      f"{rows[0]['context_max']}"
-                   + (f"; Dense drift over a call {_f(d['dense_drift']['mean'])} (n={d['dense_drift']['n']})"
-                      if d and d.get("dense_drift") and d["dense_drift"]["n"] else ""))
+                   + (f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"
+                      if d else ""))
         out.append("")
         out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | "
                    "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity / under load |")

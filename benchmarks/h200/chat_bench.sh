@@ -17,6 +17,7 @@
 #   .dev/ol/plans.tar.xz      plans w16, w16+INT8, w64, w16 dasc-wr and arms.json (DENSE_SLOTS 56, MRR 8)
 # Run (device, repo root): bash benchmarks/h200/chat_bench.sh
 # Settings (env): ARMS (the arms; each seed orders them by its Williams-design row; default "dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"),
+#   BASELINE (dense: the arm that opens the call's first seed and closes the call, so its drift is measured; one of ARMS),
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
 #   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
@@ -32,7 +33,7 @@ export OUT=${OUT:-/tmp/chat-out}; mkdir -p "$OUT"
 ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"}
 SEEDS=${SEEDS:-0}; PER_SEED=${PER_SEED:-24}; CLIENTS=${CLIENTS:-24}; MRR=${MRR:-8}; CLIP=${CLIP:-256}
 PAD=${PAD:-0}; REPLAY=${REPLAY:-served-reply}; CONTEXT=${CONTEXT:-24576}; DEADLINE=${DEADLINE:-570}
-NUM_EXPERTS=${NUM_EXPERTS:-16}; DOWN=${DOWN:-1}; MAX_TOTAL_TOKENS=${MAX_TOTAL_TOKENS:-600000}
+NUM_EXPERTS=${NUM_EXPERTS:-16}; DOWN=${DOWN:-1}; MAX_TOTAL_TOKENS=${MAX_TOTAL_TOKENS:-600000}; BASELINE=${BASELINE:-dense}
 TRACE=${TRACE:-benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_s0.json.gz}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -59,7 +60,7 @@ stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/de
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
-"$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS \
+"$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
     --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
     --replay "$REPLAY" --deadline-s "$LEFT"
 [ "$DOWN" = 1 ] && "$PY" -m benchmarks.run_chat down --work "$W"

@@ -285,8 +285,20 @@ def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
     assert w16["mean_ttft_ratio_vs_dense"] == pytest.approx(0.625)
     assert w16["ttft_ratio_vs_dense_spread"]["min"] == pytest.approx(0.5)
     assert w16["seeds"] == [0, 1] and w16["seed_kind"] == "trace"
-    assert objs[0]["dense_drift"]["mean"] == pytest.approx(1.1)
-    assert "TTFT / Dense" in sr.markdown(objs)
+    assert objs[0]["dense_drift"]["mean"] == pytest.approx(1.1) and objs[0]["drift"]["mean"] == pytest.approx(1.1)
+    assert "TTFT / Dense" in sr.markdown(objs) and "Dense drift over a call 1.100 (n=1)" in sr.markdown(objs)
+
+
+def test_a_call_whose_baseline_is_int8_reports_int8s_drift_not_denses():
+    """chat_bench BASELINE=int8 (no Dense arm): INT8 opens and closes the call; its drift is the one reported."""
+    runs = [_run("int8", 0, 2.0), _run("int8", 1, 4.0), _run("w16", 0, 1.0), _run("w16", 1, 3.0),
+            _run("int8", 0, 1.8, role="drift")]
+    objs = sr.summarize(runs, model="m", decays="d")
+    int8, w16 = objs
+    assert int8["drift"]["mean"] == pytest.approx(0.9) and int8["dense_drift"] is None and w16["drift"] is None
+    assert w16["mean_ttft_ratio_vs_int8"] == pytest.approx(0.625) and w16["mean_ttft_ratio_vs_dense"] is None
+    md = sr.markdown(objs)
+    assert "INT8 drift over a call 0.900 (n=1)" in md and "Dense drift" not in md
 
 
 def test_seed_numbers_of_two_traces_are_different_draws():
