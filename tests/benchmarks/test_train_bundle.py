@@ -1,0 +1,220 @@
+"""benchmarks/train/bundle.py on smoke-size checkpoints written by the trainer itself (two sessions each, CPU):
+the bundle's shards hold exactly the checkpoint's tensors, transformers, dasc eval's loader and dasc compile
+read it, PROVENANCE.md says how it was trained, and bad input is refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from benchmarks.train import bundle as B  # noqa: E402
+from tests.benchmarks.test_train_refs import FAMILIES, _args, make_data  # noqa: E402
+
+MODEL_TYPE = {"gdn": "qwen3_next", "kda": "kimi_linear", "mamba2": "nemotron_h"}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """{family: checkpoint dir}: built lazily, 2 steps at commit aaaa111 then 1 resumed step at bbbb222 with
+    --attn-lr-mult 2 (each session records its own recipe)."""
+    from benchmarks.train.train import main
+
+    root = tmp_path_factory.mktemp("ck")
+    data = make_data(root / "data")
+    made = {}
+
+    def get(family: str) -> Path:
+        if family not in made:
+            main(_args(data, root / "s0", family, 2, "--commit", "aaaa111"))
+            main(_args(data, root / "s1", family, 1, "--commit", "bbbb222", "--resume", str(root / "s0" / family),
+                       "--attn-lr-mult", "2"))
+            made[family] = root / "s1" / family
+        return made[family]
+    return get
+
+
+def _tensors(d: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(d.glob("model*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_through_shards_transformers_eval_and_compile(ckpts, tmp_path, family):
+    from typer.testing import CliRunner
+    from transformers import AutoModelForCausalLM
+
+    from dasc_compile.cli import app
+    from dasc_compile.eval.models import load_eval_model
+
+    src = ckpts(family)
+    out = tmp_path / "bundle"
+    src_bytes = sum(f.stat().st_size for f in src.glob("model*.safetensors"))
+    assert src_bytes > 100_000
+    limit = 40_000                       # a smoke model is 110-160 kB: several shards
+    files = B.bundle(src, out, max_bytes=limit)
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= src_bytes // limit >= 2 and not (out / "model.safetensors").exists()
+    assert all(p.stat().st_size <= limit for p in out.iterdir()) and files == {p.name: p.stat().st_size
+                                                                            for p in out.iterdir()}
+    assert {p.name for p in out.iterdir()} == {s.name for s in shards} | {
+        "config.json", "tokenizer.json", "tokenizer_config.json", B.INDEX, "train_log.json", "PROVENANCE.md"}
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (src / name).read_bytes()
+
+    want, got = _tensors(src), _tensors(out)
+    assert sorted(want) == sorted(got)
+    for k, t in want.items():            # same dtype (bf16, decays fp32) and the same bits
+        assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+    assert {str(t.dtype) for k, t in got.items() if k.endswith(("A_log", "dt_bias"))} == {"torch.float32"}
+    assert {str(t.dtype) for k, t in got.items() if not k.endswith(("A_log", "dt_bias"))} == {"torch.bfloat16"}
+    index = json.loads((out / B.INDEX).read_text())
+    assert set(index["weight_map"]) == set(want) and set(index["weight_map"].values()) == {s.name for s in shards}
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in want.values())
+
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    assert model.config.model_type == MODEL_TYPE[family]
+    live, ref_sd = model.state_dict(), AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).state_dict()
+    assert sorted(live) == sorted(ref_sd) and all(torch.equal(live[k], ref_sd[k]) for k in live)
+    by_bits = {t.float().numpy().tobytes() for t in want.values()}   # every loaded tensor is a stored one, as stored
+    assert all(v.numpy().tobytes() in by_bits for v in live.values())
+
+    em, ref = load_eval_model(out), load_eval_model(src)
+    assert em.family == family and em.layer_ids == ref.layer_ids and len(em.layer_ids) == 3
+    ids = em.tokenizer.encode("the river")
+    assert ids == ref.tokenizer.encode("the river") and em.tokenizer.decode(ids) == "the river"
+    from dasc_compile.eval.models import HFTokenizer
+
+    assert isinstance(em.tokenizer, HFTokenizer)
+    assert torch.equal(em.forward(ids, em.new_cache()), ref.forward(ids, ref.new_cache()))
+
+    plans = []
+    for m, name in ((src, "src"), (out, "bundle")):
+        r = CliRunner().invoke(app, ["compile", str(m), "--wmax", "512", "--out", str(tmp_path / f"{name}.dasc"),
+                                     "--no-kernels", "-q"])
+        assert r.exit_code == 0, r.output
+        plans.append((tmp_path / f"{name}.dasc" / "plan.json").read_bytes())
+    assert plans[0] == plans[1] and json.loads(plans[1])["totals"]["n_units"] == 12
+
+
+def test_one_file_when_it_fits(ckpts, tmp_path):
+    src = ckpts("gdn")
+    B.bundle(src, tmp_path / "b")
+    assert (tmp_path / "b" / "model.safetensors").is_file() and not (tmp_path / "b" / B.INDEX).exists()
+    assert not list((tmp_path / "b").glob("model-*"))
+    want, got = _tensors(src), _tensors(tmp_path / "b")
+    assert sorted(want) == sorted(got) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_provenance_and_train_log_say_how_it_was_trained(ckpts, tmp_path):
+    from benchmarks.train.models import n_params
+    from transformers import AutoModelForCausalLM
+
+    src = ckpts("gdn")
+    B.bundle(src, tmp_path / "b", max_bytes=40_000)
+    md = (tmp_path / "b" / "PROVENANCE.md").read_text()
+    params = n_params(AutoModelForCausalLM.from_pretrained(str(src)))
+    assert md.startswith(f"# Trained reference: gdn hybrid, {params:,} parameters")
+    assert "Qwen3-Next architecture" in md and "model_type `qwen3_next`" in md
+    assert "layers: linear_attention x3, full_attention." in md
+    assert f"Trained: {3 * 4 * 192:,} tokens in 3 steps over 2 session(s)" in md
+    assert "Commit(s): aaaa111, bbbb222" in md
+    assert "### Session 0 (commit aaaa111)" in md and "### Session 1 (commit bbbb222)" in md
+    s0, s1 = md.split("### Session 0")[1].split("### Session 1")
+    assert "attn_lr_mult=1.0" in s0 and "attn_lr_mult=2.0" in s1 and "attn_matrix: lr x2.0" in s1
+    assert "attn_matrix" not in s0 and "Steps 0 to 2 (1,536 tokens)" in s0 and "Steps 2 to 3 (768 tokens)" in s1
+    for s in (s0, s1):
+        assert "decay (A_log / dt_bias): lr x5.0, weight decay 0.0, 6 tensors" in s and "seq=192, batch=4" in s
+    assert "seed 0" in md and "build_model('gdn', 'smoke', 383, 380, 0, 'log-uniform-dt')" in md
+    assert "ShareGPT" in md and "test: bytes + whole words of the recall templates (383 ids" in md
+    assert "bfloat16: 43 tensors" in md and "float32: 6 tensors, 24 parameters" in md and "not stored anywhere" in md
+    for f in (tmp_path / "b").glob("model-*.safetensors"):
+        assert f"- {f.name}: {f.stat().st_size:,} bytes, sha256 {hashlib.sha256(f.read_bytes()).hexdigest()}" in md
+
+    log = json.loads((tmp_path / "b" / "train_log.json").read_text())
+    state = json.loads((src / "train_state" / "state.json").read_text())
+    lines = (src / "train_state" / "log.jsonl").read_text().splitlines()
+    assert log["sessions"] == state["sessions"] and log["tokens"] == 2304 and log["step"] == 3
+    assert len(log["log"]) == len(lines) == (1 + 2) + (1 + 1)          # per session: start, each step
+    assert [r["step"] for r in log["log"] if "loss_text" in r] == [1, 2, 3]
+    assert log["provenance"]["init"]["seed"] == 0 and "sessions" not in log["provenance"]
+
+
+def _damage(kind: str, src: Path) -> tuple[Path, str]:
+    """Break a copy of a checkpoint one way; returns (what to pass as SRC, a phrase the error names)."""
+    ts = src / "train_state"
+    if kind == "missing":
+        return src / "nope", "nope: not a directory"
+    if kind == "no-state":
+        (ts / "state.json").unlink()
+        return src, "state.json: missing"
+    if kind == "bad-state":
+        (ts / "state.json").write_text('{"family": "gdn", "sessions": []}')
+        return src, "expected family"
+    if kind == "bad-log":
+        (ts / "log.jsonl").write_text('{"step": 1}\nnot json\n')
+        return src, "log.jsonl line 2: not JSON"
+    if kind == "no-tokenizer":
+        (src / "tokenizer.json").unlink()
+        return src, "expected tokenizer.json"
+    if kind == "truncated":
+        f = src / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:-100])
+        return src, "model.safetensors: not a readable safetensors file"
+    if kind == "params":
+        st = json.loads((ts / "state.json").read_text())
+        st["sessions"][-1]["params"] += 1
+        (ts / "state.json").write_text(json.dumps(st))
+        return src, "state.json's last session records"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["missing", "no-state", "bad-state", "bad-log", "no-tokenizer", "truncated", "params"])
+def test_bad_checkpoints_are_refused_in_one_line_and_nothing_is_written(ckpts, tmp_path, capsys, kind):
+    src = tmp_path / "ck"
+    shutil.copytree(ckpts("gdn"), src)
+    arg, phrase = _damage(kind, src)
+    out = tmp_path / "dest" / "b"
+    assert B.main([str(arg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and phrase in err[0], err
+    assert not out.exists() and (not out.parent.exists() or not list(out.parent.iterdir()))
+
+
+def test_limits_and_out_folder_are_refused_in_one_line(ckpts, tmp_path, capsys):
+    src = ckpts("gdn")
+    out = tmp_path / "b"
+    # the embedding, 383 x 32 bf16 = 24.5 kB, cannot fit a file of 0.02 MiB
+    assert B.main([str(src), "--out", str(out), "--max-shard-mib", "0.02"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tensor 'model.embed_tokens.weight' needs 24," in err[0]
+    assert "bytes in a file, over the 20,971 bytes a file may hold (--max-shard-mib 0.02)" in err[0]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    # shards fit but a 60 kB tokenizer.json does not: checked before anything is moved into place
+    big = tmp_path.parent / f"{tmp_path.name}-big"
+    shutil.copytree(src, big)
+    (big / "tokenizer.json").write_text((src / "tokenizer.json").read_text() + " " * 45_000)
+    assert B.main([str(big), "--out", str(out), "--max-shard-mib", "0.04"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"tokenizer.json ({(big / 'tokenizer.json').stat().st_size:,} bytes) would be over the 41,943 bytes" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+    assert B.main([str(src), "--out", str(out)]) == 0
+    first = (out / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert B.main([str(src), "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert B.main([str(src), "--out", str(src), "--replace"]) == 2
+    assert "is or holds SRC" in capsys.readouterr().err and (src / "train_state" / "state.json").is_file()
+    assert B.main([str(src), "--out", str(out), "--replace", "--max-shard-mib", "0.04"]) == 0
+    assert not (out / "model.safetensors").exists() and len(list(out.glob("model-*"))) >= 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"] and first
