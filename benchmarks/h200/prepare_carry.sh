@@ -31,6 +31,8 @@ for arg in "$@"; do
 done
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo "$ROOT/.venv/bin/python" || echo python3)}
+# NUL-separated paths on stdin that exist as files (a parked file is tracked but deleted: it does not travel)
+existing() { "$PY" -c 'import os, sys; sys.stdout.write("".join(p + "\0" for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))'; }
 if [ "$CHECK" = 0 ]; then
   mkdir -p .dev/sglang .dev/dascwhl
   cp benchmarks/h200/sglang/run_sglang.sh benchmarks/h200/sglang/smoke_client.py \
@@ -40,14 +42,18 @@ if [ "$CHECK" = 0 ]; then
     bash benchmarks/h200/sglang/build_site.sh .dev/sglang/site.tar.xz
   fi
   # The device wheel is built from a copy of the checkout without the bundled trained eval models
-  # (plans/reference/* over 1 MiB, e.g. the 6.3 MB kda-hybrid-3m): no device driver reads them, and
-  # they would travel twice (tree + wheel), over the 64 MiB a call may send.
+  # (plans/reference/* with a weight file over 1 MiB or a shard index, e.g. the 6.3 MB kda-hybrid-3m, or a
+  # config.json whose weights are parked): no device driver reads them, and they would travel twice (tree +
+  # wheel), over the 64 MiB a call may send. Files parked by park.py (deleted, still tracked) are skipped.
   tmpw=$(mktemp -d); src="$tmpw/src"; mkdir -p "$src"
-  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
-  for f in "$src"/plans/reference/*/*.safetensors; do
-    [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 1048576 ] || continue
-    echo "device wheel leaves out ${f#"$src"/} ($(stat -c %s "$f") bytes: an eval model no device driver reads)"
-    rm -rf "$(dirname "$f")"
+  git ls-files -z --cached --others --exclude-standard | existing | tar --null -T - -cf - | tar -xf - -C "$src"
+  for d in "$src"/plans/reference/*/; do
+    big=$(find "$d" -maxdepth 1 -name '*.safetensors' -size +1048576c | head -1)
+    if [ -n "$big" ] || [ -f "$d/model.safetensors.index.json" ] \
+       || { [ -f "$d/config.json" ] && ! ls "$d"/*.safetensors > /dev/null 2>&1; }; then
+      echo "device wheel leaves out ${d#"$src"/} (an eval model no device driver reads, or its weights are parked)"
+      rm -rf "$d"
+    fi
   done
   if ! (cd "$src" && "$PY" -m pip wheel -q --no-deps -w "$tmpw" .); then
     rm -rf "$tmpw"; echo "error: pip wheel of $ROOT failed (the wheel in .dev/dascwhl is unchanged)" >&2; exit 3
@@ -73,7 +79,7 @@ done
 echo "a device call carrying .dev/sglang .dev/dascwhl$([ -d .whl ] && echo ' .whl') sends $parts = $(mib "$total") MiB of 64 MiB ($(mib $((limit - total))) MiB left)"
 [ -s .dev/sglang/site.tar.xz ] || echo "warning: .dev/sglang/site.tar.xz is missing (--no-site): the drivers need it, and it is not counted above" >&2
 if [ "$total" -gt "$limit" ]; then
-  hint="carry less"
+  hint="carry less, or park bundled models the call does not need (python -m benchmarks.h200.park park plans/reference/NAME; README 'Parking bundled models')"
   [ -f .dev/sglang/site.tar.xz ] && [ "$(stat -c %s .dev/sglang/site.tar.xz)" -gt $((50 * 1048576)) ] \
     && hint="its site.tar.xz predates slim_site.sh: rm .dev/sglang/site.tar.xz and run this script again (~5 min)"
   echo "error: a device call would send $(mib "$total") MiB, over the 64 MiB limit ($parts); $hint" >&2; exit 2

@@ -86,7 +86,8 @@ def prepare_data(out: Path, vocab: int, held_out: int, shard_tokens: int, seed: 
 
 
 def _tree_bytes(root: Path) -> int:
-    """Bytes of what a device call sends besides carried paths: tracked and untracked-not-ignored files."""
+    """Bytes of what a device call sends besides carried paths: tracked and untracked-not-ignored files that
+    exist (a parked file, deleted from the working tree, does not travel: benchmarks/h200/park.py)."""
     names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root, capture_output=True,
                            check=True).stdout.split(b"\0")
     return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
@@ -94,6 +95,19 @@ def _tree_bytes(root: Path) -> int:
 
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def commit_stamp(root: Path) -> str:
+    """``HEAD``'s commit, ``+dirty`` when a tracked file differs from it; files parked by
+    benchmarks/h200/park.py (deleted so that they do not travel) do not count: the code that runs is HEAD's."""
+    from benchmarks.h200.park import parked
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    gone = parked(root)
+    dirty = [ln for ln in subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                         capture_output=True, text=True).stdout.splitlines()
+             if not (ln[:2] == " D" and ln[3:] in gone)]
+    return f"{head}{'+dirty' if dirty else ''}"
 
 
 class StageError(ValueError):
@@ -180,7 +194,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         ck = sum(p.stat().st_size for p in carried)
         raise StageError(f"--families {' '.join(families)}: no shard fits: {used / 2**20:.1f} MiB are taken before "
                          f"any data ({ck / 2**20:.1f} of them the packed checkpoints to resume; limit 64 MiB less "
-                         f"{MARGIN / 2**20:.0f} of margin); stage fewer --families (nothing was changed)")
+                         f"{MARGIN / 2**20:.0f} of margin); stage fewer --families, or park bundled models the call does "
+                         f"not need: python -m benchmarks.h200.park park plans/reference/NAME (nothing was changed)")
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
@@ -199,10 +214,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         staged.append(s["file"])
         n_tok += s["tokens"]
     next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                           text=True).stdout.strip()
-    (call / "commit.txt").write_text(f"{head}{'+dirty' if dirty else ''}\n")
+    (call / "commit.txt").write_text(commit_stamp(root) + "\n")
     (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok, "families": list(families)},
                                                  indent=1) + "\n")
     return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
