@@ -80,7 +80,8 @@ def park(root: Path, paths: list[str]) -> dict[str, int]:
     for p in paths:
         rel = os.path.relpath(Path(p).absolute(), root)
         if rel.startswith("..") or rel == ".":
-            raise ParkError(f"{p}: {'outside' if rel != '.' else 'is'} the checkout {root}; expected files or folders in it")
+            where = "is" if rel == "." else "outside"
+            raise ParkError(f"{p}: {where} the checkout {root}; expected files or folders in it")
         files = [f for f in _git(root, "ls-files", "-z", "--", rel).stdout.split("\0") if f]
         if not files:
             raise ParkError(f"{p}: not tracked by git; expected tracked files or a folder of them")

@@ -108,7 +108,8 @@ def read_checkpoint(src: Path) -> dict:
     st = _json(src / "train_state" / "state.json", "the training state")
     sessions = st.get("sessions") if isinstance(st, dict) else None
     if (not isinstance(sessions, list) or not sessions or not all(isinstance(s, dict) for s in sessions)
-            or st.get("family") not in FAMILIES or not all(isinstance(st.get(k), int) for k in ("step", "tokens", "seed"))):
+            or st.get("family") not in FAMILIES
+            or not all(isinstance(st.get(k), int) for k in ("step", "tokens", "seed"))):
         raise BundleError(f"{src / 'train_state' / 'state.json'}: expected family (one of {', '.join(FAMILIES)}), "
                           f"step, tokens, seed and a non-empty list of sessions")
     prov = _json(src / "provenance.json", "the training provenance")
@@ -169,12 +170,14 @@ def _utc(ts: float) -> str:
 
 
 def _git_head() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                       text=True)
     return r.stdout.strip() or "unknown"
 
 
 def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
-    """PROVENANCE.md of a bundle: ``ck`` from :func:`read_checkpoint`; ``files`` name -> bytes; ``sha`` name -> sha256."""
+    """PROVENANCE.md of a bundle: ``ck`` from :func:`read_checkpoint` (+ ``state_mtime``, ``now``: Unix
+    seconds); ``files``: name -> bytes; ``sha``: weight file name -> sha256."""
     st, prov, cfg, tensors = ck["state"], ck["prov"], ck["config"], ck["tensors"]
     ses, fam, params = st["sessions"], st["family"], st["sessions"][-1]["params"]
     tr, data, init = prov.get("training", {}), prov.get("data", {}), prov.get("init", {})
@@ -189,7 +192,8 @@ def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
     commits = list(dict.fromkeys(s.get("commit", "unknown") for s in ses))
     L = [f"# Trained reference: {fam} hybrid, {params:,} parameters (trained here by dasc, not a released model)", "",
          f"- Family / architecture: {fam}; {prov.get('model', cfg['model_type'])}; model_type `{cfg['model_type']}`, "
-         f"{', '.join(cfg.get('architectures') or [])}; hidden {cfg.get('hidden_size')}, vocab {cfg.get('vocab_size')}; "
+         f"{', '.join(cfg.get('architectures') or [])}; hidden {cfg.get('hidden_size')}, "
+         f"vocab {cfg.get('vocab_size')}; "
          f"layers: {layers}.",
          f"- Parameters: {params:,}. Trained: {st['tokens']:,} tokens in {st['step']:,} steps over {len(ses)} "
          f"session(s) (planned {st.get('total_steps', '?')} steps).",
@@ -197,18 +201,19 @@ def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
          f"Held out: {data.get('held_out', '?')}.",
          f"- Tokenizer: {prov.get('tokenizer', '?')} ({prov.get('vocab_size', cfg.get('vocab_size'))} ids; "
          f"tokenizer.json here).",
-         f"- Seeds: model and batches seed {st['seed']}; decays initialised `{init.get('decay_init', st.get('decay_init'))}`;"
-         f" the initial model rebuilds with `{init.get('rebuild', '?')}` (fp32 sha256 {st.get('init_sha256', '?')[:16]}..., "
+         f"- Seeds: model and batches seed {st['seed']}; decays initialised "
+         f"`{init.get('decay_init', st.get('decay_init'))}`; the initial model rebuilds with "
+         f"`{init.get('rebuild', '?')}` (fp32 sha256 {st.get('init_sha256', '?')[:16]}..., "
          f"on {json.dumps(st.get('init_versions'))}).",
          f"- Optimiser: {tr.get('optimizer', '?')}. Schedule: {tr.get('schedule', '?')}. Precision: "
          f"{tr.get('precision', '?')}. Between sessions: {tr.get('between_sessions', '?')}.",
          f"- Commit(s): {', '.join(commits)} (per session below). Last session saved {_utc(ck['state_mtime'])} "
          f"(state.json's time); bundled {_utc(ck['now'])} by benchmarks/train/bundle.py at {_git_head()}.",
-         f"- Weights: stored as the trainer saved them, tensor for tensor (nothing converted): {dtypes}; A_log / dt_bias "
-         f"{', '.join(decay_dtypes) or 'absent'}. Training keeps fp32 master weights and saves them rounded to bf16 "
-         f"(A_log / dt_bias fp32); those fp32 masters are not stored" + (
-             " here (SRC's train_state/exact.pt held them with the Adam moments; not bundled)." if ck["exact"] else
-             " anywhere: a resume continued from these weights."),
+         f"- Weights: stored as the trainer saved them, tensor for tensor (nothing converted): {dtypes}; "
+         f"A_log / dt_bias {', '.join(decay_dtypes) or 'absent'}. Training keeps fp32 master weights and saves "
+         f"them rounded to bf16 (A_log / dt_bias fp32); the fp32 masters are not bundled" + (
+             " (SRC's train_state/exact.pt holds them, with the Adam moments)." if ck["exact"] else
+             " (and were not saved: a resume continues from these weights)."),
          "- Load: `AutoModelForCausalLM.from_pretrained(DIR)`, `dasc compile DIR --wmax W`, `dasc eval DIR --plan P`. "
          "train_log.json: state.json, provenance.json and every logged interval.", "", "## Sessions", ""]
     for s in ses:

@@ -194,8 +194,9 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         ck = sum(p.stat().st_size for p in carried)
         raise StageError(f"--families {' '.join(families)}: no shard fits: {used / 2**20:.1f} MiB are taken before "
                          f"any data ({ck / 2**20:.1f} of them the packed checkpoints to resume; limit 64 MiB less "
-                         f"{MARGIN / 2**20:.0f} of margin); stage fewer --families, or park bundled models the call does "
-                         f"not need: python -m benchmarks.h200.park park plans/reference/NAME (nothing was changed)")
+                         f"{MARGIN / 2**20:.0f} of margin); stage fewer --families, or park bundled models the "
+                         f"call does not need: python -m benchmarks.h200.park park plans/reference/NAME "
+                         f"(nothing was changed)")
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
