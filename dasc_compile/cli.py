@@ -55,7 +55,7 @@ def compile_cmd(
     config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file."),
     a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
-    family: Optional[str] = typer.Option(None, "--family", help="Force a decay family: gdn | kda | kda_safe_gate."),
+    family: Optional[str] = typer.Option(None, "--family", help="Force a decay family: gdn | kda | kda_safe_gate | mamba2."),
     load_policy: Optional[str] = typer.Option(None, "--load-policy", help="nr (zero-fill) or wr (suffix refresh)."),
     int8: Optional[bool] = typer.Option(None, "--int8/--no-int8", help="Store kept units as INT8 (App. E)."),
     seed: Optional[int] = typer.Option(None, "--random-seed", help="Count-matched random mask from this seed (Random baseline)."),

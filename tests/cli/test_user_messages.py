@@ -224,3 +224,15 @@ def test_provenance_is_one_short_line_outside_inspect(tmp_path):
     assert s.code == 0 and note not in s.out and s.out.count("provenance:") == 1 and line in s.out
     i = dasc("inspect", tmp_path / "k")
     assert " ".join(note.split())[:200] in " ".join(i.out.replace("│", " ").split())   # the full note lives here
+
+
+def test_compile_family_help_names_every_family_the_policy_accepts():
+    # the help said "gdn | kda | kda_safe_gate" while the validator also took mamba2
+    import typing
+
+    from dasc_compile.policy import FamilyName
+
+    r = dasc("compile", "--help")
+    text = " ".join(r.out.replace("│", " ").split())      # rich wraps the help inside a box
+    assert r.code == 0
+    assert "Force a decay family: " + " | ".join(typing.get_args(FamilyName)) + "." in text
