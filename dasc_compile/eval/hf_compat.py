@@ -69,8 +69,11 @@ def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str 
     if have is None:
         raise DascInputError(f"{what} needs the 'transformers' package (>= {want}): {INSTALL_HINT}")
     if have < minimum:
+        # SGLang 0.5.17 pins transformers 5.12.1: above that, upgrading in its environment would break the server
+        where = (" in an environment without SGLang 0.5.17 (which pins 5.12.1), e.g. bash scripts/setup_env.sh "
+                 ".venv-newest --newest") if minimum > MIN_TRANSFORMERS else ""
         raise DascInputError(f"{what} needs transformers >= {want}, this environment has "
-                             f"{'.'.join(map(str, have))}: pip install 'transformers>={want}'")
+                             f"{'.'.join(map(str, have))}: pip install 'transformers>={want}'{where}")
 
 
 def cache_arg(model) -> str:

@@ -45,3 +45,4 @@ def test_kda_below_5_17_is_one_line(tmp_path):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1, r.output
     assert "needs transformers >= 5.17" in lines[0] and "pip install 'transformers>=5.17'" in lines[0]
+    assert "setup_env.sh .venv-newest --newest" in lines[0]    # not an upgrade inside SGLang 0.5.17's environment
