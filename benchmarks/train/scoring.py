@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -181,9 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-summary", type=Path, metavar="OUT",
                     help="write the summary.json of the one run.log given (what train_refs.sh returns) and print nothing")
     a = ap.parse_args(argv)
+    for f in a.files:
+        if not f.is_file():
+            print(f"error: {f}: expected a history file (log.jsonl, log-<family>.jsonl, run.log or summary.json)",
+                  file=sys.stderr)
+            return 2
     if a.write_summary is not None:
         if len(a.files) != 1:
             ap.error("--write-summary takes exactly one run.log")
+        if not a.write_summary.parent.is_dir():
+            print(f"error: --write-summary {a.write_summary}: its folder does not exist", file=sys.stderr)
+            return 2
         a.write_summary.write_text(json.dumps(run_summary(a.files[0]), indent=1))
         return 0
     cols = ["all", *RECALL_KINDS]

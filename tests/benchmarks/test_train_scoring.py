@@ -150,3 +150,14 @@ def test_run_summary_keeps_each_familys_last_interval_and_save_and_the_probe(tmp
     assert json.loads(out.read_text()) == s
     # the summary reads back as history: each family's last interval
     assert [(r["family"], r["step"]) for r in read_history(out)] == [("gdn", 20), ("kda", 10)]
+
+
+def test_a_missing_history_file_or_summary_folder_is_one_line(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.log")]) == 2
+    assert main([str(tmp_path)]) == 2
+    log = tmp_path / "run.log"
+    log.write_text('[gdn] {"step": 1, "recall_acc": 0.5}\n')
+    assert main([str(log), "--write-summary", str(tmp_path / "no" / "s.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("error: ") for e in err)
+    assert "nope.log" in err[0] and "--write-summary" in err[2] and not (tmp_path / "no").exists()
