@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("gdn", "kda", "mamba2")
+MODEL_TYPES = {"gdn": "qwen3_next", "kda": "kimi_linear", "mamba2": "nemotron_h"}   # each family's config model_type
 DECAY_SUFFIXES = ("A_log", "dt_bias")
 SHARD_BYTES = 15_000_000          # < 16 MiB, the largest file a device call returns
 

@@ -224,7 +224,200 @@ def test_limits_and_out_folder_are_refused_in_one_line(ckpts, tmp_path, capsys):
     assert B.main([str(src), "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert B.main([str(src), "--out", str(src), "--replace"]) == 2
-    assert "is or holds SRC" in capsys.readouterr().err and (src / "train_state" / "state.json").is_file()
+    assert "is SRC" in capsys.readouterr().err and (src / "train_state" / "state.json").is_file()
     assert B.main([str(src), "--out", str(out), "--replace", "--max-shard-mib", "0.04"]) == 0
     assert not (out / "model.safetensors").exists() and len(list(out.glob("model-*"))) >= 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"] and first
+
+
+# ---- refusals found by a tester: each was data loss, a traceback or a silent wrong answer ----
+
+def _snap(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else None for p in sorted(d.rglob("*"))}
+
+
+def _one_line(capsys, *phrases) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    assert all(p in err[0] for p in phrases), err
+    return err[0]
+
+
+@pytest.fixture
+def src(ckpts, tmp_path):
+    """A copy of the GDN checkpoint, free to change."""
+    shutil.copytree(ckpts("gdn"), tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def test_out_at_inside_or_holding_src_is_refused_and_src_is_untouched(src, tmp_path, capsys, monkeypatch):
+    """--out inside SRC was written (with --replace it replaced the checkpoint's own train_state/)."""
+    before = _snap(src)
+    for out, how in ((src, "is SRC"), (src / "train_state", "is inside SRC"), (src / "b", "is inside SRC"),
+                     (tmp_path, "holds SRC"), (src / ".." / "ck" / "train_state", "is inside SRC")):
+        for extra in ([], ["--replace"]):
+            assert B.main([str(src), "--out", str(out), *extra]) == 2
+            _one_line(capsys, f"--out {out}: {how}")
+    monkeypatch.chdir(src)                         # --out . from inside the checkpoint
+    assert B.main([str(src), "--out", ".", "--replace"]) == 2
+    _one_line(capsys, "--out .: is SRC")
+    assert _snap(src) == before
+
+
+def test_replace_replaces_only_a_bundle(src, tmp_path, capsys):
+    """--replace deleted whatever --out named: a notes folder, or all of plans/reference."""
+    ref = tmp_path / "reference"
+    assert B.main([str(src), "--out", str(ref / "b")]) == 0
+    (ref / "notes").mkdir()
+    (ref / "notes" / "todo.md").write_text("mine")
+    capsys.readouterr()
+    before = _snap(ref)
+    assert B.main([str(src), "--out", str(ref), "--replace"]) == 2              # a folder of bundles
+    _one_line(capsys, f"--out {ref}: not a bundle (it also holds b/, notes/)", "replaces only a folder")
+    assert B.main([str(src), "--out", str(ref / "notes"), "--replace"]) == 2     # no PROVENANCE.md
+    _one_line(capsys, "not a bundle (it also holds todo.md)")
+    (ref / "b" / "my-eval.txt").write_text("kept")                             # a bundle with a file of the user's
+    assert B.main([str(src), "--out", str(ref / "b"), "--replace"]) == 2
+    _one_line(capsys, "not a bundle (it also holds my-eval.txt)")
+    (ref / "b" / "my-eval.txt").unlink()
+    (ref / "b" / "PROVENANCE.md").rename(ref / "PROVENANCE.md.bak")
+    assert B.main([str(src), "--out", str(ref / "b"), "--replace"]) == 2
+    _one_line(capsys, "not a bundle (no PROVENANCE.md)")
+    (ref / "PROVENANCE.md.bak").rename(ref / "b" / "PROVENANCE.md")
+    assert _snap(ref) == before
+    assert B.main([str(src), "--out", str(ref / "b"), "--replace", "--max-shard-mib", "0.04"]) == 0
+    assert len(list((ref / "b").glob("model-*-of-*.safetensors"))) >= 3 and (ref / "notes" / "todo.md").is_file()
+    assert B.main([str(src), "--out", str(ref / "b"), "--replace"]) == 0      # shards + index: still a bundle
+    assert sorted(p.name for p in ref.iterdir()) == ["b", "notes"]
+
+
+def test_out_that_is_a_file_or_under_one_is_refused(src, tmp_path, capsys, monkeypatch):
+    """--out FILE --replace replaced the file by a folder; --out FILE/x, /proc/x and --out . were tracebacks."""
+    f = tmp_path / "README.md"
+    f.write_text("keep me")
+    for extra in ([], ["--replace"]):
+        assert B.main([str(src), "--out", str(f), *extra]) == 2
+        _one_line(capsys, f"--out {f}: a file; expected a folder")
+    assert B.main([str(src), "--out", str(f / "x")]) == 2
+    _one_line(capsys, f"--out {f / 'x'}: {f} is a file; expected a folder path")
+    assert f.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "ck"]
+    (tmp_path / "link").symlink_to(src)
+    assert B.main([str(src), "--out", str(tmp_path / "link"), "--replace"]) == 2
+    _one_line(capsys, "a symbolic link")
+    if Path("/proc/self").is_dir():
+        assert B.main([str(src), "--out", "/proc/x"]) == 2
+        _one_line(capsys, "--out /proc/x: cannot write there")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    assert B.main([str(src), "--out", ".", "--replace"]) == 2
+    _one_line(capsys, "--out .: not a bundle (it also holds notes.txt)")
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("value, phrase", [
+    ("inf", "--max-shard-mib inf: expected a number of MiB above 0 and at most 16"),   # was OverflowError
+    ("nan", "--max-shard-mib nan: expected"), ("200", "--max-shard-mib 200: expected"),  # 200: was accepted
+    ("16.5", "--max-shard-mib 16.5: expected"), ("0", "--max-shard-mib 0: expected"),
+    ("-1", "--max-shard-mib -1: expected"), ("lots", "--max-shard-mib lots: expected"),
+    ("1e-300", "over the 0 bytes a file may hold (--max-shard-mib 1e-300)")])           # was echoed as 0
+def test_max_shard_mib_is_finite_above_0_at_most_16_and_echoed_as_given(src, tmp_path, capsys, value, phrase):
+    assert B.main([str(src), "--out", str(tmp_path / "b"), "--max-shard-mib", value]) == 2
+    _one_line(capsys, phrase)
+    assert not (tmp_path / "b").exists()
+
+
+def test_usage_errors_are_one_line(capsys):
+    assert B.main(["--replace"]) == 2
+    _one_line(capsys, "required")
+
+
+def _index(src: Path, wm) -> None:
+    (src / B.INDEX).write_text(json.dumps(wm if wm is None else {"metadata": {}, "weight_map": wm}))
+
+
+@pytest.mark.parametrize("kind, phrase", [
+    ("null", "model.safetensors.index.json: expected a JSON object whose 'weight_map'"),
+    ("int-name", "expected a JSON object whose 'weight_map' maps each tensor name to a shard file name"),
+    ("outside", "weight_map names '../outside/model.safetensors', outside"),
+    ("absolute", "outside"),
+    ("provenance-list", "provenance.json: a JSON list; expected a JSON object"),
+    ("family", "config.json: model_type 'qwen3_next', but"),
+    ("session-shape", "a record not shaped as the trainer writes it")])
+def test_malformed_checkpoints_are_one_line(src, tmp_path, capsys, kind, phrase):
+    """Each was a traceback, a read outside SRC, or (provenance, family) a silently wrong PROVENANCE.md."""
+    names = list(_tensors(src))
+    sp = src / "train_state" / "state.json"
+    st = json.loads(sp.read_text())
+    if kind == "null":
+        _index(src, None)
+    elif kind == "int-name":
+        _index(src, {n: 5 for n in names})
+    elif kind in ("outside", "absolute"):
+        (tmp_path / "outside").mkdir()
+        shutil.copy2(src / "model.safetensors", tmp_path / "outside" / "model.safetensors")
+        _index(src, {n: "../outside/model.safetensors" if kind == "outside" else
+                     str(tmp_path / "outside" / "model.safetensors") for n in names})
+    elif kind == "provenance-list":
+        (src / "provenance.json").write_text("[1, 2]")
+    elif kind == "family":
+        sp.write_text(json.dumps(st | {"family": "mamba2"}))
+    else:
+        st["sessions"][0]["recipe"] = ["not", "a", "dict"]
+        sp.write_text(json.dumps(st))
+    out = tmp_path / "dest" / "b"
+    assert B.main([str(src), "--out", str(out)]) == 2
+    _one_line(capsys, phrase)
+    assert not (tmp_path / "dest").exists()
+
+
+_SIGNAL_CHILD = """
+import os, signal, sys
+import safetensors.torch as st
+from benchmarks.train import bundle as B
+real = st.save_file
+def save_then_signal(*a, **k):      # the first weight file is half the bundle: the signal comes mid-write
+    real(*a, **k)
+    os.kill(os.getpid(), signal.{sig})
+st.save_file = save_then_signal
+rc = B.main(sys.argv[1:])
+print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+      signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+sys.exit(rc)
+"""
+
+
+@pytest.mark.parametrize("sig, rc, line", [("SIGTERM", 143, "error: terminated (SIGTERM); nothing written"),
+                                           ("SIGINT", 130, "error: interrupted; nothing written")])
+def test_a_signal_mid_write_leaves_nothing_and_says_so_in_one_line(src, tmp_path, sig, rc, line):
+    """SIGTERM left a hidden half-written .b.* folder beside --out (a device call carries it, git add -A takes
+    it); SIGINT was a KeyboardInterrupt traceback."""
+    import subprocess
+    import sys
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_CHILD.format(sig=sig), str(src), "--out", str(dest / "b"),
+                        "--max-shard-mib", "0.04"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == rc and p.stderr.strip().splitlines() == [line], (p.returncode, p.stderr)
+    assert "restored True True" in p.stdout and list(dest.iterdir()) == []
+
+
+def test_stale_temp_folders_of_the_same_out_are_removed_and_only_those(src, tmp_path, capsys):
+    dest = tmp_path / "dest"
+    stale = [dest / ".b.bundle-abc_1234", dest / ".b.bundle-0000zzzz"]
+    kept = [dest / ".b.notes", dest / ".b.bundle-short", dest / ".other.bundle-abc_1234", dest / ".b.12345678"]
+    for d in stale + kept:
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"half")
+    assert B.main([str(src), "--out", str(dest / "b")]) == 0
+    assert sorted(dest.iterdir()) == sorted(kept + [dest / "b"])
+    # a bundle a killed --replace moved aside while --out is gone: kept, and said
+    aside = dest / ".b.bundle-abcd1234.old"
+    (dest / "b").rename(aside)
+    capsys.readouterr()
+    assert B.main([str(src), "--out", str(dest / "b")]) == 2
+    _one_line(capsys, f"--out {dest / 'b'}: missing, and {aside} holds the bundle")
+    assert (aside / "PROVENANCE.md").is_file()

@@ -1,0 +1,135 @@
+"""Read and check the checkpoint (SRC) that benchmarks/train/bundle.py bundles; nothing here writes.
+
+:func:`read_checkpoint` gives everything a bundle holds, or raises :class:`BundleError` (one line naming the
+path and what was expected) for a SRC that is not what benchmarks/train/train.py saves: a missing or
+unreadable file, an index that is not a weight map of names in SRC, a state.json or provenance.json that is
+not a JSON object as the trainer writes it, a config whose ``model_type`` is not the recorded family's, or
+weights that do not hold the parameter count state.json records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TRAINER = "a checkpoint directory written by benchmarks/train/train.py"
+
+
+class BundleError(ValueError):
+    """Bad input or a limit that cannot be met: one line naming the path and what was expected."""
+
+
+def _json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BundleError(f"{path}: missing; expected {what} ({TRAINER})") from None
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: not readable JSON ({type(exc).__name__}: {exc}); expected {what}") from None
+
+
+def _weight_files(src: Path) -> list[Path]:
+    """SRC's weight files: those its index names (each a file inside SRC), else its ``model*.safetensors``."""
+    if not (src / INDEX).is_file():
+        return sorted(src.glob("model*.safetensors"))
+    index = _json(src / INDEX, "a Hugging Face index with a weight_map")
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if (not isinstance(wm, dict) or not wm
+            or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in wm.items())):
+        raise BundleError(f"{src / INDEX}: expected a JSON object whose 'weight_map' maps each tensor name to a "
+                          f"shard file name (non-empty, all strings)")
+    root, files = src.resolve(), set()
+    for v in wm.values():
+        try:
+            f = (src / v).resolve()
+        except (OSError, ValueError):          # a NUL in the name, a symlink loop
+            f = root
+        if f == root or not f.is_relative_to(root):
+            raise BundleError(f"{src / INDEX}: weight_map names '{v}', outside {src}; expected shard files in SRC")
+        files.add(src / v)
+    return sorted(files)
+
+
+def _read_tensors(src: Path) -> tuple[dict, dict]:
+    """``({name: tensor as stored}, merged safetensors metadata)`` of SRC's weights (index or model*.safetensors).
+
+    Raises:
+        BundleError: no weights, a bad index, a shard the index names is missing, a damaged file, a tensor in two
+            files.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    files = _weight_files(src)
+    if not files:
+        raise BundleError(f"{src}: no model*.safetensors weights; expected {TRAINER}")
+    tensors, meta = {}, {}
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as fh:
+                meta.update(fh.metadata() or {})
+                for k in fh.keys():
+                    if k in tensors:
+                        raise BundleError(f"{f}: tensor '{k}' is also in another weight file; expected each once")
+                    tensors[k] = fh.get_tensor(k)
+        except (OSError, SafetensorError) as exc:
+            raise BundleError(f"{f}: not a readable safetensors file ({exc}); expected {TRAINER}") from None
+    return dict(sorted(tensors.items())), meta | {"format": "pt"}
+
+
+def read_checkpoint(src: Path) -> dict:
+    """Read and check everything a bundle holds from SRC (a trainer checkpoint directory); nothing is written.
+
+    Returns:
+        dict with ``config``, ``state`` (state.json), ``prov`` (provenance.json), ``log`` (log.jsonl records),
+        ``tensors``, ``meta`` (safetensors metadata), ``tokenizer`` (paths), ``src``, ``exact`` (exact.pt present),
+        ``saved`` (state.json's file time, Unix seconds).
+    Raises:
+        BundleError: SRC is not such a directory (module docstring says what is checked).
+    """
+    from benchmarks.train.models import FAMILIES, MODEL_TYPES
+
+    src = Path(src)
+    if not src.is_dir():
+        raise BundleError(f"{src}: not a directory; expected {TRAINER}")
+    cfg = _json(src / "config.json", "the model's config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
+        raise BundleError(f"{src / 'config.json'}: expected a transformers config (a JSON object with model_type)")
+    sp = src / "train_state" / "state.json"
+    st = _json(sp, "the training state")
+    sessions = st.get("sessions") if isinstance(st, dict) else None
+    if (not isinstance(sessions, list) or not sessions or not all(isinstance(s, dict) for s in sessions)
+            or st.get("family") not in FAMILIES
+            or not all(isinstance(st.get(k), int) for k in ("step", "tokens", "seed"))):
+        raise BundleError(f"{sp}: expected family (one of {', '.join(FAMILIES)}), "
+                          f"step, tokens, seed and a non-empty list of sessions")
+    if cfg["model_type"] != MODEL_TYPES[st["family"]]:
+        raise BundleError(f"{src / 'config.json'}: model_type {cfg['model_type']!r}, but {sp} records family "
+                          f"{st['family']} (model_type {MODEL_TYPES[st['family']]!r}); expected one checkpoint's files")
+    prov = _json(src / "provenance.json", "the training provenance")
+    if not isinstance(prov, dict):
+        raise BundleError(f"{src / 'provenance.json'}: a JSON {type(prov).__name__}; expected a JSON object "
+                          f"({TRAINER})")
+    log, log_path, i = [], src / "train_state" / "log.jsonl", 0
+    try:
+        for i, line in enumerate(log_path.read_text().splitlines(), 1):
+            if line.strip():
+                log.append(json.loads(line))
+    except FileNotFoundError:
+        raise BundleError(f"{log_path}: missing; expected the training log ({TRAINER})") from None
+    except ValueError as exc:
+        raise BundleError(f"{log_path} line {i}: not JSON ({exc}); expected one JSON record a line") from None
+    except OSError as exc:
+        raise BundleError(f"{log_path}: not readable ({exc}); expected the training log") from None
+    tok = [src / n for n in TOKENIZER_FILES if (src / n).is_file()]
+    if not {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in tok}:
+        raise BundleError(f"{src}: expected tokenizer.json and tokenizer_config.json beside the weights")
+    tensors, meta = _read_tensors(src)
+    have, want = sum(t.numel() for t in tensors.values()), sessions[-1].get("params")
+    if have != want:
+        raise BundleError(f"{src}: the weights hold {have:,} parameters, state.json's last session records {want}; "
+                          f"expected the checkpoint that state.json describes")
+    return {"src": src, "config": cfg, "state": st, "prov": prov, "log": log, "tensors": tensors, "meta": meta,
+            "tokenizer": tok, "exact": (src / "train_state" / "exact.pt").is_file(),
+            "saved": sp.stat().st_mtime}
