@@ -1,5 +1,11 @@
 """PROVENANCE.md of a bundle (benchmarks/train/bundle.py): how the model was trained, from what the trainer
 recorded (state.json, provenance.json; read by benchmarks/train/bundle_src.py), and the bundle's files.
+
+What each line rests on: "Data" is what the trainer recorded about its ``--data`` folder (benchmarks/train/
+recipe.py ``data_description``: the folder's meta.json, else only its name); "Decays moved since init" is each
+session's end state against the initialisation (cumulative, not that session's own change); "Last session
+saved" is state.json's ``saved_utc`` (the trainer's clock when it saved), or for a checkpoint saved before the
+trainer recorded it, state.json's file time, which a copy may have changed (the line says which).
 """
 
 from __future__ import annotations
@@ -40,13 +46,15 @@ def _session(s: dict) -> list[str]:
     mv = ((s.get("decays") or {}).get("movement") or {})
     moved = "; ".join(f"{k} mean |change| {v.get('mean_abs_change', 0):.4g} (max {v.get('max_abs_change', 0):.4g})"
                       for k, v in mv.items())
+    saved = f"; saved {s['saved_utc']}" if "saved_utc" in s else ""
     return [f"### Session {s.get('session')} (commit {s.get('commit', 'unknown')})", "",
             f"- Steps {s.get('start_step')} to {s.get('end_step')} ({_n(s.get('tokens', 0))} tokens), stopped by "
             f"{s.get('stopped_by')}; {s.get('device')} ({s.get('device_name')}), torch {s.get('torch')}, "
-            f"transformers {s.get('transformers')}, python {s.get('python')}; micro-batch {s.get('micro_batch')}.",
+            f"transformers {s.get('transformers')}, python {s.get('python')}; micro-batch {s.get('micro_batch')}"
+            f"{saved}.",
             f"- Kernels: {s.get('kernels')}.", f"- Recipe: {rec}.", f"- Optimiser groups: {groups}.",
             f"- Data shards: {shards or 'not recorded'}.",
-            f"- Decays moved: {moved or 'not recorded'}.", ""]
+            f"- Decays moved since init (cumulative, at this session's end): {moved or 'not recorded'}.", ""]
 
 
 def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
@@ -69,6 +77,8 @@ def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
     decay_dtypes = sorted({str(t.dtype).removeprefix("torch.") for k, t in tensors.items()
                            if k.rsplit(".", 1)[-1] in ("A_log", "dt_bias")})
     commits = list(dict.fromkeys(str(s.get("commit", "unknown")) for s in ses))
+    saved = ("state.json's saved_utc" if ck["saved_from"] == "saved_utc" else
+             "state.json's file time: this checkpoint predates saved_utc, and a copy may have changed the time")
     L = [f"# Trained reference: {fam} hybrid, {params:,} parameters (trained here by dasc, not a released model)", "",
          f"- Family / architecture: {fam}; {prov.get('model', cfg['model_type'])}; model_type `{cfg['model_type']}`, "
          f"{', '.join(map(str, cfg.get('architectures') or []))}; hidden {cfg.get('hidden_size')}, "
@@ -87,7 +97,7 @@ def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
          f"- Optimiser: {tr.get('optimizer', '?')}. Schedule: {tr.get('schedule', '?')}. Precision: "
          f"{tr.get('precision', '?')}. Between sessions: {tr.get('between_sessions', '?')}.",
          f"- Commit(s): {', '.join(commits)} (per session below). Last session saved {_utc(ck['saved'])} "
-         f"(state.json's time); bundled {_utc(ck['now'])} by benchmarks/train/bundle.py at {_git_head()}.",
+         f"({saved}); bundled {_utc(ck['now'])} by benchmarks/train/bundle.py at {_git_head()}.",
          f"- Weights: stored as the trainer saved them, tensor for tensor (nothing converted): {dtypes}; "
          f"A_log / dt_bias {', '.join(decay_dtypes) or 'absent'}. Training keeps fp32 master weights and saves "
          f"them rounded to bf16 (A_log / dt_bias fp32); the fp32 masters are not bundled" + (

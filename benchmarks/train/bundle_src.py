@@ -9,6 +9,7 @@ weights that do not hold the parameter count state.json records.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -78,13 +79,29 @@ def _read_tensors(src: Path) -> tuple[dict, dict]:
     return dict(sorted(tensors.items())), meta | {"format": "pt"}
 
 
+def _saved_utc(st: dict, path: Path) -> float | None:
+    """Unix seconds of state.json's ``saved_utc`` (ISO 8601, what the trainer records when it saves), or None
+    for a checkpoint saved before the trainer recorded it."""
+    if "saved_utc" not in st:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(st["saved_utc"])
+        if t.utcoffset() is None:
+            raise ValueError("no time zone")
+        return t.timestamp()
+    except (TypeError, ValueError):
+        raise BundleError(f"{path}: saved_utc {st['saved_utc']!r}; expected an ISO 8601 time with its UTC offset, as "
+                          f"the trainer writes it") from None
+
+
 def read_checkpoint(src: Path) -> dict:
     """Read and check everything a bundle holds from SRC (a trainer checkpoint directory); nothing is written.
 
     Returns:
         dict with ``config``, ``state`` (state.json), ``prov`` (provenance.json), ``log`` (log.jsonl records),
         ``tensors``, ``meta`` (safetensors metadata), ``tokenizer`` (paths), ``src``, ``exact`` (exact.pt present),
-        ``saved`` (state.json's file time, Unix seconds).
+        ``saved`` (Unix seconds the last session saved: state.json's ``saved_utc``, else its file time) and
+        ``saved_from`` (which of the two).
     Raises:
         BundleError: SRC is not such a directory (module docstring says what is checked).
     """
@@ -107,6 +124,7 @@ def read_checkpoint(src: Path) -> dict:
     if cfg["model_type"] != MODEL_TYPES[st["family"]]:
         raise BundleError(f"{src / 'config.json'}: model_type {cfg['model_type']!r}, but {sp} records family "
                           f"{st['family']} (model_type {MODEL_TYPES[st['family']]!r}); expected one checkpoint's files")
+    saved = _saved_utc(st, sp)
     prov = _json(src / "provenance.json", "the training provenance")
     if not isinstance(prov, dict):
         raise BundleError(f"{src / 'provenance.json'}: a JSON {type(prov).__name__}; expected a JSON object "
@@ -132,4 +150,5 @@ def read_checkpoint(src: Path) -> dict:
                           f"expected the checkpoint that state.json describes")
     return {"src": src, "config": cfg, "state": st, "prov": prov, "log": log, "tensors": tensors, "meta": meta,
             "tokenizer": tok, "exact": (src / "train_state" / "exact.pt").is_file(),
-            "saved": sp.stat().st_mtime}
+            "saved": sp.stat().st_mtime if saved is None else saved,
+            "saved_from": "mtime" if saved is None else "saved_utc"}

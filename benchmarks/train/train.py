@@ -7,7 +7,7 @@ time-boxed session, starting fresh or resuming from a checkpoint directory, and 
 A session: load (or build, from ``--seed`` on the CPU) the model, train until ``--max-steps`` or
 until the next step would pass ``--stop-at`` minus ``--save-reserve`` (or SIGTERM), then write
 ``OUT/<family>/`` (benchmarks/train/models.py format) with ``train_state/`` beside the weights:
-``state.json`` (step, tokens, schedule, one record per session), ``optim.safetensors`` (the
+``state.json`` (step, tokens, schedule, one record per session, ``saved_utc``), ``optim.safetensors`` (the
 travelling optimiser state, benchmarks/train/optim.py), ``init_decays.safetensors`` (the initial
 ``A_log``/``dt_bias``, checkpoint names and ``live:``-prefixed parameter names), ``log.jsonl`` (every
 logged interval of every session). ``--exact-state`` also writes ``exact.pt`` (fp32 weights + full Adam
@@ -42,6 +42,7 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -365,6 +366,8 @@ def finish(a, model, opt, state, session, init, tok, logf) -> dict:
             report["kept_error"] = f"{type(exc).__name__}: {exc}"
     session["decays"] = report
     session["save_s"] = round(time.time() - t, 1)
+    # when it saved, by this clock (a file's time changes with a copy); read by benchmarks/train/bundle.py
+    state["saved_utc"] = session["saved_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     (ts / "state.json").write_text(json.dumps(state, indent=1) + "\n")
     prov = provenance(a, state, tok)
     (ck / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")

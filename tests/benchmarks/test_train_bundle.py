@@ -4,6 +4,7 @@ read it, PROVENANCE.md says how it was trained, and bad input is refused in one 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import shutil
@@ -15,6 +16,7 @@ import torch
 pytest.importorskip("transformers")
 
 from benchmarks.train import bundle as B  # noqa: E402
+from benchmarks.train.bundle_md import _utc  # noqa: E402
 from tests.benchmarks.test_train_refs import FAMILIES, _args, make_data  # noqa: E402
 
 MODEL_TYPE = {"gdn": "qwen3_next", "kda": "kimi_linear", "mamba2": "nemotron_h"}
@@ -145,7 +147,16 @@ def test_provenance_and_train_log_say_how_it_was_trained(ckpts, tmp_path):
     for s in (s0, s1):
         assert "decay (A_log / dt_bias): lr x5.0, weight decay 0.0, 6 tensors" in s and "seq=192, batch=4" in s
     assert "seed 0" in md and "build_model('gdn', 'smoke', 383, 380, 0, 'log-uniform-dt')" in md
-    assert "ShareGPT" in md and "test: bytes + whole words of the recall templates (383 ids" in md
+    # what --data held (no meta.json in the test's folder), not a hard-coded ShareGPT
+    assert "- Data: the token shards of --data data/ (it has no meta.json naming their source)." in md
+    assert "Held out: not recorded (no meta.json)." in md and "ShareGPT" not in md
+    assert "test: bytes + whole words of the recall templates (383 ids" in md
+    # movement is measured from the initial decays at each session's end, not per session
+    assert md.count("- Decays moved since init (cumulative, at this session's end): ") == 2
+    state = json.loads((src / "train_state" / "state.json").read_text())
+    saved = _utc(dt.datetime.fromisoformat(state["saved_utc"]).timestamp())
+    assert f"Last session saved {saved} (state.json's saved_utc)" in md
+    assert state["saved_utc"] == state["sessions"][-1]["saved_utc"] and f"; saved {state['saved_utc']}." in md
     assert "bfloat16: 43 tensors" in md and "float32: 6 tensors, 24 parameters" in md and "the fp32 masters are not bundled (and were not saved" in md
     for f in (tmp_path / "b").glob("model-*.safetensors"):
         assert f"- {f.name}: {f.stat().st_size:,} bytes, sha256 {hashlib.sha256(f.read_bytes()).hexdigest()}" in md
@@ -344,6 +355,7 @@ def _index(src: Path, wm) -> None:
     ("absolute", "outside"),
     ("provenance-list", "provenance.json: a JSON list; expected a JSON object"),
     ("family", "config.json: model_type 'qwen3_next', but"),
+    ("saved-utc", "saved_utc 'yesterday'; expected an ISO 8601 time"),
     ("session-shape", "a record not shaped as the trainer writes it")])
 def test_malformed_checkpoints_are_one_line(src, tmp_path, capsys, kind, phrase):
     """Each was a traceback, a read outside SRC, or (provenance, family) a silently wrong PROVENANCE.md."""
@@ -363,6 +375,8 @@ def test_malformed_checkpoints_are_one_line(src, tmp_path, capsys, kind, phrase)
         (src / "provenance.json").write_text("[1, 2]")
     elif kind == "family":
         sp.write_text(json.dumps(st | {"family": "mamba2"}))
+    elif kind == "saved-utc":
+        sp.write_text(json.dumps(st | {"saved_utc": "yesterday"}))
     else:
         st["sessions"][0]["recipe"] = ["not", "a", "dict"]
         sp.write_text(json.dumps(st))
@@ -370,6 +384,31 @@ def test_malformed_checkpoints_are_one_line(src, tmp_path, capsys, kind, phrase)
     assert B.main([str(src), "--out", str(out)]) == 2
     _one_line(capsys, phrase)
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_checkpoint_saved_before_saved_utc_says_its_time_is_the_file_time(src, tmp_path):
+    sp = src / "train_state" / "state.json"
+    st = json.loads(sp.read_text())
+    del st["saved_utc"]
+    sp.write_text(json.dumps(st))
+    B.bundle(src, tmp_path / "b")
+    md = (tmp_path / "b" / "PROVENANCE.md").read_text()
+    assert (f"Last session saved {_utc(sp.stat().st_mtime)} (state.json's file time: this checkpoint predates "
+            f"saved_utc") in md
+
+
+def test_trainer_records_what_its_data_folder_holds(tmp_path):
+    from benchmarks.train.recipe import data_description
+
+    d = tmp_path / "prep"
+    d.mkdir()
+    assert data_description(d)["text"] == "the token shards of --data prep/ (it has no meta.json naming their source)"
+    (d / "meta.json").write_text(json.dumps({"source": "wikitext-103 train", "seed": 7, "tokenizer": "tok X, 512 ids",
+                                             "held_out": "the validation split"}))
+    got = data_description(d)
+    assert got["text"] == ("wikitext-103 train, shuffled with seed 7, packed with <|endoftext|> between documents; "
+                           "tokenized with tok X, 512 ids (--data prep/meta.json)")
+    assert got["held_out"] == "the validation split" and "ShareGPT" not in json.dumps(got)
 
 
 _SIGNAL_CHILD = """
