@@ -10,7 +10,8 @@ index < ``--held-out`` (2,000, in ``load_sharegpt`` order) are never trained on,
 the training conversations, benchmarks/train/tokenizer.py) and cut into shards of ``--shard-tokens``
 tokens (``shard-NNN.u16.xz``). Writes ``tokenizer/``, the shards and ``meta.json``.
 
-``stage``: fills ``.dev/train/call/`` (the one folder a device call carries) with the tokenizer, the
+``stage``: fills ``.dev/train/call/`` (the one folder a device call carries) with the tokenizer, meta.json
+(what the shards are: the trainer records its source in provenance.json, benchmarks/train/recipe.py), the
 checkpoints to resume of ``--families`` (packed as the last calls returned them: ``--returned`` parts
 are checked by unpacking here and kept as each family's newest in ``.dev/train/latest/``; the device
 unpacks them, benchmarks/h200/train_refs.sh),
@@ -187,8 +188,10 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     next_file = call / "next_shard"
     nxt = int(next_file.read_text()) if next_file.exists() else 0
     shards = meta["shards"]
-    kept = [f for f in call.iterdir() if f.is_file() and not f.name.startswith("shard-")] if call.is_dir() else []
+    kept = [f for f in call.iterdir() if f.is_file() and not f.name.startswith("shard-")
+            and f.name != "meta.json"] if call.is_dir() else []
     used = (_tree_bytes(root) + _dir_bytes(prep / "tokenizer") + sum(p.stat().st_size for p in carried)
+            + (prep / "meta.json").stat().st_size
             + sum(f.stat().st_size for f in kept) + sum(_dir_bytes(e) for e in extra))
     if shards[nxt % len(shards)]["bytes"] > CALL_LIMIT - MARGIN - used:
         ck = sum(p.stat().st_size for p in carried)
@@ -200,6 +203,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
+    shutil.copy2(prep / "meta.json", call / "meta.json")
     resume = _stage_resume(call, new_parts, families)
     for old in call.glob("shard-*.u16.xz"):
         old.unlink()

@@ -305,6 +305,8 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     call = tmp_path / "dev" / "call"
     out = stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
     assert out["resume"] == ["mamba2"] and out["shards"] == [s["file"] for s in shards]
+    # what the shards are travels with them: the trainer records meta.json's source (benchmarks/train/recipe.py)
+    assert (call / "meta.json").read_bytes() == (prep / "meta.json").read_bytes()
     assert sorted(p.name for p in (call / "resume").iterdir()) == sorted(
         p.name for p in (tmp_path / "returned").glob("mamba2.tzp.*"))
     assert sorted(p.name for p in (tmp_path / "dev" / "latest").iterdir()) == sorted(
