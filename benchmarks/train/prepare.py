@@ -101,13 +101,17 @@ def _dir_bytes(path: Path) -> int:
 def commit_stamp(root: Path) -> str:
     """``HEAD``'s commit, ``+dirty`` when a tracked file differs from it; files parked by
     benchmarks/h200/park.py (deleted so that they do not travel) do not count: the code that runs is HEAD's."""
-    from benchmarks.h200.park import parked
+    from benchmarks.h200.park import ParkError, parked
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    gone = parked(root)
-    dirty = [ln for ln in subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                         capture_output=True, text=True).stdout.splitlines()
-             if not (ln[:2] == " D" and ln[3:] in gone)]
+    try:
+        gone = parked(root)
+    except ParkError as exc:
+        raise StageError(f"{exc} (python -m benchmarks.h200.park status)") from None
+    # -z: names unquoted, so a parked name with spaces or non-ASCII matches the record
+    out = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=no", "--no-renames"], cwd=root,
+                         capture_output=True).stdout.decode("utf-8", "surrogateescape")
+    dirty = [e for e in out.split("\0") if e and not (e[:2] == " D" and e[3:] in gone)]
     return f"{head}{'+dirty' if dirty else ''}"
 
 

@@ -133,6 +133,21 @@ def test_stage_counts_only_files_that_exist_and_parking_is_not_dirt(repo):
     assert commit_stamp(repo) == head + "+dirty"
 
 
+def test_stamp_ignores_parked_names_git_would_quote_and_refuses_a_broken_record(repo):
+    """git status without -z quotes names with spaces or non-ASCII, so they did not match the record."""
+    from benchmarks.train.prepare import StageError, commit_stamp
+
+    odd = repo / "plans" / "reference" / "a b é.txt"
+    odd.write_text("x\n")
+    _commit(repo, "plans/reference/a b é.txt")
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    P.park(repo, [str(odd)])
+    assert not odd.exists() and commit_stamp(repo) == head
+    (repo / ".dev" / "parked.txt").write_text("not a record\n")
+    with pytest.raises(StageError, match="parked.txt line"):
+        commit_stamp(repo)
+
+
 def _commit(repo: Path, *paths: str) -> None:
     _git(repo, "add", "--", *paths)
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "more")
