@@ -77,11 +77,12 @@ def _raise(signum, _frame):
 @contextlib.contextmanager
 def _signals_raise():
     """SIGTERM / SIGINT raise :class:`Interrupted` inside (so ``finally`` cleans up); the previous handlers are
-    restored after. Outside the main thread, where Python cannot set handlers, nothing changes."""
+    restored after; a signal the process ignores (SIG_IGN) is left ignored. Outside the main thread, where Python cannot set handlers, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    prev = {s: signal.signal(s, _raise) for s in SIGNALS}
+    # a signal the process ignores stays ignored (a background job of a non-interactive shell ignores SIGINT)
+    prev = {s: signal.signal(s, _raise) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:

@@ -415,6 +415,9 @@ _SIGNAL_CHILD = """
 import os, signal, sys
 import safetensors.torch as st
 from benchmarks.train import bundle as B
+# as from a terminal: CI runs pytest as a background job of a non-interactive shell, which ignores SIGINT
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 real = st.save_file
 def save_then_signal(*a, **k):      # the first weight file is half the bundle: the signal comes mid-write
     real(*a, **k)
@@ -442,6 +445,33 @@ def test_a_signal_mid_write_leaves_nothing_and_says_so_in_one_line(src, tmp_path
                         "--max-shard-mib", "0.04"], cwd=root, capture_output=True, text=True, timeout=300)
     assert p.returncode == rc and p.stderr.strip().splitlines() == [line], (p.returncode, p.stderr)
     assert "restored True True" in p.stdout and list(dest.iterdir()) == []
+
+
+def test_a_signal_the_process_ignores_stays_ignored(src, tmp_path):
+    """A background job of a non-interactive shell ignores SIGINT: bundling must not take that away (a SIGINT
+    sent mid-write is ignored, the bundle completes)."""
+    import subprocess
+    import sys
+
+    child = """
+import os, signal, sys
+import safetensors.torch as st
+from benchmarks.train import bundle as B
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+real = st.save_file
+def save_then_signal(*a, **k):
+    real(*a, **k)
+    os.kill(os.getpid(), signal.SIGINT)
+st.save_file = save_then_signal
+rc = B.main(sys.argv[1:])
+print("ignored", signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+sys.exit(rc)
+"""
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", child, str(src), "--out", str(tmp_path / "b"), "--max-shard-mib", "0.04"],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "ignored True" in p.stdout, (p.returncode, p.stderr)
+    assert (tmp_path / "b" / "PROVENANCE.md").is_file()
 
 
 def test_stale_temp_folders_of_the_same_out_are_removed_and_only_those(src, tmp_path, capsys):
