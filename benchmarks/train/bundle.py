@@ -23,12 +23,14 @@ Left out: the optimiser moments, the initial decays and ``exact.pt`` (resume sta
 
 Nothing is lost or half-written: OUT may not be, lie inside or hold SRC; an existing OUT is refused unless
 ``--replace`` is given and it is itself a bundle (PROVENANCE.md and only the files above; a file, a notes
-folder or a folder of bundles is refused). OUT is assembled in a hidden sibling ``.NAME.bundle-XXXXXXXX``
-and renamed into place (a replaced bundle is moved aside as ``.NAME.bundle-XXXXXXXX.old`` until then);
-SIGTERM and SIGINT raise :class:`Interrupted` while it runs, so the sibling is removed, and the CLI says so
-in one line (exit 130 / 143); one left by a killed run (SIGKILL) is removed at the next run for the same OUT
-(only names of that pattern). Bad input is refused with one line naming the path or flag and what was
-expected (:class:`BundleError`; the CLI prints ``error: ...`` and exits 2).
+folder or a folder of bundles is refused). OUT is staged, placed and replaced by dasc_compile/atomic.py, as
+plans are: assembled in a hidden sibling (``atomic.staging_dir``) and moved into place, a replaced bundle
+swapped out in one step (or moved aside and back, ``atomic.replace_dir``); a replacement a killed run left
+half done is undone, and staging folders of dead runs for the same OUT removed, before OUT is checked
+(``atomic.recover``). SIGTERM and SIGINT raise :class:`Interrupted` while it runs (a signal the process
+ignores stays ignored), so the sibling is removed, and the CLI says so in one line (exit 130 / 143). Bad
+input is refused with one line naming the path or flag and what was expected (:class:`BundleError`; the
+CLI prints ``error: ...`` and exits 2).
 """
 
 from __future__ import annotations
@@ -42,19 +44,19 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from benchmarks.train.bundle_md import provenance_md
 from benchmarks.train.bundle_src import INDEX, TOKENIZER_FILES, BundleError, read_checkpoint
+from dasc_compile import atomic
+from dasc_compile.errors import DascInputError
 
 __all__ = ["BundleError", "Interrupted", "bundle", "check_out", "plan_shards", "provenance_md", "read_checkpoint"]
 
 MIB = 2 ** 20
 MAX_FILE_BYTES = 16 * MIB             # the largest file a bundle holds (issue 20)
-TMP_TAG = ".bundle-"                  # OUT is assembled in .NAME.bundle-XXXXXXXX (tempfile.mkdtemp's 8 characters)
 BUNDLE_FILES = ("config.json", INDEX, "train_log.json", "PROVENANCE.md", "model.safetensors", *TOKENIZER_FILES)
 SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -77,7 +79,9 @@ def _raise(signum, _frame):
 @contextlib.contextmanager
 def _signals_raise():
     """SIGTERM / SIGINT raise :class:`Interrupted` inside (so ``finally`` cleans up); the previous handlers are
-    restored after; a signal the process ignores (SIG_IGN) is left ignored. Outside the main thread, where Python cannot set handlers, nothing changes."""
+    restored after; a signal the process ignores (SIG_IGN) is left ignored. Outside the main thread, where Python
+    cannot set handlers, nothing changes. (dasc_compile.cli_exit's handler is not this: it belongs to its
+    run_guarded, whose latch only that resets, and it takes over an ignored signal.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -97,9 +101,13 @@ def _bundle_name(name: str) -> bool:
 def check_out(src: Path, out: Path, replace: bool) -> Path:
     """The folder ``--out out`` names, resolved, once writing there can lose nothing (module docstring).
 
+    First undoes a replacement of OUT that a killed run left half done (``atomic.recover``: the bundle it moved
+    aside is put back, so OUT is checked as it was before that run).
+
     Raises:
         BundleError: OUT is a symbolic link, is / is inside / holds SRC, has a file for a parent, exists without
-            ``replace``, or exists and is not a bundle (the message names what else it holds).
+            ``replace``, or exists and is not a bundle (the message names what else it holds), or the bundle a
+            killed run moved aside cannot be put back.
     """
     try:
         if out.is_symlink():
@@ -111,6 +119,11 @@ def check_out(src: Path, out: Path, replace: bool) -> Path:
         up = next(p for p in target.parents if p.exists())
         if not up.is_dir():
             raise BundleError(f"--out {out}: {up} is a file; expected a folder path")
+        try:
+            atomic.recover(target)
+        except OSError as exc:
+            raise BundleError(f"--out {out}: cannot put back the bundle a killed --replace moved aside "
+                              f"({exc.strerror or exc}); expected a folder path you can write") from None
         if not target.exists():
             return target
         if not target.is_dir():
@@ -127,23 +140,6 @@ def check_out(src: Path, out: Path, replace: bool) -> Path:
     except (OSError, RuntimeError) as exc:           # RuntimeError: a symlink loop (Python 3.11's resolve)
         raise BundleError(f"--out {out}: not usable ({type(exc).__name__}: {exc}); expected a folder path") from None
     return target
-
-
-def _clean_stale(target: Path, out: Path) -> None:
-    """Remove what a killed run for the same OUT left (``.NAME.bundle-XXXXXXXX`` folders, only those).
-
-    Raises:
-        BundleError: OUT is missing and a ``...old`` folder holds the bundle a killed ``--replace`` moved aside.
-    """
-    pat = re.compile(rf"\.{re.escape(target.name)}{re.escape(TMP_TAG)}[a-z0-9_]{{8}}(\.old)?")
-    stale = [(p, m.group(1)) for p in (target.parent.iterdir() if target.parent.is_dir() else [])
-             if (m := pat.fullmatch(p.name)) and p.is_dir() and not p.is_symlink()]
-    for p, old in stale:
-        if old and not target.exists():
-            raise BundleError(f"--out {out}: missing, and {p} holds the bundle a killed --replace moved aside; "
-                              f"expected it moved back (mv {p} {out}) or removed first")
-    for p, _ in stale:
-        shutil.rmtree(p)
 
 
 def _entry_bytes(name: str, t) -> int:
@@ -212,35 +208,9 @@ def _write(ck: dict, tmp: Path, plan: list[list[str]], max_bytes: int, flag: str
     if big:
         raise BundleError(f"{src}: the bundle's {', '.join(big)} would be over the {max_bytes:,} bytes a file may "
                           f"hold ({flag}); nothing was written")
-    for p in [tmp, *tmp.iterdir()]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    for p in tmp.iterdir():
+        p.chmod(0o644)              # the folder: 0755 (atomic.fill_and_place)
     return files
-
-
-def _swap(tmp: Path, target: Path) -> None:
-    """Rename the finished ``tmp`` to ``target``, a bundle there moved aside and then removed, with SIGTERM /
-    SIGINT held back meanwhile (one arriving then is raised after, as :class:`Interrupted` ``written``)."""
-    old = tmp.with_name(tmp.name + ".old")
-    held = threading.current_thread() is threading.main_thread()
-    try:
-        if held:
-            signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-        try:
-            if target.exists():
-                target.rename(old)
-            try:
-                tmp.rename(target)
-            except OSError:
-                if old.exists():
-                    old.rename(target)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            if held:        # a held-back signal's handler runs here (CPython checks signals on unblocking)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-    except Interrupted as exc:
-        exc.written = not tmp.exists()
-        raise
 
 
 def bundle(src: Path, out: Path, max_bytes: int = MAX_FILE_BYTES, replace: bool = False,
@@ -263,19 +233,30 @@ def bundle(src: Path, out: Path, max_bytes: int = MAX_FILE_BYTES, replace: bool 
         ck = read_checkpoint(src) | {"now": time.time()}
         plan = plan_shards(ck["tensors"], ck["meta"], max_bytes, flag)
         made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
-        tmp = None
+        files, tmp, tmp_id = {}, None, None
+
+        def fill(d: Path) -> None:
+            files.update(_write(ck, d, plan, max_bytes, flag))
+
+        def cannot(why) -> str:
+            return (f"--out {out}: cannot write there ({why}); expected a folder path you can write "
+                    f"(nothing was written)")
+
         try:
-            _clean_stale(target, out)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{TMP_TAG}", dir=target.parent))
-            files = _write(ck, tmp, plan, max_bytes, flag)
-            _swap(tmp, target)
+            tmp = atomic.staging_dir(target)
+            tmp_id = (st := tmp.stat()).st_dev, st.st_ino
+            atomic.fill_and_place(tmp, target, fill, cannot)
             return files
         except OSError as exc:
-            raise BundleError(f"--out {out}: cannot write there ({type(exc).__name__}: {exc}); expected a folder "
-                              f"path you can write (nothing was written)") from None
+            raise BundleError(cannot(f"{type(exc).__name__}: {exc}")) from None
+        except DascInputError as exc:                   # fill_and_place's OSError, as cannot(...)
+            raise BundleError(str(exc)) from None
+        except Interrupted as exc:                      # held through the swap, delivered after it
+            with contextlib.suppress(OSError):
+                exc.written = tmp_id is not None and ((st := target.stat()).st_dev, st.st_ino) == tmp_id
+            raise
         finally:
-            if tmp is not None:
+            if tmp is not None:                         # a signal before fill_and_place took it over
                 shutil.rmtree(tmp, ignore_errors=True)
             for p in made if not target.exists() else []:       # folders made for a bundle that is not there
                 with contextlib.suppress(OSError):

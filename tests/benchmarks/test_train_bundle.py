@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -474,19 +475,35 @@ sys.exit(rc)
     assert (tmp_path / "b" / "PROVENANCE.md").is_file()
 
 
-def test_stale_temp_folders_of_the_same_out_are_removed_and_only_those(src, tmp_path, capsys):
+def test_dead_runs_staging_folders_are_removed_and_a_half_done_replace_is_undone(src, tmp_path, capsys):
+    """A killed run (SIGKILL) leaves its staging folder, or a bundle --replace moved aside with OUT missing:
+    the next run for the same OUT removes the one (only a dead process's, only for that OUT) and puts the
+    other back (dasc_compile.atomic.recover)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
     dest = tmp_path / "dest"
-    stale = [dest / ".b.bundle-abc_1234", dest / ".b.bundle-0000zzzz"]
-    kept = [dest / ".b.notes", dest / ".b.bundle-short", dest / ".other.bundle-abc_1234", dest / ".b.12345678"]
+    stale = [dest / f".b.tmp-{dead}-abcd1234"]
+    kept = [dest / ".b.notes", dest / f".b.tmp-{os.getpid()}-abcd1234", dest / f".other.tmp-{dead}-abcd1234",
+            dest / ".b.tmp-notapid-abcd1234"]
     for d in stale + kept:
         d.mkdir(parents=True)
         (d / "model.safetensors").write_bytes(b"half")
     assert B.main([str(src), "--out", str(dest / "b")]) == 0
     assert sorted(dest.iterdir()) == sorted(kept + [dest / "b"])
-    # a bundle a killed --replace moved aside while --out is gone: kept, and said
-    aside = dest / ".b.bundle-abcd1234.old"
-    (dest / "b").rename(aside)
+    # a bundle a killed --replace moved aside while --out is gone: put back, then checked as before that run
+    (dest / "b" / "config.json").write_text("{}")
+    aside = dest / ".b.old-abcd1234"
+    aside.mkdir()
+    (dest / "b").rename(aside / "dir")
     capsys.readouterr()
     assert B.main([str(src), "--out", str(dest / "b")]) == 2
-    _one_line(capsys, f"--out {dest / 'b'}: missing, and {aside} holds the bundle")
-    assert (aside / "PROVENANCE.md").is_file()
+    _one_line(capsys, f"--out {dest / 'b'}: already exists; expected a new folder (or --replace, for a bundle)")
+    assert (dest / "b" / "config.json").read_text() == "{}" and not aside.exists()
+    aside.mkdir()                                  # again, now with --replace: put back, then replaced
+    (dest / "b").rename(aside / "dir")
+    assert B.main([str(src), "--out", str(dest / "b"), "--replace"]) == 0
+    assert (dest / "b" / "config.json").read_text() != "{}" and not aside.exists()
+    assert sorted(dest.iterdir()) == sorted(kept + [dest / "b"])
