@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from dasc_compile.atomic import replace_dir
+
 FAMILIES = ("gdn", "kda", "mamba2")
 MODEL_TYPES = {"gdn": "qwen3_next", "kda": "kimi_linear", "mamba2": "nemotron_h"}   # each family's config model_type
 DECAY_SUFFIXES = ("A_log", "dt_bias")
@@ -230,7 +232,7 @@ def _config_json(model) -> dict:
 
 def save_checkpoint(model, out: Path, tokenizer_dir: Path | None, provenance: dict | None) -> Path:
     """Write ``model`` as a checkpoint directory (format: module docstring); replaces ``out`` atomically
-    (written beside it, then moved into place). Returns ``out``."""
+    (written beside it, then moved into place by :func:`dasc_compile.atomic.replace_dir`). Returns ``out``."""
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -248,12 +250,7 @@ def save_checkpoint(model, out: Path, tokenizer_dir: Path | None, provenance: di
             shutil.copy2(Path(tokenizer_dir) / f, tmp / f)
     if provenance is not None:
         (tmp / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out)
     return out
 
 
