@@ -16,10 +16,12 @@ and checks it. OUT gets:
   layout: ``metadata.total_size`` in bytes of tensor data, ``metadata.total_parameters``, ``weight_map``),
   which transformers, ``dasc compile`` and ``dasc eval`` read;
 - ``train_log.json``: state.json (sessions, recipes, optimiser groups, tokens) + ``provenance`` (provenance.json
-  less its copy of the sessions) + ``log`` (every record of train_state/log.jsonl, in order);
+  less its copy of the sessions) + ``log`` (every record of train_state/log.jsonl, in order) + ``init_decays``
+  (the initial ``A_log`` / ``dt_bias`` training recorded, ``{"live:<name>": [floats]}``, so that
+  benchmarks/train/init_model.py can check the initialisation it rebuilds from a bundle);
 - ``PROVENANCE.md``, generated from those (benchmarks/train/bundle_md.py).
 
-Left out: the optimiser moments, the initial decays and ``exact.pt`` (resume state, not the model).
+Left out: the optimiser moments and ``exact.pt`` (resume state, not the model).
 
 Nothing is lost or half-written: OUT may not be, lie inside or hold SRC; an existing OUT is refused unless
 ``--replace`` is given and it is itself a bundle (PROVENANCE.md and only the files above; a file, a notes
@@ -193,7 +195,8 @@ def _write(ck: dict, tmp: Path, plan: list[list[str]], max_bytes: int, flag: str
     for p in ck["tokenizer"]:
         shutil.copy2(p, tmp / p.name)
     prov = {k: v for k, v in ck["prov"].items() if k != "sessions"}
-    (tmp / "train_log.json").write_text(json.dumps(ck["state"] | {"provenance": prov, "log": ck["log"]},
+    extra = {} if ck.get("init_decays") is None else {"init_decays": ck["init_decays"]}
+    (tmp / "train_log.json").write_text(json.dumps(ck["state"] | {"provenance": prov, "log": ck["log"]} | extra,
                                                    indent=1) + "\n")
     sha = {n: hashlib.sha256((tmp / n).read_bytes()).hexdigest() for n in names}
     files = {p.name: p.stat().st_size for p in tmp.iterdir()}

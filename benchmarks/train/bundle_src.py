@@ -94,14 +94,32 @@ def _saved_utc(st: dict, path: Path) -> float | None:
                           f"the trainer writes it") from None
 
 
+def _init_decays(src: Path) -> dict[str, list[float]] | None:
+    """The initial ``A_log`` / ``dt_bias`` training recorded (``train_state/init_decays.safetensors``, keys
+    ``live:<parameter name>``), as {key: flat list of floats} (fp32 values, exact in JSON), or None when absent.
+
+    Raises:
+        BundleError: the file exists but is not readable safetensors.
+    """
+    path = src / "train_state" / "init_decays.safetensors"
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+    try:
+        return {k: t.float().flatten().tolist() for k, t in sorted(load_file(str(path)).items())}
+    except Exception as exc:  # safetensors raises its own error types
+        raise BundleError(f"{path}: not readable safetensors ({type(exc).__name__}: {exc}); expected the initial "
+                          f"decays as the trainer saved them") from None
+
+
 def read_checkpoint(src: Path) -> dict:
     """Read and check everything a bundle holds from SRC (a trainer checkpoint directory); nothing is written.
 
     Returns:
         dict with ``config``, ``state`` (state.json), ``prov`` (provenance.json), ``log`` (log.jsonl records),
         ``tensors``, ``meta`` (safetensors metadata), ``tokenizer`` (paths), ``src``, ``exact`` (exact.pt present),
-        ``saved`` (Unix seconds the last session saved: state.json's ``saved_utc``, else its file time) and
-        ``saved_from`` (which of the two).
+        ``saved`` (Unix seconds the last session saved: state.json's ``saved_utc``, else its file time),
+        ``saved_from`` (which of the two) and ``init_decays`` (:func:`_init_decays`).
     Raises:
         BundleError: SRC is not such a directory (module docstring says what is checked).
     """
@@ -149,6 +167,7 @@ def read_checkpoint(src: Path) -> dict:
         raise BundleError(f"{src}: the weights hold {have:,} parameters, state.json's last session records {want}; "
                           f"expected the checkpoint that state.json describes")
     return {"src": src, "config": cfg, "state": st, "prov": prov, "log": log, "tensors": tensors, "meta": meta,
+            "init_decays": _init_decays(src),
             "tokenizer": tok, "exact": (src / "train_state" / "exact.pt").is_file(),
             "saved": sp.stat().st_mtime if saved is None else saved,
             "saved_from": "mtime" if saved is None else "saved_utc"}

@@ -2,10 +2,12 @@
 
     python -m benchmarks.train.init_model TRAINED_DIR --out INIT_DIR
 
-Reads ``provenance.json`` and ``train_state/state.json`` of ``TRAINED_DIR``, rebuilds the initial model
-on the CPU from its seed (benchmarks/train/models.py ``build_model``), checks it against what training
-recorded (the initial ``A_log``/``dt_bias`` in ``train_state/init_decays.safetensors``, exactly; the
-sha256 of all initial weights, when torch and transformers are the versions that made it), and writes
+TRAINED_DIR is a trainer checkpoint (``train_state/state.json`` and ``train_state/init_decays.safetensors``)
+or a bundle (``plans/reference/NAME``: ``train_log.json`` holds the same state and the initial decays,
+benchmarks/train/bundle.py). Rebuilds the initial model on the CPU from its seed (benchmarks/train/models.py
+``build_model``), checks it against what training recorded (the initial ``A_log``/``dt_bias`` within a few
+fp32 ulps, ``DECAY_RTOL``: another torch or device may round a log one ulp apart; the recorded values are
+then copied in, so the controls start from exactly training's decays; the sha256 of all initial weights, when torch and transformers are the versions that made it), and writes
 it as a checkpoint directory of the same format and tokenizer. Its weights are bf16 like the trained
 model's (A_log/dt_bias fp32), so both controls see the same rounding.
 """
@@ -19,35 +21,74 @@ from pathlib import Path
 import torch
 
 
+DECAY_RTOL = 1e-6   # relative: a few fp32 ulps (2^-23 = 1.2e-7)
+
+
+def _recorded(trained: Path) -> tuple[dict, dict]:
+    """(training state, {"live:<name>": initial decay tensor}) of a trainer checkpoint or a bundle.
+
+    Raises:
+        SystemExit: one line naming the file when neither layout is there or a file is not as written.
+    """
+    from safetensors.torch import load_file
+
+    st_path, init_path = trained / "train_state" / "state.json", trained / "train_state" / "init_decays.safetensors"
+    log_path = trained / "train_log.json"
+    try:
+        if st_path.is_file():
+            return json.loads(st_path.read_text()), load_file(str(init_path))
+        if log_path.is_file():
+            log = json.loads(log_path.read_text())
+            if not isinstance(log.get("init_decays"), dict):
+                raise SystemExit(f"{log_path}: no init_decays record (bundled before 2026-12-02 session 11); "
+                                 f"rebuild from the trainer's checkpoint or bundle it again")
+            return log, {k: torch.tensor(v, dtype=torch.float32) for k, v in log["init_decays"].items()}
+    except FileNotFoundError as exc:
+        raise SystemExit(f"{exc.filename}: missing; expected the initial decays training recorded") from None
+    except (ValueError, OSError, AttributeError, TypeError) as exc:
+        raise SystemExit(f"{trained}: a training record not as written ({type(exc).__name__}: {exc})") from None
+    raise SystemExit(f"{trained}: neither train_state/state.json (a trainer checkpoint) nor train_log.json "
+                     f"(a bundle, benchmarks/train/bundle.py); expected a trained reference model")
+
+
 def rebuild(trained: Path, out: Path) -> dict:
     """Write the initial model of ``trained`` to ``out``; returns what was checked.
 
     Raises:
         SystemExit: the rebuilt decays differ from the recorded initial ones.
     """
-    from safetensors.torch import load_file
-
     from benchmarks.train.models import build_model, is_decay, save_checkpoint
     from benchmarks.train.recipe import decay_init_of
     from benchmarks.train.tokenizer import EOS, load_tokenizer
     from benchmarks.train.train import _sha, _versions
 
-    state = json.loads((trained / "train_state" / "state.json").read_text())
+    state, init = _recorded(trained)
     tok = load_tokenizer(trained)
     model = build_model(state["family"], state["size"], tok.get_vocab_size(), tok.token_to_id(EOS), state["seed"],
                         decay_init_of(state))
-    init = load_file(str(trained / "train_state" / "init_decays.safetensors"))
+    max_diff = 0.0
     for n, p in model.named_parameters():
-        if is_decay(n) and not torch.equal(p.detach(), init[f"live:{n}"]):
-            raise SystemExit(f"{n}: the rebuilt initial decays differ from the recorded ones (versions: "
-                             f"recorded {state['init_versions']}, here {_versions()})")
+        if is_decay(n) and f"live:{n}" not in init:
+            raise SystemExit(f"{trained}: the recorded initial decays have no {n}; expected one entry per "
+                             f"A_log / dt_bias of the {state['family']} model")
+        if not is_decay(n):
+            continue
+        rec = init[f"live:{n}"].to(p.dtype).reshape(p.shape)
+        diff = (p.detach() - rec).abs().max().item()
+        max_diff = max(max_diff, diff)
+        # another torch (or device) may round a log or an exp one ulp apart; more than that is another draw
+        if not torch.allclose(p.detach(), rec, rtol=DECAY_RTOL, atol=0.0):
+            raise SystemExit(f"{n}: the rebuilt initial decays differ from the recorded ones by up to {diff:.3g} "
+                             f"(more than rounding; versions: recorded {state['init_versions']}, here {_versions()})")
+        with torch.no_grad():
+            p.copy_(rec)            # the controls use exactly the decays training started from
     same_versions = {k: v for k, v in state["init_versions"].items() if k != "python"} == \
         {k: v for k, v in _versions().items() if k != "python"}
     sha_ok = _sha(model.state_dict()) == state["init_sha256"]
     if same_versions and not sha_ok:
         raise SystemExit("the rebuilt initial weights differ from the recorded sha256 under the same versions")
     prov = {"model": f"initialisation of {trained}", "seed": state["seed"], "decay_init": decay_init_of(state),
-            "decays_match_record": True,
+            "decays_match_record": True, "decays_max_abs_diff_before_copy": max_diff,
             "weights_sha256_match_record": sha_ok, "versions_here": _versions(), "versions_recorded": state["init_versions"]}
     save_checkpoint(model, out, trained, prov)
     return prov

@@ -507,3 +507,58 @@ def test_dead_runs_staging_folders_are_removed_and_a_half_done_replace_is_undone
     assert B.main([str(src), "--out", str(dest / "b"), "--replace"]) == 0
     assert (dest / "b" / "config.json").read_text() != "{}" and not aside.exists()
     assert sorted(dest.iterdir()) == sorted(kept + [dest / "b"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_untrained_control_rebuilds_from_a_bundle_exactly_as_from_the_checkpoint(ckpts, tmp_path, family):
+    """dasc eval's init / untrained controls need the initialisation; a user has the bundle, not train_state/.
+    The bundle carries the recorded initial decays, and init_model rebuilds the same model from either."""
+    from safetensors.torch import load_file
+
+    from benchmarks.train.init_model import rebuild
+
+    src = ckpts(family)
+    B.bundle(src, tmp_path / "b")
+    log = json.loads((tmp_path / "b" / "train_log.json").read_text())
+    rec = load_file(str(src / "train_state" / "init_decays.safetensors"))
+    assert sorted(log["init_decays"]) == sorted(rec)
+    assert all(torch.equal(torch.tensor(log["init_decays"][k]), rec[k].float().flatten()) for k in rec)
+    a, b = rebuild(src, tmp_path / "from-ck"), rebuild(tmp_path / "b", tmp_path / "from-bundle")
+    assert a["weights_sha256_match_record"] and b["weights_sha256_match_record"]
+    ta, tb = _tensors(tmp_path / "from-ck"), _tensors(tmp_path / "from-bundle")
+    assert sorted(ta) == sorted(tb) and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_init_rebuild_takes_the_recorded_decays_within_rounding_and_refuses_another_draw(ckpts, tmp_path,
+                                                                                        monkeypatch):
+    import benchmarks.train.train as T
+    from benchmarks.train.init_model import rebuild
+
+    # rounding one ulp apart happens under another torch; under the same versions the sha256 check is exact
+    monkeypatch.setattr(T, "_versions", lambda: {"torch": "another", "transformers": "another", "python": "3"})
+
+    B.bundle(ckpts("gdn"), tmp_path / "b")
+    path = tmp_path / "b" / "train_log.json"
+    log = json.loads(path.read_text())
+    key = next(k for k in log["init_decays"] if k.endswith("A_log"))
+    orig = log["init_decays"][key]
+    # one fp32 ulp apart (as another torch's log may round): accepted, and the record is what lands
+    bumped = torch.tensor(orig).nextafter(torch.tensor(float("inf"))).tolist()
+    log["init_decays"][key] = bumped
+    path.write_text(json.dumps(log))
+    out = rebuild(tmp_path / "b", tmp_path / "i1")
+    assert 0 < out["decays_max_abs_diff_before_copy"] < 1e-5
+    got = _tensors(tmp_path / "i1")[key[len("live:"):]]
+    assert torch.equal(got.flatten(), torch.tensor(bumped))
+    # another draw: refused, naming the tensor
+    log["init_decays"][key] = [v + 0.01 for v in orig]
+    path.write_text(json.dumps(log))
+    with pytest.raises(SystemExit, match=key[len("live:"):].replace(".", r"\.") + ": the rebuilt initial decays differ"):
+        rebuild(tmp_path / "b", tmp_path / "i2")
+    # a bundle made before the record existed: one line saying what to do
+    del log["init_decays"]
+    path.write_text(json.dumps(log))
+    with pytest.raises(SystemExit, match="no init_decays record"):
+        rebuild(tmp_path / "b", tmp_path / "i3")
+    with pytest.raises(SystemExit, match="neither train_state/state.json"):
+        rebuild(tmp_path / "nothing-here", tmp_path / "i4")
