@@ -1,6 +1,7 @@
 """Park tracked files a device call does not need (bundled trained models), so that they do not travel.
 
     python -m benchmarks.h200.park park PATH...   # remove these tracked files / folders from the working tree
+    python -m benchmarks.h200.park park bundles   # every bundled trained model (:func:`bundled_models`)
     python -m benchmarks.h200.park status         # what is parked and how many MiB a call saves
     python -m benchmarks.h200.park restore        # bring every parked file back (git checkout -- ...)
 
@@ -265,10 +266,25 @@ def _deleted_hint(root: Path, cwd: Path) -> str | None:
     return f"hint: {len(gone)} tracked files are deleted in the working tree (git ls-files -d); bring them back: {cmd}"
 
 
+def bundled_models(root: Path) -> list[str]:
+    """The bundled trained models: tracked ``plans/reference/<name>`` folders whose ``PROVENANCE.md`` is tracked
+    (benchmarks/train/bundle.py writes one; the calibrated references have none), as repository-relative
+    paths, sorted. Read by ``dasc eval`` on a CPU, by no device driver.
+
+    Raises:
+        ParkError: none is tracked (nothing to park under that word).
+    """
+    names = sorted({Path(p).parent.as_posix() for p in _z(root, "ls-files", "-z", "--", "plans/reference")
+                    if len(Path(p).parts) == 4 and Path(p).name == "PROVENANCE.md"})
+    if not names:
+        raise ParkError("bundles: no tracked plans/reference/*/PROVENANCE.md; expected bundled trained models")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("park", "restore", "status") or (argv[0] == "park") != (len(argv) > 1):
-        print("usage: python -m benchmarks.h200.park park PATH... | restore | status", file=sys.stderr)
+        print("usage: python -m benchmarks.h200.park park PATH...|bundles | restore | status", file=sys.stderr)
         return 2
     try:
         cwd = Path.cwd()
@@ -278,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = repo_root(cwd)
         if argv[0] == "park":
-            now = park(root, argv[1:], cwd)
+            paths = bundled_models(root) if argv[1:] == ["bundles"] else argv[1:]
+            now = park(root, [str(root / p) for p in paths] if argv[1:] == ["bundles"] else paths, cwd)
             print(f"parked {len(now)} files ({sum(now.values()) / MIB:.2f} MiB); {status(root).splitlines()[0]}")
         elif argv[0] == "restore":
             back = restore(root)

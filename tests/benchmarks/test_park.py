@@ -330,3 +330,22 @@ def test_restore_without_a_record_hints_at_deleted_files(repo, capsys, monkeypat
     (repo / "plans" / "reference" / "big" / "model-00001-of-00002.safetensors").write_bytes(b"kept")
     subprocess.run(cmd, shell=True, cwd=repo / "plans", check=True)     # run where restore ran
     assert _git(repo, "status", "--porcelain") == " M plans/reference/big/model-00001-of-00002.safetensors\n"
+
+
+def test_park_bundles_parks_every_bundled_trained_model_and_nothing_else(repo, capsys):
+    rc, _, err = _run(capsys, "park", "bundles")
+    assert rc == 2 and len(err) == 1 and "no tracked plans/reference/*/PROVENANCE.md" in err[0]
+    assert (repo / "plans" / "reference" / "big" / "config.json").exists()
+    (repo / "plans" / "reference" / "big" / "PROVENANCE.md").write_text("trained here\n")
+    (repo / "plans" / "reference" / "small" / "deep").mkdir()
+    (repo / "plans" / "reference" / "small" / "deep" / "PROVENANCE.md").write_text("not a bundle's own\n")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bundle")
+    assert P.bundled_models(repo) == ["plans/reference/big"]
+    rc, out, _ = _run(capsys, "park", "bundles")
+    assert rc == 0 and out[0].startswith("parked 4 files (4.00 MiB)")
+    assert not (repo / "plans" / "reference" / "big").exists()
+    assert (repo / "plans" / "reference" / "small" / "config.json").exists()
+    rc, out, _ = _run(capsys, "restore")
+    assert rc == 0 and out == ["restored 4 files"]
+    assert (repo / "plans" / "reference" / "big" / "model-00001-of-00002.safetensors").stat().st_size == 3 * 2 ** 20
