@@ -79,7 +79,7 @@ done
 echo "a device call carrying .dev/sglang .dev/dascwhl$([ -d .whl ] && echo ' .whl') sends $parts = $(mib "$total") MiB of 64 MiB ($(mib $((limit - total))) MiB left)"
 [ -s .dev/sglang/site.tar.xz ] || echo "warning: .dev/sglang/site.tar.xz is missing (--no-site): the drivers need it, and it is not counted above" >&2
 if [ "$total" -gt "$limit" ]; then
-  hint="carry less, or park bundled models the call does not need (python -m benchmarks.h200.park park plans/reference/NAME; README 'Parking bundled models')"
+  hint="carry less, or park bundled models the call does not need (python -m benchmarks.h200.park park bundles, or park PATH ...; README 'Parking bundled models')"
   [ -f .dev/sglang/site.tar.xz ] && [ "$(stat -c %s .dev/sglang/site.tar.xz)" -gt $((50 * 1048576)) ] \
     && hint="its site.tar.xz predates slim_site.sh: rm .dev/sglang/site.tar.xz and run this script again (~5 min)"
   echo "error: a device call would send $(mib "$total") MiB, over the 64 MiB limit ($parts); $hint" >&2; exit 2

@@ -47,4 +47,4 @@ carried=$(find .dev/sglang .dev/dascwhl .dev/ol -type f -print0 | sizes)
 mib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; }
 echo "commit $COMMIT (wheel $RUNTIME_COMMIT): working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib $((tree + carried))) MiB of 64"
 ls -la .dev/dascwhl .dev/ol
-[ $((tree + carried)) -le $((64 * 1024 * 1024)) ] || { echo "error: over the 64 MiB a device call may send; park bundled models no serving call reads: python -m benchmarks.h200.park park plans/reference/NAME (README 'Parking bundled models'), restore after the call" >&2; exit 2; }
+[ $((tree + carried)) -le $((64 * 1024 * 1024)) ] || { echo "error: over the 64 MiB a device call may send; park bundled models no serving call reads: python -m benchmarks.h200.park park bundles (README 'Parking bundled models'), restore after the call" >&2; exit 2; }

@@ -202,7 +202,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         raise StageError(f"--families {' '.join(families)}: no shard fits: {used / 2**20:.1f} MiB are taken before "
                          f"any data ({ck / 2**20:.1f} of them the packed checkpoints to resume; limit 64 MiB less "
                          f"{MARGIN / 2**20:.0f} of margin); stage fewer --families, or park bundled models the "
-                         f"call does not need: python -m benchmarks.h200.park park plans/reference/NAME "
+                         f"call does not need: python -m benchmarks.h200.park park bundles "
                          f"(nothing was changed)")
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)

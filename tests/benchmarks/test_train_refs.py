@@ -288,10 +288,16 @@ def test_mamba2_checkpoint_compiles_to_the_heads_the_horizon_formula_keeps(data_
     assert counts[0] > counts[-1] and 0 < counts[1] < 12, counts      # the sets differ across w_max: a real check
 
 
-def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_them(data_dir, tmp_path):
+TREE_BYTES = 20 * 2 ** 20   # a working tree of fixed size: what the checkout weighs (parked or not) is not the point
+
+
+def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_them(data_dir, tmp_path, monkeypatch):
     """prepare.stage keeps each family's newest parts, carries only --families' (packed) with the shards;
     pack's command-line unpacking (what train_refs.sh runs on the device) gives a directory train.py resumes."""
+    from benchmarks.train import prepare
     from benchmarks.train.prepare import stage
+
+    monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_BYTES)
     from benchmarks.train.train import main
 
     prep = _prep(data_dir, tmp_path)
@@ -351,6 +357,7 @@ def test_stage_refuses_with_one_line_and_leaves_the_staged_call_as_it_was(data_d
     lost its shards, or, for a mistyped --returned, a silent fresh start."""
     from benchmarks.train import prepare
 
+    monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_BYTES)
     prep = _prep(data_dir, tmp_path)
     returned = tmp_path / "returned"
     for fam in ("gdn", "mamba2"):
@@ -377,7 +384,7 @@ def test_stage_refuses_with_one_line_and_leaves_the_staged_call_as_it_was(data_d
                         - 40_000)
     line = refused("--families", "gdn", "mamba2")
     assert "no shard fits" in line and "--families gdn mamba2" in line and "MiB" in line
-    monkeypatch.undo()
+    monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_BYTES)
     part = sorted(returned.glob("gdn.tzp.*"))[-1]
     part.write_bytes(part.read_bytes()[:-10])
     assert part.name in refused("--returned", str(returned), "--families", "gdn")
