@@ -532,7 +532,7 @@ def test_the_untrained_control_rebuilds_from_a_bundle_exactly_as_from_the_checkp
 def test_init_rebuild_takes_the_recorded_decays_within_rounding_and_refuses_another_draw(ckpts, tmp_path,
                                                                                         monkeypatch):
     import benchmarks.train.train as T
-    from benchmarks.train.init_model import rebuild
+    from benchmarks.train.init_model import InitError, rebuild
 
     # rounding one ulp apart happens under another torch; under the same versions the sha256 check is exact
     monkeypatch.setattr(T, "_versions", lambda: {"torch": "another", "transformers": "another", "python": "3"})
@@ -553,12 +553,43 @@ def test_init_rebuild_takes_the_recorded_decays_within_rounding_and_refuses_anot
     # another draw: refused, naming the tensor
     log["init_decays"][key] = [v + 0.01 for v in orig]
     path.write_text(json.dumps(log))
-    with pytest.raises(SystemExit, match=key[len("live:"):].replace(".", r"\.") + ": the rebuilt initial decays differ"):
+    with pytest.raises(InitError, match=key[len("live:"):].replace(".", r"\.") + ": the rebuilt initial decays differ"):
         rebuild(tmp_path / "b", tmp_path / "i2")
     # a bundle made before the record existed: one line saying what to do
     del log["init_decays"]
     path.write_text(json.dumps(log))
-    with pytest.raises(SystemExit, match="no init_decays record"):
+    with pytest.raises(InitError, match="no init_decays record"):
         rebuild(tmp_path / "b", tmp_path / "i3")
-    with pytest.raises(SystemExit, match="neither train_state/state.json"):
-        rebuild(tmp_path / "nothing-here", tmp_path / "i4")
+    (tmp_path / "not-a-model").mkdir()
+    with pytest.raises(InitError, match="neither train_state/state.json"):
+        rebuild(tmp_path / "not-a-model", tmp_path / "i4")
+
+
+def test_init_model_refuses_bad_paths_in_one_line_and_replaces_nothing(ckpts, tmp_path, capsys):
+    """A fresh user's tries: --out over an existing folder wiped it; --out at the trained model replaced the
+    model with its initialisation; a missing model exited 1 with no "error:"; an unwritable --out was a
+    traceback."""
+    from benchmarks.train.init_model import main
+
+    B.bundle(ckpts("gdn"), tmp_path / "b")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir()}
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine too")
+
+    def refused(*argv, phrase):
+        with pytest.raises(SystemExit) as exc:
+            main([str(a) for a in argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and phrase in err[0], err
+
+    refused(tmp_path / "b", "--out", tmp_path / "notes", phrase="already exists")
+    refused(tmp_path / "b", "--out", tmp_path / "file", phrase="already exists")
+    refused(tmp_path / "b", "--out", tmp_path / "b", phrase="lies inside the trained model")
+    refused(tmp_path / "b", "--out", tmp_path / "b" / "init", phrase="lies inside the trained model")
+    refused(tmp_path / "b", "--out", tmp_path / "no-such-dir" / "init", phrase="does not exist")
+    refused(tmp_path / "nope", "--out", tmp_path / "i", phrase="does not exist")
+    refused(tmp_path / "notes", "--out", tmp_path / "i", phrase="expected a trained reference model")
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine too"
+    assert {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir()} == before
+    assert not (tmp_path / "i").exists() and not list(tmp_path.glob("*.tmp"))

@@ -102,6 +102,11 @@ def test_controls_without_an_initial_state_are_refused(gdn_dir, tmp_path):
     assert "--init-from DIR or --init-seed N" in line
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--init-from", gdn_dir, "--init-seed", 1))
     assert "alternatives" in line
+    # a folder that is not a checkpoint: named as --init-from, without compile's "--config" hint eval lacks
+    (tmp_path / "notes").mkdir()
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "nr,init", "--init-from",
+                                tmp_path / "notes"))
+    assert line.startswith(f"error: --init-from {tmp_path / 'notes'}: no config.json") and "--config" not in line
 
 
 @pytest.mark.parametrize("ref", ["qwen3-next-80b-a3b-calibrated", "kimi-linear-48b-a3b-calibrated"])
