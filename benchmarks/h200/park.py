@@ -294,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = repo_root(cwd)
         if argv[0] == "park":
-            paths = bundled_models(root) if argv[1:] == ["bundles"] else argv[1:]
-            now = park(root, [str(root / p) for p in paths] if argv[1:] == ["bundles"] else paths, cwd)
+            paths = [str(root / p) for p in bundled_models(root)] if argv[1:] == ["bundles"] else argv[1:]
+            now = park(root, paths, cwd)
             print(f"parked {len(now)} files ({sum(now.values()) / MIB:.2f} MiB); {status(root).splitlines()[0]}")
         elif argv[0] == "restore":
             back = restore(root)
