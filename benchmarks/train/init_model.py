@@ -55,14 +55,16 @@ def _recorded(trained: Path) -> tuple[dict, dict]:
             log = json.loads(log_path.read_text())
             if not isinstance(log.get("init_decays"), dict):
                 raise InitError(f"{log_path}: no init_decays record (bundled before 2026-12-02 session 11); "
-                                 f"rebuild from the trainer's checkpoint or bundle it again")
+                                f"rebuild from the trainer's checkpoint or bundle it again")
             return log, {k: torch.tensor(v, dtype=torch.float32) for k, v in log["init_decays"].items()}
+    except InitError:
+        raise
     except FileNotFoundError as exc:
         raise InitError(f"{exc.filename}: missing; expected the initial decays training recorded") from None
     except (ValueError, OSError, AttributeError, TypeError) as exc:
         raise InitError(f"{trained}: a training record not as written ({type(exc).__name__}: {exc})") from None
     raise InitError(f"{trained}: neither train_state/state.json (a trainer checkpoint) nor train_log.json "
-                     f"(a bundle, benchmarks/train/bundle.py); expected a trained reference model")
+                    f"(a bundle, benchmarks/train/bundle.py); expected a trained reference model")
 
 
 def _check_out(trained: Path, out: Path) -> None:
