@@ -534,10 +534,9 @@ def test_init_rebuild_takes_the_recorded_decays_within_rounding_and_refuses_anot
     import benchmarks.train.train as T
     from benchmarks.train.init_model import InitError, rebuild
 
+    B.bundle(ckpts("gdn"), tmp_path / "b")      # first: the trainer records its versions when it builds
     # rounding one ulp apart happens under another torch; under the same versions the sha256 check is exact
     monkeypatch.setattr(T, "_versions", lambda: {"torch": "another", "transformers": "another", "python": "3"})
-
-    B.bundle(ckpts("gdn"), tmp_path / "b")
     path = tmp_path / "b" / "train_log.json"
     log = json.loads(path.read_text())
     key = next(k for k in log["init_decays"] if k.endswith("A_log"))
