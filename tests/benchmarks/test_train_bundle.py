@@ -576,6 +576,7 @@ def test_init_model_refuses_bad_paths_in_one_line_and_replaces_nothing(ckpts, tm
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     (tmp_path / "file").write_text("mine too")
+    capsys.readouterr()                     # what building the fixture printed
 
     def refused(*argv, phrase):
         with pytest.raises(SystemExit) as exc:
