@@ -260,6 +260,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                 return spread([r[key] for r in mine])
 
             rt_d, rt_i, re_d = ratios("dense", "mean_ttft_s"), ratios("int8", "mean_ttft_s"), ratios("dense", "mean_e2e_s")
+            re_i = ratios("int8", "mean_e2e_s")
             o = {"arm": arm, "model": model, "w_max": _w_max(arm), "decays": decays,
                  "regime": f"pad{pad}", "rate": rate, "decode_clip": clip, "seeds": [r["seed"] if one_trace else r["draw"] for r in mine],
                  "traces": sorted({r["trace"] for r in mine}),
@@ -267,6 +268,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "mean_ttft_ratio_vs_dense": spread(rt_d)["mean"] if arm != "dense" else None,
                  "mean_ttft_ratio_vs_int8": spread(rt_i)["mean"] if arm != "int8" else None,
                  "mean_e2e_ratio_vs_dense": spread(re_d)["mean"] if arm != "dense" else None,
+                 "mean_e2e_ratio_vs_int8": spread(re_i)["mean"] if arm != "int8" and re_i else None,
                  "p95_ttft_s": s("p95_ttft_s")["mean"], "hit_rate": s("hit_rate")["mean"],
                  "capacity": _capacity(mine[0]["launch"]),
                  "capacity_under_load": _capacity_under_load(mine[0]["launch"]),
@@ -282,6 +284,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "ttft_ratio_vs_dense_spread": spread(rt_d) if arm != "dense" else None,
                  "ttft_ratio_vs_int8_spread": spread(rt_i) if arm != "int8" and rt_i else None,
                  "e2e_ratio_vs_dense_spread": spread(re_d) if arm != "dense" else None,
+                 "e2e_ratio_vs_int8_spread": spread(re_i) if arm != "int8" and re_i else None,
                  "ttft_ratio_vs_dense_by_seed": by_seed("dense"), "ttft_ratio_vs_int8_by_seed": by_seed("int8"),
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost")},

@@ -53,7 +53,7 @@ def _arm_label(arm: str) -> str:
 
 def markdown(objs: Sequence[dict]) -> str:
     """One table per condition: per arm mean TTFT (s), ratios to Dense/INT8 (mean, SD, range),
-    E2E ratio, hit rate vs bound, hit/miss TTFT, queue/prefill, hit account, n, capacity with no request
+    E2E ratios to Dense and INT8, hit rate vs bound, hit/miss TTFT, queue/prefill, hit account, n, capacity with no request
     running / under load ("—" where arms.json predates the second)."""
     out = []
     if objs:
@@ -70,16 +70,16 @@ def markdown(objs: Sequence[dict]) -> str:
                    + (f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"
                       if d else ""))
         out.append("")
-        out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | "
+        out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | E2E / INT8 | "
                    "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity / under load |")
-        out.append("|---|---:|---|---|---|---|---|---|---|---|---:|")
+        out.append("|---|---:|---|---|---|---|---|---|---|---|---|---:|")
         for o in rows:
             sp, r = o["mean_ttft_spread"], o["ttft_ratio_vs_dense_spread"]
             ri, ha = o["ttft_ratio_vs_int8_spread"], o["hit_account"]
             out.append(f"| {o['arm']} | {sp['n']} | {_f(sp['mean'])} ({_f(sp['sd'])}) | "
                        + (f"{_f(r['mean'])} ({_f(r['sd'])}) [{_f(r['min'])}, {_f(r['max'])}], {r['n']}" if r and r["n"] else "—")
                        + f" | {_f(ri['mean']) + ', ' + str(ri['n']) if ri and ri['n'] else '—'} | "
-                       f"{_f(o['mean_e2e_ratio_vs_dense'])} | "
+                       f"{_f(o['mean_e2e_ratio_vs_dense'])} | {_f(o.get('mean_e2e_ratio_vs_int8'))} | "
                        f"{_f(o['hit_rate'])} ({_f(o['reuse_bound'])}) | {_f(o['ttft_hit_s'])} / {_f(o['ttft_miss_s'])} | "
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")

@@ -293,12 +293,17 @@ def test_a_call_whose_baseline_is_int8_reports_int8s_drift_not_denses():
     """chat_bench BASELINE=int8 (no Dense arm): INT8 opens and closes the call; its drift is the one reported."""
     runs = [_run("int8", 0, 2.0), _run("int8", 1, 4.0), _run("w16", 0, 1.0), _run("w16", 1, 3.0),
             _run("int8", 0, 1.8, role="drift")]
+    runs[2]["mean_e2e_s"], runs[3]["mean_e2e_s"] = 3.0, 4.0      # E2E ratios 3/4 and 4/8: paired mean 0.625
+    runs[1]["mean_e2e_s"] = 8.0
     objs = sr.summarize(runs, model="m", decays="d")
     int8, w16 = objs
     assert int8["drift"]["mean"] == pytest.approx(0.9) and int8["dense_drift"] is None and w16["drift"] is None
     assert w16["mean_ttft_ratio_vs_int8"] == pytest.approx(0.625) and w16["mean_ttft_ratio_vs_dense"] is None
+    assert w16["mean_e2e_ratio_vs_int8"] == pytest.approx(0.625) and w16["e2e_ratio_vs_int8_spread"]["min"] == pytest.approx(0.5)
+    assert int8["mean_e2e_ratio_vs_int8"] is None and w16["mean_e2e_ratio_vs_dense"] is None
     md = sr.markdown(objs)
     assert "INT8 drift over a call 0.900 (n=1)" in md and "Dense drift" not in md
+    assert "| E2E / INT8 |" in md and "| — | 0.625 |" in md
 
 
 def test_seed_numbers_of_two_traces_are_different_draws():
