@@ -32,7 +32,6 @@ Per run (``chat_replay`` records, successful requests):
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -41,6 +40,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from benchmarks.cli_args import OneLineParser
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
 from benchmarks.serving_pool import pctl, pooled_table, spread
@@ -184,9 +184,13 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                 if e.get("file") in exclude_runs and e["role"] == "arm"}
         for e in man["runs"]:
             f = w / "runs" / e.get("file", "")
-            if (e.get("skipped") or e.get("rc") not in (0, 1) or not f.is_file() or e["call"] in exclude_calls
+            if (e.get("skipped") or e.get("rc") not in (0, 1) or e["call"] in exclude_calls
                     or e.get("file") in exclude_runs):
                 continue
+            if not f.is_file():      # a finished run whose result is gone: leaving it out would bias the pairs
+                raise DascInputError(f"{w / 'manifest.json'}: run {e['arm']} seed {e['seed']} finished "
+                                     f"(rc {e.get('rc')}) but its result {f} is missing; unpack the whole chat.tar.gz, "
+                                     f"or leave the run out with --exclude-run {e.get('file')}")
             if e["role"] == "drift" and (e["call"], e["arm"], e["seed"]) in gone:
                 e = {**e, "role": "arm"}
             try:
@@ -328,7 +332,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["rates"]:
-            ap = argparse.ArgumentParser(prog="serving_report rates",
+            ap = OneLineParser(prog="serving_report rates",
                                          description="protocol B's offered rates from Dense's measured closed-loop "
                                                      "saturation throughput")
             ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders with closed-loop Dense runs")
@@ -337,10 +341,14 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--exclude-call", type=int, action="append", default=[],
                             help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
             a = ap.parse_args(argv[1:])
-            print(json.dumps(open_loop_rates(collect(a.works, exclude_calls=a.exclude_call), a.rho), indent=1))
+            try:
+                rates = open_loop_rates(collect(a.works, exclude_calls=a.exclude_call), a.rho)
+            except DascInputError as e:
+                raise DascInputError(f"{', '.join(map(str, a.works))}: {e}") from None
+            print(json.dumps(rates, indent=1))
             return 0
         if argv[:1] == ["map"]:
-            ap = argparse.ArgumentParser(prog="serving_report map",
+            ap = OneLineParser(prog="serving_report map",
                                          description="the regime map: mean-TTFT ratio to Dense over context and load")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--out", type=Path, required=True, help="the figure to write (.png)")
@@ -349,15 +357,20 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"wrote {a.out}")
             return 0
         if argv[:1] == ["pooled"]:
-            ap = argparse.ArgumentParser(prog="serving_report pooled",
+            ap = OneLineParser(prog="serving_report pooled",
                                          description="per-seed TTFT ratios to Dense and INT8 pooled over sessions "
                                                      "(a seed measured twice counts once)")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--pad", type=int, default=None, help="keep one context pad (tokens), e.g. 6000")
             a = ap.parse_args(argv[1:])
-            print(pooled_table(load_summaries(a.summaries), pad=a.pad))
+            docs = load_summaries(a.summaries)
+            try:
+                table = pooled_table(docs, pad=a.pad)
+            except DascInputError as e:
+                raise DascInputError(f"{', '.join(map(str, a.summaries))}: {e}") from None
+            print(table)
             return 0
-        ap = argparse.ArgumentParser(
+        ap = OneLineParser(
             description="summary.json and tables.md from benchmarks/run_chat.py work folders (issue 24 item 7)",
             epilog="Also: `serving_report rates WORK ...` (protocol B's offered rates from Dense's closed-loop "
                    "saturation throughput), `serving_report map SUMMARY.json ... --out PNG` (the regime map) and "

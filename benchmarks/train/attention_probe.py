@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cli_args import OneLineParser
 from benchmarks.train.data import TEMPLATES, Batches
 
 BUCKETS = ("sink", "key", "value", "needle_rest", "distractor", "question", "recent", "other")
@@ -216,6 +217,19 @@ def _gaps(text: str) -> list[int]:
     return gaps
 
 
+def _count(least: int):
+    """argparse type: an integer of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = least - 1
+        if n < least:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {text!r}")
+        return n
+    return parse
+
+
 def _check_bundle(bundle: Path) -> None:
     """One line naming what a trained reference folder lacks; raises ValueError."""
     if not bundle.is_dir():
@@ -226,23 +240,26 @@ def _check_bundle(bundle: Path) -> None:
     if missing:
         raise ValueError(f"{bundle}: no {', '.join(missing)}; the probe needs a trained reference's weights and tokenizer "
                          f"(plans/reference/*-hybrid-*-sharegpt)")
-    cfg = json.loads((bundle / "config.json").read_text())
-    if "full_attention" not in cfg.get("layer_types", []):
+    try:
+        cfg = json.loads((bundle / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{bundle / 'config.json'}: not JSON ({exc})") from None
+    if not isinstance(cfg, dict) or "full_attention" not in (cfg.get("layer_types") or []):
         raise ValueError(f"{bundle / 'config.json'}: layer_types names no full_attention layer; the probe reads "
                          f"those layers' attention")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle", type=Path, help="a trained reference folder (config.json, weights, tokenizer.json)")
     ap.add_argument("--json", type=Path, help="write the per-prompt results and the summary here")
     ap.add_argument("--gaps", type=_gaps, default="96,1024", help="comma-separated gaps in tokens (default 96,1024)")
     ap.add_argument("--no-rope", action="store_true",
                     help="ablation: rotary cos 1 / sin 0 in every attention layer (Qwen3-Next only; Kimi's MLA has none)")
-    ap.add_argument("--n", type=int, default=16, help="prompts per gap (half with 2 distractor needles)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sink", type=int, default=4, help="first positions counted as the sink")
-    ap.add_argument("--recent", type=int, default=16, help="last positions counted as recent (query included)")
+    ap.add_argument("--n", type=_count(1), default=16, help="prompts per gap (half with 2 distractor needles)")
+    ap.add_argument("--seed", type=_count(0), default=0)
+    ap.add_argument("--sink", type=_count(0), default=4, help="first positions counted as the sink")
+    ap.add_argument("--recent", type=_count(1), default=16, help="last positions counted as recent (query included)")
     a = ap.parse_args(argv)
     try:
         _check_bundle(a.bundle)
@@ -256,14 +273,20 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = AutoConfig.from_pretrained(a.bundle)
-    if cfg.model_type == "kimi_linear":        # the trainer's KDA arithmetic (tested equal to transformers')
-        from benchmarks.train.kda_chunk import use_chunk_kda_in_transformers
-        use_chunk_kda_in_transformers()
-    model = AutoModelForCausalLM.from_pretrained(a.bundle, dtype=torch.float32, attn_implementation="eager").eval()
+    try:
+        cfg = AutoConfig.from_pretrained(a.bundle)
+        if a.no_rope and cfg.model_type != "qwen3_next":
+            ap.error(f"--no-rope: only Qwen3-Next models have a rotary embedding to switch off; {a.bundle / 'config.json'} "
+                     f"has model_type {cfg.model_type!r}")
+        if cfg.model_type == "kimi_linear":        # the trainer's KDA arithmetic (tested equal to transformers')
+            from benchmarks.train.kda_chunk import use_chunk_kda_in_transformers
+            use_chunk_kda_in_transformers()
+        model = AutoModelForCausalLM.from_pretrained(a.bundle, dtype=torch.float32, attn_implementation="eager").eval()
+    except Exception as exc:      # noqa: BLE001 (transformers refuses a bad config / weights with many classes)
+        why = " ".join(x.strip() for x in str(exc).splitlines() if x.strip())[:300] or type(exc).__name__
+        print(f"error: {a.bundle}: transformers cannot load it as a trained reference ({why})", file=sys.stderr)
+        return 2
     if a.no_rope:
-        if not hasattr(model.model, "rotary_emb"):
-            ap.error(f"--no-rope: {type(model).__name__} has no rotary embedding")
         model.model.rotary_emb.register_forward_hook(lambda m, i, o: (torch.ones_like(o[0]), torch.zeros_like(o[1])))
     attn_layers = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
     tok = Tokenizer.from_file(str(a.bundle / "tokenizer.json"))

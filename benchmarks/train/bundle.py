@@ -37,7 +37,6 @@ CLI prints ``error: ...`` and exits 2).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -50,6 +49,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.cli_args import OneLineParser
 from benchmarks.train.bundle_md import provenance_md
 from benchmarks.train.bundle_src import INDEX, TOKENIZER_FILES, BundleError, read_checkpoint
 from dasc_compile import atomic
@@ -282,14 +282,8 @@ def parse_mib(text: str) -> float:
     return x
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):          # one line, as every refusal (argparse prints its usage too)
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="checkpoint directory written by benchmarks/train/train.py")
     ap.add_argument("--out", type=Path, required=True, help="the bundle folder to write, e.g. plans/reference/NAME")
     ap.add_argument("--max-shard-mib", default="16", help="largest file, MiB (above 0, at most 16; default 16)")

@@ -99,6 +99,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "model.safetensors").write_bytes(b"")
     assert main([str(tmp_path)]) == 2
     assert "no full_attention layer" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        main([str(tmp_path), "--gaps", "96,x"])
-    assert e.value.code == 2 and "--gaps" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{")
+    assert main([str(tmp_path)]) == 2
+    assert "config.json: not JSON" in capsys.readouterr().err
+    for bad in (["--gaps", "96,x"], ["--gaps", "0"], ["--n", "0"], ["--sink", "-1"], ["--recent", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main([str(tmp_path), *bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: argument {bad[0]}"), (bad, err)

@@ -540,6 +540,27 @@ def test_report_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, cap
     assert not out.exists()
 
 
+def test_report_names_a_missing_run_file_a_folder_without_dense_and_a_bad_flag_in_one_line(tmp_path, capsys):
+    """A fresh user's tries: a finished run whose result file was not unpacked was left out silently (biasing
+    the pairs) and reported as 'no successful run'; `rates` on a folder without Dense did not name the folder;
+    argparse printed its usage block before the error."""
+    w = _work(tmp_path)
+    (w / "runs" / "w16_3.json.gz").unlink()
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep")
+    assert "w16_3.json.gz" in err and "is missing" in err and "--exclude-run w16_3.json.gz" in err
+    assert not (tmp_path / "rep").exists()
+    w = _work(tmp_path / "second")
+    m = json.loads((w / "manifest.json").read_text())
+    m["runs"] = [r for r in m["runs"] if r["arm"] != "dense"]
+    (w / "manifest.json").write_text(json.dumps(m))
+    err = _report_error(capsys, "rates", w)
+    assert err.startswith(f"error: {w}: no closed-loop run of 'dense'")
+    with pytest.raises(SystemExit) as e:
+        sr.main(["pooled", str(tmp_path / "s.json"), "--pad", "abc"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: argument --pad"), err
+
+
 def test_regime_map_pools_sessions_by_trace_seed_and_counts_a_reused_seed_once():
     from benchmarks.serving_tables import pool_points
 

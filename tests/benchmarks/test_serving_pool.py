@@ -77,4 +77,5 @@ def test_pooled_refuses_to_print_an_empty_table(tmp_path, capsys):
     old.write_text(json.dumps([{"arm": "dense", "protocol": "closed-loop-paper", "replay": "served-reply"}]))
     assert serving_report.main(["pooled", str(old)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: no arm with per-seed TTFT ratios") and "regenerate" in err
+    assert err.startswith(f"error: {old}: no arm with per-seed TTFT ratios") and "regenerate" in err
+    assert len(err.strip().splitlines()) == 1
