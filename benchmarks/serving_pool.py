@@ -22,15 +22,19 @@ BASELINES = {"dense": "ttft_ratio_vs_dense_by_seed", "int8": "ttft_ratio_vs_int8
 
 
 def group_label(o: dict) -> str:
-    """``arm (protocol, replay[, rho R])``: the series an arm object belongs to."""
-    return f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", rho {o['rho']}" if o.get("rho") else "") + ")"
+    """``arm (protocol, replay[, N clients][, rho R])``: the series an arm object belongs to. The closed loop's
+    client count is part of it: 24 and 42 clients put different working sets on the same cache, and pooling
+    their ratios would average two conditions."""
+    return (f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", {o['clients']} clients" if o.get("clients") else "")
+            + (f", rho {o['rho']}" if o.get("rho") else "") + ")")
 
 
 def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
     """Group the per-seed ratios ``key`` of every arm object in ``docs`` by (label, pad tokens, rate).
 
-    Returns ``{(label, pad, rate): {"x": [initial prompt means, tokens], "seeds": {seed: [ratio, ...]}}}``;
-    arm objects without ``key`` are left out.
+    Returns ``{(label, pad, rate): {"x": [initial prompt means, tokens], "seeds": {seed: [ratio, ...]}, "arm",
+    "protocol", "clients"}}`` (the label holds the client count, so each group has one); arm objects without
+    ``key`` are left out.
     """
     groups: dict = {}
     for doc in docs:
@@ -38,7 +42,9 @@ def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
             per = o.get(key)
             if not per:
                 continue
-            g = groups.setdefault((group_label(o), o.get("pad_tokens"), o.get("rate")), {"x": [], "seeds": {}})
+            g = groups.setdefault((group_label(o), o.get("pad_tokens"), o.get("rate")),
+                                  {"x": [], "seeds": {}, "arm": o["arm"], "protocol": o.get("protocol"),
+                                   "clients": o.get("clients")})
             g["x"].append(o["initial_prompt_mean"])
             for seed, r in per.items():
                 g["seeds"].setdefault(seed, []).append(float(r))
@@ -137,7 +143,7 @@ def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:
             txt += ", n = 1"
         return txt + (f"; {len(rep)} seed(s) measured twice" if rep else "")
 
-    lines = ["| arm (protocol, replay) | pad | TTFT / Dense: mean (SD), n, 95 % interval | TTFT / INT8: mean (SD), n, 95 % interval |",
+    lines = ["| arm (protocol, replay, clients) | pad | TTFT / Dense: mean (SD), n, 95 % interval | TTFT / INT8: mean (SD), n, 95 % interval |",
              "|---|---:|---|---|"]
     for (lab, p, rate), r in sorted(rows.items(), key=lambda kv: (str(kv[0][1]), kv[0][0], str(kv[0][2]))):
         lines.append(f"| {lab}{f' at rate {rate}' if rate else ''} | {p} | {cell(r.get('dense'))} | {cell(r.get('int8'))} |")

@@ -145,8 +145,9 @@ def load_summaries(paths: Sequence[Path]) -> list[list]:
 
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
     """Mean-TTFT ratio to Dense (mean and range over trace seeds, pooled over the summaries by
-    :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, rate);
-    from ``summary.json`` files of this module."""
+    :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, clients, rate);
+    beside it, where closed-loop summaries pair arms with SGLang's INT8 pool, the ratio to INT8 against the
+    client count (the working set). From ``summary.json`` files of this module."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -158,7 +159,12 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     points = pool_points(load_summaries(summaries))
     if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    vs_int8 = [(g, [sum(v) / len(v) for _, v in sorted(g["seeds"].items())])
+               for (_, pad, rate), g in pool_seed_ratios(load_summaries(summaries), "ttft_ratio_vs_int8_by_seed").items()
+               if g["protocol"] == "closed-loop-paper" and g["clients"]]
+    fig, axes = plt.subplots(1, 2 if vs_int8 else 1, figsize=(13 if vs_int8 else 8, 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]} if vs_int8 else None)
+    ax = axes[0][0]
     series: dict = {}
     for pt in points:
         series.setdefault(pt["label"], []).append(pt)
@@ -176,5 +182,24 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
     ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200; n = trace seeds per point)", fontsize=10)
     ax.legend(fontsize=7)
+    if vs_int8:                     # the capacity step: the same arms against SGLang's INT8 pool, over client count
+        bx = axes[0][1]
+        arms: dict = {}
+        for g, vals in vs_int8:
+            arms.setdefault(g["arm"], []).append((g["clients"], vals))
+        arms.pop("dense", None)     # Dense / INT8 is the left panel's INT8 point turned over
+        for i, (arm, pts) in enumerate(sorted(arms.items())):
+            pts.sort(key=lambda cv: cv[0])
+            means = [sum(v) / len(v) for _, v in pts]
+            dx = (i - (len(arms) - 1) / 2) * 0.4        # clients between arms at one count, for legibility
+            # markers only: between two measured client counts nothing was run, and the step is not a line
+            bx.errorbar([c + dx for c, _ in pts], means, yerr=[[m - min(v) for m, (_, v) in zip(means, pts)],
+                                                               [max(v) - m for m, (_, v) in zip(means, pts)]],
+                        marker="o", capsize=3, ls="none", label=f"{arm}, n={'/'.join(str(len(v)) for _, v in pts)}")
+        bx.axhline(1.0, color="grey", lw=0.8)
+        bx.set_xlabel("closed-loop clients on 8 running (the working set; arms offset by 0.4)")
+        bx.set_ylabel("mean TTFT / SGLang INT8 (paired by trace seed; bars: range)")
+        bx.set_title("Against INT8's pool, by working set (protocol A)", fontsize=10)
+        bx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

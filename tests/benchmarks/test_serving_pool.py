@@ -19,8 +19,9 @@ def test_t_quantile_refuses_zero_df():
         t_quantile_975(0)
 
 
-def _arm(arm, dense=None, int8=None, pad=6000):
+def _arm(arm, dense=None, int8=None, pad=6000, clients=24):
     return {"arm": arm, "protocol": "closed-loop-paper", "replay": "served-reply", "rho": None, "rate": None,
+            "clients": clients,
             "pad_tokens": pad, "initial_prompt_mean": 10000.0, "seeds": [],
             "ttft_ratio_vs_dense_by_seed": dense, "ttft_ratio_vs_int8_by_seed": int8,
             "ttft_ratio_vs_dense_spread": {"n": len(dense or {}), "mean": 0, "min": 0, "max": 0} if dense else None}
@@ -31,12 +32,22 @@ def test_a_seed_in_two_sessions_counts_once():
     s2 = [_arm("w16", dense={"t/2": 0.68, "u/1": 0.50}, int8={"t/2": 1.10})]
     g = pool_seed_ratios([s1, s2], "ttft_ratio_vs_dense_by_seed")
     (key, val), = g.items()
-    assert key == ("w16 (closed-loop-paper, served-reply)", 6000, None)
+    assert key == ("w16 (closed-loop-paper, served-reply, 24 clients)", 6000, None)
     assert val["seeds"] == {"t/1": [0.60], "t/2": [0.64, 0.68], "u/1": [0.50]}
     pt, = pool_points([s1, s2])
     # seeds: t/1 0.60, t/2 mean(0.64, 0.68) = 0.66, u/1 0.50 -> mean 0.58666..., n 3 (not 4)
     assert pt["n"] == 3 and pt["mean"] == pytest.approx((0.60 + 0.66 + 0.50) / 3)
     assert pt["repeated"] == ["t/2"]
+
+
+def test_two_client_counts_are_two_conditions_not_one_pool():
+    """42 clients on the same cache is another working set: its seeds must not join the 24-client mean."""
+    s24 = [_arm("w16-int8", int8={"x1/4": 0.99, "x1/5": 1.01})]
+    s42 = [_arm("w16-int8", int8={"x2/1": 0.58, "x2/2": 0.56}, clients=42)]
+    rows = [r for r in pooled_table([s24, s42]).splitlines() if r.startswith("| w16-int8")]
+    assert len(rows) == 2
+    assert "24 clients" in rows[0] and "| 1.000 (0.014), n = 2" in rows[0]
+    assert "42 clients" in rows[1] and "| 0.570 (0.014), n = 2" in rows[1]
 
 
 def test_summarise_sd_interval_and_below_one():
