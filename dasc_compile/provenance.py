@@ -63,7 +63,8 @@ def figure_line(note: str, width: int = 90) -> str:
 
     Generated decay values: :func:`figure_label` followed by the note. Trained weights:
     ``"trained weights: <note>"`` (the note cut to ``width`` characters with ``...``), or just
-    ``"trained weights"`` when the checkpoint carries no note. ``figure_label`` itself stays None for
+    ``"trained weights"`` when the checkpoint carries no note, or the note alone when it already says "trained
+    weights" (as ``dasc_compile.checkpoint.TRAINED_PROVENANCE`` does). ``figure_label`` itself stays None for
     trained weights: its callers use that to decide whether to warn that the values are not trained.
     """
     label = figure_label(note)
@@ -72,6 +73,8 @@ def figure_line(note: str, width: int = 90) -> str:
     short = " ".join(note.split())
     if len(short) > width:
         short = short[:width - 3].rstrip() + "..."
+    if "trained weights" in short:          # e.g. "as read from checkpoint (trained weights)": said once
+        return short
     return f"trained weights: {short}" if short else "trained weights"
 
 

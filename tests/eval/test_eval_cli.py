@@ -55,7 +55,7 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
     assert doc["protocol"]["random_seeds"] == [1234, 2027, 3407, 4519, 5683]
     assert png.stat().st_size > 1000
     assert out.stat().st_mode & 0o777 == 0o644
-    assert drawn == ["trained weights: as read from checkpoint (trained weights)"]   # the figure names its source
+    assert drawn == ["as read from checkpoint (trained weights)"]   # the figure names its source, once
     assert r.output.index("dasc-nr") < r.output.index(f"wrote {out}")                # tables before the files
     # under each plan's table, the paired difference over prompts (no init arm in this run: nr - Random only)
     p = doc["plans"][0]["paired"]["nr_minus_random"]["nll_delta_head"]
@@ -71,6 +71,7 @@ def test_figure_line_names_every_kind():
     assert figure_line("initialisation draw, not trained (seed 0)") == "initialisation draw, not trained weights"
     assert figure_line("trained here by x on H200") == "trained weights: trained here by x on H200"
     assert figure_line("") == "trained weights"
+    assert figure_line("as read from checkpoint (trained weights)") == "as read from checkpoint (trained weights)"
     assert figure_line("t" * 200, width=20) == "trained weights: " + "t" * 17 + "..."
 
 
