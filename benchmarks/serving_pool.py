@@ -33,7 +33,7 @@ def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
     """Group the per-seed ratios ``key`` of every arm object in ``docs`` by (label, pad tokens, rate).
 
     Returns ``{(label, pad, rate): {"x": [initial prompt means, tokens], "seeds": {seed: [ratio, ...]}, "arm",
-    "protocol", "clients"}}`` (the label holds the client count, so each group has one); arm objects without
+    "protocol", "replay", "clients"}}`` (the label holds the client count, so each group has one); arm objects without
     ``key`` are left out.
     """
     groups: dict = {}
@@ -44,7 +44,7 @@ def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
                 continue
             g = groups.setdefault((group_label(o), o.get("pad_tokens"), o.get("rate")),
                                   {"x": [], "seeds": {}, "arm": o["arm"], "protocol": o.get("protocol"),
-                                   "clients": o.get("clients")})
+                                   "replay": o.get("replay"), "clients": o.get("clients")})
             g["x"].append(o["initial_prompt_mean"])
             for seed, r in per.items():
                 g["seeds"].setdefault(seed, []).append(float(r))

@@ -159,8 +159,8 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     points = pool_points(load_summaries(summaries))
     if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
-    vs_int8 = [(g, [sum(v) / len(v) for _, v in sorted(g["seeds"].items())])
-               for (_, pad, rate), g in pool_seed_ratios(load_summaries(summaries), "ttft_ratio_vs_int8_by_seed").items()
+    vs_int8 = [({**g, "pad": pad}, [sum(v) / len(v) for _, v in sorted(g["seeds"].items())])
+               for (_, pad, _), g in pool_seed_ratios(load_summaries(summaries), "ttft_ratio_vs_int8_by_seed").items()
                if g["protocol"] == "closed-loop-paper" and g["clients"]]
     fig, axes = plt.subplots(1, 2 if vs_int8 else 1, figsize=(13 if vs_int8 else 8, 4.8), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 2]} if vs_int8 else None)
@@ -185,9 +185,9 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     if vs_int8:                     # the capacity step: the same arms against SGLang's INT8 pool, over client count
         bx = axes[0][1]
         arms: dict = {}
-        for g, vals in vs_int8:
-            arms.setdefault(g["arm"], []).append((g["clients"], vals))
-        arms.pop("dense", None)     # Dense / INT8 is the left panel's INT8 point turned over
+        for g, vals in vs_int8:     # one series per arm, replay and context pad: only the client count varies
+            if g["arm"] != "dense":     # Dense / INT8 is the left panel's INT8 point turned over
+                arms.setdefault(f"{g['arm']} ({g['replay']}, pad {g['pad']})", []).append((g["clients"], vals))
         for i, (arm, pts) in enumerate(sorted(arms.items())):
             pts.sort(key=lambda cv: cv[0])
             means = [sum(v) / len(v) for _, v in pts]

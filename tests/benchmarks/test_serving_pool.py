@@ -90,3 +90,29 @@ def test_pooled_refuses_to_print_an_empty_table(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {old}: no arm with per-seed TTFT ratios") and "regenerate" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_regime_map_draws_the_int8_panel_by_client_count(tmp_path, monkeypatch):
+    """Left: ratios to Dense over context; right: ratios to INT8 over clients, one series per arm whose points
+    are the client counts measured (24 and 42 here), not one merged point; Dense is left out of the right panel."""
+    import json
+
+    import matplotlib.figure
+
+    from benchmarks.serving_tables import regime_map
+
+    drawn = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: (drawn.append(self), real(self, *a, **k)))
+    s24 = tmp_path / "s24.json"
+    s24.write_text(json.dumps([_arm("w16-int8", dense={"x1/4": 0.57}, int8={"x1/4": 0.99, "x1/5": 1.01}),
+                               _arm("dense", int8={"x1/4": 1.7})]))
+    s42 = tmp_path / "s42.json"
+    s42.write_text(json.dumps([_arm("w16-int8", int8={"x2/1": 0.58, "x2/2": 0.56}, clients=42)]))
+    regime_map([s24, s42], tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 0
+    left, right = drawn[0].axes
+    (line,) = [c for c in right.containers]                      # one series: w16-int8 (Dense left out)
+    xs, ys = line.lines[0].get_data()
+    assert list(ys) == pytest.approx([1.0, 0.57]) and list(xs) == pytest.approx([24, 42])
+    assert "w16-int8" in right.get_legend().get_texts()[0].get_text()
