@@ -25,6 +25,7 @@ Per run (``chat_replay`` records, successful requests):
   ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
+        [--x-sat X]    # open-loop runs: Dense's saturation throughput (`rates`), so that rho = rate / X is reported
     python -m benchmarks.serving_report map RUN1/summary.json RUN2/summary.json ... --out benchmarks/figures/regime-map.png
     python -m benchmarks.serving_report pooled RUN1/summary.json RUN2/summary.json ... --pad 6000   # seeds pooled over sessions
     python -m benchmarks.serving_report rates WORK --rho 0.5 0.7 0.9      # protocol B's offered loads
@@ -32,6 +33,7 @@ Per run (``chat_replay`` records, successful requests):
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -328,6 +330,17 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
             "rates": {rho: rho * x["mean"] for rho in rhos}}
 
 
+def _positive(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of conversations/s above 0, got {text!r}")
+    return x
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -389,6 +402,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap.add_argument("--exclude-run", action="append", default=[],
                         help="leave out this result file (name under runs/; repeatable); an excluded opening "
                              "baseline run is replaced by the call's closing run of the same seed")
+        ap.add_argument("--x-sat", type=_positive, default=None,
+                        help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
+                             "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")
         a = ap.parse_args(argv)
         if a.out.exists() and not a.out.is_dir():
             raise DascInputError(f"--out {a.out}: exists and is not a folder; give the folder for summary.json and "
@@ -396,7 +412,13 @@ def main(argv: Iterable[str] | None = None) -> int:
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
-        objs = summarize(runs, model=a.model, decays=a.decays)
+        rates = sorted({r["cond"][5] for r in runs if r["cond"][5] is not None})
+        if rates and a.x_sat is None:
+            raise DascInputError(f"open-loop runs at rate(s) {', '.join(map(str, rates))} /s: give --x-sat (Dense's "
+                                 f"saturation throughput from `serving_report rates`) so that they are reported at "
+                                 f"rho = rate / x_sat")
+        objs = summarize(runs, model=a.model, decays=a.decays,
+                         rho_of_rate={r: round(r / a.x_sat, 3) for r in rates} if rates else None)
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "summary.json").write_text(json.dumps(objs, indent=1))
         text = markdown(objs) + first_timed_note(runs)

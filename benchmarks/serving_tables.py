@@ -64,7 +64,7 @@ def markdown(objs: Sequence[dict]) -> str:
                                     o["rate"]) == cond]
         p, rep, pad, clip, c, rate = cond
         d = next((o for o in rows if (o.get("drift") or o.get("dense_drift") or {}).get("n")), None)   # the call's baseline
-        out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s")
+        out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s" + (f" (rho {rows[0]['rho']})" if rows[0].get("rho") else ""))
                    + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
                      f"{rows[0]['context_max']}"
                    + (f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"

@@ -460,8 +460,9 @@ def test_open_loop_refuses_a_think_time_that_is_not_a_number(tmp_path, capsys):
     assert cr.main(base + ["--think-s", "nan"]) == 2 and "--think-s" in capsys.readouterr().err
 
 
-def _work(tmp_path) -> Path:
-    """A run_chat work folder of four runs over two calls (dense and w16, one closing drift run)."""
+def _work(tmp_path, rate=None) -> Path:
+    """A run_chat work folder of four runs over two calls (dense and w16, one closing drift run); ``rate``: the
+    runs are open-loop at that many conversations/s."""
     w = tmp_path / "w"
     (w / "runs").mkdir(parents=True)
     rec = {"conv": 0, "turn": 0, "source_id": "a", "prompt_tokens": 100, "max_new_tokens": 4, "reuse_bound": 0,
@@ -471,8 +472,8 @@ def _work(tmp_path) -> Path:
     for i, (arm, role, ttft, call) in enumerate([("dense", "arm", 9.0, 0), ("w16", "arm", 1.0, 0),
                                                   ("dense", "drift", 2.0, 0), ("w16", "arm", 5.0, 1)]):
         f = f"{arm}_{i}.json.gz"
-        cfg = {"protocol": "closed-loop-paper", "replay": "served-reply", "pad_tokens": 0, "decode_clip": 4,
-               "clients": 2, "rate": None, "conversations_per_seed": 2}
+        cfg = {"protocol": "open-loop" if rate else "closed-loop-paper", "replay": "served-reply", "pad_tokens": 0,
+               "decode_clip": 4, "clients": None if rate else 2, "rate": rate, "conversations_per_seed": 2}
         cr.write_json(w / "runs" / f, {"config": cfg, "records": [{**rec, "ttft_s": ttft}], "inflight": [], "wall_s": 1})
         runs.append({"call": call, "index": i, "arm": arm, "seed": 0, "role": role, "file": f, "rc": 0})
     (w / "manifest.json").write_text(json.dumps({"runs": runs, "calls": [{}, {}]}))
@@ -559,6 +560,22 @@ def test_report_names_a_missing_run_file_a_folder_without_dense_and_a_bad_flag_i
         sr.main(["pooled", str(tmp_path / "s.json"), "--pad", "abc"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: argument --pad"), err
+
+
+def test_open_loop_runs_are_reported_at_rho_from_the_measured_saturation_throughput(tmp_path, capsys):
+    """Protocol B's summary carries rho = rate / Dense's saturation throughput (issue 24 item 7); without
+    --x-sat an open-loop report would have rho None, so it is refused in one line."""
+    w = _work(tmp_path, rate=0.317)
+    base = [w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep", "--exclude-run", "w16_3.json.gz"]
+    assert "--x-sat" in _report_error(capsys, *base)
+    with pytest.raises(SystemExit) as e:
+        sr.main([str(a) for a in base] + ["--x-sat", "-1"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: argument --x-sat")
+    assert sr.main([str(a) for a in base] + ["--x-sat", "0.4528"]) == 0
+    objs = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert {o["arm"]: o["rho"] for o in objs} == {"dense": 0.7, "w16": 0.7}       # 0.317 / 0.4528 = 0.7001
+    assert all(o["protocol"] == "open-loop" and o["rate"] == 0.317 for o in objs)
+    assert "rate 0.317/s (rho 0.7)" in (tmp_path / "rep" / "tables.md").read_text()
 
 
 def test_regime_map_pools_sessions_by_trace_seed_and_counts_a_reused_seed_once():
