@@ -2,12 +2,14 @@
 
 argparse prints its usage block before the error; the project's rule for bad input is one line naming the
 flag and what was expected (``dasc`` itself does the same through typer), so scripts parse with
-:class:`OneLineParser`.
+:class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`) live
+here too.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -17,3 +19,29 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):          # noqa: D102 (argparse's hook)
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def int_at_least(least: int):
+    """argparse ``type``: an integer of at least ``least`` (else ``expected an integer of at least N``)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = least - 1
+        if n < least:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {text!r}")
+        return n
+    return parse
+
+
+def number_above_zero(unit: str):
+    """argparse ``type``: a finite number above 0, in ``unit`` (named in the refusal)."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not (math.isfinite(x) and x > 0):
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} above 0, got {text!r}")
+        return x
+    return parse

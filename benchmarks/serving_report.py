@@ -33,7 +33,6 @@ Per run (``chat_replay`` records, successful requests):
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -42,8 +41,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from benchmarks.cli_args import OneLineParser
 from benchmarks import ckpt_account
+from benchmarks.cli_args import OneLineParser, number_above_zero
 from benchmarks.chat_replay import read_json
 from benchmarks.serving_pool import pctl, pooled_table, spread
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, read_json_file, regime_map
@@ -330,24 +329,13 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
             "rates": {rho: rho * x["mean"] for rho in rhos}}
 
 
-def _positive(text: str) -> float:
-    """argparse type: a finite number above 0."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = math.nan
-    if not (math.isfinite(x) and x > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of conversations/s above 0, got {text!r}")
-    return x
-
-
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["rates"]:
             ap = OneLineParser(prog="serving_report rates",
-                                         description="protocol B's offered rates from Dense's measured closed-loop "
-                                                     "saturation throughput")
+                               description="protocol B's offered rates from Dense's measured closed-loop "
+                                           "saturation throughput")
             ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders with closed-loop Dense runs")
             ap.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.7, 0.9],
                             help="utilisations in (0, 1) (default 0.5 0.7 0.9)")
@@ -362,7 +350,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             return 0
         if argv[:1] == ["map"]:
             ap = OneLineParser(prog="serving_report map",
-                                         description="the regime map: mean-TTFT ratio to Dense over context and load")
+                               description="the regime map: mean-TTFT ratio to Dense over context and load")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--out", type=Path, required=True, help="the figure to write (.png)")
             a = ap.parse_args(argv[1:])
@@ -371,8 +359,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             return 0
         if argv[:1] == ["pooled"]:
             ap = OneLineParser(prog="serving_report pooled",
-                                         description="per-seed TTFT ratios to Dense and INT8 pooled over sessions "
-                                                     "(a seed measured twice counts once)")
+                               description="per-seed TTFT ratios to Dense and INT8 pooled over sessions "
+                                           "(a seed measured twice counts once)")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--pad", type=int, default=None, help="keep one context pad (tokens), e.g. 6000")
             a = ap.parse_args(argv[1:])
@@ -402,7 +390,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap.add_argument("--exclude-run", action="append", default=[],
                         help="leave out this result file (name under runs/; repeatable); an excluded opening "
                              "baseline run is replaced by the call's closing run of the same seed")
-        ap.add_argument("--x-sat", type=_positive, default=None,
+        ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,
                         help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
                              "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")
         a = ap.parse_args(argv)

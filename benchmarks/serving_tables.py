@@ -156,11 +156,12 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
     if not out.parent.is_dir():
         raise DascInputError(f"--out {out}: folder {out.parent} does not exist")
-    points = pool_points(load_summaries(summaries))
+    docs = load_summaries(summaries)
+    points = pool_points(docs)
     if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
     vs_int8 = [({**g, "pad": pad}, [sum(v) / len(v) for _, v in sorted(g["seeds"].items())])
-               for (_, pad, _), g in pool_seed_ratios(load_summaries(summaries), "ttft_ratio_vs_int8_by_seed").items()
+               for (_, pad, _), g in pool_seed_ratios(docs, "ttft_ratio_vs_int8_by_seed").items()
                if g["protocol"] == "closed-loop-paper" and g["clients"]]
     fig, axes = plt.subplots(1, 2 if vs_int8 else 1, figsize=(13 if vs_int8 else 8, 4.8), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 2]} if vs_int8 else None)

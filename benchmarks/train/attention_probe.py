@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, int_at_least
 from benchmarks.train.data import TEMPLATES, Batches
 
 BUCKETS = ("sink", "key", "value", "needle_rest", "distractor", "question", "recent", "other")
@@ -217,19 +217,6 @@ def _gaps(text: str) -> list[int]:
     return gaps
 
 
-def _count(least: int):
-    """argparse type: an integer of at least ``least``."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = least - 1
-        if n < least:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {text!r}")
-        return n
-    return parse
-
-
 def _check_bundle(bundle: Path) -> None:
     """One line naming what a trained reference folder lacks; raises ValueError."""
     if not bundle.is_dir():
@@ -256,10 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gaps", type=_gaps, default="96,1024", help="comma-separated gaps in tokens (default 96,1024)")
     ap.add_argument("--no-rope", action="store_true",
                     help="ablation: rotary cos 1 / sin 0 in every attention layer (Qwen3-Next only; Kimi's MLA has none)")
-    ap.add_argument("--n", type=_count(1), default=16, help="prompts per gap (half with 2 distractor needles)")
-    ap.add_argument("--seed", type=_count(0), default=0)
-    ap.add_argument("--sink", type=_count(0), default=4, help="first positions counted as the sink")
-    ap.add_argument("--recent", type=_count(1), default=16, help="last positions counted as recent (query included)")
+    ap.add_argument("--n", type=int_at_least(1), default=16, help="prompts per gap (half with 2 distractor needles)")
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
+    ap.add_argument("--sink", type=int_at_least(0), default=4, help="first positions counted as the sink")
+    ap.add_argument("--recent", type=int_at_least(1), default=16, help="last positions counted as recent (query included)")
     a = ap.parse_args(argv)
     try:
         _check_bundle(a.bundle)
