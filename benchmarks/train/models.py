@@ -71,16 +71,21 @@ def nemotron_pattern(n_mixers: int) -> str:
                    for k, nxt in zip(kinds, kinds[1:] + [None]))
 
 
-def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: int = 8192):
-    """The transformers config of one reference model.
+def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: int = 8192, rope: bool = True):
+    """The transformers config of one reference model. ``rope=False`` (gdn only) gives Qwen3-Next's attention
+    no rotary dimensions (``partial_rotary_factor`` 0: position-free, as Kimi-Linear's MLA is), the one change
+    between a GDN reference and its no-RoPE control; the parameters, hence the seeded initialisation, are the
+    same (the rotary embedding has none).
 
     Raises:
-        ValueError: unknown ``family`` or ``size``.
+        ValueError: unknown ``family`` or ``size``; ``rope=False`` for a family without rotary attention.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
+    if not rope and family != "gdn":
+        raise ValueError(f"rope=False: only gdn (Qwen3-Next) has rotary attention to switch off, not {family}")
     s = SIZES[size]
     if family == "mamba2":
         return _nemotron_config(s, vocab_size, eos_id, max_len)
@@ -94,7 +99,9 @@ def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: 
     if family == "gdn":
         from transformers import Qwen3NextConfig
 
-        return Qwen3NextConfig(
+        no_rope = {} if rope else dict(partial_rotary_factor=0.0, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.0})
+        return Qwen3NextConfig(**no_rope,
             **common, head_dim=s["attn_dim"], linear_num_key_heads=s["gdn_hk"], linear_num_value_heads=s["gdn_hv"],
             linear_key_head_dim=s["gdn_dk"], linear_value_head_dim=s["gdn_dv"], linear_conv_kernel_dim=4,
             num_experts=0, mlp_only_layers=list(range(s["layers"])), tie_word_embeddings=True,
@@ -157,14 +164,16 @@ DECAY_INITS = ("transformers", "log-uniform-dt")
 DEFAULT_DECAY_INIT = {"gdn": "log-uniform-dt", "kda": "transformers", "mamba2": "transformers"}
 
 
-def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int, decay_init: str | None = None):
-    """The initialised model, fp32 on the CPU. The initialisation depends only on ``seed``,
+def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int, decay_init: str | None = None,
+                rope: bool = True):
+    """The initialised model, fp32 on the CPU (``rope``: :func:`model_config`). The initialisation depends only on ``seed``,
     ``decay_init`` (default :data:`DEFAULT_DECAY_INIT` of the family; see :data:`DECAY_INITS`) and the
     torch / transformers versions, recorded in provenance: it runs on the CPU generator, whatever device
     training uses, so ``dasc eval``'s init control can rebuild it without a stored file.
 
     Raises:
-        ValueError: an unknown ``decay_init``, or "log-uniform-dt" for a family other than gdn.
+        ValueError: an unknown ``decay_init``, or "log-uniform-dt" for a family other than gdn; ``rope=False``
+            for a family other than gdn.
     """
     from transformers import AutoModelForCausalLM
 
@@ -174,7 +183,7 @@ def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int,
     if decay_init not in DECAY_INITS or (decay_init == "log-uniform-dt" and family != "gdn"):
         allowed = DECAY_INITS if family == "gdn" else ("transformers",)
         raise ValueError(f"decay_init {decay_init!r} for {family}: expected one of {allowed}")
-    cfg = model_config(family, size, vocab_size, eos_id)
+    cfg = model_config(family, size, vocab_size, eos_id, rope=rope)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

@@ -65,6 +65,12 @@ def decay_init_of(state: dict) -> str:
     return state.get("decay_init", "transformers")
 
 
+def rope_of(state: dict) -> bool:
+    """Whether a run's attention had rotary dimensions (``--no-rope`` fresh starts record False; runs begun
+    before the choice existed had them)."""
+    return state.get("rope", True)
+
+
 def _recall_text(a) -> str:
     kinds = "needle and key-value" + (f" recall, {a.copy_frac:.0%} of it long-gap copy rows" if a.copy_frac
                                       else " recall")
@@ -118,9 +124,10 @@ def provenance(a, state: dict, tok) -> dict:
         "vocab_size": tok.get_vocab_size(),
         "data": data_description(a.data) | {"recall": _recall_text(a)},
         "training": training,
-        "init": {"seed": a.seed, "decay_init": decay_init_of(state),
+        "init": {"seed": a.seed, "decay_init": decay_init_of(state), "rope": rope_of(state),
                  "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
-                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{decay_init_of(state)}')",
+                            f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{decay_init_of(state)}'"
+                            + ("" if rope_of(state) else ", rope=False") + ")",
                  "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
                  "decays": "train_state/init_decays.safetensors"},
         "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}

