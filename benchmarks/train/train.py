@@ -96,7 +96,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--total-tokens", type=float, default=None,
-                    help="planned tokens over all sessions, which places the cooldown (default: 100e6 on a fresh "
+                    help="planned tokens over all sessions, which places the cooldown; training stops there (default: 100e6 on a fresh "
                          "start, the recorded plan on a resume; giving it on a resume replaces the plan)")
     ap.add_argument("--cooldown", type=float, default=0.2, help="final fraction of the planned steps with decaying lr")
     ap.add_argument("--recall-frac", type=float, default=0.3)
@@ -272,6 +272,8 @@ def main(argv=None) -> dict:
     while True:
         if a.max_steps and state["step"] - step0 >= a.max_steps:
             break
+        if state["step"] >= total:   # the plan's cooldown has ended: more steps would run at the floor lr unasked
+            break
         if _STOP["signal"] is not None or (step_s and time.time() + 1.5 * step_s > a.stop_at - a.save_reserve):
             break
         t_step = time.time()
@@ -322,14 +324,17 @@ def main(argv=None) -> dict:
     wall = time.time() - t_loop
     steps = state["step"] - step0
     session.update({"end_step": state["step"], "steps": steps, "tokens": steps * tps, "loop_s": round(wall, 1),
-                    "tok_s": steps * tps / wall if wall > 0 else None, "stopped_by": _stopped_by(a, steps),
+                    "tok_s": steps * tps / wall if wall > 0 else None,
+                    "stopped_by": _stopped_by(a, steps, state["step"] >= total),
                     "micro_batch": micro})
     return finish(a, model, opt, state, session, init, tok, logf)
 
 
-def _stopped_by(a, steps: int) -> str:
+def _stopped_by(a, steps: int, plan_done: bool) -> str:
     if _STOP["signal"] is not None:
         return f"signal {_STOP['signal']}"
+    if plan_done:
+        return "plan"
     return "max_steps" if a.max_steps and steps >= a.max_steps else "deadline"
 
 

@@ -527,3 +527,26 @@ def test_trainer_refuses_no_rope_where_it_cannot_apply(data_dir, tmp_path, capsy
     err = capsys.readouterr().err
     assert exc.value.code == 2 and needle in err.strip().splitlines()[-1] and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_training_stops_where_its_plan_ends_and_a_longer_plan_continues(data_dir, tmp_path):
+    """Session 13's KDA run went 27M tokens past its 90M plan at the floor learning rate, because only the deadline
+    stopped it: the plan's end now stops a session (``stopped_by`` "plan"); a resume with a larger plan goes on."""
+    from benchmarks.train.train import main
+
+    tps = 4 * 192                                     # _args: batch 4 x seq 192
+    argv = _args(data_dir, tmp_path / "first", "gdn", 10)
+    argv[argv.index("--total-tokens") + 1] = str(3 * tps)
+    main(argv)
+    state = json.loads((tmp_path / "first" / "gdn" / "train_state" / "state.json").read_text())
+    assert state["step"] == 3 and state["sessions"][-1]["stopped_by"] == "plan"
+    argv = _args(data_dir, tmp_path / "again", "gdn", 10, "--resume", str(tmp_path / "first" / "gdn"))
+    i = argv.index("--total-tokens")
+    main(argv[:i] + argv[i + 2:])                     # no --total-tokens: the recorded plan, already done
+    state = json.loads((tmp_path / "again" / "gdn" / "train_state" / "state.json").read_text())
+    assert state["step"] == 3 and state["sessions"][-1]["stopped_by"] == "plan"
+    argv = _args(data_dir, tmp_path / "more", "gdn", 10, "--resume", str(tmp_path / "first" / "gdn"))
+    argv[argv.index("--total-tokens") + 1] = str(5 * tps)
+    main(argv)
+    state = json.loads((tmp_path / "more" / "gdn" / "train_state" / "state.json").read_text())
+    assert state["step"] == 5 and state["sessions"][-1]["stopped_by"] == "plan"
