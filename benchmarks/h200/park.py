@@ -296,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "park":
             paths = [str(root / p) for p in bundled_models(root)] if argv[1:] == ["bundles"] else argv[1:]
             now = park(root, paths, cwd)
-            print(f"parked {len(now)} files ({sum(now.values()) / MIB:.2f} MiB); {status(root).splitlines()[0]}")
+            total = status(root).splitlines()[0]
+            same = len(now) == len(parked(root)) and not any(os.path.lexists(root / f) for f in now)
+            print(total if same else       # one count when this call parked all there is
+                  f"parked {len(now)} more files ({sum(now.values()) / MIB:.2f} MiB); in all {total}")
         elif argv[0] == "restore":
             back = restore(root)
             print(f"restored {len(back)} files" if back else "nothing parked")

@@ -49,7 +49,8 @@ def test_park_status_restore(repo, capsys):
     big = repo / "plans" / "reference" / "big"
     before = {p.name: p.read_bytes() for p in big.iterdir()}
     rc, out, err = _run(capsys, "park", "plans/reference/big")
-    assert rc == 0 and err == [] and out[0].startswith("parked 3 files (4.00 MiB)")
+    assert rc == 0 and err == [] and out == ["3 files parked, 4.00 MiB a device call does not send "
+                                             "(restore: python -m benchmarks.h200.park restore)"]
     assert not big.exists() and (repo / "plans" / "reference" / "small" / "config.json").is_file()
     assert P.parked(repo) == {"plans/reference/big/config.json": 3,
                               "plans/reference/big/model-00001-of-00002.safetensors": 3 * 2 ** 20,
@@ -60,7 +61,8 @@ def test_park_status_restore(repo, capsys):
     assert out[1] == "  plans/reference/big/: 3 files, 4.00 MiB"
     # parking again (already parked) is a no-op, and parking one more path adds to the record
     assert _run(capsys, "park", "plans/reference/big")[0] == 0 and len(P.parked(repo)) == 3
-    assert _run(capsys, "park", "plans/reference/small/config.json")[0] == 0 and len(P.parked(repo)) == 4
+    rc, out, _ = _run(capsys, "park", "plans/reference/small/config.json")
+    assert rc == 0 and len(P.parked(repo)) == 4 and out[0].startswith("parked 1 more files (0.00 MiB); in all 4 files parked")
     rc, out, err = _run(capsys, "restore")
     assert rc == 0 and out == ["restored 4 files"] and err == []
     assert {p.name: p.read_bytes() for p in big.iterdir()} == before
@@ -161,7 +163,7 @@ def test_files_checked_out_by_hand_are_parked_again(repo, capsys):
     rc, out, _ = _run(capsys, "status")
     assert out[0].startswith("0 files parked, 0.00 MiB") and out[-1].startswith("warning: 3 parked files exist")
     rc, out, err = _run(capsys, "park", "plans/reference/big")
-    assert rc == 0 and err == [] and out[0].startswith("parked 3 files (4.00 MiB); 3 files parked, 4.00 MiB"), out
+    assert rc == 0 and err == [] and out[0].startswith("3 files parked, 4.00 MiB"), out
     assert not big.exists() and (repo / ".dev" / "parked.txt").read_bytes() == record   # no duplicate lines
     assert _run(capsys, "restore")[1] == ["restored 3 files"] and _git(repo, "status", "--porcelain") == ""
 
@@ -258,7 +260,7 @@ def test_a_broken_symlink_is_parked_and_restored(repo, capsys):
     link.symlink_to("nowhere")
     _commit(repo, str(link))
     rc, out, err = _run(capsys, "park", "plans/reference/big")
-    assert rc == 0 and err == [] and out[0].startswith("parked 4 files"), err
+    assert rc == 0 and err == [] and out[0].startswith("4 files parked"), err
     assert not os.path.lexists(link) and P.parked(repo)["plans/reference/big/latest"] == len("nowhere")
     assert _run(capsys, "restore")[1] == ["restored 4 files"] and os.readlink(link) == "nowhere"
     link.unlink()
@@ -273,7 +275,7 @@ def test_parked_names_with_spaces_and_non_ascii_do_not_block_parking_again(repo,
     _commit(repo, str(d))
     assert _run(capsys, "park", "plans/reference")[0] == 0 and not d.exists()
     rc, out, err = _run(capsys, "park", "plans/reference")
-    assert rc == 0 and err == [] and out[0].startswith("parked 0 files (0.00 MiB); 5 files parked"), err
+    assert rc == 0 and err == [] and out[0].startswith("parked 0 more files (0.00 MiB); in all 5 files parked"), err
     assert _run(capsys, "restore")[1] == ["restored 5 files"] and (d / "poids é.bin").read_bytes() == b"p" * 10
 
 
@@ -281,7 +283,7 @@ def test_parking_the_current_folder_keeps_it(repo, capsys, monkeypatch):
     big = repo / "plans" / "reference" / "big"
     monkeypatch.chdir(big)
     rc, out, err = _run(capsys, "park", ".")
-    assert rc == 0 and out[0].startswith("parked 3 files") and err == []
+    assert rc == 0 and out[0].startswith("3 files parked") and err == []
     assert big.is_dir() and list(big.iterdir()) == []             # the shell's current folder stays
     assert _run(capsys, "status")[0] == 0 and _run(capsys, "restore")[1] == ["restored 3 files"]
 
@@ -343,7 +345,7 @@ def test_park_bundles_parks_every_bundled_trained_model_and_nothing_else(repo, c
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bundle")
     assert P.bundled_models(repo) == ["plans/reference/big"]
     rc, out, _ = _run(capsys, "park", "bundles")
-    assert rc == 0 and out[0].startswith("parked 4 files (4.00 MiB)")
+    assert rc == 0 and out[0].startswith("4 files parked, 4.00 MiB")
     assert not (repo / "plans" / "reference" / "big").exists()
     assert (repo / "plans" / "reference" / "small" / "config.json").exists()
     rc, out, _ = _run(capsys, "restore")
