@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             paths = [str(root / p) for p in bundled_models(root)] if argv[1:] == ["bundles"] else argv[1:]
             now = park(root, paths, cwd)
             total = status(root).splitlines()[0]
-            same = len(now) == len(parked(root)) and not any(os.path.lexists(root / f) for f in now)
+            same = len(now) == len(parked(root))
             print(total if same else       # one count when this call parked all there is
                   f"parked {len(now)} more files ({sum(now.values()) / MIB:.2f} MiB); in all {total}")
         elif argv[0] == "restore":
