@@ -259,7 +259,7 @@ def main(argv=None) -> dict:
     state["total_steps"] = total
     init_live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}
     micro = a.micro_batch or a.batch
-    logf = open(a.out / f"log-{a.family}.jsonl", "a")
+    logf = open(a.out / f"log-{a.family}.jsonl", "w")   # this session only: a warm machine keeps --out
     session = {"session": len(state["sessions"]), "start_step": state["step"], "device": str(dev),
                "device_name": torch.cuda.get_device_name() if cuda else "cpu", "kernels": kernels,
                "commit": a.commit, "shards": shards, "stream_tokens": int(stream.size),

@@ -550,3 +550,18 @@ def test_training_stops_where_its_plan_ends_and_a_longer_plan_continues(data_dir
     main(argv)
     state = json.loads((tmp_path / "more" / "gdn" / "train_state" / "state.json").read_text())
     assert state["step"] == 5 and state["sessions"][-1]["stopped_by"] == "plan"
+
+
+def test_a_second_session_in_the_same_out_folder_logs_each_interval_once(data_dir, tmp_path):
+    """On a warm device the trainer's --out folder survives between calls: the session log was opened for
+    appending, so session 1's intervals were written twice into the resumed checkpoint's log.jsonl."""
+    import shutil
+
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path / "out", "gdn", 2))
+    shutil.copytree(tmp_path / "out" / "gdn", tmp_path / "resume")
+    main(_args(data_dir, tmp_path / "out", "gdn", 2, "--resume", str(tmp_path / "resume")))
+    lines = (tmp_path / "out" / "gdn" / "train_state" / "log.jsonl").read_text().splitlines()
+    steps = [json.loads(x)["step"] for x in lines if '"loss_text"' in x]
+    assert steps == [1, 2, 3, 4] and len(lines) == len(set(lines))
