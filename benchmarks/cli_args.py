@@ -2,8 +2,8 @@
 
 argparse prints its usage block before the error; the project's rule for bad input is one line naming the
 flag and what was expected (``dasc`` itself does the same through typer), so scripts parse with
-:class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`) live
-here too.
+:class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`,
+:func:`fraction`) live here too.
 """
 
 from __future__ import annotations
@@ -45,3 +45,14 @@ def number_above_zero(unit: str):
             raise argparse.ArgumentTypeError(f"expected a number of {unit} above 0, got {text!r}")
         return x
     return parse
+
+
+def fraction(text: str) -> float:
+    """argparse ``type``: a finite number in [0, 1] (else ``expected a fraction in [0, 1]``)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return x

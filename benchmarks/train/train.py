@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cli_args import OneLineParser, fraction, int_at_least, number_above_zero
 from benchmarks.train import attention
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
@@ -75,7 +76,7 @@ def log(rec: dict, fh=None) -> None:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=FAMILIES, required=True)
     ap.add_argument("--size", default="ref", choices=SIZES)
     ap.add_argument("--data", type=Path, required=True, help="folder with tokenizer/ and shard-*.u16.xz")
@@ -88,23 +89,24 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-rope", action="store_true",
                     help="gdn: attention without rotary dimensions (position-free, as Kimi-Linear's MLA; the control "
                          "for whether RoPE matters to learning recall); a resume keeps its own (refused on a RoPE one)")
-    ap.add_argument("--seq", type=int, default=2560)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--micro-batch", type=int, default=0, help="rows per forward pass (0: the whole batch)")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--decay-lr-mult", type=float, default=5.0, help="A_log/dt_bias learning rate = lr x this")
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--total-tokens", type=float, default=None,
+    ap.add_argument("--seq", type=int_at_least(1), default=2560)
+    ap.add_argument("--batch", type=int_at_least(1), default=16)
+    ap.add_argument("--micro-batch", type=int_at_least(0), default=0, help="rows per forward pass (0: the whole batch)")
+    ap.add_argument("--lr", type=number_above_zero("learning rate"), default=2e-3)
+    ap.add_argument("--decay-lr-mult", type=number_above_zero("times --lr"), default=5.0,
+                    help="A_log/dt_bias learning rate = lr x this")
+    ap.add_argument("--weight-decay", type=fraction, default=0.1)
+    ap.add_argument("--warmup", type=int_at_least(0), default=200)
+    ap.add_argument("--total-tokens", type=number_above_zero("tokens"), default=None,
                     help="planned tokens over all sessions, which places the cooldown; training stops there (default: 100e6 on a fresh "
                          "start, the recorded plan on a resume; giving it on a resume replaces the plan)")
-    ap.add_argument("--cooldown", type=float, default=0.2, help="final fraction of the planned steps with decaying lr")
-    ap.add_argument("--recall-frac", type=float, default=0.3)
+    ap.add_argument("--cooldown", type=fraction, default=0.2, help="final fraction of the planned steps with decaying lr")
+    ap.add_argument("--recall-frac", type=fraction, default=0.3)
     recipe.add_args(ap)
-    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in this session (0: none)")
+    ap.add_argument("--max-steps", type=int_at_least(0), default=0, help="stop after this many steps in this session (0: none)")
     ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
     ap.add_argument("--save-reserve", type=float, default=60.0, help="seconds kept for saving before --stop-at")
-    ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--log-every", type=int_at_least(1), default=25)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--memory-fraction", type=float, default=0.0, help="cap on this process's share of GPU memory")
     ap.add_argument("--exact-state", action="store_true", help="also save fp32 weights and full Adam moments")
@@ -115,6 +117,8 @@ def parse(argv=None) -> argparse.Namespace:
     # checked before the model is built: a device call should not start to find a typo
     if (err := recipe.check(a)) is not None:
         _refuse(err)
+    if a.no_rope and a.family != "gdn":
+        _refuse(f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}")
     if not (a.data / "tokenizer" / "tokenizer.json").is_file() or not any(a.data.glob("shard-*.u16.xz")):
         _refuse(f"--data {a.data}: expected a folder with tokenizer/tokenizer.json and shard-*.u16.xz "
                 f"(python -m benchmarks.train.prepare data / stage)")
@@ -148,8 +152,6 @@ def parse(argv=None) -> argparse.Namespace:
         _refuse(f"--decay-init log-uniform-dt: only for --family gdn (the {a.family} classes draw dt themselves)")
     if a.decay_init is not None and a.resume is not None:
         _refuse("--decay-init: a resume continues from its own initialisation; give it on a fresh start only")
-    if a.no_rope and a.family != "gdn":
-        _refuse(f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}")
     return a
 
 

@@ -424,7 +424,16 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
 @pytest.mark.parametrize("change, needle", [({"--size": "bogus"}, "--size"), ({"--data": "nope"}, "--data"),
                                             ({"--resume": "nope"}, "--resume"),
                                             ({"--decay-init": "log-uniform-dt"}, "--decay-init"),
-                                            ({"--device": "bogus"}, "--device")])
+                                            ({"--device": "bogus"}, "--device"),
+                                            # a fresh user's numbers: tracebacks (nan, inf, 0) or silent runs
+                                            ({"--total-tokens": "-5"}, "--total-tokens"),
+                                            ({"--total-tokens": "nan"}, "--total-tokens"),
+                                            ({"--total-tokens": "inf"}, "--total-tokens"),
+                                            ({"--seq": "0"}, "--seq"), ({"--batch": "0"}, "--batch"),
+                                            ({"--micro-batch": "-1"}, "--micro-batch"),
+                                            ({"--cooldown": "2"}, "--cooldown"), ({"--lr": "0"}, "--lr"),
+                                            ({"--log-every": "0"}, "--log-every"),
+                                            ({"--no-rope": None, "--data": "nope"}, "--no-rope")])
 def test_trainer_refuses_bad_flags_before_it_builds_anything(data_dir, tmp_path, capsys, change, needle):
     """A mistyped --size, --data or --resume was a ValueError / FileNotFoundError traceback (on the device,
     after the call had started)."""
@@ -436,13 +445,22 @@ def test_trainer_refuses_bad_flags_before_it_builds_anything(data_dir, tmp_path,
         if flag in argv:
             argv[argv.index(flag) + 1] = value
         else:
-            argv += [flag, value]
+            argv += [flag] if value is None else [flag, value]
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and needle in err.strip().splitlines()[-1] and "error: " in err
-    assert not (tmp_path / "out").exists()
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_trainer_names_missing_flags_in_one_line(capsys):
+    from benchmarks.train.train import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--family", "gdn", "--out", "x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and err == ["error: the following arguments are required: --data"]
 
 
 def test_trainer_refuses_a_resume_of_another_family_or_seed_before_any_work(data_dir, tmp_path, capsys):
