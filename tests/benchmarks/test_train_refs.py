@@ -303,10 +303,7 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     prep = _prep(data_dir, tmp_path)
     shards = json.loads((prep / "meta.json").read_text())["shards"]
     main(_args(data_dir, tmp_path / "first", "mamba2", 2, "--pack-to", str(tmp_path / "returned")))
-    other = tmp_path / "gdn"
-    other.mkdir()
-    (other / "config.json").write_text("{}")
-    pack.pack(other, tmp_path / "returned")
+    _pack_stub(tmp_path, "gdn")
     root = Path(__file__).resolve().parents[2]
     call = tmp_path / "dev" / "call"
     out = stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
@@ -345,6 +342,14 @@ def _prep(data_dir, tmp_path) -> Path:
         shards.append({"file": f.name, "tokens": 1, "bytes": f.stat().st_size})
     (prep / "meta.json").write_text(json.dumps({"shards": shards}))
     return prep
+
+
+def _pack_stub(tmp_path, family: str) -> None:
+    """A packed stand-in checkpoint of ``family`` (just a config.json) in ``tmp_path/returned``."""
+    stub = tmp_path / family
+    stub.mkdir()
+    (stub / "config.json").write_text("{}")
+    pack.pack(stub, tmp_path / "returned")
 
 
 def _snapshot(d: Path) -> dict:
@@ -607,10 +612,7 @@ def test_stage_fresh_carries_no_checkpoint_of_that_family_and_keeps_latest(data_
 
     monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_BYTES)
     prep = _prep(data_dir, tmp_path)
-    gdn = tmp_path / "gdn"
-    gdn.mkdir()
-    (gdn / "config.json").write_text("{}")
-    pack.pack(gdn, tmp_path / "returned")
+    _pack_stub(tmp_path, "gdn")
     root = Path(__file__).resolve().parents[2]
     call = tmp_path / "dev" / "call"
     assert prepare.stage(prep, call, tmp_path / "returned", root, [], families=["gdn"])["resume"] == ["gdn"]
