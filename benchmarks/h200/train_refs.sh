@@ -25,7 +25,7 @@
 # flags to that family's trainer only (after TRAIN_ARGS; unset: today's recipe), e.g. the long-range recall recipe
 # for KDA, whose MLA layers stayed at uniform attention (benchmarks/train/recipe.py):
 #   KDA_FLAGS="--recall-frac 0.5 --recall-min-gap 512 --copy-frac 0.25 --attn-lr-mult 3 --log-attn-entropy"
-# or GDN_FLAGS="--no-rope --log-attn-entropy" (fresh start only: Qwen3-Next attention without rotary, the RoPE control;
+# or GDN_FLAGS="--no-rope --log-attn-entropy" (Qwen3-Next attention without rotary, the RoPE control; the same flags resume it;
 #   stage it with `prepare stage --families gdn --fresh gdn`)
 # Each session records the recipe it ran with (state.json's session list, the start line of run.log).
 # $OUT (at most 8 files): run.log (everything, each line tagged), summary.json (each model's last
