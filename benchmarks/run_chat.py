@@ -97,6 +97,19 @@ def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dens
     return out + [(baseline, seeds[0], "drift")]
 
 
+def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
+    """Runs that must fit in the time left before run ``idx`` of ``order`` (:func:`schedule`) may start.
+
+    They are the runs of ``idx``'s seed from ``idx`` on and the closing baseline run, so a seed is
+    started only when all its arms can run: a seed cut after its first arm leaves a run with no pair,
+    device time for nothing (session 14's protocol B call ran Dense on seed 3 and then stopped before
+    w16). Returns a count of runs (>= 2 for any ``idx`` before the closing run).
+    """
+    seed = order[idx][1]
+    rest = sum(1 for _, s, role in order[idx:-1] if s == seed and role == "arm")
+    return rest + 1
+
+
 def run_name(arm: str, seed: int, replay: str, pad: int, role: str) -> str:
     """File stem of one run's result."""
     return f"{arm}__s{seed}__{replay}__p{pad}" + ("__drift" if role == "drift" else "")
@@ -289,9 +302,10 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     left = lambda: a.deadline_s - (time.monotonic() - t0)  # noqa: E731
     for idx, (arm, seed, role) in enumerate(order[:-1]):
-        need = state["longest"] * 1.15
-        if left() < 2 * need:       # this run and the closing baseline run
-            log(f"stop before {arm} seed {seed}: {left():.0f} s left, a run takes ~{state['longest']:.0f} s")
+        k = runs_to_reserve(order, idx)
+        if left() < k * state["longest"] * 1.15:
+            log(f"stop before {arm} seed {seed}: {left():.0f} s left, {k} runs of ~{state['longest']:.0f} s to reserve "
+                f"(this seed's runs from here and the closing {order[-1][0]} run)")
             break
         do_run(idx, arm, seed, role)
     if left() >= state["longest"] * 1.15:

@@ -21,6 +21,8 @@
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
 #   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
+#   FIRST_RUN_S (60: what a run is assumed to take until one has run in this call; a seed starts only when all
+#   its arms and the closing baseline fit, so give what earlier calls measured, e.g. 165 for protocol B at pad 6000),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
@@ -62,7 +64,7 @@ LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
 "$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
     --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
-    --replay "$REPLAY" --deadline-s "$LEFT"
+    --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}"
 [ "$DOWN" = 1 ] && "$PY" -m benchmarks.run_chat down --work "$W"
 for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
 tar -C /tmp -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi chat
