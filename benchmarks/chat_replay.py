@@ -146,11 +146,10 @@ class Replay:
     """Shared state of one run: sessions, records, the in-flight counter."""
 
     def __init__(self, url: str, sessions: Sequence[ChatTurns], *, timeout_s: float, think_s: float = 0.0,
-                 rng: random.Random | None = None) -> None:
+                 seed: int = 0) -> None:
         u = urlsplit(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
-        self.sessions, self.timeout_s, self.think_s = sessions, timeout_s, think_s
-        self.rng = rng or random.Random(0)
+        self.sessions, self.timeout_s, self.think_s, self.seed = sessions, timeout_s, think_s, seed
         self.records: list[TurnRecord] = []
         self.inflight = 0
         self.samples: list[list[float]] = []
@@ -161,6 +160,7 @@ class Replay:
         """All turns of one conversation, in order (a failed turn ends the session)."""
         previous: list[int] = []          # the previous request's prompt + reply, as the server holds it
         prev_prompt = 0
+        pauses = iter(think_times(self.seed, s.conv, self.think_s))
         while not s.done:
             ids = s.prompt()
             rec = TurnRecord(conv=s.conv, turn=s.turn, source_id=s.source_id, prompt_tokens=len(ids),
@@ -178,9 +178,7 @@ class Replay:
             prev_prompt = len(ids)
             s.advance(out)
             if not s.done and self.think_s > 0:
-                with self.lock:
-                    pause = self.rng.expovariate(1.0 / self.think_s)
-                time.sleep(pause)
+                time.sleep(next(pauses))
 
     def sample(self, every_s: float, stop: threading.Event) -> None:
         while not stop.wait(every_s):
@@ -209,17 +207,45 @@ def run_closed(r: Replay, clients: int) -> None:
         t.join()
 
 
+def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
+    """Start times (s from the run's start) of ``n`` sessions arriving as a Poisson process of ``rate`` per s.
+
+    The first session starts at 0. The draw depends on ``seed`` alone, so every arm replaying a trace
+    seed sees the same arrivals (common random numbers: the arms' paired difference carries no
+    arrival noise). Before session 14 the arrivals and think times shared one generator that the
+    sessions' threads drew from in the order they happened to finish, so two arms of one seed got
+    different arrivals (seed 1's last start at 60 s under w16, 69 s under Dense).
+    """
+    rng = random.Random(f"arrivals:{seed}")
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def think_times(seed: int, conv: int, mean_s: float, turns: int = 64) -> list[float]:
+    """Think times (s) of conversation ``conv`` after each of its turns, exponential of mean ``mean_s``.
+
+    One generator per (trace seed, conversation), so a session's pauses do not depend on when the
+    other sessions' turns end, and are the same in every arm. ``mean_s`` 0 gives zeros.
+    """
+    if mean_s <= 0:
+        return [0.0] * turns
+    rng = random.Random(f"think:{seed}:{conv}")
+    return [rng.expovariate(1.0 / mean_s) for _ in range(turns)]
+
+
 def run_open(r: Replay, rate: float) -> None:
-    """Protocol B: session starts at Poisson times of ``rate`` per s, one thread per session."""
-    threads, t = [], 0.0
-    for s in r.sessions:
+    """Protocol B: session starts at the Poisson times of :func:`arrival_offsets`, one thread per session."""
+    threads = []
+    for s, t in zip(r.sessions, arrival_offsets(len(r.sessions), rate, r.seed)):
         wait = r.t0 + t - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
         th = threading.Thread(target=r.run_session, args=(s,), daemon=True)
         th.start()
         threads.append(th)
-        t += r.rng.expovariate(rate)
     for th in threads:
         th.join()
 
@@ -302,7 +328,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    r = Replay(a.url, sessions, timeout_s=a.timeout_s, think_s=a.think_s, rng=random.Random(a.seed))
+    r = Replay(a.url, sessions, timeout_s=a.timeout_s, think_s=a.think_s, seed=a.seed)
     stop = threading.Event()
     sampler = threading.Thread(target=r.sample, args=(a.sample_s, stop), daemon=True)
     sampler.start()

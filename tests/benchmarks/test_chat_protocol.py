@@ -23,7 +23,7 @@ from benchmarks import serving_report as sr
 from benchmarks import sglang_server as ss
 from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
-from benchmarks.run_chat import run_name, schedule
+from benchmarks.run_chat import run_name, runs_to_reserve, schedule
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,6 +122,15 @@ def test_schedule_follows_the_seed_with_dense_first_and_last():
     with pytest.raises(DascInputError, match="baseline"):
         schedule(["int8", "w16"], [0])
     assert run_name("dense", 3, "served-reply", 6000, "drift") == "dense__s3__served-reply__p6000__drift"
+
+
+def test_a_seed_starts_only_when_all_its_arms_and_the_closing_run_fit():
+    order = schedule(["dense", "w16", "w64"], [1, 2])
+    assert len(order) == 7 and order[-1][2] == "drift"
+    # seed 1's first run reserves its three arms and the closing Dense; its last arm, itself and the closing run
+    assert [runs_to_reserve(order, i) for i in range(6)] == [4, 3, 2, 4, 3, 2]
+    # the count follows the seed, not the arm: a two-arm call of one seed (session 14's protocol B) reserves 3
+    assert runs_to_reserve(schedule(["dense", "w16"], [3]), 0) == 3
 
 
 # ---------------------------------------------------------------- server processes
@@ -422,6 +431,35 @@ def test_client_replays_chat_and_the_report_accounts_for_every_hit(fake_server, 
     st = sr.run_stats(res, max_running=4)
     assert st["reply_end"] + st["prompt_end"] + st["lost"] <= st["later_turns"] == len(later)
     assert st["reply_end"] == beyond
+
+
+def test_open_loop_arrivals_and_think_times_depend_on_the_seed_alone():
+    a = cr.arrival_offsets(2000, 0.317, 1)
+    assert a == cr.arrival_offsets(2000, 0.317, 1) and a[:24] != cr.arrival_offsets(24, 0.317, 2)
+    assert a[0] == 0 and all(y > x for x, y in zip(a, a[1:]))
+    gaps = [y - x for x, y in zip(a, a[1:])]
+    assert abs(sum(gaps) / len(gaps) - 1 / 0.317) < 3 * (1 / 0.317) / len(gaps) ** 0.5   # mean 1/rate within 3 SE
+    t = cr.think_times(1, 5, 10.0)
+    assert t == cr.think_times(1, 5, 10.0) and t != cr.think_times(1, 6, 10.0) and t != cr.think_times(2, 5, 10.0)
+    assert cr.think_times(1, 5, 0.0)[:3] == [0.0, 0.0, 0.0]
+
+
+def test_two_arms_of_a_seed_see_the_same_arrivals_and_pauses(fake_server, tmp_path, monkeypatch):
+    """Common random numbers: a slower server (the second run) must not shift when sessions start or how
+    long they think; before session 14 one generator fed both, drawn in the order threads finished."""
+    real = cr.generate
+    starts = {}
+    for delay in (0.0, 0.04):
+        monkeypatch.setattr(cr, "generate", lambda *a, _d=delay, **k: (real(*a, **k), time.sleep(_d))[0])
+        out = tmp_path / f"d{delay}.json.gz"
+        assert cr.main(["--trace", str(TRACE), "--url", f"http://127.0.0.1:{fake_server}", "--arm", "x", "--seed", "1",
+                        "--conversations-per-seed", "4", "--rate", "8", "--think-s", "0.05", "--decode-clip", "8",
+                        "--out", str(out)]) == 0
+        recs = cr.read_json(out)["records"]
+        starts[delay] = {r["conv"]: r["start_s"] for r in recs if r["turn"] == 0}
+        order = [r["conv"] for r in sorted(recs, key=lambda r: r["start_s"]) if r["turn"] == 0]
+        assert [round(starts[delay][c], 1) for c in order] == [round(x, 1) for x in cr.arrival_offsets(4, 8, 1)]
+    assert all(abs(starts[0.0][c] - starts[0.04][c]) < 0.03 for c in starts[0.0])
 
 
 def test_client_refuses_bad_input_with_one_line(tmp_path, capsys):
