@@ -23,6 +23,9 @@ Per run (``chat_replay`` records, successful requests):
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
   the last third of the run exceed those over the middle third by more than half and by more than
   ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
+  ``inflight_arrivals_mean`` / ``inflight_max``: requests in flight while conversations still arrive, and
+  the peak: the load a rate actually put on the server (rho is the rate over a closed-loop throughput,
+  not a utilisation; session 14's rho 0.7 ran ~1 request of 8).
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
         [--x-sat X]    # open-loop runs: Dense's saturation throughput (`rates`), so that rho = rate / X is reported
@@ -71,6 +74,20 @@ def stability(samples: Sequence[Sequence[float]], max_running: int) -> tuple[flo
     return _mean(n), not (grow > 0.5 * max(_mean(mid), 1e-9) and grow > max_running)
 
 
+def arrival_window_load(result: dict) -> tuple[float, int]:
+    """(mean, max) requests in flight from the first conversation's start to the last one's, from a run's
+    ``inflight`` samples and the first turns' ``start_s``: the load while the open loop offers its rate,
+    before the run drains (the whole-run mean, ``inflight_mean``, counts the tail of the last
+    conversations too). ``(nan, 0)`` without samples."""
+    samples = result.get("inflight") or []
+    starts = [r["start_s"] for r in result["records"] if r["turn"] == 0]
+    if not samples:
+        return math.nan, 0
+    end = max(starts, default=math.inf)
+    win = [n for t, n in samples if t <= end] or [n for _, n in samples]
+    return _mean(win), int(max(n for _, n in samples))
+
+
 def run_stats(result: dict, *, max_running: int) -> dict:
     """The statistics of one run (module docstring), from a ``chat_replay`` result."""
     recs = [r for r in result["records"] if r["success"]]
@@ -82,6 +99,7 @@ def run_stats(result: dict, *, max_running: int) -> dict:
     prompt = sum(r["prompt_tokens"] for r in recs)
     cached = sum(r["cached_tokens"] for r in recs)
     inflight, stable = stability(result.get("inflight") or [], max_running)
+    arriving, peak = arrival_window_load(result)
     if result["config"].get("protocol") == "closed-loop-paper":
         stable = True
     return {
@@ -101,6 +119,7 @@ def run_stats(result: dict, *, max_running: int) -> dict:
         "initial_prompt_mean": _mean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),
         "context_max": max((r["prompt_tokens"] + r["completion_tokens"] for r in recs), default=0),
         "inflight_mean": inflight, "stable": stable, "wall_s": result["wall_s"],
+        "inflight_arrivals_mean": arriving, "inflight_max": peak,
     }
 
 
@@ -280,6 +299,8 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "protocol": protocol, "rho": (rho_of_rate or {}).get(rate), "seed_kind": "trace",
                  "clients": clients, "max_running": mine[0]["max_running"], "reply_clip": clip,
                  "inflight_mean": s("inflight_mean")["mean"], "stable": all(r["stable"] for r in mine),
+                 "inflight_arrivals_mean": s("inflight_arrivals_mean")["mean"],
+                 "inflight_max": max(r["inflight_max"] for r in mine),
                  "replay": replay, "reuse_bound": s("reuse_bound")["mean"], "ttft_hit_s": s("ttft_hit_s")["mean"],
                  "ttft_miss_s": s("ttft_miss_s")["mean"], "prefill_tokens_saved": s("prefill_tokens_saved")["mean"],
                  # beyond the issue's keys: spreads over seeds, the hit account, what each run was

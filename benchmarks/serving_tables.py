@@ -84,6 +84,11 @@ def markdown(objs: Sequence[dict]) -> str:
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")
         out.append("")
+        if p == "open-loop":
+            out += ["Requests in flight (of " + str(rows[0]["max_running"]) + " running at once): "
+                    + "; ".join(f"{o['arm']} {_f(o.get('inflight_arrivals_mean'), 2)} while conversations arrive, "
+                                f"{_f(o['inflight_mean'], 2)} over the run, peak {_n(o.get('inflight_max'))}"
+                                + ("" if o["stable"] else " (UNSTABLE: the queue grew)") for o in rows) + ".", ""]
         out.extend(ckpt_account.markdown_rows(rows))
     return "\n".join(out)
 

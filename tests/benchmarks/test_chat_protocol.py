@@ -280,7 +280,16 @@ def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-lo
             "mean_ttft_s": ttft, "p95_ttft_s": ttft, "mean_e2e_s": 2 * ttft, "hit_rate": 0.5, "reuse_bound": 0.7,
             "prefill_tokens_saved": 10, "ttft_hit_s": ttft, "ttft_miss_s": ttft, "later_turns": 3, "reply_end": 1,
             "prompt_end": 1, "lost": 1, "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
-            "context_max": 9000, "inflight_mean": 20.0, "stable": True, "wall_s": wall, "failed": 0, "requests": 4}
+            "context_max": 9000, "inflight_mean": 20.0, "inflight_arrivals_mean": 21.0, "inflight_max": 30, "stable": True, "wall_s": wall, "failed": 0, "requests": 4}
+
+
+def test_arrival_window_load_counts_only_while_conversations_arrive():
+    # first turns start at 0, 1 and 4 s; samples after 4 s are the drain and stay out of the mean
+    result = {"records": [{"turn": 0, "start_s": t} for t in (0.0, 1.0, 4.0)] + [{"turn": 1, "start_s": 9.0}],
+              "inflight": [(0.0, 1), (2.0, 3), (4.0, 2), (6.0, 7), (8.0, 1)]}
+    mean, peak = sr.arrival_window_load(result)
+    assert mean == pytest.approx(2.0) and peak == 7
+    assert math.isnan(sr.arrival_window_load({"records": [], "inflight": []})[0])
 
 
 def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
