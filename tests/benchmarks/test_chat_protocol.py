@@ -23,7 +23,7 @@ from benchmarks import serving_report as sr
 from benchmarks import sglang_server as ss
 from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
-from benchmarks.run_chat import run_name, runs_to_reserve, schedule
+from benchmarks.run_chat import closing_run_due, run_name, runs_to_reserve, schedule
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +141,12 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return ""
+
+
+def test_the_closing_run_needs_a_run_of_the_call_and_the_time():
+    assert closing_run_due(1, 200.0, 150.0)
+    assert not closing_run_due(0, 10_000.0, 150.0)  # nothing to pair it with
+    assert not closing_run_due(3, 170.0, 150.0)  # 172.5 s needed
 
 
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
