@@ -16,7 +16,8 @@ warm):
   every arm once on a flushed cache (``/flush_cache``), the arm order a row of a Williams design
   picked by the seed (:func:`schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
   drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
-  closing Dense run; a call that could begin no run closes with none (:func:`closing_run_due`). Each run is ``benchmarks/chat_replay.py`` in its own isolated process.
+  closing Dense run; a call that could begin no run closes with none (:func:`closing_run_due`). Each
+  run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
 
 Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD[__drift].json.gz`` (chat_replay results),
