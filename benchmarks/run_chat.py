@@ -98,11 +98,15 @@ def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dens
     return out + [(baseline, seeds[0], "drift")]
 
 
+#: A run is assumed to take the longest run of the call so far times this (spare time for a slower one).
+RUN_MARGIN = 1.15
+
+
 def closing_run_due(ran: int, left_s: float, longest_s: float) -> bool:
     """Whether the call's closing baseline run goes ahead: only after at least one run of this call (``ran``;
     alone it pairs with nothing and measures no drift: session 15 spent 128 s on one) and when the time left
-    (s) covers the longest run so far (s) with 15 % to spare."""
-    return ran > 0 and left_s >= longest_s * 1.15
+    (s) covers the longest run so far (s) times :data:`RUN_MARGIN`."""
+    return ran > 0 and left_s >= longest_s * RUN_MARGIN
 
 
 def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
@@ -311,7 +315,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     left = lambda: a.deadline_s - (time.monotonic() - t0)  # noqa: E731
     for idx, (arm, seed, role) in enumerate(order[:-1]):
         k = runs_to_reserve(order, idx)
-        if left() < k * state["longest"] * 1.15:
+        if left() < k * state["longest"] * RUN_MARGIN:
             log(f"stop before {arm} seed {seed}: {left():.0f} s left, {k} runs of ~{state['longest']:.0f} s to reserve "
                 f"(this seed's runs from here and the closing {order[-1][0]} run)")
             break
