@@ -15,6 +15,8 @@
 #   .dev/sglang/site.tar.xz   SGLang 0.5.17 (benchmarks/h200/prepare_carry.sh)
 #   .dev/dascwhl/dasc-*.whl   dasc (the runtime plugin)
 #   .dev/ol/plans.tar.xz      plans w16, w16+INT8, w64, w16 dasc-wr and arms.json (DENSE_SLOTS 56, MRR 8)
+#   .dev/jit/jit.tar.xz       optional: the compile caches a previous call returned (site_env.sh jit_save), which
+#                             cut a fresh machine's server start; carry .dev/jit (park benchmarks/results for room)
 # Run (device, repo root): bash benchmarks/h200/chat_bench.sh
 # Settings (env): ARMS (the arms; each seed orders them by its Williams-design row; default "dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"),
 #   BASELINE (dense: the arm that opens the call's first seed and closes the call, so its drift is measured; one of ARMS),
@@ -27,7 +29,8 @@
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
-# Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log.
+# Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log,
+# jit.tar.xz (the compile caches, when they pack within 15 MiB).
 set -uo pipefail
 T0=$(date +%s)
 CARRY=$PWD; W=/tmp/chat
@@ -46,6 +49,7 @@ launcher=(); PY=python3
 if [ -n "${LAUNCHER:-}" ]; then launcher=(--launcher "$LAUNCHER"); PY=${PYTHON:-python3}   # CPU rehearsal
 else
   source benchmarks/h200/site_env.sh && dasc_site "$CARRY/.dev/sglang/site.tar.xz" "$OUT" || exit 3
+  jit_restore "$CARRY/.dev/jit"
 fi
 mkdir -p "$W/plans" "$W/kimi"
 [ -f "$W/plans/arms.json" ] || tar -xJf "$CARRY/.dev/ol/plans.tar.xz" -C "$W/plans" || exit 3
@@ -68,5 +72,6 @@ stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, 
 [ "$DOWN" = 1 ] && "$PY" -m benchmarks.run_chat down --work "$W"
 for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
 tar -C /tmp -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi chat
+[ -z "${LAUNCHER:-}" ] && jit_save "$OUT"
 stamp done
 } 2>&1 | tee "$OUT/run.log"
