@@ -53,30 +53,33 @@ smoke_serve() {
 # Compile caches across device calls. A fresh machine spends most of a Kimi-Linear server's ~200 s start in
 # run-time compilation (Triton kernels while the decode CUDA graphs are captured, ~60 s; the first prefills,
 # ~60 s more); a warm machine keeps that work. jit_env points Triton, TorchInductor and FlashInfer (through
-# XDG_CACHE_HOME) at /tmp/jit; jit_restore DIR unpacks DIR/jit.tar.xz there when a call carries one (the last
-# call's $OUT file, copied to .dev/jit/); jit_save OUT packs /tmp/jit into OUT/jit.tar.xz when it fits one
-# returned file (15 MiB), else says its size and leaves it out. Every step prints what it did; none fails a call.
+# XDG_CACHE_HOME) at JIT_DIR (/tmp/jit); jit_restore DIR unpacks DIR/jit.tar.xz there when a call carries one
+# (the last call's $OUT file, copied to .dev/jit/); jit_save OUT packs JIT_DIR into OUT/jit.tar.xz when it fits
+# one returned file (JIT_LIMIT_MIB, 15), else says its size and leaves it out. Each step prints what it did and
+# none fails a call (a cache that does not come back only costs the compile time again).
 jit_env() {
-  mkdir -p /tmp/jit/triton /tmp/jit/inductor /tmp/jit/xdg
-  export TRITON_CACHE_DIR=/tmp/jit/triton TORCHINDUCTOR_CACHE_DIR=/tmp/jit/inductor XDG_CACHE_HOME=/tmp/jit/xdg
+  local d=${JIT_DIR:-/tmp/jit}
+  mkdir -p "$d/triton" "$d/inductor" "$d/xdg"
+  export TRITON_CACHE_DIR=$d/triton TORCHINDUCTOR_CACHE_DIR=$d/inductor XDG_CACHE_HOME=$d/xdg
 }
 jit_restore() {
-  local tar=$1/jit.tar.xz
+  local tar=$1/jit.tar.xz d=${JIT_DIR:-/tmp/jit}
   jit_env
-  if [ -f "$tar" ] && [ ! -f /tmp/jit/.restored ]; then
-    if tar -C /tmp -xJf "$tar"; then touch /tmp/jit/.restored; echo "jit cache: restored $(du -sh /tmp/jit | cut -f1) from $tar"
+  if [ -f "$tar" ] && [ ! -f "$d/.restored" ]; then
+    if tar -C "$d" -xJf "$tar"; then touch "$d/.restored"; echo "jit cache: restored $(du -sh "$d" | cut -f1) from $tar"
     else echo "jit cache: unpack of $tar failed; compiling afresh"; fi
   else
     echo "jit cache: none carried (or already restored on this machine)"
   fi
 }
 jit_save() {
-  local out=$1 limit=$((15 * 1024 * 1024)) size
-  echo "jit cache: $(du -sh /tmp/jit/* 2>/dev/null | tr '\t\n' ' ')"
-  tar -C /tmp -cJf "$out/jit.tar.xz" --exclude=.restored jit 2>/dev/null || { echo "jit cache: pack failed"; rm -f "$out/jit.tar.xz"; return 0; }
+  local out=$1 d=${JIT_DIR:-/tmp/jit} limit=$(( ${JIT_LIMIT_MIB:-15} * 1048576 )) size
+  echo "jit cache: $(du -sh "$d"/* 2>/dev/null | tr '\t\n' ' ')"
+  tar -C "$d" -cJf "$out/jit.tar.xz" --exclude=.restored . 2>/dev/null || { echo "jit cache: pack failed"; rm -f "$out/jit.tar.xz"; return 0; }
   size=$(stat -c %s "$out/jit.tar.xz")
   if [ "$size" -gt "$limit" ]; then
-    echo "jit cache: $((size / 1048576)) MiB packed, over the 15 MiB of one returned file: not saved"; rm -f "$out/jit.tar.xz"
+    echo "jit cache: $((size / 1048576)) MiB packed, over the ${JIT_LIMIT_MIB:-15} MiB of one returned file: not saved"
+    rm -f "$out/jit.tar.xz"
   else
     echo "jit cache: saved $((size / 1024)) KiB to $out/jit.tar.xz (next call: copy it to .dev/jit/ and carry .dev/jit)"
   fi
