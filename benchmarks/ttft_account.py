@@ -1,0 +1,212 @@
+"""Where a mean-TTFT ratio comes from: an exact shift-share account of one arm against the baseline (Dense),
+paired by trace seed (issue 24: "the decomposition says which term kept it: queue, prefill, restore cost,
+capacity").
+
+Each successful request of a run falls in one class (``chat_replay`` records):
+
+* ``first``: turn 0, which no arm can hit (the conversation's first prompt);
+* ``hit``: a later turn served with cached tokens (``cached_tokens > 0``);
+* ``lost``: a later turn with no hit although its reuse bound was above 0 (its checkpoint was evicted);
+* ``fresh``: a later turn with nothing to reuse (reuse bound 0).
+
+A run's mean TTFT is ``T = sum_c w_c t_c`` (``w_c``: the class's share of the run's requests, ``t_c``: its
+mean TTFT, s). For the baseline run D and the arm's run X of one seed, exactly::
+
+    T_X - T_D = sum_c (w_c^X - w_c^D) * tbar_c        capacity: which later turns each arm kept
+              + sum_c wbar_c * (t_c^X - t_c^D)          cost per request, class by class
+
+with ``tbar``, ``wbar`` the two runs' averages. Where a class is empty in one run its mean is taken from the
+other run (its weight there is 0, so the identity still holds). Divided by ``T_D`` the terms add up to
+``ratio - 1``. The ``first`` cost term is first-use slowness and noise (both arms miss there); ``hit`` is the
+cost of serving a hit (dasc: restoring a compressed checkpoint; queue wait shows in every class); ``lost``
+the cost of a miss.
+
+Where one arm has no request of a class (Dense with no hit at all, say), the cost of that class in that arm is
+not seen, and a change of cost, such as a shorter queue, shows in the capacity term. The second account splits
+the same difference by where the time went, from SGLang's request metrics (``--enable-metrics``): ``queue``
+(mean ``queue_s`` of the arm minus the baseline's, over ``T_D``), ``prefill`` (``prefill_s``) and ``other``
+(the rest of TTFT: waiting between prefill chunks behind decode steps, the client), which add up to
+``ratio - 1`` too (nan where the server sent no metrics).
+
+Two counterfactuals, from the baseline's own per-class costs:
+
+* ``capacity_only``: the ratio if the arm's per-request costs equalled the baseline's (``1 + capacity/T_D``);
+* ``lost_needed``: how many later turns the baseline would have to lose, the arm as measured, for the pair to
+  reach the ``target`` ratio: ``L_D + n_D (T_X / target - T_D) / (t_lost^D - t_hit^D)`` (None when the
+  baseline has no hit or no lost turn to price them).
+
+    python -m benchmarks.ttft_account WORK [WORK ...] --arm dasc-nr-w16 [--baseline dense] [--target 0.70]
+        [--exclude-call N] [--exclude-run FILE] [--out account.md]
+
+WORK: unpacked ``run_chat`` work folders (as for ``benchmarks.serving_report``, whose run selection and
+exclusions this reuses). Refusals: one line ``error: ...``, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.cli_args import OneLineParser, number_above_zero
+from benchmarks.serving_report import collect, read_json
+from dasc_compile.errors import DascInputError
+
+CLASSES = ("first", "hit", "lost", "fresh")
+
+
+def classify(record: dict) -> str:
+    """The class of one successful ``chat_replay`` record (module docstring)."""
+    if record["turn"] == 0:
+        return "first"
+    if record["cached_tokens"] > 0:
+        return "hit"
+    return "lost" if record["reuse_bound"] > 0 else "fresh"
+
+
+def class_means(records: Sequence[dict]) -> dict:
+    """``{class: (count, mean TTFT s or nan)}`` over the successful records, ``"n"``: their number, and
+    ``"queue_s"`` / ``"prefill_s"``: the mean of SGLang's request metrics over them (nan unless every record
+    has both)."""
+    ok = [r for r in records if r["success"]]
+    out: dict = {"n": len(ok)}
+    for c in CLASSES:
+        t = [r["ttft_s"] for r in ok if classify(r) == c]
+        out[c] = (len(t), statistics.fmean(t) if t else math.nan)
+    for k in ("queue_s", "prefill_s"):      # SGLang's request metrics; nan where the server sent none
+        v = [r[k] for r in ok if isinstance(r.get(k), (int, float)) and not math.isnan(r[k])]
+        out[k] = statistics.fmean(v) if ok and len(v) == len(ok) else math.nan
+    return out
+
+
+def account(base: dict, arm: dict, *, target: float = 0.70) -> dict:
+    """The shift-share account of one seed's pair (module docstring).
+
+    Args:
+        base, arm: :func:`class_means` of the baseline's and the arm's run of the same trace seed.
+        target: the ratio ``lost_needed`` solves for (issue 24's protocol-B target: 0.70).
+
+    Returns: ``ratio`` (T_X / T_D), ``t_base_s`` / ``t_arm_s`` (mean TTFT, s), ``capacity`` (the mix term over
+    T_D), ``cost_<class>`` (each class's cost term over T_D; with ``capacity`` they add up to ``ratio - 1``),
+    ``component_queue`` / ``component_prefill`` / ``component_other`` (the split by where the time went, over
+    T_D; they add up to ``ratio - 1``),
+    ``lost_base`` / ``lost_arm`` (later turns lost), ``later`` (later turns of the baseline),
+    ``capacity_only`` and ``lost_needed`` (None where it cannot be priced).
+
+    Raises:
+        DascInputError: a run without successful requests.
+    """
+    if not base["n"] or not arm["n"]:
+        raise DascInputError("a run of the pair has no successful request")
+    t = {}
+    for c in CLASSES:
+        tb, tx = base[c][1], arm[c][1]
+        # an empty class takes the other run's mean (weight 0 there); empty in both: weight 0 in both
+        t[c] = (tx if math.isnan(tb) else tb, tb if math.isnan(tx) else tx)
+        if math.isnan(t[c][0]):
+            t[c] = (0.0, 0.0)
+    w = {c: (base[c][0] / base["n"], arm[c][0] / arm["n"]) for c in CLASSES}
+    t_base = sum(w[c][0] * t[c][0] for c in CLASSES)
+    t_arm = sum(w[c][1] * t[c][1] for c in CLASSES)
+    capacity = sum((w[c][1] - w[c][0]) * (t[c][0] + t[c][1]) / 2 for c in CLASSES)
+    cost = {c: (w[c][0] + w[c][1]) / 2 * (t[c][1] - t[c][0]) for c in CLASSES}
+    priced = base["hit"][0] > 0 and base["lost"][0] > 0 and base["lost"][1] > base["hit"][1]
+    lost_needed = (base["lost"][0] + base["n"] * (t_arm / target - t_base) / (base["lost"][1] - base["hit"][1])
+                   if priced else None)
+    comp = {k: (arm[f"{k}_s"] - base[f"{k}_s"]) / t_base for k in ("queue", "prefill")}
+    comp["other"] = (t_arm - t_base) / t_base - comp["queue"] - comp["prefill"]
+    return {"ratio": t_arm / t_base, "t_base_s": t_base, "t_arm_s": t_arm,
+            "capacity": capacity / t_base, **{f"cost_{c}": cost[c] / t_base for c in CLASSES},
+            **{f"component_{k}": v for k, v in comp.items()},
+            "lost_base": base["lost"][0], "lost_arm": arm["lost"][0],
+            "later": base["n"] - base["first"][0],
+            "capacity_only": 1 + capacity / t_base, "lost_needed": lost_needed}
+
+
+def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> list[tuple[dict, dict]]:
+    """(baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_report.collect`
+    (opening baseline runs; role ``arm``). Raises DascInputError when a draw has two runs of one arm, or
+    when no pair is found."""
+    by: dict = {}
+    for r in runs:
+        if r["role"] != "arm" or r["arm"] not in (arm, baseline):
+            continue
+        key = (r["cond"], r["draw"], r["arm"])
+        if key in by:
+            raise DascInputError(f"{r['arm']} seed {r['seed']} is counted twice ({by[key]['file']} and {r['file']}); "
+                                 f"leave one out with --exclude-run or --exclude-call")
+        by[key] = r
+    out = [(by[(c, d, baseline)], by[(c, d, arm)]) for (c, d, a) in sorted(by, key=str)
+           if a == arm and (c, d, baseline) in by]
+    if not out:
+        raise DascInputError(f"no trace seed has both a {baseline} run and a {arm} run")
+    return out
+
+
+def _f(x, nd=3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def _s(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.3f}"
+
+
+def table(rows: Sequence[tuple[dict, dict]], *, arm: str, baseline: str, target: float) -> str:
+    """Markdown: one row per seed (its trace draw), then the mean over seeds."""
+    head = (f"| seed | T {baseline} s | T {arm} s | ratio | capacity | cost first | cost hit | cost lost | "
+            f"lost {baseline} / {arm} (of later) | capacity only | {baseline} lost needed for {target:g}x | "
+            "queue | prefill | other |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")
+    lines = []
+    for draw, a in rows:
+        lines.append(f"| {draw} | {_f(a['t_base_s'])} | {_f(a['t_arm_s'])} | {_f(a['ratio'])} | {_s(a['capacity'])} | "
+                     f"{_s(a['cost_first'])} | {_s(a['cost_hit'])} | {_s(a['cost_lost'])} | "
+                     f"{a['lost_base']} / {a['lost_arm']} (of {a['later']}) | {_f(a['capacity_only'])} | "
+                     f"{_f(a['lost_needed'], 1)} | {_s(a['component_queue'])} | {_s(a['component_prefill'])} | "
+                     f"{_s(a['component_other'])} |")
+    acc = [a for _, a in rows]
+    mean = lambda k: statistics.fmean(a[k] for a in acc)  # noqa: E731
+    need = [a["lost_needed"] for a in acc if a["lost_needed"] is not None]
+    lines.append(f"| mean (n = {len(acc)}) | {_f(mean('t_base_s'))} | {_f(mean('t_arm_s'))} | {_f(mean('ratio'))} | "
+                 f"{mean('capacity'):+.3f} | {mean('cost_first'):+.3f} | {mean('cost_hit'):+.3f} | "
+                 f"{mean('cost_lost'):+.3f} | {_f(mean('lost_base'), 1)} / {_f(mean('lost_arm'), 1)} | "
+                 f"{_f(mean('capacity_only'))} | {_f(statistics.fmean(need) if need else None, 1)} | "
+                 f"{_s(mean('component_queue'))} | {_s(mean('component_prefill'))} | {_s(mean('component_other'))} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = OneLineParser(prog="ttft_account", description=__doc__.splitlines()[0])
+    ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
+    ap.add_argument("--arm", required=True, help="the arm to account for, e.g. dasc-nr-w16")
+    ap.add_argument("--baseline", default="dense", help="the arm it is compared with (default dense)")
+    ap.add_argument("--target", type=number_above_zero("TTFT ratio"), default=0.70,
+                    help="the ratio `lost needed` solves for (default 0.70, issue 24's protocol-B target)")
+    ap.add_argument("--exclude-call", type=int, action="append", default=[],
+                    help="leave out this call's runs (as serving_report; repeatable)")
+    ap.add_argument("--exclude-run", action="append", default=[],
+                    help="leave out this result file (as serving_report; repeatable)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
+    try:
+        a = ap.parse_args(argv)
+        if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
+            raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
+        runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
+        rows = []
+        for b, x in pairs(runs, arm=a.arm, baseline=a.baseline):
+            rows.append((b["draw"], account(class_means(read_json(Path(b["file"]))["records"]),
+                                            class_means(read_json(Path(x["file"]))["records"]), target=a.target)))
+        text = table(rows, arm=a.arm, baseline=a.baseline, target=a.target)
+    except DascInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    if a.out is not None:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
