@@ -175,6 +175,11 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     for w in works:
         man_p, srv_p = w / "manifest.json", w / "servers.json"
         if not man_p.is_file():
+            if not w.exists():
+                raise DascInputError(f"{w}: does not exist (give an unpacked run_chat work folder)")
+            if w.name.endswith((".tar.gz", ".tgz")):
+                raise DascInputError(f"{w}: a packed work folder; unpack it first (tar -xzf {w} -C DIR) and give "
+                                     f"DIR/chat")
             raise DascInputError(f"{w}: no manifest.json (not a run_chat work folder)")
         man = read_json_file(man_p, "run_chat manifest")
         if not isinstance(man, dict) or not isinstance(man.get("runs"), list):

@@ -44,6 +44,7 @@ exclusions this reuses). Refusals: one line ``error: ...``, exit 2, nothing writ
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -141,7 +142,9 @@ def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> list[tuple[dict, 
     out = [(by[(c, d, baseline)], by[(c, d, arm)]) for (c, d, a) in sorted(by, key=str)
            if a == arm and (c, d, baseline) in by]
     if not out:
-        raise DascInputError(f"no trace seed has both a {baseline} run and a {arm} run")
+        have = sorted({r["arm"] for r in runs})
+        raise DascInputError(f"no trace seed has both a {baseline} run and a {arm} run (arms with runs here: "
+                             f"{', '.join(have) or 'none'})")
     return out
 
 
@@ -178,19 +181,34 @@ def table(rows: Sequence[tuple[dict, dict]], *, arm: str, baseline: str, target:
 
 
 def main(argv=None) -> int:
-    ap = OneLineParser(prog="ttft_account", description=__doc__.splitlines()[0])
+    ap = OneLineParser(
+        prog="python -m benchmarks.ttft_account", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Split each trace seed's mean-TTFT ratio (arm / baseline) exactly into terms, as shares of the "
+                    "baseline's mean TTFT.",
+        epilog="Columns: capacity = the change in which later turns each arm kept (hit or lost); cost first / hit / "
+               "lost = the change in what a\nrequest of that class cost (first turns miss in every arm: first-use "
+               "slowness and noise; hit: serving a hit, e.g. a\ndasc restore); queue / prefill / other = the same "
+               "difference split by SGLang's request metrics; capacity only = the ratio\nif the arm's per-request "
+               "costs equalled the baseline's; lost needed = how many later turns the baseline would have to\nlose, "
+               "at its own costs, for the pair to reach --target. The terms of each split add up to ratio - 1. "
+               "Details: the module\ndocstring (benchmarks/ttft_account.py).")
     ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
     ap.add_argument("--arm", required=True, help="the arm to account for, e.g. dasc-nr-w16")
     ap.add_argument("--baseline", default="dense", help="the arm it is compared with (default dense)")
-    ap.add_argument("--target", type=number_above_zero("TTFT ratio"), default=0.70,
-                    help="the ratio `lost needed` solves for (default 0.70, issue 24's protocol-B target)")
+    ap.add_argument("--target", type=number_above_zero("times the baseline's mean TTFT"), default=0.70,
+                    help="the ratio the 'lost needed' column solves for (default 0.70: the open-loop target of the "
+                         "serving benchmarks)")
     ap.add_argument("--exclude-call", type=int, action="append", default=[],
-                    help="leave out this call's runs (as serving_report; repeatable)")
+                    help="leave out this call's runs (its index in manifest.json 'calls', in every folder; "
+                         "repeatable), e.g. 0 for the call that started the servers")
     ap.add_argument("--exclude-run", action="append", default=[],
-                    help="leave out this result file (as serving_report; repeatable)")
+                    help="leave out this result file (its name under runs/; repeatable); an excluded opening "
+                         "baseline run is replaced by the call's closing run of the same seed")
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
     try:
         a = ap.parse_args(argv)
+        if a.arm == a.baseline:
+            raise DascInputError(f"--arm {a.arm} is also the baseline; give another arm, or another --baseline")
         if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
             raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)

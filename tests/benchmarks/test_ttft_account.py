@@ -99,9 +99,10 @@ def _exit_code(argv) -> int:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--arm", "w64"], "no trace seed has both a dense run and a w64 run"),
+    (["--arm", "w64"], "no trace seed has both a dense run and a w64 run (arms with runs here: dense, w16)"),
     (["--arm", "w16", "--target", "0"], "--target"),
     (["--arm", "w16", "--out", "/nonexistent-folder/x.md"], "--out"),
+    (["--arm", "dense"], "--arm dense is also the baseline"),
 ])
 def test_cli_refuses_with_one_line(tmp_path, capsys, argv, needle):
     w = _work(tmp_path, [("dense", 1, "arm", DENSE), ("w16", 1, "arm", ARM)])
@@ -127,3 +128,12 @@ def test_components_split_the_difference_by_sglangs_metrics():
     # a run whose server sent no metrics (or not for every request) has no split
     partial = dense[:-1] + [DENSE[-1]]
     assert math.isnan(ta.account(ta.class_means(partial), ta.class_means(arm))["component_queue"])
+
+
+def test_cli_names_a_missing_or_packed_folder(tmp_path, capsys):
+    assert _exit_code([str(tmp_path / "nope"), "--arm", "w16"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    packed = tmp_path / "chat.tar.gz"
+    packed.write_bytes(b"")
+    assert _exit_code([str(packed), "--arm", "w16"]) == 2
+    assert "unpack it first" in capsys.readouterr().err
