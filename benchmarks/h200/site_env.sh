@@ -75,7 +75,7 @@ jit_restore() {
 jit_save() {
   local out=$1 d=${JIT_DIR:-/tmp/jit} limit=$(( ${JIT_LIMIT_MIB:-15} * 1048576 )) size
   echo "jit cache: $(du -sh "$d"/* 2>/dev/null | tr '\t\n' ' ')"
-  tar -C "$d" -cJf "$out/jit.tar.xz" --exclude=.restored . 2>/dev/null || { echo "jit cache: pack failed"; rm -f "$out/jit.tar.xz"; return 0; }
+  XZ_OPT=-T0 tar -C "$d" -cJf "$out/jit.tar.xz" --exclude=.restored . 2>/dev/null || { echo "jit cache: pack failed"; rm -f "$out/jit.tar.xz"; return 0; }
   size=$(stat -c %s "$out/jit.tar.xz")
   if [ "$size" -gt "$limit" ]; then
     echo "jit cache: $((size / 1048576)) MiB packed, over the ${JIT_LIMIT_MIB:-15} MiB of one returned file: not saved"
