@@ -157,6 +157,17 @@ def _capacity_under_load(launch: dict | None):
                                running_reserve=k * int(flag("--max-running-requests", 8)))
 
 
+def add_run_exclusions(ap) -> None:
+    """The ``--exclude-call`` / ``--exclude-run`` options of every command that reads work folders through
+    :func:`collect` (this module, :mod:`benchmarks.ttft_account`)."""
+    ap.add_argument("--exclude-call", type=int, action="append", default=[],
+                    help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "
+                         "given; repeatable), e.g. 0 for the call that started the servers")
+    ap.add_argument("--exclude-run", action="append", default=[],
+                    help="leave out this result file (its name under runs/; repeatable); an excluded opening "
+                         "baseline run is replaced by the call's closing run of the same seed")
+
+
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
             ) -> list[dict]:
     """Every successful run of the given ``run_chat`` work folders: one dict per run with its
@@ -410,12 +421,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap.add_argument("--decays", required=True,
                         help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
                              "trained, init")
-        ap.add_argument("--exclude-call", type=int, action="append", default=[],
-                        help="leave out this call's runs (index in manifest.json 'calls', in every work folder "
-                             "given; repeatable)")
-        ap.add_argument("--exclude-run", action="append", default=[],
-                        help="leave out this result file (name under runs/; repeatable); an excluded opening "
-                             "baseline run is replaced by the call's closing run of the same seed")
+        add_run_exclusions(ap)
         ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,
                         help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
                              "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.cli_args import OneLineParser, number_above_zero
-from benchmarks.serving_report import collect, read_json
+from benchmarks.serving_report import add_run_exclusions, collect, read_json
 from dasc_compile.errors import DascInputError
 
 CLASSES = ("first", "hit", "lost", "fresh")
@@ -198,12 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=number_above_zero("times the baseline's mean TTFT"), default=0.70,
                     help="the ratio the 'lost needed' column solves for (default 0.70: the open-loop target of the "
                          "serving benchmarks)")
-    ap.add_argument("--exclude-call", type=int, action="append", default=[],
-                    help="leave out this call's runs (its index in manifest.json 'calls', in every folder; "
-                         "repeatable), e.g. 0 for the call that started the servers")
-    ap.add_argument("--exclude-run", action="append", default=[],
-                    help="leave out this result file (its name under runs/; repeatable); an excluded opening "
-                         "baseline run is replaced by the call's closing run of the same seed")
+    add_run_exclusions(ap)
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
     try:
         a = ap.parse_args(argv)
