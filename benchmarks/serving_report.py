@@ -259,21 +259,31 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     return out
 
 
+def runs_by_draw(runs: Sequence[dict]) -> dict:
+    """``{(arm, draw): run}`` over the counted runs (role ``arm``) of one condition, the map every pairing by
+    seed reads (:func:`summarize`, :mod:`benchmarks.ttft_account`).
+
+    Raises:
+        DascInputError: an arm has two runs of one trace draw. A seed is one draw: a second run of it (another
+            call or work folder) is not a second seed, and pairing would silently take whichever came last.
+    """
+    by: dict = {}
+    for r in runs:
+        if (r["arm"], r["draw"]) in by:
+            raise DascInputError(
+                f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['draw'])].get('file')} and "
+                f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
+        by[(r["arm"], r["draw"])] = r
+    return by
+
+
 def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None) -> list[dict]:
     """One object per (condition, arm): the issue's keys plus spreads (``*_spread``), the hit
     account and the drift of each call. Ratios are paired by seed within the condition."""
     objs = []
     for cond in sorted({r["cond"] for r in runs}, key=str):
         rs_ = [r for r in runs if r["cond"] == cond and r["role"] == "arm"]
-        by: dict = {}
-        for r in rs_:
-            # a seed is one trace draw: a second run of it (another call or work folder) is not a second
-            # seed, and pairing would silently take whichever came last
-            if (r["arm"], r["draw"]) in by:
-                raise DascInputError(
-                    f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['draw'])].get('file')} and "
-                    f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
-            by[(r["arm"], r["draw"])] = r
+        by = runs_by_draw(rs_)
         drift: dict[str, list[float]] = {}        # the call's baseline arm (run_chat --baseline): closing / opening run
         for r in runs:
             if r["cond"] == cond and r["role"] == "drift":

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.cli_args import OneLineParser, number_above_zero
-from benchmarks.serving_report import add_run_exclusions, collect, read_json
+from benchmarks.serving_report import add_run_exclusions, collect, read_json, runs_by_draw
 from dasc_compile.errors import DascInputError
 
 CLASSES = ("first", "hit", "lost", "fresh")
@@ -128,19 +128,12 @@ def account(base: dict, arm: dict, *, target: float = 0.70) -> dict:
 
 def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> list[tuple[dict, dict]]:
     """(baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_report.collect`
-    (opening baseline runs; role ``arm``). Raises DascInputError when a draw has two runs of one arm, or
-    when no pair is found."""
-    by: dict = {}
-    for r in runs:
-        if r["role"] != "arm" or r["arm"] not in (arm, baseline):
-            continue
-        key = (r["cond"], r["draw"], r["arm"])
-        if key in by:
-            raise DascInputError(f"{r['arm']} seed {r['seed']} is counted twice ({by[key]['file']} and {r['file']}); "
-                                 f"leave one out with --exclude-run or --exclude-call")
-        by[key] = r
-    out = [(by[(c, d, baseline)], by[(c, d, arm)]) for (c, d, a) in sorted(by, key=str)
-           if a == arm and (c, d, baseline) in by]
+    (opening baseline runs; role ``arm``), paired by :func:`benchmarks.serving_report.runs_by_draw`. Raises
+    DascInputError when a draw has two runs of one arm, or when no pair is found."""
+    out = []
+    for cond in sorted({r["cond"] for r in runs}, key=str):
+        by = runs_by_draw([r for r in runs if r["cond"] == cond and r["role"] == "arm" and r["arm"] in (arm, baseline)])
+        out += [(by[(baseline, d)], by[(arm, d)]) for (a, d) in sorted(by) if a == arm and (baseline, d) in by]
     if not out:
         have = sorted({r["arm"] for r in runs})
         raise DascInputError(f"no trace seed has both a {baseline} run and a {arm} run (arms with runs here: "
@@ -156,27 +149,25 @@ def _s(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:+.3f}"
 
 
-def table(rows: Sequence[tuple[dict, dict]], *, arm: str, baseline: str, target: float) -> str:
+def _row(label: str, a: dict, lost: str) -> str:
+    return (f"| {label} | {_f(a['t_base_s'])} | {_f(a['t_arm_s'])} | {_f(a['ratio'])} | {_s(a['capacity'])} | "
+            f"{_s(a['cost_first'])} | {_s(a['cost_hit'])} | {_s(a['cost_lost'])} | {lost} | {_f(a['capacity_only'])} | "
+            f"{_f(a['lost_needed'], 1)} | {_s(a['component_queue'])} | {_s(a['component_prefill'])} | "
+            f"{_s(a['component_other'])} |")
+
+
+def table(rows: Sequence[tuple[str, dict]], *, arm: str, baseline: str, target: float) -> str:
     """Markdown: one row per seed (its trace draw), then the mean over seeds."""
     head = (f"| seed | T {baseline} s | T {arm} s | ratio | capacity | cost first | cost hit | cost lost | "
             f"lost {baseline} / {arm} (of later) | capacity only | {baseline} lost needed for {target:g}x | "
             "queue | prefill | other |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n")
-    lines = []
-    for draw, a in rows:
-        lines.append(f"| {draw} | {_f(a['t_base_s'])} | {_f(a['t_arm_s'])} | {_f(a['ratio'])} | {_s(a['capacity'])} | "
-                     f"{_s(a['cost_first'])} | {_s(a['cost_hit'])} | {_s(a['cost_lost'])} | "
-                     f"{a['lost_base']} / {a['lost_arm']} (of {a['later']}) | {_f(a['capacity_only'])} | "
-                     f"{_f(a['lost_needed'], 1)} | {_s(a['component_queue'])} | {_s(a['component_prefill'])} | "
-                     f"{_s(a['component_other'])} |")
+    lines = [_row(draw, a, f"{a['lost_base']} / {a['lost_arm']} (of {a['later']})") for draw, a in rows]
     acc = [a for _, a in rows]
-    mean = lambda k: statistics.fmean(a[k] for a in acc)  # noqa: E731
+    mean = {k: statistics.fmean(a[k] for a in acc) for k in acc[0] if k != "lost_needed"}
     need = [a["lost_needed"] for a in acc if a["lost_needed"] is not None]
-    lines.append(f"| mean (n = {len(acc)}) | {_f(mean('t_base_s'))} | {_f(mean('t_arm_s'))} | {_f(mean('ratio'))} | "
-                 f"{mean('capacity'):+.3f} | {mean('cost_first'):+.3f} | {mean('cost_hit'):+.3f} | "
-                 f"{mean('cost_lost'):+.3f} | {_f(mean('lost_base'), 1)} / {_f(mean('lost_arm'), 1)} | "
-                 f"{_f(mean('capacity_only'))} | {_f(statistics.fmean(need) if need else None, 1)} | "
-                 f"{_s(mean('component_queue'))} | {_s(mean('component_prefill'))} | {_s(mean('component_other'))} |")
+    mean["lost_needed"] = statistics.fmean(need) if need else None
+    lines.append(_row(f"mean (n = {len(acc)})", mean, f"{_f(mean['lost_base'], 1)} / {_f(mean['lost_arm'], 1)}"))
     return head + "\n".join(lines) + "\n"
 
 
