@@ -164,8 +164,14 @@ def add_run_exclusions(ap) -> None:
                     help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "
                          "given; repeatable), e.g. 0 for the call that started the servers")
     ap.add_argument("--exclude-run", action="append", default=[],
-                    help="leave out this result file (its name under runs/; repeatable); an excluded opening "
-                         "baseline run is replaced by the call's closing run of the same seed")
+                    help="leave out this result file: its name under runs/ (in every work folder given) or its "
+                         "path WORK/runs/NAME (that folder only); repeatable. An excluded opening baseline run is "
+                         "replaced by the call's closing run of the same seed")
+
+
+def _run_path(work: Path, name) -> str:
+    """The key of one work folder's result file ``name`` for ``--exclude-run WORK/runs/NAME``."""
+    return str((Path(work) / "runs" / str(name)).resolve())
 
 
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
@@ -177,7 +183,9 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         exclude_calls: call indices (``manifest.json`` ``calls``) whose runs are left out, e.g. a call
             that started its servers, whose first runs paid first-use compiles (the drift check
             shows it).
-        exclude_runs: result file names left out. When an opening baseline run is left out, the
+        exclude_runs: result files left out, each a bare name under ``runs/`` (left out of every work
+            folder) or a path ``WORK/runs/NAME`` (that folder's run only: two sessions' folders can hold
+            runs of one name). When an opening baseline run is left out, the
             closing (``drift``) run of the same call and seed takes its place as that seed's
             baseline (and the call then has no drift figure).
     """
@@ -199,7 +207,9 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     # an exclusion that matches nothing is a typo: the report would silently keep what it should leave out
     calls = {i for _, man in manifests for i in range(len(man.get("calls") or ()))} \
         | {e.get("call") for _, man in manifests for e in man["runs"]}
-    files = {e.get("file") for _, man in manifests for e in man["runs"]}
+    files = {e.get("file") for _, man in manifests for e in man["runs"]} \
+        | {_run_path(w, e.get("file")) for w, man in manifests for e in man["runs"]}
+    exclude_runs = [f if "/" not in f else _run_path(Path(f).parent.parent, Path(f).name) for f in exclude_runs]
     for c in exclude_calls:
         if c not in calls:
             raise DascInputError(f"--exclude-call {c}: no such call in {', '.join(map(str, works))} "
@@ -207,7 +217,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     for f in exclude_runs:
         if f not in files:
             raise DascInputError(f"--exclude-run {f}: no run of that file name in the manifests of "
-                                 f"{', '.join(map(str, works))} (names as under runs/)")
+                                 f"{', '.join(map(str, works))} (names as under runs/, or WORK/runs/NAME)")
     for w, man in manifests:
         srv_p = w / "servers.json"
         servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
@@ -216,12 +226,14 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         for e in sorted((e for e in man["runs"] if not e.get("skipped") and e.get("rc") in (0, 1)),
                         key=lambda e: (e["call"], e.get("index", 0))):
             first.setdefault(e["arm"], e.get("file"))
+        left_out = {e.get("file") for e in man["runs"]
+                    if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
         gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
-                if e.get("file") in exclude_runs and e["role"] == "arm"}
+                if e.get("file") in left_out and e["role"] == "arm"}
         for e in man["runs"]:
             f = w / "runs" / e.get("file", "")
             if (e.get("skipped") or e.get("rc") not in (0, 1) or e["call"] in exclude_calls
-                    or e.get("file") in exclude_runs):
+                    or e.get("file") in left_out):
                 continue
             if not f.is_file():      # a finished run whose result is gone: leaving it out would bias the pairs
                 raise DascInputError(f"{w / 'manifest.json'}: run {e['arm']} seed {e['seed']} finished "

@@ -150,10 +150,16 @@ def test_the_closing_run_needs_a_run_of_the_call_and_the_time():
 
 
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
-    from benchmarks.chat_warm import FOLLOW_UPS, warm_chats
+    from benchmarks.chat_warm import FOLLOW_UPS, MOE_SWEEP, warm_chats
 
     singles, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
-    assert [len(t.user[0]) for t in singles] == [2048, 8192, 16000]
+    assert [len(t.user[0]) for t in singles][:3] == [2048, 8192, 16000]
+    # every fused-MoE config key once at an even and once at an odd token count (Triton's divisibility
+    # specialization of num_valid_tokens = M x top-k); each a fresh prompt, so M is the whole prompt
+    sweep = [len(t.user[0]) for t in singles][3:]
+    assert sweep[:4] == [16, 17, 24, 25] and sweep[-2:] == [4096, 4097] and len(sweep) == 2 * len(MOE_SWEEP)
+    assert {n % 2 for n in sweep} == {0, 1} and all(n % 16 == 0 for n in sweep[::2] if n != 24)
+    assert len({tuple(t.user[0][1:9]) for t in singles}) == len(singles)      # no prompt shares a prefix
     assert len(chats) == 8 and all(len(t.user) == 4 and len(t.decode) == 4 for t in chats)
     assert sorted({len(t.user[0]) for t in chats}) == [2048, 8192, 16000]
     follow = {len(seg) for t in chats for seg in t.user[1:]}
@@ -568,6 +574,23 @@ def test_report_refuses_a_seed_counted_twice(tmp_path, capsys):
     assert not (tmp_path / "rep").exists()
     assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "rep"),
                     "--exclude-run", "w16_3.json.gz"]) == 0
+
+
+def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
+    """Two sessions' folders held a Dense run of one file name (dense seed 3 ran alone in session 14 and
+    in its pair in session 17): a bare name leaves it out of both, WORK/runs/NAME out of that folder only."""
+    a, b = _work(tmp_path / "a"), _work(tmp_path / "b")
+    by_path = sr.collect([a, b], exclude_calls=[1], exclude_runs=[str(a / "runs" / "dense_0.json.gz")])
+    assert sorted((Path(r["work"]).parent.name, r["arm"], r["role"]) for r in by_path) == [
+        ("a", "dense", "arm"), ("a", "w16", "arm"), ("b", "dense", "arm"), ("b", "dense", "drift"), ("b", "w16", "arm")]
+    # in folder a the closing run stands in as the baseline; b keeps its opening run and its drift run
+    assert [r["mean_ttft_s"] for r in by_path if r["work"] == str(a) and r["arm"] == "dense"] == [2.0]
+    by_name = sr.collect([a, b], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
+    assert sorted((Path(r["work"]).parent.name, r["arm"], r["role"]) for r in by_name) == [
+        ("a", "dense", "arm"), ("a", "w16", "arm"), ("b", "dense", "arm"), ("b", "w16", "arm")]
+    err = _report_error(capsys, a, "--model", "m", "--decays", "d", "--out", tmp_path / "rep",
+                        "--exclude-run", tmp_path / "c" / "w" / "runs" / "dense_0.json.gz")
+    assert "no run of that file name" in err and "WORK/runs/NAME" in err
 
 
 def _report_error(capsys, *argv) -> str:
