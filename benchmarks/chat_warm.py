@@ -22,11 +22,23 @@ from benchmarks.sglang_server import flush
 # (a 90-token prefill took 1.3 s in the first INT8 run of 2026-12-01, 0.1 s later).
 FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
 
+# Prefill token counts M of the fused-MoE sweep: the M keys of SGLang's tuned fused-MoE config files
+# (sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py picks the config of the key
+# nearest M; keys 1-8 are decode batches, compiled by the CUDA-graph capture at start-up). Each key is sent
+# as M and M + 1 tokens: Triton also specializes an integer argument on its divisibility by 16, and the
+# kernel's num_valid_tokens is M x top-k, so an odd M is a second compile of the same config. Without it
+# the first arm of a call paid those compiles inside its timed run: 16 fused-MoE variants compiled during
+# seed 3's three runs of 2026-12-03 session 17 (the Triton cache grew 66 -> 75 MiB), and the opening Dense
+# run's prefills stalled 1-2 s where the closing one took 0.3-0.6 s (drift 0.59); the second arm loaded
+# them from the shared disk cache.
+MOE_SWEEP = (16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
 
 def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> tuple[list, list]:
     """The warm-up's requests: ``(singles, chats)``, lists of ``ChatTurns`` with random token ids.
 
-    singles: one never-cached prompt per ``lengths`` entry (tokens), decoding 4 tokens.
+    singles: one never-cached prompt per ``lengths`` entry (tokens), then one per :data:`MOE_SWEEP` key
+    ``k`` at ``k`` and ``k + 1`` tokens (28 prompts, ~16k tokens in all), each decoding 4 tokens.
     chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
     decode runs at every CUDA-graph batch size and prefills meet running decodes as in a timed run):
     session i opens with ``lengths[i % len(lengths)]`` tokens, then three later turns of
@@ -40,8 +52,9 @@ def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> 
     rng = random.Random(seed)
     ids = lambda n: [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n))]  # noqa: E731
     close = [IM_END, NEWLINE]
+    sweep = [k + odd for k in MOE_SWEEP for odd in (0, 1)]
     singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
-                         decode=[4]) for i, n in enumerate(lengths)]
+                         decode=[4]) for i, n in enumerate(list(lengths) + sweep)]
     chats = [ChatTurns(conv=i, source_id="warm",
                        user=[[IM_START] + ids(lengths[i % len(lengths)] - 3) + close]
                        + [ids(FOLLOW_UPS[(i + j) % len(FOLLOW_UPS)]) for j in range(3)],
