@@ -13,7 +13,7 @@ With chat replay, a prompt-end checkpoint serves a hit only when its request's r
 is gone (or a prompt is sent again); a high ``stored`` and low ``reuse_frac`` for ``prompt`` beside
 ``lost`` later turns (client side) is the pattern that would argue for dropping it once the reply-end
 one is stored. The client-side hit account (reply-end / prompt-end / lost later turns) stays in
-``serving_report.run_stats``; this module only reads what the server counted. Arms without a dasc
+``serving_runs.run_stats``; this module only reads what the server counted. Arms without a dasc
 plan (Dense, SGLang INT8) have no account.
 """
 

@@ -7,25 +7,7 @@ default) of the per-seed values. Ratios to Dense (and to SGLang's INT8 arm) are 
 ``ratio_s = stat(arm, s) / stat(dense, s)``, then summarised the same way. A call's drift is Dense's
 mean TTFT on its closing run over its opening run of the same seed (``run_chat.schedule``).
 
-Per run (``chat_replay`` records, successful requests):
-* ``mean_ttft_s``, ``p95_ttft_s``, ``mean_e2e_s``; ``hit_rate`` = sum(cached) / sum(prompt tokens);
-  ``reuse_bound`` = sum(reuse bound) / sum(prompt tokens) (what a cache holding every state could
-  serve); ``prefill_tokens_saved`` = sum(cached);
-* ``ttft_hit_s`` / ``ttft_miss_s``: mean TTFT of later turns (turn > 0) with / without a hit;
-* the hit account of later turns: ``reply_end`` (cached beyond the previous prompt: the checkpoint
-  stored at the end of the served reply), ``prompt_end`` (a hit no longer than the previous prompt),
-  ``lost`` (no hit although the bound was > 0: evicted before the turn came back);
-* ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
-* ``capacity`` / ``capacity_under_load`` (per arm, from arms.json): cached-state slots with no request
-  running / while R run (:mod:`benchmarks.serving_arms`; None where arms.json predates the key);
-* ``server_account``: what the dasc arms' servers counted themselves (checkpoints stored, reused and
-  evicted unused, by where they were stored; :mod:`benchmarks.ckpt_account`);
-* ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
-  the last third of the run exceed those over the middle third by more than half and by more than
-  ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
-  ``inflight_arrivals_mean`` / ``inflight_max``: requests in flight while conversations still arrive, and
-  the peak: the load a rate actually put on the server (rho is the rate over a closed-loop throughput,
-  not a utilisation; session 14's rho 0.7 ran ~1 request of 8).
+Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that module's docstring).
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
         [--x-sat X]    # open-loop runs: Dense's saturation throughput (`rates`), so that rho = rate / X is reported
@@ -37,18 +19,16 @@ Per run (``chat_replay`` records, successful requests):
 from __future__ import annotations
 
 import json
-import math
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.cli_args import OneLineParser, number_above_zero
-from benchmarks.chat_replay import read_json
-from benchmarks.serving_pool import pctl, pooled_table, spread
-from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, read_json_file, regime_map
+from benchmarks.serving_pool import pooled_table, spread
+from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
+from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
 from dasc_compile.errors import DascInputError
 
 SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
@@ -56,71 +36,6 @@ SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_cli
                 "hit_rate", "capacity", "capacity_under_load",
                 "protocol", "rho", "seed_kind", "clients", "max_running", "reply_clip", "inflight_mean", "stable",
                 "replay", "reuse_bound", "ttft_hit_s", "ttft_miss_s", "prefill_tokens_saved")
-
-
-def _mean(xs: Sequence[float]) -> float:
-    v = [x for x in xs if not math.isnan(x)]
-    return statistics.fmean(v) if v else math.nan
-
-
-def stability(samples: Sequence[Sequence[float]], max_running: int) -> tuple[float, bool]:
-    """(mean in-flight requests, stable) from ``[[t_s, n], ...]`` samples (module docstring rule)."""
-    if not samples:
-        return math.nan, True
-    n = [s[1] for s in samples]
-    third = max(1, len(n) // 3)
-    mid, last = n[third:2 * third] or n, n[-third:]
-    grow = _mean(last) - _mean(mid)
-    return _mean(n), not (grow > 0.5 * max(_mean(mid), 1e-9) and grow > max_running)
-
-
-def arrival_window_load(result: dict) -> tuple[float, int]:
-    """(mean, max) requests in flight from the first conversation's start to the last one's, from a run's
-    ``inflight`` samples and the first turns' ``start_s``: the load while the open loop offers its rate,
-    before the run drains (the whole-run mean, ``inflight_mean``, counts the tail of the last
-    conversations too). ``(nan, 0)`` without samples."""
-    samples = result.get("inflight") or []
-    starts = [r["start_s"] for r in result["records"] if r["turn"] == 0]
-    if not samples:
-        return math.nan, 0
-    end = max(starts, default=math.inf)
-    win = [n for t, n in samples if t <= end] or [n for _, n in samples]
-    return _mean(win), int(max(n for _, n in samples))
-
-
-def run_stats(result: dict, *, max_running: int) -> dict:
-    """The statistics of one run (module docstring), from a ``chat_replay`` result."""
-    recs = [r for r in result["records"] if r["success"]]
-    later = [r for r in recs if r["turn"] > 0]
-    # the previous turn's prompt length, from its own record (chat_replay files of 2026-12-01 stored
-    # prompt + reply - 1 in prev_prompt_tokens)
-    prompt_of = {(r["conv"], r["turn"]): r["prompt_tokens"] for r in result["records"]}
-    prev = {id(r): prompt_of.get((r["conv"], r["turn"] - 1), 0) for r in later}
-    prompt = sum(r["prompt_tokens"] for r in recs)
-    cached = sum(r["cached_tokens"] for r in recs)
-    inflight, stable = stability(result.get("inflight") or [], max_running)
-    arriving, peak = arrival_window_load(result)
-    if result["config"].get("protocol") == "closed-loop-paper":
-        stable = True
-    return {
-        "requests": len(result["records"]), "failed": len(result["records"]) - len(recs),
-        "mean_ttft_s": _mean([r["ttft_s"] for r in recs]), "p95_ttft_s": pctl([r["ttft_s"] for r in recs], 95),
-        "mean_e2e_s": _mean([r["e2e_s"] for r in recs]),
-        "hit_rate": cached / prompt if prompt else math.nan,
-        "reuse_bound": sum(r["reuse_bound"] for r in recs) / prompt if prompt else math.nan,
-        "prefill_tokens_saved": cached, "prompt_tokens": prompt,
-        "ttft_hit_s": _mean([r["ttft_s"] for r in later if r["cached_tokens"] > 0]),
-        "ttft_miss_s": _mean([r["ttft_s"] for r in later if r["cached_tokens"] == 0]),
-        "later_turns": len(later),
-        "reply_end": sum(r["cached_tokens"] > prev[id(r)] for r in later),
-        "prompt_end": sum(0 < r["cached_tokens"] <= prev[id(r)] for r in later),
-        "lost": sum(r["cached_tokens"] == 0 and r["reuse_bound"] > 0 for r in later),
-        "queue_s": _mean([r["queue_s"] for r in recs]), "prefill_s": _mean([r["prefill_s"] for r in recs]),
-        "initial_prompt_mean": _mean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),
-        "context_max": max((r["prompt_tokens"] + r["completion_tokens"] for r in recs), default=0),
-        "inflight_mean": inflight, "stable": stable, "wall_s": result["wall_s"],
-        "inflight_arrivals_mean": arriving, "inflight_max": peak,
-    }
 
 
 def _w_max(arm: str):
@@ -155,138 +70,6 @@ def _capacity_under_load(launch: dict | None):
                                   overlap_schedule="--disable-overlap-schedule" not in flags)
     return capacity_under_load(native_slots=launch["native_slots"], pool_slots=launch["ckpt_slots"],
                                running_reserve=k * int(flag("--max-running-requests", 8)))
-
-
-def add_run_exclusions(ap) -> None:
-    """The ``--exclude-call`` / ``--exclude-run`` options of every command that reads work folders through
-    :func:`collect` (this module, :mod:`benchmarks.ttft_account`)."""
-    ap.add_argument("--exclude-call", type=int, action="append", default=[],
-                    help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "
-                         "given; repeatable), e.g. 0 for the call that started the servers")
-    ap.add_argument("--exclude-run", action="append", default=[],
-                    help="leave out this result file: its name under runs/ (in every work folder given) or its "
-                         "path WORK/runs/NAME (that folder only); repeatable. An excluded opening baseline run is "
-                         "replaced by the call's closing run of the same seed")
-
-
-def _run_path(work: Path, name) -> str:
-    """The key of one work folder's result file ``name`` for ``--exclude-run WORK/runs/NAME``."""
-    return str((Path(work) / "runs" / str(name)).resolve())
-
-
-def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
-            ) -> list[dict]:
-    """Every successful run of the given ``run_chat`` work folders: one dict per run with its
-    condition, arm, seed, role, call (folder-qualified) and :func:`run_stats`.
-
-    Args:
-        exclude_calls: call indices (``manifest.json`` ``calls``) whose runs are left out, e.g. a call
-            that started its servers, whose first runs paid first-use compiles (the drift check
-            shows it).
-        exclude_runs: result files left out, each a bare name under ``runs/`` (left out of every work
-            folder) or a path ``WORK/runs/NAME`` (that folder's run only: two sessions' folders can hold
-            runs of one name). When an opening baseline run is left out, the
-            closing (``drift``) run of the same call and seed takes its place as that seed's
-            baseline (and the call then has no drift figure).
-    """
-    out = []
-    manifests = []
-    for w in works:
-        man_p, srv_p = w / "manifest.json", w / "servers.json"
-        if not man_p.is_file():
-            if not w.exists():
-                raise DascInputError(f"{w}: does not exist (give an unpacked run_chat work folder)")
-            if w.name.endswith((".tar.gz", ".tgz")):
-                raise DascInputError(f"{w}: a packed work folder; unpack it first (tar -xzf {w} -C DIR) and give "
-                                     f"DIR/chat")
-            raise DascInputError(f"{w}: no manifest.json (not a run_chat work folder)")
-        man = read_json_file(man_p, "run_chat manifest")
-        if not isinstance(man, dict) or not isinstance(man.get("runs"), list):
-            raise DascInputError(f"{man_p}: expected a run_chat manifest (an object with a 'runs' list)")
-        manifests.append((w, man))
-    # an exclusion that matches nothing is a typo: the report would silently keep what it should leave out
-    calls = {i for _, man in manifests for i in range(len(man.get("calls") or ()))} \
-        | {e.get("call") for _, man in manifests for e in man["runs"]}
-    files = {e.get("file") for _, man in manifests for e in man["runs"]} \
-        | {_run_path(w, e.get("file")) for w, man in manifests for e in man["runs"]}
-    exclude_runs = [f if "/" not in f else _run_path(Path(f).parent.parent, Path(f).name) for f in exclude_runs]
-    for c in exclude_calls:
-        if c not in calls:
-            raise DascInputError(f"--exclude-call {c}: no such call in {', '.join(map(str, works))} "
-                                 f"(calls {', '.join(map(str, sorted(x for x in calls if x is not None)))})")
-    for f in exclude_runs:
-        if f not in files:
-            raise DascInputError(f"--exclude-run {f}: no run of that file name in the manifests of "
-                                 f"{', '.join(map(str, works))} (names as under runs/, or WORK/runs/NAME)")
-    for w, man in manifests:
-        srv_p = w / "servers.json"
-        servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
-        # each arm's first timed run in this work folder (its server's first full load after the warm-up)
-        first = {}
-        for e in sorted((e for e in man["runs"] if not e.get("skipped") and e.get("rc") in (0, 1)),
-                        key=lambda e: (e["call"], e.get("index", 0))):
-            first.setdefault(e["arm"], e.get("file"))
-        left_out = {e.get("file") for e in man["runs"]
-                    if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
-        gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
-                if e.get("file") in left_out and e["role"] == "arm"}
-        for e in man["runs"]:
-            f = w / "runs" / e.get("file", "")
-            if (e.get("skipped") or e.get("rc") not in (0, 1) or e["call"] in exclude_calls
-                    or e.get("file") in left_out):
-                continue
-            if not f.is_file():      # a finished run whose result is gone: leaving it out would bias the pairs
-                raise DascInputError(f"{w / 'manifest.json'}: run {e['arm']} seed {e['seed']} finished "
-                                     f"(rc {e.get('rc')}) but its result {f} is missing; unpack the whole chat.tar.gz, "
-                                     f"or leave the run out with --exclude-run {e.get('file')}")
-            if e["role"] == "drift" and (e["call"], e["arm"], e["seed"]) in gone:
-                e = {**e, "role": "arm"}
-            try:
-                res = read_json(f)
-                cfg = res["config"]
-            except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
-                raise DascInputError(f"{f}: not a readable chat_replay result ({type(exc).__name__}: {exc})") from None
-            launch = (servers.get(e["arm"]) or {}).get("launch")
-            bad = ckpt_account.problem(e.get("dasc_account"))
-            if bad:
-                raise DascInputError(f"{w / 'manifest.json'}: run {e['arm']} seed {e['seed']} ({e.get('file')}): "
-                                     f"dasc_account {bad}")
-            # a dasc run that has the key but no account: its flush logged none (manifests from before
-            # the account have no key at all)
-            no_account = ("dasc_account" in e and e["dasc_account"] is None
-                          and (launch or {}).get("kind") == "dasc")
-            mr = int(launch["flags"][launch["flags"].index("--max-running-requests") + 1]) \
-                if launch and "--max-running-requests" in launch["flags"] else 8
-            trace = Path(str(cfg.get("trace") or "")).name
-            out.append({"work": str(w), "call": f"{w}#{e['call']}", "arm": e["arm"], "seed": e["seed"],
-                        # a trace seed is a draw of one trace file: seed 3 of another trace is another draw
-                        "trace": trace, "draw": f"{trace.removesuffix('.json.gz')}/{e['seed']}",
-                        "file": str(w / "runs" / e.get("file", "")),
-                        "role": e["role"],
-                        "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
-                                 cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
-                        "launch": launch, "max_running": mr, "account": e.get("dasc_account"),
-                        "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
-                        **run_stats(res, max_running=mr)})
-    return out
-
-
-def runs_by_draw(runs: Sequence[dict]) -> dict:
-    """``{(arm, draw): run}`` over the counted runs (role ``arm``) of one condition, the map every pairing by
-    seed reads (:func:`summarize`, :mod:`benchmarks.ttft_account`).
-
-    Raises:
-        DascInputError: an arm has two runs of one trace draw. A seed is one draw: a second run of it (another
-            call or work folder) is not a second seed, and pairing would silently take whichever came last.
-    """
-    by: dict = {}
-    for r in runs:
-        if (r["arm"], r["draw"]) in by:
-            raise DascInputError(
-                f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['draw'])].get('file')} and "
-                f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
-        by[(r["arm"], r["draw"])] = r
-    return by
 
 
 def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None) -> list[dict]:

@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.cli_args import OneLineParser, number_above_zero
-from benchmarks.serving_report import add_run_exclusions, collect, read_json, runs_by_draw
+from benchmarks.chat_replay import read_json
+from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from dasc_compile.errors import DascInputError
 
 CLASSES = ("first", "hit", "lost", "fresh")
@@ -127,8 +128,8 @@ def account(base: dict, arm: dict, *, target: float = 0.70) -> dict:
 
 
 def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> list[tuple[dict, dict]]:
-    """(baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_report.collect`
-    (opening baseline runs; role ``arm``), paired by :func:`benchmarks.serving_report.runs_by_draw`. Raises
+    """(baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_runs.collect`
+    (opening baseline runs; role ``arm``), paired by :func:`benchmarks.serving_runs.runs_by_draw`. Raises
     DascInputError when a draw has two runs of one arm, or when no pair is found."""
     out = []
     for cond in sorted({r["cond"] for r in runs}, key=str):

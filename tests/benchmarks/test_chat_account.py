@@ -15,6 +15,7 @@ import pytest
 from benchmarks import ckpt_account as ca
 from benchmarks import run_chat
 from benchmarks import serving_report as sr
+from benchmarks import serving_runs as srun
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
@@ -79,7 +80,7 @@ def test_run_chat_records_each_dasc_runs_account_and_the_report_reads_it(tmp_pat
         st = a["origins"]["stored"]
         assert st["prompt"] + st["reply"] == 2 * 16 and st["reply"] == 16, a
         assert a["tiers"]["hits_compressed"] >= sum(a["origins"]["reused"].values()) > 0
-    objs = sr.summarize(sr.collect([work]), model="m", decays="d")
+    objs = sr.summarize(srun.collect([work]), model="m", decays="d")
     w16 = next(o for o in objs if o["arm"] == "dasc-nr-w16")
     assert w16["server_account"]["runs"] == 2 and w16["server_account"]["stored"]["reply"] == 32
     assert next(o for o in objs if o["arm"] == "dense")["server_account"] is None
@@ -148,16 +149,16 @@ def test_report_refuses_a_malformed_account_with_one_line(tmp_path, capsys, bad,
 def test_report_says_how_many_dasc_runs_logged_no_account(tmp_path):
     """A dasc run whose flush was refused or whose account line was cut has ``dasc_account: null``:
     the table says 'runs 1 of 2' instead of summing one run as if it were the arm's all."""
-    objs = sr.summarize(sr.collect([_account_work(tmp_path, [GOOD, None])]), model="m", decays="d")
+    objs = sr.summarize(srun.collect([_account_work(tmp_path, [GOOD, None])]), model="m", decays="d")
     a = next(o for o in objs if o["arm"] == "dasc-nr-w16")["server_account"]
     assert (a["runs"], a["runs_without_account"]) == (1, 1)
     md = sr.markdown(objs)
     assert "| dasc-nr-w16 | 1 of 2 | 4 / 0.00 / 1.00 | 4 / 0.50 / 0.00 |" in md, md
     assert "logged no account" in md
     # every dasc run without one: the arm still has a row, not a silent absence
-    objs = sr.summarize(sr.collect([_account_work(tmp_path / "b", [None, None])]), model="m", decays="d")
+    objs = sr.summarize(srun.collect([_account_work(tmp_path / "b", [None, None])]), model="m", decays="d")
     assert "| dasc-nr-w16 | 0 of 2 |" in sr.markdown(objs)
     # manifests from before the account (no key at all) report as before: no table
-    objs = sr.summarize(sr.collect([_account_work(tmp_path / "c", ["absent", "absent"])]), model="m", decays="d")
+    objs = sr.summarize(srun.collect([_account_work(tmp_path / "c", ["absent", "absent"])]), model="m", decays="d")
     assert next(o for o in objs if o["arm"] == "dasc-nr-w16")["server_account"] is None
     assert "Server-side checkpoint account" not in sr.markdown(objs)

@@ -20,6 +20,7 @@ import pytest
 
 from benchmarks import chat_replay as cr
 from benchmarks import serving_report as sr
+from benchmarks import serving_runs as srun
 from benchmarks import sglang_server as ss
 from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
@@ -299,9 +300,9 @@ def test_arrival_window_load_counts_only_while_conversations_arrive():
     # first turns start at 0, 1 and 4 s; samples after 4 s are the drain and stay out of the mean
     result = {"records": [{"turn": 0, "start_s": t} for t in (0.0, 1.0, 4.0)] + [{"turn": 1, "start_s": 9.0}],
               "inflight": [(0.0, 1), (2.0, 3), (4.0, 2), (6.0, 7), (8.0, 1)]}
-    mean, peak = sr.arrival_window_load(result)
+    mean, peak = srun.arrival_window_load(result)
     assert mean == pytest.approx(2.0) and peak == 7
-    assert math.isnan(sr.arrival_window_load({"records": [], "inflight": []})[0])
+    assert math.isnan(srun.arrival_window_load({"records": [], "inflight": []})[0])
 
 
 def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
@@ -389,9 +390,9 @@ def test_summary_carries_capacity_under_load_and_old_arms_json_derives_it():
 def test_stability_rule_flags_a_growing_queue():
     flat = [[t, 10] for t in range(30)]
     growing = [[t, 10 + 2 * t] for t in range(30)]
-    assert sr.stability(flat, 8) == (10, True)
-    assert sr.stability(growing, 8)[1] is False
-    assert sr.stability([[t, 10 + 0.2 * t] for t in range(30)], 8)[1] is True   # drifts, but less than R
+    assert srun.stability(flat, 8) == (10, True)
+    assert srun.stability(growing, 8)[1] is False
+    assert srun.stability([[t, 10 + 0.2 * t] for t in range(30)], 8)[1] is True   # drifts, but less than R
 
 
 def test_open_loop_rates_come_from_the_measured_saturation_throughput():
@@ -449,7 +450,7 @@ def test_client_replays_chat_and_the_report_accounts_for_every_hit(fake_server, 
     else:
         assert beyond == 0 and all(0 < r["cached_tokens"] <= r["prev_prompt_tokens"] for r in later)
     assert all(r["cached_tokens"] <= r["reuse_bound"] for r in later)
-    st = sr.run_stats(res, max_running=4)
+    st = srun.run_stats(res, max_running=4)
     assert st["reply_end"] + st["prompt_end"] + st["lost"] <= st["later_turns"] == len(later)
     assert st["reply_end"] == beyond
 
@@ -541,7 +542,7 @@ def _work(tmp_path, rate=None) -> Path:
 
 def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
     w = _work(tmp_path)
-    got = sr.collect([w], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
+    got = srun.collect([w], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
     assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in got) == [("dense", "arm", 2.0), ("w16", "arm", 1.0)]
     o = {x["arm"]: x for x in sr.summarize(got, model="m", decays="d")}
     assert o["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
@@ -554,10 +555,10 @@ def test_report_names_counted_runs_that_were_an_arms_first_timed_run(tmp_path):
     names such runs (w16's first run is in call 0; excluding call 0 makes its call-1 run first-counted
     only if it was its first overall, which it is not)."""
     w = _work(tmp_path)
-    got = sr.collect([w], exclude_calls=[0])
+    got = srun.collect([w], exclude_calls=[0])
     assert [(r["arm"], r["first_timed"]) for r in got] == [("w16", False)]
     assert sr.first_timed_note(got) == ""
-    got = sr.collect([w])
+    got = srun.collect([w])
     assert sorted((r["arm"], r["role"], r["first_timed"]) for r in got) == [
         ("dense", "arm", True), ("dense", "drift", False), ("w16", "arm", False), ("w16", "arm", True)]
     assert sr.first_timed_note(got).strip() == (
@@ -580,12 +581,12 @@ def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
     """Two sessions' folders held a Dense run of one file name (dense seed 3 ran alone in session 14 and
     in its pair in session 17): a bare name leaves it out of both, WORK/runs/NAME out of that folder only."""
     a, b = _work(tmp_path / "a"), _work(tmp_path / "b")
-    by_path = sr.collect([a, b], exclude_calls=[1], exclude_runs=[str(a / "runs" / "dense_0.json.gz")])
+    by_path = srun.collect([a, b], exclude_calls=[1], exclude_runs=[str(a / "runs" / "dense_0.json.gz")])
     assert sorted((Path(r["work"]).parent.name, r["arm"], r["role"]) for r in by_path) == [
         ("a", "dense", "arm"), ("a", "w16", "arm"), ("b", "dense", "arm"), ("b", "dense", "drift"), ("b", "w16", "arm")]
     # in folder a the closing run stands in as the baseline; b keeps its opening run and its drift run
     assert [r["mean_ttft_s"] for r in by_path if r["work"] == str(a) and r["arm"] == "dense"] == [2.0]
-    by_name = sr.collect([a, b], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
+    by_name = srun.collect([a, b], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
     assert sorted((Path(r["work"]).parent.name, r["arm"], r["role"]) for r in by_name) == [
         ("a", "dense", "arm"), ("a", "w16", "arm"), ("b", "dense", "arm"), ("b", "w16", "arm")]
     err = _report_error(capsys, a, "--model", "m", "--decays", "d", "--out", tmp_path / "rep",
