@@ -43,8 +43,10 @@ tar -C "$P" -cf - . | xz -9 > .dev/ol/plans.tar.xz
 rm -rf "$B"
 sizes() { "$PY" -c 'import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split("\0") if p and os.path.isfile(p)))'; }
 tree=$(git ls-files -z --cached --others --exclude-standard | sizes)
-carried=$(find .dev/sglang .dev/dascwhl .dev/ol -type f -print0 | sizes)
+# .dev/jit (the compile caches a call returned, chat_bench.sh) travels too when it is there
+jit=(); [ -d .dev/jit ] && jit=(.dev/jit)
+carried=$(find .dev/sglang .dev/dascwhl .dev/ol "${jit[@]}" -type f -print0 | sizes)
 mib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; }
-echo "commit $COMMIT (wheel $RUNTIME_COMMIT): working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib $((tree + carried))) MiB of 64"
+echo "commit $COMMIT (wheel $RUNTIME_COMMIT): working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib $((tree + carried))) MiB of 64 (carry: .dev/sglang .dev/dascwhl .dev/ol${jit:+ .dev/jit})"
 ls -la .dev/dascwhl .dev/ol
-[ $((tree + carried)) -le $((64 * 1024 * 1024)) ] || { echo "error: over the 64 MiB a device call may send; park bundled models no serving call reads: python -m benchmarks.h200.park park bundles (README 'Parking bundled models'), restore after the call" >&2; exit 2; }
+[ $((tree + carried)) -le $((64 * 1024 * 1024)) ] || { echo "error: over the 64 MiB a device call may send; park what no serving call reads: python -m benchmarks.h200.park park bundles, then (with .dev/jit) park benchmarks/results (README 'Parking bundled models'), restore after the call" >&2; exit 2; }
