@@ -7,7 +7,11 @@ default) of the per-seed values. Ratios to Dense (and to SGLang's INT8 arm) are 
 ``ratio_s = stat(arm, s) / stat(dense, s)``, then summarised the same way. A call's drift is Dense's
 mean TTFT on its closing run over its opening run of the same seed (``run_chat.schedule``).
 
-Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that module's docstring).
+Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that module's docstring). Per arm, beside them:
+* ``capacity`` / ``capacity_under_load`` (per arm, from arms.json): cached-state slots with no request
+  running / while R run (:mod:`benchmarks.serving_arms`; None where arms.json predates the key);
+* ``server_account``: what the dasc arms' servers counted themselves (checkpoints stored, reused and
+  evicted unused, by where they were stored; :mod:`benchmarks.ckpt_account`);
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
         [--x-sat X]    # open-loop runs: Dense's saturation throughput (`rates`), so that rho = rate / X is reported

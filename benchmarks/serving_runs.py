@@ -14,10 +14,6 @@ Per run (``chat_replay`` records, successful requests):
   stored at the end of the served reply), ``prompt_end`` (a hit no longer than the previous prompt),
   ``lost`` (no hit although the bound was > 0: evicted before the turn came back);
 * ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
-* ``capacity`` / ``capacity_under_load`` (per arm, from arms.json): cached-state slots with no request
-  running / while R run (:mod:`benchmarks.serving_arms`; None where arms.json predates the key);
-* ``server_account``: what the dasc arms' servers counted themselves (checkpoints stored, reused and
-  evicted unused, by where they were stored; :mod:`benchmarks.ckpt_account`);
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
   the last third of the run exceed those over the middle third by more than half and by more than
   ``max_running`` (a queue that grows without bound); a closed loop is stable by construction.
@@ -157,14 +153,15 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         | {e.get("call") for _, man in manifests for e in man["runs"]}
     files = {e.get("file") for _, man in manifests for e in man["runs"]} \
         | {_run_path(w, e.get("file")) for w, man in manifests for e in man["runs"]}
-    exclude_runs = [f if "/" not in f else _run_path(Path(f).parent.parent, Path(f).name) for f in exclude_runs]
+    given = {(f if "/" not in f else _run_path(Path(f).parent.parent, Path(f).name)): f for f in exclude_runs}
+    exclude_runs = list(given)
     for c in exclude_calls:
         if c not in calls:
             raise DascInputError(f"--exclude-call {c}: no such call in {', '.join(map(str, works))} "
                                  f"(calls {', '.join(map(str, sorted(x for x in calls if x is not None)))})")
     for f in exclude_runs:
         if f not in files:
-            raise DascInputError(f"--exclude-run {f}: no run of that file name in the manifests of "
+            raise DascInputError(f"--exclude-run {given[f]}: no run of that file name in the manifests of "
                                  f"{', '.join(map(str, works))} (names as under runs/, or WORK/runs/NAME)")
     for w, man in manifests:
         srv_p = w / "servers.json"
