@@ -248,10 +248,14 @@ def main(argv: Iterable[str] | None = None) -> int:
                                  f"rho = rate / x_sat")
         objs = summarize(runs, model=a.model, decays=a.decays,
                          rho_of_rate={r: round(r / a.x_sat, 3) for r in rates} if rates else None)
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "summary.json").write_text(json.dumps(objs, indent=1))
         text = markdown(objs) + first_timed_note(runs)
-        (a.out / "tables.md").write_text(text)
+        try:
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "summary.json").write_text(json.dumps(objs, indent=1))
+            (a.out / "tables.md").write_text(text)
+        except OSError as e:
+            raise DascInputError(f"--out {a.out}: cannot write summary.json and tables.md there "
+                                 f"({e.strerror or type(e).__name__})") from None
         print(text)
         return 0
     except DascInputError as e:

@@ -109,13 +109,33 @@ def add_run_exclusions(ap) -> None:
                          "given; repeatable), e.g. 0 for the call that started the servers")
     ap.add_argument("--exclude-run", action="append", default=[],
                     help="leave out this result file: its name under runs/ (in every work folder given) or its "
-                         "path WORK/runs/NAME (that folder only); repeatable. An excluded opening baseline run is "
-                         "replaced by the call's closing run of the same seed")
+                         "path WORK/runs/NAME, WORK one of the folders given, relative paths from the current "
+                         "folder (that folder's run only; e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000.json.gz); "
+                         "repeatable. An excluded opening baseline run is replaced by the call's closing run of the "
+                         "same seed")
 
 
 def _run_path(work: Path, name) -> str:
     """The key of one work folder's result file ``name`` for ``--exclude-run WORK/runs/NAME``."""
     return str((Path(work) / "runs" / str(name)).resolve())
+
+
+def _exclusion_key(value: str, works: Sequence[Path]) -> str:
+    """An ``--exclude-run`` value as :func:`collect` matches it: a bare name as given, a path as the
+    :func:`_run_path` of its folder's run.
+
+    Raises:
+        DascInputError: a path that is not ``WORK/runs/NAME`` with WORK one of ``works`` (a typo in the
+            middle part would otherwise leave out the run of that name in WORK silently).
+    """
+    if "/" not in value:
+        return value
+    p = Path(value).resolve()
+    roots = {str(Path(w).resolve()) for w in works}
+    if p.parent.name != "runs" or str(p.parent.parent) not in roots:
+        raise DascInputError(f"--exclude-run {value}: expected a file name under runs/ or WORK/runs/NAME with WORK "
+                             f"one of the work folders given ({', '.join(map(str, works))})")
+    return str(p)
 
 
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
@@ -153,7 +173,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         | {e.get("call") for _, man in manifests for e in man["runs"]}
     files = {e.get("file") for _, man in manifests for e in man["runs"]} \
         | {_run_path(w, e.get("file")) for w, man in manifests for e in man["runs"]}
-    given = {(f if "/" not in f else _run_path(Path(f).parent.parent, Path(f).name)): f for f in exclude_runs}
+    given = {_exclusion_key(f, works): f for f in exclude_runs}
     exclude_runs = list(given)
     for c in exclude_calls:
         if c not in calls:
@@ -229,6 +249,8 @@ def runs_by_draw(runs: Sequence[dict]) -> dict:
         if (r["arm"], r["draw"]) in by:
             raise DascInputError(
                 f"{r['arm']} seed {r['seed']} is counted twice ({by[(r['arm'], r['draw'])].get('file')} and "
-                f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run or --exclude-call")
+                f"{r.get('file')}): a seed is one trace draw; leave one run out with --exclude-run and its path (e.g. "
+                f"--exclude-run {r.get('file')}; a bare file name leaves out the runs of that name in every folder) "
+                f"or with --exclude-call")
         by[(r["arm"], r["draw"])] = r
     return by

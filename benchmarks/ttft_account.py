@@ -204,12 +204,16 @@ def main(argv=None) -> int:
             rows.append((b["draw"], account(class_means(read_json(Path(b["file"]))["records"]),
                                             class_means(read_json(Path(x["file"]))["records"]), target=a.target)))
         text = table(rows, arm=a.arm, baseline=a.baseline, target=a.target)
+        if a.out is not None:
+            try:
+                a.out.write_text(text)
+            except OSError as e:
+                raise DascInputError(f"--out {a.out}: cannot write the table there "
+                                     f"({e.strerror or type(e).__name__})") from None
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(text, end="")
-    if a.out is not None:
-        a.out.write_text(text)
     return 0
 
 

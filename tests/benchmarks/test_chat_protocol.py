@@ -589,9 +589,29 @@ def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
     by_name = srun.collect([a, b], exclude_calls=[1], exclude_runs=["dense_0.json.gz"])
     assert sorted((Path(r["work"]).parent.name, r["arm"], r["role"]) for r in by_name) == [
         ("a", "dense", "arm"), ("a", "w16", "arm"), ("b", "dense", "arm"), ("b", "w16", "arm")]
-    err = _report_error(capsys, a, "--model", "m", "--decays", "d", "--out", tmp_path / "rep",
-                        "--exclude-run", tmp_path / "c" / "w" / "runs" / "dense_0.json.gz")
-    assert "no run of that file name" in err and "WORK/runs/NAME" in err
+    # a path whose folder is not one of those given, or whose middle part is not runs/ (a typo that once
+    # left out the run of that name silently), is refused; a path that resolves to WORK/runs/NAME is not
+    for bad in (tmp_path / "c" / "w" / "runs" / "dense_0.json.gz", a / "rnus" / "dense_0.json.gz",
+                a / "dense_0.json.gz"):
+        err = _report_error(capsys, a, "--model", "m", "--decays", "d", "--out", tmp_path / "rep", "--exclude-run", bad)
+        assert f"--exclude-run {bad}: expected" in err and "WORK one of the work folders given" in err
+    assert not (tmp_path / "rep").exists()
+    odd = str(a / "runs" / "x" / ".." / "dense_0.json.gz")
+    assert [r["mean_ttft_s"] for r in srun.collect([a], exclude_calls=[1], exclude_runs=[odd])
+            if r["arm"] == "dense"] == [2.0]
+
+
+def test_report_and_account_refuse_an_out_they_cannot_write_in_one_line(tmp_path, capsys):
+    from benchmarks import ttft_account
+
+    w = _work(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    base = [w, "--model", "m", "--decays", "d", "--exclude-run", "w16_3.json.gz"]
+    assert "cannot write" in _report_error(capsys, *base, "--out", tmp_path / "afile" / "sub")   # was NotADirectoryError
+    assert ttft_account.main([str(w), "--arm", "w16", "--exclude-run", "w16_3.json.gz",
+                              "--out", "/proc/nope.md"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --out /proc/nope.md: cannot write")     # the table was printed first
 
 
 def _report_error(capsys, *argv) -> str:
@@ -717,3 +737,16 @@ def test_run_chat_refuses_what_would_run_nothing(tmp_path, capsys, argv, needle)
         code = exc.code
     assert code == 2 and needle in capsys.readouterr().err
     assert not (work / "manifest.json").exists()
+
+
+def test_run_chat_refuses_a_vocabulary_below_the_chatml_ids(tmp_path, capsys):
+    """The traces and the warm-up send Qwen's ChatML ids (up to 151,645): a smaller --vocab-size reached the
+    server as out-of-range token ids (and at <= 1000 a ValueError in the warm-up) instead of one line."""
+    from benchmarks import run_chat
+
+    with pytest.raises(SystemExit) as e:
+        run_chat.main(["up", "--arms-json", str(tmp_path / "a.json"), "--plans", str(tmp_path), "--model", str(tmp_path),
+                       "--max-running-requests", "4", "--work", str(tmp_path / "w"), "--vocab-size", "151645"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: --vocab-size: expected more than 151645" in err and "got 151645" in err
+    assert not (tmp_path / "w").exists()
