@@ -16,17 +16,18 @@ from benchmarks.chat_replay import IM_END, IM_START, NEWLINE
 from benchmarks.sglang_server import flush
 
 
-# Tokens of a later user turn in the warm-up chats. The trace's follow-ups are 9-207 tokens (10th-90th
-# percentile; median 27), and a batch's token count picks SGLang's fused-MoE block config: the 200-token
+# Tokens of a later user turn in the warm-up chats. The min4k traces' follow-ups are 12-210 tokens (10th-90th
+# percentile; median 27-29), and a batch's token count picks SGLang's fused-MoE block config: the 200-token
 # follow-ups the warm-up used before left the small-extend configs to compile inside the first timed runs
 # (a 90-token prefill took 1.3 s in the first INT8 run of 2026-12-01, 0.1 s later).
 FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
 
-# Prefill token counts M of the fused-MoE sweep: the M keys of SGLang's tuned fused-MoE config files
+# The fused-MoE sweep: the token-count keys of SGLang's tuned fused-MoE config files
 # (sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py picks the config of the key
-# nearest M; keys 1-8 are decode batches, compiled by the CUDA-graph capture at start-up). Each key is sent
-# as M and M + 1 tokens: Triton also specializes an integer argument on its divisibility by 16, and the
-# kernel's num_valid_tokens is M x top-k, so an odd M is a second compile of the same config. Without it
+# nearest a forward's token count M; keys 1-8 are decode batches, compiled by the CUDA-graph capture at
+# start-up). Each key k is sent as a fresh prompt of k and of k + 1 tokens: Triton also specializes an
+# integer argument on its divisibility by 16, and the kernel's num_valid_tokens is M x top-k, so an odd M
+# is a second compile of the same config. Without it
 # the first arm of a call paid those compiles inside its timed run: 16 fused-MoE variants compiled during
 # seed 3's three runs of 2026-12-03 session 17 (the Triton cache grew 66 -> 75 MiB), and the opening Dense
 # run's prefills stalled 1-2 s where the closing one took 0.3-0.6 s (drift 0.59); the second arm loaded
@@ -38,12 +39,16 @@ def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> 
     """The warm-up's requests: ``(singles, chats)``, lists of ``ChatTurns`` with random token ids.
 
     singles: one never-cached prompt per ``lengths`` entry (tokens), then one per :data:`MOE_SWEEP` key
-    ``k`` at ``k`` and ``k + 1`` tokens (28 prompts, ~16k tokens in all), each decoding 4 tokens.
+    ``k`` at ``k`` and ``k + 1`` tokens (28 prompts, 25,918 tokens in all), each decoding 4 tokens.
     chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
     decode runs at every CUDA-graph batch size and prefills meet running decodes as in a timed run):
     session i opens with ``lengths[i % len(lengths)]`` tokens, then three later turns of
     :data:`FOLLOW_UPS` tokens (cycled from i), each hitting the previous turn's checkpoint (restore,
     extend-with-prefix), decoding 64 / 16 / 48 / 8 tokens.
+
+    vocab: the served model's vocabulary; random ids are drawn from [1000, min(vocab, 100000)), the turn
+    markers are Qwen's ChatML ids (up to 151,645, which ``run_chat --vocab-size`` must exceed).
+    seed: the random ids' seed (``warm`` passes the server's port, so no two servers share a prompt).
     """
     import random
 

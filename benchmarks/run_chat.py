@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.chat_replay import IM_END
 from benchmarks.chat_warm import warm_all
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
@@ -387,6 +388,10 @@ def main(argv=None) -> int:
                        help="the served model's vocabulary: pad and warm-up token ids are drawn below it "
                             "(default Kimi-Linear's 163,840)")
     a = ap.parse_args(argv)
+    if a.cmd in ("up", "run") and a.vocab_size <= IM_END:
+        # the traces' token ids and the warm-up's turn markers are Qwen's ChatML ids (chat_replay.IM_END)
+        ap.error(f"--vocab-size: expected more than {IM_END} (the traces and the warm-up send Qwen's ChatML ids "
+                 f"up to {IM_END}), got {a.vocab_size}")
     if a.cmd == "run":
         if a.rate is None and a.think_s is not None:
             ap.error("--think-s: only with --rate (the closed loop has no think time)")
