@@ -141,7 +141,7 @@ def _exclusion_key(value: str, works: Sequence[Path]) -> str:
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
             ) -> list[dict]:
     """Every successful run of the given ``run_chat`` work folders: one dict per run with its
-    condition, arm, seed, role, call (folder-qualified) and :func:`run_stats`.
+    condition, arm, seed, role, call (folder-qualified), its ``chat_replay`` records and :func:`run_stats`.
 
     Args:
         exclude_calls: call indices (``manifest.json`` ``calls``) whose runs are left out, e.g. a call
@@ -232,6 +232,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
                         "launch": launch, "max_running": mr, "account": e.get("dasc_account"),
                         "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
+                        "records": res["records"],     # per request, for accounts that need more than run_stats
                         **run_stats(res, max_running=mr)})
     return out
 

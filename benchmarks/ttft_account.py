@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.cli_args import OneLineParser, number_above_zero
-from benchmarks.chat_replay import read_json
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from dasc_compile.errors import DascInputError
 
@@ -201,8 +200,7 @@ def main(argv=None) -> int:
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
         rows = []
         for b, x in pairs(runs, arm=a.arm, baseline=a.baseline):
-            rows.append((b["draw"], account(class_means(read_json(Path(b["file"]))["records"]),
-                                            class_means(read_json(Path(x["file"]))["records"]), target=a.target)))
+            rows.append((b["draw"], account(class_means(b["records"]), class_means(x["records"]), target=a.target)))
         text = table(rows, arm=a.arm, baseline=a.baseline, target=a.target)
         if a.out is not None:
             try:
