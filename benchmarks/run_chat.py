@@ -318,6 +318,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         k = runs_to_reserve(order, idx)
         if left() < k * state["longest"] * RUN_MARGIN:
             log(f"stop before {arm} seed {seed}: {left():.0f} s left, {k} runs of ~{state['longest']:.0f} s to reserve "
+                f"x {RUN_MARGIN} margin = {k * state['longest'] * RUN_MARGIN:.0f} s "
                 f"(this seed's runs from here and the closing {order[-1][0]} run)")
             break
         do_run(idx, arm, seed, role)
