@@ -76,9 +76,12 @@ def _capacity_under_load(launch: dict | None):
                                running_reserve=k * int(flag("--max-running-requests", 8)))
 
 
-def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None) -> list[dict]:
+def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None,
+              baseline_run: str = "opening") -> list[dict]:
     """One object per (condition, arm): the issue's keys plus spreads (``*_spread``), the hit
-    account and the drift of each call. Ratios are paired by seed within the condition."""
+    account and the drift of each call. Ratios are paired by seed within the condition.
+    baseline_run: which run of the baseline arm ``runs`` counts per seed (:func:`collect`), kept as the
+    objects' ``baseline_run``."""
     objs = []
     for cond in sorted({r["cond"] for r in runs}, key=str):
         rs_ = [r for r in runs if r["cond"] == cond and r["role"] == "arm"]
@@ -143,7 +146,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                                                            without=sum(bool(r.get("account_missing")) for r in mine)),
                  "queue_s": s("queue_s")["mean"], "prefill_s": s("prefill_s")["mean"],
                  "failed": sum(r["failed"] for r in mine), "dense_drift": spread(drift.get("dense", [])) if arm == "dense" else None,
-                 "drift": spread(drift[arm]) if arm in drift else None}
+                 "drift": spread(drift[arm]) if arm in drift else None, "baseline_run": baseline_run}
             objs.append(o)
     return objs
 
@@ -238,7 +241,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         if a.out.exists() and not a.out.is_dir():
             raise DascInputError(f"--out {a.out}: exists and is not a folder; give the folder for summary.json and "
                                  f"tables.md")
-        runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
+        runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
+                       baseline_run=a.baseline_run)
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
         rates = sorted({r["cond"][5] for r in runs if r["cond"][5] is not None})
@@ -247,7 +251,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                                  f"saturation throughput from `serving_report rates`) so that they are reported at "
                                  f"rho = rate / x_sat")
         objs = summarize(runs, model=a.model, decays=a.decays,
-                         rho_of_rate={r: round(r / a.x_sat, 3) for r in rates} if rates else None)
+                         rho_of_rate={r: round(r / a.x_sat, 3) for r in rates} if rates else None,
+                         baseline_run=a.baseline_run)
         text = markdown(objs) + first_timed_note(runs)
         try:
             a.out.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,11 @@ def add_run_exclusions(ap) -> None:
                          "folder (that folder's run only; e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000.json.gz); "
                          "repeatable. An excluded opening baseline run is replaced by the call's closing run of the "
                          "same seed")
+    ap.add_argument("--baseline-run", choices=("opening", "closing"), default="opening",
+                    help="which of the baseline arm's two runs of a seed in one call is the seed's baseline: "
+                         "opening (default: the call's first run, which pays what the warm-up left, e.g. compiles) "
+                         "or closing (the drift run after the other arms; every counted baseline run must have one, "
+                         "and the calls then have no drift figure). Report both when they differ")
 
 
 def _run_path(work: Path, name) -> str:
@@ -138,8 +143,8 @@ def _exclusion_key(value: str, works: Sequence[Path]) -> str:
     return str(p)
 
 
-def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = ()
-            ) -> list[dict]:
+def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = (),
+            baseline_run: str = "opening") -> list[dict]:
     """Every successful run of the given ``run_chat`` work folders: one dict per run with its
     condition, arm, seed, role, call (folder-qualified), its ``chat_replay`` records and :func:`run_stats`.
 
@@ -152,7 +157,17 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             runs of one name). When an opening baseline run is left out, the
             closing (``drift``) run of the same call and seed takes its place as that seed's
             baseline (and the call then has no drift figure).
+        baseline_run: ``opening`` or ``closing``: with ``closing`` every opening run of an arm that has a
+            closing (``drift``) run of the same call and seed is left out, so that run becomes the seed's
+            baseline (as if each opening run were named in ``exclude_runs``).
+
+    Raises:
+        DascInputError: an unreadable folder, manifest or result; an exclusion that matches nothing; with
+            ``baseline_run="closing"``, a counted run of the baseline arm (an arm with closing runs) that has
+            no closing run in its call (its seed would silently keep the opening baseline).
     """
+    if baseline_run not in ("opening", "closing"):
+        raise DascInputError(f"--baseline-run {baseline_run}: expected opening or closing")
     out = []
     manifests = []
     for w in works:
@@ -183,6 +198,15 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         if f not in files:
             raise DascInputError(f"--exclude-run {given[f]}: no run of that file name in the manifests of "
                                  f"{', '.join(map(str, works))} (names as under runs/, or WORK/runs/NAME)")
+    baseline_arms = set()      # --baseline-run closing: the arms with a counted closing run in any folder
+    if baseline_run == "closing":
+        baseline_arms = {e["arm"] for w, man in manifests for e in man["runs"]
+                         if e["role"] == "drift" and not e.get("skipped") and e.get("rc") in (0, 1)
+                         and e["call"] not in exclude_calls and e.get("file") not in exclude_runs
+                         and _run_path(w, e.get("file")) not in exclude_runs}
+        if not baseline_arms:
+            raise DascInputError(f"--baseline-run closing: no counted closing (drift) run in "
+                                 f"{', '.join(map(str, works))}; use --baseline-run opening")
     for w, man in manifests:
         srv_p = w / "servers.json"
         servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
@@ -193,6 +217,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             first.setdefault(e["arm"], e.get("file"))
         left_out = {e.get("file") for e in man["runs"]
                     if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
+        if baseline_run == "closing":
+            left_out |= _opening_runs_with_a_closing_run(w, man, exclude_calls, left_out, baseline_arms)
         gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
                 if e.get("file") in left_out and e["role"] == "arm"}
         for e in man["runs"]:
@@ -234,6 +260,29 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
                         "records": res["records"],     # per request, for accounts that need more than run_stats
                         **run_stats(res, max_running=mr)})
+    return out
+
+
+def _opening_runs_with_a_closing_run(w: Path, man: dict, exclude_calls: Sequence[int], left_out: set,
+                                     baseline_arms: set) -> set:
+    """The files of ``man``'s opening runs that a closing (``drift``) run of the same call, arm and seed
+    replaces under ``--baseline-run closing``; ``baseline_arms``: the arms with closing runs in any folder.
+
+    Raises:
+        DascInputError: a counted run of a baseline arm with no closing run in its own call."""
+    def counted(e):
+        return (not e.get("skipped") and e.get("rc") in (0, 1) and e["call"] not in exclude_calls
+                and e.get("file") not in left_out)
+    closing = {(e["call"], e["arm"], e["seed"]) for e in man["runs"] if e["role"] == "drift" and counted(e)}
+    out = set()
+    for e in man["runs"]:
+        if e["role"] != "arm" or e["arm"] not in baseline_arms or not counted(e):
+            continue
+        if (e["call"], e["arm"], e["seed"]) not in closing:
+            raise DascInputError(f"--baseline-run closing: {e['arm']} seed {e['seed']} ({w / 'runs' / e.get('file', '')}) "
+                                 f"has no closing run in its call {e['call']}; leave it out with --exclude-run, or "
+                                 f"use --baseline-run opening")
+        out.add(e.get("file"))
     return out
 
 

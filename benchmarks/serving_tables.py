@@ -68,7 +68,9 @@ def markdown(objs: Sequence[dict]) -> str:
                    + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
                      f"{rows[0]['context_max']}"
                    + (f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"
-                      if d else ""))
+                      if d else "")
+                   + ("; baseline: each seed's closing run (the one after the other arms)"
+                      if rows[0].get("baseline_run") == "closing" else ""))
         out.append("")
         out.append("| arm | n | mean TTFT s (SD) | TTFT / Dense: mean (SD) [min, max], pairs | TTFT / INT8: mean, pairs | E2E / Dense | E2E / INT8 | "
                    "hit rate (bound) | TTFT hit / miss s | queue / prefill s | later turns: reply-end / prompt-end / lost | capacity / under load |")

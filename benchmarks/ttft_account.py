@@ -197,7 +197,8 @@ def main(argv=None) -> int:
             raise DascInputError(f"--arm {a.arm} is also the baseline; give another arm, or another --baseline")
         if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
             raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
-        runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run)
+        runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
+                       baseline_run=a.baseline_run)
         rows = []
         for b, x in pairs(runs, arm=a.arm, baseline=a.baseline):
             rows.append((b["draw"], account(class_means(b["records"]), class_means(x["records"]), target=a.target)))

@@ -550,6 +550,46 @@ def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
     assert o["dense"]["ttft_ratio_vs_dense_by_seed"] is None
 
 
+def test_closing_baseline_pairs_each_seed_with_the_run_after_the_other_arms(tmp_path, capsys):
+    """Session 18: the opening Dense run paid first-use compiles (drift 0.59-0.82 on three seeds), so the
+    ratio against it (0.78x) and against the closing run (0.90x) differ; --baseline-run closing gives the
+    second without one --exclude-run per seed."""
+    w = _work(tmp_path)
+    opening = {x["arm"]: x for x in sr.summarize(srun.collect([w], exclude_calls=[1]), model="m", decays="d")}
+    got = srun.collect([w], exclude_calls=[1], baseline_run="closing")
+    assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in got) == [("dense", "arm", 2.0), ("w16", "arm", 1.0)]
+    closing = {x["arm"]: x for x in sr.summarize(got, model="m", decays="d", baseline_run="closing")}
+    assert opening["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(1 / 9)
+    assert closing["w16"]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
+    assert opening["dense"]["drift"]["mean"] == pytest.approx(2 / 9) and closing["dense"]["drift"] is None
+    assert (opening["w16"]["baseline_run"], closing["w16"]["baseline_run"]) == ("opening", "closing")
+    assert "baseline: each seed's closing run" in sr.markdown(list(closing.values()))
+    assert "baseline: each seed" not in sr.markdown(list(opening.values()))
+    # the same through both commands' flag
+    from benchmarks import ttft_account
+    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "rep"), "--exclude-call", "1",
+                    "--baseline-run", "closing"]) == 0
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())[1]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
+    capsys.readouterr()
+    assert ttft_account.main([str(w), "--arm", "w16", "--exclude-call", "1", "--baseline-run", "closing"]) == 0
+    assert "| 2.000 | 1.000 | 0.500 |" in capsys.readouterr().out
+
+
+def test_closing_baseline_refuses_a_seed_without_a_closing_run(tmp_path, capsys):
+    """A baseline run with no closing run in its call would silently stay the opening baseline of its seed."""
+    w = _work(tmp_path)
+    man = json.loads((w / "manifest.json").read_text())
+    man["runs"].append({"call": 1, "index": 4, "arm": "dense", "seed": 1, "role": "arm", "file": "dense_0.json.gz", "rc": 0})
+    (w / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(DascInputError, match="dense seed 1 .* has no closing run in its call 1"):
+        srun.collect([w], exclude_runs=["w16_3.json.gz"], baseline_run="closing")
+    assert len(srun.collect([w], exclude_calls=[1], baseline_run="closing")) == 2
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep", "--exclude-call", 0,
+                        "--baseline-run", "closing")
+    assert "no counted closing (drift) run" in err
+    assert not (tmp_path / "rep").exists()
+
+
 def test_report_names_counted_runs_that_were_an_arms_first_timed_run(tmp_path):
     """Leaving out the start-up call does not cover an arm whose first timed run came later: the report
     names such runs (w16's first run is in call 0; excluding call 0 makes its call-1 run first-counted
