@@ -198,12 +198,13 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         if f not in files:
             raise DascInputError(f"--exclude-run {given[f]}: no run of that file name in the manifests of "
                                  f"{', '.join(map(str, works))} (names as under runs/, or WORK/runs/NAME)")
+    named = {str(w): {e.get("file") for e in man["runs"]        # each folder's runs --exclude-run names
+                      if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
+             for w, man in manifests}
     baseline_arms = set()      # --baseline-run closing: the arms with a counted closing run in any folder
     if baseline_run == "closing":
         baseline_arms = {e["arm"] for w, man in manifests for e in man["runs"]
-                         if e["role"] == "drift" and not e.get("skipped") and e.get("rc") in (0, 1)
-                         and e["call"] not in exclude_calls and e.get("file") not in exclude_runs
-                         and _run_path(w, e.get("file")) not in exclude_runs}
+                         if e["role"] == "drift" and _counted(e, exclude_calls, named[str(w)])}
         if not baseline_arms:
             raise DascInputError(f"--baseline-run closing: no counted closing (drift) run in "
                                  f"{', '.join(map(str, works))}; use --baseline-run opening")
@@ -215,16 +216,14 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         for e in sorted((e for e in man["runs"] if not e.get("skipped") and e.get("rc") in (0, 1)),
                         key=lambda e: (e["call"], e.get("index", 0))):
             first.setdefault(e["arm"], e.get("file"))
-        left_out = {e.get("file") for e in man["runs"]
-                    if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
+        left_out = set(named[str(w)])
         if baseline_run == "closing":
             left_out |= _opening_runs_with_a_closing_run(w, man, exclude_calls, left_out, baseline_arms)
         gone = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
                 if e.get("file") in left_out and e["role"] == "arm"}
         for e in man["runs"]:
             f = w / "runs" / e.get("file", "")
-            if (e.get("skipped") or e.get("rc") not in (0, 1) or e["call"] in exclude_calls
-                    or e.get("file") in left_out):
+            if not _counted(e, exclude_calls, left_out):
                 continue
             if not f.is_file():      # a finished run whose result is gone: leaving it out would bias the pairs
                 raise DascInputError(f"{w / 'manifest.json'}: run {e['arm']} seed {e['seed']} finished "
@@ -263,6 +262,13 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     return out
 
 
+def _counted(e: dict, exclude_calls: Sequence[int], left_out: set) -> bool:
+    """Whether manifest entry ``e`` is a finished run (rc 0 or 1) that no exclusion leaves out; ``left_out``:
+    its folder's file names left out."""
+    return (not e.get("skipped") and e.get("rc") in (0, 1) and e["call"] not in exclude_calls
+            and e.get("file") not in left_out)
+
+
 def _opening_runs_with_a_closing_run(w: Path, man: dict, exclude_calls: Sequence[int], left_out: set,
                                      baseline_arms: set) -> set:
     """The files of ``man``'s opening runs that a closing (``drift``) run of the same call, arm and seed
@@ -270,13 +276,11 @@ def _opening_runs_with_a_closing_run(w: Path, man: dict, exclude_calls: Sequence
 
     Raises:
         DascInputError: a counted run of a baseline arm with no closing run in its own call."""
-    def counted(e):
-        return (not e.get("skipped") and e.get("rc") in (0, 1) and e["call"] not in exclude_calls
-                and e.get("file") not in left_out)
-    closing = {(e["call"], e["arm"], e["seed"]) for e in man["runs"] if e["role"] == "drift" and counted(e)}
+    closing = {(e["call"], e["arm"], e["seed"]) for e in man["runs"]
+               if e["role"] == "drift" and _counted(e, exclude_calls, left_out)}
     out = set()
     for e in man["runs"]:
-        if e["role"] != "arm" or e["arm"] not in baseline_arms or not counted(e):
+        if e["role"] != "arm" or e["arm"] not in baseline_arms or not _counted(e, exclude_calls, left_out):
             continue
         if (e["call"], e["arm"], e["seed"]) not in closing:
             raise DascInputError(f"--baseline-run closing: {e['arm']} seed {e['seed']} ({w / 'runs' / e.get('file', '')}) "
