@@ -97,6 +97,18 @@ def host_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
 
 
+def _slot_ids(slots: torch.Tensor) -> torch.Tensor:
+    """int64 ``[N]`` copy of native slot ids ``slots`` (any shape) in a fresh allocation.
+
+    SGLang can hand the pool a view into a larger index tensor whose first element is not 16-byte
+    aligned. Triton specialises pointer arguments on 16-byte alignment, so such a view makes the plan's
+    pack / load kernels compile a second variant on the serving path (session 18: ``pack_kernel`` with an
+    unaligned ``src_slots`` compiled inside a timed run, a stall for every request in flight). The copy
+    costs N int64 on the same device, no host sync.
+    """
+    return slots.reshape(-1).to(torch.int64, copy=True)
+
+
 class DascCheckpointPool:
     """Ragged compressed checkpoints of one TP rank (see module docstring).
 
@@ -229,7 +241,7 @@ class DascCheckpointPool:
             active_slots: int64 ``[N]`` native slot ids to read.
             ckpt_slots: int64 ``[N]`` compressed ids from :meth:`alloc` to write.
         """
-        src = active_slots.reshape(-1).to(torch.int64)
+        src = _slot_ids(active_slots)
         rows = self._rows(ckpt_slots)
         self.ops.store(self.layout, active_mamba_pool.mamba_cache, src, rows, self.tensors)
         self.counters.stores += src.numel()
@@ -238,7 +250,7 @@ class DascCheckpointPool:
 
     def load_compressed(self, active_mamba_pool, ckpt_slots: torch.Tensor, active_slots: torch.Tensor) -> None:
         """dasc-nr restore (§4.2): kept units exact, local units zero, conv copied, for every layer."""
-        dst = active_slots.reshape(-1).to(torch.int64)
+        dst = _slot_ids(active_slots)
         rows = self._rows(ckpt_slots)
         self.ops.load(self.layout, active_mamba_pool.mamba_cache, rows, dst, self.tensors)
         self.counters.loads_compressed += dst.numel()

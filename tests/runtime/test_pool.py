@@ -52,6 +52,24 @@ def test_alloc_free_accounting(tmp_path):
     assert dp.available_size() == 4 and dp.used_size() == 0
 
 
+def test_store_and_restore_hand_the_kernels_16_byte_aligned_slot_ids(tmp_path):
+    """A slot view at an 8-byte offset (SGLang slices its index tensors) reached the pack kernel as an
+    unaligned pointer, and Triton compiled a second pack_kernel variant inside a timed run (session 18)."""
+    _, pool, dp = _make(tmp_path)
+    mp = pool.mamba_pool
+    seen = []
+    store, load = dp.ops.store, dp.ops.load
+    dp.ops.store = lambda layout, cache, src, rows, ckpt: (seen.append(("store", src)), store(layout, cache, src, rows, ckpt))
+    dp.ops.load = lambda layout, cache, rows, dst, ckpt: (seen.append(("load", dst)), load(layout, cache, rows, dst, ckpt))
+    base = torch.tensor([0, 2, 5, 7], dtype=torch.int64)
+    assert base[1:].data_ptr() % 16 == 8                         # the view the pool is given
+    ids = torch.cat([dp.alloc(1), dp.alloc(1)])
+    dp.store_from_active(mp, base[1:3], ids)
+    dp.load_compressed(mp, ids, base[1:3])
+    assert [(k, t.tolist(), t.dtype, t.data_ptr() % 16) for k, t in seen] == [
+        ("store", [2, 5], torch.int64, 0), ("load", [2, 5], torch.int64, 0)]
+
+
 def _dense_reference(mamba_pool, slot, kept_per_layer):
     """Expected dasc-nr restore of native ``slot``: kept heads exact, others zero; conv exact."""
     t = mamba_pool.mamba_cache.temporal[:, slot].clone()                      # [L, H, dv, dk]
