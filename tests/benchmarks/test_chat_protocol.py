@@ -153,14 +153,19 @@ def test_the_closing_run_needs_a_run_of_the_call_and_the_time():
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
     from benchmarks.chat_warm import FOLLOW_UPS, MOE_SWEEP, warm_chats
 
-    singles, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
+    singles, pair, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
     assert [len(t.user[0]) for t in singles][:3] == [2048, 8192, 16000]
     # every fused-MoE config key once at an even and once at an odd token count (Triton's divisibility
     # specialization of num_valid_tokens = M x top-k); each a fresh prompt, so M is the whole prompt
     sweep = [len(t.user[0]) for t in singles][3:]
     assert sweep[:4] == [16, 17, 24, 25] and sweep[-2:] == [4096, 4097] and len(sweep) == 2 * len(MOE_SWEEP)
     assert {n % 2 for n in sweep} == {0, 1} and all(n % 16 == 0 for n in sweep[::2] if n != 24)
-    assert len({tuple(t.user[0][1:9]) for t in singles}) == len(singles)      # no prompt shares a prefix
+    # the pair sent together: one 8,192-token prefill chunk of two prompts spans more than 128 chunks of 64
+    # (SGLang's NT_BUCKET 2), which one prompt alone never does
+    a, b = (len(t.user[0]) for t in pair)
+    assert a < 8192 and -(-a // 64) + -(-(8192 - a) // 64) > 128 and b >= 8192 - a
+    assert len({tuple(t.user[0][1:9]) for t in singles + pair}) == len(singles) + 2     # no prompt shares a prefix
+    assert len({t.conv for t in singles + pair}) == len(singles) + 2
     assert len(chats) == 8 and all(len(t.user) == 4 and len(t.decode) == 4 for t in chats)
     assert sorted({len(t.user[0]) for t in chats}) == [2048, 8192, 16000]
     follow = {len(seg) for t in chats for seg in t.user[1:]}
