@@ -270,12 +270,15 @@ def test_real_ctrl_c_leaves_the_old_or_the_new_plan(tmp_path, gdn):
             assert p.wait(timeout=120) is not None, "the compile never imported torch"
         stdout, stderr = p.communicate(timeout=120)
         assert "Traceback" not in stderr, stderr
-        if p.returncode == 130:
-            assert stderr.strip() == "error: interrupted (SIGINT)"
-        else:
-            assert p.returncode == 0 and stderr == "" and "wrote" in stdout, (p.returncode, stderr)
         w = load_plan(out).policy.w_max           # old (16) or new (4): never neither, never a torn plan
         assert w in (16, 4)
+        if p.returncode == 130:
+            # the signal may land before the plan is in place (old plan, plain line) or after it
+            # (new plan, and the line says so: CI on 2026-12-03 hit the second case)
+            late = f"error: interrupted (SIGINT); {out} was written completely, only the summary was not printed"
+            assert stderr.strip() == (late if w == 4 else "error: interrupted (SIGINT)"), (w, stderr)
+        else:
+            assert p.returncode == 0 and stderr == "" and "wrote" in stdout and w == 4, (p.returncode, stderr)
         seen.add((p.returncode, w))
         assert _leftovers(tmp_path, "plan") == []
         if w == 4:   # put the old plan back for the next round
