@@ -284,6 +284,7 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
             assert ev.waited == 1 and ev.done and dev.main.queue == []
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stream_wait_orders_later_work_after_the_side_stream_pack():
     """On a GPU the stream mode does not block the host, yet later current-stream work sees the pack."""
