@@ -34,7 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 T_START=$(date +%s)
 BUDGET=${1:-570}
-STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (60 s) before this
+STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (20 s; train.py) before this
 CALL=.dev/train/call
 WHL=.dev/train/whl
 OUT=${OUT:?set OUT to the folder that comes back}
