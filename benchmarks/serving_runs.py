@@ -108,9 +108,9 @@ def add_run_exclusions(ap) -> None:
                     help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "
                          "given; repeatable), e.g. 0 for the call that started the servers")
     ap.add_argument("--exclude-run", action="append", default=[],
-                    help="leave out this result file: its name under runs/ (in every work folder given) or its "
-                         "path WORK/runs/NAME, WORK one of the folders given, relative paths from the current "
-                         "folder (that folder's run only; e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000.json.gz); "
+                    help="leave out this result file: its name under runs/ (when one work folder given holds a "
+                         "run of that name) or its path WORK/runs/NAME, WORK one of the folders given, relative paths "
+                         "from the current folder (e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000.json.gz); "
                          "repeatable. An excluded opening baseline run is replaced by the call's closing run of the "
                          "same seed")
     ap.add_argument("--baseline-run", choices=("opening", "closing"), default="opening",
@@ -152,9 +152,9 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         exclude_calls: call indices (``manifest.json`` ``calls``) whose runs are left out, e.g. a call
             that started its servers, whose first runs paid first-use compiles (the drift check
             shows it).
-        exclude_runs: result files left out, each a bare name under ``runs/`` (left out of every work
-            folder) or a path ``WORK/runs/NAME`` (that folder's run only: two sessions' folders can hold
-            runs of one name). When an opening baseline run is left out, the
+        exclude_runs: result files left out, each a bare name under ``runs/`` (only when one work folder
+            holds a run of that name) or a path ``WORK/runs/NAME`` (that folder's run: two sessions' folders
+            can hold runs of one name). When an opening baseline run is left out, the
             closing (``drift``) run of the same call and seed takes its place as that seed's
             baseline (and the call then has no drift figure).
         baseline_run: ``opening`` or ``closing``: with ``closing`` every opening run of an arm that has a
@@ -162,7 +162,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             baseline (as if each opening run were named in ``exclude_runs``).
 
     Raises:
-        DascInputError: an unreadable folder, manifest or result; an exclusion that matches nothing; with
+        DascInputError: an unreadable folder, manifest or result; an exclusion that matches nothing, or a
+            bare name that matches runs in more than one folder; with
             ``baseline_run="closing"``, a counted run of the baseline arm (an arm with closing runs) that has
             no closing run in its call (its seed would silently keep the opening baseline).
     """
@@ -198,6 +199,11 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         if f not in files:
             raise DascInputError(f"--exclude-run {given[f]}: no run of that file name in the manifests of "
                                  f"{', '.join(map(str, works))} (names as under runs/, or WORK/runs/NAME)")
+        holders = [w for w, man in manifests if "/" not in f and any(e.get("file") == f for e in man["runs"])]
+        if len(holders) > 1:   # pooled sessions reuse names: leaving out all of them changed a headline silently
+            raise DascInputError(f"--exclude-run {f}: runs of that name are in {len(holders)} of the work folders "
+                                 f"given; name the one to leave out as WORK/runs/NAME ("
+                                 f"{', '.join(str(Path(w) / 'runs' / f) for w in holders)})")
     named = {str(w): {e.get("file") for e in man["runs"]        # each folder's runs --exclude-run names
                       if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
              for w, man in manifests}
