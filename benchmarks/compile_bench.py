@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from benchmarks.cli_args import OneLineParser
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ("qwen3-next-80b-a3b", "kimi-linear-48b-a3b")
@@ -251,7 +252,7 @@ def markdown(results: dict, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
     ap.add_argument("--root", type=Path, default=Path("/tmp/dasc-bench"), help="where the sparse checkpoints go")

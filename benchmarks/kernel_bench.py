@@ -39,7 +39,6 @@ Check the script itself on a CPU (Triton interpreter, tiny shapes, timings meani
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import os
 import platform
@@ -51,6 +50,7 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from benchmarks.cli_args import OneLineParser
 
 SHAPES = {
     # name: (layers, unit kind, heads per rank, dv, dk, conv inner shape)  -- SGLang 0.5.17 layouts
@@ -72,7 +72,7 @@ SMOKE_SHAPES = {
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="append a Markdown section to this file (BENCHMARKS.md)")
     ap.add_argument("--shapes", nargs="+", default=None, help=f"subset of {list(SHAPES)}")
     ap.add_argument("--n", nargs="+", type=int, default=[1, 8, 64], help="slots per launch")

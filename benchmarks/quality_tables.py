@@ -20,11 +20,11 @@ least half of dasc-nr's first-16 ΔNLL gap; kept-set Jaccard with init <= 0.8 at
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from benchmarks.chat_replay import read_json
+from benchmarks.cli_args import OneLineParser
 
 HEAD_METRIC = "nll_delta_head"
 #: Paired differences over prompts read from runs that hold them (first 16 tokens: ΔNLL, KL).
@@ -235,7 +235,7 @@ def figure(models: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval", nargs="+", type=Path, required=True, help="dasc eval --json outputs (plain or .gz)")
     ap.add_argument("--horizons", nargs="*", type=Path, default=[], help="dasc eval --horizons --json outputs (plain or .gz)")
     ap.add_argument("--out", type=Path, required=True, help="folder for quality.md / .json / .png")

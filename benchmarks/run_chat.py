@@ -48,6 +48,7 @@ from benchmarks.chat_warm import warm_all
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
+from benchmarks.cli_args import OneLineParser
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.chat_replay"]
@@ -333,8 +334,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 def main(argv=None) -> int:
     from benchmarks.chat_trace import REPLAYS
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{up,run,down}")
     up = sub.add_parser("up", help="start and warm the arms' servers")
     up.add_argument("--arms-json", type=Path, required=True,
                     help="the arms' launch flags at matched memory (benchmarks/serving_arms.py --out)")

@@ -34,7 +34,6 @@ the arms as JSON for ``run_chat.py``)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dasc_compile.errors import DascInputError
+from benchmarks.cli_args import OneLineParser
 
 __all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "arm_plan_dir", "compile_hint", "check_plans",
            "arm_launch", "main"]
@@ -291,7 +291,7 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
 def main(argv=None) -> int:
     """CLI (module docstring). Returns 0, or 2 with ``error: ...`` on stderr for bad input (arms, slots,
     plans, an unwritable ``--out``)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=Path, required=True, help="directory of compiled plans (plan_name dirs)")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
     ap.add_argument("--max-running-requests", type=int, required=True,

@@ -24,7 +24,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from benchmarks.cli_args import OneLineParser
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ("qwen3-next-80b-a3b", "kimi-linear-48b-a3b")
@@ -91,7 +91,7 @@ def time_cli(ck: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path("/tmp/dasc-bench"), help="where the full-size checkpoints live")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated reference names")
     ap.add_argument("--repeats", type=int, default=5)

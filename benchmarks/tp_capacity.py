@@ -10,7 +10,6 @@ draw, not the released models.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
+from benchmarks.cli_args import OneLineParser
 
 
 def mib(b: int) -> str:
@@ -26,7 +26,7 @@ def mib(b: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True, help="checkpoint (dir, file or index)")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--wmax", type=int, nargs="+", default=[16, 64, 128, 512])

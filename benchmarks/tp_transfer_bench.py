@@ -37,7 +37,6 @@ CPU check of the script (gloo, Triton interpreter, tiny configs derived from the
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -49,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from benchmarks.cli_args import OneLineParser
 
 # the machines forbid NVLink multicast: every process (spawned ones inherit this) keeps it off
 FORCED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -63,7 +63,7 @@ TINY_SHAPES = {"kimi_linear": (2, 6), "qwen3_next": (16, 6)}
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tp", type=int, default=2, help="TP degree P = number of processes")
     ap.add_argument("--model", action="append", default=None,

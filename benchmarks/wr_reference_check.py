@@ -41,7 +41,6 @@ Usage (CPU, ~30 s on 2 cores)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tarfile
@@ -51,6 +50,7 @@ from pathlib import Path
 import torch
 
 from dasc_compile.errors import DascInputError
+from benchmarks.cli_args import OneLineParser
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "benchmarks/h200/sglang/qwen3next-tiny.config.json"
@@ -271,7 +271,7 @@ def render(doc: dict) -> str:
 
 def main(argv=None) -> int:
     """CLI (module docstring): prints the tables, writes RESULTS/reference_check.json; 0, or 2 on bad input."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, help="a wr_smoke.sh results folder (client.json, plans.txt, dumps-*.tar.gz)")
     ap.add_argument("--dumps", type=Path, default=None,
                     help="folder of the dumps-wr-w*.tar.gz (default RESULTS; ~10 MB each, kept out of git)")

@@ -10,13 +10,13 @@ heads. ``--other-decay`` shifts the table by one head (a plan from it must be re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
 import torch
+from benchmarks.cli_args import OneLineParser
 
 A_TABLE = (0.02, 0.05, 0.1, 0.3, 1.0, 3.0, 8.0, 15.0)
 
@@ -45,7 +45,7 @@ def write(config_path: str, out: str, shift: int = 0) -> Path:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("out")
     ap.add_argument("--other-decay", action="store_true")

@@ -16,13 +16,13 @@ Subcommands (run on the device, one call):
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
 import torch
+from benchmarks.cli_args import OneLineParser
 
 A_TABLE = (0.02, 0.05, 0.1, 0.3, 1.0, 3.0, 8.0, 15.0)
 
@@ -132,8 +132,8 @@ def selftest(plan_dir: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{checkpoint,plan,selftest}")
     c = sub.add_parser("checkpoint")
     c.add_argument("config")
     c.add_argument("out")

@@ -68,13 +68,13 @@ def kept_overlap(ckpt: Path, init_decays: dict[str, torch.Tensor], w_max=W_MAX) 
 
 def main(argv=None) -> None:
     """``python -m benchmarks.train.decays CKPT``: movement and kept-set overlap of a checkpoint vs its init."""
-    import argparse
+    from benchmarks.cli_args import OneLineParser
 
     from safetensors.torch import load_file
 
     from benchmarks.train.models import checkpoint_decays
 
-    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap = OneLineParser(description=main.__doc__)
     ap.add_argument("ckpt", type=Path)
     a = ap.parse_args(argv)
     init = load_file(str(a.ckpt / "train_state" / "init_decays.safetensors"))

@@ -13,12 +13,12 @@ paths. A probe that fails reports the error; it never raises.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 import torch
+from benchmarks.cli_args import OneLineParser
 
 
 def _inputs(B, T, H, K, V, per_channel: bool, dev):
@@ -81,7 +81,7 @@ def probe(fla_path: str, batch: int) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fla", default="/tmp/fla")
     ap.add_argument("--batch", type=int, default=4)
     a = ap.parse_args(argv)

@@ -19,13 +19,13 @@ writable; rebuilt decays that differ from the record by more than rounding.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
 import torch
+from benchmarks.cli_args import OneLineParser
 
 
 class InitError(ValueError):
@@ -137,7 +137,7 @@ def rebuild(trained: Path, out: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trained", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)

@@ -23,7 +23,6 @@ which families fit one call: the header of benchmarks/h200/train_refs.sh.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -41,6 +40,7 @@ from benchmarks.train import pack
 from benchmarks.train.data import write_shard
 from benchmarks.train.models import FAMILIES
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
+from benchmarks.cli_args import OneLineParser
 
 CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
 MARGIN = 2 * 2 ** 20               # room for the tree to grow between staging and the call
@@ -240,8 +240,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{data,stage}")
     d = sub.add_parser("data")
     d.add_argument("--out", type=Path, default=Path(".dev/train/prep"))
     d.add_argument("--vocab", type=int, default=8192)

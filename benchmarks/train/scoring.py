@@ -22,7 +22,6 @@ in every interval of a run without them; histories written before the kind exist
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.train.data import KINDS, RECALL_KINDS
+from benchmarks.cli_args import OneLineParser
 
 
 def answer_tally(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, kind: torch.Tensor,
@@ -176,7 +176,7 @@ def _fmt(x) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Training recall accuracy per row kind, from history files.")
+    ap = OneLineParser(description="Training recall accuracy per row kind, from history files.")
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--last", action="store_true", help="only each family's last interval per file")
     ap.add_argument("--write-summary", type=Path, metavar="OUT",
