@@ -79,7 +79,10 @@ def _capacity_under_load(launch: dict | None):
 def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dict | None = None,
               baseline_run: str = "opening") -> list[dict]:
     """One object per (condition, arm): the issue's keys plus spreads (``*_spread``), the hit
-    account and the drift of each call. Ratios are paired by seed within the condition.
+    account and the drift of each call. Ratios are paired by seed within the condition. An open-loop run whose
+    queue grew (``stable`` False, :func:`benchmarks.serving_runs.stability`) is listed in ``unstable_seeds`` and
+    left out of the means, spreads and ratios (its mean TTFT grows with the run's length); the in-flight
+    figures count every run.
     baseline_run: which run of the baseline arm ``runs`` counts per seed (:func:`collect`), kept as the
     objects' ``baseline_run``."""
     objs = []
@@ -97,10 +100,15 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
             mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: (r["trace"], r["seed"]))
             one_trace = len({r["trace"] for r in mine}) == 1
 
+            # an open-loop run whose queue grew is reported (unstable_seeds, the in-flight line), not averaged:
+            # its mean TTFT depends on how long the run lasted (issue 24 item 2)
+            steady = [r for r in mine if r["stable"]]
+
             def ratios_by_seed(base: str, key: str) -> dict:
-                """{"<trace>/<seed>": this arm's ``key`` over ``base``'s in the same draw}; summaries keep the
-                mean-TTFT ones so that the regime map can pool sessions."""
-                return {r["draw"]: r[key] / by[(base, r["draw"])][key] for r in mine if (base, r["draw"]) in by}
+                """{"<trace>/<seed>": this arm's ``key`` over ``base``'s in the same draw, both runs stable};
+                summaries keep the mean-TTFT ones so that the regime map can pool sessions."""
+                return {r["draw"]: r[key] / by[(base, r["draw"])][key] for r in steady
+                        if (base, r["draw"]) in by and by[(base, r["draw"])]["stable"]}
 
             def ratios(base: str, key: str) -> list[float]:
                 return list(ratios_by_seed(base, key).values())
@@ -109,7 +117,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                 return None if arm == base else ratios_by_seed(base, "mean_ttft_s")
 
             def s(key: str) -> dict:
-                return spread([r[key] for r in mine])
+                return spread([r[key] for r in steady])
 
             rt_d, rt_i, re_d = ratios("dense", "mean_ttft_s"), ratios("int8", "mean_ttft_s"), ratios("dense", "mean_e2e_s")
             re_i = ratios("int8", "mean_e2e_s")
@@ -126,8 +134,10 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "capacity_under_load": _capacity_under_load(mine[0]["launch"]),
                  "protocol": protocol, "rho": (rho_of_rate or {}).get(rate), "seed_kind": "trace",
                  "clients": clients, "max_running": mine[0]["max_running"], "reply_clip": clip,
-                 "inflight_mean": s("inflight_mean")["mean"], "stable": all(r["stable"] for r in mine),
-                 "inflight_arrivals_mean": s("inflight_arrivals_mean")["mean"],
+                 "inflight_mean": spread([r["inflight_mean"] for r in mine])["mean"],
+                 "stable": all(r["stable"] for r in mine),
+                 "unstable_seeds": [r["draw"] for r in mine if not r["stable"]],
+                 "inflight_arrivals_mean": spread([r["inflight_arrivals_mean"] for r in mine])["mean"],
                  "inflight_max": max(r["inflight_max"] for r in mine),
                  "replay": replay, "reuse_bound": s("reuse_bound")["mean"], "ttft_hit_s": s("ttft_hit_s")["mean"],
                  "ttft_miss_s": s("ttft_miss_s")["mean"], "prefill_tokens_saved": s("prefill_tokens_saved")["mean"],

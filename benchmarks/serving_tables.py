@@ -90,7 +90,9 @@ def markdown(objs: Sequence[dict]) -> str:
             out += ["Requests in flight (of " + str(rows[0]["max_running"]) + " running at once): "
                     + "; ".join(f"{o['arm']} {_f(o.get('inflight_arrivals_mean'), 2)} while conversations arrive, "
                                 f"{_f(o['inflight_mean'], 2)} over the run, peak {_n(o.get('inflight_max'))}"
-                                + ("" if o["stable"] else " (UNSTABLE: the queue grew)") for o in rows) + ".", ""]
+                                + ("" if o["stable"] else " (UNSTABLE: the queue grew in "
+                                   + ", ".join(map(str, o.get("unstable_seeds") or ["some runs"]))
+                                   + "; left out of the means and ratios)") for o in rows) + ".", ""]
         out.extend(ckpt_account.markdown_rows(rows))
     return "\n".join(out)
 

@@ -126,19 +126,24 @@ def account(base: dict, arm: dict, *, target: float = 0.70) -> dict:
             "capacity_only": 1 + capacity / t_base, "lost_needed": lost_needed}
 
 
-def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> list[tuple[dict, dict]]:
+def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[dict, dict]], list[str]]:
     """(baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_runs.collect`
-    (opening baseline runs; role ``arm``), paired by :func:`benchmarks.serving_runs.runs_by_draw`. Raises
-    DascInputError when a draw has two runs of one arm, or when no pair is found."""
-    out = []
+    (role ``arm``), paired by :func:`benchmarks.serving_runs.runs_by_draw`, and the draws left out because
+    one of the two runs was unstable (its open-loop queue grew: not averaged, as in ``serving_report``).
+    Raises DascInputError when a draw has two runs of one arm, or when no stable pair is found."""
+    out, unstable = [], []
     for cond in sorted({r["cond"] for r in runs}, key=str):
         by = runs_by_draw([r for r in runs if r["cond"] == cond and r["role"] == "arm" and r["arm"] in (arm, baseline)])
-        out += [(by[(baseline, d)], by[(arm, d)]) for (a, d) in sorted(by) if a == arm and (baseline, d) in by]
+        for (a, d) in sorted(by):
+            if a == arm and (baseline, d) in by:
+                pair = (by[(baseline, d)], by[(arm, d)])
+                (out.append(pair) if all(r["stable"] for r in pair) else unstable.append(d))
     if not out:
         have = sorted({r["arm"] for r in runs})
-        raise DascInputError(f"no trace seed has both a {baseline} run and a {arm} run (arms with runs here: "
-                             f"{', '.join(have) or 'none'})")
-    return out
+        why = f" ({len(unstable)} with an unstable run: {', '.join(unstable)})" if unstable else ""
+        raise DascInputError(f"no trace seed has both a stable {baseline} run and a stable {arm} run{why} (arms with "
+                             f"runs here: {', '.join(have) or 'none'})")
+    return out, unstable
 
 
 def _f(x, nd=3) -> str:
@@ -200,9 +205,12 @@ def main(argv=None) -> int:
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
                        baseline_run=a.baseline_run)
         rows = []
-        for b, x in pairs(runs, arm=a.arm, baseline=a.baseline):
+        stable_pairs, unstable = pairs(runs, arm=a.arm, baseline=a.baseline)
+        for b, x in stable_pairs:
             rows.append((b["draw"], account(class_means(b["records"]), class_means(x["records"]), target=a.target)))
         text = table(rows, arm=a.arm, baseline=a.baseline, target=a.target)
+        if unstable:
+            text += (f"\nLeft out, a run unstable (its queue grew; not averaged): {', '.join(unstable)}.\n")
         if a.out is not None:
             try:
                 a.out.write_text(text)

@@ -310,6 +310,22 @@ def test_arrival_window_load_counts_only_while_conversations_arrive():
     assert math.isnan(srun.arrival_window_load({"records": [], "inflight": []})[0])
 
 
+def test_unstable_runs_are_reported_not_averaged():
+    """Issue 24 item 2: a run whose open-loop queue grew is reported as unstable, not averaged. Seed 1's
+    Dense run grew: the w16 ratio pairs seed 0 only, Dense's mean TTFT is seed 0's, and both say which seed."""
+    ol = ("open-loop", "served-reply", 0, 256, None, 0.4, 24)
+    runs = [_run("dense", 0, 2.0, cond=ol), {**_run("dense", 1, 40.0, cond=ol), "stable": False},
+            _run("w16", 0, 1.0, cond=ol), _run("w16", 1, 3.0, cond=ol)]
+    dense, w16 = sr.summarize(runs, model="m", decays="d")
+    assert dense["stable"] is False and dense["unstable_seeds"] == ["t/1"] and dense["mean_ttft_s"] == 2.0
+    assert w16["stable"] is True and w16["unstable_seeds"] == [] and w16["mean_ttft_s"] == 2.0   # both its runs
+    assert w16["ttft_ratio_vs_dense_by_seed"] == {"t/0": 0.5} and w16["mean_ttft_ratio_vs_dense"] == 0.5
+    assert dense["inflight_mean"] == 20.0       # the in-flight load counts every run, the unstable one too
+    from benchmarks.serving_tables import markdown
+    text = markdown(sr.summarize(runs, model="m", decays="d"))
+    assert "(UNSTABLE: the queue grew in t/1; left out of the means and ratios)" in text
+
+
 def test_summary_pairs_ratios_by_seed_and_has_the_issue_keys():
     runs = [_run("dense", 0, 2.0), _run("dense", 1, 4.0), _run("w16", 0, 1.0), _run("w16", 1, 3.0),
             _run("dense", 0, 2.2, role="drift")]

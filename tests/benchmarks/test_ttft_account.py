@@ -91,6 +91,18 @@ def test_cli_pairs_by_seed_and_writes_the_table(tmp_path, capsys):
     assert "| mean (n = 1) |" in text
 
 
+def test_cli_leaves_out_a_seed_with_an_unstable_run(tmp_path, capsys):
+    w = _work(tmp_path, [("dense", 1, "arm", DENSE), ("w16", 1, "arm", ARM), ("dense", 2, "arm", DENSE),
+                         ("w16", 2, "arm", ARM)])
+    f = next((w / "runs").glob("dense_2_*.json.gz"))       # seed 2's Dense queue grew without bound
+    data = cr.read_json(f)
+    cr.write_json(f, {**data, "inflight": [[t, 1 + 3 * t] for t in range(30)]})
+    assert ta.main([str(w), "--arm", "w16"]) == 0
+    text = capsys.readouterr().out
+    assert [line.split(" |")[0] for line in text.splitlines() if line.startswith("| t/")] == ["| t/1"]
+    assert "Left out, a run unstable (its queue grew; not averaged): t/2." in text
+
+
 def _exit_code(argv) -> int:
     try:
         return ta.main(argv)
@@ -99,7 +111,7 @@ def _exit_code(argv) -> int:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--arm", "w64"], "no trace seed has both a dense run and a w64 run (arms with runs here: dense, w16)"),
+    (["--arm", "w64"], "no trace seed has both a stable dense run and a stable w64 run (arms with runs here: dense, w16)"),
     (["--arm", "w16", "--target", "0"], "--target"),
     (["--arm", "w16", "--out", "/nonexistent-folder/x.md"], "--out"),
     (["--arm", "dense"], "--arm dense is also the baseline"),
