@@ -139,6 +139,8 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "unstable_seeds": [r["draw"] for r in mine if not r["stable"]],
                  "inflight_arrivals_mean": spread([r["inflight_arrivals_mean"] for r in mine])["mean"],
                  "inflight_max": max(r["inflight_max"] for r in mine),
+                 "live_conversations_mean": spread([r.get("live_conversations_mean") for r in mine])["mean"],
+                 "live_conversations_max": max((r.get("live_conversations_max") or 0 for r in mine), default=0),
                  "replay": replay, "reuse_bound": s("reuse_bound")["mean"], "ttft_hit_s": s("ttft_hit_s")["mean"],
                  "ttft_miss_s": s("ttft_miss_s")["mean"], "prefill_tokens_saved": s("prefill_tokens_saved")["mean"],
                  # beyond the keys: spreads over seeds, the hit account, what each run was

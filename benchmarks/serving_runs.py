@@ -20,6 +20,8 @@ Per run (``chat_replay`` records, successful requests):
   ``inflight_arrivals_mean`` / ``inflight_max``: requests in flight while conversations still arrive, and
   the peak: the load a rate actually put on the server (rho is the rate over a closed-loop throughput,
   not a utilisation; session 14's rho 0.7 ran ~1 request of 8).
+* ``live_conversations_mean`` / ``_max``: conversations between their first request and their last reply
+  (:func:`live_conversations`), the working set that an arm's cached states must cover.
 """
 
 from __future__ import annotations
@@ -66,6 +68,34 @@ def arrival_window_load(result: dict) -> tuple[float, int]:
     return nanmean(win), int(max(n for _, n in samples))
 
 
+def live_conversations(records: Sequence[dict]) -> tuple[float, int]:
+    """(time-average, peak) number of *live* conversations in a run: a conversation is live from its first
+    request's ``start_s`` to its last request's ``end_s`` (s from the run's start), think time included.
+    Between two turns its checkpoint must stay cached to be hit, so this is the run's working set in
+    conversations, to set beside an arm's capacity under load (session 19: Dense lost 4-7 of 72 later
+    turns at peaks of 11-13 live conversations, 16-17 at 18-19, with 16 states cached under load).
+    The average is exact over [first start, last end] (a sweep over the interval ends); ``(nan, 0)`` when
+    no record has both times."""
+    spans: dict = {}
+    for r in records:
+        if r.get("start_s") is None or r.get("end_s") is None:
+            continue
+        a, b = spans.get(r["conv"], (math.inf, -math.inf))
+        spans[r["conv"]] = (min(a, r["start_s"]), max(b, r["end_s"]))
+    if not spans:
+        return math.nan, 0
+    events = sorted([(a, 1) for a, _ in spans.values()] + [(b, -1) for _, b in spans.values()],
+                    key=lambda e: (e[0], e[1]))            # an end before a start at the same instant
+    t0, t1 = events[0][0], events[-1][0]
+    live = peak = 0
+    area, last = 0.0, t0
+    for t, d in events:
+        area += live * (t - last)
+        live, last = live + d, t
+        peak = max(peak, live)
+    return (area / (t1 - t0) if t1 > t0 else float(peak)), peak
+
+
 def run_stats(result: dict, *, max_running: int) -> dict:
     """The statistics of one run (module docstring), from a ``chat_replay`` result."""
     recs = [r for r in result["records"] if r["success"]]
@@ -78,6 +108,7 @@ def run_stats(result: dict, *, max_running: int) -> dict:
     cached = sum(r["cached_tokens"] for r in recs)
     inflight, stable = stability(result.get("inflight") or [], max_running)
     arriving, peak = arrival_window_load(result)
+    live_mean, live_peak = live_conversations(result["records"])
     if result["config"].get("protocol") == "closed-loop-paper":
         stable = True
     return {
@@ -98,6 +129,7 @@ def run_stats(result: dict, *, max_running: int) -> dict:
         "context_max": max((r["prompt_tokens"] + r["completion_tokens"] for r in recs), default=0),
         "inflight_mean": inflight, "stable": stable, "wall_s": result["wall_s"],
         "inflight_arrivals_mean": arriving, "inflight_max": peak,
+        "live_conversations_mean": live_mean, "live_conversations_max": live_peak,
     }
 
 

@@ -86,6 +86,11 @@ def markdown(objs: Sequence[dict]) -> str:
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")
         out.append("")
+        if any(o.get("live_conversations_max") for o in rows):
+            out += ["Live conversations (first request to last reply, think time included; the working set the "
+                    "cached states must cover): " + "; ".join(
+                        f"{o['arm']} mean {_f(o.get('live_conversations_mean'), 1)}, peak {_n(o.get('live_conversations_max'))}"
+                        f" (capacity under load {_n(o.get('capacity_under_load'))})" for o in rows) + ".", ""]
         if p == "open-loop":
             out += ["Requests in flight (of " + str(rows[0]["max_running"]) + " running at once): "
                     + "; ".join(f"{o['arm']} {_f(o.get('inflight_arrivals_mean'), 2)} while conversations arrive, "

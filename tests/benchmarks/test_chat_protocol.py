@@ -310,6 +310,20 @@ def test_arrival_window_load_counts_only_while_conversations_arrive():
     assert math.isnan(srun.arrival_window_load({"records": [], "inflight": []})[0])
 
 
+def test_live_conversations_by_hand():
+    """A: 0-10 s; B: two turns 5-7 and 12-15 (live 5-15, its think time included); C: 20-22; D ends at 20
+    as C starts (an end first: no instant with both). Live 1, 2, 1, 0 + D, 1 over 0-22 s."""
+    rec = [{"conv": "A", "start_s": 0.0, "end_s": 10.0}, {"conv": "B", "start_s": 5.0, "end_s": 7.0},
+           {"conv": "B", "start_s": 12.0, "end_s": 15.0}, {"conv": "C", "start_s": 20.0, "end_s": 22.0},
+           {"conv": "D", "start_s": 16.0, "end_s": 20.0}, {"conv": "E", "start_s": None, "end_s": None}]
+    mean, peak = srun.live_conversations(rec)
+    # area: 0-5 x1, 5-10 x2, 10-15 x1, 16-20 x1 (D), 20-22 x1 (C) = 5 + 10 + 5 + 4 + 2 = 26 over 22 s
+    assert peak == 2 and mean == pytest.approx(26 / 22)
+    back_to_back = [{"conv": "X", "start_s": 0.0, "end_s": 5.0}, {"conv": "Y", "start_s": 5.0, "end_s": 10.0}]
+    assert srun.live_conversations(back_to_back) == (1.0, 1)     # one ends as the next starts: never two
+    assert srun.live_conversations([]) == (pytest.approx(float("nan"), nan_ok=True), 0)
+
+
 def test_unstable_runs_are_reported_not_averaged():
     """Issue 24 item 2: a run whose open-loop queue grew is reported as unstable, not averaged. Seed 1's
     Dense run grew: the w16 ratio pairs seed 0 only, Dense's mean TTFT is seed 0's, and both say which seed."""
