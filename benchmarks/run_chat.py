@@ -179,12 +179,48 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
         time.sleep(0.2)
 
 
+def read_arms(arms_json: Path, plans: Path, model: Path) -> dict:
+    """``{arm: launch record}`` from ``serving_arms``' arms.json, checked before anything is written or started:
+    each entry an object with ``arm``, ``kind`` and a list of string ``flags``; every ``{plans}/NAME`` a flag
+    names exists under ``plans``; ``model`` a folder with a ``config.json``.
+
+    Raises:
+        DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
+            broken arms.json was a traceback, and a missing model or plan folder was found only by the server).
+    """
+    from benchmarks.serving_tables import read_json_file
+
+    doc = read_json_file(arms_json, "arms.json (benchmarks.serving_arms --out)")
+    if not isinstance(doc, list) or not doc:
+        raise DascInputError(f"{arms_json}: expected a non-empty list of arms (benchmarks.serving_arms --out)")
+    arms = {}
+    for i, x in enumerate(doc):
+        if not (isinstance(x, dict) and isinstance(x.get("arm"), str) and isinstance(x.get("kind"), str)
+                and isinstance(x.get("flags"), list) and all(isinstance(f, str) for f in x["flags"])):
+            raise DascInputError(f"{arms_json}: entry {i}: expected an object with 'arm', 'kind' and a list of "
+                                 f"string 'flags'")
+        arms[x["arm"]] = x
+    if not plans.is_dir():
+        raise DascInputError(f"--plans {plans}: not a folder (the compiled plans that arms.json's {{plans}} names)")
+    if not (model / "config.json").is_file():
+        raise DascInputError(f"--model {model}: expected the served model's folder with a config.json")
+    return arms
+
+
 def cmd_up(a: argparse.Namespace) -> int:
-    arms = {x["arm"]: x for x in json.loads(a.arms_json.read_text())}
-    names = a.arms or list(arms)
-    unknown = [n for n in names if n not in arms]
-    if unknown:
-        print(f"error: --arms {' '.join(unknown)}: not in {a.arms_json} ({', '.join(arms)})", file=sys.stderr)
+    try:
+        arms = read_arms(a.arms_json, a.plans, a.model)
+        names = a.arms or list(arms)
+        unknown = [n for n in names if n not in arms]
+        if unknown:
+            raise DascInputError(f"--arms {' '.join(unknown)}: not in {a.arms_json} ({', '.join(arms)})")
+        for n in names:
+            for f in arms[n]["flags"]:
+                if "{plans}" in f and not Path(f.replace("{plans}", str(a.plans))).exists():
+                    raise DascInputError(f"{n}: its plan {f.replace('{plans}', str(a.plans))} does not exist "
+                                         f"(arms.json names {f}; --plans {a.plans})")
+    except DascInputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     a.work.mkdir(parents=True, exist_ok=True)
     servers = load_servers(a.work)

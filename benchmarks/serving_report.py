@@ -203,8 +203,9 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--exclude-call", type=int, action="append", default=[],
                             help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
             a = ap.parse_args(argv[1:])
+            runs = collect(a.works, exclude_calls=a.exclude_call)    # its errors name their folder already
             try:
-                rates = open_loop_rates(collect(a.works, exclude_calls=a.exclude_call), a.rho)
+                rates = open_loop_rates(runs, a.rho)
             except DascInputError as e:
                 raise DascInputError(f"{', '.join(map(str, a.works))}: {e}") from None
             print(json.dumps(rates, indent=1))

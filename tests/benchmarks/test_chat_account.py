@@ -55,6 +55,7 @@ def test_run_chat_records_each_dasc_runs_account_and_the_report_reads_it(tmp_pat
             {"arm": "dasc-nr-w16", "kind": "dasc", "capacity": 12,
              "flags": ["--max-running-requests", "4", "--max-mamba-cache-size", "12", "--dasc-pool-slots", "4"]}]
     (tmp_path / "arms.json").write_text(json.dumps(arms))
+    (tmp_path / "config.json").write_text("{}")         # --model is checked for one before any launch
     work = tmp_path / "w"
     launcher = f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}"
     assert run_chat.main(["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path),

@@ -221,6 +221,7 @@ def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkey
     monkeypatch.setenv("FAKE_DIE", "1")
     (tmp_path / "arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
                                                      "flags": ["--max-running-requests", "4"]}]))
+    (tmp_path / "config.json").write_text("{}")
     work = tmp_path / "w"
     t0 = time.monotonic()
     rc = run_chat.main(["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path),
@@ -240,6 +241,7 @@ def test_up_refuses_to_reuse_a_resident_server_launched_with_other_flags(tmp_pat
 
     (tmp_path / "arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
                                                      "flags": ["--max-running-requests", "4"]}]))
+    (tmp_path / "config.json").write_text("{}")
     work = tmp_path / "w"
     base = ["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path), "--model", str(tmp_path),
             "--launcher", f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
@@ -252,6 +254,40 @@ def test_up_refuses_to_reuse_a_resident_server_launched_with_other_flags(tmp_pat
         assert "--mamba-track-interval" not in json.loads((work / "servers.json").read_text())["dense"]["command"]
     finally:
         run_chat.main(["down", "--work", str(work)])
+
+
+def test_up_refuses_bad_arms_model_or_plans_before_writing_or_launching(tmp_path, capsys):
+    """A missing, unreadable or malformed arms.json was a traceback (exit 1); a missing --model or plan folder
+    was found only by the launched server, after servers.json and the logs were written (s19 fresh-user run)."""
+    from benchmarks import run_chat
+
+    good = [{"arm": "w16", "kind": "dasc", "flags": ["--dasc-plan", "{plans}/w16-tp1-off"]}]
+    (tmp_path / "arms.json").write_text(json.dumps(good))
+    (tmp_path / "broken.json").write_text('[{"arm": "dense",')
+    (tmp_path / "flagless.json").write_text(json.dumps([{"arm": "dense", "kind": "dense"}]))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "plans" / "w16-tp1-off").mkdir(parents=True)
+    work = tmp_path / "w"
+
+    def up(arms_json, plans=tmp_path / "plans", model=tmp_path / "m"):
+        rc = run_chat.main(["up", "--arms-json", str(arms_json), "--plans", str(plans), "--model", str(model),
+                            "--launcher", "false", "--max-running-requests", "4", "--work", str(work)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and not work.exists(), (rc, err)
+        return err[0]
+
+    assert up(tmp_path / "nope.json").startswith(f"error: {tmp_path / 'nope.json'}: not a readable arms.json")
+    assert up(tmp_path).startswith(f"error: {tmp_path}: not a readable arms.json")              # a folder
+    assert up(tmp_path / "broken.json").startswith(f"error: {tmp_path / 'broken.json'}: not a readable arms.json")
+    assert up(tmp_path / "flagless.json") == (f"error: {tmp_path / 'flagless.json'}: entry 0: expected an object "
+                                              "with 'arm', 'kind' and a list of string 'flags'")
+    assert up(tmp_path / "arms.json", model=tmp_path / "nope") == (
+        f"error: --model {tmp_path / 'nope'}: expected the served model's folder with a config.json")
+    assert up(tmp_path / "arms.json", plans=tmp_path / "nope").startswith(f"error: --plans {tmp_path / 'nope'}: not a folder")
+    assert up(tmp_path / "arms.json", plans=tmp_path / "m") == (
+        f"error: w16: its plan {tmp_path / 'm' / 'w16-tp1-off'} does not exist (arms.json names "
+        f"{{plans}}/w16-tp1-off; --plans {tmp_path / 'm'})")
 
 
 def test_port_busy_only_while_someone_listens():
@@ -711,6 +747,8 @@ def test_report_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, cap
     assert "--exclude-call 7" in _report_error(capsys, *base, "--out", out, "--exclude-call", 7)   # was ignored
     assert "--exclude-run nope.json.gz" in _report_error(capsys, *base, "--out", out, "--exclude-run", "nope.json.gz")
     assert "--exclude-call 7" in _report_error(capsys, "rates", w, "--exclude-call", 7)
+    missing = tmp_path / "nope-work"              # the folder named once, not twice (s19 fresh-user run)
+    assert _report_error(capsys, "rates", missing) == f"error: {missing}: does not exist (give an unpacked run_chat work folder)"
     (w / "runs" / "w16_3.json.gz").write_bytes(b"\x1f\x8b truncated")
     assert "w16_3.json.gz" in _report_error(capsys, *base, "--out", out)                  # was a gzip traceback
     (w / "manifest.json").write_text("{")
