@@ -72,8 +72,8 @@ def live_conversations(records: Sequence[dict]) -> tuple[float, int]:
     """(time-average, peak) number of *live* conversations in a run: a conversation is live from its first
     request's ``start_s`` to its last request's ``end_s`` (s from the run's start), think time included.
     Between two turns its checkpoint must stay cached to be hit, so this is the run's working set in
-    conversations, to set beside an arm's capacity under load (session 19: Dense lost 4-7 of 72 later
-    turns at peaks of 11-13 live conversations, 16-17 at 18-19, with 16 states cached under load).
+    conversations, to set beside an arm's capacity under load (session 19: Dense lost 4-8 of 72 later
+    turns at peaks of 11-14 live conversations, 16-17 at 18-19, with 16 states cached under load).
     The average is exact over [first start, last end] (a sweep over the interval ends); ``(nan, 0)`` when
     no record has both times."""
     spans: dict = {}

@@ -137,7 +137,10 @@ def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[
         for (a, d) in sorted(by):
             if a == arm and (baseline, d) in by:
                 pair = (by[(baseline, d)], by[(arm, d)])
-                (out.append(pair) if all(r["stable"] for r in pair) else unstable.append(d))
+                if all(r["stable"] for r in pair):
+                    out.append(pair)
+                else:
+                    unstable.append(d)
     if not out:
         have = sorted({r["arm"] for r in runs})
         why = f" ({len(unstable)} with an unstable run: {', '.join(unstable)})" if unstable else ""
