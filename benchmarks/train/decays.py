@@ -77,7 +77,12 @@ def main(argv=None) -> None:
     ap = OneLineParser(description=main.__doc__)
     ap.add_argument("ckpt", type=Path)
     a = ap.parse_args(argv)
-    init = load_file(str(a.ckpt / "train_state" / "init_decays.safetensors"))
+    path = a.ckpt / "train_state" / "init_decays.safetensors"
+    if not path.is_file():      # a bundled reference or an init_model folder keeps no training state
+        ap.error(f"{path}: missing; expected a training checkpoint (benchmarks.train.train --out). For a bundled "
+                 f"reference, dasc eval MODEL --plan P --arms nr,init --init-from DIR (DIR from python -m "
+                 f"benchmarks.train.init_model MODEL --out DIR) prints the kept-set Jaccard with init")
+    init = load_file(str(path))
     print(json.dumps({"movement": movement(init, checkpoint_decays(a.ckpt)), "kept": kept_overlap(a.ckpt, init)},
                      indent=1))
 

@@ -62,8 +62,47 @@ def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int
             gate = m.forget_gate if hasattr(m, "forget_gate") else m
             out += [(spec.a_log_names[j], gate.A_log.detach().float().reshape(spec.a_log_shape)),
                     (spec.dt_bias_names[j], gate.dt_bias.detach().float().reshape(spec.dt_bias_shape))]
+        _check_against_recorded_init(model, out, init_seed)
         return out, f"transformers' initialisation, torch.manual_seed({init_seed})"
     raise DascInputError("--arms init / untrained need the initial state: give --init-from DIR or --init-seed N")
+
+
+#: Largest difference between a rebuilt and a recorded initial decay value still taken as rounding.
+RECORD_ATOL = 1e-4
+
+
+def _check_against_recorded_init(model: Path, built: list, init_seed: int) -> None:
+    """Refuse an ``--init-seed`` rebuild that contradicts the initial decays the model folder records.
+
+    The references trained here (``plans/reference/*-hybrid-*``) keep their initial ``A_log`` / ``dt_bias`` in
+    ``train_log.json`` (``init_decays``: ``{"live:<tensor name>": [values]}``) and were not initialised by
+    transformers' plain ``from_config`` (e.g. GDN's log-uniform ``dt``): a seed then rebuilds other decays, and
+    the init / untrained controls would be wrong without a word (session 19 audit: ``dt_bias`` off by up to 7.1).
+    Models without that record are not checked.
+
+    Raises:
+        DascInputError: a rebuilt tensor differs from the record by more than :data:`RECORD_ATOL`.
+    """
+    import json
+
+    log = Path(model) / "train_log.json"
+    try:
+        rec = json.loads(log.read_text()).get("init_decays") if log.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        rec = None
+    if not isinstance(rec, dict):
+        return
+    for name, t in built:
+        want = rec.get(f"live:{name}")
+        if want is None:
+            continue
+        diff = (t.reshape(-1) - torch.tensor(want, dtype=torch.float32).reshape(-1)).abs().max().item() \
+            if torch.tensor(want).numel() == t.numel() else float("inf")
+        if diff > RECORD_ATOL:
+            raise DascInputError(f"--init-seed {init_seed}: transformers' initialisation differs from the initial decays "
+                                 f"{log} records ({name} by up to {diff:.3g}); this model was initialised otherwise: "
+                                 f"build its initial checkpoint with python -m benchmarks.train.init_model {model} "
+                                 f"--out DIR and give --init-from DIR")
 
 
 def count_matched_top(horizons: list[torch.Tensor], counts: list[int]) -> list[list[int]]:

@@ -91,6 +91,36 @@ def test_init_seed_rebuilds_the_initialisation(trained_and_init):
     assert not torch.equal(other[1][1], init_t[1][1])
 
 
+def test_init_seed_is_refused_when_the_model_records_another_initialisation(trained_and_init, tmp_path):
+    """The bundled references record their initial decays (train_log.json) and were not initialised by
+    transformers' from_config: a seed then rebuilt other dt_bias values (by up to 7.1 on the GDN bundle) and
+    the controls ran on them without a word (s19 audit)."""
+    import json
+    import shutil
+
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.eval.controls import init_decay_tensors
+    from dasc_compile.eval.run import checkpoint_decays
+
+    trained, init = trained_and_init
+    spec, init_t, _ = checkpoint_decays(init)
+    model = tmp_path / "m"
+    shutil.copytree(trained, model)
+    record = {f"live:{n}": t.reshape(-1).tolist() for n, t in init_t}
+    (model / "train_log.json").write_text(json.dumps({"init_decays": record}))
+    rebuilt, _ = init_decay_tensors(model, spec, None, 3)          # the record agrees with seed 3: accepted
+    assert all(torch.equal(a.float(), b.float()) for (_, a), (_, b) in zip(rebuilt, init_t))
+    name = init_t[1][0]                                                 # layer 0's dt_bias, recorded shifted
+    record[f"live:{name}"] = (init_t[1][1].reshape(-1) - 2.5).tolist()
+    (model / "train_log.json").write_text(json.dumps({"init_decays": record}))
+    with pytest.raises(DascInputError) as e:
+        init_decay_tensors(model, spec, None, 3)
+    msg = str(e.value)
+    assert msg.startswith(f"--init-seed 3: transformers' initialisation differs from the initial decays {model / 'train_log.json'} "
+                          f"records ({name} by up to 2.5")
+    assert f"python -m benchmarks.train.init_model {model} --out DIR and give --init-from DIR" in msg
+
+
 def test_init_arm_masks_and_drift_on_a_real_model(trained_and_init, tmp_path):
     from dasc_compile.compiler import layer_horizons, resolve_family_policy
     from dasc_compile.eval.run import checkpoint_decays, run_eval
