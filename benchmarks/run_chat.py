@@ -179,10 +179,11 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
         time.sleep(0.2)
 
 
-def read_arms(arms_json: Path, plans: Path, model: Path) -> dict:
-    """``{arm: launch record}`` from ``serving_arms``' arms.json, checked before anything is written or started:
-    each entry an object with ``arm``, ``kind`` and a list of string ``flags``; every ``{plans}/NAME`` a flag
-    names exists under ``plans``; ``model`` a folder with a ``config.json``.
+def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
+    """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
+    written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
+    (None: every arm) all in the file; every ``{plans}/NAME`` their flags name exists under ``plans``; ``model``
+    a folder with a ``config.json``.
 
     Raises:
         DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
@@ -204,21 +205,21 @@ def read_arms(arms_json: Path, plans: Path, model: Path) -> dict:
         raise DascInputError(f"--plans {plans}: not a folder (the compiled plans that arms.json's {{plans}} names)")
     if not (model / "config.json").is_file():
         raise DascInputError(f"--model {model}: expected the served model's folder with a config.json")
-    return arms
+    names = list(names or arms)
+    unknown = [n for n in names if n not in arms]
+    if unknown:
+        raise DascInputError(f"--arms {' '.join(unknown)}: not in {arms_json} ({', '.join(arms)})")
+    for n in names:
+        for f in arms[n]["flags"]:
+            if "{plans}" in f and not Path(f.replace("{plans}", str(plans))).exists():
+                raise DascInputError(f"{n}: its plan {f.replace('{plans}', str(plans))} does not exist "
+                                     f"(arms.json names {f}; --plans {plans})")
+    return arms, names
 
 
 def cmd_up(a: argparse.Namespace) -> int:
     try:
-        arms = read_arms(a.arms_json, a.plans, a.model)
-        names = a.arms or list(arms)
-        unknown = [n for n in names if n not in arms]
-        if unknown:
-            raise DascInputError(f"--arms {' '.join(unknown)}: not in {a.arms_json} ({', '.join(arms)})")
-        for n in names:
-            for f in arms[n]["flags"]:
-                if "{plans}" in f and not Path(f.replace("{plans}", str(a.plans))).exists():
-                    raise DascInputError(f"{n}: its plan {f.replace('{plans}', str(a.plans))} does not exist "
-                                         f"(arms.json names {f}; --plans {a.plans})")
+        arms, names = read_arms(a.arms_json, a.plans, a.model, a.arms)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

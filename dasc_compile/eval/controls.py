@@ -96,8 +96,8 @@ def _check_against_recorded_init(model: Path, built: list, init_seed: int) -> No
         want = rec.get(f"live:{name}")
         if want is None:
             continue
-        diff = (t.reshape(-1) - torch.tensor(want, dtype=torch.float32).reshape(-1)).abs().max().item() \
-            if torch.tensor(want).numel() == t.numel() else float("inf")
+        want = torch.tensor(want, dtype=torch.float32).reshape(-1)
+        diff = (t.reshape(-1) - want).abs().max().item() if want.numel() == t.numel() else float("inf")
         if diff > RECORD_ATOL:
             raise DascInputError(f"--init-seed {init_seed}: transformers' initialisation differs from the initial decays "
                                  f"{log} records ({name} by up to {diff:.3g}); this model was initialised otherwise: "
