@@ -12,6 +12,9 @@ Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that modul
   running / while R run (:mod:`benchmarks.serving_arms`; None where arms.json predates the key);
 * ``server_account``: what the dasc arms' servers counted themselves (checkpoints stored, reused and
   evicted unused, by where they were stored; :mod:`benchmarks.ckpt_account`);
+* ``hit_account`` (later turns summed over seeds, with the lost ones split by why) and
+  ``away_median_s`` (``{"lost": s, "hit": s}``: the median over the pooled seeds of the time a lost /
+  hit turn's conversation had been away; :mod:`benchmarks.turn_account`);
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
         [--x-sat X]    # open-loop runs: Dense's saturation throughput (`rates`), so that rho = rate / X is reported
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -40,6 +44,11 @@ SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_cli
                 "hit_rate", "capacity", "capacity_under_load",
                 "protocol", "rho", "seed_kind", "clients", "max_running", "reply_clip", "inflight_mean", "stable",
                 "replay", "reuse_bound", "ttft_hit_s", "ttft_miss_s", "prefill_tokens_saved")
+
+
+def _median(xs: Sequence[float]):
+    """The median of ``xs``, ``None`` when empty."""
+    return statistics.median(xs) if xs else None
 
 
 def _w_max(arm: str):
@@ -153,7 +162,10 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "e2e_ratio_vs_int8_spread": spread(re_i) if arm != "int8" and re_i else None,
                  "ttft_ratio_vs_dense_by_seed": by_seed("dense"), "ttft_ratio_vs_int8_by_seed": by_seed("int8"),
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
-                 "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost")},
+                 "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost",
+                                                                         "lost_reply_stored", "lost_prompt_only")},
+                 "away_median_s": {k: _median([g for r in mine for g in r[f"away_{k}_s"]])
+                                        for k in ("lost", "hit")},
                  "server_account": ckpt_account.aggregate((r.get("account") for r in mine),
                                                            without=sum(bool(r.get("account_missing")) for r in mine)),
                  "queue_s": s("queue_s")["mean"], "prefill_s": s("prefill_s")["mean"],

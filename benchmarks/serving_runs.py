@@ -21,7 +21,13 @@ Per run (``chat_replay`` records, successful requests):
   the peak: the load a rate actually put on the server (rho is the rate over a closed-loop throughput,
   not a utilisation; session 14's rho 0.7 ran ~1 request of 8).
 * ``live_conversations_mean`` / ``_max``: conversations between their first request and their last reply
-  (:func:`live_conversations`), the working set that an arm's cached states must cover.
+  (:func:`benchmarks.turn_account.live_conversations`), the working set that an arm's cached states must cover.
+* why each lost turn was lost (:func:`benchmarks.turn_account.lost_turns`): ``lost_reply_stored`` (the previous reply crossed a
+  tracking boundary, so a reply-end checkpoint was stored, and it was evicted before the turn came back)
+  and ``lost_prompt_only`` (the reply crossed none: only the prompt-end checkpoint could be hit, and it was
+  evicted too); ``away_lost_s`` / ``away_hit_s``: for each lost turn and each turn with a hit, the time
+  from its previous turn's end to its own scheduling (think time plus SGLang's queue time), which the
+  cached state had to outlive.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
 from benchmarks.serving_pool import pctl
 from benchmarks.serving_tables import read_json_file
+from benchmarks.turn_account import SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval
 from dasc_compile.errors import DascInputError
 
 
@@ -68,36 +75,9 @@ def arrival_window_load(result: dict) -> tuple[float, int]:
     return nanmean(win), int(max(n for _, n in samples))
 
 
-def live_conversations(records: Sequence[dict]) -> tuple[float, int]:
-    """(time-average, peak) number of *live* conversations in a run: a conversation is live from its first
-    request's ``start_s`` to its last request's ``end_s`` (s from the run's start), think time included.
-    Between two turns its checkpoint must stay cached to be hit, so this is the run's working set in
-    conversations, to set beside an arm's capacity under load (session 19: Dense lost 4-8 of 72 later
-    turns at peaks of 11-14 live conversations, 16-17 at 18-19, with 16 states cached under load).
-    The average is exact over [first start, last end] (a sweep over the interval ends); ``(nan, 0)`` when
-    no record has both times."""
-    spans: dict = {}
-    for r in records:
-        if r.get("start_s") is None or r.get("end_s") is None:
-            continue
-        a, b = spans.get(r["conv"], (math.inf, -math.inf))
-        spans[r["conv"]] = (min(a, r["start_s"]), max(b, r["end_s"]))
-    if not spans:
-        return math.nan, 0
-    events = sorted([(a, 1) for a, _ in spans.values()] + [(b, -1) for _, b in spans.values()],
-                    key=lambda e: (e[0], e[1]))            # an end before a start at the same instant
-    t0, t1 = events[0][0], events[-1][0]
-    live = peak = 0
-    area, last = 0.0, t0
-    for t, d in events:
-        area += live * (t - last)
-        live, last = live + d, t
-        peak = max(peak, live)
-    return (area / (t1 - t0) if t1 > t0 else float(peak)), peak
-
-
-def run_stats(result: dict, *, max_running: int) -> dict:
-    """The statistics of one run (module docstring), from a ``chat_replay`` result."""
+def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TRACK_INTERVAL) -> dict:
+    """The statistics of one run (module docstring), from a ``chat_replay`` result; ``track_interval`` is the
+    server's ``--mamba-track-interval`` (tokens, :func:`benchmarks.turn_account.lost_turns`)."""
     recs = [r for r in result["records"] if r["success"]]
     later = [r for r in recs if r["turn"] > 0]
     # the previous turn's prompt length, from its own record (chat_replay files of 2026-12-01 stored
@@ -130,6 +110,7 @@ def run_stats(result: dict, *, max_running: int) -> dict:
         "inflight_mean": inflight, "stable": stable, "wall_s": result["wall_s"],
         "inflight_arrivals_mean": arriving, "inflight_max": peak,
         "live_conversations_mean": live_mean, "live_conversations_max": live_peak,
+        **lost_turns(result["records"], track_interval),
     }
 
 
@@ -296,7 +277,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "launch": launch, "max_running": mr, "account": e.get("dasc_account"),
                         "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
                         "records": res["records"],     # per request, for accounts that need more than run_stats
-                        **run_stats(res, max_running=mr)})
+                        **run_stats(res, max_running=mr, track_interval=track_interval(servers.get(e["arm"])))})
     return out
 
 

@@ -91,6 +91,8 @@ def markdown(objs: Sequence[dict]) -> str:
                     "cached states must cover): " + "; ".join(
                         f"{o['arm']} mean {_f(o.get('live_conversations_mean'), 1)}, peak {_n(o.get('live_conversations_max'))}"
                         f" (capacity under load {_n(o.get('capacity_under_load'))})" for o in rows) + ".", ""]
+        line = lost_turns_line(rows)
+        out += [line, ""] if line else []
         if p == "open-loop":
             out += ["Requests in flight (of " + str(rows[0]["max_running"]) + " running at once): "
                     + "; ".join(f"{o['arm']} {_f(o.get('inflight_arrivals_mean'), 2)} while conversations arrive, "
@@ -100,6 +102,19 @@ def markdown(objs: Sequence[dict]) -> str:
                                    + "; left out of the means and ratios)") for o in rows) + ".", ""]
         out.extend(ckpt_account.markdown_rows(rows))
     return "\n".join(out)
+
+
+def lost_turns_line(rows: Sequence[dict]) -> str:
+    """One line per condition: each arm's lost later turns split by why (``benchmarks.turn_account``) and the
+    median time a lost and a hit turn's conversation had been away; empty for summaries without the split."""
+    if not any(o["hit_account"].get("lost_reply_stored") is not None for o in rows):
+        return ""
+    return ("Lost later turns, by why (a reply-end checkpoint was stored and evicted before the turn came back / "
+            "the reply crossed no tracking boundary, so only a prompt-end one could be hit); median time away (the previous "
+            "reply's end to this turn's scheduling: think time plus queue), lost vs hit turns: " + "; ".join(
+                f"{o['arm']} {o['hit_account']['lost']} ({_n(o['hit_account'].get('lost_reply_stored'))} / "
+                f"{_n(o['hit_account'].get('lost_prompt_only'))}), {_f((o.get('away_median_s') or {}).get('lost'), 1)} s"
+                f" vs {_f((o.get('away_median_s') or {}).get('hit'), 1)} s" for o in rows) + ".")
 
 
 def first_timed_note(runs: Sequence[dict]) -> str:

@@ -333,7 +333,8 @@ def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-lo
             "trace": trace, "draw": f"{trace.removesuffix('.json.gz')}/{seed}",
             "mean_ttft_s": ttft, "p95_ttft_s": ttft, "mean_e2e_s": 2 * ttft, "hit_rate": 0.5, "reuse_bound": 0.7,
             "prefill_tokens_saved": 10, "ttft_hit_s": ttft, "ttft_miss_s": ttft, "later_turns": 3, "reply_end": 1,
-            "prompt_end": 1, "lost": 1, "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
+            "prompt_end": 1, "lost": 1, "lost_reply_stored": 1, "lost_prompt_only": 0, "away_lost_s": [20.0 + seed],
+            "away_hit_s": [2.0, 4.0 + seed], "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
             "context_max": 9000, "inflight_mean": 20.0, "inflight_arrivals_mean": 21.0, "inflight_max": 30, "stable": True, "wall_s": wall, "failed": 0, "requests": 4}
 
 
@@ -868,3 +869,11 @@ def test_run_chat_refuses_a_vocabulary_below_the_chatml_ids(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "error: --vocab-size: expected more than 151645" in err and "got 151645" in err
     assert not (tmp_path / "w").exists()
+
+
+def test_summary_splits_lost_turns_and_pools_the_time_away():
+    runs = [_run("dense", 0, 2.0), _run("dense", 1, 4.0)]
+    o = sr.summarize(runs, model="m", decays="d")[0]
+    assert o["hit_account"]["lost_reply_stored"] == 2 and o["hit_account"]["lost_prompt_only"] == 0
+    # lost gaps 20, 21 and hit gaps 2, 4, 2, 5, pooled over the two seeds
+    assert o["away_median_s"] == {"lost": 20.5, "hit": 3.0}

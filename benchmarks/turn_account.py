@@ -1,0 +1,105 @@
+"""Where a run's later turns found their state, seen from the client's records (issue 24 item 5): the
+conversations live at once (the working set the cached states must cover), and why a turn that should have
+hit was lost (its reply left no checkpoint past the prompt, or the one it left was evicted) with how long its
+conversation had been away. :mod:`benchmarks.serving_runs` adds these to each run's statistics; the server's
+own count of stored and evicted checkpoints is :mod:`benchmarks.ckpt_account`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from dasc_compile.errors import DascInputError
+
+
+def live_conversations(records: Sequence[dict]) -> tuple[float, int]:
+    """(time-average, peak) number of *live* conversations in a run: a conversation is live from its first
+    request's ``start_s`` to its last request's ``end_s`` (s from the run's start), think time included.
+    Between two turns its checkpoint must stay cached to be hit, so this is the run's working set in
+    conversations, to set beside an arm's capacity under load (session 19: Dense lost 4-8 of 72 later
+    turns at peaks of 11-14 live conversations, 16-17 at 18-19, with 16 states cached under load).
+    The average is exact over [first start, last end] (a sweep over the interval ends); ``(nan, 0)`` when
+    no record has both times."""
+    spans: dict = {}
+    for r in records:
+        if r.get("start_s") is None or r.get("end_s") is None:
+            continue
+        a, b = spans.get(r["conv"], (math.inf, -math.inf))
+        spans[r["conv"]] = (min(a, r["start_s"]), max(b, r["end_s"]))
+    if not spans:
+        return math.nan, 0
+    events = sorted([(a, 1) for a, _ in spans.values()] + [(b, -1) for _, b in spans.values()],
+                    key=lambda e: (e[0], e[1]))            # an end before a start at the same instant
+    t0, t1 = events[0][0], events[-1][0]
+    live = peak = 0
+    area, last = 0.0, t0
+    for t, d in events:
+        area += live * (t - last)
+        live, last = live + d, t
+        peak = max(peak, live)
+    return (area / (t1 - t0) if t1 > t0 else float(peak)), peak
+
+
+# SGLang's --mamba-track-interval default (server_args.py ``mamba_track_interval``, 0.5.17 and 0.5.23): under
+# ``extra_buffer`` a decoding request's state is tracked each time its length reaches a multiple of it, and a
+# finished request caches the last tracked state.
+SGLANG_TRACK_INTERVAL = 256
+
+
+def track_interval(server: dict | None) -> int:
+    """The ``--mamba-track-interval`` (tokens) a ``run_chat`` server ran with: the flag in its ``servers.json``
+    entry's launch flags or command (``--flag N`` or ``--flag=N``), else SGLang's default
+    :data:`SGLANG_TRACK_INTERVAL`.
+
+    Raises:
+        DascInputError: the flag is there without a positive integer.
+    """
+    words = list((server or {}).get("launch", {}).get("flags") or []) + str((server or {}).get("command") or "").split()
+    flag = "--mamba-track-interval"
+    for i, w in enumerate(words):
+        if w == flag or w.startswith(flag + "="):
+            v = w.split("=", 1)[1] if "=" in w else (words[i + 1] if i + 1 < len(words) else "")
+            if not v.isdigit() or int(v) < 1:
+                raise DascInputError(f"servers.json: {flag} {v!r}: expected a positive number of tokens")
+            return int(v)
+    return SGLANG_TRACK_INTERVAL
+
+
+def lost_turns(records: Sequence[dict], interval: int = SGLANG_TRACK_INTERVAL) -> dict:
+    """Why a run's later turns were lost, and how long their conversations had been away.
+
+    A turn's time away is from its previous turn's end to its own scheduling: its start plus SGLang's queue
+    time (``queue_s``, when the server reported it): the think time in the open loop, the queue wait in the
+    closed loop, both of which a cached state must outlive.
+
+    A finished request leaves a reply-end checkpoint only when its reply crossed a multiple of ``interval``
+    (tokens, the server's ``--mamba-track-interval``): prompt ``P`` and reply ``L`` tokens leave one at
+    ``floor((P + L) / interval) * interval`` when that is past ``P`` (on the committed runs every hit beyond the
+    previous prompt matched exactly that length). A turn is lost when it hit nothing although its bound was
+    > 0 (as :func:`run_stats`).
+
+    Args:
+        records: a run's ``chat_replay`` records (successful ones are read; a turn whose previous turn has no
+            successful record counts as prompt-only and has no gap).
+        interval: tokens between tracked states.
+    Returns:
+        ``{"lost_reply_stored": int, "lost_prompt_only": int, "away_lost_s": [s, ...],
+        "away_hit_s": [s, ...]}``.
+    """
+    recs = [r for r in records if r["success"]]
+    prev = {(r["conv"], r["turn"]): r for r in recs}
+    out = {"lost_reply_stored": 0, "lost_prompt_only": 0, "away_lost_s": [], "away_hit_s": []}
+    for r in recs:
+        if r["turn"] == 0:
+            continue
+        p = prev.get((r["conv"], r["turn"] - 1))
+        lost = r["cached_tokens"] == 0 and r["reuse_bound"] > 0
+        if lost:
+            reply = p is not None and (p["prompt_tokens"] + p["completion_tokens"]) // interval > p["prompt_tokens"] // interval
+            out["lost_reply_stored" if reply else "lost_prompt_only"] += 1
+        if p is not None and r.get("start_s") is not None and p.get("end_s") is not None and (lost or r["cached_tokens"] > 0):
+            queue = r.get("queue_s")
+            queue = 0.0 if queue is None or math.isnan(queue) else queue
+            out["away_lost_s" if lost else "away_hit_s"].append(r["start_s"] + queue - p["end_s"])
+    return out
