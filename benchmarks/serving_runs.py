@@ -24,8 +24,8 @@ Per run (``chat_replay`` records, successful requests):
   (:func:`benchmarks.turn_account.live_conversations`), the working set that an arm's cached states must cover.
 * why each lost turn was lost (:func:`benchmarks.turn_account.lost_turns`): ``lost_reply_stored`` (the previous reply crossed a
   tracking boundary, so a reply-end checkpoint was stored, and it was evicted before the turn came back)
-  and ``lost_prompt_only`` (the reply crossed none: only the prompt-end checkpoint could be hit, and it was
-  evicted too); ``away_lost_s`` / ``away_hit_s``: for each lost turn and each turn with a hit, the time
+  and ``lost_prompt_only`` (the reply crossed none, or the previous turn failed: only the prompt-end
+  checkpoint could be hit, and it was evicted too); ``away_lost_s`` / ``away_hit_s``: for each lost turn and each turn with a hit, the time
   from its previous turn's end to its own scheduling (think time plus SGLang's queue time), which the
   cached state had to outlive.
 """

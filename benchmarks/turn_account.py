@@ -48,22 +48,30 @@ SGLANG_TRACK_INTERVAL = 256
 
 
 def track_interval(server: dict | None) -> int:
-    """The ``--mamba-track-interval`` (tokens) a ``run_chat`` server ran with: the flag in its ``servers.json``
-    entry's launch flags or command (``--flag N`` or ``--flag=N``), else SGLang's default
-    :data:`SGLANG_TRACK_INTERVAL`.
+    """The ``--mamba-track-interval`` (tokens) a ``run_chat`` server ran with, from its ``servers.json`` entry:
+    the server's ``command`` when recorded (what ran), else its launch ``flags``; ``--flag N`` or ``--flag=N``,
+    the last one given winning as in SGLang's argument parser; SGLang's default :data:`SGLANG_TRACK_INTERVAL`
+    when the flag is absent.
 
     Raises:
         DascInputError: the flag is there without a positive integer.
     """
-    words = list((server or {}).get("launch", {}).get("flags") or []) + str((server or {}).get("command") or "").split()
-    flag = "--mamba-track-interval"
+    server = server or {}
+    words = str(server["command"]).split() if server.get("command") else \
+        [str(w) for w in (server.get("launch") or {}).get("flags") or []]
+    flag, value = "--mamba-track-interval", None
     for i, w in enumerate(words):
         if w == flag or w.startswith(flag + "="):
-            v = w.split("=", 1)[1] if "=" in w else (words[i + 1] if i + 1 < len(words) else "")
-            if not v.isdigit() or int(v) < 1:
-                raise DascInputError(f"servers.json: {flag} {v!r}: expected a positive number of tokens")
-            return int(v)
-    return SGLANG_TRACK_INTERVAL
+            value = w.split("=", 1)[1] if "=" in w else (words[i + 1] if i + 1 < len(words) else "")
+    if value is None:
+        return SGLANG_TRACK_INTERVAL
+    if not value.isdigit() or int(value) < 1:
+        raise DascInputError(f"servers.json: {flag} {value!r}: expected a positive number of tokens")
+    return int(value)
+
+
+def _finite(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
 def lost_turns(records: Sequence[dict], interval: int = SGLANG_TRACK_INTERVAL) -> dict:
@@ -80,8 +88,9 @@ def lost_turns(records: Sequence[dict], interval: int = SGLANG_TRACK_INTERVAL) -
     > 0 (as :func:`run_stats`).
 
     Args:
-        records: a run's ``chat_replay`` records (successful ones are read; a turn whose previous turn has no
-            successful record counts as prompt-only and has no gap).
+        records: a run's ``chat_replay`` records, in any order (successful ones are read; a lost turn whose
+            previous turn has no successful record counts as prompt-only; a turn without both times has no
+            time away).
         interval: tokens between tracked states.
     Returns:
         ``{"lost_reply_stored": int, "lost_prompt_only": int, "away_lost_s": [s, ...],
@@ -98,8 +107,7 @@ def lost_turns(records: Sequence[dict], interval: int = SGLANG_TRACK_INTERVAL) -
         if lost:
             reply = p is not None and (p["prompt_tokens"] + p["completion_tokens"]) // interval > p["prompt_tokens"] // interval
             out["lost_reply_stored" if reply else "lost_prompt_only"] += 1
-        if p is not None and r.get("start_s") is not None and p.get("end_s") is not None and (lost or r["cached_tokens"] > 0):
-            queue = r.get("queue_s")
-            queue = 0.0 if queue is None or math.isnan(queue) else queue
+        if p is not None and _finite(r.get("start_s")) and _finite(p.get("end_s")) and (lost or r["cached_tokens"] > 0):
+            queue = r.get("queue_s") if _finite(r.get("queue_s")) else 0.0
             out["away_lost_s" if lost else "away_hit_s"].append(r["start_s"] + queue - p["end_s"])
     return out

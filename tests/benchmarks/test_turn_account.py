@@ -12,7 +12,8 @@ from dasc_compile.errors import DascInputError
 
 def _rec(conv, turn, prompt, reply, start, end, cached=0, bound=100, success=True):
     return {"conv": conv, "turn": turn, "prompt_tokens": prompt, "completion_tokens": reply, "start_s": start,
-            "end_s": end, "cached_tokens": cached, "reuse_bound": bound, "success": success}
+            "end_s": end, "cached_tokens": cached, "reuse_bound": bound, "success": success,
+            "ttft_s": 0.1, "e2e_s": end - start, "queue_s": 0.0, "prefill_s": 0.05}
 
 
 # A: 1000 + 30 tokens crosses 1024, a reply-end checkpoint; lost after 30 s away.
@@ -42,6 +43,24 @@ def test_the_interval_decides_whether_a_reply_left_a_checkpoint():
     assert lost_turns(on)["lost_reply_stored"] == 1 and lost_turns(short)["lost_prompt_only"] == 1
 
 
+def test_the_previous_turn_is_the_one_before_not_the_first_nor_the_one_listed_before():
+    """Three turns, listed out of order: turn 2 is judged by turn 1 (whose reply 1,200 + 100 crosses 1,280),
+    never by turn 0 (500 + 10 crosses nothing) nor by the record listed just before it."""
+    recs = [_rec("A", 2, 1400, 10, 60.0, 61.0), _rec("B", 0, 300, 10, 0.0, 1.0, bound=0),
+            _rec("A", 0, 500, 10, 0.0, 2.0, bound=0), _rec("A", 1, 1200, 100, 5.0, 20.0, cached=500)]
+    got = lost_turns(recs)
+    assert got["lost_reply_stored"] == 1 and got["lost_prompt_only"] == 0
+    assert got["away_lost_s"] == [40.0] and got["away_hit_s"] == [3.0]
+
+
+def test_a_prompt_end_hit_counts_among_the_hits():
+    """A hit no longer than the previous prompt (its reply-end checkpoint was gone, the prompt-end one was not)
+    is a hit for the time away, and not lost."""
+    recs = [_rec("A", 0, 1000, 30, 0.0, 10.0, bound=0), _rec("A", 1, 1100, 20, 25.0, 26.0, cached=1000)]
+    got = lost_turns(recs)
+    assert got["away_hit_s"] == [15.0] and got["away_lost_s"] == [] and got["lost_reply_stored"] == 0
+
+
 def test_time_away_runs_to_the_turns_scheduling():
     """SGLang's queue time counts (the closed loop's wait); a missing (NaN) one does not."""
     queued = [_rec("A", 0, 1000, 30, 0.0, 10.0, bound=0), {**_rec("A", 1, 1100, 20, 10.5, 41.0), "queue_s": 2.5},
@@ -60,6 +79,9 @@ def test_a_failed_previous_turn_counts_as_prompt_only_without_a_gap():
 @pytest.mark.parametrize("server, want", [
     ({"launch": {"flags": ["--max-running-requests", "8", "--mamba-track-interval", "64"]}}, 64),
     ({"launch": {"flags": []}, "command": "python -m sglang.launch_server --mamba-track-interval=128 --port 1"}, 128),
+    # the command is what ran, and SGLang's parser keeps the last value given
+    ({"launch": {"flags": ["--mamba-track-interval", "64"]},
+      "command": "x --mamba-track-interval 64 --mamba-track-interval=32"}, 32),
     ({"launch": {"flags": ["--max-running-requests", "8"]}, "command": "python -m sglang.launch_server"}, 256),
     (None, 256),
 ])
@@ -80,3 +102,29 @@ def test_the_report_line_names_both_causes():
     line = serving_tables.lost_turns_line([o])
     assert "dense 2 (1 / 1), 18.5 s vs 1.0 s" in line
     assert serving_tables.lost_turns_line([{"arm": "x", "hit_account": {"lost": 0}}]) == ""   # summaries before the split
+
+
+def test_collect_reads_each_servers_interval(tmp_path):
+    """``serving_runs.collect`` judges a run by the interval its own server ran with (servers.json): a reply of
+    1,050 + 40 tokens crosses a multiple of 64 but none of 256."""
+    import gzip
+    import json
+
+    from benchmarks.serving_runs import collect
+    w = tmp_path / "chat"
+    (w / "runs").mkdir(parents=True)
+    recs = [_rec("B", 0, 1050, 40, 0.0, 5.0, bound=0), _rec("B", 1, 1150, 20, 12.0, 13.0)]
+    cfg = {"protocol": "open-loop", "replay": "served-reply", "pad_tokens": 0, "decode_clip": 256, "rate": 0.3,
+           "conversations_per_seed": 1, "trace": "t.json.gz"}
+    for arm in ("a64", "a256"):
+        with gzip.open(w / "runs" / f"{arm}.json.gz", "wt") as f:
+            json.dump({"format": "dasc-chat-replay", "version": 1, "config": cfg, "records": recs, "inflight": [],
+                       "wall_s": 13.0}, f)
+    (w / "manifest.json").write_text(json.dumps({"calls": [{}], "runs": [
+        {"arm": arm, "seed": 0, "role": "arm", "call": 0, "index": i, "rc": 0, "file": f"{arm}.json.gz"}
+        for i, arm in enumerate(("a64", "a256"))]}))
+    (w / "servers.json").write_text(json.dumps({
+        "a64": {"launch": {"flags": ["--max-running-requests", "8"]}, "command": "x --mamba-track-interval 64"},
+        "a256": {"launch": {"flags": ["--max-running-requests", "8"]}, "command": "x"}}))
+    got = {r["arm"]: (r["lost_reply_stored"], r["lost_prompt_only"]) for r in collect([w])}
+    assert got == {"a64": (1, 0), "a256": (0, 1)}
