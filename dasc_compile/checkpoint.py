@@ -102,6 +102,9 @@ def _load_json(path: Path, what: str):
 def _load_config(config: str | Path | None, beside: Path, model: Path) -> tuple[dict, Path]:
     cfg_path = Path(config) if config is not None else beside / "config.json"
     if config is None and not cfg_path.exists():
+        if (beside / "plan.json").is_file():
+            raise DascInputError(f"{model}: a dasc plan (plan.json), not a checkpoint; give the model it was compiled "
+                                 f"from (config.json and weights)")
         raise DascInputError(f"{model}: no config.json beside it ({cfg_path}); pass --config PATH")
     cfg = _load_json(cfg_path, "config")
     if not isinstance(cfg, dict):

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
 
 ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
              "checkpoint's decay tensors, choose w_max (sweep), inspect it, size the serving arms (size), "
              "measure its quality cost (eval), write reference checkpoints (reference).")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=ROOT_HELP)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:
@@ -59,7 +59,7 @@ def compile_cmd(
     load_policy: Optional[str] = typer.Option(None, "--load-policy", help="nr (zero-fill) or wr (suffix refresh)."),
     int8: Optional[bool] = typer.Option(None, "--int8/--no-int8", help="Store kept units as INT8 (App. E)."),
     seed: Optional[int] = typer.Option(None, "--random-seed", help="Count-matched random mask from this seed (Random baseline)."),
-    pool_budget: Optional[int] = typer.Option(None, "--pool-budget", help="Per-rank compressed-pool budget in bytes (for usable slots)."),
+    pool_budget: Optional[str] = typer.Option(None, "--pool-budget", help="Per-rank compressed-pool budget, e.g. 1073741824 or 1GiB (for usable slots)."),
     no_kernels: bool = typer.Option(False, "--no-kernels", help="Do not render the Triton kernel module."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the plan path."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary (path, content hash, totals, warnings) "
@@ -75,8 +75,10 @@ def compile_cmd(
             raise DascInputError("--quiet and --json are alternatives: --quiet prints the plan path, --json the "
                                  "whole summary; give one")
         recover_out(out if out is not None else default_out_dir(model))   # first: undo an interrupted replacement
+        from dasc_compile.size_report import parse_bytes
         pol = resolve_policy(policy, flags=POLICY_FLAGS, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
-                             load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
+                             load_policy=load_policy, int8=int8, random_seed=seed,
+                             pool_budget_bytes=None if pool_budget is None else parse_bytes(pool_budget, "--pool-budget"))
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
         _fail(exc)
@@ -91,7 +93,7 @@ def compile_cmd(
     if as_json:
         sys.stdout.write(json.dumps(summary_json(plan, path, warnings), indent=1) + "\n")
         return
-    con = Console(highlight=False, soft_wrap=True)   # one line per message: never wrapped into two
+    con = console(highlight=False, soft_wrap=True)   # one line per message: never wrapped into two
     if quiet:
         con.print(str(path / "plan.json"), markup=False)
         return
@@ -143,7 +145,7 @@ def inspect_cmd(
         sys.stdout.write(json.dumps(insp.inspect_json(plan), indent=1) + "\n")
         return
     # a pipe or file gets 160 columns so the per-layer table stays readable; a terminal keeps its width
-    con = Console() if sys.stdout.isatty() else Console(width=160)
+    con = console() if sys.stdout.isatty() else console(width=160)
     insp.render_report(plan, con)
     if plot is not None:
         con.print(f"wrote {plot}")
@@ -185,7 +187,7 @@ def reference_cmd(
     from dasc_compile.cli_exit import note_written
 
     note_written(out)
-    Console().print(f"wrote {out}", markup=False)
+    console().print(f"wrote {out}", markup=False)
 
 
 def _full_size_note(name: str) -> str:

@@ -26,9 +26,10 @@ __all__ = ["PAIR_FIELDS", "pair_compile_flags", "parse_bytes", "size_command"]
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, flag: str = "--budget") -> int:
     """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB are powers of 10,
     KiB/MiB/GiB of 2). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
+    ``flag`` names the option in the error (``--budget``, ``--pool-budget``).
 
     Raises:
         DascInputError: not a positive whole number of bytes, or above 2**50 (one line).
@@ -38,12 +39,12 @@ def parse_bytes(text: str) -> int:
     mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]*)\s*", str(text))
     unit = mt.group(2).lower() if mt else None
     if mt is None or unit not in _UNITS:
-        raise DascInputError(f"--budget: expected a positive size in bytes such as 2147483648, 1e9 or 2GiB, got {text!r}")
+        raise DascInputError(f"{flag}: expected a positive size in bytes such as 2147483648, 1e9 or 2GiB, got {text!r}")
     value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
     if value != value.to_integral_value():
-        raise DascInputError(f"--budget: {text!r} is not a whole number of bytes")
+        raise DascInputError(f"{flag}: {text!r} is not a whole number of bytes")
     if not 1 <= value <= MAX_BUDGET_BYTES:
-        raise DascInputError(f"--budget: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
+        raise DascInputError(f"{flag}: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
     return int(value)
 
 
@@ -82,6 +83,8 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
         raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
     plan = load_plan(plan_path)
     slots_per_running_request(strategy)      # an unknown strategy first, then what the runtime serves
+    if refresh_slots is not None and refresh_slots < 0:     # never a count: said before what the plan takes
+        _check_count("--refresh-slots", refresh_slots)
     settled = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
                                   refresh_slots=refresh_slots)
     if refresh_slots is not None:

@@ -206,6 +206,7 @@ def evaluate(result: SweepResult, **eval_kwargs) -> None:
         eval_kwargs: :func:`dasc_compile.eval.run.run_eval`'s prompt and protocol options.
     Raises:
         DascInputError: a model ``dasc eval`` cannot run (no weights, an unsupported model type), bad prompts.
+        EvalInterrupted: SIGINT / SIGTERM during the prompts (:class:`dasc_compile.eval.run.EvalInterrupted`).
     """
     from dasc_compile.eval.run import run_eval
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
+from dasc_compile.eval.run import EvalInterrupted
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_err = console(stderr=True, highlight=False, soft_wrap=True)
 _EVAL_SOURCE = re.compile(r"(sharegpt|retrieval):([0-9]+)")
 
 
@@ -110,6 +111,9 @@ def sweep_cmd(
     except DascInputError as exc:
         _err.print(f"error: {exc}", markup=False)
         raise typer.Exit(code=2)
+    except EvalInterrupted as exc:     # Ctrl-C / SIGTERM during --eval: plans are written after it, so none were
+        _err.print(f"error: {exc}; nothing written", markup=False)
+        raise typer.Exit(code=exc.exit_code)
     from dasc_compile.cli_exit import note_written
     from dasc_compile.sweep_report import plot_sweep, render, sweep_json
 
@@ -120,8 +124,8 @@ def sweep_cmd(
     if as_json:
         sys.stdout.write(json.dumps(sweep_json(result, user_flags=user_flags, plan_dir=out), indent=1) + "\n")
     else:
-        con = Console(highlight=False, soft_wrap=True) if sys.stdout.isatty() else \
-            Console(highlight=False, soft_wrap=True, width=200)
+        con = console(highlight=False, soft_wrap=True) if sys.stdout.isatty() else \
+            console(highlight=False, soft_wrap=True, width=200)
         render(result, con, user_flags=user_flags, plan_dir=out)
         if out is not None:
             con.print(f"wrote {len(result.rows)} plans into {out}", markup=False)

@@ -61,11 +61,11 @@ def check_tp_config(spec: ArchSpec, tp_size: int, balance: str, quantization_con
     hv, hk = spec.num_value_heads, spec.num_key_heads
     if hv % tp_size != 0:
         raise DascInputError(
-            f"policy field 'tp_size' = {tp_size} does not divide config field '{hv_field}' = {hv}: "
+            f"tp_size {tp_size} (--tp, or the policy field 'tp_size') does not divide config field '{hv_field}' = {hv}: "
             f"SGLang shards heads contiguously, H/P per rank")
     if hk % tp_size != 0:
         raise DascInputError(
-            f"policy field 'tp_size' = {tp_size} does not divide config field '{hk_field}' = {hk}: "
+            f"tp_size {tp_size} (--tp, or the policy field 'tp_size') does not divide config field '{hk_field}' = {hk}: "
             f"SGLang shards key heads contiguously, H_k/P per rank")
     if balance != "hybrid":
         return

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
 from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
                                    run_horizons, write_json)
@@ -196,7 +197,7 @@ def eval_cmd(
         kept = f"; the {exc.done} finished are in {exc.json_out}" if exc.json_out else ""
         ERR.print(f"error: {exc}{kept}", markup=False)
         raise typer.Exit(code=exc.exit_code)
-    con = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=200)
+    con = console(highlight=False) if sys.stdout.isatty() else console(highlight=False, width=200)
     render(doc, con)                       # the tables first: a failed write below does not lose them
     try:
         if json_out is not None:           # the data before the figure: a failed plot keeps the JSON

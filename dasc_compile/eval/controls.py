@@ -38,6 +38,9 @@ def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int
         from dasc_compile.arch import arch_from_config
         from dasc_compile.checkpoint import open_checkpoint, read_decay_tensors
 
+        if not Path(init_from).exists():
+            raise DascInputError(f"--init-from {init_from}: does not exist; expected the model's initial checkpoint "
+                                 f"directory (config.json and weights, e.g. from python -m benchmarks.train.init_model)")
         if Path(init_from).is_dir() and not (Path(init_from) / "config.json").is_file():
             raise DascInputError(f"--init-from {init_from}: no config.json in it; expected the model's initial "
                                  f"checkpoint directory (config.json and weights, e.g. from "

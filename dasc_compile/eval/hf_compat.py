@@ -41,7 +41,7 @@ from dasc_compile.errors import DascInputError
 #: Lowest transformers dasc eval runs on, and the lowest with a Kimi-Linear (KDA) model.
 MIN_TRANSFORMERS = (5, 12)
 MIN_TRANSFORMERS_KDA = (5, 17)
-INSTALL_HINT = "pip install 'dasc[eval]'"
+INSTALL_HINT = "pip install 'dasc[eval]' (in a checkout: pip install -e '.[eval]', or bash scripts/setup_env.sh)"
 
 
 def _version_tuple(v: str) -> tuple[int, int]:

@@ -31,13 +31,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from rich.console import Console
-
 from dasc_compile.cli_exit import Interrupted
+from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
-ERR = Console(stderr=True, highlight=False, soft_wrap=True)
+ERR = console(stderr=True, highlight=False, soft_wrap=True)
 #: 3: per-prompt values, paired summaries and ``protocol.prompts`` added (every version-2 key kept).
 EVAL_JSON_VERSION = 3
 DEFAULT_RETRIEVAL = 10

@@ -54,6 +54,9 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
     """
     p = plan_json_path(path)
     if not p.is_file():
+        if Path(path).is_dir() and (Path(path) / "config.json").is_file():
+            raise DascInputError(f"{p.parent}: a model checkpoint, not a dasc plan; compile one first: "
+                                 f"dasc compile {p.parent} --wmax W --out PLAN")
         raise DascInputError(f"{p}: dasc plan not found (pass the plan directory or its {PLAN_FILENAME})")
     try:
         raw = json.loads(p.read_text())

@@ -144,7 +144,8 @@ def test_strict_policy_still_reads_ordinary_yaml(tmp_path, gdn, text, field, val
     (["--wmax", "16", "--tp", "0"], ["--tp 0: Input should be greater than or equal to 1", "'tp_size'"]),
     (["--wmax", "16", "--eps", "nan"], ["--eps nan: ", "'eps'"]),
     (["--wmax", "16", "--balance", "x" * 5000], ["--balance xxx", "'balance'", "..."]),
-    (["--wmax", "16", "--pool-budget", "-5"], ["--pool-budget -5: ", "'pool_budget_bytes'"]),
+    (["--wmax", "16", "--pool-budget", "-5"], ["--pool-budget: expected a positive size in bytes", "'-5'"]),
+    (["--wmax", "16", "--pool-budget", "1.5B"], ["--pool-budget: '1.5B' is not a whole number of bytes"]),
     (["--wmax", "-1"], ["error: --wmax -1: Input should be greater than or equal to 0 (policy field 'w_max')"]),
 ])
 def test_bad_flags(tmp_path, gdn, args, needles):
@@ -153,3 +154,14 @@ def test_bad_flags(tmp_path, gdn, args, needles):
     line = assert_one_error(r, *needles)
     assert len(line) < 400
     assert snapshot(tmp_path) == before
+
+
+def test_pool_budget_takes_the_units_budget_takes(tmp_path):
+    """``--pool-budget 1GiB`` is 2**30 bytes, as ``dasc size --budget`` reads it."""
+    import json
+
+    from tests.support.clihelp import ROOT, dasc
+    r = dasc("compile", ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated", "--wmax", "16",
+             "--pool-budget", "1GiB", "--out", tmp_path / "p.dasc", "--no-kernels", "-q")
+    assert r.code == 0, r.err
+    assert json.loads((tmp_path / "p.dasc" / "plan.json").read_text())["policy"]["pool_budget_bytes"] == 2 ** 30

@@ -181,6 +181,8 @@ def test_plot(tmp_path):
                                                                      "--budget"]),
     (["--wmax", "16", "--disable-overlap-schedule"], ["--disable-overlap-schedule acts only with --budget"]),
     (["--wmax", "16", "--eval", "nope.jsonl"], ["--eval nope.jsonl: expected a JSON-lines prompt file"]),
+    # a value holding ':name:' is echoed as typed (rich would print retrieval:abc: as an emoji)
+    (["--wmax", "16", "--eval", "retrieval:abc"], ["--eval retrieval:abc: expected a JSON-lines prompt file"]),
     (["--wmax", "16", "--eval", "retrieval:1"], ["kimi"]),   # decay-only (or transformers < 5.17): eval cannot run it
     (["--wmax", "16", "--plot", "s.jpg"], ["--plot writes a PNG"]),
 ])
@@ -235,3 +237,22 @@ def test_eval_on_the_trained_model_and_the_recommended_commands(tmp_path):
     assert size[2]["flags"] == doc["rows"][0]["arm"]["flags"]     # the plan path is the one compile wrote
     ref = run_eval(TRAINED, [plan_dir], retrieval=1, prefix_len=128, progress=False)
     assert ref["arms"] == doc["rows"][0]["quality"]
+
+
+@pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
+def test_an_interrupted_eval_is_one_line_with_the_signals_status(tmp_path, monkeypatch, signum, code):
+    """Ctrl-C / SIGTERM during ``--eval`` (``dasc eval``'s EvalInterrupted): the signal's exit status and one
+    line, never 'internal error'; the plans are written after the evaluation, so none are."""
+    from dasc_compile import sweep as sw
+    from dasc_compile.eval.run import EvalInterrupted
+
+    def interrupted(result, **kw):
+        raise EvalInterrupted(3, 6, None, signum)
+
+    monkeypatch.setattr(sw, "evaluate", interrupted)
+    before = snapshot(tmp_path)
+    r = dasc("sweep", KIMI, "--wmax", "16,64", "--eval", "retrieval:6", "--max-kl", "0.01", "--out",
+             tmp_path / "plans", cwd=tmp_path)
+    line = assert_one_error(r, "after 3 of 6 prompts; nothing written", code=code)
+    assert "internal error" not in line and ("SIGINT" if signum == 2 else "SIGTERM") in line
+    assert snapshot(tmp_path) == before

@@ -236,3 +236,36 @@ def test_compile_family_help_names_every_family_the_policy_accepts():
     text = " ".join(r.out.replace("│", " ").split())      # rich wraps the help inside a box
     assert r.code == 0
     assert "Force a decay family: " + " | ".join(typing.get_args(FamilyName)) + "." in text
+
+
+@pytest.mark.parametrize("name", ["a:smile:b.json", "x:cat:y.dasc"])
+def test_a_path_holding_an_emoji_code_is_echoed_as_typed(tmp_path, name):
+    """rich replaces ':smile:' with an emoji unless told not to (dasc_compile/console.py): the error line
+    must name the path the user gave."""
+    from tests.support.clihelp import assert_one_error, dasc
+    assert_one_error(dasc("inspect", tmp_path / name), name)
+
+
+def test_every_console_is_made_by_the_one_factory():
+    """A rich Console built anywhere but dasc_compile/console.py would replace ':name:' codes again."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    made = [f"{p.relative_to(root)}:{i}" for p in [*root.joinpath("dasc_compile").rglob("*.py"), root / "cli.py"]
+            if p.name != "console.py" for i, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(r"\bConsole\(", line)]
+    assert made == []
+
+
+def test_a_plan_where_a_checkpoint_goes_and_back(tmp_path):
+    """A plan given to a command that takes the model, and the model to one that takes a plan: each error
+    says which it is and what to give instead."""
+    from tests.support.clihelp import ROOT, assert_one_error, dasc
+    kimi = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated"
+    plan = tmp_path / "k.dasc"
+    assert dasc("compile", kimi, "--wmax", "16", "--out", plan, "--no-kernels", "-q").code == 0
+    assert_one_error(dasc("sweep", plan, "--wmax", "16"), "a dasc plan (plan.json), not a checkpoint")
+    assert_one_error(dasc("size", kimi, "--budget", "16GiB", "--max-running-requests", "16"),
+                     "a model checkpoint, not a dasc plan; compile one first: dasc compile")
+    assert_one_error(dasc("size", plan, "--budget", "16GiB", "--max-running-requests", "16", "--refresh-slots", "-1"),
+                     "--refresh-slots: expected an integer >= 1")

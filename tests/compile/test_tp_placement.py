@@ -390,10 +390,10 @@ def test_plan_invariants_random(p, mode, seed):
 
 def test_tp_size_must_divide_heads():
     spec = arch_from_config(qwen3_next_cfg(hv=32, hk=16))
-    with pytest.raises(DascInputError, match=r"'tp_size' = 3 .*'linear_num_value_heads' = 32"):
+    with pytest.raises(DascInputError, match=r"tp_size 3 \(--tp, or the policy field 'tp_size'\) .*'linear_num_value_heads' = 32"):
         build_tp_plan(spec, [[]] * 3, Policy(tp_size=3), bytes_per_unit=1, conv_bytes_per_layer_rank=1,
                       dense_temporal_bytes_per_layer_rank=1)
-    with pytest.raises(DascInputError, match=r"'tp_size' = 32 .*'linear_num_key_heads' = 16"):
+    with pytest.raises(DascInputError, match=r"tp_size 32 \(--tp.*'linear_num_key_heads' = 16"):
         build_tp_plan(spec, [[]] * 3, Policy(tp_size=32, balance="storage"), bytes_per_unit=1,
                       conv_bytes_per_layer_rank=1, dense_temporal_bytes_per_layer_rank=1)
     kspec = arch_from_config(kimi_cfg(h=4))

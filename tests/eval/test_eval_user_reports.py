@@ -31,7 +31,8 @@ def test_missing_transformers_is_one_line_naming_the_extra(gdn_dir, tmp_path, mo
     plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
     monkeypatch.setitem(sys.modules, "transformers", None)        # import transformers -> ImportError
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan))
-    assert line == "error: dasc eval needs the 'transformers' package (>= 5.12): pip install 'dasc[eval]'"
+    assert line == ("error: dasc eval needs the 'transformers' package (>= 5.12): pip install 'dasc[eval]' "
+                    "(in a checkout: pip install -e '.[eval]', or bash scripts/setup_env.sh)")
 
 
 def test_help_keeps_the_extra_name():
@@ -157,3 +158,10 @@ def test_a_real_ctrl_c_says_which_prompts_were_kept(gdn_dir, tmp_path, monkeypat
                                               f"are in {out}"], (r.code, r.err)
     doc = json.loads(out.read_text())
     assert doc["protocol"]["n_prompts"] == 2 and doc["protocol"]["complete"] is False
+
+
+def test_init_from_a_missing_folder_names_the_flag(gdn_dir, tmp_path):
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "dense,init", "--init-from",
+                                tmp_path / "nowhere"))
+    assert line.startswith(f"error: --init-from {tmp_path / 'nowhere'}: does not exist")

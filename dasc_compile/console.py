@@ -1,0 +1,17 @@
+"""The rich consoles every ``dasc`` command prints through.
+
+One rule lives here: a console never rewrites text. Rich replaces ``:name:`` codes with emoji by default, so a
+path or flag value such as ``retrieval:abc`` or ``x:cat:y.dasc`` echoed in an ``error:`` or ``wrote`` line would
+print as something the user never typed; every console is made with emoji replacement off. (Markup is turned
+off where user text is printed, ``print(..., markup=False)``, as before.)
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+
+def console(**kwargs) -> Console:
+    """A :class:`rich.console.Console` with ``emoji=False``; other keyword arguments as rich's (``stderr``,
+    ``highlight``, ``soft_wrap``, ``width``)."""
+    return Console(emoji=False, **kwargs)
