@@ -75,10 +75,11 @@ def compile_cmd(
             raise DascInputError("--quiet and --json are alternatives: --quiet prints the plan path, --json the "
                                  "whole summary; give one")
         recover_out(out if out is not None else default_out_dir(model))   # first: undo an interrupted replacement
-        from dasc_compile.size_report import parse_bytes
+        if pool_budget is not None:
+            from dasc_compile.size_report import parse_bytes
+            pool_budget = parse_bytes(pool_budget, "--pool-budget")
         pol = resolve_policy(policy, flags=POLICY_FLAGS, w_max=wmax, tp_size=tp, balance=balance, a_s=a_s, eps=eps, family=family,
-                             load_policy=load_policy, int8=int8, random_seed=seed,
-                             pool_budget_bytes=None if pool_budget is None else parse_bytes(pool_budget, "--pool-budget"))
+                             load_policy=load_policy, int8=int8, random_seed=seed, pool_budget_bytes=pool_budget)
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
         _fail(exc)
