@@ -45,10 +45,10 @@ from typing import Sequence
 
 from benchmarks.chat_replay import IM_END
 from benchmarks.chat_warm import warm_all
+from benchmarks.cli_args import OneLineParser
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
-from benchmarks.cli_args import OneLineParser
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.chat_replay"]
