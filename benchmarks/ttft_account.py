@@ -39,7 +39,8 @@ Two counterfactuals, from the baseline's own per-class costs:
         [--exclude-call N] [--exclude-run FILE] [--out account.md]
 
 WORK: unpacked ``run_chat`` work folders (as for ``benchmarks.serving_report``, whose run selection and
-exclusions this reuses). Refusals: one line ``error: ...``, exit 2, nothing written.
+exclusions this reuses). Runs of more than one condition (replay, pad, clients or rate) give one table per
+condition, headed by it, each with its own mean. Refusals: one line ``error: ...``, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def account(base: dict, arm: dict, *, target: float = 0.70) -> dict:
             "capacity_only": 1 + capacity / t_base, "lost_needed": lost_needed}
 
 
-def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[dict, dict]], list[str]]:
-    """(baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_runs.collect`
+def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[tuple, dict, dict]], list[str]]:
+    """(condition, baseline run, arm run) per condition and trace draw, from :func:`benchmarks.serving_runs.collect`
     (role ``arm``), paired by :func:`benchmarks.serving_runs.runs_by_draw`, and the draws left out because
     one of the two runs was unstable (its open-loop queue grew: not averaged, as in ``serving_report``).
     Raises DascInputError when a draw has two runs of one arm, or when no stable pair is found."""
@@ -138,7 +139,7 @@ def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[
             if a == arm and (baseline, d) in by:
                 pair = (by[(baseline, d)], by[(arm, d)])
                 if all(r["stable"] for r in pair):
-                    out.append(pair)
+                    out.append((cond, *pair))
                 else:
                     unstable.append(d)
     if not out:
@@ -147,6 +148,15 @@ def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[
         raise DascInputError(f"no trace seed has both a stable {baseline} run and a stable {arm} run{why} (arms with "
                              f"runs here: {', '.join(have) or 'none'})")
     return out, unstable
+
+
+def condition_label(cond: tuple) -> str:
+    """A condition key of :func:`benchmarks.serving_runs.collect` (protocol, replay, pad, clip, clients, rate,
+    conversations per seed) as the heading of its table, e.g. 'closed-loop-paper, recorded-reply, pad 6000, reply
+    clip 256, 24 clients'."""
+    protocol, replay, pad, clip, clients, rate, _ = cond
+    return f"{protocol}, {replay}, pad {pad}, reply clip {clip}, " + (f"{clients} clients" if clients
+                                                                      else f"rate {rate}/s")
 
 
 def _f(x, nd=3) -> str:
@@ -207,11 +217,14 @@ def main(argv=None) -> int:
             raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
                        baseline_run=a.baseline_run)
-        rows = []
         stable_pairs, unstable = pairs(runs, arm=a.arm, baseline=a.baseline)
-        for b, x in stable_pairs:
-            rows.append((b["draw"], account(class_means(b["records"]), class_means(x["records"]), target=a.target)))
-        text = table(rows, arm=a.arm, baseline=a.baseline, target=a.target)
+        by_cond: dict[tuple, list] = {}
+        for cond, b, x in stable_pairs:        # one table (and one mean) per condition: never pooled across them
+            by_cond.setdefault(cond, []).append(
+                (b["draw"], account(class_means(b["records"]), class_means(x["records"]), target=a.target)))
+        text = "\n".join((f"### {condition_label(c)}\n\n" if len(by_cond) > 1 else "")
+                          + table(rows, arm=a.arm, baseline=a.baseline, target=a.target)
+                          for c, rows in by_cond.items())
         if unstable:
             text += (f"\nLeft out, a run unstable (its queue grew; not averaged): {', '.join(unstable)}.\n")
         if a.out is not None:

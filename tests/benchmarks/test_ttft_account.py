@@ -63,11 +63,11 @@ def test_a_pair_without_successful_requests_is_refused():
         ta.account(ta.class_means([rec(0, 1, success=False)]), ta.class_means(ARM))
 
 
-def _work(tmp_path: Path, runs) -> Path:
-    w = tmp_path / "w"
+def _work(tmp_path: Path, runs, name: str = "w", **cfg_changes) -> Path:
+    w = tmp_path / name
     (w / "runs").mkdir(parents=True)
     cfg = {"protocol": "open-loop", "replay": "served-reply", "pad_tokens": 0, "decode_clip": 4, "clients": None,
-           "rate": 0.3, "conversations_per_seed": 2, "trace": "t.json.gz"}
+           "rate": 0.3, "conversations_per_seed": 2, "trace": "t.json.gz", **cfg_changes}
     man = []
     for i, (arm, seed, role, records) in enumerate(runs):
         f = f"{arm}_{seed}_{i}.json.gz"
@@ -89,6 +89,22 @@ def test_cli_pairs_by_seed_and_writes_the_table(tmp_path, capsys):
     rows = [line for line in text.splitlines() if line.startswith("| t/")]
     assert len(rows) == 1 and "| 0.640 |" in rows[0] and "2 / 0 (of 4)" in rows[0]
     assert "| mean (n = 1) |" in text
+
+
+def test_cli_gives_each_condition_its_own_table_and_mean(tmp_path, capsys):
+    """Session 21 pooled a recorded-reply seed (ratio ~1) with served-reply ones (~0.6) into one mean: a mean
+    over conditions answers no question. Each condition gets its heading, its rows and its own mean."""
+    served = _work(tmp_path, [("dense", 1, "arm", DENSE), ("w16", 1, "arm", ARM)])
+    recorded = _work(tmp_path, [("dense", 1, "arm", DENSE), ("w16", 1, "arm", DENSE)], name="r",
+                     replay="recorded-reply")
+    assert ta.main([str(served), str(recorded), "--arm", "w16"]) == 0
+    text = capsys.readouterr().out
+    parts = text.split("### ")[1:]
+    assert [p.splitlines()[0] for p in parts] == ["open-loop, recorded-reply, pad 0, reply clip 4, rate 0.3/s",
+                                                  "open-loop, served-reply, pad 0, reply clip 4, rate 0.3/s"]
+    means = [line for line in text.splitlines() if line.startswith("| mean (n = ")]
+    assert len(means) == 2 and all(line.startswith("| mean (n = 1) |") for line in means)
+    assert "| 1.000 |" in means[0] and "| 0.640 |" in means[1]
 
 
 def test_cli_leaves_out_a_seed_with_an_unstable_run(tmp_path, capsys):
