@@ -29,6 +29,14 @@ one thread): ~0.12 us per ancestor for each state stored or evicted (1.4 us at p
 at 50), and a victim search of ~0.4 us per cached node it passes (the whole LRU when no eligible
 node is shadowed: 26 us over 64 nodes, 0.2 ms over 512) against ~1 us for the plain LRU's first
 eligible node; off, one attribute test per call.
+
+Measured (H200, protocol A, chat clients that send the served reply back;
+``benchmarks/notes/2026-12-03-h200-s21-shadowfirst-recorded-reply.md``): mean TTFT 0.958x the plain LRU's
+(SD 0.030, n = 4 trace seeds; 7 of 7 pairs with dasc-nr and dasc-wr below 1), 0 of 648 later turns lost
+against 14 of 288 (nr) and 29 of 144 (wr). It stays off by default: App. B.2 keeps one recency order
+("rather than define a second eviction policy"), and with clients that rewrite the reply (the benchmark's
+recorded-reply replay) the reusable checkpoint is the prompt-end one a reply-end checkpoint shadows, which
+this rule evicts first (not yet measured).
 """
 
 from __future__ import annotations
