@@ -32,8 +32,8 @@ eligible node; off, one attribute test per call.
 
 Measured (H200, protocol A, chat clients that send the served reply back;
 ``benchmarks/notes/2026-12-03-h200-s21-shadowfirst-recorded-reply.md``): mean TTFT 0.958x the plain LRU's
-(SD 0.030, n = 4 trace seeds; 7 of 7 pairs with dasc-nr and dasc-wr below 1), 0 of 648 later turns lost
-against 14 of 288 (nr) and 29 of 144 (wr). It stays off by default: App. B.2 keeps one recency order
+(SD 0.030, n = 4 trace seeds, p ~ 0.07; 7 of 7 pairs with dasc-nr and dasc-wr below 1, three of them holding
+a server's first timed run), 0 of 504 later turns lost against 18 of 360 (nr) and 29 of 144 (wr). It stays off by default: App. B.2 keeps one recency order
 ("rather than define a second eviction policy"), and with clients that rewrite the reply (the benchmark's
 recorded-reply replay) the reusable checkpoint is the prompt-end one a reply-end checkpoint shadows, which
 this rule evicts first (not yet measured).
