@@ -14,9 +14,9 @@ warm):
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
   every arm once on a flushed cache (``/flush_cache``), the arm order a row of a Williams design
-  picked by the seed (:func:`schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
+  picked by the seed (:func:`benchmarks.run_order.schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
   drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
-  closing Dense run; a call that could begin no run closes with none (:func:`closing_run_due`). Each
+  closing Dense run; a call that could begin no run closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
 
@@ -46,87 +46,13 @@ from typing import Sequence
 from benchmarks.chat_replay import IM_END
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser
+from benchmarks.run_order import RUN_MARGIN, closing_run_due, run_name, runs_to_reserve, schedule
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = [sys.executable, "-E", "-s", "-S", "-m", "benchmarks.chat_replay"]
-
-
-def williams_rows(n: int) -> list[list[int]]:
-    """A Williams design for ``n`` arms: orders (lists of arm indices) in which every arm takes every
-    position equally often and every ordered pair of arms (a directly before b) occurs equally often:
-    ``n`` orders for even ``n``, ``2n`` (each order and its reverse) for odd ``n``. Row ``r`` is the
-    first row ``0, 1, n-1, 2, n-2, ...`` plus ``r`` (mod ``n``)."""
-    first, lo, hi = [0], 1, n - 1
-    while len(first) < n:
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
-    rows = [[(x + r) % n for x in first] for r in range(n)]
-    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
-
-
-def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dense") -> list[tuple[str, int, str]]:
-    """Run order of one call: ``(arm, seed, role)`` with role ``arm`` or ``drift``.
-
-    Trace seed ``s`` runs every arm once, in row ``s mod len(rows)`` of :func:`williams_rows` (the
-    same order whichever call runs the seed), so across seeds every arm runs first, middle and last
-    equally often and follows every other arm equally often: a run's position or its predecessor (a
-    warmer GPU, a cache the last arm left) is spread over the arms instead of always favouring one.
-    (Plain rotations, used before 2026-12-02, kept each arm's predecessor fixed: INT8 always ran just
-    before w16.) The call's first seed is rotated to start with ``baseline``, and a last ``baseline``
-    run on that seed (role ``drift``) closes the call, so the baseline's drift over the call is the
-    ratio of its two runs of the first seed.
-
-    Raises:
-        DascInputError: ``baseline`` not among ``arms``, an arm or seed named twice, or no seed.
-    """
-    if baseline not in arms:
-        raise DascInputError(f"--arms: the baseline {baseline!r} must be one of the arms, got {list(arms)}")
-    if len(set(arms)) != len(arms) or len(set(seeds)) != len(seeds) or not seeds:
-        raise DascInputError(f"arms and seeds must be distinct and seeds non-empty, got {list(arms)} / {list(seeds)}")
-    rows = williams_rows(len(arms))
-    out = []
-    for i, s in enumerate(seeds):
-        order = [arms[j] for j in rows[s % len(rows)]]
-        if i == 0:
-            k = order.index(baseline)
-            order = order[k:] + order[:k]
-        out += [(a, s, "arm") for a in order]
-    return out + [(baseline, seeds[0], "drift")]
-
-
-#: A run is assumed to take the longest run of the call so far times this (spare time for a slower one).
-RUN_MARGIN = 1.15
-
-
-def closing_run_due(ran: int, left_s: float, longest_s: float) -> bool:
-    """Whether the call's closing baseline run goes ahead: only after at least one run of this call (``ran``;
-    alone it pairs with nothing and measures no drift: session 15 spent 128 s on one) and when the time left
-    (s) covers the longest run so far (s) times :data:`RUN_MARGIN`."""
-    return ran > 0 and left_s >= longest_s * RUN_MARGIN
-
-
-def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
-    """Runs that must fit in the time left before run ``idx`` of ``order`` (:func:`schedule`) may start.
-
-    They are the runs of ``idx``'s seed from ``idx`` on and the closing baseline run, so a seed is
-    started only when all its arms can run: a seed cut after its first arm leaves a run with no pair,
-    device time for nothing (session 14's protocol B call ran Dense on seed 3 and then stopped before
-    w16). Returns a count of runs (>= 2 for any ``idx`` before the closing run).
-    """
-    seed = order[idx][1]
-    rest = sum(1 for _, s, role in order[idx:-1] if s == seed and role == "arm")
-    return rest + 1
-
-
-def run_name(arm: str, seed: int, replay: str, pad: int, role: str) -> str:
-    """File stem of one run's result."""
-    return f"{arm}__s{seed}__{replay}__p{pad}" + ("__drift" if role == "drift" else "")
 
 
 def load_servers(work: Path) -> dict:

@@ -5,7 +5,7 @@ arm has one run per trace seed. A statistic is computed within one run (one seed
 over seeds: mean, SD, range and P95 (linear interpolation between order statistics, as numpy's
 default) of the per-seed values. Ratios to Dense (and to SGLang's INT8 arm) are paired by seed:
 ``ratio_s = stat(arm, s) / stat(dense, s)``, then summarised the same way. A call's drift is Dense's
-mean TTFT on its closing run over its opening run of the same seed (``run_chat.schedule``).
+mean TTFT on its closing run over its opening run of the same seed (``run_order.schedule``).
 
 Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that module's docstring). Per arm, beside them:
 * ``capacity`` / ``capacity_under_load`` (per arm, from arms.json): cached-state slots with no request

@@ -24,7 +24,7 @@ from benchmarks import serving_runs as srun
 from benchmarks import sglang_server as ss
 from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
-from benchmarks.run_chat import closing_run_due, run_name, runs_to_reserve, schedule
+from benchmarks.run_order import closing_run_due, run_name, runs_to_reserve, schedule
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_reuse_bound_is_the_aligned_common_prefix():
 def test_williams_rows_balance_positions_and_predecessors(n):
     from collections import Counter
 
-    from benchmarks.run_chat import williams_rows
+    from benchmarks.run_order import williams_rows
 
     rows = williams_rows(n)
     assert len(rows) == (n if n % 2 == 0 else 2 * n) and all(sorted(r) == list(range(n)) for r in rows)
