@@ -25,6 +25,7 @@ Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that modul
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
-from benchmarks.cli_args import OneLineParser, number_above_zero
+from benchmarks.cli_args import OneLineParser, fraction, int_at_least, number_above_zero
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
@@ -190,32 +191,90 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
         ``{"x_sat": spread over the baseline's seeds, "saturated": bool (mean in-flight >= running
         slots in every run), "rates": {rho: rate}}``.
     Raises:
-        DascInputError: no closed-loop baseline run, or a rho outside (0, 1).
+        DascInputError: no closed-loop baseline run, a rho outside (0, 1), or baseline runs of more than one
+            condition (replay, pad, clip, clients, conversations per seed): one throughput per condition, never
+            pooled across them; the message lists them so that ``--pad`` / ``--replay`` can pick one.
     """
     if any(not 0 < r < 1 for r in rhos):
         raise DascInputError(f"--rho: expected utilisations in (0, 1), got {list(rhos)}")
     base = [r for r in runs if r["arm"] == baseline and r["role"] == "arm" and r["cond"][0] == "closed-loop-paper"]
     if not base:
         raise DascInputError(f"no closed-loop run of {baseline!r} to measure its saturation throughput from")
+    conds = sorted({r["cond"] for r in base}, key=str)
+    if len(conds) > 1:
+        raise DascInputError(f"{baseline} ran closed loop under {len(conds)} conditions ("
+                             + "; ".join(f"{c[1]}, pad {c[2]}, clip {c[3]}, {c[4]} clients" for c in conds)
+                             + "): give --pad and/or --replay to pick one")
+    runs_by_draw(base)      # refuses a seed counted twice (a folder given twice, or a seed re-run)
     x = spread([r["cond"][6] / r["wall_s"] for r in base])
     return {"x_sat": x, "saturated": all(r["inflight_mean"] >= r["max_running"] for r in base),
             "rates": {rho: rho * x["mean"] for rho in rhos}}
+
+
+def nonempty(what: str):
+    """argparse ``type``: a string with a non-blank character (else ``expected WHAT, got ''``)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return text
+    return parse
+
+
+def write_pair(out: Path, files: dict) -> None:
+    """Write ``files`` (``{name: text}``) into folder ``out`` all or none: each to a hidden temporary file first,
+    then renamed into place, so a failure leaves the folder's earlier files as they were.
+
+    Raises:
+        DascInputError: naming the file that could not be written and why.
+    """
+    tmps = []
+    try:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DascInputError(f"--out {out}: cannot write {' and '.join(files)} there, the folder cannot be made "
+                                 f"({e.strerror or type(e).__name__})") from None
+        for name, text in files.items():
+            dest = out / name
+            if dest.is_dir():
+                raise DascInputError(f"--out {out}: {name} there is a folder; expected a file name free for it")
+            tmp = out / f".{name}.tmp"
+            try:
+                tmp.write_text(text)
+            except OSError as e:
+                raise DascInputError(f"--out {out}: cannot write {name} there "
+                                     f"({e.strerror or type(e).__name__})") from None
+            tmps.append((tmp, dest))
+        for tmp, dest in tmps:
+            tmp.replace(dest)
+        tmps = []
+    finally:
+        for tmp, _ in tmps:
+            tmp.unlink(missing_ok=True)
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["rates"]:
-            ap = OneLineParser(prog="serving_report rates",
+            ap = OneLineParser(prog="python -m benchmarks.serving_report rates",
                                description="protocol B's offered rates from Dense's measured closed-loop "
                                            "saturation throughput")
             ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders with closed-loop Dense runs")
-            ap.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.7, 0.9],
+            ap.add_argument("--rho", type=fraction, nargs="+", default=[0.5, 0.7, 0.9],
                             help="utilisations in (0, 1) (default 0.5 0.7 0.9)")
-            ap.add_argument("--exclude-call", type=int, action="append", default=[],
+            ap.add_argument("--exclude-call", type=int_at_least(0), action="append", default=[],
                             help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
+            ap.add_argument("--pad", type=int_at_least(0), default=None,
+                            help="keep the runs of one context pad (tokens), e.g. 6000")
+            ap.add_argument("--replay", choices=("served-reply", "recorded-reply"), default=None,
+                            help="keep the runs of one replay condition")
             a = ap.parse_args(argv[1:])
+            if any(not 0 < r < 1 for r in a.rho):
+                raise DascInputError(f"--rho: expected utilisations in (0, 1), got {a.rho}")
             runs = collect(a.works, exclude_calls=a.exclude_call)    # its errors name their folder already
+            runs = [r for r in runs if (a.pad is None or r["cond"][2] == a.pad)
+                    and (a.replay is None or r["cond"][1] == a.replay)]
             try:
                 rates = open_loop_rates(runs, a.rho)
             except DascInputError as e:
@@ -223,7 +282,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(json.dumps(rates, indent=1))
             return 0
         if argv[:1] == ["map"]:
-            ap = OneLineParser(prog="serving_report map",
+            ap = OneLineParser(prog="python -m benchmarks.serving_report map",
                                description="the regime map: mean-TTFT ratio to Dense over context and load")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--out", type=Path, required=True, help="the figure to write (.png)")
@@ -232,11 +291,12 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"wrote {a.out}")
             return 0
         if argv[:1] == ["pooled"]:
-            ap = OneLineParser(prog="serving_report pooled",
+            ap = OneLineParser(prog="python -m benchmarks.serving_report pooled",
                                description="per-seed TTFT ratios to Dense and INT8 pooled over sessions "
                                            "(a seed measured twice counts once)")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
-            ap.add_argument("--pad", type=int, default=None, help="keep one context pad (tokens), e.g. 6000")
+            ap.add_argument("--pad", type=int_at_least(0), default=None,
+                            help="keep one context pad (tokens), e.g. 6000")
             a = ap.parse_args(argv[1:])
             docs = load_summaries(a.summaries)
             try:
@@ -246,16 +306,17 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(table)
             return 0
         ap = OneLineParser(
+            prog="python -m benchmarks.serving_report",
             description="summary.json and tables.md from benchmarks/run_chat.py work folders (issue 24 item 7)",
             epilog="Also: `serving_report rates WORK ...` (protocol B's offered rates from Dense's closed-loop "
                    "saturation throughput), `serving_report map SUMMARY.json ... --out PNG` (the regime map) and "
                    "`serving_report pooled SUMMARY.json ... [--pad N]` (per-seed ratios pooled over sessions).")
         ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
         ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
-        ap.add_argument("--model", required=True,
+        ap.add_argument("--model", required=True, type=nonempty("the served model's name"),
                         help="the served model as the tables and summary.json name it, e.g. 'Kimi-Linear-48B-A3B "
                              "(16 of 256 experts, dummy weights)'")
-        ap.add_argument("--decays", required=True,
+        ap.add_argument("--decays", required=True, type=nonempty("where the decays came from"),
                         help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
                              "trained, init")
         add_run_exclusions(ap)
@@ -271,6 +332,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
         rates = sorted({r["cond"][5] for r in runs if r["cond"][5] is not None})
+        if a.x_sat is not None and not rates:
+            raise DascInputError("--x-sat: these folders hold no open-loop run (it sets open-loop runs' rho); "
+                                 "leave it out")
         if rates and a.x_sat is None:
             raise DascInputError(f"open-loop runs at rate(s) {', '.join(map(str, rates))} /s: give --x-sat (Dense's "
                                  f"saturation throughput from `serving_report rates`) so that they are reported at "
@@ -279,13 +343,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                          rho_of_rate={r: round(r / a.x_sat, 3) for r in rates} if rates else None,
                          baseline_run=a.baseline_run)
         text = markdown(objs) + first_timed_note(runs)
-        try:
-            a.out.mkdir(parents=True, exist_ok=True)
-            (a.out / "summary.json").write_text(json.dumps(objs, indent=1))
-            (a.out / "tables.md").write_text(text)
-        except OSError as e:
-            raise DascInputError(f"--out {a.out}: cannot write summary.json and tables.md there "
-                                 f"({e.strerror or type(e).__name__})") from None
+        write_pair(a.out, {"summary.json": json.dumps(objs, indent=1), "tables.md": text})
         print(text)
         return 0
     except DascInputError as e:
@@ -294,4 +352,5 @@ def main(argv: Iterable[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dasc_compile.cli_exit import finish, run_guarded     # Ctrl-C, a closed pipe: one line, no traceback
+    finish(run_guarded(main))

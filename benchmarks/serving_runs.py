@@ -39,6 +39,7 @@ from typing import Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
+from benchmarks.cli_args import int_at_least
 from benchmarks.serving_pool import pctl
 from benchmarks.serving_tables import read_json_file
 from benchmarks.turn_account import SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval
@@ -117,7 +118,7 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
 def add_run_exclusions(ap) -> None:
     """The ``--exclude-call`` / ``--exclude-run`` options of every command that reads work folders through
     :func:`collect` (this module, :mod:`benchmarks.ttft_account`)."""
-    ap.add_argument("--exclude-call", type=int, action="append", default=[],
+    ap.add_argument("--exclude-call", type=int_at_least(0), action="append", default=[],
                     help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "
                          "given; repeatable), e.g. 0 for the call that started the servers")
     ap.add_argument("--exclude-run", action="append", default=[],

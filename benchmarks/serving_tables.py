@@ -163,13 +163,49 @@ def load_summaries(paths: Sequence[Path]) -> list[list]:
     Raises:
         DascInputError: a file is missing, not JSON, or not a list of objects (the message names it).
     """
-    docs = []
+    docs, seen = [], {}
     for p in paths:
+        key = Path(p).resolve()
+        if key in seen:       # the same file twice is not a second measurement of its seeds
+            raise DascInputError(f"{p}: given twice (also as {seen[key]}); give each summary.json once")
+        seen[key] = p
         doc = read_json_file(p, "serving_report summary.json")
         if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
             raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
+        for o in doc:       # what pooling and the map read; older objects without ratios are left to them
+            if any(k in o for k in ("ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed",
+                                    "ttft_ratio_vs_dense_spread")):
+                _check_arm_object(p, o)
         docs.append(doc)
     return docs
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+#: What pooling and the map read from each arm object of a summary.json, and the kind each must be.
+_ARM_FIELDS = {"arm": (str,), "protocol": (str,), "replay": (str,), "initial_prompt_mean": ("number",),
+               "pad_tokens": (int,), "clients": (int, type(None)), "rate": ("number", type(None))}
+
+
+def _check_arm_object(path, o: dict) -> None:
+    """One line naming the file, the arm and the field when an arm object lacks what pooling reads."""
+    name = o.get("arm") if isinstance(o.get("arm"), str) else "?"
+    for field, kinds in _ARM_FIELDS.items():
+        v = o.get(field, KeyError)
+        ok = v is not KeyError and any(_is_num(v) if k == "number" else isinstance(v, k) and not isinstance(v, bool)
+                                       for k in kinds)
+        if not ok:
+            what = " or ".join("a number" if k == "number" else "null" if k is type(None) else f"a {k.__name__}"
+                               for k in kinds)
+            raise DascInputError(f"{path}: arm {name}: field {field!r} " + ("is missing" if v is KeyError else
+                                 f"is {v!r}") + f"; expected {what} (a serving_report summary.json)")
+    for field in ("ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed"):
+        v = o.get(field)
+        if v is not None and not (isinstance(v, dict) and all(_is_num(r) for r in v.values())):
+            raise DascInputError(f"{path}: arm {name}: field {field!r} is {str(v)[:60]!r}; expected an object of "
+                                 f"per-seed ratios (numbers)")
 
 
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
@@ -232,4 +268,9 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         bx.set_title("Against INT8's pool, by working set (protocol A)", fontsize=10)
         bx.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as e:
+        raise DascInputError(f"--out {out}: cannot write the figure there ({e.strerror or type(e).__name__})") from None
+    finally:
+        plt.close(fig)

@@ -211,6 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
     try:
         a = ap.parse_args(argv)
+        if not a.arm.strip() or not a.baseline.strip():
+            raise DascInputError("--arm / --baseline: expected an arm name (e.g. dasc-nr-w16), got an empty one")
         if a.arm == a.baseline:
             raise DascInputError(f"--arm {a.arm} is also the baseline; give another arm, or another --baseline")
         if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
@@ -241,4 +243,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dasc_compile.cli_exit import finish, run_guarded     # Ctrl-C, a closed pipe: one line, no traceback
+    finish(run_guarded(main))
