@@ -129,6 +129,7 @@ class Prefixes:
 def state_rows(em, plan, prefixes: Prefixes, dump: dict) -> list[dict]:
     """Per hit of one dumped pass: ``local_rel``, ``global_rel``, ``local_vs_dense_rel`` (module docstring)."""
     from dasc_compile.eval.arms import arm_cache
+    from dasc_compile.eval.hf_compat import recurrent_state
 
     grids = grids_of(em, plan)
     want = torch.stack([g.view(g.shape[0], 1, 1).expand(-1, *dump["kept_mask"].shape[-2:]) for g in grids]) \
@@ -144,8 +145,10 @@ def state_rows(em, plan, prefixes: Prefixes, dump: dict) -> list[dict]:
         ref = arm_cache(em, dense, ids, "wr", grids, window=w)
         after = sglang_to_hf(dump["after"][:, i].float())                      # [L, H, d_k, d_v]
         kept = sglang_to_hf(dump["kept_mask"])
-        ref_s = torch.stack([ref.layers[lid].recurrent_states[0].float() for lid in em.layer_ids])
-        den_s = torch.stack([dense.layers[lid].recurrent_states[0].float() for lid in em.layer_ids])
+        # batch row 0 of each layer's temporal state, read through the one transformers adapter (a tensor in
+        # 5.12, a dict of them by 5.24: indexing the attribute itself took the whole batch there)
+        ref_s = torch.stack([recurrent_state(ref.layers[lid])[0].float() for lid in em.layer_ids])
+        den_s = torch.stack([recurrent_state(dense.layers[lid])[0].float() for lid in em.layer_ids])
         loc, glob = ~kept, kept
         r = {"n_p": n_p, "window": w, "rid": dump["rids"][i] if dump["rids"] else None,
              "local_rel": rel(after[loc], ref_s[loc]), "global_rel": rel(after[glob], den_s[glob]),

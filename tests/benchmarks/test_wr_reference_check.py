@@ -13,9 +13,13 @@ from benchmarks import wr_reference_check as wrc
 from benchmarks.h200 import smoke_model as sm
 from dasc_compile.compiler import compile_plan
 from dasc_compile.eval.arms import arm_cache
+from dasc_compile.eval.hf_compat import recurrent_state
 from dasc_compile.eval.models import load_eval_model
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
+
+# it reads transformers' linear-attention cache (a tensor in 5.12, a dict by 5.24): run at both ends of the range
+pytestmark = pytest.mark.transformers_range
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +44,9 @@ def _dump(em, plan, ids, window, local_from):
     em.forward(ids, pre)
     src = {"wr": arm_cache(em, pre, ids, "wr", grids, window=window), "nr": arm_cache(em, pre, ids, "nr", grids),
            "dense": pre}[local_from]
-    hf = torch.stack([src.layers[l].recurrent_states[0].float() for l in em.layer_ids])     # [L, H, dk, dv]
+    hf = torch.stack([recurrent_state(src.layers[l])[0].float() for l in em.layer_ids])     # [L, H, dk, dv]
     mask = torch.stack([g.view(-1, 1, 1).expand(-1, *hf.shape[-2:]) for g in grids])       # [L, H, dk, dv]
-    den = torch.stack([pre.layers[l].recurrent_states[0].float() for l in em.layer_ids])
+    den = torch.stack([recurrent_state(pre.layers[l])[0].float() for l in em.layer_ids])
     after = torch.where(mask, den, hf).transpose(-1, -2)                                   # SGLang [L, H, dv, dk]
     return {"after": after.unsqueeze(1), "kept_mask": mask.transpose(-1, -2), "windows": [window], "n_p": [len(ids)],
             "rids": ["r"], "ids": [ids], "check": {}, "before_kept_equal": [True]}
