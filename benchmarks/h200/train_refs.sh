@@ -6,20 +6,34 @@
 #
 # Here, on the CPU, before each call (benchmarks/train/prepare.py):
 #   python -m benchmarks.train.prepare data                         # once: tokenizer + shards (.dev/train/prep)
-#   python -m benchmarks.train.prepare stage [--returned DIR] [--families F ...]   # DIR: the last call's files
-#     (gdn.tzp.*, kda.tzp.*, mamba2.tzp.*); F: the families this call trains (their checkpoints travel packed)
-# What fits one call (64 MiB in: tree 15.1 MiB + wheels ~3.8 + tokenizer 0.75 + 2 of margin = ~21.7 MiB, then the
-# packed `ref` checkpoints with their training state, gdn 14.5 / kda 15.5 / mamba2 15.7 MiB, then 2.5 MiB data
-# shards of ~4M tokens; out: 8 files of <= 16 MiB, run.log + summary.json + 1 part for gdn, 2 for kda and mamba2):
-#   fresh starts: any families (nothing carried in); out all three = 7 files, ~46 MiB
-#   resuming gdn + kda, mamba2 + gdn or mamba2 + kda: 11-12 MiB left, 4 shards (~16M tokens)
-#   resuming mamba2 alone: all 7 shards (17.6 MiB);  resuming all three: ~67 MiB, does not fit (stage refuses)
+#   python -m benchmarks.train.prepare stage [--returned DIR] [--families F ...] [--size S] [--check]
+#     DIR: the last call's files (gdn.tzp.*, kda.tzp.*, mamba2.tzp.*); F: the families this call trains (their
+#     checkpoints travel packed); S: their size (benchmarks/train/models.py SIZES, default ref; staged.json keeps
+#     it and this script gives it to the trainers); --check prints the plan below and changes nothing
+# What fits one call, measured 2026-12-03 by `prepare stage --check` (stage refuses, in one line, a call over
+# either limit). In, at most 64 MiB: the tree (72.4 MiB unparked; 22.8 after `python -m benchmarks.h200.park park
+# bundles`; 10.7 after `park benchmarks/results` too: parked files do not travel) + wheels 2.7 (.dev/train/whl;
+# `--also-carried` with no folder drops them, and the decay report with them) + tokenizer 0.7 + 2 of margin, then
+# the packed checkpoints to resume with their training state (ref: gdn 14.6 / kda 15.7 / mamba2 15.9 MiB; m30:
+# gdn 42.8 / kda 40.5 / mamba2 42.2 MiB, 3 parts), then data shards of ~2.6 MiB / 4.2M tokens (7, 27.8M tokens).
+# Out, at most 8 files of <= 16 MiB and 64 MiB: run.log + summary.json + each family's 15 MiB parts.
+#   ref, bundles parked: fresh starts of all three: 7 files, 48 MiB out; resuming two families: 1-2 shards
+#     (both parked: 6-7); resuming one: all 7 shards; resuming all three: does not fit (stage refuses)
+#   m30 (~30M parameters), ONE family per call (two return ~86-88 MiB in 8 files: stage refuses):
+#     bundles and benchmarks/results parked: resuming gdn 59.5 MiB in with 1 shard (4.2M tokens; 2 without the
+#     wheels), kda or mamba2 2 shards (3 without the wheels); out 5 files, ~44 MiB; a fresh start carries all 7
+#     shards; with only the bundles parked no m30 resume fits (66-69 MiB before any data)
 # Device command (carry: .dev/train/call .dev/train/whl):
 #   bash benchmarks/h200/train_refs.sh [BUDGET_S]     (default 570; give the call timeout_s >= BUDGET_S + 15:
 #   a trainer still running at BUDGET_S - 10 gets SIGTERM (it saves), at BUDGET_S + 5 SIGKILL)
+#   m30, one family (carry .dev/train/m30/call .dev/train/whl; staged with `prepare stage --call .dev/train/m30/call
+#   --families gdn --size m30`): FAMILIES=gdn CALL=.dev/train/m30/call bash benchmarks/h200/train_refs.sh 570
 # Environment: KERNELS=fla trains with flash-linear-attention's Triton ops (carried fla-core wheel; default
 # torch: transformers' PyTorch GDN, benchmarks/train/kda_chunk.py for KDA); FLA_PROBE=0 skips the background
 # probe of those ops (benchmarks/train/fla_probe.py, on by default when the wheel is carried, time-capped);
+# SIZE (default: the staged one; another is refused) is the size the trainers build or resume at; CALL (default
+# .dev/train/call) the staged folder, e.g. .dev/train/m30/call staged with `prepare stage --call .dev/train/m30/call`
+# (its latest/ beside it: m30 checkpoints then never replace the ref ones in .dev/train/latest);
 # FAMILIES="gdn kda" (default) picks the models, e.g. FAMILIES="mamba2" (it runs benchmarks/train/mamba2_chunk.py
 # whatever KERNELS says); TRAIN_ARGS adds trainer flags to all; GDN_FLAGS, KDA_FLAGS, MAMBA2_FLAGS add trainer
 # flags to that family's trainer only (after TRAIN_ARGS; unset: today's recipe), e.g. the long-range recall recipe
@@ -35,7 +49,7 @@ cd "$(dirname "$0")/../.."
 T_START=$(date +%s)
 BUDGET=${1:-570}
 STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (20 s; train.py) before this
-CALL=.dev/train/call
+CALL=${CALL:-.dev/train/call}
 WHL=.dev/train/whl
 OUT=${OUT:?set OUT to the folder that comes back}
 KERNELS=${KERNELS:-torch}
@@ -54,6 +68,15 @@ for fam in $FAMILIES; do
     exit 2
   fi
 done
+# the size the trainers build or resume at: staged.json's (prepare stage --size; ref when it names none)
+STAGED_SIZE=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('size', 'ref'))" \
+  "$CALL/staged.json" 2>/dev/null || echo "?")
+if [ "$STAGED_SIZE" = "?" ]; then SIZE=${SIZE:-ref}; else SIZE=${SIZE:-$STAGED_SIZE}; fi
+if [ "$STAGED_SIZE" != "?" ] && [ "$SIZE" != "$STAGED_SIZE" ]; then
+  say "error: SIZE is $SIZE but the call was staged for --size $STAGED_SIZE (run prepare stage --size $SIZE)"
+  exit 2
+fi
+say "size $SIZE"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 # dasc's compiler (the decay report) needs pydantic, which the image lacks; fla only when asked for
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -82,7 +105,8 @@ for fam in $FAMILIES; do
   fam_flags=${!flags_var:-}
   say "$fam: ${resume[*]:-fresh start}${fam_flags:+; $flags_var: $fam_flags}"
   { timeout -k 15 $((STOP_AT - $(date +%s) + 10)) python3 -m benchmarks.train.train --family $fam --data $CALL \
-      --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION "${resume[@]}" ${TRAIN_ARGS:-} $fam_flags; \
+      --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION --size "$SIZE" "${resume[@]}" \
+      ${TRAIN_ARGS:-} $fam_flags; \
     echo $? > /tmp/refs-rc-$fam; } 2>&1 | sed -u "s/^/[$fam] /" >> "$LOG" &
   pids+=($!)
 done

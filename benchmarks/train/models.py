@@ -2,9 +2,20 @@
 
 GDN: ``Qwen3NextForCausalLM`` (model type ``qwen3_next``). KDA: ``KimiLinearForCausalLM``
 (``kimi_linear``, transformers >= 5.17). Both: 8 layers, recurrent : full attention 3 : 1 as in the
-released models (layers 4 and 8 full attention), dense MLPs (no experts), hidden 256, the trimmed
-Qwen vocabulary of :mod:`benchmarks.train.tokenizer`. Sizes (``--size ref``) are set by what travels:
-a device call carries two models' checkpoints in and out within 64 MiB (see benchmarks/h200/train_refs.sh).
+released models (layers 4 and 8 full attention), dense MLPs (no experts), the trimmed Qwen vocabulary
+of :mod:`benchmarks.train.tokenizer` (8,192 ids). Sizes (:data:`SIZES`, ``train.py --size``) are set by what
+travels: a device call carries its checkpoints in and out within 64 MiB (benchmarks/h200/train_refs.sh):
+
+- ``ref`` (~11M): hidden 256, MLP 768; GDN 4 key / 16 value heads x 64 / 32, attention 4 heads x 64 (2 KV);
+  KDA 4 heads x 64; Mamba2 16 heads x 32, MLP 1,344. Parameters: gdn 10,564,480, kda 11,352,344, mamba2
+  11,523,616. Two families' checkpoints travel in one call.
+- ``m30`` (~30M, issue 20's 30-100M): hidden 512, MLP 1,024; twice ``ref``'s heads at its head dims (GDN 8 key
+  / 32 value heads x 64 / 32, attention 8 heads x 64 with 2 KV, KDA 8 heads x 64, Mamba2 32 heads x 32, d_state
+  64, MLP 1,792). Parameters: gdn 31,450,432, kda 29,663,280, mamba2 31,084,096 (transformers 5.24; gdn and
+  mamba2 the same under 5.12). MLPs are 2 x hidden (Mamba2 3.5 x), not ``ref``'s 3 x (5.25 x): at 3 x GDN has
+  37.7M parameters, ~51 MiB packed, which no call carries with the tree and tokenizer. One family per call:
+  packed with its training state it is ~40-43 MiB (benchmarks/train/prepare.py ``PACKED_MIB``).
+- ``smoke``: tiny, for tests.
 
 Decays start as each class's ``_init_weights`` draws them, except GDN's ``dt_bias``, redrawn log-uniform
 in dt as the Gated DeltaNet authors' layer does (:data:`DECAY_INITS` says why); ``build_model``'s
@@ -14,8 +25,9 @@ Mamba2: ``NemotronHForCausalLM`` (``nemotron_h``, transformers >= 5.12). A Nemot
 mixer or one MLP; the same 8 mixers as above (6 Mamba2, 2 attention: :func:`layer_types`) each followed
 by a ReLU^2 MLP except the Mamba2 layer just before an attention layer, as in the released pattern
 ``M-M-M-M*-``: ``M-M-M*-M-M-M*-`` (14 blocks, given as ``layers_block_type`` in the installed release's
-names, :func:`nemotron_block_types`: 5.17 renamed the kinds to ``linear_attention`` / ``full_attention``). 16 heads x 32 x d_state 64 per Mamba2 layer (expand 2,
-2 B/C groups), MLP 5.25 x hidden as released, no positional encoding, untied embeddings as released.
+names, :func:`nemotron_block_types`: 5.17 renamed the kinds to ``linear_attention`` / ``full_attention``).
+``ref``: 16 heads x 32 x d_state 64 per Mamba2 layer (expand 2, 2 B/C groups), MLP 5.25 x hidden as released;
+no positional encoding, untied embeddings as released.
 
 A checkpoint directory (what ``save_checkpoint`` writes) is a Hugging Face model directory:
 ``config.json``, ``model-0000k-of-0000n.safetensors`` shards of at most 15 MB plus
@@ -52,6 +64,11 @@ SIZES = {
     "ref": dict(hidden=256, mlp=768, layers=8, gdn_hk=4, gdn_hv=16, gdn_dk=64, gdn_dv=32, kda_h=4, kda_d=64,
                 attn_heads=4, attn_kv=2, attn_dim=64,
                 m2_h=16, m2_p=32, m2_n=64, m2_g=2, m2_k=4, m2_chunk=128, m2_mlp=1344),
+    # ~30M (issue 20): hidden x2, heads x2 at ref's head dims; MLPs 2x hidden (Mamba2 3.5x, ref's ratio x 2/3)
+    # so that one packed checkpoint with its training state travels in one call (models docstring)
+    "m30": dict(hidden=512, mlp=1024, layers=8, gdn_hk=8, gdn_hv=32, gdn_dk=64, gdn_dv=32, kda_h=8, kda_d=64,
+                attn_heads=8, attn_kv=2, attn_dim=64,
+                m2_h=32, m2_p=32, m2_n=64, m2_g=2, m2_k=4, m2_chunk=128, m2_mlp=1792),
     "smoke": dict(hidden=32, mlp=64, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=8, gdn_dv=8, kda_h=2, kda_d=8,
                   attn_heads=2, attn_kv=1, attn_dim=16,
                   m2_h=4, m2_p=16, m2_n=8, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=128),

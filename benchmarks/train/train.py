@@ -39,6 +39,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -78,7 +79,7 @@ def log(rec: dict, fh=None) -> None:
 def parse(argv=None) -> argparse.Namespace:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=FAMILIES, required=True)
-    ap.add_argument("--size", default="ref", choices=SIZES)
+    ap.add_argument("--size", choices=SIZES, help="models.py SIZES (default ref); a resume keeps its own size")
     ap.add_argument("--data", type=Path, required=True, help="folder with tokenizer/ and shard-*.u16.xz")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint directory written by an earlier session")
@@ -135,9 +136,14 @@ def parse(argv=None) -> argparse.Namespace:
         if was != (a.family, a.seed):
             _refuse(f"--resume {a.resume}: trained as --family {was[0]} --seed {was[1]}, asked --family {a.family} "
                     f"--seed {a.seed}")
+        if a.size not in (None, st.get("size", "ref")):
+            _refuse(f"--size {a.size}: {a.resume} was trained at --size {st.get('size', 'ref')}, and a resume keeps its "
+                    f"own size (give that, or no --size)")
+        a.size = st.get("size", "ref")       # what provenance's rebuild line names
         if a.no_rope and recipe.rope_of(st):
             _refuse(f"--no-rope: {a.resume} was trained with RoPE, and a resume keeps its own architecture "
                     f"(give --no-rope on a fresh start, or resume without it)")
+    a.size = a.size or "ref"
     try:
         dev = torch.device(a.device)
     except RuntimeError:
@@ -203,8 +209,6 @@ def start(a, tok):
         tmp = a.out / f".init-{a.family}"
         save_checkpoint(model, tmp, None, None)
         init = checkpoint_decays(tmp) | {f"live:{k}": v for k, v in decays(model).items()}
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         state = {"family": a.family, "size": a.size, "seed": a.seed, "decay_init": decay_init, "rope": not a.no_rope,
                  "step": 0, "tokens": 0, "sessions": [],

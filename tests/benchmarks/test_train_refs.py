@@ -306,7 +306,7 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     _pack_stub(tmp_path, "gdn")
     root = Path(__file__).resolve().parents[2]
     call = tmp_path / "dev" / "call"
-    out = stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
+    out = stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"], size="smoke")
     assert out["resume"] == ["mamba2"] and out["shards"] == [s["file"] for s in shards]
     # what the shards are travels with them: the trainer records meta.json's source (benchmarks/train/recipe.py)
     assert (call / "meta.json").read_bytes() == (prep / "meta.json").read_bytes()
@@ -314,10 +314,10 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
         p.name for p in (tmp_path / "returned").glob("mamba2.tzp.*"))
     assert sorted(p.name for p in (tmp_path / "dev" / "latest").iterdir()) == sorted(
         p.name for p in (tmp_path / "returned").iterdir())
-    assert stage(prep, call, None, root, [], families=["gdn", "mamba2"])["resume"] == ["gdn", "mamba2"]
+    assert stage(prep, call, None, root, [], families=["gdn", "mamba2"], size="smoke")["resume"] == ["gdn", "mamba2"]
     latest = tmp_path / "dev" / "latest"            # --returned latest/ itself: its parts stay (once deleted them)
     before = _snapshot(latest)
-    assert stage(prep, call, latest, root, [], families=["gdn", "mamba2"])["resume"] == ["gdn", "mamba2"]
+    assert stage(prep, call, latest, root, [], families=["gdn", "mamba2"], size="smoke")["resume"] == ["gdn", "mamba2"]
     assert _snapshot(latest) == before
 
     gdn, ck = pack.unpack_all(call / "resume", tmp_path / "device")
@@ -328,7 +328,7 @@ def test_stage_carries_the_asked_families_packed_and_the_device_resumes_from_the
     part = sorted((tmp_path / "returned").glob("mamba2.tzp.*"))[-1]
     part.write_bytes(part.read_bytes()[:-10])
     with pytest.raises(ValueError):
-        stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"])
+        stage(prep, call, tmp_path / "returned", root, [], families=["mamba2"], size="smoke")
 
 
 def _prep(data_dir, tmp_path) -> Path:
