@@ -217,6 +217,8 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from dasc_compile.eval.plotting import save_figure
+
     if out.suffix.lower() != ".png":
         raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
     if not out.parent.is_dir():
@@ -268,9 +270,4 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         bx.set_title("Against INT8's pool, by working set (protocol A)", fontsize=10)
         bx.legend(fontsize=7)
     fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=120)
-    except OSError as e:
-        raise DascInputError(f"--out {out}: cannot write the figure there ({e.strerror or type(e).__name__})") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, out, f"--out {out}")

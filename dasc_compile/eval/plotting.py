@@ -64,6 +64,22 @@ def draw_panels(axes, result: dict, metrics=PANELS) -> None:
         ax.grid(alpha=0.3)
 
 
+def save_figure(fig, out: str | Path, label: str) -> None:
+    """Write ``fig`` to ``out`` (its suffix picks the format) at 120 dpi and close it.
+
+    Raises:
+        DascInputError: ``label: cannot write the plot there (reason)`` when the file cannot be written.
+    """
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as exc:
+        raise DascInputError(f"{label}: cannot write the plot there ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        plt.close(fig)
+
+
 def plot_quality(result: dict, out: str | Path) -> None:
     """Write a PNG: the panels of :func:`draw_panels` and the model's provenance line
     (:func:`provenance_line`) under them. ``result`` is the ``dasc eval`` JSON document.
@@ -85,9 +101,4 @@ def plot_quality(result: dict, out: str | Path) -> None:
     fig.supxlabel(provenance_line(model.get("provenance", "")), fontsize=8,
                   color="black" if provenance_kind(model.get("provenance", "")) == "trained" else "crimson")
     fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=120)
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot write the plot ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, out, str(out))

@@ -91,7 +91,7 @@ def test_map_refuses_an_out_it_cannot_write(tmp_path, capsys):
     s = _summary(tmp_path, [_arm("w16", dense={"t/1": 0.6})])
     (tmp_path / "d.png").mkdir()
     assert sr.main(["map", str(s), "--out", str(tmp_path / "d.png")]) == 2
-    _one_error(capsys, "cannot write the figure")
+    _one_error(capsys, "cannot write the plot")
 
 
 def test_rates_never_pools_two_conditions():
