@@ -3,7 +3,7 @@
 argparse prints its usage block before the error; the project's rule for bad input is one line naming the
 flag and what was expected (``dasc`` itself does the same through typer), so scripts parse with
 :class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`,
-:func:`fraction`) live here too.
+:func:`fraction`, :func:`nonempty`) live here too.
 """
 
 from __future__ import annotations
@@ -56,3 +56,12 @@ def fraction(text: str) -> float:
     if not 0.0 <= x <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
     return x
+
+
+def nonempty(what: str):
+    """argparse ``type``: a string with a non-blank character (else ``expected WHAT, got ''``)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return text
+    return parse

@@ -25,7 +25,6 @@ Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that modul
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
-from benchmarks.cli_args import OneLineParser, fraction, int_at_least, number_above_zero
+from benchmarks.cli_args import OneLineParser, fraction, int_at_least, nonempty, number_above_zero
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
@@ -209,15 +208,6 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
     x = spread([r["cond"][6] / r["wall_s"] for r in base])
     return {"x_sat": x, "saturated": all(r["inflight_mean"] >= r["max_running"] for r in base),
             "rates": {rho: rho * x["mean"] for rho in rhos}}
-
-
-def nonempty(what: str):
-    """argparse ``type``: a string with a non-blank character (else ``expected WHAT, got ''``)."""
-    def parse(text: str) -> str:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return text
-    return parse
 
 
 def write_pair(out: Path, files: dict) -> None:
