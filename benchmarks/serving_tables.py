@@ -184,28 +184,39 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-#: What pooling and the map read from each arm object of a summary.json, and the kind each must be.
-_ARM_FIELDS = {"arm": (str,), "protocol": (str,), "replay": (str,), "initial_prompt_mean": ("number",),
-               "pad_tokens": (int,), "clients": (int, type(None)), "rate": ("number", type(None))}
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_ratios(x) -> bool:
+    return x is None or (isinstance(x, dict) and all(map(_is_num, x.values())))
+
+
+#: What pooling and the map read from each arm object of a summary.json: field -> (test, what it must be).
+_ARM_FIELDS = {"arm": (lambda v: isinstance(v, str), "a string"),
+               "protocol": (lambda v: isinstance(v, str), "a string"),
+               "replay": (lambda v: isinstance(v, str), "a string"),
+               "initial_prompt_mean": (_is_num, "a number"),
+               "pad_tokens": (_is_int, "an integer"),
+               "clients": (lambda v: v is None or _is_int(v), "an integer or null"),
+               "rate": (lambda v: v is None or _is_num(v), "a number or null"),
+               "ttft_ratio_vs_dense_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)"),
+               "ttft_ratio_vs_int8_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)")}
+_OPTIONAL = {"ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed"}
 
 
 def _check_arm_object(path, o: dict) -> None:
     """One line naming the file, the arm and the field when an arm object lacks what pooling reads."""
     name = o.get("arm") if isinstance(o.get("arm"), str) else "?"
-    for field, kinds in _ARM_FIELDS.items():
-        v = o.get(field, KeyError)
-        ok = v is not KeyError and any(_is_num(v) if k == "number" else isinstance(v, k) and not isinstance(v, bool)
-                                       for k in kinds)
-        if not ok:
-            what = " or ".join("a number" if k == "number" else "null" if k is type(None) else f"a {k.__name__}"
-                               for k in kinds)
-            raise DascInputError(f"{path}: arm {name}: field {field!r} " + ("is missing" if v is KeyError else
-                                 f"is {v!r}") + f"; expected {what} (a serving_report summary.json)")
-    for field in ("ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed"):
-        v = o.get(field)
-        if v is not None and not (isinstance(v, dict) and all(_is_num(r) for r in v.values())):
-            raise DascInputError(f"{path}: arm {name}: field {field!r} is {str(v)[:60]!r}; expected an object of "
-                                 f"per-seed ratios (numbers)")
+    for field, (ok, what) in _ARM_FIELDS.items():
+        if field not in o:
+            if field in _OPTIONAL:
+                continue
+            raise DascInputError(f"{path}: arm {name}: field {field!r} is missing; expected {what} "
+                                 f"(a serving_report summary.json)")
+        if not ok(o[field]):
+            raise DascInputError(f"{path}: arm {name}: field {field!r} is {str(o[field])[:60]!r}; expected {what} "
+                                 f"(a serving_report summary.json)")
 
 
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
