@@ -12,7 +12,8 @@
 #     it and this script gives it to the trainers); --check prints the plan below and changes nothing
 # What fits one call, measured 2026-12-03 by `prepare stage --check` (stage refuses, in one line, a call over
 # either limit). In, at most 64 MiB: the tree (72.4 MiB unparked; 22.8 after `python -m benchmarks.h200.park park
-# bundles`; 10.7 after `park benchmarks/results` too: parked files do not travel) + wheels 2.7 (.dev/train/whl;
+# bundles`; 10.7 after `park benchmarks/results` too, 4.6 after `park benchmarks/traces` as well: parked files do
+# not travel, and no training call reads them) + wheels 2.7 (.dev/train/whl;
 # `--also-carried` with no folder drops them, and the decay report with them) + tokenizer 0.7 + 2 of margin, then
 # the packed checkpoints to resume with their training state (ref: gdn 14.6 / kda 15.7 / mamba2 15.9 MiB; m30:
 # gdn 42.8 / kda 40.5 / mamba2 42.2 MiB, 3 parts), then data shards of ~2.6 MiB / 4.2M tokens (7, 27.8M tokens).
@@ -20,9 +21,9 @@
 #   ref, bundles parked: fresh starts of all three: 7 files, 48 MiB out; resuming two families: 1-2 shards
 #     (both parked: 6-7); resuming one: all 7 shards; resuming all three: does not fit (stage refuses)
 #   m30 (~30M parameters), ONE family per call (two return ~86-88 MiB in 8 files: stage refuses):
-#     bundles and benchmarks/results parked: resuming gdn 59.5 MiB in with 1 shard (4.2M tokens; 2 without the
-#     wheels), kda or mamba2 2 shards (3 without the wheels); out 5 files, ~44 MiB; a fresh start carries all 7
-#     shards; with only the bundles parked no m30 resume fits (66-69 MiB before any data)
+#     bundles, benchmarks/results and benchmarks/traces parked: resuming gdn 61.3 MiB in with 4 shards (16.8M
+#     tokens); without the traces parked only 1 shard (4.2M tokens; kda or mamba2 2); out 5 files, ~44 MiB; a
+#     fresh start carries all 7 shards; with only the bundles parked no m30 resume fits (66-69 MiB before any data)
 # Device command (carry: .dev/train/call .dev/train/whl):
 #   bash benchmarks/h200/train_refs.sh [BUDGET_S]     (default 570; give the call timeout_s >= BUDGET_S + 15:
 #   a trainer still running at BUDGET_S - 10 gets SIGTERM (it saves), at BUDGET_S + 5 SIGKILL)

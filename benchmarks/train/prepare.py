@@ -169,7 +169,7 @@ def return_estimate(packed: dict[str, int]) -> tuple[int, int]:
 
 def parkable(root: Path) -> dict[str, int]:
     """Bytes now in the tree of what benchmarks/h200/park.py can park for a training call: ``bundles`` and
-    ``benchmarks/results`` (tracked files that exist)."""
+    ``benchmarks/results`` and ``benchmarks/traces`` (tracked files that exist; no training call reads them)."""
     from benchmarks.h200.park import ParkError, bundled_models
 
     try:
@@ -177,7 +177,8 @@ def parkable(root: Path) -> dict[str, int]:
     except ParkError:
         bundles = []
     out = {}
-    for name, paths in (("bundles", bundles), ("benchmarks/results", ["benchmarks/results"])):
+    for name, paths in (("bundles", bundles), ("benchmarks/results", ["benchmarks/results"]),
+                        ("benchmarks/traces", ["benchmarks/traces"])):
         names = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=root,
                                capture_output=True).stdout.split(b"\0") if paths else []
         out[name] = sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
@@ -272,7 +273,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
                          f"{tree / 2**20:.1f}, packed checkpoints to resume {ck / 2**20:.1f}, tokenizer and other "
                          f"carried {(used - tree - ck) / 2**20:.1f}; limit 64 MiB less {MARGIN / 2**20:.0f} of "
                          f"margin); stage fewer --families, or park what the call does not need "
-                         f"(python -m benchmarks.h200.park park bundles / park benchmarks/results; in the tree now: "
+                         f"(python -m benchmarks.h200.park park bundles / park benchmarks/results / park benchmarks/traces; in the "
+                         f"tree now: "
                          f"{park or 'nothing'}) (nothing was changed)")
     plan = {"size": size, "resume_mib": round(ck / 2 ** 20, 2), "tree_mib": round(tree / 2 ** 20, 2),
             "return_files": n_files, "return_mib": round(n_bytes / 2 ** 20, 2)}
