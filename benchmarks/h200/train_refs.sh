@@ -63,6 +63,10 @@ say "budget ${BUDGET}s, stop at +$((STOP_AT - T_START))s, kernels $KERNELS, fami
 # would then replace the trained one as the newest (prepare stage --families records the staged ones)
 STAGED=$(python3 -c "import json, sys; print(' '.join(json.load(open(sys.argv[1])).get('families', ['?'])))" \
   "$CALL/staged.json" 2>/dev/null || echo "?")
+if [ "$STAGED" = "?" ]; then   # a typo in CALL, or a call staged before staged.json existed: nothing to check against
+  say "error: CALL $CALL: no readable staged.json (run python -m benchmarks.train.prepare stage --call $CALL first)"
+  exit 2
+fi
 for fam in $FAMILIES; do
   if [ "$STAGED" != "?" ] && ! [[ " $STAGED " == *" $fam "* ]]; then
     say "error: FAMILIES has $fam but the call was staged for: ${STAGED:-no family} (run prepare stage --families $FAMILIES)"

@@ -26,6 +26,10 @@ size is refused. Stage refuses, in one line naming what is over and changing not
 carry more than 64 MiB in (tree + carried, 2 MiB of margin) before one shard fits, or return more than
 8 files or 64 MiB (run.log, summary.json and each family's parts, :func:`return_estimate`). Files parked by
 benchmarks/h200/park.py do not travel and are not counted. ``--check``: measure and print, change nothing.
+The call folder is built beside itself and moved into place whole (a failure leaves it as it was); a
+``--returned`` part of another size, a file beside the parts that is not one (``gdn.tzp.00.orig``), ``--call``
+inside or around ``--prep`` and a missing ``--also-carried`` folder are refused before anything is written.
+Run from the root of the checkout (the tree it measures is the one the call carries).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +54,8 @@ from benchmarks.train.data import write_shard
 from benchmarks.train.models import FAMILIES, SIZES
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
 from benchmarks.cli_args import OneLineParser
+from dasc_compile.atomic import fill_and_place, staging_dir
+from dasc_compile.errors import DascInputError
 
 CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
 MARGIN = 2 * 2 ** 20               # room for the tree to grow between staging and the call
@@ -154,9 +161,23 @@ def _returned_parts(returned: Path | None) -> tuple[dict[str, list[Path]], dict[
     if not returned.is_dir():
         raise StageError(f"--returned {returned}: not a folder (give the folder holding the last call's "
                          f"<family>.tzp.* files)")
-    parts = {fam: sorted(returned.glob(f"{fam}.tzp.*")) for fam in FAMILIES}
+    parts = {fam: _parts_in(returned, fam, "--returned") for fam in FAMILIES}
     parts = {fam: ps for fam, ps in parts.items() if ps}
+    if not parts:
+        raise StageError(f"--returned {returned}: no <family>.tzp.NN part in it (give the folder holding the last "
+                         f"call's files, or leave --returned out); nothing was staged")
     return parts, {fam: _size_of(ps, f"--returned {returned}") for fam, ps in parts.items()}
+
+
+def _parts_in(folder: Path, fam: str, what: str) -> list[Path]:
+    """``fam``'s parts ``FAM.tzp.NN`` in ``folder``, in order. A file that starts like one but is not
+    (``gdn.tzp.00.orig``) would travel and be unpacked as a part: refused, naming it."""
+    found = sorted(folder.glob(f"{fam}.tzp.*"))
+    odd = [q.name for q in found if not re.fullmatch(rf"{fam}\.tzp\.\d\d", q.name) or not q.is_file()]
+    if odd:
+        raise StageError(f"{what} {folder}: {', '.join(odd)} is not a part ({fam}.tzp.NN); move it away "
+                         f"(nothing was staged)")
+    return found
 
 
 def return_estimate(packed: dict[str, int]) -> tuple[int, int]:
@@ -185,25 +206,33 @@ def parkable(root: Path) -> dict[str, int]:
     return out
 
 
-def _stage_resume(call: Path, returned: dict[str, list[Path]], families) -> Path:
-    """Keep each family's newest packed checkpoint in ``call``'s sibling ``latest/`` (from ``returned``,
-    checked by :func:`_returned_parts`) and copy those of ``families`` into ``call/resume/``, which holds
-    nothing else. Returns ``call/resume``."""
-    latest, resume = call.parent / "latest", call / "resume"
+def _update_latest(latest: Path, returned: dict[str, list[Path]]) -> None:
+    """Keep each family's newest packed checkpoint in ``latest/`` (the call folder's sibling): the parts of
+    ``returned`` (checked by :func:`_returned_parts`) replace that family's there."""
     latest.mkdir(parents=True, exist_ok=True)
     for fam, parts in returned.items():
-        if all(p.resolve().parent == latest.resolve() for p in parts):
+        if all(q.resolve().parent == latest.resolve() for q in parts):
             continue                 # --returned is latest/ itself: its parts are already the newest
-        for old in latest.glob(f"{fam}.tzp.*"):
+        for old in _parts_in(latest, fam, "latest"):
             old.unlink()
-        for p in parts:
-            shutil.copy2(p, latest / p.name)
-    shutil.rmtree(resume, ignore_errors=True)
-    resume.mkdir(parents=True)
-    for fam in families:
-        for p in latest.glob(f"{fam}.tzp.*"):
-            shutil.copy2(p, resume / p.name)
-    return resume
+        for q in parts:
+            shutil.copy2(q, latest / q.name)
+
+
+def _check_places(prep: Path, call: Path, extra: list[Path]) -> None:
+    """``--call`` a folder (or new) outside ``--prep`` with a writable place for ``latest/`` beside it, and each
+    ``--also-carried`` an existing folder: one line naming the flag otherwise (nothing written)."""
+    c, pr = call.resolve(), prep.resolve()
+    if c == pr or pr in c.parents or c in pr.parents:
+        raise StageError(f"--call {call}: inside or around --prep {prep}; staging replaces the call folder, so give "
+                         f"a folder of its own, e.g. .dev/train/call (nothing was changed)")
+    for q in (call, call.parent / "latest"):
+        if q.exists() and not q.is_dir():
+            raise StageError(f"--call {call}: {q} exists and is not a folder (nothing was changed)")
+    for e in extra:
+        if not e.is_dir():
+            raise StageError(f"--also-carried {e}: expected an existing folder (a carried path counted against the "
+                             f"64 MiB), got {'a file' if e.exists() else 'nothing'} (nothing was changed)")
 
 
 def _read_meta(prep: Path) -> dict:
@@ -233,6 +262,10 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
             among ``families``, a checkpoint to resume of another size, ``families`` whose checkpoints leave no
             room for the next shard, or a return over 8 files / 64 MiB (the staged call is left as it was).
     """
+    if len(set(families)) != len(families) or len(set(fresh)) != len(fresh):
+        raise StageError(f"--families {' '.join(families)} / --fresh {' '.join(fresh)}: a family named twice "
+                         f"(nothing was changed)")
+    _check_places(prep, call, extra)
     if set(fresh) - set(families):
         raise StageError(f"--fresh {' '.join(sorted(set(fresh) - set(families)))}: not among --families "
                          f"{' '.join(families)}; a fresh family is one this call trains (nothing was changed)")
@@ -242,7 +275,13 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     new_parts, sizes = _returned_parts(returned)
     latest = call.parent / "latest"
     resumed = [fam for fam in families if fam not in fresh]
-    by_fam = {fam: new_parts.get(fam) or sorted(latest.glob(f"{fam}.tzp.*")) for fam in resumed}
+    by_fam = {fam: new_parts.get(fam) or (_parts_in(latest, fam, "latest") if latest.is_dir() else [])
+              for fam in resumed}
+    for fam, was in sizes.items():       # every returned part replaces latest/'s: never one of another size
+        if was not in (None, size):
+            raise StageError(f"--returned {returned}: its {fam} checkpoint was trained at --size {was}, not --size "
+                             f"{size}; stage it with --size {was} (and its own --call, so that latest/ keeps one "
+                             f"size), or move it away (nothing was changed)")
     for fam, parts in by_fam.items():
         was = sizes[fam] if fam in new_parts else _size_of(parts, str(latest)) if parts else None
         if was not in (None, size):
@@ -260,7 +299,11 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
                          + f"), over the {RETURN_FILES} files / {RETURN_LIMIT // 2**20} MiB a call returns; "
                          f"train fewer --families per call (nothing was changed)")
     next_file = call / "next_shard"
-    nxt = int(next_file.read_text()) if next_file.exists() else 0
+    try:
+        nxt = int(next_file.read_text()) if next_file.exists() else 0
+    except (OSError, ValueError):
+        raise StageError(f"{next_file}: expected the index of the next shard (an integer); delete it to start "
+                         f"again from shard 0 (nothing was changed)") from None
     shards = meta["shards"]
     kept = [f for f in call.iterdir() if f.is_file() and not f.name.startswith("shard-")
             and f.name != "meta.json"] if call.is_dir() else []
@@ -283,26 +326,42 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         return {"shards": [s["file"] for s in staged], "tokens": sum(s["tokens"] for s in staged),
                 "total_mib": round((used + sum(s["bytes"] for s in staged)) / 2 ** 20, 2),
                 "resume": sorted(fam for fam, parts in by_fam.items() if parts), **plan, "check": "nothing written"}
-    call.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(call / "tokenizer", ignore_errors=True)
-    shutil.copytree(prep / "tokenizer", call / "tokenizer")
-    shutil.copy2(prep / "meta.json", call / "meta.json")
-    resume = _stage_resume(call, new_parts, resumed)
-    for old in call.glob("shard-*.u16.xz"):
-        old.unlink()
-    used = _tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)
-    staged = _fitting(shards, nxt, CALL_LIMIT - MARGIN - used)
-    for s in staged:
-        shutil.copy2(prep / s["file"], call / s["file"])
-    n_tok = sum(s["tokens"] for s in staged)
-    next_file.write_text(f"{(nxt + len(staged)) % len(shards)}\n")
-    (call / "commit.txt").write_text(commit_stamp(root) + "\n")
-    (call / "staged.json").write_text(json.dumps({"shards": [s["file"] for s in staged], "tokens": n_tok,
-                                                  "families": list(families), "fresh": list(fresh), "size": size},
-                                                 indent=1) + "\n")
-    return {"shards": [s["file"] for s in staged], "tokens": n_tok, "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
+    stamp = commit_stamp(root)
+    try:
+        call.parent.mkdir(parents=True, exist_ok=True)
+        _update_latest(latest, new_parts)
+        tmp = staging_dir(call)
+    except OSError as exc:
+        raise StageError(f"--call {call}: cannot write there ({exc.strerror or exc}); nothing was staged") from None
+    got = {}
+
+    def fill(d: Path) -> None:        # the whole call folder, moved into place only when complete
+        shutil.copytree(prep / "tokenizer", d / "tokenizer")
+        shutil.copy2(prep / "meta.json", d / "meta.json")
+        (d / "resume").mkdir()
+        for fam in resumed:
+            for q in _parts_in(latest, fam, "latest") if latest.is_dir() else []:
+                shutil.copy2(q, d / "resume" / q.name)
+        room = CALL_LIMIT - MARGIN - _tree_bytes(root) - _dir_bytes(d) - sum(_dir_bytes(e) for e in extra)
+        got["staged"] = staged = _fitting(shards, nxt, room)
+        for sh in staged:
+            shutil.copy2(prep / sh["file"], d / sh["file"])
+        (d / "next_shard").write_text(f"{(nxt + len(staged)) % len(shards)}\n")
+        (d / "commit.txt").write_text(stamp + "\n")
+        (d / "staged.json").write_text(json.dumps({"shards": [x["file"] for x in staged],
+                                                   "tokens": sum(x["tokens"] for x in staged), "families": list(families),
+                                                   "fresh": list(fresh), "size": size}, indent=1) + "\n")
+
+    try:
+        fill_and_place(tmp, call, fill, lambda why: f"--call {call}: cannot stage there ({why}); the call folder "
+                                                    f"is as it was")
+    except DascInputError as exc:
+        raise StageError(str(exc)) from None
+    staged = got["staged"]
+    return {"shards": [x["file"] for x in staged], "tokens": sum(x["tokens"] for x in staged),
+            "carry_mib": round(_dir_bytes(call) / 2 ** 20, 2),
             "total_mib": round((_tree_bytes(root) + _dir_bytes(call) + sum(_dir_bytes(e) for e in extra)) / 2 ** 20, 2),
-            "resume": sorted({p.name.split(".tzp.")[0] for p in resume.glob("*.tzp.*")}), **plan}
+            "resume": sorted({q.name.split(".tzp.")[0] for q in (call / "resume").glob("*.tzp.*")}), **plan}
 
 
 def _fitting(shards: list[dict], nxt: int, room: int) -> list[dict]:
@@ -354,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
               "shard_mib": round(sum(s["bytes"] for s in meta["shards"]) / 2 ** 20, 2)}, indent=1))
     else:
         try:
+            top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+            if top.returncode or Path(top.stdout.strip()).resolve() != Path.cwd().resolve():
+                raise StageError(f"run from the root of the dasc checkout (here: {Path.cwd()}): the call carries that "
+                                 f"tree, and stage measures it")
             print(json.dumps(stage(a.prep, a.call, a.returned, Path.cwd(), list(a.also_carried), a.families,
                                     a.fresh, a.size, a.check), indent=1))
         except StageError as exc:
@@ -363,4 +426,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dasc_compile.cli_exit import finish, run_guarded     # Ctrl-C: one line, no traceback
+    finish(run_guarded(main))

@@ -128,7 +128,7 @@ def test_stage_resumes_one_m30_family_only_with_bundles_and_results_parked(packe
 
     rc, _, err = _stage(capsys, prep, whl, call, "--returned", str(packed_m30), "--families", "gdn", "--check")
     assert rc == 2 and len(err.splitlines()) == 1 and not (tmp_path / "dev").exists()
-    assert err.startswith("error: --size ref: the gdn checkpoint to resume") and "--size m30" in err
+    assert err.startswith("error: --returned ") and "gdn checkpoint was trained at --size m30" in err
 
 
 def test_stage_refuses_two_m30_families_whose_return_is_over_64_mib(tmp_path, capsys, monkeypatch):

@@ -398,10 +398,11 @@ def test_stage_refuses_with_one_line_and_leaves_the_staged_call_as_it_was(data_d
 
 
 @pytest.mark.parametrize("families, staged, refused", [("gdn kda", ["mamba2"], True), ("mamba2", ["mamba2"], False),
-                                                       ("gdn", ["gdn", "kda"], False), ("gdn kda", None, False)])
+                                                       ("gdn", ["gdn", "kda"], False), ("gdn kda", None, True)])
 def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, families, staged, refused):
     """FAMILIES="gdn kda" (the driver's default) on a call staged with --families mamba2 started both
-    fresh without a word; their returned checkpoints then replaced the trained ones as the newest."""
+    fresh without a word; their returned checkpoints then replaced the trained ones as the newest. A call
+    folder without staged.json (a typo in CALL) is refused too: there is nothing to check against."""
     import shutil
     import subprocess
 
@@ -419,7 +420,9 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
     p = subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
                        text=True, timeout=120)
     log = (out / "run.log").read_text()
-    if refused:
+    if refused and staged is None:
+        assert p.returncode == 2 and "no readable staged.json" in log and "trainer exit" not in log, log
+    elif refused:
         assert p.returncode == 2 and "error: FAMILIES has gdn but the call was staged for: mamba2" in log, log
         assert "trainer exit" not in log
     else:
