@@ -14,7 +14,7 @@ travels: a device call carries its checkpoints in and out within 64 MiB (benchma
   64, MLP 1,792). Parameters: gdn 31,450,432, kda 29,663,280, mamba2 31,084,096 (transformers 5.24; gdn and
   mamba2 the same under 5.12). MLPs are 2 x hidden (Mamba2 3.5 x), not ``ref``'s 3 x (5.25 x): at 3 x GDN has
   37.7M parameters, ~51 MiB packed, which no call carries with the tree and tokenizer. One family per call:
-  packed with its training state it is ~40-43 MiB (benchmarks/train/prepare.py ``PACKED_MIB``).
+  packed with its training state it is ~40-43 MiB (benchmarks/train/staged_parts.py ``PACKED_MIB``).
 - ``smoke``: tiny, for tests.
 
 Decays start as each class's ``_init_weights`` draws them, except GDN's ``dt_bias``, redrawn log-uniform

@@ -18,7 +18,7 @@ are checked by unpacking here and kept as each family's newest in ``.dev/train/l
 unpacks them, benchmarks/h200/train_refs.sh),
 and as many shards as fit in the 64 MiB a call carries, continuing after the shards the last call used
 (kept in ``.dev/train/call/next_shard``). Prints the carry size and what the call will return.
-Packed, a checkpoint with its training state carries :data:`PACKED_MIB` (``ref`` ~14.5-15.9 MiB instead of
+Packed, a checkpoint with its training state carries ``staged_parts.PACKED_MIB`` (``ref`` ~14.5-15.9 MiB instead of
 ~21-23 unpacked; ``m30`` ~40-43 MiB in 3 parts); which families fit one call: the header of
 benchmarks/h200/train_refs.sh. ``--size`` (default ref; recorded in ``staged.json``, which train_refs.sh
 passes to the trainers) is the size of the families the call trains: a checkpoint to resume of another
@@ -36,22 +36,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.train import pack
 from benchmarks.train.data import write_shard
 from benchmarks.train.models import FAMILIES, SIZES
+from benchmarks.train.staged_parts import (PACKED_MIB, RETURN_FILES, RETURN_LIMIT, StageError, parts_in,
+                                          return_estimate, returned_parts, size_of, update_latest)
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
 from benchmarks.cli_args import OneLineParser
 from dasc_compile.atomic import fill_and_place, staging_dir
@@ -59,14 +56,7 @@ from dasc_compile.errors import DascInputError
 
 CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
 MARGIN = 2 * 2 ** 20               # room for the tree to grow between staging and the call
-RETURN_LIMIT, RETURN_FILES = 64 * 2 ** 20, 8    # what one device call returns (files of <= 16 MiB: pack.PART_BYTES)
-LOG_BYTES = 2 ** 20                # run.log + summary.json (~40 KB in the calls of 2026-12-03)
-GROWTH = 1.02                      # a trained checkpoint's parts vs the carried (or measured) ones: ref gdn 0.996
-# Packed checkpoint with its training state (train.py --pack-to after 2 CPU steps, transformers 5.24, the
-# 8,192-id tokenizer), MiB: what a fresh start returns. Trained ref gdn returned 14.54 (2026-12-03).
-PACKED_MIB = {("gdn", "ref"): 14.60, ("kda", "ref"): 15.69, ("mamba2", "ref"): 15.89,
-              ("gdn", "m30"): 42.83, ("kda", "m30"): 40.48, ("mamba2", "m30"): 42.23,
-              ("gdn", "smoke"): 0.61, ("kda", "smoke"): 0.96, ("mamba2", "smoke"): 0.98}
+
 
 
 def prepare_data(out: Path, vocab: int, held_out: int, shard_tokens: int, seed: int, count_docs: int) -> dict:
@@ -138,56 +128,6 @@ def commit_stamp(root: Path) -> str:
     return f"{head}{'+dirty' if dirty else ''}"
 
 
-class StageError(ValueError):
-    """Bad input to ``stage``: one line naming the flag or file and what was expected; nothing written."""
-
-
-def _size_of(parts: list[Path], where: str) -> str | None:
-    """Unpack ``parts`` into a scratch folder (a damaged or missing part fails here, not on the device); the
-    ``size`` its ``train_state/state.json`` records (``ref`` where it names none), None without a state."""
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            state = pack.unpack(parts, Path(tmp)) / "train_state" / "state.json"
-            return json.loads(state.read_text()).get("size", "ref") if state.is_file() else None
-    except (ValueError, OSError, tarfile.TarError) as exc:
-        raise StageError(f"{where}: {exc}; nothing was staged") from None
-
-
-def _returned_parts(returned: Path | None) -> tuple[dict[str, list[Path]], dict[str, str | None]]:
-    """Each family's packed parts in ``returned`` and the size each records, checked by unpacking them
-    (:func:`_size_of`)."""
-    if returned is None:
-        return {}, {}
-    if not returned.is_dir():
-        raise StageError(f"--returned {returned}: not a folder (give the folder holding the last call's "
-                         f"<family>.tzp.* files)")
-    parts = {fam: _parts_in(returned, fam, "--returned") for fam in FAMILIES}
-    parts = {fam: ps for fam, ps in parts.items() if ps}
-    if not parts:
-        raise StageError(f"--returned {returned}: no <family>.tzp.NN part in it (give the folder holding the last "
-                         f"call's files, or leave --returned out); nothing was staged")
-    return parts, {fam: _size_of(ps, f"--returned {returned}") for fam, ps in parts.items()}
-
-
-def _parts_in(folder: Path, fam: str, what: str) -> list[Path]:
-    """``fam``'s parts ``FAM.tzp.NN`` in ``folder``, in order. A file that starts like one but is not
-    (``gdn.tzp.00.orig``) would travel and be unpacked as a part: refused, naming it."""
-    found = sorted(folder.glob(f"{fam}.tzp.*"))
-    odd = [q.name for q in found if not re.fullmatch(rf"{fam}\.tzp\.\d\d", q.name) or not q.is_file()]
-    if odd:
-        raise StageError(f"{what} {folder}: {', '.join(odd)} is not a part ({fam}.tzp.NN); move it away "
-                         f"(nothing was staged)")
-    return found
-
-
-def return_estimate(packed: dict[str, int]) -> tuple[int, int]:
-    """(files, bytes) a call returns when it trains the families of ``packed`` (family: bytes of its packed
-    checkpoint, the carried one or :data:`PACKED_MIB`'s): run.log, summary.json and each family's parts of at
-    most ``pack.PART_BYTES``, each grown by :data:`GROWTH`."""
-    grown = [math.ceil(b * GROWTH) for b in packed.values()]
-    return 2 + sum(-(-g // pack.PART_BYTES) for g in grown), LOG_BYTES + sum(grown)
-
-
 def parkable(root: Path) -> dict[str, int]:
     """Bytes now in the tree of what benchmarks/h200/park.py can park for a training call: ``bundles`` and
     ``benchmarks/results`` and ``benchmarks/traces`` (tracked files that exist; no training call reads them)."""
@@ -204,19 +144,6 @@ def parkable(root: Path) -> dict[str, int]:
                                capture_output=True).stdout.split(b"\0") if paths else []
         out[name] = sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
     return out
-
-
-def _update_latest(latest: Path, returned: dict[str, list[Path]]) -> None:
-    """Keep each family's newest packed checkpoint in ``latest/`` (the call folder's sibling): the parts of
-    ``returned`` (checked by :func:`_returned_parts`) replace that family's there."""
-    latest.mkdir(parents=True, exist_ok=True)
-    for fam, parts in returned.items():
-        if all(q.resolve().parent == latest.resolve() for q in parts):
-            continue                 # --returned is latest/ itself: its parts are already the newest
-        for old in _parts_in(latest, fam, "latest"):
-            old.unlink()
-        for q in parts:
-            shutil.copy2(q, latest / q.name)
 
 
 def _check_places(prep: Path, call: Path, extra: list[Path]) -> None:
@@ -272,10 +199,10 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     if size not in SIZES:
         raise StageError(f"--size {size}: expected one of {', '.join(SIZES)} (benchmarks/train/models.py SIZES)")
     meta = _read_meta(prep)
-    new_parts, sizes = _returned_parts(returned)
+    new_parts, sizes = returned_parts(returned)
     latest = call.parent / "latest"
     resumed = [fam for fam in families if fam not in fresh]
-    by_fam = {fam: new_parts.get(fam) or (_parts_in(latest, fam, "latest") if latest.is_dir() else [])
+    by_fam = {fam: new_parts.get(fam) or (parts_in(latest, fam, "latest") if latest.is_dir() else [])
               for fam in resumed}
     for fam, was in sizes.items():       # every returned part replaces latest/'s: never one of another size
         if was not in (None, size):
@@ -283,7 +210,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
                              f"{size}; stage it with --size {was} (and its own --call, so that latest/ keeps one "
                              f"size), or move it away (nothing was changed)")
     for fam, parts in by_fam.items():
-        was = sizes[fam] if fam in new_parts else _size_of(parts, str(latest)) if parts else None
+        was = sizes[fam] if fam in new_parts else size_of(parts, str(latest)) if parts else None
         if was not in (None, size):
             raise StageError(f"--size {size}: the {fam} checkpoint to resume ({parts[0].parent}/{fam}.tzp.*) was "
                              f"trained at --size {was}; give --size {was}, or --fresh {fam} (nothing was changed)")
@@ -329,7 +256,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     stamp = commit_stamp(root)
     try:
         call.parent.mkdir(parents=True, exist_ok=True)
-        _update_latest(latest, new_parts)
+        update_latest(latest, new_parts)
         tmp = staging_dir(call)
     except OSError as exc:
         raise StageError(f"--call {call}: cannot write there ({exc.strerror or exc}); nothing was staged") from None
@@ -340,7 +267,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         shutil.copy2(prep / "meta.json", d / "meta.json")
         (d / "resume").mkdir()
         for fam in resumed:
-            for q in _parts_in(latest, fam, "latest") if latest.is_dir() else []:
+            for q in parts_in(latest, fam, "latest") if latest.is_dir() else []:
                 shutil.copy2(q, d / "resume" / q.name)
         room = CALL_LIMIT - MARGIN - _tree_bytes(root) - _dir_bytes(d) - sum(_dir_bytes(e) for e in extra)
         got["staged"] = staged = _fitting(shards, nxt, room)

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from benchmarks.train import pack, prepare  # noqa: E402
+from benchmarks.train import pack, prepare, staged_parts  # noqa: E402
 from benchmarks.train.models import FAMILIES, SIZES, build_model, n_params, save_checkpoint  # noqa: E402
 from tests.benchmarks.test_train_refs import _args, make_data  # noqa: E402
 
@@ -64,7 +64,7 @@ def test_m30_builds_for_the_other_families_at_about_30m(family, params):
 
 
 def test_every_size_and_family_has_a_measured_packed_size():
-    assert set(prepare.PACKED_MIB) == {(f, s) for f in FAMILIES for s in SIZES}
+    assert set(staged_parts.PACKED_MIB) == {(f, s) for f in FAMILIES for s in SIZES}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_m30_gdn_packs_to_three_parts_of_the_measured_size(packed_m30):
     """PACKED_MIB (with the training state and the 0.7 MiB tokenizer) less what this checkpoint lacks."""
     sizes = [p.stat().st_size for p in sorted(packed_m30.glob("gdn.tzp.*"))]
     assert len(sizes) == 3 and sizes[:2] == [pack.PART_BYTES] * 2
-    assert prepare.PACKED_MIB["gdn", "m30"] - 1.5 < sum(sizes) / MIB < prepare.PACKED_MIB["gdn", "m30"]
+    assert staged_parts.PACKED_MIB["gdn", "m30"] - 1.5 < sum(sizes) / MIB < staged_parts.PACKED_MIB["gdn", "m30"]
 
 
 def _prep(tmp_path) -> tuple[Path, Path]:
