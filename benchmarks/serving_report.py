@@ -263,8 +263,13 @@ def main(argv: Iterable[str] | None = None) -> int:
             if any(not 0 < r < 1 for r in a.rho):
                 raise DascInputError(f"--rho: expected utilisations in (0, 1), got {a.rho}")
             runs = collect(a.works, exclude_calls=a.exclude_call)    # its errors name their folder already
-            runs = [r for r in runs if (a.pad is None or r["cond"][2] == a.pad)
+            kept = [r for r in runs if (a.pad is None or r["cond"][2] == a.pad)
                     and (a.replay is None or r["cond"][1] == a.replay)]
+            if runs and not kept:
+                raise DascInputError(f"no run at --pad {a.pad} / --replay {a.replay} (present: "
+                                     + "; ".join(sorted({f"pad {r['cond'][2]}, {r['cond'][1]}" for r in runs}))
+                                     + ")")
+            runs = kept
             try:
                 rates = open_loop_rates(runs, a.rho)
             except DascInputError as e:

@@ -108,7 +108,7 @@ def test_rates_refuses_a_folder_given_twice_and_picks_a_pad(tmp_path, capsys):
     assert sr.main(["rates", str(w), str(w), "--exclude-call", "1"]) == 2
     _one_error(capsys, "counted twice")
     assert sr.main(["rates", str(w), "--pad", "6000"]) == 2
-    _one_error(capsys, "no closed-loop run")
+    _one_error(capsys, "no run at --pad 6000", "present: pad 0, served-reply")
     assert sr.main(["rates", str(w), "--pad", "0", "--rho", "0.5"]) == 0
     assert json.loads(capsys.readouterr().out)["x_sat"]["n"] == 1
     assert sr.main(["rates", str(w), "--rho", "0"]) == 2
