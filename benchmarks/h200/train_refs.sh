@@ -49,12 +49,18 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 T_START=$(date +%s)
 BUDGET=${1:-570}
+[[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 30 ] || { echo "error: BUDGET_S '$BUDGET': expected whole seconds >= 30 (the trainers stop 20 s before it)" >&2; exit 2; }
+[ -n "${OUT:-}" ] || { echo "error: OUT: set it to the folder that comes back (the device tool's \$OUT)" >&2; exit 2; }
 STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (20 s; train.py) before this
 CALL=${CALL:-.dev/train/call}
 WHL=.dev/train/whl
 OUT=${OUT:?set OUT to the folder that comes back}
 KERNELS=${KERNELS:-torch}
 FAMILIES=${FAMILIES:-gdn kda}
+for fam in $FAMILIES; do
+  case $fam in gdn|kda|mamba2) ;; *) echo "error: FAMILIES has '$fam': expected gdn, kda or mamba2" >&2; exit 2;; esac
+done
+[ -n "${FAMILIES// }" ] || { echo "error: FAMILIES is empty: expected gdn, kda and/or mamba2" >&2; exit 2; }
 LOG=$OUT/run.log
 say() { echo "[train_refs $(($(date +%s) - T_START))s] $*" | tee -a "$LOG"; }
 

@@ -310,6 +310,7 @@ def test_train_refs_gives_each_family_its_own_flags(tmp_path):
     (tmp_path / "benchmarks/h200").mkdir(parents=True)
     shutil.copy(ROOT / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
     (tmp_path / ".dev/train/call").mkdir(parents=True)
+    (tmp_path / ".dev/train/call/staged.json").write_text('{"shards": [], "tokens": 0, "families": ["gdn", "kda"]}')
     real = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     shim = tmp_path / "bin" / "python3"           # records the trainers' arguments, runs everything else
     shim.parent.mkdir()

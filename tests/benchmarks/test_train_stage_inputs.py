@@ -114,3 +114,17 @@ def test_a_failure_while_writing_leaves_the_call_folder_as_it_was(staged, tmp_pa
     _one_line(rc, err, "--call", "as it was")
     assert _listing(call) == before
     assert not [p for p in call.parent.iterdir() if p.name.startswith(".")]     # no staging folder left
+
+
+@pytest.mark.parametrize("budget, env, needle", [("abc", {}, "BUDGET_S 'abc'"), ("10", {}, "BUDGET_S '10'"),
+                                                 ("100", {"FAMILIES": "GDN"}, "FAMILIES has 'GDN'"),
+                                                 ("100", {"FAMILIES": " "}, "FAMILIES is empty"),
+                                                 ("100", {"OUT": ""}, "OUT: set it")])
+def test_train_refs_refuses_bad_settings_before_anything_runs(tmp_path, budget, env, needle):
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks/h200/train_refs.sh"
+    full = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), **env}
+    p = subprocess.run(["bash", str(script), budget], env=full, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and needle in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []                    # no run.log: nothing ran
