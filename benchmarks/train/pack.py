@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tarfile
 import zlib
 from pathlib import Path
@@ -39,11 +40,11 @@ def pack(src: Path, out_dir: Path, name: str | None = None) -> list[Path]:
     blob = MAGIC + len(buf.getvalue()).to_bytes(8, "little") + hashlib.sha256(buf.getvalue()).digest() + body
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob(f"{name}.tzp.*"):
+    for old in parts_of(out_dir, name)[0]:
         old.unlink()
     paths = []
     for i in range(0, len(blob), PART_BYTES):
-        p = out_dir / f"{name}.tzp.{i // PART_BYTES:02d}"
+        p = out_dir / part_name(name, i // PART_BYTES)
         p.write_bytes(blob[i:i + PART_BYTES])
         paths.append(p)
     return paths
@@ -79,6 +80,19 @@ def unpack(parts: list[Path], dest: Path) -> Path:
     return dest / top
 
 
+def part_name(name: str, i: int) -> str:
+    """The file name of part ``i`` of packed directory ``name``: ``NAME.tzp.NN``."""
+    return f"{name}.tzp.{i:02d}"
+
+
+def parts_of(folder: Path, name: str) -> tuple[list[Path], list[Path]]:
+    """``name``'s parts in ``folder`` (``NAME.tzp.NN`` files, in order) and the other entries whose names start
+    like one (``NAME.tzp.00.orig``): the caller decides whether those are an error."""
+    found = sorted(Path(folder).glob(f"{name}.tzp.*"))
+    ok = [q for q in found if re.fullmatch(rf"{re.escape(name)}\.tzp\.\d\d", q.name) and q.is_file()]
+    return ok, [q for q in found if q not in ok]
+
+
 def unpack_all(src: Path, dest: Path) -> list[Path]:
     """Unpack every directory packed in ``src`` (each group of ``NAME.tzp.NN``) into ``dest``; returns them
     in name order.
@@ -87,7 +101,7 @@ def unpack_all(src: Path, dest: Path) -> list[Path]:
         ValueError: a group is missing a part or damaged (:func:`unpack`).
     """
     names = sorted({p.name.split(".tzp.")[0] for p in Path(src).glob("*.tzp.*")})
-    return [unpack(list(Path(src).glob(f"{n}.tzp.*")), dest) for n in names]
+    return [unpack(parts_of(src, n)[0], dest) for n in names]
 
 
 if __name__ == "__main__":

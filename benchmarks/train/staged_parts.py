@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import tarfile
 import tempfile
@@ -64,11 +63,10 @@ def returned_parts(returned: Path | None) -> tuple[dict[str, list[Path]], dict[s
 def parts_in(folder: Path, fam: str, what: str) -> list[Path]:
     """``fam``'s parts ``FAM.tzp.NN`` in ``folder``, in order. A file that starts like one but is not
     (``gdn.tzp.00.orig``) would travel and be unpacked as a part: refused, naming it."""
-    found = sorted(folder.glob(f"{fam}.tzp.*"))
-    odd = [q.name for q in found if not re.fullmatch(rf"{fam}\.tzp\.\d\d", q.name) or not q.is_file()]
+    found, odd = pack.parts_of(folder, fam)
     if odd:
-        raise StageError(f"{what} {folder}: {', '.join(odd)} is not a part ({fam}.tzp.NN); move it away "
-                         f"(nothing was staged)")
+        raise StageError(f"{what} {folder}: {', '.join(q.name for q in odd)} is not a part ({fam}.tzp.NN); move it "
+                         f"away (nothing was staged)")
     return found
 
 
