@@ -90,20 +90,24 @@ fi
 say "size $SIZE"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 # dasc's compiler (the decay report) needs pydantic, which the image lacks; fla only when asked for
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+# Wheels and the unpacked checkpoints go to a folder of this call's own: a warm machine keeps the last call's
+# /tmp, where a fresh start would otherwise find (and resume) the last call's checkpoint
+SCRATCH=$(mktemp -d /tmp/train_refs.XXXXXX)
+trap 'rm -rf "$SCRATCH"' EXIT   # by then the trainers have packed their checkpoints into $OUT
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SCRATCH/site \
   $WHL/pydantic-*.whl $WHL/pydantic_core-*.whl $WHL/annotated_types-*.whl $WHL/typing_inspection-*.whl 2>&1 \
   | tee -a "$LOG" || say "pydantic wheels missing: the decay report will be skipped"
 FLA_WHEEL=$(ls $WHL/fla_core-*.whl 2>/dev/null | head -1)
 if [ -n "$FLA_WHEEL" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla "$FLA_WHEEL" 2>&1 | tee -a "$LOG"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SCRATCH/fla "$FLA_WHEEL" 2>&1 | tee -a "$LOG"
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export PYTHONPATH=$SCRATCH/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export DASC_COMMIT=$(cat $CALL/commit.txt 2>/dev/null || echo unknown)
-if [ "$KERNELS" = fla ]; then export PYTHONPATH=/tmp/fla:$PYTHONPATH; fi
+if [ "$KERNELS" = fla ]; then export PYTHONPATH=$SCRATCH/fla:$PYTHONPATH; fi
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$LOG"
 say "commit $DASC_COMMIT; data: $(cat $CALL/staged.json 2>/dev/null | tr -d '\n ')"
 if ls $CALL/resume/*.tzp.* >/dev/null 2>&1; then
-  python3 -m benchmarks.train.pack $CALL/resume /tmp/resume 2>&1 | tee -a "$LOG"
+  python3 -m benchmarks.train.pack $CALL/resume $SCRATCH/resume 2>&1 | tee -a "$LOG"
 fi
 
 n=$(echo $FAMILIES | wc -w)
@@ -111,14 +115,14 @@ FRACTION=$(python3 -c "print(round(0.92 / $n, 2))")
 pids=()
 for fam in $FAMILIES; do
   resume=()
-  if [ -f "/tmp/resume/$fam/config.json" ]; then resume=(--resume "/tmp/resume/$fam"); fi
+  if [ -f "$SCRATCH/resume/$fam/config.json" ]; then resume=(--resume "$SCRATCH/resume/$fam"); fi
   flags_var="${fam^^}_FLAGS"            # GDN_FLAGS, KDA_FLAGS, MAMBA2_FLAGS
   fam_flags=${!flags_var:-}
   say "$fam: ${resume[*]:-fresh start}${fam_flags:+; $flags_var: $fam_flags}"
   { timeout -k 15 $((STOP_AT - $(date +%s) + 10)) python3 -m benchmarks.train.train --family $fam --data $CALL \
-      --out /tmp/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION --size "$SIZE" "${resume[@]}" \
+      --out $SCRATCH/refs --stop-at $STOP_AT --pack-to "$OUT" --memory-fraction $FRACTION --size "$SIZE" "${resume[@]}" \
       ${TRAIN_ARGS:-} $fam_flags; \
-    echo $? > /tmp/refs-rc-$fam; } 2>&1 | sed -u "s/^/[$fam] /" >> "$LOG" &
+    echo $? > $SCRATCH/rc-$fam; } 2>&1 | sed -u "s/^/[$fam] /" >> "$LOG" &
   pids+=($!)
 done
 if [ -n "$FLA_WHEEL" ] && [ "${FLA_PROBE:-1}" = 1 ] && [ "$KERNELS" != fla ]; then
@@ -126,14 +130,14 @@ if [ -n "$FLA_WHEEL" ] && [ "${FLA_PROBE:-1}" = 1 ] && [ "$KERNELS" != fla ]; th
   if [ $cap -gt 60 ]; then
     cap=$((cap < 300 ? cap : 300))
     say "fla probe in the background (at most ${cap}s)"
-    (timeout -k 5 $cap python3 -m benchmarks.train.fla_probe --fla /tmp/fla 2>&1 | sed -u "s/^/[fla] /" >> "$LOG"; \
+    (timeout -k 5 $cap python3 -m benchmarks.train.fla_probe --fla $SCRATCH/fla 2>&1 | sed -u "s/^/[fla] /" >> "$LOG"; \
      echo "[fla] probe ended (exit ${PIPESTATUS[0]}: 124 = time cap reached)" >> "$LOG") &
   fi
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 rc=0
 for fam in $FAMILIES; do
-  r=$(cat /tmp/refs-rc-$fam 2>/dev/null || echo missing); say "$fam trainer exit: $r"; [ "$r" = 0 ] || rc=1
+  r=$(cat $SCRATCH/rc-$fam 2>/dev/null || echo missing); say "$fam trainer exit: $r"; [ "$r" = 0 ] || rc=1
 done
 python3 -m benchmarks.train.scoring "$LOG" --write-summary "$OUT/summary.json" || say "summary.json not written"
 say "done; files: $(ls $OUT | tr '\n' ' ')"

@@ -53,8 +53,11 @@ def pack(src: Path, out_dir: Path, name: str | None = None) -> list[Path]:
 def unpack(parts: list[Path], dest: Path) -> Path:
     """Extract the directory packed in ``parts`` (all of one name, in any order) into ``dest``; returns it.
 
+    The packed directory lands in ``dest/NAME``, which must not exist yet or be empty: extracting over an older
+    checkpoint would leave its files beside the new ones (a resume would then read a mix).
+
     Raises:
-        ValueError: a part is missing or damaged (length or sha256 mismatch).
+        ValueError: a part is missing or damaged (length or sha256 mismatch), or ``dest/NAME`` holds files.
     """
     parts = sorted(Path(p) for p in parts)
     blob = b"".join(p.read_bytes() for p in parts)
@@ -75,8 +78,10 @@ def unpack(parts: list[Path], dest: Path) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tf:
-        tf.extractall(dest, filter="data")
         top = tf.getnames()[0].split("/")[0]
+        if (dest / top).exists() and any((dest / top).iterdir()):
+            raise ValueError(f"{dest / top}: already holds files (an earlier unpack?); remove it or choose another DEST")
+        tf.extractall(dest, filter="data")
     return dest / top
 
 
@@ -109,5 +114,10 @@ if __name__ == "__main__":
 
     if len(sys.argv) != 3:
         raise SystemExit("usage: python -m benchmarks.train.pack SRC DEST")
-    for d in unpack_all(Path(sys.argv[1]), Path(sys.argv[2])):
+    try:
+        done = unpack_all(Path(sys.argv[1]), Path(sys.argv[2]))
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    for d in done:
         print(f"unpacked {d}")

@@ -341,3 +341,44 @@ def test_copy_rows_that_do_not_fit_the_sequence_are_refused_before_the_model(dat
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: --seq 64 / --recall-min-gap 32")
     assert "too short for copy rows" in err[0] and not (tmp_path / "out").exists()
+
+
+def test_train_refs_fresh_start_after_a_resume_on_a_warm_machine_starts_fresh(tmp_path):
+    """A warm machine keeps the last call's /tmp. The driver unpacked the carried checkpoints to a fixed
+    /tmp/resume and gave a family --resume whenever /tmp/resume/<family> existed, so a fresh start right after a
+    resume call would have resumed the old checkpoint. Two calls in a row, resume then fresh, on one /tmp."""
+    import sys
+
+    from benchmarks.train import pack
+
+    (tmp_path / "benchmarks/h200").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
+    (tmp_path / "benchmarks/__init__.py").write_text("")
+    (tmp_path / "benchmarks/train").symlink_to(ROOT / "benchmarks/train")
+    shim = tmp_path / "bin" / "python3"           # records the trainers' arguments, runs everything else
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train.train" ]; then\n'
+                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    call = tmp_path / ".dev/train/call"
+    (call / "resume").mkdir(parents=True)
+    ck = tmp_path / "ck" / "gdn"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text("{}")
+    pack.pack(ck, call / "resume")
+
+    def run(fresh: bool) -> str:
+        (call / "staged.json").write_text(json.dumps({"shards": [], "tokens": 0, "families": ["gdn"],
+                                                      "fresh": ["gdn"] if fresh else []}))
+        if fresh:
+            shutil.rmtree(call / "resume")
+        out = tmp_path / f"out-{fresh}"
+        out.mkdir()
+        env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn", "FLA_PROBE": "0",
+               "ARGV_LOG": str(tmp_path / f"argv-{fresh}")}
+        subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
+                       text=True, timeout=120)
+        return (tmp_path / f"argv-{fresh}").read_text()
+
+    assert "--resume" in run(fresh=False)
+    assert "--resume" not in run(fresh=True)

@@ -253,6 +253,14 @@ def test_pack_round_trip_and_damage(tmp_path):
     parts = pack.pack(src, tmp_path / "out")
     back = pack.unpack(parts, tmp_path / "back")
     assert (back / "a.bin").read_bytes() == (src / "a.bin").read_bytes() and (back / "b.json").read_text() == "{}"
+    # unpacking over an earlier checkpoint would leave its files beside the new ones: refused, nothing touched
+    (back / "stale.bin").write_bytes(b"old")
+    with pytest.raises(ValueError, match="already holds files"):
+        pack.unpack(parts, tmp_path / "back")
+    assert (back / "stale.bin").read_bytes() == b"old"
+    (back.parent / "empty").mkdir()
+    (back.parent / "empty" / "m").mkdir()
+    assert pack.unpack(parts, back.parent / "empty") == back.parent / "empty" / "m"   # an empty target is fine
     blob = bytearray(parts[0].read_bytes())
     blob[-5] ^= 0xFF
     parts[0].write_bytes(bytes(blob))
