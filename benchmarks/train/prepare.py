@@ -238,14 +238,17 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
     used = (tree + _dir_bytes(prep / "tokenizer") + ck + (prep / "meta.json").stat().st_size
             + sum(f.stat().st_size for f in kept) + sum(_dir_bytes(e) for e in extra))
     if shards[nxt % len(shards)]["bytes"] > CALL_LIMIT - MARGIN - used:
-        park = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in parkable(root).items() if v)
+        left = {k: v for k, v in parkable(root).items() if v}      # only what is still in the tree
+        cmds = (["bundles"] if "bundles" in left else []) + ([" ".join(k for k in left if k != "bundles")]
+                                                              if set(left) - {"bundles"} else [])
+        park = (f"park what the call does not need (" + "; ".join(f"python -m benchmarks.h200.park park {c}"
+                                                                 for c in cmds) + ": "
+                + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in left.items()) + ")") if left else \
+            "nothing is left to park"
         raise StageError(f"{tag}: no shard fits: {used / 2**20:.1f} MiB are taken before any data (tree "
                          f"{tree / 2**20:.1f}, packed checkpoints to resume {ck / 2**20:.1f}, tokenizer and other "
                          f"carried {(used - tree - ck) / 2**20:.1f}; limit 64 MiB less {MARGIN / 2**20:.0f} of "
-                         f"margin); stage fewer --families, or park what the call does not need "
-                         f"(python -m benchmarks.h200.park park bundles / park benchmarks/results / park benchmarks/traces; in the "
-                         f"tree now: "
-                         f"{park or 'nothing'}) (nothing was changed)")
+                         f"margin); stage fewer --families, or {park} (nothing was changed)")
     plan = {"size": size, "resume_mib": round(ck / 2 ** 20, 2), "tree_mib": round(tree / 2 ** 20, 2),
             "return_files": n_files, "return_mib": round(n_bytes / 2 ** 20, 2)}
     if check:

@@ -118,6 +118,15 @@ def test_stage_resumes_one_m30_family_only_with_bundles_and_results_parked(packe
     assert rc == 2 and len(err.splitlines()) == 1 and not (tmp_path / "dev").exists()
     assert err.startswith("error: --families gdn (--size m30): no shard fits: ")
     assert "(tree 22.8, packed checkpoints to resume 42." in err and "park benchmarks/results" in err
+    # only what is still in the tree is suggested: parked bundles are not named again
+    monkeypatch.setattr(prepare, "parkable", lambda root: {"bundles": 0, "benchmarks/results": 8 << 20,
+                                                           "benchmarks/traces": 6 << 20})
+    rc, _, err = _stage(capsys, prep, whl, call, *resume)
+    assert rc == 2 and "python -m benchmarks.h200.park park benchmarks/results benchmarks/traces: " in err
+    assert "park bundles" not in err
+    monkeypatch.setattr(prepare, "parkable", lambda root: {"bundles": 0, "benchmarks/results": 0})
+    rc, _, err = _stage(capsys, prep, whl, call, *resume)
+    assert rc == 2 and "nothing is left to park" in err and "benchmarks.h200.park" not in err
 
     monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_ALL_PARKED)
     rc, out, _ = _stage(capsys, prep, whl, call, *resume, "--check")
@@ -185,3 +194,27 @@ def test_train_refs_passes_the_staged_size_and_refuses_another(tmp_path, size, s
         assert "trainer exit" not in log
     else:
         assert f"size {size or staged or 'ref'}\n" in log and "trainer exit" in log, log
+
+
+@pytest.mark.parametrize("var, value", [("SIZE", "m3O"), ("KERNELS", "triton")])
+def test_train_refs_refuses_a_size_or_kernels_it_does_not_know_before_anything_runs(tmp_path, var, value):
+    """A typo in SIZE was echoed back as the fix ("run prepare stage --size m3O"); KERNELS=triton trained with
+    the torch kernels without a word. Both are one line naming the variable and the choices, exit 2."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "benchmarks/h200").mkdir(parents=True)
+    shutil.copy(root / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
+    (tmp_path / "out").mkdir()
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "FAMILIES": "gdn", var: value}
+    p = subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [p.stderr.strip()]
+    assert p.stderr.startswith(f"error: {var} '{value}': expected ") and not any((tmp_path / "out").iterdir())
+
+
+def test_train_refs_knows_the_sizes_models_py_defines():
+    """The driver's SIZE check is a shell `case`; it must list models.py's SIZES, no more, no fewer."""
+    import re
+
+    script = (Path(__file__).resolve().parents[2] / "benchmarks/h200/train_refs.sh").read_text()
+    listed = re.search(r"case \$\{SIZE:-ref\} in ([\w|]+)\)", script).group(1).split("|")
+    assert sorted(listed) == sorted(SIZES)
