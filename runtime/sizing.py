@@ -1,7 +1,7 @@
 """Matched state memory for the serving arms (paper App. C.1, §5.3): the one place arms are sized.
 
 ``dasc size PLAN`` and the serving benchmarks (``benchmarks/serving_arms.py``) both call
-:func:`size_arms`. All byte figures are per TP rank:
+:func:`size_arms`. All byte figures are per TP rank (one slot's, in :mod:`dasc_runtime.sizing_bytes`):
 
 * ``b_dense``: one SGLang native Mamba slot, temporal ``[L, H/P, d_v, d_k]`` + conv windows
   (the plan's ``tp.bytes_dense_per_slot``; SGLang's ``mamba2_cache_params.mamba_cache_per_req``);
@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from dasc_compile.schema import DascInputError, UnitSpec, load_plan, usable_slots
+from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
+from dasc_runtime.sizing_bytes import _pool_arm, compressed_bytes_per_slot, int8_bytes_per_slot
 from dasc_runtime.sizing_fit import GIB, MAX_BUDGET_BYTES, MAX_SLOTS, check_pools_fit, smallest_fit
 
 __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
@@ -88,43 +89,6 @@ def slots_per_running_request(strategy: str, *, overlap_schedule: bool = True) -
                              "(drop --disable-overlap-schedule)")
     extra = {"extra_buffer": 2 if overlap_schedule else 1, "extra_buffer_lazy": 1, "no_buffer": 0}[strategy]
     return 3 + extra
-
-
-def int8_bytes_per_slot(plan) -> int:
-    """Bytes of one slot of SGLang's INT8 checkpoint pool on one TP rank, for the plan's model.
-
-    One slot of ``MambaCheckpointPool.estimate_mem_usage_bytes`` (sglang/srt/mem_cache/
-    mamba_checkpoint_pool.py, 0.5.17): ``L * (H/P) * d_v * d_k`` int8 bytes, ``L * (H/P) * d_k``
-    scales in the temporal dtype, and the conv windows ``L * (conv_dim/P) * (K-1)`` in the conv
-    dtype. Every unit INT8, none omitted: ``L * (H/P) * U * unit_bytes(int8) + L * conv`` with the
-    plan's :class:`~dasc_compile.schema.UnitSpec`.
-
-    Args:
-        plan: a loaded :class:`dasc_compile.schema.Plan`.
-    Returns:
-        bytes (int).
-    Raises:
-        DascInputError: a state dtype the unit spec does not know.
-    """
-    spec = UnitSpec.from_plan(plan)
-    spec8 = UnitSpec(**{**asdict(spec), "int8": True})
-    layers = len(plan.model.recurrent_layer_ids)
-    temporal = layers * plan.tp.heads_per_rank * spec8.units_per_head * spec8.unit_bytes
-    return temporal + layers * spec.conv_bytes_per_layer(plan.tp.tp_size)
-
-
-def compressed_bytes_per_slot(plan, *, int8: Optional[bool] = None) -> int:
-    """Bytes of one dasc compressed slot on the bottleneck TP rank (App. C.1: the same C on every rank).
-
-    ``int8=None`` (or the plan's own setting): the plan's ``tp.bottleneck_bytes_per_slot``. The other
-    setting: the plan's kept units (``payload_storage[r].n_alloc``) at that setting's unit bytes plus
-    the rank's conv bytes, maximised over ranks: what the same selection compiled with ``--int8`` /
-    ``--no-int8`` allocates.
-    """
-    if int8 is None or bool(int8) == bool(plan.policy.int8):
-        return int(plan.tp.bottleneck_bytes_per_slot)
-    spec = UnitSpec(**{**asdict(UnitSpec.from_plan(plan)), "int8": bool(int8)})
-    return max(p.n_alloc * spec.unit_bytes + p.bytes_conv for p in plan.tp.payload_storage)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,24 +304,6 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
                                              path if path is not None else "{plan}", "--dasc-pool-slots", str(c))
                              + (("--dasc-refresh-slots", str(n_wr)) if wr else ())))
     return out
-
-
-def _pool_arm(plan, name: str, *, b_dense: int, scratch_slots: int, refresh_slots: Optional[int]) -> tuple[str, int, int]:
-    """``(what, bytes per pool slot, scratch bytes)`` of a pool arm: SGLang's INT8 pool, or the plan's compressed
-    pool in the plan's temporal dtype (``dasc``) or INT8 (``dasc-int8``), charged dasc-wr's B native scratch slots.
-
-    Raises:
-        DascInputError: an unknown arm name.
-    """
-    if name == "int8":
-        return "SGLang INT8", int8_bytes_per_slot(plan), 0
-    if name not in ("dasc", "dasc-int8"):
-        raise DascInputError(f"arm {name!r}: expected dense, int8, dasc or dasc-int8")
-    i8 = name == "dasc-int8"
-    b_c = compressed_bytes_per_slot(plan, int8=i8)
-    wr = refresh_active(plan)                     # dasc-wr: B hidden native scratch slots (wr_scratch.py)
-    n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
-    return f"dasc-{'wr' if wr else 'nr'}{'+INT8' if i8 else ''}", b_c, scratch_slots * b_c + n_wr * b_dense
 
 
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0,
