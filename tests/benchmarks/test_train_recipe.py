@@ -305,21 +305,27 @@ def test_trainer_refuses_bad_recipe_flags_in_one_line(data_dir, tmp_path, capsys
     assert exc.value.code == 2 and line.startswith(f"error: {flag} {value}") and not (tmp_path / "out").exists()
 
 
-def test_train_refs_gives_each_family_its_own_flags(tmp_path):
-    """KDA_FLAGS reach the KDA trainer only, after TRAIN_ARGS; unset, the GDN trainer's command is as before."""
+def _driver_with_recording_python(tmp_path: Path, python: str) -> Path:
+    """A copy of train_refs.sh under tmp_path and a ``python3`` shim that records the trainers' arguments in
+    $ARGV_LOG and runs everything else with ``python``; returns the shim's folder (put it first on PATH)."""
     (tmp_path / "benchmarks/h200").mkdir(parents=True)
     shutil.copy(ROOT / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
-    (tmp_path / ".dev/train/call").mkdir(parents=True)
-    (tmp_path / ".dev/train/call/staged.json").write_text('{"shards": [], "tokens": 0, "families": ["gdn", "kda"]}')
-    real = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
-    shim = tmp_path / "bin" / "python3"           # records the trainers' arguments, runs everything else
+    shim = tmp_path / "bin" / "python3"
     shim.parent.mkdir()
     shim.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train.train" ]; then\n'
-                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\nexec {real} "$@"\n')
+                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\nexec {python} "$@"\n')
     shim.chmod(0o755)
+    return shim.parent
+
+
+def test_train_refs_gives_each_family_its_own_flags(tmp_path):
+    """KDA_FLAGS reach the KDA trainer only, after TRAIN_ARGS; unset, the GDN trainer's command is as before."""
+    bindir = _driver_with_recording_python(tmp_path, shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3")
+    (tmp_path / ".dev/train/call").mkdir(parents=True)
+    (tmp_path / ".dev/train/call/staged.json").write_text('{"shards": [], "tokens": 0, "families": ["gdn", "kda"]}')
     out = tmp_path / "out"
     out.mkdir()
-    env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn kda", "FLA_PROBE": "0",
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn kda", "FLA_PROBE": "0",
            "TRAIN_ARGS": "--max-steps 0", "KDA_FLAGS": "--recall-min-gap 512 --copy-frac 0.25",
            "ARGV_LOG": str(tmp_path / "argv")}
     subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
@@ -351,15 +357,9 @@ def test_train_refs_fresh_start_after_a_resume_on_a_warm_machine_starts_fresh(tm
 
     from benchmarks.train import pack
 
-    (tmp_path / "benchmarks/h200").mkdir(parents=True)
-    shutil.copy(ROOT / "benchmarks/h200/train_refs.sh", tmp_path / "benchmarks/h200/train_refs.sh")
+    bindir = _driver_with_recording_python(tmp_path, sys.executable)   # this python: pack needs numpy
     (tmp_path / "benchmarks/__init__.py").write_text("")
     (tmp_path / "benchmarks/train").symlink_to(ROOT / "benchmarks/train")
-    shim = tmp_path / "bin" / "python3"           # records the trainers' arguments, runs everything else
-    shim.parent.mkdir()
-    shim.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train.train" ]; then\n'
-                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\nexec {sys.executable} "$@"\n')
-    shim.chmod(0o755)
     call = tmp_path / ".dev/train/call"
     (call / "resume").mkdir(parents=True)
     ck = tmp_path / "ck" / "gdn"
@@ -374,7 +374,7 @@ def test_train_refs_fresh_start_after_a_resume_on_a_warm_machine_starts_fresh(tm
             shutil.rmtree(call / "resume")
         out = tmp_path / f"out-{fresh}"
         out.mkdir()
-        env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn", "FLA_PROBE": "0",
+        env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn", "FLA_PROBE": "0",
                "ARGV_LOG": str(tmp_path / f"argv-{fresh}")}
         subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
                        text=True, timeout=120)
