@@ -51,6 +51,7 @@ T_START=$(date +%s)
 BUDGET=${1:-570}
 [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 30 ] || { echo "error: BUDGET_S '$BUDGET': expected whole seconds >= 30 (the trainers stop 20 s before it)" >&2; exit 2; }
 [ -n "${OUT:-}" ] || { echo "error: OUT: set it to the folder that comes back (the device tool's \$OUT)" >&2; exit 2; }
+[ -d "$OUT" ] || { echo "error: OUT '$OUT': expected an existing folder (the device tool's \$OUT)" >&2; exit 2; }
 STOP_AT=$((T_START + BUDGET - 20))   # trainers stop stepping save-reserve (20 s; train.py) before this
 CALL=${CALL:-.dev/train/call}
 WHL=.dev/train/whl

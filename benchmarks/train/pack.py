@@ -50,14 +50,11 @@ def pack(src: Path, out_dir: Path, name: str | None = None) -> list[Path]:
     return paths
 
 
-def unpack(parts: list[Path], dest: Path) -> Path:
-    """Extract the directory packed in ``parts`` (all of one name, in any order) into ``dest``; returns it.
-
-    The packed directory lands in ``dest/NAME``, which must not exist yet or be empty: extracting over an older
-    checkpoint would leave its files beside the new ones (a resume would then read a mix).
+def _decode(parts: list[Path]) -> bytes:
+    """The tar stream packed in ``parts`` (all of one name, in any order), checked against its length and sha256.
 
     Raises:
-        ValueError: a part is missing or damaged (length or sha256 mismatch), or ``dest/NAME`` holds files.
+        ValueError: a part is missing or damaged (length or sha256 mismatch).
     """
     parts = sorted(Path(p) for p in parts)
     blob = b"".join(p.read_bytes() for p in parts)
@@ -75,14 +72,44 @@ def unpack(parts: list[Path], dest: Path) -> Path:
     data = raw[:n].tobytes()
     if hashlib.sha256(data).digest() != digest:
         raise ValueError(f"{parts[0].name}: content does not match its sha256 ({len(parts)} parts read)")
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    return data
+
+
+def _top(data: bytes, dest: Path) -> Path:
+    """The folder in ``dest`` where the directory in tar stream ``data`` lands."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tf:
-        top = tf.getnames()[0].split("/")[0]
-        if (dest / top).exists() and any((dest / top).iterdir()):
-            raise ValueError(f"{dest / top}: already holds files (an earlier unpack?); remove it or choose another DEST")
+        return Path(dest) / tf.getnames()[0].split("/")[0]
+
+
+def _check_target(data: bytes, dest: Path) -> None:
+    """Refuse a ``dest`` that is a file, or a target folder that already holds files (extracting over an older
+    checkpoint would leave its files beside the new ones: a resume would then read a mix)."""
+    top = _top(data, dest)
+    if Path(dest).exists() and not Path(dest).is_dir():
+        raise ValueError(f"{dest}: exists and is not a folder; expected a folder to unpack into")
+    if top.exists() and (not top.is_dir() or any(top.iterdir())):
+        raise ValueError(f"{top}: already holds files (an earlier unpack?); remove it or choose another DEST")
+
+
+def _extract(data: bytes, dest: Path) -> Path:
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tf:
         tf.extractall(dest, filter="data")
-    return dest / top
+    return _top(data, dest)
+
+
+def unpack(parts: list[Path], dest: Path) -> Path:
+    """Extract the directory packed in ``parts`` (all of one name, in any order) into ``dest``; returns it.
+
+    The packed directory lands in ``dest/NAME``, which must not exist yet or be empty.
+
+    Raises:
+        ValueError: a part is missing or damaged (length or sha256 mismatch), ``dest`` is a file, or
+            ``dest/NAME`` holds files.
+    """
+    data = _decode(parts)
+    _check_target(data, dest)
+    return _extract(data, dest)
 
 
 def part_name(name: str, i: int) -> str:
@@ -100,20 +127,35 @@ def parts_of(folder: Path, name: str) -> tuple[list[Path], list[Path]]:
 
 def unpack_all(src: Path, dest: Path) -> list[Path]:
     """Unpack every directory packed in ``src`` (each group of ``NAME.tzp.NN``) into ``dest``; returns them
-    in name order.
+    in name order. Every group is decoded and checked before any is extracted, so a damaged group leaves
+    ``dest`` as it was.
 
     Raises:
-        ValueError: a group is missing a part or damaged (:func:`unpack`).
+        ValueError: ``src`` is not a folder or holds no packed directory, or a group is missing a part or damaged
+            (:func:`unpack`), or a target folder holds files.
     """
-    names = sorted({p.name.split(".tzp.")[0] for p in Path(src).glob("*.tzp.*")})
-    return [unpack(parts_of(src, n)[0], dest) for n in names]
+    src = Path(src)
+    if not src.is_dir():
+        raise ValueError(f"{src}: expected a folder holding packed checkpoints (NAME.tzp.NN files), got "
+                         f"{'a file' if src.exists() else 'nothing'}")
+    names = sorted({p.name.split(".tzp.")[0] for p in src.glob("*.tzp.*")})
+    groups = [(n, parts_of(src, n)[0]) for n in names]
+    groups = [(n, p) for n, p in groups if p]
+    if not groups:
+        raise ValueError(f"{src}: holds no packed checkpoint (NAME.tzp.NN files)")
+    decoded = [_decode(p) for _, p in groups]
+    for data in decoded:
+        _check_target(data, dest)
+    return [_extract(data, dest) for data in decoded]
 
 
 if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m benchmarks.train.pack SRC DEST")
+        print("usage: python -m benchmarks.train.pack SRC DEST   (unpack every NAME.tzp.NN group in SRC into DEST)",
+              file=sys.stderr)
+        raise SystemExit(2)
     try:
         done = unpack_all(Path(sys.argv[1]), Path(sys.argv[2]))
     except (ValueError, OSError) as exc:

@@ -158,8 +158,11 @@ def _check_places(prep: Path, call: Path, extra: list[Path]) -> None:
             raise StageError(f"--call {call}: {q} exists and is not a folder (nothing was changed)")
     for e in extra:
         if not e.is_dir():
+            hint = ("; it is the default: build the wheels as benchmarks/h200/README.md's training step 1 says, or "
+                    "give a bare --also-carried to carry none (the device then skips the decay report)"
+                    if e == Path(".dev/train/whl") else "")
             raise StageError(f"--also-carried {e}: expected an existing folder (a carried path counted against the "
-                             f"64 MiB), got {'a file' if e.exists() else 'nothing'} (nothing was changed)")
+                             f"64 MiB), got {'a file' if e.exists() else 'nothing'}{hint} (nothing was changed)")
 
 
 def _read_meta(prep: Path) -> dict:

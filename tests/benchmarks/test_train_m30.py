@@ -196,7 +196,7 @@ def test_train_refs_passes_the_staged_size_and_refuses_another(tmp_path, size, s
         assert f"size {size or staged or 'ref'}\n" in log and "trainer exit" in log, log
 
 
-@pytest.mark.parametrize("var, value", [("SIZE", "m3O"), ("KERNELS", "triton")])
+@pytest.mark.parametrize("var, value", [("SIZE", "m3O"), ("KERNELS", "triton"), ("OUT", "/nonexistent/out")])
 def test_train_refs_refuses_a_size_or_kernels_it_does_not_know_before_anything_runs(tmp_path, var, value):
     """A typo in SIZE was echoed back as the fix ("run prepare stage --size m3O"); KERNELS=triton trained with
     the torch kernels without a word. Both are one line naming the variable and the choices, exit 2."""

@@ -638,3 +638,38 @@ def test_stage_fresh_carries_no_checkpoint_of_that_family_and_keeps_latest(data_
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --fresh kda: not among --families gdn")
     assert _snapshot(call) == before
+
+
+def test_pack_command_refuses_bad_src_and_leaves_dest_untouched_when_a_group_is_damaged(tmp_path):
+    """A SRC typo (missing, empty, a file) unpacked nothing with exit 0; a damaged second group left the first
+    one extracted, so the re-run after mending it was refused. Now: one line, exit 2, DEST as it was."""
+    import subprocess
+    import sys
+
+    def run(*argv):
+        p = subprocess.run([sys.executable, "-m", "benchmarks.train.pack", *map(str, argv)], capture_output=True,
+                           text=True, cwd=Path(__file__).resolve().parents[2], timeout=60)
+        return p.returncode, p.stderr.strip()
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for src, says in ((tmp_path / "nope", "got nothing"), (tmp_path / "empty", "holds no packed checkpoint"),
+                      (tmp_path / "afile", "got a file")):
+        rc, err = run(src, tmp_path / "dest")
+        assert rc == 2 and len(err.splitlines()) == 1 and says in err and not (tmp_path / "dest").exists(), err
+    assert run(tmp_path / "empty")[0] == 2                              # usage: status 2
+    src = tmp_path / "src"
+    for name in ("a", "b"):
+        (tmp_path / "ck" / name).mkdir(parents=True)
+        (tmp_path / "ck" / name / "w.bin").write_bytes(bytes(range(256)) * 64)
+        pack.pack(tmp_path / "ck" / name, src)
+    good = src / "b.tzp.00"
+    good_bytes = good.read_bytes()
+    good.write_bytes(good_bytes[:-7])                                 # b is damaged, a is fine
+    rc, err = run(src, tmp_path / "dest")
+    assert rc == 2 and "b.tzp.00" in err and not (tmp_path / "dest").exists(), err
+    good.write_bytes(good_bytes)
+    rc, _ = run(src, tmp_path / "dest")
+    assert rc == 0 and (tmp_path / "dest" / "a" / "w.bin").read_bytes() == (tmp_path / "ck" / "a" / "w.bin").read_bytes()
+    rc, err = run(src, tmp_path / "afile")
+    assert rc == 2 and "is not a folder" in err
