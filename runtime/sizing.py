@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
-from dasc_runtime.sizing_bytes import _pool_arm, compressed_bytes_per_slot, int8_bytes_per_slot
+from dasc_runtime.sizing_bytes import pool_arm_bytes, compressed_bytes_per_slot, int8_bytes_per_slot
 from dasc_runtime.sizing_fit import GIB, MAX_BUDGET_BYTES, MAX_SLOTS, check_pools_fit, smallest_fit
 
 __all__ = ["STRATEGIES", "MatchedMemory", "matched_memory", "ArmSizing", "slots_per_running_request",
@@ -249,7 +249,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         _check_count("--budget", budget_bytes, MAX_BUDGET_BYTES)
     b_dense = int(plan.tp.bytes_dense_per_slot)
     m_native = k * r
-    pools = {name: _pool_arm(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+    pools = {name: pool_arm_bytes(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
              for name in arms if name != "dense"}
     by_budget = budget_bytes is not None
     if by_budget and budget_bytes // b_dense - 1 < 1:
@@ -309,7 +309,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
 def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_slots: int = 0,
                         refresh_slots: Optional[int] = None) -> MatchedMemory:
     """:func:`matched_memory` of the plan's own dasc arm (any M'), its pool and scratch as :func:`size_arms` charges
-    them (:func:`_pool_arm`): the bottleneck rank's compressed slot, and for a dasc-wr plan B = ``refresh_slots``
+    them (:func:`pool_arm_bytes`): the bottleneck rank's compressed slot, and for a dasc-wr plan B = ``refresh_slots``
     (default :data:`DEFAULT_REFRESH_SLOTS`) native scratch slots, named in :meth:`MatchedMemory.flags`.
 
     ``scratch_slots``: staging charged to dasc in compressed-slot units (the PyTorch store/load path
@@ -318,7 +318,7 @@ def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_sl
     from dataclasses import replace
 
     b_dense = int(plan.tp.bytes_dense_per_slot)
-    _, b_comp, scratch = _pool_arm(plan, "dasc-int8" if plan.policy.int8 else "dasc", b_dense=b_dense,
+    _, b_comp, scratch = pool_arm_bytes(plan, "dasc-int8" if plan.policy.int8 else "dasc", b_dense=b_dense,
                                    scratch_slots=scratch_slots, refresh_slots=refresh_slots)
     mm = matched_memory(dense_slots=dense_slots, native_slots=native_slots, bytes_dense_slot=b_dense,
                         bytes_compressed_slot=b_comp, scratch_bytes=scratch)

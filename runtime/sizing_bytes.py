@@ -12,7 +12,7 @@ from typing import Optional
 from dasc_compile.schema import DascInputError, UnitSpec
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
 
-__all__ = ["int8_bytes_per_slot", "compressed_bytes_per_slot"]
+__all__ = ["int8_bytes_per_slot", "compressed_bytes_per_slot", "pool_arm_bytes"]
 
 
 def int8_bytes_per_slot(plan) -> int:
@@ -52,7 +52,8 @@ def compressed_bytes_per_slot(plan, *, int8: Optional[bool] = None) -> int:
     return max(p.n_alloc * spec.unit_bytes + p.bytes_conv for p in plan.tp.payload_storage)
 
 
-def _pool_arm(plan, name: str, *, b_dense: int, scratch_slots: int, refresh_slots: Optional[int]) -> tuple[str, int, int]:
+def pool_arm_bytes(plan, name: str, *, b_dense: int, scratch_slots: int,
+                   refresh_slots: Optional[int]) -> tuple[str, int, int]:
     """``(what, bytes per pool slot, scratch bytes)`` of a pool arm: SGLang's INT8 pool, or the plan's compressed
     pool in the plan's temporal dtype (``dasc``) or INT8 (``dasc-int8``), charged dasc-wr's B native scratch slots.
 
