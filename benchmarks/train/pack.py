@@ -139,11 +139,10 @@ def unpack_all(src: Path, dest: Path) -> list[Path]:
         raise ValueError(f"{src}: expected a folder holding packed checkpoints (NAME.tzp.NN files), got "
                          f"{'a file' if src.exists() else 'nothing'}")
     names = sorted({p.name.split(".tzp.")[0] for p in src.glob("*.tzp.*")})
-    groups = [(n, parts_of(src, n)[0]) for n in names]
-    groups = [(n, p) for n, p in groups if p]
+    groups = [parts for parts in (parts_of(src, n)[0] for n in names) if parts]
     if not groups:
         raise ValueError(f"{src}: holds no packed checkpoint (NAME.tzp.NN files)")
-    decoded = [_decode(p) for _, p in groups]
+    decoded = [_decode(parts) for parts in groups]
     for data in decoded:
         _check_target(data, dest)
     return [_extract(data, dest) for data in decoded]
