@@ -34,9 +34,11 @@ Measured (H200, protocol A, chat clients that send the served reply back;
 ``benchmarks/notes/2026-12-03-h200-s21-shadowfirst-recorded-reply.md``): mean TTFT 0.958x the plain LRU's
 (SD 0.030, n = 4 trace seeds, p ~ 0.07; 7 of 7 pairs with dasc-nr and dasc-wr below 1, three of them holding
 a server's first timed run), 0 of 504 later turns lost against 18 of 360 (nr) and 29 of 144 (wr). It stays off by default: App. B.2 keeps one recency order
-("rather than define a second eviction policy"), and with clients that rewrite the reply (the benchmark's
-recorded-reply replay) the reusable checkpoint is the prompt-end one a reply-end checkpoint shadows, which
-this rule evicts first (not yet measured).
+("rather than define a second eviction policy"). With clients that rewrite the reply (the benchmark's
+recorded-reply replay) the reusable checkpoint is the prompt-end one a reply-end checkpoint shadows, so the
+rule was expected to cost hits there; measured (``benchmarks/notes/2026-12-04-h200-s24-recorded-reply.md``,
+n = 2 seeds, one run order) it gained them instead: 17 of 144 later turns hit against 4, mean TTFT 0.948x the
+plain LRU's, as its evictions went to the shadowed chunk-boundary checkpoints first.
 """
 
 from __future__ import annotations
