@@ -242,6 +242,41 @@ from dasc_compile.sweep_command import sweep_cmd  # noqa: E402
 app.command("sweep")(sweep_cmd)
 
 
+def _option_swallowed_option(argv: list[str]) -> str | None:
+    """The usage error for an option that takes a value but is followed by another option of the same command
+    (``dasc compile M --wmax --out X``: click would take ``--out`` as the w_max and report a bad integer, or,
+    for a text option such as ``--out``, silently use the next flag's name as the path), or None.
+
+    Only the command's own option names count as "another option", so a value that merely starts with ``-``
+    (a negative number, a file named ``-x``) is left to the parser.
+    """
+    from typer.main import get_command
+
+    if not isinstance(app, typer.Typer):        # a test's stand-in for the app: nothing to look up
+        return None
+    group = get_command(app)
+    sub = next((a for a in argv if not a.startswith("-")), None)
+    command = getattr(group, "commands", {}).get(sub) if sub is not None else None
+    if command is None:
+        return None
+    takes_value, names = set(), set()
+    for param in command.params:
+        opts = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
+        if not any(o.startswith("-") for o in opts):
+            continue                                          # a positional argument
+        names.update(opts)
+        if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            takes_value.update(getattr(param, "opts", []))
+    start = argv.index(sub) + 1
+    for a, b in zip(argv[start:], argv[start + 1:]):
+        if a == "--":
+            break
+        if a in takes_value and b in names:
+            return (f"option '{a}' needs a value, but the next word is the option '{b}' "
+                    f"(write '{a} VALUE {b} ...')")
+    return None
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status; never raises.
 
@@ -257,6 +292,11 @@ def run(argv: list[str] | None = None) -> int:
         from click import exceptions as cx
 
     def body() -> int:
+        swallowed = _option_swallowed_option(list(sys.argv[1:] if argv is None else argv))
+        if swallowed is not None:
+            sub = next(a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-"))
+            err.print(f"error: {swallowed} (see 'dasc {sub} --help')", markup=False)
+            return 2
         try:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
         except cx.UsageError as exc:

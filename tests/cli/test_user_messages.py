@@ -269,3 +269,22 @@ def test_a_plan_where_a_checkpoint_goes_and_back(tmp_path):
                      "a model checkpoint, not a dasc plan; compile one first: dasc compile")
     assert_one_error(dasc("size", plan, "--budget", "16GiB", "--max-running-requests", "16", "--refresh-slots", "-1"),
                      "--refresh-slots: expected an integer >= 1")
+
+
+@pytest.mark.parametrize("args, first, second", [
+    (["--wmax", "--out", "P"], "--wmax", "--out"),      # an int option: click would report '--out' as a bad integer
+    (["--out", "--wmax", "16"], "--out", "--wmax"),     # a text option: click would report '16' as an extra argument
+    (["--wmax", "16", "--out", "-q"], "--out", "-q"),  # ... or silently write the plan to a folder named -q
+])
+def test_an_option_followed_by_another_option_is_named(tmp_path, gdn, args, first, second):
+    args = [str(tmp_path / a) if a == "P" else a for a in args]
+    before = snapshot(tmp_path)
+    r = dasc("compile", gdn, *args, cwd=tmp_path)
+    line = assert_one_error(r, f"option '{first}' needs a value", f"the option '{second}'", "dasc compile --help")
+    assert "valid integer" not in line
+    assert snapshot(tmp_path) == before                  # nothing written, not even a folder named -q
+
+
+def test_a_negative_number_after_a_value_option_is_left_to_the_parser(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "-5", "--out", tmp_path / "p")
+    assert r.code == 2 and "needs a value" not in r.err   # -5 is a value, refused by w_max's own check
