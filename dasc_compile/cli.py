@@ -245,10 +245,11 @@ app.command("sweep")(sweep_cmd)
 def _option_swallowed_option(argv: list[str]) -> str | None:
     """The usage error for an option that takes a value but is followed by another option of the same command
     (``dasc compile M --wmax --out X``: click would take ``--out`` as the w_max and report a bad integer, or,
-    for a text option such as ``--out``, silently use the next flag's name as the path), or None.
-
-    Only the command's own option names count as "another option", so a value that merely starts with ``-``
-    (a negative number, a file named ``-x``) is left to the parser.
+    for a text option, silently use the next word as the path: ``--out -q`` wrote the plan to a folder named
+    ``-q``), or None. "Another option" is one of the command's own option names, ``--help``, either of those in
+    the ``--name=value`` form, or the ``--`` separator; any other word (a negative number, a file named ``-x``)
+    is left to the parser. A command line asking for ``--help`` or ``--version`` is left to click, which
+    answers those first.
     """
     from typer.main import get_command
 
@@ -259,7 +260,7 @@ def _option_swallowed_option(argv: list[str]) -> str | None:
     command = getattr(group, "commands", {}).get(sub) if sub is not None else None
     if command is None:
         return None
-    takes_value, names = set(), set()
+    takes_value, names = set(), {"--help"}
     for param in command.params:
         opts = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
         if not any(o.startswith("-") for o in opts):
@@ -267,14 +268,19 @@ def _option_swallowed_option(argv: list[str]) -> str | None:
         names.update(opts)
         if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
             takes_value.update(getattr(param, "opts", []))
-    start = argv.index(sub) + 1
-    for a, b in zip(argv[start:], argv[start + 1:]):
-        if a == "--":
-            break
-        if a in takes_value and b in names:
-            return (f"option '{a}' needs a value, but the next word is the option '{b}' "
-                    f"(write '{a} VALUE {b} ...')")
-    return None
+    rest = argv[argv.index(sub) + 1:]
+    rest = rest[:rest.index("--") + 1] if "--" in rest else rest      # after '--' every word is an argument
+    swallowed = [(a, b) for a, b in zip(rest, rest[1:])
+                 if a in takes_value and (b == "--" or b.split("=", 1)[0] in names)]
+    if not swallowed:
+        return None
+    swallowed_words = {b for _, b in swallowed}
+    asks = [w for w in argv[:argv.index(sub)] + rest if w in ("--help", "--version") and w not in swallowed_words]
+    if asks and "--help" not in swallowed_words:
+        return None                     # click answers a --help / --version before it reads any value
+    a, b = swallowed[0]
+    return (f"option '{a}' needs a value, but the next word is "
+            + ("the '--' separator" if b == "--" else f"the option '{b}'") + f" (write '{a} VALUE ...')")
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -275,12 +275,15 @@ def test_a_plan_where_a_checkpoint_goes_and_back(tmp_path):
     (["--wmax", "--out", "P"], "--wmax", "--out"),      # an int option: click would report '--out' as a bad integer
     (["--out", "--wmax", "16"], "--out", "--wmax"),     # a text option: click would report '16' as an extra argument
     (["--wmax", "16", "--out", "-q"], "--out", "-q"),  # ... or silently write the plan to a folder named -q
+    (["--wmax", "16", "--out", "--help"], "--out", "--help"),   # click takes --help as the path here
+    (["--wmax", "16", "--out", "--tp=2"], "--out", "--tp=2"),   # the --name=value form is an option too
+    (["--wmax", "16", "--out", "--", "-q"], "--out", "'--' separator"),
 ])
 def test_an_option_followed_by_another_option_is_named(tmp_path, gdn, args, first, second):
     args = [str(tmp_path / a) if a == "P" else a for a in args]
     before = snapshot(tmp_path)
     r = dasc("compile", gdn, *args, cwd=tmp_path)
-    line = assert_one_error(r, f"option '{first}' needs a value", f"the option '{second}'", "dasc compile --help")
+    line = assert_one_error(r, f"option '{first}' needs a value", second, "dasc compile --help")
     assert "valid integer" not in line
     assert snapshot(tmp_path) == before                  # nothing written, not even a folder named -q
 
@@ -288,3 +291,13 @@ def test_an_option_followed_by_another_option_is_named(tmp_path, gdn, args, firs
 def test_a_negative_number_after_a_value_option_is_left_to_the_parser(tmp_path, gdn):
     r = dasc("compile", gdn, "--wmax", "-5", "--out", tmp_path / "p")
     assert r.code == 2 and "needs a value" not in r.err   # -5 is a value, refused by w_max's own check
+
+
+def test_help_and_version_still_answer_first(tmp_path, gdn):
+    work = tmp_path / "work"
+    work.mkdir()
+    r = dasc("compile", gdn, "--wmax", "16", "--out", "-q", "--help", cwd=work)
+    assert r.code == 0 and "Usage" in r.out and not r.err
+    r = dasc("--version", "compile", gdn, "--out", "-q", cwd=work)
+    assert r.code == 0 and r.out.startswith("dasc ")
+    assert not any(work.iterdir())                       # no folder named -q
