@@ -176,6 +176,8 @@ def eval_cmd(
         if plot is not None and horizons:
             raise DascInputError("--plot draws quality against w_max and has no --horizons figure; "
                                  "use --json for the Table 1(b) values")
+        if sharegpt_offset < 0:
+            raise DascInputError(f"--sharegpt-offset {sharegpt_offset}: give a conversation index of 0 or more")
         if init_from is not None and init_seed is not None:
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
         check_outputs(json_out, plot)

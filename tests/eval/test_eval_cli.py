@@ -150,7 +150,8 @@ def test_prompts_shorter_than_the_prefix_are_refused(gdn_dir, plans, tmp_path):
     assert "shorter than --prefix-len 64" in line
 
 
-@pytest.mark.parametrize("args", [["--arms", "dense,bogus"], ["--prefix-len", 0], [], ["--plot", "x.jpg"]])
+@pytest.mark.parametrize("args", [["--arms", "dense,bogus"], ["--prefix-len", 0], [], ["--plot", "x.jpg"],
+                                  ["--sharegpt-offset", -1]])
 def test_other_bad_options(gdn_dir, plans, args):
     base = ["eval", gdn_dir] + ([] if args == [] else ["--plan", plans[1]])
     _one_error_line(_cli(*base, *args))
