@@ -280,7 +280,8 @@ def _option_swallowed_option(argv: list[str]) -> str | None:
         return None                     # click answers a --help / --version before it reads any value
     a, b = swallowed[0]
     return (f"option '{a}' needs a value, but the next word is "
-            + ("the '--' separator" if b == "--" else f"the option '{b}'") + f" (write '{a} VALUE ...')")
+            + ("the '--' separator" if b == "--" else f"the option '{b}'")
+            + f" (write '{a} VALUE ...'; see 'dasc {sub} --help')")
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -300,8 +301,7 @@ def run(argv: list[str] | None = None) -> int:
     def body() -> int:
         swallowed = _option_swallowed_option(list(sys.argv[1:] if argv is None else argv))
         if swallowed is not None:
-            sub = next(a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-"))
-            err.print(f"error: {swallowed} (see 'dasc {sub} --help')", markup=False)
+            err.print(f"error: {swallowed}", markup=False)
             return 2
         try:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
