@@ -9,6 +9,9 @@ groups exactly as before they existed, so a run started without them resumes bit
   as ``recall_acc_copy``;
 - ``--attn-lr-mult M`` (1): the softmax-attention layers' parameters in their own AdamW groups at M x the
   learning rate (benchmarks/train/optim.py; a resume may change M: the moments are kept per parameter);
+- ``--stage-tokens TOKENS`` (none): on a resume, a new learning-rate schedule stage from the resumed step,
+  TOKENS long, with its own warm-up and cooldown (:func:`schedule_span`; e.g. a recall stage with another
+  ``--recall-frac`` and ``--lr`` after a finished plan), kept by later resumes;
 - ``--log-attn-entropy``: each logged interval also gives the attention layers' mean attention entropy on one
   row (benchmarks/train/attention.py, which says the cost).
 
@@ -22,6 +25,7 @@ benchmarks/train/prepare.py writes and stages, else only the folder's name), not
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from benchmarks.train.tokenizer import EOS
@@ -35,6 +39,9 @@ def add_args(ap) -> None:
                     help="share of the recall rows that are long-gap copy rows (kind 'copy')")
     ap.add_argument("--attn-lr-mult", type=float, default=1.0,
                     help="softmax-attention layers' learning rate = lr x this, in their own groups")
+    ap.add_argument("--stage-tokens", type=float, default=None, metavar="TOKENS",
+                    help="on a resume: start a new schedule stage at the resumed step, TOKENS long, with its own "
+                         "warm-up (--warmup) and cooldown (--cooldown); training stops at its end")
     ap.add_argument("--log-attn-entropy", action="store_true",
                     help="log the attention layers' attention entropy on one row per interval (one 1-row forward)")
 
@@ -49,13 +56,36 @@ def check(a) -> str | None:
         return "--copy-frac: a share of the recall rows, and --recall-frac is 0"
     if not a.attn_lr_mult > 0:
         return f"--attn-lr-mult {a.attn_lr_mult}: expected a positive factor"
+    if a.stage_tokens is not None:
+        if not (math.isfinite(a.stage_tokens) and a.stage_tokens >= a.seq * a.batch):
+            return f"--stage-tokens {a.stage_tokens:g}: expected at least one step's tokens (--seq x --batch = {a.seq * a.batch})"
+        if a.resume is None:
+            return "--stage-tokens: a new stage continues a resumed checkpoint; give --resume (a fresh start has --total-tokens)"
+        if a.total_tokens is not None:
+            return "--stage-tokens and --total-tokens both set the plan's end; give one of them"
     return None
+
+
+def schedule_span(a, state: dict, tokens_per_step: int) -> tuple[int, int]:
+    """(first step, end step) of the learning-rate schedule this session runs under: a new stage from the resumed
+    step with ``--stage-tokens`` (recorded in ``state["schedule_start"]`` so later resumes keep it), else the
+    recorded or given plan from step 0 (or from the stage a resumed checkpoint is in). ``--total-tokens`` and
+    the recorded ``total_steps`` count over all sessions."""
+    from benchmarks.train.optim import total_steps_for
+
+    if a.stage_tokens is not None:
+        state["schedule_start"] = state["step"]
+        return state["step"], state["step"] + total_steps_for(a.stage_tokens, tokens_per_step)
+    total = (total_steps_for(a.total_tokens, tokens_per_step) if a.total_tokens is not None
+             else state.get("total_steps") or total_steps_for(100e6, tokens_per_step))
+    return state.get("schedule_start", 0), total
 
 
 def recipe(a) -> dict:
     """What a session trained with (recorded per session)."""
     return {"recall_frac": a.recall_frac, "recall_min_gap": a.recall_min_gap, "copy_frac": a.copy_frac,
-            "attn_lr_mult": a.attn_lr_mult, "log_attn_entropy": a.log_attn_entropy, "lr": a.lr,
+            "attn_lr_mult": a.attn_lr_mult, "log_attn_entropy": a.log_attn_entropy, "stage_tokens": a.stage_tokens,
+            "lr": a.lr,
             "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay, "seq": a.seq, "batch": a.batch,
             "warmup": a.warmup, "cooldown": a.cooldown}
 
@@ -95,6 +125,15 @@ def data_description(data: Path) -> dict:
             "held_out": str(meta.get("held_out", "not recorded in meta.json")), "folder": data.name}
 
 
+def _schedule_text(a, state: dict) -> str:
+    start, total = state.get("schedule_start", 0), state["total_steps"]
+    text = (f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
+            + (f"{total} planned steps" if not start else
+               f"a stage of {total - start} steps begun at step {start} (--stage-tokens; steps before it ran "
+               f"under the earlier plan, each session's recipe in the sessions below)"))
+    return text
+
+
 def provenance(a, state: dict, tok) -> dict:
     """What ``provenance.json`` says: how the model was trained, over all sessions so far (each session's
     ``recipe`` is in ``sessions``; ``data`` and ``training`` describe the latest)."""
@@ -104,8 +143,7 @@ def provenance(a, state: dict, tok) -> dict:
         groups += f"; the attention layers' matrices and vectors apart, at lr x attn_lr_mult {a.attn_lr_mult:g}"
     training = {"steps": state["step"], "tokens": state["tokens"], "seq": a.seq, "batch": a.batch,
                 "lr": a.lr, "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay,
-                "schedule": f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
-                            f"{state['total_steps']} planned steps", "total_steps_planned": state["total_steps"],
+                "schedule": _schedule_text(a, state), "total_steps_planned": state["total_steps"],
                 "optimizer": f"AdamW(0.9, 0.95, eps 1e-8), clip 1.0; groups: {groups}",
                 "precision": "fp32 master weights, bf16 autocast; recurrences in fp32",
                 "between_sessions": "weights travel as bf16 (A_log/dt_bias fp32); Adam's first moment restarts "

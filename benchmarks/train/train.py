@@ -263,8 +263,7 @@ def main(argv=None) -> dict:
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
     restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else None
     tps = a.batch * a.seq
-    total = (O.total_steps_for(a.total_tokens, tps) if a.total_tokens is not None
-             else state.get("total_steps") or O.total_steps_for(100e6, tps))
+    first, total = recipe.schedule_span(a, state, tps)
     state["total_steps"] = total
     init_live = {k[5:]: v for k, v in init.items() if k.startswith("live:")}
     micro = a.micro_batch or a.batch
@@ -275,7 +274,8 @@ def main(argv=None) -> dict:
                "optimizer_restore": restored, "params": n_params(model), **_versions(),
                "recipe": recipe.recipe(a), "optimizer_groups": O.describe(opt)}
     log({"event": "start", "family": a.family, **{k: v for k, v in session.items() if k != "shards"},
-         "shards": [s["file"] for s in shards], "total_steps": total, "tokens_per_step": tps}, logf)
+         "shards": [s["file"] for s in shards], "total_steps": total, "schedule_start": first,
+         "tokens_per_step": tps}, logf)
     step0, t_loop, step_s = state["step"], time.time(), None
     acc = _fresh_interval()
     while True:
@@ -286,7 +286,7 @@ def main(argv=None) -> dict:
         if _STOP["signal"] is not None or (step_s and time.time() + 1.5 * step_s > a.stop_at - a.save_reserve):
             break
         t_step = time.time()
-        lr = O.lr_at(state["step"], a.lr, a.warmup, total, a.cooldown, 0.1)
+        lr = O.lr_at(state["step"] - first, a.lr, a.warmup, total - first, a.cooldown, 0.1)
         O.set_lr(opt, lr)
         xb, mask, kind = batches.get(state["step"])
         while True:

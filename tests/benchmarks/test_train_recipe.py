@@ -382,3 +382,51 @@ def test_train_refs_fresh_start_after_a_resume_on_a_warm_machine_starts_fresh(tm
 
     assert "--resume" in run(fresh=False)
     assert "--resume" not in run(fresh=True)
+
+
+def _without_plan(args: list[str]) -> list[str]:
+    i = args.index("--total-tokens")
+    return args[:i] + args[i + 2:]
+
+
+def test_a_stage_restarts_the_schedule_at_the_resumed_step_and_later_resumes_keep_it(data_dir, tmp_path):
+    """A finished plan (8,192 tokens = 10 steps of 768) resumed with --stage-tokens 3072 (4 steps) and warm-up 2:
+    the stage's lr climbs from the resumed step (lr / 2, then lr), cools over its last 20 % and stops at its end;
+    a resume inside the stage keeps its start; provenance says it was a stage."""
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path / "plan", "gdn", 20))
+    first = json.loads((tmp_path / "plan" / "gdn" / "train_state" / "state.json").read_text())
+    assert first["step"] == first["total_steps"] == 11                 # the plan ran to its end
+    stage = _without_plan(_args(data_dir, tmp_path / "stage", "gdn", 2, "--resume", str(tmp_path / "plan" / "gdn"),
+                                "--stage-tokens", "3072", "--lr", "1e-3"))
+    state = main(stage)
+    assert (state["schedule_start"], state["total_steps"], state["step"]) == (11, 15, 13)
+    rows = [json.loads(x) for x in (tmp_path / "stage" / "gdn" / "train_state" / "log.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "loss_text" in r and r["step"] > 11]
+    assert lrs == pytest.approx([O.lr_at(0, 1e-3, 2, 4, 0.2, 0.1), O.lr_at(1, 1e-3, 2, 4, 0.2, 0.1)])
+    assert lrs == pytest.approx([5e-4, 1e-3])                         # warm-up again, not the plan's floor lr
+    again = main(_without_plan(_args(data_dir, tmp_path / "again", "gdn", 9, "--resume", str(tmp_path / "stage" / "gdn"),
+                                     "--lr", "1e-3")))
+    assert (again["schedule_start"], again["step"]) == (11, 15)         # kept the stage and stopped at its end
+    rows = [json.loads(x) for x in (tmp_path / "again" / "gdn" / "train_state" / "log.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows if "loss_text" in r and r["step"] > 13] == pytest.approx(
+        [O.lr_at(s, 1e-3, 2, 4, 0.2, 0.1) for s in (2, 3)])
+    prov = json.loads((tmp_path / "again" / "gdn" / "provenance.json").read_text())
+    assert "a stage of 4 steps begun at step 11" in prov["training"]["schedule"]
+
+
+@pytest.mark.parametrize("extra, phrase", [([], "give --resume"), (["--resume", "X"], "give one of them"),
+                                           (["--resume", "X", "NOPLAN"], "expected at least one step's tokens")])
+def test_a_stage_needs_a_resume_its_own_end_and_a_step(data_dir, tmp_path, capsys, extra, phrase):
+    from benchmarks.train.train import main
+
+    tokens = "100" if "NOPLAN" in extra else "3072"
+    args = _args(data_dir, tmp_path / "out", "gdn", 1, "--stage-tokens", tokens, *[e for e in extra if e != "NOPLAN"])
+    if "NOPLAN" in extra:
+        args = _without_plan(args)
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and line.startswith("error: --stage-tokens") and phrase in line
+    assert not (tmp_path / "out").exists()
