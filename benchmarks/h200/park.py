@@ -284,7 +284,7 @@ def bundled_models(root: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("park", "restore", "status") or (argv[0] == "park") != (len(argv) > 1):
-        print("usage: python -m benchmarks.h200.park park PATH...|bundles | restore | status", file=sys.stderr)
+        print("usage: python -m benchmarks.h200.park park (PATH|bundles)... | restore | status", file=sys.stderr)
         return 2
     try:
         cwd = Path.cwd()
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = repo_root(cwd)
         if argv[0] == "park":
-            paths = [str(root / p) for p in bundled_models(root)] if argv[1:] == ["bundles"] else argv[1:]
+            # the word 'bundles' stands for every bundled trained model, alone or among paths
+            paths = [q for p in argv[1:] for q in ([str(root / b) for b in bundled_models(root)] if p == "bundles" else [p])]
             now = park(root, paths, cwd)
             total = status(root).splitlines()[0]
             same = len(now) == len(parked(root))

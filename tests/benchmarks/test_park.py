@@ -351,3 +351,7 @@ def test_park_bundles_parks_every_bundled_trained_model_and_nothing_else(repo, c
     rc, out, _ = _run(capsys, "restore")
     assert rc == 0 and out == ["restored 4 files"]
     assert (repo / "plans" / "reference" / "big" / "model-00001-of-00002.safetensors").stat().st_size == 3 * 2 ** 20
+    rc, out, err = _run(capsys, "park", "bundles", "code.py")         # the word among paths, in one call
+    assert rc == 0 and err == [] and out[0].startswith("5 files parked")
+    assert not (repo / "plans" / "reference" / "big").exists() and not (repo / "code.py").exists()
+    assert _run(capsys, "restore")[1] == ["restored 5 files"]
