@@ -10,9 +10,10 @@
 #     DIR: the last call's files (gdn.tzp.*, kda.tzp.*, mamba2.tzp.*); F: the families this call trains (their
 #     checkpoints travel packed); S: their size (benchmarks/train/models.py SIZES, default ref; staged.json keeps
 #     it and this script gives it to the trainers); --check prints the plan below and changes nothing
-# What fits one call, measured 2026-12-03 by `prepare stage --check` (stage refuses, in one line, a call over
-# either limit). In, at most 64 MiB: the tree (72.4 MiB unparked; 22.8 after `python -m benchmarks.h200.park park
-# bundles`; 10.7 after `park benchmarks/results` too, 4.6 after `park benchmarks/traces` as well: parked files do
+# What fits one call, measured 2026-12-03 by `prepare stage --check`, the tree again 2026-12-04 (stage refuses, in
+# one line, a call over either limit). In, at most 64 MiB: the tree (135.9 MiB unparked; 25.5 after `python -m
+# benchmarks.h200.park park bundles`; 10.8 after `park benchmarks/results` too, 4.6 after `park benchmarks/traces`
+# as well, or all three at once: `park bundles benchmarks/results benchmarks/traces`: parked files do
 # not travel, and no training call reads them) + wheels 2.7 (.dev/train/whl;
 # `--also-carried` with no folder drops them, and the decay report with them) + tokenizer 0.7 + 2 of margin, then
 # the packed checkpoints to resume with their training state (ref: gdn 14.6 / kda 15.7 / mamba2 15.9 MiB; m30:
