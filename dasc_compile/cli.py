@@ -274,9 +274,7 @@ def _option_swallowed_option(argv: list[str]) -> str | None:
                  if a in takes_value and (b == "--" or b.split("=", 1)[0] in names)]
     if not swallowed:
         return None
-    swallowed_words = {b for _, b in swallowed}
-    asks = [w for w in argv[:argv.index(sub)] + rest if w in ("--help", "--version") and w not in swallowed_words]
-    if asks and "--help" not in swallowed_words:
+    if all(b != "--help" for _, b in swallowed) and {"--help", "--version"} & set(argv[:argv.index(sub)] + rest):
         return None                     # click answers a --help / --version before it reads any value
     a, b = swallowed[0]
     return (f"option '{a}' needs a value, but the next word is "

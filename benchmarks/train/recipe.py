@@ -127,11 +127,10 @@ def data_description(data: Path) -> dict:
 
 def _schedule_text(a, state: dict) -> str:
     start, total = state.get("schedule_start", 0), state["total_steps"]
-    text = (f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
+    return (f"warmup {a.warmup}, constant, linear to 10% over the last {a.cooldown:.0%} of "
             + (f"{total} planned steps" if not start else
                f"a stage of {total - start} steps begun at step {start} (--stage-tokens; steps before it ran "
                f"under the earlier plan, each session's recipe in the sessions below)"))
-    return text
 
 
 def provenance(a, state: dict, tok) -> dict:

@@ -390,7 +390,7 @@ def _without_plan(args: list[str]) -> list[str]:
 
 
 def test_a_stage_restarts_the_schedule_at_the_resumed_step_and_later_resumes_keep_it(data_dir, tmp_path):
-    """A finished plan (8,192 tokens = 10 steps of 768) resumed with --stage-tokens 3072 (4 steps) and warm-up 2:
+    """A finished plan (8,192 tokens = 11 steps of 768, rounded up) resumed with --stage-tokens 3072 (4 steps) and warm-up 2:
     the stage's lr climbs from the resumed step (lr / 2, then lr), cools over its last 20 % and stops at its end;
     a resume inside the stage keeps its start; provenance says it was a stage."""
     from benchmarks.train.train import main
