@@ -79,6 +79,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     from dasc_runtime.serving_rules import settle_size_options
 
     out = out or sys.stdout
+    budget_bytes = None if budget is None else parse_bytes(budget)      # a bad value is named before what is missing
     if max_running_requests is None:
         raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
     plan = load_plan(plan_path)
@@ -92,7 +93,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     if pair_plan is not None:
         _check_pair_plan(plan, plan_path, load_plan(pair_plan), pair_plan)
     arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,
-                     budget_bytes=None if budget is None else parse_bytes(budget), strategy=strategy,
+                     budget_bytes=budget_bytes, strategy=strategy,
                      overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan,
                      refresh_slots=refresh_slots)
     warnings = list(settled.notes) + plan_warnings(plan)

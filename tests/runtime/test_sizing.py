@@ -451,6 +451,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
     (["--dense-slots", "64"], "max-running-requests R is required"),
     (["--dense-slots", "20", "--max-running-requests", "8"], "needs M >= 40"),
     (["--budget", "lots", "--max-running-requests", "8"], "--budget: expected a positive size"),
+    (["--budget", "lots"], "--budget: expected a positive size"),     # the bad value before the missing R
     (["--dense-slots", "64", "--max-running-requests", "8", "--mamba-radix-cache-strategy", "nope"], "expected one of"),
     (["--dense-slots", "64", "--max-running-requests", "8", "--pair-plan", "W64"], "--pair-plan"),
     (["--dense-slots", "x", "--max-running-requests", "8"], "dense-slots"),
