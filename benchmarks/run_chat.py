@@ -16,7 +16,7 @@ warm):
   every arm once on a flushed cache (``/flush_cache``), the arm order a row of a Williams design
   picked by the seed (:func:`benchmarks.run_order.schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
   drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
-  closing Dense run; a call that could begin no run closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
+  closing Dense run; a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
 
@@ -241,7 +241,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     call = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "order": order,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "func"}}
     manifest["calls"].append(call)
-    state = {"longest": a.first_run_s, "ran": 0}
+    state = {"longest": a.first_run_s, "ran": 0, "others_ran": 0}   # others: arms other than the baseline
 
     def do_run(idx: int, arm: str, seed: int, role: str) -> None:
         s = servers.get(arm)
@@ -270,6 +270,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         if rc in (0, 1):   # the first estimate is replaced by what a run took
             state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
             state["ran"] += 1
+            state["others_ran"] += arm != order[-1][0]
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
                                  "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens, "file": out.name,
                                  "wall_s": round(dt, 1), "rc": rc, "client": tail.strip(),
@@ -286,10 +287,10 @@ def cmd_run(a: argparse.Namespace) -> int:
                 f"(this seed's runs from here and the closing {order[-1][0]} run)")
             break
         do_run(idx, arm, seed, role)
-    if closing_run_due(state["ran"], left(), state["longest"]):
+    if closing_run_due(state["others_ran"], left(), state["longest"]):
         do_run(len(order) - 1, *order[-1])
-    elif not state["ran"]:
-        log(f"closing {order[-1][0]} run skipped: no run of this call to pair it with")
+    elif not state["others_ran"]:
+        log(f"closing {order[-1][0]} run skipped: no other arm ran in this call, so it would bracket nothing")
     save_json(man_path, manifest)
     return 0
 

@@ -69,11 +69,13 @@ def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dens
 RUN_MARGIN = 1.15
 
 
-def closing_run_due(ran: int, left_s: float, longest_s: float) -> bool:
-    """Whether the call's closing baseline run goes ahead: only after at least one run of this call (``ran``;
-    alone it pairs with nothing and measures no drift: session 15 spent 128 s on one) and when the time left
-    (s) covers the longest run so far (s) times :data:`RUN_MARGIN`."""
-    return ran > 0 and left_s >= longest_s * RUN_MARGIN
+def closing_run_due(others_ran: int, left_s: float, longest_s: float) -> bool:
+    """Whether the call's closing baseline run goes ahead: only after at least one run of another arm in this
+    call (``others_ran``: without one the closing run brackets nothing, so its ratio to the opening run is no
+    drift of a comparison; session 15 spent 128 s on one after no run, session 25 164 s after a seed stopped
+    past its opening Dense run) and when the time left (s) covers the longest run so far (s) times
+    :data:`RUN_MARGIN`."""
+    return others_ran > 0 and left_s >= longest_s * RUN_MARGIN
 
 
 def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:

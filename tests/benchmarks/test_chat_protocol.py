@@ -144,9 +144,9 @@ def _state(pid: int) -> str:
         return ""
 
 
-def test_the_closing_run_needs_a_run_of_the_call_and_the_time():
+def test_the_closing_run_needs_another_arms_run_and_the_time():
     assert closing_run_due(1, 200.0, 150.0)
-    assert not closing_run_due(0, 10_000.0, 150.0)  # nothing to pair it with
+    assert not closing_run_due(0, 10_000.0, 150.0)  # no other arm ran: it would bracket nothing
     assert not closing_run_due(3, 170.0, 150.0)  # 172.5 s needed
 
 
