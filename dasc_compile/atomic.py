@@ -207,7 +207,9 @@ def write_new_dir(out: Path, write) -> None:
 def fill_and_place(tmp: Path, out: Path, write, message) -> None:
     """Run ``write(tmp)`` into the staging directory ``tmp`` (:func:`staging_dir`), make it 0755 and move
     it to ``out`` (:func:`replace_dir`); on any failure or interrupt ``tmp`` is removed and ``out`` is
-    untouched. Used by :func:`write_new_dir` and ``artifact.write_plan_dir``.
+    untouched. Once ``out`` is in place it is recorded (:func:`dasc_compile.cli_exit.note_written`) with
+    signals still held, so an ``error: interrupted`` line that follows always says ``out`` is whole
+    (CI on 2026-12-04 caught a SIGINT between the move and a later record). Used by :func:`write_new_dir` and ``artifact.write_plan_dir``.
 
     Raises:
         DascInputError: an ``OSError`` while writing or moving, as ``message(reason)`` (reason: the
@@ -215,10 +217,14 @@ def fill_and_place(tmp: Path, out: Path, write, message) -> None:
     """
     from dasc_compile.errors import DascInputError
 
+    from dasc_compile.cli_exit import note_written
+
     try:
         write(tmp)
         os.chmod(tmp, 0o755)
-        replace_dir(tmp, out)
+        with signals_held():   # a Ctrl-C just after the move still learns that ``out`` is complete
+            replace_dir(tmp, out)
+            note_written(out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DascInputError(message(exc.strerror or exc)) from None

@@ -83,9 +83,6 @@ def compile_cmd(
         plan, path = compile_plan(model, pol, out, config=config, with_kernels=not no_kernels)
     except DascInputError as exc:
         _fail(exc)
-    from dasc_compile.cli_exit import note_written
-
-    note_written(path)   # a later stdout error or Ctrl-C says the plan is complete
     warnings = plan_warnings(plan) + _policy_family_warnings(policy, plan.model.family)
     for line in warnings:
         err.print(f"warning: {line}", markup=False)
@@ -185,9 +182,6 @@ def reference_cmd(
                 name, tmp, seed=seed))
     except DascInputError as exc:
         _fail(exc)
-    from dasc_compile.cli_exit import note_written
-
-    note_written(out)
     console().print(f"wrote {out}", markup=False)
 
 

@@ -20,7 +20,7 @@ A signal that arrives while the CLI itself starts (typer, rich and the commands 
 :func:`dasc_compile.entry.main` of the console script) call first, and delivered as soon as :func:`run_guarded` starts;
 only the interpreter's own start-up, before the entry point's first line, is left uncovered.
 
-A command that has finished writing its output directory calls :func:`note_written`; if stdout then
+An output directory placed by :func:`dasc_compile.atomic.fill_and_place` is recorded by :func:`note_written`; if stdout then
 fails or a signal arrives, the ``error:`` line goes on to say that PATH was written completely and
 only the summary was lost (``...; PATH was written completely, only the summary was not printed``).
 The status stays 2 / 130 / 143: what was asked for on stdout was not delivered.
@@ -53,7 +53,8 @@ def note_written(path) -> None:
     An ``error:`` line that follows (stdout full, SIGINT / SIGTERM) then says so instead of leaving
     the user to guess whether the output is whole.
     """
-    _written.append(str(path))
+    if str(path) not in _written:
+        _written.append(str(path))
 
 
 def _written_note() -> str:

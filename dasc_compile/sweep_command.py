@@ -114,11 +114,8 @@ def sweep_cmd(
     except EvalInterrupted as exc:     # Ctrl-C / SIGTERM during --eval: plans are written after it, so none were
         _err.print(f"error: {exc}; nothing written", markup=False)
         raise typer.Exit(code=exc.exit_code)
-    from dasc_compile.cli_exit import note_written
     from dasc_compile.sweep_report import plot_sweep, render, sweep_json
 
-    if out is not None:
-        note_written(out)
     for line in _warnings(result):
         _err.print(f"warning: {line}", markup=False)
     if as_json:

@@ -286,6 +286,25 @@ def test_real_ctrl_c_leaves_the_old_or_the_new_plan(tmp_path, gdn):
     print("outcomes (status, w_max at --out):", sorted(seen))
 
 
+def test_a_signal_right_after_the_plan_is_moved_into_place_says_it_is_complete(tmp_path, monkeypatch, gdn):
+    """The window CI hit on 2026-12-04: the plan directory had been moved to --out and SIGINT landed
+    before the command recorded it, so the line said only "interrupted" over a new, whole plan."""
+    import dasc_compile.atomic as atomic
+    from dasc_compile.schema import load_plan
+
+    orig = atomic.replace_dir
+
+    def moved_then_interrupted(new, dest):
+        orig(new, dest)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(atomic, "replace_dir", moved_then_interrupted)
+    out = tmp_path / "plan"
+    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    assert_one_error(r, f"interrupted (SIGINT); {out} was written completely", code=130)
+    assert load_plan(out).policy.w_max == 4
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_after_reference_is_written_says_the_output_is_complete(tmp_path, monkeypatch, sig, code):
     import dasc_compile.cli_exit as cx
