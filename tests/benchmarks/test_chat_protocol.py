@@ -150,6 +150,53 @@ def test_the_closing_run_needs_another_arms_run_and_the_time():
     assert not closing_run_due(3, 170.0, 150.0)  # 172.5 s needed
 
 
+class _Clock:
+    """run_chat's ``time`` with a hand-moved ``monotonic`` (other attributes are the real module's)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize("run_s, expect", [
+    # session 25's call: Dense's opening run took 163 s of 432, w16 and the closing run (2 x 163 x 1.15) did not
+    # fit, and the closing Dense run must not be run either: with nothing between it brackets nothing
+    (163.0, [("dense", "arm")]),
+    (50.0, [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
+])
+def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monkeypatch, capsys, run_s, expect):
+    from types import SimpleNamespace
+
+    import benchmarks.run_chat as rc
+
+    clock = _Clock()
+
+    def client(cmd, **_kw):        # the replay client: each run takes run_s of the call's clock
+        clock.t += run_s
+        return subprocess.CompletedProcess(cmd, 0, "ok", "")
+
+    monkeypatch.setattr(rc, "time", clock)
+    monkeypatch.setattr(rc, "subprocess", SimpleNamespace(run=client, TimeoutExpired=subprocess.TimeoutExpired))
+    for name in ("alive", "healthy", "flush"):
+        monkeypatch.setattr(rc, name, lambda *_a: True)
+    monkeypatch.setattr(rc, "server_account", lambda *_a, **_k: None)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
+    trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
+    assert rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16",
+                    "--seeds", "1", "--first-run-s", "120", "--deadline-s", "432"]) == 0
+    runs = json.loads((work / "manifest.json").read_text())["runs"]
+    assert [(r["arm"], r["role"]) for r in runs] == expect
+    if len(expect) == 1:
+        assert "closing dense run skipped: no other arm ran" in capsys.readouterr().out
+
+
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
     from benchmarks.chat_warm import FOLLOW_UPS, MOE_SWEEP, warm_chats
 
