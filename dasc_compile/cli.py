@@ -202,7 +202,7 @@ MAX_REFERENCE_SEED = 2**63 - 1
 @app.command("size")
 def size_cmd(
     plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
-    max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="R: running requests of every arm."),
+    max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="R: running requests of every arm (required)."),
     dense_slots: Optional[int] = typer.Option(None, "--dense-slots", help="M: the Dense arm's native slots (or give --budget)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="State budget per TP rank, e.g. 2147483648 or 2GiB (fixes M)."),
     strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy", help="extra_buffer | extra_buffer_lazy | no_buffer."),
