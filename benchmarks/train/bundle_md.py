@@ -57,6 +57,27 @@ def _session(s: dict) -> list[str]:
             f"- Decays moved since init (cumulative, at this session's end): {moved or 'not recorded'}.", ""]
 
 
+def text_seen_line(sessions: list[dict]) -> str | None:
+    """How often the text was repeated: text-row tokens trained on (each session's tokens x its text-row share
+    ``1 - recall_frac``) against the distinct tokens of the shards the sessions carried (by sha256); None when a
+    session recorded no shards or no recall share. A lower bound on repetition: recall rows draw their haystacks
+    from the same shards."""
+    corpus: dict[str, int] = {}
+    seen = 0.0
+    for s in sessions:
+        frac = (s.get("recipe") or {}).get("recall_frac")
+        if frac is None or not s.get("shards"):
+            return None
+        corpus.update({str(x.get("sha256")): int(x.get("tokens", 0)) for x in s["shards"]})
+        seen += int(s.get("tokens", 0)) * (1.0 - float(frac))
+    total = sum(corpus.values())
+    if not total:
+        return None
+    return (f"- Text repeated: {seen / 1e6:.1f}M tokens of text rows (each session's tokens x its text-row share) "
+            f"from {total / 1e6:.1f}M distinct tokens in the shards carried: each text token seen about "
+            f"{seen / total:.1f} times (more: recall rows take their haystacks from the same shards).")
+
+
 def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
     """PROVENANCE.md of a bundle: ``ck`` from benchmarks/train/bundle_src.py ``read_checkpoint`` (+ ``now``:
     Unix seconds); ``files``: name -> bytes; ``sha``: weight file name -> sha256.
@@ -88,6 +109,7 @@ def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
          f"session(s) (planned {st.get('total_steps', '?')} steps).",
          f"- Data: {data.get('text', '?')}. Recall rows (latest session): {data.get('recall', '?')}. "
          f"Held out: {data.get('held_out', '?')}.",
+         *([line] if (line := text_seen_line(ses)) else []),
          f"- Tokenizer: {prov.get('tokenizer', '?')} ({prov.get('vocab_size', cfg.get('vocab_size'))} ids; "
          f"tokenizer.json here).",
          f"- Seeds: model and batches seed {st['seed']}; decays initialised "

@@ -594,3 +594,15 @@ def test_init_model_refuses_bad_paths_in_one_line_and_replaces_nothing(ckpts, tm
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine too"
     assert {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir()} == before
     assert not (tmp_path / "i").exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_text_repeated_line_counts_text_rows_over_the_distinct_shards():
+    from benchmarks.train.bundle_md import text_seen_line
+
+    a, b = {"sha256": "a", "tokens": 4_000_000}, {"sha256": "b", "tokens": 1_000_000}
+    ses = [{"tokens": 10_000_000, "recipe": {"recall_frac": 0.3}, "shards": [a, b]},
+           {"tokens": 5_000_000, "recipe": {"recall_frac": 0.5}, "shards": [a]}]     # shard a carried twice: counted once
+    line = text_seen_line(ses)
+    # 10M x 0.7 + 5M x 0.5 = 9.5M text-row tokens over 5.0M distinct: 1.9 times
+    assert "9.5M tokens of text rows" in line and "from 5.0M distinct tokens" in line and "about 1.9 times" in line
+    assert text_seen_line([ses[0], {"tokens": 1, "recipe": {"recall_frac": 0.3}}]) is None   # shards not recorded
