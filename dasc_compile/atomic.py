@@ -209,15 +209,15 @@ def fill_and_place(tmp: Path, out: Path, write, message) -> None:
     it to ``out`` (:func:`replace_dir`); on any failure or interrupt ``tmp`` is removed and ``out`` is
     untouched. Once ``out`` is in place it is recorded (:func:`dasc_compile.cli_exit.note_written`) with
     signals still held, so an ``error: interrupted`` line that follows always says ``out`` is whole
-    (CI on 2026-12-04 caught a SIGINT between the move and a later record). Used by :func:`write_new_dir` and ``artifact.write_plan_dir``.
+    (CI on 2026-12-04 caught a SIGINT between the move and a later record). Used by :func:`write_new_dir`
+    and ``artifact.write_plan_dir``.
 
     Raises:
         DascInputError: an ``OSError`` while writing or moving, as ``message(reason)`` (reason: the
             error's ``strerror``).
     """
-    from dasc_compile.errors import DascInputError
-
     from dasc_compile.cli_exit import note_written
+    from dasc_compile.errors import DascInputError
 
     try:
         write(tmp)
