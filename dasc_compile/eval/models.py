@@ -205,6 +205,26 @@ def check_weights(path: Path, want: int, dtype: torch.dtype) -> None:
 
 
 
+def _refuse_decay_only(path: Path, cfg: dict) -> None:
+    """Refuse, before anything needs transformers, a checkpoint holding fewer parameters than its embedding
+    table alone (``vocab_size x hidden_size``, from config.json or its ``text_config``): a decay-only reference
+    (``dasc reference``, the calibrated references). :func:`check_weights` makes the exact check later.
+
+    Raises:
+        DascInputError: naming the directory and both counts.
+    """
+    c = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    vocab, hidden = c.get("vocab_size", cfg.get("vocab_size")), c.get("hidden_size", cfg.get("hidden_size"))
+    if not (isinstance(vocab, int) and isinstance(hidden, int)) or vocab <= 0 or hidden <= 0:
+        return
+    have = _checkpoint_numel(path)
+    if have < vocab * hidden:
+        raise DascInputError(
+            f"{path}: the weights hold {have:,} parameters, fewer than the {vocab:,} x {hidden:,} embedding table "
+            f"config.json describes; dasc eval needs the whole trained checkpoint (a decay-only reference file is "
+            f"enough for dasc compile, not for eval)")
+
+
 def _hf_error(path: Path, cfg: dict, exc: Exception) -> DascInputError:
     return DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
                           f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
@@ -353,6 +373,7 @@ def require_model_support(path: Path) -> dict:
     cfg = _read_config(path)
     mt = cfg.get("model_type")
     model_family(path, cfg)
+    _refuse_decay_only(path, cfg)     # before the transformers checks: no upgrade would make it runnable
     require_transformers()
     if mt == "kimi_linear":
         require_transformers(MIN_TRANSFORMERS_KDA, f"dasc eval of a kimi_linear (KDA) model ({path})")

@@ -157,12 +157,41 @@ def test_other_bad_options(gdn_dir, plans, args):
     _one_error_line(_cli(*base, *args))
 
 
-def test_decay_only_reference_is_refused_not_filled_with_random_weights(tmp_path):
+def test_a_checkpoint_without_some_weights_is_refused_with_both_counts(tmp_path):
+    """Past the embedding-table floor (the embeddings and every decay tensor are there), the exact count
+    against the model config.json describes still refuses a checkpoint without its MLP weights."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from dasc_compile.compiler import compile_plan
+    from dasc_compile.policy import Policy
+
+    ref = Path(__file__).resolve().parents[2] / "plans" / "reference" / "gdn-hybrid-11m-sharegpt"
+    part = tmp_path / "part"
+    part.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ref / f, part / f)
+    tensors = {k: v for f in sorted(ref.glob("*.safetensors")) for k, v in load_file(f).items() if ".mlp." not in k}
+    save_file(tensors, part / "model.safetensors")
+    have = sum(t.numel() for t in tensors.values())
+    _, plan = compile_plan(ref, Policy(w_max=16), tmp_path / "p.dasc", with_kernels=False)
+    line = _one_error_line(_cli("eval", part, "--plan", plan))
+    assert f"the weights hold {have:,} of the 10,564,480 parameters config.json describes" in line, line
+
+
+@pytest.mark.parametrize("name, numbers", [
+    ("qwen3-next-80b-a3b", "151,936 x 2,048"),
+    # said before the transformers >= 5.17 that kimi_linear needs (a fresh user installed it, then met this)
+    ("kimi-linear-48b-a3b-calibrated", "82,560 parameters, fewer than the 163,840 x 2,304"),
+])
+def test_decay_only_reference_is_refused_not_filled_with_random_weights(tmp_path, name, numbers):
     from dasc_compile.compiler import compile_plan
     from dasc_compile.policy import Policy
     from pathlib import Path
 
-    ref = Path(__file__).resolve().parents[2] / "plans" / "reference" / "qwen3-next-80b-a3b"
+    ref = Path(__file__).resolve().parents[2] / "plans" / "reference" / name
     _, plan = compile_plan(ref, Policy(w_max=16), tmp_path / "p.dasc", with_kernels=False)
     line = _one_error_line(_cli("eval", ref, "--plan", plan))
-    assert "parameters config.json describes" in line
+    assert numbers in line and "embedding table" in line and "needs the whole trained checkpoint" in line
