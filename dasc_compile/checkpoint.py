@@ -25,11 +25,12 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 from safetensors import safe_open
@@ -100,6 +101,11 @@ def _load_json(path: Path, what: str):
 
 
 def _load_config(config: str | Path | None, beside: Path, model: Path) -> tuple[dict, Path]:
+    if config is not None and model.suffix != ".safetensors" and (beside / "config.json").is_file():
+        # --config stands in for a missing config.json; silently overriding a checkpoint's own one pairs its
+        # tensors with another model's layer kinds, and the error that followed named neither (a user report)
+        raise DascInputError(f"--config {config}: {model} has its own config.json ({beside / 'config.json'}); "
+                             f"--config is for a lone .safetensors file without one: drop --config")
     cfg_path = Path(config) if config is not None else beside / "config.json"
     if config is None and not cfg_path.exists():
         if (beside / "plan.json").is_file():
@@ -262,6 +268,24 @@ def open_checkpoint(model: str | Path, config: str | Path | None = None) -> Chec
     decay_files = {p for n, p in files.items() if n.endswith(_DECAY_SUFFIXES)}
     return CheckpointSource(config=cfg, config_path=cfg_path, root=root, tensor_files=files,
                             provenance=_provenance(decay_files), index_path=index)
+
+
+def refuse_one_shard_of_several(model: Path, required: Iterable[str], tensor_files) -> None:
+    """Refuse a lone ``...-0000K-of-0000N.safetensors`` (N > 1) that lacks one of the ``required`` tensors (the
+    config's decay tensors): one shard of a sharded checkpoint, given where its folder or index was meant (a
+    user report: the error named only the folder and a missing tensor).
+
+    Raises:
+        DascInputError: naming the file, which shard it is, a missing tensor and what to pass instead.
+    """
+    m = re.search(r"-(\d+)-of-(\d+)\.safetensors$", model.name)
+    if model.is_dir() or not m or int(m.group(2)) < 2:
+        return
+    missing = [n for n in required if n not in tensor_files]
+    if missing:
+        raise DascInputError(f"{model}: shard {int(m.group(1))} of {int(m.group(2))} of a checkpoint, without "
+                             f"'{missing[0]}' (another shard holds it); pass the folder {model.parent} or its "
+                             f"{DEFAULT_INDEX_NAME}")
 
 
 # ----------------------------------------------------------------------------- reading

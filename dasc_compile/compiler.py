@@ -13,7 +13,8 @@ import torch
 from dasc_compile import __version__
 from dasc_compile.arch import ArchSpec, arch_from_config, check_against_tensors, text_config
 from dasc_compile.artifact import prepare_out, write_plan_dir
-from dasc_compile.checkpoint import config_fingerprint, decay_fingerprint, open_checkpoint, read_decay_tensors
+from dasc_compile.checkpoint import (config_fingerprint, decay_fingerprint, open_checkpoint, read_decay_tensors,
+                                     refuse_one_shard_of_several)
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.horizons import (
@@ -288,6 +289,7 @@ def read_decay_source(model: str | Path, *, config: str | Path | None = None,
         raise DascInputError(
             f"{src.config_path}: the config makes no layer recurrent ({spec.layer_kind_source} lists only full "
             f"attention); dasc compresses recurrent state, expected at least one linear-attention layer")
+    refuse_one_shard_of_several(Path(model), (*spec.a_log_names, *spec.dt_bias_names), src.tensor_files)
     check_against_tensors(spec, src.tensor_files.keys(), str(src.root))
     tensors = read_decay_tensors(src, spec)
     served = FAMILIES[spec.family].served_decay   # the family's served form, when the server transforms it

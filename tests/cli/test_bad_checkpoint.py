@@ -187,3 +187,28 @@ def test_no_recurrent_layer_is_refused_before_kernels(tmp_path, more):
     ck = write_ckpt(tmp_path / "m", cfg, {"model.layers.0.self_attn.q_proj.weight": torch.zeros(2, 2)})
     line = _check(tmp_path, ck, "config.json", "makes no layer recurrent", more=more)
     assert "kernel constants" not in line
+
+
+def test_one_shard_of_a_sharded_checkpoint_is_named_with_what_to_pass(tmp_path):
+    """A user passed model-00001-of-00002.safetensors and read only "tensor ... is missing" about the folder."""
+    ck = write_ckpt(tmp_path / "m", GDN_CONFIG, {})
+    (ck / "model.safetensors").unlink()
+    t = gdn_tensors()
+    save_file({k: v for k, v in t.items() if ".layers.0." in k}, str(ck / "model-00001-of-00002.safetensors"))
+    save_file({k: v for k, v in t.items() if ".layers.2." in k}, str(ck / "model-00002-of-00002.safetensors"))
+    _check(tmp_path, ck / "model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors: shard 1 of 2",
+           "'model.layers.2.linear_attn.A_log'", f"pass the folder {ck}")
+    # the folder itself compiles (both shards read from their headers)
+    r, _, _ = _compile(tmp_path, ck)
+    assert r.code == 0, r.err
+
+
+def test_config_option_is_refused_for_a_folder_with_its_own_config(tmp_path):
+    """--config silently replaced the folder's own config.json, and the error that followed named neither."""
+    ck = write_ckpt(tmp_path / "m", GDN_CONFIG, gdn_tensors())
+    (tmp_path / "other.json").write_text(json.dumps(GDN_CONFIG))
+    _check(tmp_path, ck, f"--config {tmp_path / 'other.json'}", "has its own config.json", "drop --config",
+           more=("--config", tmp_path / "other.json"))
+    # a lone file keeps --config (its documented use), even with a config.json beside it
+    r, _, _ = _compile(tmp_path, ck / "model.safetensors", "--config", tmp_path / "other.json")
+    assert r.code == 0, r.err
