@@ -12,11 +12,15 @@ def check_png(path: str | Path) -> Path:
     """``path`` as a Path.
 
     Raises:
-        DascInputError: it does not end in ``.png`` (``--plot`` writes a PNG image).
+        DascInputError: it does not end in ``.png`` (``--plot`` writes a PNG image), or it is an existing file
+            that is not a PNG image (:func:`dasc_compile.userfiles.refuse_foreign_output`).
     """
+    from dasc_compile.userfiles import refuse_foreign_output
+
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise DascInputError(f"{path}: --plot writes a PNG image; give a file name ending in .png")
+    refuse_foreign_output(path, "PNG image")
     return path
 
 

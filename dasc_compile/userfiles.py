@@ -16,7 +16,7 @@ from typing import Any
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["MAX_JSON_DEPTH", "load_json_file", "read_user_bytes", "require_regular_file"]
+__all__ = ["MAX_JSON_DEPTH", "load_json_file", "read_user_bytes", "refuse_foreign_output", "require_regular_file"]
 
 #: Deepest nesting accepted in a JSON file dasc reads (real configs nest 3-4 levels).
 MAX_JSON_DEPTH = 64
@@ -119,3 +119,29 @@ def load_json_file(path: str | Path, what: str, max_bytes: int = 64 * 2**20, max
     if depth > max_depth:
         raise DascInputError(f"{p}: {what} is nested {depth} levels deep; expected at most {max_depth}")
     return obj
+
+
+#: How the start of each kind of file dasc writes looks (the first bytes after any whitespace).
+_OUTPUT_STARTS = {"JSON file": (b"{", b"["), "PNG image": (b"\x89PNG\r\n\x1a\n",)}
+
+
+def refuse_foreign_output(path: str | Path, kind: str) -> None:
+    """Refuse to overwrite an existing, non-empty regular file that is not a ``kind`` file (``"JSON file"``
+    or ``"PNG image"``): ``--json r.json`` run again replaces its earlier result, ``--json notes.md`` is a slip.
+    Missing, empty or unreadable paths pass (the write reports its own errors).
+
+    Raises:
+        DascInputError: naming the path, what it holds and what to do.
+    """
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError:
+        return
+    if not head.startswith(_OUTPUT_STARTS[kind]):
+        raise DascInputError(f"{path}: exists and is not a {kind}; dasc would overwrite it: give another path "
+                             f"or remove the file first")
+

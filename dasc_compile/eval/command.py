@@ -19,6 +19,7 @@ from rich.table import Table
 
 from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
+from dasc_compile.userfiles import refuse_foreign_output
 from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
                                    run_horizons, write_json)
 
@@ -181,6 +182,8 @@ def eval_cmd(
         if init_from is not None and init_seed is not None:
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
         check_outputs(json_out, plot)
+        if json_out is not None:
+            refuse_foreign_output(json_out, "JSON file")
         if horizons:
             if plan and len(plan) > 1:
                 raise DascInputError("--horizons takes at most one --plan (its a_s and eps are used)")

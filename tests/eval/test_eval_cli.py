@@ -120,6 +120,24 @@ def test_unwritable_outputs_are_refused_before_running(gdn_dir, plans, tmp_path,
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize("opt, name, kind", [("--json", "notes.md", "JSON file"), ("--plot", "notes.png", "PNG image")])
+def test_an_output_over_a_file_of_another_kind_is_refused_and_the_file_kept(gdn_dir, plans, tmp_path, opt, name, kind):
+    """A fresh user's --json notes.md replaced the notes with JSON; a result file of the right kind is replaced."""
+    note = tmp_path / name
+    note.write_text("# my notes\n")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], opt, note))
+    assert f"{note}: exists and is not a {kind}" in line
+    assert note.read_text() == "# my notes\n"
+    from dasc_compile.userfiles import refuse_foreign_output
+
+    note.write_text(' \n{"earlier": "result"}')             # an earlier --json: passes (it is rewritten)
+    refuse_foreign_output(note, "JSON file")
+    note.write_bytes(b"\x89PNG\r\n\x1a\n....")                # an earlier --plot: passes
+    refuse_foreign_output(note, "PNG image")
+    note.write_bytes(b"")                                     # empty: passes
+    refuse_foreign_output(note, "PNG image")
+
+
 def _one_error_line(r):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
