@@ -15,3 +15,8 @@ def console(**kwargs) -> Console:
     """A :class:`rich.console.Console` with ``emoji=False``; other keyword arguments as rich's (``stderr``,
     ``highlight``, ``soft_wrap``, ``width``)."""
     return Console(emoji=False, **kwargs)
+
+
+def counted(n: int, noun: str) -> str:
+    """``"1 prompt"`` / ``"2 prompts"``: a count with its noun in the right number (plural: ``noun + "s"``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

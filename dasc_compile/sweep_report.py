@@ -24,6 +24,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
+from dasc_compile.console import counted
 from dasc_compile.errors import DascInputError
 from dasc_compile.inspect import _json_safe
 from dasc_compile.plan_views import fmt_ratio
@@ -140,7 +141,7 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
                   "than SGLang's INT8 pool keeps at the same budget, so that arm should not beat it on hits", markup=False)
     if ev is not None:
         pr = ev["protocol"]
-        con.print(f"quality: dasc eval on {pr['n_prompts']} prompts ({pr['prompt_source']}), prefix {pr['prefix_len']} "
+        con.print(f"quality: dasc eval on {counted(pr['n_prompts'], 'prompt')} ({pr['prompt_source']}), prefix {pr['prefix_len']} "
                   f"tokens, nats per token; Random = count-matched random masks, {len(pr['random_seeds'])} seeds; "
                   f"the same for every TP and INT8 setting of a w_max (dasc eval does not model INT8 storage)",
                   markup=False)

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dasc_compile.console import console
+from dasc_compile.console import console, counted
 from dasc_compile.errors import DascInputError
 from dasc_compile.userfiles import refuse_foreign_output
 from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
@@ -125,7 +125,7 @@ def render(doc: dict, con: Console) -> None:
         con.print(t)
         return
     pr = doc["protocol"]
-    con.print(f"{pr['n_prompts']} prompts ({pr['prompt_source']}), prefix {pr['prefix_len']} tokens, "
+    con.print(f"{counted(pr['n_prompts'], 'prompt')} ({pr['prompt_source']}), prefix {pr['prefix_len']} tokens, "
               f"k = {pr['gen_tokens']}", markup=False)
     if "init" in doc:
         d = doc["init"]["drift"]

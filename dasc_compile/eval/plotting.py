@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dasc_compile.console import counted
 from dasc_compile.errors import DascInputError
 from dasc_compile.provenance import figure_label, figure_line, provenance_kind
 
@@ -97,7 +98,7 @@ def plot_quality(result: dict, out: str | Path) -> None:
     axes[0].legend(fontsize=7)
     model = result.get("model", {})
     fig.suptitle(f"dasc eval: {model.get('path', '')} ({model.get('family', '')}, "
-                 f"{result['protocol']['n_prompts']} prompts)", fontsize=9)
+                 f"{counted(result['protocol']['n_prompts'], 'prompt')})", fontsize=9)
     fig.supxlabel(provenance_line(model.get("provenance", "")), fontsize=8,
                   color="black" if provenance_kind(model.get("provenance", "")) == "trained" else "crimson")
     fig.tight_layout()

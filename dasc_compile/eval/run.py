@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from dasc_compile.cli_exit import Interrupted
-from dasc_compile.console import console
+from dasc_compile.console import console, counted
 from dasc_compile.errors import DascInputError
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
@@ -50,7 +50,7 @@ class EvalInterrupted(Exception):
 
     def __init__(self, done: int, planned: int, json_out: Optional[Path], signum: int = signal.SIGINT):
         self.signal_name = signal.Signals(signum).name
-        super().__init__(f"interrupted ({self.signal_name}) after {done} of {planned} prompts")
+        super().__init__(f"interrupted ({self.signal_name}) after {done} of {counted(planned, 'prompt')}")
         self.done, self.planned, self.json_out, self.exit_code = done, planned, json_out, 128 + signum
 
 
@@ -294,7 +294,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
 
     try:
         with Progress(console=ERR, transient=True, disable=not progress) as bar:
-            task = bar.add_task(f"dasc eval: {len(prompts)} prompts x {len(cases)} plan(s)", total=len(prompts))
+            task = bar.add_task(f"dasc eval: {counted(len(prompts), 'prompt')} x {len(cases)} plan(s)", total=len(prompts))
             for p in prompts:
                 if time_budget_s is not None and done and time.time() - t0 > time_budget_s:
                     break
