@@ -12,7 +12,11 @@ the whole sequence:
   inserted at token positions in a haystack of ShareGPT text or of plain filler sentences, then
   "Question: What is the special magic number for <key>?\\nAnswer: The special magic number for
   <key> is <value>." (the question format of ``dasc eval``'s built-in retrieval prompts);
-- ``kv``: a list of "<key>: <value>" lines, then "Lookup <key>: <value>" lines for some of them;
+- ``kv``: a list of " <key>: <value>" lines, then "Lookup <key>: <value>" lines for some of them. The records'
+  leading space gives each key the same tokens as in its lookup (a BPE tokenizer folds a word's leading space
+  into its first token); until 2026-12-04 they had none, and the record and the lookup of "lucky-koala" began
+  with other tokens (``l|uck|y-k|o|ala`` against ``Ġluck|y-k|o|ala`` in the 8,192-id tokenizer): the rows of
+  every model trained before then;
 - ``copy`` (opt-in, ``copy_frac`` of the recall rows, 0 by default): "\\nCopy this:" and a span of 8-32 tokens
   drawn one by one from random stream positions (no language-model shortcut: only looking back finds them), a
   gap of text, then "\\nRepeat it exactly:" and the span again, which is what is scored (the mask covers
@@ -24,7 +28,7 @@ its question: needles are inserted no closer than ``min_gap`` haystack tokens to
 earlier lookup repeats the answer nearby), copy rows' gap is drawn in [min_gap, all that is left]. Made for a model
 whose recurrent layers answer short-range recall by themselves, so that its attention layers never have to learn
 it (Kimi-Linear's MLA layers stayed at uniform attention). With the defaults the generator takes exactly the
-draws it took before these options existed: the same seed gives the same tokens.
+draws it takes without these options (the kv records' leading space, above, changed the default rows once).
 
 Each row carries its kind (:data:`KINDS`, an index into it): ``text`` (no answers), ``needle`` (a needle row
 holding one needle), ``multikey`` (a needle row holding 2-4 needles with distinct keys, 1 or 2 of them asked),
@@ -210,7 +214,7 @@ class Batches:
         target = int((n - self.min_gap) * (0.5 + 0.4 * float(torch.rand((), generator=gen))))
         for k in self._keys(gen, 400):
             v = self._value(gen)
-            ids = self._enc(f"{k}: {v}\n")
+            ids = self._enc(f" {k}: {v}\n")     # the key's tokens as in "Lookup <key>:" (module docstring)
             if used + len(ids) > target:
                 break
             lines.append(ids)

@@ -5,7 +5,7 @@ Three kinds, each a prefix of exactly ``prefix_len`` tokens, a question (the suf
 * ``niah_single``: filler sentences with one needle "The special magic number for <key> is <4 digits>."
   at token position ``depth * filler length``;
 * ``niah_multikey``: three needles with distinct keys at different depths; the question asks for one;
-* ``kv_pairs``: filler, then "Key-value records:" and lines "<key>: <4 digits>" (keys are
+* ``kv_pairs``: filler, then "Key-value records:" and lines " <key>: <4 digits>" (keys are
   adjective-animal pairs) filling up to 70 % of the prefix; the queried record sits at ``depth`` of the
   list, every other record is a distractor; the question is "Lookup <key>:".
 
@@ -54,7 +54,10 @@ _KV_HEAD = "\nKey-value records:\n"
 
 
 def _kv_line(key: str, value: str) -> str:
-    return f"{key}: {value}\n"
+    # the leading space gives the key the tokens it has after "Lookup" (a BPE tokenizer folds a word's leading
+    # space into its first token): without it a record began "l|uck|y-koala" and its question " luck|y-koala"
+    # (the trained references' tokenizer), and matching a key took a token map on top of the recall itself
+    return f" {key}: {value}\n"
 
 
 def _question(kind: str, key: str) -> str:

@@ -25,7 +25,7 @@ def test_needle_prompts_hold_the_answer_at_the_depth():
         text, q = TOK.decode(p.prefix), TOK.decode(p.suffix)
         if p.kind == "kv_pairs":
             key = q.split("Lookup ")[1].split(":")[0]
-            fact = f"\n{key}:{TOK.decode(p.answer)}\n"
+            fact = f"\n {key}:{TOK.decode(p.answer)}\n"
             assert text.count(f"{key}:") == 1 and text.count("Key-value records:\n") == 1 and text.count(": ") >= 8
         else:
             key = q.split("magic number for ")[1].split("?")[0]
@@ -43,6 +43,30 @@ def test_needle_prompts_hold_the_answer_at_the_depth():
         builtin_retrieval(TOK, 40, 1)
 
 
+def test_a_kv_key_has_the_same_tokens_in_its_record_and_its_lookup():
+    """With a real BPE tokenizer (the trained references'), the lookup's key tokens, from the key's first token on,
+    occur in the records: a record without its leading space began with other tokens than the question did."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    bpe = Tokenizer.from_file(str(Path(__file__).resolve().parents[2] / "plans/reference/gdn-hybrid-11m-sharegpt/tokenizer.json"))
+
+    class Tok:
+        def encode(self, text):
+            return bpe.encode(text, add_special_tokens=False).ids
+
+    def at(seq, sub):
+        return [i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub]
+
+    for p in builtin_retrieval(Tok(), 300, 15, seed=0)[10:]:
+        assert p.kind == "kv_pairs"
+        key = bpe.decode(p.suffix).split("Lookup ")[1].rstrip(":")
+        key_ids = Tok().encode(" " + key)
+        assert len(at(p.suffix, key_ids)) == 1                     # the question's tokens for the key ...
+        assert len(at(p.prefix, key_ids)) == 1, key                # ... are those of exactly one record
+
+
 def test_recall_text_is_the_prompt_format():
     import random
 
@@ -51,7 +75,7 @@ def test_recall_text_is_the_prompt_format():
     ctx, q, a = recall_text(300, "kv_pairs", 0.5, random.Random(0))
     assert len(ctx) == 300 and q.startswith("\nLookup ") and q.endswith(":") and a.strip().isdigit()
     key = q.split("Lookup ")[1][:-1]
-    assert f"\n{key}:{a}\n" in ctx
+    assert f"\n {key}:{a}\n" in ctx
 
 
 def test_jsonl_forms_and_errors(tmp_path):
