@@ -9,7 +9,10 @@ fit), so ``recall_acc`` was mostly kv. Each logged interval therefore also repor
 :data:`benchmarks.train.data.RECALL_KINDS`:
 
 - ``recall_acc_<kind>``: hits / answer tokens of that kind's rows (None when the interval had none);
-- ``recall_tokens``: ``{kind: answer tokens scored}``, the weights of the overall figure.
+- ``recall_tokens``: ``{kind: answer tokens scored}``, the weights of the overall figure;
+- ``recall_exact_<kind>`` / ``recall_exact`` (and ``recall_answers``): whole answers right (every token of the
+  answer), which a guessed value almost never is, where the token accuracy of a model that recalls nothing
+  is 0.267 (the value's leading space token is free; its digits are 1 in 10).
 
 ``recall_acc`` stays (hits / answer tokens over all kinds), so histories written before the split compare.
 The opt-in ``copy`` rows (data.py ``copy_frac``) are a recall kind like the others (``recall_acc_copy``, None
@@ -53,16 +56,37 @@ def answer_tally(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, kind
     return hits, answers
 
 
+def exact_tally(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, kind: torch.Tensor,
+                n_kinds: int = len(KINDS)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole answers right and answers, per row kind: an answer is a maximal run of ``mask`` within a row (the
+    data separates two answers by their questions), right when every one of its tokens is. Unlike the token
+    accuracy, whose chance level is 0.267 on digit values (the leading space token is free, the digits 1 in 10),
+    a guessed 4-digit value is right about once in 9,000.
+
+    Args: as :func:`answer_tally`.
+    Returns:
+        (answers right ``[n_kinds]`` int64, answers ``[n_kinds]`` int64), on ``pred``'s device.
+    """
+    start = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0))           # first token of each answer
+    run = (torch.cumsum(start.flatten().long(), 0) - 1).view_as(mask)        # answer number of each token
+    n = int(start.sum())
+    wrong = torch.zeros(n, dtype=torch.int64, device=pred.device).index_add_(0, run[mask], (pred != tgt)[mask].long())
+    run_kind = kind.unsqueeze(1).expand_as(mask)[start]
+    right = torch.zeros(n_kinds, dtype=torch.int64, device=pred.device).index_add_(0, run_kind, (wrong == 0).long())
+    answers = torch.zeros(n_kinds, dtype=torch.int64, device=pred.device).index_add_(0, run_kind, torch.ones_like(run_kind))
+    return right, answers
+
+
 def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict:
     """Loss ``mean over all target tokens`` backpropagated in micro-batches; per-row losses and answer hits.
 
     ``xb`` ``[B, T + 1]`` int64 token ids, ``mask`` ``[B, T + 1]`` bool answer tokens, ``kind`` ``[B]`` int64 row
     kinds (data.KINDS), as ``Batches.get`` gives them. Returns ``text`` / ``recall``: per-row mean losses (floats)
     of text / recall rows; ``hit`` / ``n_ans``: teacher-forced greedy hits / answer tokens per kind id (lists of
-    ``len(KINDS)`` ints), read from the training forward pass itself."""
+    ``len(KINDS)`` ints), read from the training forward pass itself; ``exact_hit`` / ``n_exact``: whole answers
+    right / answers per kind id (:func:`exact_tally`)."""
     B = xb.shape[0]
-    hits = torch.zeros(len(KINDS), dtype=torch.int64, device=dev)
-    n_ans = torch.zeros(len(KINDS), dtype=torch.int64, device=dev)
+    hits, n_ans, right, n_exact = (torch.zeros(len(KINDS), dtype=torch.int64, device=dev) for _ in range(4))
     out = {"text": [], "recall": []}
     for i in range(0, B, micro):
         x = xb[i:i + micro].to(dev, non_blocking=True)
@@ -80,21 +104,32 @@ def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict
             for r, rec in zip(row, is_recall):
                 out["recall" if rec else "text"].append(r)
             if m.any():                  # text-only micro-batches: no argmax
-                h, n = answer_tally(logits.argmax(-1), tgt, m, k, len(KINDS))
-                hits += h
-                n_ans += n
-    out["hit"], out["n_ans"] = hits.tolist(), n_ans.tolist()
+                pred = logits.argmax(-1)
+                for acc, tally in zip(((hits, n_ans), (right, n_exact)), (answer_tally, exact_tally)):
+                    h, n = tally(pred, tgt, m, k, len(KINDS))
+                    acc[0].add_(h)
+                    acc[1].add_(n)
+    out["hit"], out["n_ans"], out["exact_hit"], out["n_exact"] = (t.tolist() for t in (hits, n_ans, right, n_exact))
     return out
 
 
-def interval_fields(hits: list[int], answers: list[int]) -> dict:
-    """The recall fields of one logged interval, from counts per kind id (lists of ``len(KINDS)`` ints)."""
+def interval_fields(hits: list[int], answers: list[int], exact: list[int] | None = None,
+                    n_exact: list[int] | None = None) -> dict:
+    """The recall fields of one logged interval, from counts per kind id (lists of ``len(KINDS)`` ints): token
+    accuracy ``recall_acc[_<kind>]`` from ``hits`` / ``answers``; with ``exact`` / ``n_exact`` (whole answers right /
+    answers) also ``recall_exact[_<kind>]`` and ``recall_answers``."""
     total_h, total_n = sum(hits), sum(answers)
     out: dict = {"recall_acc": total_h / total_n if total_n else None}
     for kind in RECALL_KINDS:
         i = KINDS.index(kind)
         out[f"recall_acc_{kind}"] = hits[i] / answers[i] if answers[i] else None
     out["recall_tokens"] = {kind: int(answers[KINDS.index(kind)]) for kind in RECALL_KINDS}
+    if exact is not None and n_exact is not None:
+        out["recall_exact"] = sum(exact) / sum(n_exact) if sum(n_exact) else None
+        for kind in RECALL_KINDS:
+            i = KINDS.index(kind)
+            out[f"recall_exact_{kind}"] = exact[i] / n_exact[i] if n_exact[i] else None
+        out["recall_answers"] = {kind: int(n_exact[KINDS.index(kind)]) for kind in RECALL_KINDS}
     return out
 
 

@@ -307,8 +307,8 @@ def main(argv=None) -> dict:
         state["tokens"] += tps
         acc["loss_text"] += stats["text"]
         acc["loss_recall"] += stats["recall"]
-        acc["hit"] = [x + y for x, y in zip(acc["hit"], stats["hit"])]
-        acc["n_ans"] = [x + y for x, y in zip(acc["n_ans"], stats["n_ans"])]
+        for key in ("hit", "n_ans", "exact_hit", "n_exact"):
+            acc[key] = [x + y for x, y in zip(acc[key], stats[key])]
         acc["steps"] += 1
         acc["gn"] += gn
         if cuda and state["step"] - step0 <= 3:
@@ -322,7 +322,7 @@ def main(argv=None) -> dict:
             mv = decay_report.movement(init_live, decays(model))
             log({"step": state["step"], "tokens": state["tokens"], "lr": lr,
                  "loss_text": _mean(acc["loss_text"]), "loss_recall": _mean(acc["loss_recall"]),
-                 **scoring.interval_fields(acc["hit"], acc["n_ans"]),
+                 **scoring.interval_fields(acc["hit"], acc["n_ans"], acc["exact_hit"], acc["n_exact"]),
                  "grad_norm": acc["gn"] / acc["steps"], "tok_s": acc["steps"] * tps / el,
                  "dA_log": mv.get("A_log", {}).get("mean_abs_change"),
                  "ddt_bias": mv.get("dt_bias", {}).get("mean_abs_change"), "micro_batch": micro,
@@ -348,9 +348,10 @@ def _stopped_by(a, steps: int, plan_done: bool) -> str:
 
 
 def _fresh_interval() -> dict:
-    """Accumulators of one logged interval; ``hit`` / ``n_ans``: answer hits / tokens per kind id (KINDS)."""
-    return {"loss_text": [], "loss_recall": [], "hit": [0] * len(KINDS), "n_ans": [0] * len(KINDS), "t": time.time(),
-            "steps": 0, "gn": 0.0}
+    """Accumulators of one logged interval; ``hit`` / ``n_ans``: answer hits / tokens per kind id (KINDS); ``exact_hit``
+    / ``n_exact``: whole answers right / answers per kind id."""
+    return {"loss_text": [], "loss_recall": [], "t": time.time(), "steps": 0, "gn": 0.0,
+            **{key: [0] * len(KINDS) for key in ("hit", "n_ans", "exact_hit", "n_exact")}}
 
 
 def _mean(xs):

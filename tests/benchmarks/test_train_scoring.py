@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from benchmarks.train.data import KINDS, KV, MULTIKEY, NEEDLE, TEXT
-from benchmarks.train.scoring import (answer_tally, forward_backward, interval_fields, main, read_history, recall_by_kind,
-                                      run_summary)
+from benchmarks.train.scoring import (answer_tally, exact_tally, forward_backward, interval_fields, main, read_history,
+                                      recall_by_kind, run_summary)
 
 V = 10          # vocabulary of the fake model
 
@@ -76,6 +76,26 @@ def test_forward_backward_counts_hits_per_row_kind(micro):
     assert f["recall_acc_multikey"] == pytest.approx(1.0)
     assert f["recall_acc_kv"] == pytest.approx(3 / 7)
     assert f["recall_tokens"] == {"needle": 2, "multikey": 2, "kv": 7, "copy": 0} and f["recall_acc_copy"] is None
+    # whole answers (one per row here): needle 0 / 1, multikey 1 / 1, kv 0 / 2
+    want_right, want_answers = [0] * len(KINDS), [0] * len(KINDS)
+    want_right[MULTIKEY], want_answers[NEEDLE], want_answers[MULTIKEY], want_answers[KV] = 1, 1, 1, 2
+    assert out["exact_hit"] == want_right and out["n_exact"] == want_answers
+    f = interval_fields(out["hit"], out["n_ans"], out["exact_hit"], out["n_exact"])
+    assert f["recall_exact"] == pytest.approx(1 / 4) and f["recall_exact_multikey"] == 1.0
+    assert f["recall_exact_needle"] == 0.0 and f["recall_exact_kv"] == 0.0 and f["recall_exact_copy"] is None
+    assert f["recall_answers"] == {"needle": 1, "multikey": 1, "kv": 2, "copy": 0}
+    assert "recall_exact" not in interval_fields(out["hit"], out["n_ans"])     # older callers: token fields only
+
+
+def test_exact_tally_counts_each_run_of_answer_tokens_as_one_answer():
+    pred = torch.tensor([[5, 1, 2, 0, 3, 4, 9], [1, 2, 3, 4, 5, 6, 7]])
+    tgt = torch.tensor([[5, 1, 2, 0, 3, 0, 9], [1, 2, 3, 4, 5, 6, 7]])
+    mask = torch.tensor([[False, True, True, False, True, True, False],      # two answers: right, then wrong
+                         [True, False, True, True, True, False, True]])      # three answers, all right
+    right, answers = exact_tally(pred, tgt, mask, torch.tensor([NEEDLE, KV]))
+    assert right.tolist() == [0, 1, 0, 3, 0] and answers.tolist() == [0, 2, 0, 3, 0]
+    right, answers = exact_tally(pred, tgt, torch.zeros_like(mask), torch.tensor([NEEDLE, KV]))
+    assert right.tolist() == [0] * 5 and answers.tolist() == [0] * 5
 
 
 def test_answer_tally_follows_the_kind_ids_not_the_row_order():
