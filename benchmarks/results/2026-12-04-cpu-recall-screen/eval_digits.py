@@ -1,19 +1,20 @@
 """Digit-only recall accuracy of a trained checkpoint on fresh rows from benchmarks.train.data.Batches.
 
-    PYTHONPATH=. python .dev/recall-cpu/eval_digits.py CKPT_DIR --data .dev/train/prep --seq 256 [--min-gap 0]
+    PYTHONPATH=. python benchmarks/results/2026-12-04-cpu-recall-screen/eval_digits.py CKPT_DIR --data .dev/train/prep --seq 256 [--min-gap 0]
         [--rows 64] [--seed 999] [--json OUT]
 
 Recall rows only (recall_frac 1.0), a seed the training never used. Teacher-forced greedy, as scoring.py, but
 split into: the space token before the value, the first digit, later digits; per kind (needle/multikey/kv).
 Loads train_state/exact.pt (fp32) when present, else the bf16 checkpoint.
 """
-import argparse
+
 import json
 import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks.cli_args import OneLineParser
 from benchmarks.train.data import KINDS, Batches
 from benchmarks.train.models import load_model
 from benchmarks.train.tokenizer import load_tokenizer
@@ -21,7 +22,7 @@ from benchmarks.train.train import load_stream
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", type=Path)
     ap.add_argument("--data", type=Path, default=Path(".dev/train/prep"))
     ap.add_argument("--seq", type=int, default=256)
