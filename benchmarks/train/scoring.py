@@ -73,8 +73,7 @@ def exact_tally(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, kind:
     wrong = torch.zeros(n, dtype=torch.int64, device=pred.device).index_add_(0, run[mask], (pred != tgt)[mask].long())
     run_kind = kind.unsqueeze(1).expand_as(mask)[start]
     right = torch.zeros(n_kinds, dtype=torch.int64, device=pred.device).index_add_(0, run_kind, (wrong == 0).long())
-    answers = torch.zeros(n_kinds, dtype=torch.int64, device=pred.device).index_add_(0, run_kind, torch.ones_like(run_kind))
-    return right, answers
+    return right, torch.bincount(run_kind, minlength=n_kinds)
 
 
 def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict:
@@ -105,10 +104,12 @@ def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict
                 out["recall" if rec else "text"].append(r)
             if m.any():                  # text-only micro-batches: no argmax
                 pred = logits.argmax(-1)
-                for acc, tally in zip(((hits, n_ans), (right, n_exact)), (answer_tally, exact_tally)):
-                    h, n = tally(pred, tgt, m, k, len(KINDS))
-                    acc[0].add_(h)
-                    acc[1].add_(n)
+                h, n = answer_tally(pred, tgt, m, k, len(KINDS))
+                hits += h
+                n_ans += n
+                h, n = exact_tally(pred, tgt, m, k, len(KINDS))
+                right += h
+                n_exact += n
     out["hit"], out["n_ans"], out["exact_hit"], out["n_exact"] = (t.tolist() for t in (hits, n_ans, right, n_exact))
     return out
 
@@ -118,18 +119,22 @@ def interval_fields(hits: list[int], answers: list[int], exact: list[int] | None
     """The recall fields of one logged interval, from counts per kind id (lists of ``len(KINDS)`` ints): token
     accuracy ``recall_acc[_<kind>]`` from ``hits`` / ``answers``; with ``exact`` / ``n_exact`` (whole answers right /
     answers) also ``recall_exact[_<kind>]`` and ``recall_answers``."""
-    total_h, total_n = sum(hits), sum(answers)
-    out: dict = {"recall_acc": total_h / total_n if total_n else None}
+    out = _shares("recall_acc", hits, answers) | {"recall_tokens": _per_kind(answers)}
+    if exact is not None and n_exact is not None:
+        out |= _shares("recall_exact", exact, n_exact) | {"recall_answers": _per_kind(n_exact)}
+    return out
+
+
+def _per_kind(counts: list[int]) -> dict:
+    return {kind: int(counts[KINDS.index(kind)]) for kind in RECALL_KINDS}
+
+
+def _shares(name: str, num: list[int], den: list[int]) -> dict:
+    """``{name: overall share, name_<kind>: share per recall kind}``; None where the denominator is 0."""
+    out: dict = {name: sum(num) / sum(den) if sum(den) else None}
     for kind in RECALL_KINDS:
         i = KINDS.index(kind)
-        out[f"recall_acc_{kind}"] = hits[i] / answers[i] if answers[i] else None
-    out["recall_tokens"] = {kind: int(answers[KINDS.index(kind)]) for kind in RECALL_KINDS}
-    if exact is not None and n_exact is not None:
-        out["recall_exact"] = sum(exact) / sum(n_exact) if sum(n_exact) else None
-        for kind in RECALL_KINDS:
-            i = KINDS.index(kind)
-            out[f"recall_exact_{kind}"] = exact[i] / n_exact[i] if n_exact[i] else None
-        out["recall_answers"] = {kind: int(n_exact[KINDS.index(kind)]) for kind in RECALL_KINDS}
+        out[f"{name}_{kind}"] = num[i] / den[i] if den[i] else None
     return out
 
 

@@ -294,7 +294,8 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
 
     try:
         with Progress(console=ERR, transient=True, disable=not progress) as bar:
-            task = bar.add_task(f"dasc eval: {counted(len(prompts), 'prompt')} x {len(cases)} plan(s)", total=len(prompts))
+            task = bar.add_task(f"dasc eval: {counted(len(prompts), 'prompt')} x {len(cases)} plan(s)",
+                                total=len(prompts))
             for p in prompts:
                 if time_budget_s is not None and done and time.time() - t0 > time_budget_s:
                     break

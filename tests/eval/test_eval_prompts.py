@@ -50,7 +50,8 @@ def test_a_kv_key_has_the_same_tokens_in_its_record_and_its_lookup():
 
     from tokenizers import Tokenizer
 
-    bpe = Tokenizer.from_file(str(Path(__file__).resolve().parents[2] / "plans/reference/gdn-hybrid-11m-sharegpt/tokenizer.json"))
+    ref = Path(__file__).resolve().parents[2] / "plans/reference/gdn-hybrid-11m-sharegpt"
+    bpe = Tokenizer.from_file(str(ref / "tokenizer.json"))
 
     class Tok:
         def encode(self, text):
