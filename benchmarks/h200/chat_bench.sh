@@ -19,6 +19,8 @@
 #                             cut a fresh machine's server start; carry .dev/jit (park benchmarks/results for room)
 # Run (device, repo root): bash benchmarks/h200/chat_bench.sh
 # Settings (env): ARMS (the arms; each seed orders them by its Williams-design row; default "dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"),
+#   UP_ARMS (the servers to have up, default ARMS: a superset starts now the servers a later call of other ARMS
+#   will measure, e.g. protocol B's, whose runs leave no room for a start in the call),
 #   BASELINE (dense: the arm that opens the call's first seed and closes the call, so its drift is measured; one of ARMS),
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
@@ -36,6 +38,10 @@ T0=$(date +%s)
 CARRY=$PWD; W=/tmp/chat
 export OUT=${OUT:-/tmp/chat-out}; mkdir -p "$OUT"
 ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"}
+UP_ARMS=${UP_ARMS:-$ARMS}
+for arm in $ARMS; do
+  case " $UP_ARMS " in *" $arm "*) ;; *) echo "error: UP_ARMS '$UP_ARMS' lacks '$arm' of ARMS: expected every measured arm among the servers to start" >&2; exit 2;; esac
+done
 SEEDS=${SEEDS:-0}; PER_SEED=${PER_SEED:-24}; CLIENTS=${CLIENTS:-24}; MRR=${MRR:-8}; CLIP=${CLIP:-256}
 PAD=${PAD:-0}; REPLAY=${REPLAY:-served-reply}; CONTEXT=${CONTEXT:-24576}; DEADLINE=${DEADLINE:-570}
 NUM_EXPERTS=${NUM_EXPERTS:-16}; DOWN=${DOWN:-1}; MAX_TOTAL_TOKENS=${MAX_TOTAL_TOKENS:-600000}; BASELINE=${BASELINE:-dense}
@@ -58,10 +64,10 @@ import json, sys
 cfg = json.load(open(sys.argv[1])); cfg["num_experts"] = int(sys.argv[3])
 json.dump(cfg, open(sys.argv[2], "w"), indent=1)
 EOF
-stamp "up: $ARMS"
+stamp "up: $UP_ARMS"
 extra=(); for f in ${SERVER_FLAGS:-}; do extra+=("--server-flag=$f"); done
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
-    --arms $ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" "${extra[@]}"
+    --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" "${extra[@]}"
 stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
