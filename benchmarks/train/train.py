@@ -8,12 +8,12 @@ A session: load (or build, from ``--seed`` on the CPU) the model, train until ``
 until the next step would pass ``--stop-at`` minus ``--save-reserve`` (or SIGTERM), then write
 ``OUT/<family>/`` (benchmarks/train/models.py format) with ``train_state/`` beside the weights:
 ``state.json`` (step, tokens, schedule, one record per session, ``saved_utc``), ``optim.safetensors`` (the
-travelling optimiser state, benchmarks/train/optim.py), ``init_decays.safetensors`` (the initial
-``A_log``/``dt_bias``, checkpoint names and ``live:``-prefixed parameter names), ``log.jsonl`` (every
-logged interval of every session). ``--exact-state`` also writes ``exact.pt`` (fp32 weights + full Adam
-moments), from which a resume continues exactly. Then the decay report (movement; dasc compile's kept
-sets vs init, benchmarks/train/decays.py) and, with ``--pack-to``, the packed parts
-(benchmarks/train/pack.py).
+travelling optimiser state, benchmarks/train/optim.py; a resume without it, e.g. of a checkpoint rebuilt from a
+bundle by benchmarks/train/from_bundle.py, starts a fresh AdamW, and its session's ``optimizer_restore`` says so),
+``init_decays.safetensors`` (the initial ``A_log``/``dt_bias``, checkpoint names and ``live:``-prefixed parameter
+names), ``log.jsonl`` (every logged interval of every session). ``--exact-state`` also writes ``exact.pt`` (fp32
+weights + full Adam moments), from which a resume continues exactly. Then the decay report (movement; dasc
+compile's kept sets vs init, benchmarks/train/decays.py) and, with ``--pack-to``, the packed parts (pack.py).
 
 Every logged interval prints one JSON line: loss (text rows and recall rows), teacher-forced accuracy
 on recall answers (``recall_acc`` over all, ``recall_acc_<kind>`` per synthetic row kind, the answer tokens
@@ -216,15 +216,14 @@ def start(a, tok):
         return model, state, init, None, None
     from safetensors.torch import load_file
 
-    ts = a.resume / "train_state"
+    ts = a.resume / "train_state"       # family and seed: checked by parse()
     state = json.loads((ts / "state.json").read_text())
-    if state["family"] != a.family or state["seed"] != a.seed:
-        raise SystemExit(f"{a.resume}: trained as {state['family']} seed {state['seed']}, asked {a.family} seed {a.seed}")
     model = load_model(a.resume)
     exact = torch.load(ts / "exact.pt", map_location="cpu") if (ts / "exact.pt").exists() else None
     if exact is not None:
         model.load_state_dict(exact["model"])
-    return model, state, load_file(str(ts / "init_decays.safetensors")), load_file(str(ts / "optim.safetensors")), exact
+    optim = load_file(str(ts / "optim.safetensors")) if (ts / "optim.safetensors").is_file() else None
+    return model, state, load_file(str(ts / "init_decays.safetensors")), optim, exact
 
 
 def _versions() -> dict:
@@ -261,7 +260,8 @@ def main(argv=None) -> dict:
     model = model.to(dev).train()
     groups = O.param_groups(model, a.lr, a.weight_decay, a.decay_lr_mult, a.attn_lr_mult)
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
-    restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else None
+    fresh = {"fresh": "the checkpoint carried no optimiser state"} if a.resume and opt_state is None else None
+    restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else fresh
     tps = a.batch * a.seq
     first, total = recipe.schedule_span(a, state, tps)
     state["total_steps"] = total
