@@ -236,6 +236,48 @@ def think_times(seed: int, conv: int, mean_s: float, turns: int = 64) -> list[fl
     return [rng.expovariate(1.0 / mean_s) for _ in range(turns)]
 
 
+#: Seconds per turn that :func:`open_loop_span_s` adds for the server's work: an over-estimate of the runs measured
+#: so far (mean request E2E 1.0-1.4 s on the H200 at ρ 0.7-0.9, pad 6,000, clip 256), so that the span it gives
+#: was 4-10 % above each run's wall time (11 runs of sessions 18, 20 and 27).
+OPEN_LOOP_TURN_S = 3.0
+
+
+def open_loop_span_s(turns: Sequence[int], convs: Sequence[int], rate: float, seed: int, think_s: float,
+                     turn_s: float = OPEN_LOOP_TURN_S) -> float:
+    """Expected wall time (s) of an open-loop run (:func:`run_open`) of one trace seed, from its schedule alone.
+
+    Session ``i`` (conversation ``convs[i]``, ``turns[i]`` turns) starts at :func:`arrival_offsets`'s ``i``-th
+    time and pauses for its :func:`think_times` between turns; with ``turn_s`` seconds per turn for the server,
+    it ends at ``start + its think times + turns x turn_s``, and the run ends with its last session. Arrivals and
+    think times depend on the seed alone, so the span is known before the run; only ``turn_s`` is a guess, and
+    at light load (protocol B) requests barely queue, so the guess holds.
+
+    Raises:
+        ValueError: ``turns`` and ``convs`` of different lengths, or none.
+    """
+    if len(turns) != len(convs) or not convs:
+        raise ValueError(f"one turn count per conversation expected, got {len(turns)} for {len(convs)}")
+    starts = arrival_offsets(len(convs), rate, seed)
+    return max(t0 + sum(think_times(seed, c, think_s, max(n - 1, 0))) + n * turn_s
+               for t0, n, c in zip(starts, turns, convs))
+
+
+def open_loop_spans(trace: Path, seeds: Sequence[int], per_seed: int, pool_seed: int, rate: float,
+                    think_s: float) -> dict[int, float]:
+    """``{seed: expected wall time (s)}`` of an open-loop run of each trace seed (:func:`open_loop_span_s` over
+    the seed's conversations, :func:`benchmarks.chat_trace.seed_conversations`).
+
+    Raises:
+        DascInputError: an unreadable trace, or a seed the trace cannot hold (the message names it).
+    """
+    _, convs = load_trace(trace)
+    out = {}
+    for seed in seeds:
+        idx = seed_conversations(len(convs), per_seed, seed, pool_seed=pool_seed)
+        out[seed] = open_loop_span_s([convs[i].turns for i in idx], idx, rate, seed, think_s)
+    return out
+
+
 def run_open(r: Replay, rate: float) -> None:
     """Protocol B: session starts at the Poisson times of :func:`arrival_offsets`, one thread per session."""
     threads = []

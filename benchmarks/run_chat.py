@@ -16,7 +16,8 @@ warm):
   every arm once on a flushed cache (``/flush_cache``), the arm order a row of a Williams design
   picked by the seed (:func:`benchmarks.run_order.schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
   drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
-  closing Dense run; a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
+  closing Dense run (closed loop: the longest run so far, x RUN_MARGIN; open loop: each seed's span
+  expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`); a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
 
@@ -43,10 +44,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.chat_replay import IM_END
+from benchmarks.chat_replay import IM_END, open_loop_spans
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser
-from benchmarks.run_order import RUN_MARGIN, closing_run_due, run_name, runs_to_reserve, schedule
+from benchmarks.run_order import RUN_MARGIN, closing_run_due, reserve_s, run_name, schedule
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
@@ -231,6 +232,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         return 2
     try:
         order = schedule(names, a.seeds, baseline=a.baseline)
+        span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
+                if a.rate is not None else {})
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -239,9 +242,21 @@ def cmd_run(a: argparse.Namespace) -> int:
     man_path = a.work / "manifest.json"
     manifest = json.loads(man_path.read_text()) if man_path.is_file() else {"runs": [], "calls": []}
     call = {"started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "order": order,
+            "expected_run_s": {str(k): round(v, 1) for k, v in span.items()} or None,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "func"}}
     manifest["calls"].append(call)
-    state = {"longest": a.first_run_s, "ran": 0, "others_ran": 0}   # others: arms other than the baseline
+    # others: arms other than the baseline; seed_wall: the longest run of each seed so far (s)
+    state = {"longest": a.first_run_s, "ran": 0, "others_ran": 0, "seed_wall": {}}
+    if span:
+        log("open-loop runs expected from their seeds' schedules: " + ", ".join(
+            f"seed {k} {v:.0f} s" for k, v in span.items()))
+
+    def run_s(seed: int) -> float:
+        """A run's estimate (s), margin included: its seed's open-loop span (already an over-estimate) or
+        what a longer run of the seed took; in the closed loop the longest run so far times RUN_MARGIN."""
+        if seed in span:
+            return max(span[seed], state["seed_wall"].get(seed, 0.0))
+        return state["longest"] * RUN_MARGIN
 
     def do_run(idx: int, arm: str, seed: int, role: str) -> None:
         s = servers.get(arm)
@@ -269,6 +284,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         account = server_account(s, server_log, offset) if rc in (0, 1) else None
         if rc in (0, 1):   # the first estimate is replaced by what a run took
             state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
+            state["seed_wall"][seed] = max(state["seed_wall"].get(seed, 0.0), dt)
             state["ran"] += 1
             state["others_ran"] += arm != order[-1][0]
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
@@ -280,14 +296,14 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     left = lambda: a.deadline_s - (time.monotonic() - t0)  # noqa: E731
     for idx, (arm, seed, role) in enumerate(order[:-1]):
-        k = runs_to_reserve(order, idx)
-        if left() < k * state["longest"] * RUN_MARGIN:
-            log(f"stop before {arm} seed {seed}: {left():.0f} s left, {k} runs of ~{state['longest']:.0f} s to reserve "
-                f"x {RUN_MARGIN} margin = {k * state['longest'] * RUN_MARGIN:.0f} s "
-                f"(this seed's runs from here and the closing {order[-1][0]} run)")
+        need = reserve_s(order, idx, run_s)
+        if left() < need:
+            log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (this seed's runs from "
+                f"here and the closing {order[-1][0]} run, each " + (f"its seed's expected span" if span else
+                f"~{state['longest']:.0f} s x {RUN_MARGIN} margin") + ")")
             break
         do_run(idx, arm, seed, role)
-    if closing_run_due(state["others_ran"], left(), state["longest"]):
+    if closing_run_due(state["others_ran"], left(), run_s(order[-1][1])):
         do_run(len(order) - 1, *order[-1])
     elif not state["others_ran"]:
         log(f"closing {order[-1][0]} run skipped: no other arm ran in this call, so it would bracket nothing")
@@ -344,7 +360,7 @@ def main(argv=None) -> int:
     run.add_argument("--clients", type=int, default=None, help="closed loop: concurrent clients (default 24)")
     run.add_argument("--rate", type=float, default=None, help="open loop instead: conversation starts per s")
     run.add_argument("--think-s", type=float, default=None, help="open loop: mean think time between turns, s")
-    run.add_argument("--first-run-s", type=float, default=60.0, help="estimate of a run before one has run")
+    run.add_argument("--first-run-s", type=float, default=60.0, help="closed loop: estimate of a run (s) before one has run (open-loop runs use their seed schedules)")
     run.add_argument("--deadline-s", type=float, default=500.0, help="no run is begun that would end after this")
     down = sub.add_parser("down", help="stop the servers")
     for p in (up, run, down):

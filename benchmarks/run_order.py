@@ -3,8 +3,8 @@ must still fit before a run may start.
 
 * :func:`williams_rows` / :func:`schedule`: each seed runs every arm once, in a row of a Williams design, the
   call opened and closed by the baseline arm on its first seed (the closing run measures the call's drift);
-* :func:`runs_to_reserve` / :func:`closing_run_due` with :data:`RUN_MARGIN`: a seed starts only when its runs
-  and the closing run fit the time left;
+* :func:`runs_to_reserve` / :func:`reserve_s` / :func:`closing_run_due` with :data:`RUN_MARGIN`: a seed starts
+  only when its runs and the closing run fit the time left;
 * :func:`run_name`: the file stem of one run's result.
 
 Split from ``benchmarks/run_chat.py``, which executes this order against the resident servers.
@@ -12,11 +12,11 @@ Split from ``benchmarks/run_chat.py``, which executes this order against the res
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["RUN_MARGIN", "closing_run_due", "run_name", "runs_to_reserve", "schedule", "williams_rows"]
+__all__ = ["RUN_MARGIN", "closing_run_due", "reserve_s", "run_name", "runs_to_reserve", "schedule", "williams_rows"]
 
 
 def williams_rows(n: int) -> list[list[int]]:
@@ -69,13 +69,13 @@ def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dens
 RUN_MARGIN = 1.15
 
 
-def closing_run_due(others_ran: int, left_s: float, longest_s: float) -> bool:
+def closing_run_due(others_ran: int, left_s: float, need_s: float) -> bool:
     """Whether the call's closing baseline run goes ahead: only after at least one run of another arm in this
     call (``others_ran``: without one the closing run brackets nothing, so its ratio to the opening run is no
     drift of a comparison; session 15 spent 128 s on one after no run, session 25 164 s after a seed stopped
-    past its opening Dense run) and when the time left (s) covers the longest run so far (s) times
-    :data:`RUN_MARGIN`."""
-    return others_ran > 0 and left_s >= longest_s * RUN_MARGIN
+    past its opening Dense run) and when the time left (s) covers ``need_s``, the closing run's estimate in
+    seconds with its margin (:func:`reserve_s`'s ``run_s`` of the first seed)."""
+    return others_ran > 0 and left_s >= need_s
 
 
 def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
@@ -94,3 +94,14 @@ def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
 def run_name(arm: str, seed: int, replay: str, pad: int, role: str) -> str:
     """File stem of one run's result."""
     return f"{arm}__s{seed}__{replay}__p{pad}" + ("__drift" if role == "drift" else "")
+
+
+def reserve_s(order: Sequence[tuple[str, int, str]], idx: int, run_s: Callable[[int], float]) -> float:
+    """Seconds that must be left before run ``idx`` of ``order`` may start: :func:`runs_to_reserve`'s runs,
+    each at ``run_s(seed)`` (its estimate in seconds, margin included), the closing run at its first seed's.
+
+    A closed-loop run's estimate is one figure for every seed (the longest run so far times
+    :data:`RUN_MARGIN`); an open-loop run's follows its seed's arrival and think-time schedule
+    (:func:`benchmarks.chat_replay.open_loop_span_s`), which differs from seed to seed (142-163 s at ρ 0.9).
+    """
+    return (runs_to_reserve(order, idx) - 1) * run_s(order[idx][1]) + run_s(order[-1][1])

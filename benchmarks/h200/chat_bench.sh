@@ -25,8 +25,9 @@
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
 #   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
-#   FIRST_RUN_S (60: what a run is assumed to take until one has run in this call; a seed starts only when all
-#   its arms and the closing baseline fit, so give what earlier calls measured, e.g. 165 for protocol B at pad 6000),
+#   FIRST_RUN_S (60: what a closed-loop run is assumed to take until one has run in this call; a seed starts only
+#   when all its arms and the closing baseline fit; an open-loop run (RATE) is assumed to take its seed's span from
+#   the arrival and think-time schedule, benchmarks/chat_replay.py open_loop_span_s, and FIRST_RUN_S is not used),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only

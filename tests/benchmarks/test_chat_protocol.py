@@ -24,7 +24,7 @@ from benchmarks import serving_runs as srun
 from benchmarks import sglang_server as ss
 from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
-from benchmarks.run_order import closing_run_due, run_name, runs_to_reserve, schedule
+from benchmarks.run_order import closing_run_due, reserve_s, run_name, runs_to_reserve, schedule
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,9 +145,22 @@ def _state(pid: int) -> str:
 
 
 def test_the_closing_run_needs_another_arms_run_and_the_time():
-    assert closing_run_due(1, 200.0, 150.0)
-    assert not closing_run_due(0, 10_000.0, 150.0)  # no other arm ran: it would bracket nothing
-    assert not closing_run_due(3, 170.0, 150.0)  # 172.5 s needed
+    assert closing_run_due(1, 200.0, 172.5)
+    assert not closing_run_due(0, 10_000.0, 172.5)  # no other arm ran: it would bracket nothing
+    assert not closing_run_due(3, 170.0, 172.5)  # 172.5 s needed
+
+
+def test_the_time_reserved_follows_each_seeds_estimate():
+    order = schedule(["dense", "w16"], [1, 2])      # dense s1, w16 s1, (s2 in its row's order), dense s1 closing
+    est = {1: 163.0, 2: 142.0}.__getitem__
+    # before the first run: seed 1's two runs and the closing run of seed 1
+    assert reserve_s(order, 0, est) == 3 * 163.0
+    # seed 2's first run: its two runs at 142 s and the closing run at seed 1's 163 s
+    i2 = next(i for i, (_, s, _) in enumerate(order) if s == 2)
+    assert reserve_s(order, i2, est) == 2 * 142.0 + 163.0
+    assert reserve_s(order, i2 + 1, est) == 142.0 + 163.0
+    # one estimate for every seed gives runs_to_reserve's count times it (the closed loop)
+    assert [reserve_s(order, i, lambda s: 10.0) for i in range(4)] == [10.0 * runs_to_reserve(order, i) for i in range(4)]
 
 
 class _Clock:
@@ -195,6 +208,68 @@ def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monke
     assert [(r["arm"], r["role"]) for r in runs] == expect
     if len(expect) == 1:
         assert "closing dense run skipped: no other arm ran" in capsys.readouterr().out
+
+
+def test_an_open_loop_runs_span_follows_from_its_seeds_schedule():
+    from benchmarks.chat_replay import OPEN_LOOP_TURN_S, arrival_offsets, open_loop_span_s, think_times
+    from benchmarks.chat_trace import seed_conversations
+    from benchmarks.trace_file import load_trace
+
+    # no think time, one conversation starting at 0: its turns at turn_s each
+    assert open_loop_span_s([4], [7], rate=1.0, seed=0, think_s=0.0, turn_s=2.5) == 10.0
+    # two conversations: the later of (start + pauses between its turns + turns x turn_s)
+    starts, (a, b) = arrival_offsets(2, 0.5, 3), (think_times(3, c, 10.0, 3) for c in (11, 12))
+    want = max(starts[0] + sum(a[:2]) + 3 * 1.0, starts[1] + sum(b[:3]) + 4 * 1.0)
+    assert open_loop_span_s([3, 4], [11, 12], rate=0.5, seed=3, think_s=10.0, turn_s=1.0) == pytest.approx(want)
+    with pytest.raises(ValueError, match="one turn count per conversation"):
+        open_loop_span_s([3], [11, 12], rate=0.5, seed=3, think_s=10.0)
+    # the H200 runs it was fitted to (trace x1, 24 conversations a seed, think 10 s): measured wall times from
+    # benchmarks/results/2026-12-04-h200-s27-wr-rho09 (rho 0.9, seed 1), ...-protocol-b-rho09-s20 (seed 0) and
+    # ...-protocol-b-rho07-s18 (rho 0.7, seed 4); the span must cover each and over-shoot by at most 10 %
+    _, convs = load_trace(REPO / "benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_x1.json.gz")
+    for seed, rate, wall in ((1, 0.4075, 163.0), (0, 0.4075, 142.3), (4, 0.317, 126.7)):
+        idx = seed_conversations(len(convs), 24, seed)
+        span = open_loop_span_s([convs[i].turns for i in idx], idx, rate, seed, 10.0)
+        assert wall < span < 1.1 * wall, (seed, span, wall)
+    assert OPEN_LOOP_TURN_S == 3.0
+
+
+@pytest.mark.parametrize("deadline, expect", [
+    # seed 1's expected span on the n8 trace (4 conversations, rho 0.4/s, think 10 s) is 86.5 s: three runs need
+    # 259.6 s; first-run-s 60 (the closed loop's guess: 3 x 60 x 1.15 = 207 s) would have started the seed at 230 s
+    (230.0, []),
+    (265.0, [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
+])
+def test_an_open_loop_seed_starts_only_when_its_expected_runs_fit(tmp_path, monkeypatch, capsys, deadline, expect):
+    from types import SimpleNamespace
+
+    import benchmarks.run_chat as rc
+
+    clock = _Clock()
+
+    def client(cmd, **_kw):
+        clock.t += 80.0
+        return subprocess.CompletedProcess(cmd, 0, "ok", "")
+
+    monkeypatch.setattr(rc, "time", clock)
+    monkeypatch.setattr(rc, "subprocess", SimpleNamespace(run=client, TimeoutExpired=subprocess.TimeoutExpired))
+    for name in ("alive", "healthy", "flush"):
+        monkeypatch.setattr(rc, name, lambda *_a: True)
+    monkeypatch.setattr(rc, "server_account", lambda *_a, **_k: None)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
+    trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
+    assert rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16", "--seeds", "1",
+                    "--conversations-per-seed", "4", "--rate", "0.4", "--think-s", "10", "--first-run-s", "60",
+                    "--deadline-s", str(deadline)]) == 0
+    man = json.loads((work / "manifest.json").read_text())
+    assert [(r["arm"], r["role"]) for r in man["runs"]] == expect
+    assert man["calls"][0]["expected_run_s"] == {"1": 86.5}
+    out = capsys.readouterr().out
+    assert "open-loop runs expected from their seeds' schedules: seed 1 87 s" in out
+    if not expect:
+        assert "stop before dense seed 1: 230 s left, 260 s to reserve" in out
 
 
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
