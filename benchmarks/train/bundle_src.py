@@ -22,20 +22,22 @@ class BundleError(ValueError):
     """Bad input or a limit that cannot be met: one line naming the path and what was expected."""
 
 
-def _json(path: Path, what: str):
+def read_json(path: Path, what: str, made_by: str = TRAINER, error: type[ValueError] = BundleError):
+    """The JSON in ``path``. Raises ``error``: one line naming the file, ``what`` was expected there and, for a
+    missing file, the folder it belongs in (``made_by``)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise BundleError(f"{path}: missing; expected {what} ({TRAINER})") from None
+        raise error(f"{path}: missing; expected {what} ({made_by})") from None
     except (OSError, ValueError) as exc:
-        raise BundleError(f"{path}: not readable JSON ({type(exc).__name__}: {exc}); expected {what}") from None
+        raise error(f"{path}: not readable JSON ({type(exc).__name__}: {exc}); expected {what}") from None
 
 
 def _weight_files(src: Path) -> list[Path]:
     """SRC's weight files: those its index names (each a file inside SRC), else its ``model*.safetensors``."""
     if not (src / INDEX).is_file():
         return sorted(src.glob("model*.safetensors"))
-    index = _json(src / INDEX, "a Hugging Face index with a weight_map")
+    index = read_json(src / INDEX, "a Hugging Face index with a weight_map")
     wm = index.get("weight_map") if isinstance(index, dict) else None
     if (not isinstance(wm, dict) or not wm
             or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in wm.items())):
@@ -128,11 +130,11 @@ def read_checkpoint(src: Path) -> dict:
     src = Path(src)
     if not src.is_dir():
         raise BundleError(f"{src}: not a directory; expected {TRAINER}")
-    cfg = _json(src / "config.json", "the model's config")
+    cfg = read_json(src / "config.json", "the model's config")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
         raise BundleError(f"{src / 'config.json'}: expected a transformers config (a JSON object with model_type)")
     sp = src / "train_state" / "state.json"
-    st = _json(sp, "the training state")
+    st = read_json(sp, "the training state")
     sessions = st.get("sessions") if isinstance(st, dict) else None
     if (not isinstance(sessions, list) or not sessions or not all(isinstance(s, dict) for s in sessions)
             or st.get("family") not in FAMILIES
@@ -143,7 +145,7 @@ def read_checkpoint(src: Path) -> dict:
         raise BundleError(f"{src / 'config.json'}: model_type {cfg['model_type']!r}, but {sp} records family "
                           f"{st['family']} (model_type {MODEL_TYPES[st['family']]!r}); expected one checkpoint's files")
     saved = _saved_utc(st, sp)
-    prov = _json(src / "provenance.json", "the training provenance")
+    prov = read_json(src / "provenance.json", "the training provenance")
     if not isinstance(prov, dict):
         raise BundleError(f"{src / 'provenance.json'}: a JSON {type(prov).__name__}; expected a JSON object "
                           f"({TRAINER})")

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.cli_args import OneLineParser
+from benchmarks.train.bundle_src import read_json
 from benchmarks.train.models import FAMILIES, MODEL_TYPES, SIZES, load_model, save_checkpoint
 from dasc_compile import atomic
 from dasc_compile.errors import DascInputError
@@ -57,12 +58,7 @@ class FromBundleError(ValueError):
 
 
 def _json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FromBundleError(f"{path}: missing; expected {what} ({BUNDLER})") from None
-    except (OSError, ValueError) as exc:
-        raise FromBundleError(f"{path}: not readable JSON ({type(exc).__name__}: {exc}); expected {what}") from None
+    return read_json(path, what, BUNDLER, FromBundleError)
 
 
 def read_bundle(path: Path) -> dict:

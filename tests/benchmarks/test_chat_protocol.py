@@ -176,13 +176,9 @@ class _Clock:
         return getattr(time, name)
 
 
-@pytest.mark.parametrize("run_s, expect", [
-    # session 25's call: Dense's opening run took 163 s of 432, w16 and the closing run (2 x 163 x 1.15) did not
-    # fit, and the closing Dense run must not be run either: with nothing between it brackets nothing
-    (163.0, [("dense", "arm")]),
-    (50.0, [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
-])
-def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monkeypatch, capsys, run_s, expect):
+def _call(tmp_path, monkeypatch, run_s: float, *flags: str) -> dict:
+    """One ``run_chat run`` call of Dense and dasc-nr w16 on the n8 trace, against servers that are not there:
+    each replay takes ``run_s`` of a hand-moved clock. Returns the call's manifest."""
     from types import SimpleNamespace
 
     import benchmarks.run_chat as rc
@@ -203,8 +199,18 @@ def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monke
     (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
     trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
     assert rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16",
-                    "--seeds", "1", "--first-run-s", "120", "--deadline-s", "432"]) == 0
-    runs = json.loads((work / "manifest.json").read_text())["runs"]
+                    "--seeds", "1", *flags]) == 0
+    return json.loads((work / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("run_s, expect", [
+    # session 25's call: Dense's opening run took 163 s of 432, w16 and the closing run (2 x 163 x 1.15) did not
+    # fit, and the closing Dense run must not be run either: with nothing between it brackets nothing
+    (163.0, [("dense", "arm")]),
+    (50.0, [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
+])
+def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monkeypatch, capsys, run_s, expect):
+    runs = _call(tmp_path, monkeypatch, run_s, "--first-run-s", "120", "--deadline-s", "432")["runs"]
     assert [(r["arm"], r["role"]) for r in runs] == expect
     if len(expect) == 1:
         assert "closing dense run skipped: no other arm ran" in capsys.readouterr().out
@@ -241,29 +247,8 @@ def test_an_open_loop_runs_span_follows_from_its_seeds_schedule():
     (265.0, [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
 ])
 def test_an_open_loop_seed_starts_only_when_its_expected_runs_fit(tmp_path, monkeypatch, capsys, deadline, expect):
-    from types import SimpleNamespace
-
-    import benchmarks.run_chat as rc
-
-    clock = _Clock()
-
-    def client(cmd, **_kw):
-        clock.t += 80.0
-        return subprocess.CompletedProcess(cmd, 0, "ok", "")
-
-    monkeypatch.setattr(rc, "time", clock)
-    monkeypatch.setattr(rc, "subprocess", SimpleNamespace(run=client, TimeoutExpired=subprocess.TimeoutExpired))
-    for name in ("alive", "healthy", "flush"):
-        monkeypatch.setattr(rc, name, lambda *_a: True)
-    monkeypatch.setattr(rc, "server_account", lambda *_a, **_k: None)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
-    trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
-    assert rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16", "--seeds", "1",
-                    "--conversations-per-seed", "4", "--rate", "0.4", "--think-s", "10", "--first-run-s", "60",
-                    "--deadline-s", str(deadline)]) == 0
-    man = json.loads((work / "manifest.json").read_text())
+    man = _call(tmp_path, monkeypatch, 80.0, "--conversations-per-seed", "4", "--rate", "0.4", "--think-s", "10",
+                "--first-run-s", "60", "--deadline-s", str(deadline))
     assert [(r["arm"], r["role"]) for r in man["runs"]] == expect
     assert man["calls"][0]["expected_run_s"] == {"1": 86.5}
     out = capsys.readouterr().out
