@@ -17,8 +17,9 @@ session writes back) and ``train_state/``:
 - ``log.jsonl``: train_log.json's ``log``, one JSON record a line (as the trainer wrote them).
 
 No ``optim.safetensors``: a bundle carries no optimiser state, so the resumed session starts a fresh AdamW (its
-``optimizer_restore`` says so). The step count is kept; give ``--stage-tokens`` so that the schedule warms up again
-instead of running fresh moments at the plan's floor (or full) learning rate.
+``optimizer_restore`` says so). The step count is kept, and a bundle's plan has ended (its last step is the plan's), so
+a resume without ``--stage-tokens`` stops at once ("plan"); give ``--stage-tokens`` for a new stage that warms up
+again from the bundle's step.
 
 Before it is placed, the rebuilt checkpoint's weight files are compared with the bundle's: the same tensor names,
 dtypes and bits (bf16 -> fp32 -> bf16 is exact); a difference refuses the bundle. DIR is assembled in a hidden
@@ -34,7 +35,13 @@ naming the path and what was expected, exit status 2, nothing written.
 
 from __future__ import annotations
 
+if __name__ == "__main__":      # a Ctrl-C while torch is imported: held, then one line (dasc_compile.cli_exit)
+    from dasc_compile.cli_exit import hold_signals
+
+    hold_signals()
+
 import contextlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -46,7 +53,7 @@ from benchmarks.cli_args import OneLineParser
 from benchmarks.train.bundle_src import read_json
 from benchmarks.train.models import FAMILIES, MODEL_TYPES, SIZES, load_model, save_checkpoint
 from dasc_compile import atomic
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import DascInputError, short_text
 
 BUNDLER = "a folder written by benchmarks/train/bundle.py"
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
@@ -103,13 +110,18 @@ def read_bundle(path: Path) -> dict:
     return log
 
 
-def check_places(out: Path, pack_to: Path | None, family: str) -> None:
+def check_places(bundle: Path, out: Path, pack_to: Path | None, family: str) -> None:
     """``out`` new or an empty folder; ``pack_to`` (if given) new or a folder without ``family``'s parts, and not
-    inside ``out/family`` (the parts would land in the checkpoint they pack).
+    inside ``out/family`` (the parts would land in the checkpoint they pack); neither inside ``bundle`` (a
+    committed reference model that nothing here may change).
 
     Raises:
         FromBundleError: otherwise.
     """
+    for flag, place in (("--out", out), ("--pack-to", pack_to)):
+        if place is not None and place.resolve().is_relative_to(bundle.resolve()):
+            raise FromBundleError(f"{flag} {place}: inside the bundle {bundle}; expected a folder outside it (the "
+                                  f"bundle is left as it is)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FromBundleError(f"--out {out}: {'a file' if not out.is_dir() else 'not empty'}; expected a new or "
                               f"empty folder (DIR/{family}/ is written there)")
@@ -134,9 +146,10 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def init_decay_tensors(init: dict[str, list], shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+def init_decay_tensors(init: dict[str, list], shapes: dict[str, torch.Size],
+                       where: Path) -> dict[str, torch.Tensor]:
     """train_log.json's flat ``init_decays`` lists as fp32 tensors, each in ``shapes[name]`` (``live:`` names by
-    the parameter's name without the prefix).
+    the parameter's name without the prefix); ``where``: the train_log.json they came from (for the message).
 
     Raises:
         FromBundleError: a name with no tensor of that name, or of another number of elements.
@@ -146,7 +159,7 @@ def init_decay_tensors(init: dict[str, list], shapes: dict[str, torch.Size]) -> 
         shape = shapes.get(name.removeprefix("live:"))
         if shape is None or shape.numel() != len(values):
             why = "no tensor or parameter of that name" if shape is None else f"{len(values)} values for {list(shape)}"
-            raise FromBundleError(f"train_log.json: init_decays '{name}': {why}; expected the initial decays of the "
+            raise FromBundleError(f"{where}: init_decays '{name}': {why}; expected the initial decays of the "
                                   f"bundle's own model")
         out[name] = torch.tensor(values, dtype=torch.float32).reshape(shape)
     return out
@@ -176,7 +189,7 @@ def _write(bundle: Path, log: dict, model, ck: Path) -> int:
         raise FromBundleError(f"{bundle}: the rebuilt weights differ from the bundle's ({diff}); expected a bundle "
                               f"that transformers reads back bit for bit")
     shapes = {k: t.shape for k, t in bundled.items()} | {n: p.shape for n, p in model.named_parameters()}
-    init = init_decay_tensors(log["init_decays"], shapes)
+    init = init_decay_tensors(log["init_decays"], shapes, bundle / "train_log.json")
     ts = ck / "train_state"
     ts.mkdir()
     state = {k: v for k, v in log.items() if k not in ("provenance", "log", "init_decays")}
@@ -187,17 +200,10 @@ def _write(bundle: Path, log: dict, model, ck: Path) -> int:
     return len(rebuilt)
 
 
-def _pack(ck: Path, dest: Path) -> list[Path]:
-    """Pack ``ck`` into a staging folder beside ``dest``, then move the parts into ``dest``; returns their paths."""
-    from benchmarks.train.pack import pack
-
-    tmp = atomic.staging_dir(dest)
-    try:
-        parts = pack(ck, tmp)
-        dest.mkdir(parents=True, exist_ok=True)
-        return [p.rename(dest / p.name) for p in parts]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def _move_parts(parts: list[Path], dest: Path) -> list[Path]:
+    """Move the packed ``parts`` (in a staging folder beside ``dest``) into ``dest``; returns their new paths."""
+    dest.mkdir(parents=True, exist_ok=True)
+    return [p.rename(dest / p.name) for p in parts]
 
 
 def from_bundle(bundle: Path, out: Path, pack_to: Path | None = None) -> dict:
@@ -211,29 +217,49 @@ def from_bundle(bundle: Path, out: Path, pack_to: Path | None = None) -> dict:
     bundle, out = Path(bundle), Path(out)
     log = read_bundle(bundle)
     family = log["family"]
-    check_places(out, pack_to, family)
+    check_places(bundle, out, pack_to, family)
+    if family == "kda" and importlib.util.find_spec("transformers.models.kimi_linear") is None:
+        import transformers
+
+        raise FromBundleError(f"{bundle}: a KDA (Kimi-Linear) bundle needs transformers >= 5.17, whose "
+                              f"KimiLinearForCausalLM reads it; this one is {transformers.__version__}")
     try:
         model = load_model(bundle)
     except Exception as exc:         # transformers raises many kinds on a config or file it cannot read
-        raise FromBundleError(f"{bundle}: transformers cannot load it ({type(exc).__name__}: {exc}); expected "
-                              f"{BUNDLER}") from None
+        raise FromBundleError(f"{bundle}: transformers cannot load it ({type(exc).__name__}: "
+                              f"{short_text(' '.join(str(exc).split()))}); expected {BUNDLER}") from None
     got, made = {}, [p for p in (out.absolute(), *out.absolute().parents) if not p.exists()]
     try:
-        atomic.write_new_dir(out, lambda tmp: got.update(n=_write(bundle, log, model.float(), tmp / family)))
+        staging = atomic.staging_dir(pack_to) if pack_to is not None else None
+    except OSError as exc:
+        raise FromBundleError(f"--pack-to {pack_to}: cannot write beside it ({exc.strerror or exc}); nothing was "
+                              f"written") from None
+
+    def fill(tmp: Path) -> None:
+        got["n"] = _write(bundle, log, model.float(), tmp / family)
+        if staging is not None:    # packed before out is placed: an interrupt here leaves neither
+            from benchmarks.train.pack import pack
+
+            got["parts"] = pack(tmp / family, staging)
+
+    try:
+        atomic.write_new_dir(out, fill)
+        summary = {"out": str(out / family), "family": family, "size": log["size"], "step": log["step"],
+                   "tokens": log["tokens"], "tensors": got["n"], "weights_equal_bundle": True}
+        if pack_to is not None:
+            try:
+                summary["parts"] = [str(p) for p in _move_parts(got["parts"], pack_to)]
+            except OSError as exc:
+                raise FromBundleError(f"--pack-to {pack_to}: cannot write there ({exc.strerror or exc}); "
+                                      f"{out / family} is complete, no part was written") from None
     except DascInputError as exc:
         raise FromBundleError(f"--out {exc}") from None
     finally:
         for p in made[1:] if not out.exists() else []:         # folders made for an --out that is not there
             with contextlib.suppress(OSError):
                 p.rmdir()
-    summary = {"out": str(out / family), "family": family, "size": log["size"], "step": log["step"],
-               "tokens": log["tokens"], "tensors": got["n"], "weights_equal_bundle": True}
-    if pack_to is not None:
-        try:
-            summary["parts"] = [str(p) for p in _pack(out / family, pack_to)]
-        except OSError as exc:
-            raise FromBundleError(f"--pack-to {pack_to}: cannot write there ({exc.strerror or exc}); {out / family} "
-                                  f"is complete, no part was written") from None
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return summary
 
 

@@ -260,7 +260,7 @@ def main(argv=None) -> dict:
     model = model.to(dev).train()
     groups = O.param_groups(model, a.lr, a.weight_decay, a.decay_lr_mult, a.attn_lr_mult)
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
-    fresh = {"fresh": "the checkpoint carried no optimiser state"} if a.resume and opt_state is None else None
+    fresh = {"fresh": "the checkpoint carried no optimiser state"} if a.resume and not (opt_state or exact) else None
     restored = O.load_state(opt, exact["optim"] if exact else opt_state) if (exact or opt_state) else fresh
     tps = a.batch * a.seq
     first, total = recipe.schedule_span(a, state, tps)

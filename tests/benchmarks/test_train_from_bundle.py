@@ -86,7 +86,8 @@ def test_rebuilt_checkpoint_holds_the_bundle_and_resumes_a_stage_with_a_fresh_ad
     assert (tmp_path / "stage" / "gdn" / "train_state" / "optim.safetensors").is_file()   # and it travels again
 
 
-@pytest.mark.parametrize("case", ["missing", "not a bundle", "no init_decays", "out not empty", "parts there"])
+@pytest.mark.parametrize("case", ["missing", "not a bundle", "no init_decays", "out not empty", "parts there",
+                                  "out in the bundle", "parts in the bundle"])
 def test_bad_input_is_one_line_with_nothing_written(made, tmp_path, capsys, case):
     _, bundle, tl = made
     src, out, extra = bundle, tmp_path / "new" / "out", []
@@ -103,16 +104,49 @@ def test_bad_input_is_one_line_with_nothing_written(made, tmp_path, capsys, case
     elif case == "out not empty":
         out.mkdir(parents=True)
         (out / "keep.txt").write_text("mine")
+    elif case == "out in the bundle":                # a committed reference model is never written into
+        out = bundle / "sub"
+    elif case == "parts in the bundle":
+        extra = ["--pack-to", str(bundle)]
     else:
         (tmp_path / "parts").mkdir()
         (tmp_path / "parts" / "gdn.tzp.00").write_bytes(b"an earlier pack")
         extra = ["--pack-to", str(tmp_path / "parts")]
-    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    before = sorted(str(p) for p in (*tmp_path.rglob("*"), *bundle.rglob("*")))
     assert FB.main([str(src), "--out", str(out), *extra]) == 2
     err = capsys.readouterr()
     lines = err.err.strip().splitlines()
     assert err.out == "" and len(lines) == 1 and lines[0].startswith("error: "), lines
     named = {"missing": str(src), "not a bundle": "train_log.json", "no init_decays": "init_decays",
-             "out not empty": f"--out {out}", "parts there": "--pack-to"}[case]
+             "out not empty": f"--out {out}", "parts there": "--pack-to",
+             "out in the bundle": f"--out {out}: inside the bundle", "parts in the bundle": "--pack-to"}[case]
     assert named in lines[0] and "expected" in lines[0]
-    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert sorted(str(p) for p in (*tmp_path.rglob("*"), *bundle.rglob("*"))) == before
+
+
+def test_an_empty_optimiser_state_resumes_as_fresh(made, tmp_path, capsys):
+    """A session that trained no step (a bundle's ended plan, resumed without --stage-tokens) saves an
+    optim.safetensors of no tensors; the next resume must still say its AdamW started fresh."""
+    from safetensors.torch import save_file
+
+    from benchmarks.train.train import main
+
+    data, bundle, _ = made
+    assert FB.main([str(bundle), "--out", str(tmp_path / "ck")]) == 0
+    ck = tmp_path / "ck" / "gdn"
+    save_file({}, str(ck / "train_state" / "optim.safetensors"))
+    after = main(_without_plan(_args(data, tmp_path / "stage", "gdn", 1, "--resume", str(ck),
+                                     "--stage-tokens", "768")))
+    assert after["sessions"][-1]["optimizer_restore"] == {"fresh": "the checkpoint carried no optimiser state"}
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("transformers.models.kimi_linear") is not None,
+                    reason="this transformers has KimiLinearForCausalLM, which reads a KDA bundle")
+def test_a_kda_bundle_needs_a_transformers_with_kimi_linear(tmp_path, capsys):
+    kda = Path(__file__).resolve().parents[2] / "plans" / "reference" / "kda-hybrid-11m-sharegpt"
+    if not (kda / "train_log.json").is_file():
+        pytest.skip("the bundled KDA reference is parked (benchmarks/h200/park.py)")
+    assert FB.main([str(kda), "--out", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "needs transformers >= 5.17" in lines[0] and str(kda) in lines[0]
+    assert not (tmp_path / "out").exists()
