@@ -17,7 +17,8 @@ warm):
   picked by the seed (:func:`benchmarks.run_order.schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
   drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
   closing Dense run (closed loop: the longest run so far, x RUN_MARGIN; open loop: each seed's span
-  expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`); a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
+  expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`);
+  a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
 
@@ -109,7 +110,7 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
 def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
     """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
     written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
-    (None: every arm) all in the file; every ``{plans}/NAME`` their flags name exists under ``plans``; ``model``
+    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``; ``model``
     a folder with a ``config.json``.
 
     Raises:
@@ -133,6 +134,8 @@ def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | 
     if not (model / "config.json").is_file():
         raise DascInputError(f"--model {model}: expected the served model's folder with a config.json")
     names = list(names or arms)
+    if len(set(names)) != len(names):    # two servers for one arm: servers.json keeps one, and `down` misses the other
+        raise DascInputError(f"--arms {' '.join(names)}: an arm named twice; expected each arm once")
     unknown = [n for n in names if n not in arms]
     if unknown:
         raise DascInputError(f"--arms {' '.join(unknown)}: not in {arms_json} ({', '.join(arms)})")

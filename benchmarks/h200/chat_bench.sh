@@ -37,12 +37,12 @@
 set -uo pipefail
 T0=$(date +%s)
 CARRY=$PWD; W=/tmp/chat
-export OUT=${OUT:-/tmp/chat-out}; mkdir -p "$OUT"
 ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"}
-UP_ARMS=${UP_ARMS:-$ARMS}
+UP_ARMS=$(echo ${UP_ARMS:-$ARMS})      # words, one space apart (tabs and newlines split as in ARMS)
 for arm in $ARMS; do
   case " $UP_ARMS " in *" $arm "*) ;; *) echo "error: UP_ARMS '$UP_ARMS' lacks '$arm' of ARMS: expected every measured arm among the servers to start" >&2; exit 2;; esac
 done
+export OUT=${OUT:-/tmp/chat-out}; mkdir -p "$OUT"
 SEEDS=${SEEDS:-0}; PER_SEED=${PER_SEED:-24}; CLIENTS=${CLIENTS:-24}; MRR=${MRR:-8}; CLIP=${CLIP:-256}
 PAD=${PAD:-0}; REPLAY=${REPLAY:-served-reply}; CONTEXT=${CONTEXT:-24576}; DEADLINE=${DEADLINE:-570}
 NUM_EXPERTS=${NUM_EXPERTS:-16}; DOWN=${DOWN:-1}; MAX_TOTAL_TOKENS=${MAX_TOTAL_TOKENS:-600000}; BASELINE=${BASELINE:-dense}

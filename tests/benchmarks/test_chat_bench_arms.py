@@ -23,7 +23,7 @@ def test_up_arms_without_a_measured_arm_is_refused_in_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert lines == ["error: UP_ARMS 'dense dasc-wr-w16' lacks 'dasc-nr-w16' of ARMS: expected every measured arm "
                      "among the servers to start"]
-    assert list((tmp_path / "out").iterdir()) == []     # no run.log, no work folder: nothing started
+    assert not (tmp_path / "out").exists()      # refused before $OUT is made: no run.log, nothing started
     assert not p.stdout
 
 
@@ -31,3 +31,11 @@ def test_an_arm_name_that_only_contains_another_is_not_taken_for_it(tmp_path):
     # "dasc-nr-w16" is a prefix of "dasc-nr-w16-int8": a substring match would let the call through
     p = run(tmp_path, ARMS="dasc-nr-w16", UP_ARMS="dense dasc-nr-w16-int8")
     assert p.returncode == 2 and "lacks 'dasc-nr-w16' of ARMS" in p.stderr
+
+
+def test_up_arms_split_by_tabs_and_newlines_like_arms(tmp_path):
+    # words, whatever the white space: the tab-separated UP_ARMS holds 'dense', and only the arm it lacks is named
+    p = run(tmp_path, ARMS="dense bogus", UP_ARMS="dense\tdasc-nr-w16\n")
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("error: UP_ARMS 'dense dasc-nr-w16' lacks 'bogus' of ARMS: expected every measured "
+                                "arm among the servers to start")

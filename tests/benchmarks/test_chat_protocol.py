@@ -377,9 +377,10 @@ def test_up_refuses_bad_arms_model_or_plans_before_writing_or_launching(tmp_path
     (tmp_path / "plans" / "w16-tp1-off").mkdir(parents=True)
     work = tmp_path / "w"
 
-    def up(arms_json, plans=tmp_path / "plans", model=tmp_path / "m"):
+    def up(arms_json, plans=tmp_path / "plans", model=tmp_path / "m", arms=()):
         rc = run_chat.main(["up", "--arms-json", str(arms_json), "--plans", str(plans), "--model", str(model),
-                            "--launcher", "false", "--max-running-requests", "4", "--work", str(work)])
+                            "--launcher", "false", "--max-running-requests", "4", "--work", str(work),
+                            *(["--arms", *arms] if arms else [])])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and not work.exists(), (rc, err)
         return err[0]
@@ -392,6 +393,8 @@ def test_up_refuses_bad_arms_model_or_plans_before_writing_or_launching(tmp_path
     assert up(tmp_path / "arms.json", model=tmp_path / "nope") == (
         f"error: --model {tmp_path / 'nope'}: expected the served model's folder with a config.json")
     assert up(tmp_path / "arms.json", plans=tmp_path / "nope").startswith(f"error: --plans {tmp_path / 'nope'}: not a folder")
+    # an arm twice would start two servers of which servers.json keeps one: `down` then leaves the other running
+    assert up(tmp_path / "arms.json", arms=("w16", "w16")) == "error: --arms w16 w16: an arm named twice; expected each arm once"
     assert up(tmp_path / "arms.json", plans=tmp_path / "m") == (
         f"error: w16: its plan {tmp_path / 'm' / 'w16-tp1-off'} does not exist (arms.json names "
         f"{{plans}}/w16-tp1-off; --plans {tmp_path / 'm'})")
