@@ -253,7 +253,7 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         dx = (i - (len(series) - 1) / 2) * step
         ax.errorbar([pt["x"] + dx for pt in pts], [pt["mean"] for pt in pts],
                     yerr=[[pt["mean"] - pt["min"] for pt in pts], [pt["max"] - pt["mean"] for pt in pts]],
-                    marker="o", capsize=3, ls="none",
+                    marker="os^D"[i // 10 % 4], color=f"C{i % 10}", capsize=3, ls="none",   # > 10 series: new marker
                     label=f"{lab}, n={'/'.join(str(pt['n']) for pt in pts)}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
