@@ -110,8 +110,8 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
 def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
     """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
     written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
-    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``; ``model``
-    a folder with a ``config.json``.
+    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``;
+    ``model`` a folder with a ``config.json``.
 
     Raises:
         DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
@@ -302,7 +302,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         need = reserve_s(order, idx, run_s)
         if left() < need:
             log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (this seed's runs from "
-                f"here and the closing {order[-1][0]} run, each " + (f"its seed's expected span" if span else
+                f"here and the closing {order[-1][0]} run, each " + ("its seed's expected span" if span else
                 f"~{state['longest']:.0f} s x {RUN_MARGIN} margin") + ")")
             break
         do_run(idx, arm, seed, role)
@@ -363,7 +363,8 @@ def main(argv=None) -> int:
     run.add_argument("--clients", type=int, default=None, help="closed loop: concurrent clients (default 24)")
     run.add_argument("--rate", type=float, default=None, help="open loop instead: conversation starts per s")
     run.add_argument("--think-s", type=float, default=None, help="open loop: mean think time between turns, s")
-    run.add_argument("--first-run-s", type=float, default=60.0, help="closed loop: estimate of a run (s) before one has run (open-loop runs use their seed schedules)")
+    run.add_argument("--first-run-s", type=float, default=60.0,
+                     help="closed loop: estimate of a run (s) before one has run (open-loop runs use their seed schedules)")
     run.add_argument("--deadline-s", type=float, default=500.0, help="no run is begun that would end after this")
     down = sub.add_parser("down", help="stop the servers")
     for p in (up, run, down):

@@ -25,12 +25,14 @@ Before it is placed, the rebuilt checkpoint's weight files are compared with the
 dtypes and bits (bf16 -> fp32 -> bf16 is exact); a difference refuses the bundle. DIR is assembled in a hidden
 sibling and moved into place whole (``dasc_compile.atomic.write_new_dir``). ``--pack-to``: the checkpoint packed
 (benchmarks/train/pack.py) as ``<family>.tzp.NN``, what ``python -m benchmarks.train.prepare stage --returned
-PARTS_DIR --families <family> --size <size>`` takes; written beside PARTS_DIR and moved in.
+PARTS_DIR --families <family> --size <size>`` takes; packed beside PARTS_DIR before DIR is placed (an interrupt
+leaves neither) and moved in after.
 
 Prints one JSON line: out, family, size, step, tokens, tensors compared, ``weights_equal_bundle``, parts (packed).
-Bad input (a missing BUNDLE or one that is not a bundle, no train_log.json or no ``init_decays`` in it, an --out
-that is not a new or empty folder, a --pack-to that is a file or holds that family's parts): one line ``error: ...``
-naming the path and what was expected, exit status 2, nothing written.
+Bad input (a missing BUNDLE or one that is not a bundle, no train_log.json or no ``init_decays`` in it, a KDA
+bundle on a transformers without ``kimi_linear`` (< 5.17), an --out that is not a new or empty folder, a
+--pack-to that is a file or holds that family's parts, either inside BUNDLE): one line ``error: ...`` naming the
+path and what was expected, exit status 2, nothing written.
 """
 
 from __future__ import annotations
