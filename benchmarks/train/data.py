@@ -39,13 +39,18 @@ are appended.
 Keys combine words of :data:`ADJECTIVES` and :data:`ANIMALS` but never equal one of ``dasc eval``'s
 twelve built-in keys (``dasc_compile.eval.retrieval._KEYS``, listed in :data:`EVAL_KEYS`), so
 evaluation keys are unseen pairs. Values are 4-digit numbers (as evaluated) or 5-6 digits. Every
-token, recall or text, carries the ordinary next-token loss.
+token, recall or text, carries the ordinary next-token loss, unless ``skip_sources`` (opt-in) leaves out the
+*sources*: the value digits where a needle or a key-value record states them, and a copy row's source span. They
+are random, so no model predicts them; trained on them, a 31M GDN model learned to answer a needle's template with
+uniform digits while it copied the same number in other words (benchmarks/notes/2026-12-04-m30-gdn-100m.md).
+:meth:`Batches.batch` gives that mask (``unscored``) beside the batch.
 """
 
 from __future__ import annotations
 
 import lzma
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -93,6 +98,25 @@ def write_shard(ids: np.ndarray, path: Path) -> int:
     return len(data)
 
 
+class Batch(NamedTuple):
+    """One step's batch: token ids ``[B, T + 1]`` int64, ``answers`` ``[B, T + 1]`` bool (recall answer tokens),
+    ``kinds`` ``[B]`` int64 (:data:`KINDS` ids), ``unscored`` ``[B, T + 1]`` bool (sources that carry no loss;
+    all False unless ``skip_sources``)."""
+
+    ids: torch.Tensor
+    answers: torch.Tensor
+    kinds: torch.Tensor
+    unscored: torch.Tensor
+
+
+def _find(seq: list[int], sub: list[int]) -> int:
+    """Start of the last occurrence of ``sub`` in ``seq`` (-1: none)."""
+    for i in range(len(seq) - len(sub), -1, -1):
+        if seq[i:i + len(sub)] == sub:
+            return i
+    return -1
+
+
 class Batches:
     """Batches ``[B, T + 1]`` int64 (inputs ``[:, :-1]``, targets ``[:, 1:]``) for a given step.
 
@@ -103,10 +127,11 @@ class Batches:
         min_gap: least distance in tokens from an answer's source to its question (module docstring; 0: any
             depth, the original placement), at most ``seq // 2``.
         copy_frac: share of the recall rows that are ``copy`` rows (0: none, the original stream).
+        skip_sources: mark the sources as unscored (module docstring); the rows themselves are unchanged.
     """
 
     def __init__(self, stream: np.ndarray, tokenizer, seq: int, batch: int, seed: int, recall_frac: float,
-                 min_gap: int = 0, copy_frac: float = 0.0):
+                 min_gap: int = 0, copy_frac: float = 0.0, skip_sources: bool = False):
         if stream.size <= 2 * (seq + 1):
             raise ValueError(f"the token stream must hold more than {2 * (seq + 1)} tokens, got {stream.size}")
         if not 0.0 <= recall_frac <= 1.0:
@@ -117,8 +142,8 @@ class Batches:
             raise ValueError(f"min_gap must be in [0, seq // 2 = {seq // 2}] (room for the recall rows' sources and "
                              f"questions), got {min_gap}")
         self.stream = torch.from_numpy(stream.astype(np.int64))
-        self.tok, self.seq, self.batch, self.seed, self.recall_frac = tokenizer, seq, batch, seed, recall_frac
-        self.min_gap, self.copy_frac = int(min_gap), float(copy_frac)
+        self.tok, self.seq, self.batch_size, self.seed, self.recall_frac = tokenizer, seq, batch, seed, recall_frac
+        self.min_gap, self.copy_frac, self.skip_sources = int(min_gap), float(copy_frac), bool(skip_sources)
         self._copy_prompts = [self._enc(p) for p in COPY_PROMPTS]
         longest = sum(map(len, self._copy_prompts)) + 2 * COPY_SPAN[1] + self.min_gap
         if copy_frac and longest > seq + 1:
@@ -136,20 +161,28 @@ class Batches:
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Batch of ``step``: (token ids ``[B, T + 1]`` int64, answer mask ``[B, T + 1]`` bool marking the
         tokens of recall answers, row kinds ``[B]`` int64 indexing :data:`KINDS`; text rows have no True)."""
+        return self.batch(step)[:3]
+
+    def batch(self, step: int) -> Batch:
+        """:meth:`get`'s batch with its ``unscored`` mask (:class:`Batch`); the same draws, so the same rows."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        rows, masks, kinds = [], [], []
-        for _ in range(self.batch):
+        rows, masks, kinds, skips = [], [], [], []
+        for _ in range(self.batch_size):
             mask = torch.zeros(self.seq + 1, dtype=torch.bool)
+            skip = torch.zeros(self.seq + 1, dtype=torch.bool)
             if float(torch.rand((), generator=gen)) < self.recall_frac:
-                ids, answers, kind = self._recall(gen)
+                ids, answers, kind, sources = self._recall(gen)
                 mask[answers] = True
+                skip[sources] = self.skip_sources
                 rows.append(ids)
             else:
                 rows.append(self._window(gen, self.seq + 1))
                 kind = TEXT
             masks.append(mask)
+            skips.append(skip)
             kinds.append(kind)
-        return torch.tensor(rows, dtype=torch.int64), torch.stack(masks), torch.tensor(kinds, dtype=torch.int64)
+        return Batch(torch.tensor(rows, dtype=torch.int64), torch.stack(masks), torch.tensor(kinds, dtype=torch.int64),
+                     torch.stack(skips))
 
     def _value(self, gen: torch.Generator) -> str:
         digits = 4 if float(torch.rand((), generator=gen)) < 0.7 else int(torch.randint(5, 7, (1,), generator=gen))
@@ -158,8 +191,8 @@ class Batches:
     def _keys(self, gen: torch.Generator, n: int) -> list[str]:
         return [self.keys[int(i)] for i in torch.randperm(len(self.keys), generator=gen)[:n]]
 
-    def _recall(self, gen: torch.Generator) -> tuple[list[int], list[int], int]:
-        """(token ids, answer positions, kind id) of one recall row of ``seq + 1`` tokens."""
+    def _recall(self, gen: torch.Generator) -> tuple[list[int], list[int], int, list[int]]:
+        """(token ids, answer positions, kind id, source positions) of one recall row of ``seq + 1`` tokens."""
         n = self.seq + 1
         if self.copy_frac and float(torch.rand((), generator=gen)) < self.copy_frac:   # no draw when off
             return self._copy(gen, n)
@@ -167,7 +200,7 @@ class Batches:
             return self._needles(gen, n)
         return self._kv(gen, n)
 
-    def _needles(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int]:
+    def _needles(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int, list[int]]:
         n_needles = int(torch.randint(1, 5, (1,), generator=gen))
         needle_t, question_t, answer_t = TEMPLATES[int(torch.randint(0, len(TEMPLATES), (1,), generator=gen))]
         keys = self._keys(gen, n_needles)
@@ -204,9 +237,18 @@ class Batches:
             hay[pos:pos] = needle
         out = hay + tail
         assert len(out) == n
-        return out, [len(hay) + p for p in answers], NEEDLE if len(needles) == 1 else MULTIKEY
+        # needle j ends up after the needles inserted later (at the same or a smaller position): shifted by them
+        sources = [at[j] + sum(map(len, needles[j + 1:])) + i for j in range(len(needles))
+                   for i in self._value_at(needles[j], values[j])]
+        return out, [len(hay) + p for p in answers], NEEDLE if len(needles) == 1 else MULTIKEY, sources
 
-    def _kv(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int]:
+    def _value_at(self, ids: list[int], value: str) -> range:
+        """Positions in ``ids`` (a needle or a record) of ``value``'s tokens: its last occurrence."""
+        v = self._enc(value)
+        i = _find(ids, v)
+        return range(i, i + len(v)) if i >= 0 else range(0)
+
+    def _kv(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int, list[int]]:
         lines: list[list[int]] = []
         pairs: list[tuple[str, str]] = []
         head = self._enc("Key-value records:\n")
@@ -236,9 +278,13 @@ class Batches:
             answers += range(len(out), len(out) + len(ans))
             out += ans
         pad = self._window(gen, n - len(out))      # fill the rest with text, before the records
-        return pad + out, [len(pad) + p for p in answers], KV
+        sources, at = [], len(pad) + len(head)
+        for line, (_, v) in zip(lines, pairs):
+            sources += [at + i for i in self._value_at(line, v)]
+            at += len(line)
+        return pad + out, [len(pad) + p for p in answers], KV, sources
 
-    def _copy(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int]:
+    def _copy(self, gen: torch.Generator, n: int) -> tuple[list[int], list[int], int, list[int]]:
         """A ``copy`` row (module docstring): text, the source span, a gap of text of at least ``min_gap``
         tokens, the copy (the answers: the row's last ``L`` tokens)."""
         length = int(torch.randint(COPY_SPAN[0], COPY_SPAN[1] + 1, (1,), generator=gen))
@@ -251,4 +297,5 @@ class Batches:
         hay = self._window(gen, room)
         out = hay[:room - gap] + src + span + hay[room - gap:] + ask + span
         assert len(out) == n
-        return out, list(range(n - length, n)), COPY
+        start = room - gap + len(src)                     # the source span: random stream tokens
+        return out, list(range(n - length, n)), COPY, list(range(start, start + length))

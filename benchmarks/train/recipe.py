@@ -13,7 +13,9 @@ groups exactly as before they existed, so a run started without them resumes bit
   TOKENS long, with its own warm-up and cooldown (:func:`schedule_span`; e.g. a recall stage with another
   ``--recall-frac`` and ``--lr`` after a finished plan), kept by later resumes;
 - ``--log-attn-entropy``: each logged interval also gives the attention layers' mean attention entropy on one
-  row (benchmarks/train/attention.py, which says the cost).
+  row (benchmarks/train/attention.py, which says the cost);
+- ``--skip-source-loss``: the random values where a needle or record states them, and copy rows' source spans,
+  carry no loss (benchmarks/train/data.py ``skip_sources``; the rows are unchanged).
 
 Made for the KDA model, whose MLA attention layers stayed at uniform attention while its KDA layers answered
 the (mostly short-range) recall alone. Each session records its recipe (:func:`recipe`) in ``state.json``'s
@@ -42,6 +44,8 @@ def add_args(ap) -> None:
     ap.add_argument("--stage-tokens", type=float, default=None, metavar="TOKENS",
                     help="on a resume: start a new schedule stage at the resumed step, TOKENS long, with its own "
                          "warm-up (--warmup) and cooldown (--cooldown); training stops at its end")
+    ap.add_argument("--skip-source-loss", action="store_true",
+                    help="no loss on the random values where needles and records state them (and copy sources)")
     ap.add_argument("--log-attn-entropy", action="store_true",
                     help="log the attention layers' attention entropy on one row per interval (one 1-row forward)")
 
@@ -85,6 +89,7 @@ def recipe(a) -> dict:
     """What a session trained with (recorded per session)."""
     return {"recall_frac": a.recall_frac, "recall_min_gap": a.recall_min_gap, "copy_frac": a.copy_frac,
             "attn_lr_mult": a.attn_lr_mult, "log_attn_entropy": a.log_attn_entropy, "stage_tokens": a.stage_tokens,
+            "skip_source_loss": a.skip_source_loss,
             "lr": a.lr,
             "decay_lr_mult": a.decay_lr_mult, "weight_decay": a.weight_decay, "seq": a.seq, "batch": a.batch,
             "warmup": a.warmup, "cooldown": a.cooldown}
@@ -105,8 +110,9 @@ def _recall_text(a) -> str:
     kinds = "needle and key-value" + (f" recall, {a.copy_frac:.0%} of it long-gap copy rows" if a.copy_frac
                                       else " recall")
     gap = f", every answer >= {a.recall_min_gap} tokens after its source" if a.recall_min_gap else ""
-    return (f"{a.recall_frac:.0%} of rows: synthetic {kinds}{gap} (benchmarks/train/data.py); dasc eval's 12 "
-            "retrieval keys never appear")
+    skip = "; the sources' random values carry no loss" if a.skip_source_loss else ""
+    return (f"{a.recall_frac:.0%} of rows: synthetic {kinds}{gap}{skip} (benchmarks/train/data.py); dasc eval's "
+            "12 retrieval keys never appear")
 
 
 def data_description(data: Path) -> dict:

@@ -76,15 +76,19 @@ def exact_tally(pred: torch.Tensor, tgt: torch.Tensor, mask: torch.Tensor, kind:
     return right, torch.bincount(run_kind, minlength=n_kinds)
 
 
-def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict:
+def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool, unscored=None) -> dict:
     """Loss ``mean over all target tokens`` backpropagated in micro-batches; per-row losses and answer hits.
 
     ``xb`` ``[B, T + 1]`` int64 token ids, ``mask`` ``[B, T + 1]`` bool answer tokens, ``kind`` ``[B]`` int64 row
-    kinds (data.KINDS), as ``Batches.get`` gives them. Returns ``text`` / ``recall``: per-row mean losses (floats)
+    kinds (data.KINDS), as ``Batches.get`` gives them; ``unscored`` (``Batches.batch``'s, or None) ``[B, T + 1]``
+    bool targets left out of the loss, which is then the mean over the other targets (the per-row losses
+    still average every token). Returns ``text`` / ``recall``: per-row mean losses (floats)
     of text / recall rows; ``hit`` / ``n_ans``: teacher-forced greedy hits / answer tokens per kind id (lists of
     ``len(KINDS)`` ints), read from the training forward pass itself; ``exact_hit`` / ``n_exact``: whole answers
     right / answers per kind id (:func:`exact_tally`)."""
     B = xb.shape[0]
+    keep = None if unscored is None or not unscored.any() else ~unscored[:, 1:]
+    kept = None if keep is None else keep.sum()
     hits, n_ans, right, n_exact = (torch.zeros(len(KINDS), dtype=torch.int64, device=dev) for _ in range(4))
     out = {"text": [], "recall": []}
     for i in range(0, B, micro):
@@ -96,7 +100,10 @@ def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool) -> dict
         tgt = x[:, 1:]
         ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
         ce = ce.view(tgt.shape)
-        (ce.mean() * (x.shape[0] / B)).backward()
+        if keep is None:
+            (ce.mean() * (x.shape[0] / B)).backward()
+        else:             # the mean over the whole batch's kept targets, whatever the micro-batch
+            ((ce * keep[i:i + micro].to(dev)).sum() / kept).backward()
         with torch.no_grad():
             row = ce.mean(dim=1).tolist()
             is_recall = m.any(dim=1).tolist()

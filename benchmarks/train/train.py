@@ -241,7 +241,8 @@ def main(argv=None) -> dict:
     tok = load_tokenizer(a.data / "tokenizer")
     stream, shards = load_stream(a.data)
     try:        # before the model: a recipe the rows cannot hold is refused in one line (it draws no numbers)
-        batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac, a.recall_min_gap, a.copy_frac)
+        batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac, a.recall_min_gap, a.copy_frac,
+                          a.skip_source_loss)
     except ValueError as exc:
         _refuse(f"--seq {a.seq} / --recall-min-gap {a.recall_min_gap} / --copy-frac {a.copy_frac}: {exc}")
     a.out.mkdir(parents=True, exist_ok=True)
@@ -288,11 +289,11 @@ def main(argv=None) -> dict:
         t_step = time.time()
         lr = O.lr_at(state["step"] - first, a.lr, a.warmup, total - first, a.cooldown, 0.1)
         O.set_lr(opt, lr)
-        xb, mask, kind = batches.get(state["step"])
+        xb, mask, kind, unscored = batches.batch(state["step"])
         while True:
             try:
                 opt.zero_grad(set_to_none=True)
-                stats = scoring.forward_backward(model, xb, mask, kind, micro, dev, cuda)
+                stats = scoring.forward_backward(model, xb, mask, kind, micro, dev, cuda, unscored)
                 break
             except torch.OutOfMemoryError:
                 if micro == 1:

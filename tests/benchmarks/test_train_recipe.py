@@ -142,6 +142,44 @@ def test_copy_rows_copy_their_source_after_the_gap_and_score_only_the_copy(data_
         Batches(stream, tok, 100, 8, seed=1, recall_frac=0.5, min_gap=50, copy_frac=0.5)
 
 
+def _tokens_of(starts: np.ndarray, a: int, b: int) -> list[int]:
+    """Tokens covering the characters [a, b) of a row."""
+    return list(range(_token_at(starts, a), _token_at(starts, b - 1) + 1))
+
+
+def test_skip_sources_leaves_out_exactly_the_stated_values_and_copy_sources(data_dir):
+    """Worked out from each row's text: the digits of every needle's value in the haystack, of every kv record
+    before the first lookup, and a copy row's source span (after "Copy this:"); nothing in text rows, no answer
+    token; the rows themselves are those drawn without the option."""
+    stream, tok = _stream(data_dir)
+    on = Batches(stream, tok, 256, 8, seed=2, recall_frac=0.8, copy_frac=0.2, skip_sources=True)
+    off = Batches(stream, tok, 256, 8, seed=2, recall_frac=0.8, copy_frac=0.2)
+    seen = set()
+    for step in range(6):
+        b, plain = on.batch(step), off.batch(step)
+        assert all(torch.equal(x, y) for x, y in zip(b[:3], plain[:3])) and not plain.unscored.any()
+        assert not (b.unscored & b.answers).any()
+        for row, skip, ans, k in zip(b.ids.tolist(), b.unscored, b.answers, b.kinds.tolist()):
+            seen.add(k)
+            got = torch.nonzero(skip).flatten().tolist()
+            text, starts = _text_and_starts(tok, row)
+            if k in (NEEDLE, MULTIKEY):
+                head = text[:text.index("\nQuestion:")]
+                want = [t for m in NEEDLE_RE.finditer(head) for t in _tokens_of(starts, *m.span(2))]
+            elif k == KV:
+                head = text[:text.index("\nLookup ")]
+                want = [t for m in re.finditer(r"(?<=\n) [a-z]+-[a-z]+: (\d+)\n", head)
+                        for t in _tokens_of(starts, *m.span(1))]
+            elif k == COPY:          # the span right after "Copy this:", as long as the copy (the answers)
+                first, n = _token_at(starts, text.index(COPY_PROMPTS[0]) + len(COPY_PROMPTS[0])), int(ans.sum())
+                want = list(range(first, first + n))
+                assert COPY_SPAN[0] <= n <= COPY_SPAN[1] and row[first:first + n] == row[-n:]
+            else:
+                want = []
+            assert got == want, (k, got, want)
+    assert seen == {TEXT, NEEDLE, MULTIKEY, KV, COPY}
+
+
 def _groups(model, mult):
     return {g["name"]: g for g in O.param_groups(model, lr=1e-3, weight_decay=0.1, decay_lr_mult=5.0,
                                                  attn_lr_mult=mult)}
@@ -261,7 +299,7 @@ def test_trainer_runs_the_recipe_records_it_and_resumes_under_another_grouping(d
     from benchmarks.train.train import main
 
     flags = ["--recall-frac", "1.0", "--recall-min-gap", "48", "--copy-frac", "0.5", "--attn-lr-mult", "3",
-             "--log-attn-entropy"]
+             "--log-attn-entropy", "--skip-source-loss"]
     main(_args(data_dir, tmp_path / "first", "gdn", 2, *flags))
     ts = tmp_path / "first" / "gdn" / "train_state"
     state = json.loads((ts / "state.json").read_text())
@@ -269,18 +307,20 @@ def test_trainer_runs_the_recipe_records_it_and_resumes_under_another_grouping(d
     r = rec["recipe"]
     assert (r["recall_frac"], r["recall_min_gap"], r["copy_frac"], r["attn_lr_mult"]) == (1.0, 48, 0.5, 3.0)
     assert rec["recipe"]["log_attn_entropy"] and rec["optimizer_groups"]["attn_matrix"]["lr_mult"] == 3.0
+    assert rec["recipe"]["skip_source_loss"] is True
     rows = [json.loads(x) for x in (ts / "log.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss_text" in r]
     assert len(steps) == 2 and all(0 < r["attn_entropy"] <= r["attn_entropy_uniform"] + 1e-6 for r in steps)
     assert sum(r["recall_tokens"]["copy"] for r in steps) > 0
     prov = json.loads((tmp_path / "first" / "gdn" / "provenance.json").read_text())
     assert prov["training"]["attn_lr_mult"] == 3.0 and ">= 48 tokens" in prov["data"]["recall"]
+    assert "the sources' random values carry no loss" in prov["data"]["recall"]
     state = main(_args(data_dir, tmp_path / "second", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn")))
     again = state["sessions"][1]
     assert again["optimizer_restore"]["missing"] == 0 and set(again["optimizer_groups"]) == {"decay", "matrix",
                                                                                               "vector"}
-    assert (again["recipe"]["attn_lr_mult"], again["recipe"]["copy_frac"], again["recipe"]["recall_min_gap"]) == (
-        1.0, 0.0, 0)
+    assert (again["recipe"]["attn_lr_mult"], again["recipe"]["copy_frac"], again["recipe"]["recall_min_gap"],
+            again["recipe"]["skip_source_loss"]) == (1.0, 0.0, 0, False)
 
 
 @pytest.mark.parametrize("flag, value", [("--recall-min-gap", "97"), ("--copy-frac", "1.5"),

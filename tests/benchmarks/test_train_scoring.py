@@ -181,3 +181,32 @@ def test_a_missing_history_file_or_summary_folder_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("error: ") for e in err)
     assert "nope.log" in err[0] and "--write-summary" in err[2] and not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("micro", [1, 2, 5])
+def test_unscored_targets_leave_the_loss_whatever_the_micro_batch(micro):
+    """The gradient with ``unscored`` is that of the mean over the kept targets of the whole batch (worked out
+    here from the model's own logits), for every micro-batch size; an all-False mask is the plain mean."""
+    xb, mask, kind = _batch()
+    unscored = torch.zeros_like(mask)
+    unscored[0, 1:3] = True        # a needle's source digits, say
+    unscored[1, 5:7] = True
+    unscored[3, 2] = True
+
+    def grad(**kw):
+        model = _NextPlusOne()
+        forward_backward(model, xb, mask, kind, micro, torch.device("cpu"), cuda=False, **kw)
+        return model.bias.grad.clone()
+
+    ref = _NextPlusOne()
+    ce = torch.nn.functional.cross_entropy(ref(xb[:, :-1]).logits.flatten(0, 1), xb[:, 1:].flatten(),
+                                           reduction="none").view(xb.shape[0], -1)
+    keep = ~unscored[:, 1:]
+    ((ce * keep).sum() / keep.sum()).backward()
+    assert torch.allclose(grad(unscored=unscored), ref.bias.grad, atol=1e-6)
+    plain = _NextPlusOne()
+    ce_all = torch.nn.functional.cross_entropy(plain(xb[:, :-1]).logits.flatten(0, 1), xb[:, 1:].flatten())
+    ce_all.backward()
+    assert not torch.allclose(ref.bias.grad, plain.bias.grad, atol=1e-4)     # the mask does change the loss
+    assert torch.allclose(grad(unscored=torch.zeros_like(mask)), plain.bias.grad, atol=1e-6)
+    assert torch.allclose(grad(), plain.bias.grad, atol=1e-6)
