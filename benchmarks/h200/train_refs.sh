@@ -41,6 +41,9 @@
 # flags to that family's trainer only (after TRAIN_ARGS; unset: today's recipe), e.g. the long-range recall recipe
 # for KDA, whose MLA layers stayed at uniform attention (benchmarks/train/recipe.py):
 #   KDA_FLAGS="--recall-frac 0.5 --recall-min-gap 512 --copy-frac 0.25 --attn-lr-mult 3 --log-attn-entropy"
+# or, for a recall stage with the rows' random stated values out of the loss (a resume of a bundle rebuilt by
+# benchmarks/train/from_bundle.py: fresh AdamW, so a short warm-up), GDN_FLAGS="--stage-tokens 26e6 --recall-frac 0.5
+#   --lr 5e-4 --warmup 50 --skip-source-loss --no-decay-report"
 # or GDN_FLAGS="--no-rope --log-attn-entropy" (Qwen3-Next attention without rotary, the RoPE control; the same flags resume it;
 #   stage it with `prepare stage --families gdn --fresh gdn`)
 # Each session records the recipe it ran with (state.json's session list, the start line of run.log).
