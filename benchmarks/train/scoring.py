@@ -82,13 +82,19 @@ def forward_backward(model, xb, mask, kind, micro: int, dev, cuda: bool, unscore
     ``xb`` ``[B, T + 1]`` int64 token ids, ``mask`` ``[B, T + 1]`` bool answer tokens, ``kind`` ``[B]`` int64 row
     kinds (data.KINDS), as ``Batches.get`` gives them; ``unscored`` (``Batches.batch``'s, or None) ``[B, T + 1]``
     bool targets left out of the loss, which is then the mean over the other targets (the per-row losses
-    still average every token). Returns ``text`` / ``recall``: per-row mean losses (floats)
-    of text / recall rows; ``hit`` / ``n_ans``: teacher-forced greedy hits / answer tokens per kind id (lists of
+    still average every token). Returns ``text`` / ``recall``: per-row mean losses (floats) of text / recall
+    rows; ``hit`` / ``n_ans``: teacher-forced greedy hits / answer tokens per kind id (lists of
     ``len(KINDS)`` ints), read from the training forward pass itself; ``exact_hit`` / ``n_exact``: whole answers
-    right / answers per kind id (:func:`exact_tally`)."""
+    right / answers per kind id (:func:`exact_tally`).
+
+    Raises:
+        ValueError: ``unscored`` leaves no target (no loss to take a gradient of; ``Batches`` never makes one).
+    """
     B = xb.shape[0]
     keep = None if unscored is None or not unscored.any() else ~unscored[:, 1:]
     kept = None if keep is None else keep.sum()
+    if kept is not None and not kept:
+        raise ValueError("every target of the batch is unscored: no loss to take a gradient of")
     hits, n_ans, right, n_exact = (torch.zeros(len(KINDS), dtype=torch.int64, device=dev) for _ in range(4))
     out = {"text": [], "recall": []}
     for i in range(0, B, micro):

@@ -210,3 +210,10 @@ def test_unscored_targets_leave_the_loss_whatever_the_micro_batch(micro):
     assert not torch.allclose(ref.bias.grad, plain.bias.grad, atol=1e-4)     # the mask does change the loss
     assert torch.allclose(grad(unscored=torch.zeros_like(mask)), plain.bias.grad, atol=1e-6)
     assert torch.allclose(grad(), plain.bias.grad, atol=1e-6)
+
+
+def test_a_batch_with_every_target_unscored_is_refused():
+    xb, mask, kind = _batch()
+    with pytest.raises(ValueError, match="every target of the batch is unscored"):
+        forward_backward(_NextPlusOne(), xb, mask, kind, 2, torch.device("cpu"), cuda=False,
+                         unscored=torch.ones_like(mask))
