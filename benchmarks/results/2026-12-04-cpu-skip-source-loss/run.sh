@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 W=${W:-/tmp/skip}
+export DASC_COMMIT=$(git rev-parse HEAD)     # recorded in each session (the run of 2026-12-04 recorded "unknown")
 [ -d $W/resume/gdn ] || .venv/bin/python -m benchmarks.train.from_bundle plans/reference/gdn-hybrid-30m-sharegpt --out $W/resume
 for arm in skip plain; do
   flag=""; [ $arm = skip ] && flag="--skip-source-loss"
