@@ -55,7 +55,7 @@ def _weight_files(src: Path) -> list[Path]:
     return sorted(files)
 
 
-def _read_tensors(src: Path) -> tuple[dict, dict]:
+def read_tensors(src: Path) -> tuple[dict, dict]:
     """``({name: tensor as stored}, merged safetensors metadata)`` of SRC's weights (index or model*.safetensors).
 
     Raises:
@@ -163,7 +163,7 @@ def read_checkpoint(src: Path) -> dict:
     tok = [src / n for n in TOKENIZER_FILES if (src / n).is_file()]
     if not {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in tok}:
         raise BundleError(f"{src}: expected tokenizer.json and tokenizer_config.json beside the weights")
-    tensors, meta = _read_tensors(src)
+    tensors, meta = read_tensors(src)
     have, want = sum(t.numel() for t in tensors.values()), sessions[-1].get("params")
     if have != want:
         raise BundleError(f"{src}: the weights hold {have:,} parameters, state.json's last session records {want}; "

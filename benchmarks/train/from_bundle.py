@@ -43,7 +43,6 @@ if __name__ == "__main__":      # a Ctrl-C while torch is imported: held, then o
     hold_signals()
 
 import contextlib
-import importlib.util
 import json
 import shutil
 import sys
@@ -52,8 +51,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.cli_args import OneLineParser
-from benchmarks.train.bundle_src import read_json
-from benchmarks.train.models import FAMILIES, MODEL_TYPES, SIZES, load_model, save_checkpoint
+from benchmarks.train.bundle_src import BundleError, read_json, read_tensors
+from benchmarks.train.models import FAMILIES, MODEL_TYPES, SIZES, family_unsupported, load_model, save_checkpoint
 from dasc_compile import atomic
 from dasc_compile.errors import DascInputError, short_text
 
@@ -139,13 +138,15 @@ def check_places(bundle: Path, out: Path, pack_to: Path | None, family: str) -> 
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of ``folder``'s ``model*.safetensors`` files, as stored (dtype kept), by name."""
-    from safetensors.torch import load_file
+    """Every tensor of ``folder``'s weight files, as stored (dtype kept), by name (bundle_src's reader).
 
-    out = {}
-    for f in sorted(Path(folder).glob("model*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
+    Raises:
+        FromBundleError: a weight file that cannot be read.
+    """
+    try:
+        return read_tensors(folder)[0]
+    except BundleError as exc:
+        raise FromBundleError(str(exc)) from None
 
 
 def init_decay_tensors(init: dict[str, list], shapes: dict[str, torch.Size],
@@ -220,11 +221,8 @@ def from_bundle(bundle: Path, out: Path, pack_to: Path | None = None) -> dict:
     log = read_bundle(bundle)
     family = log["family"]
     check_places(bundle, out, pack_to, family)
-    if family == "kda" and importlib.util.find_spec("transformers.models.kimi_linear") is None:
-        import transformers
-
-        raise FromBundleError(f"{bundle}: a KDA (Kimi-Linear) bundle needs transformers >= 5.17, whose "
-                              f"KimiLinearForCausalLM reads it; this one is {transformers.__version__}")
+    if (why := family_unsupported(family)) is not None:
+        raise FromBundleError(f"{bundle}: a {family} bundle {why}")
     try:
         model = load_model(bundle)
     except Exception as exc:         # transformers raises many kinds on a config or file it cannot read

@@ -280,6 +280,18 @@ def save_checkpoint(model, out: Path, tokenizer_dir: Path | None, provenance: di
     return out
 
 
+def family_unsupported(family: str) -> str | None:
+    """Why this transformers cannot build or load ``family``'s model (one phrase), or None: KDA needs
+    ``KimiLinearForCausalLM``, first in transformers 5.17."""
+    import importlib.util
+
+    if family == "kda" and importlib.util.find_spec("transformers.models.kimi_linear") is None:
+        import transformers
+
+        return f"needs transformers >= 5.17 (KimiLinearForCausalLM); this one is {transformers.__version__}"
+    return None
+
+
 def load_model(path: Path):
     """A checkpoint directory as an fp32 model on the CPU (transformers' own loader and name mapping)."""
     from transformers import AutoModelForCausalLM

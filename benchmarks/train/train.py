@@ -56,7 +56,7 @@ from benchmarks.train import optim as O
 from benchmarks.train import recipe, scoring
 from benchmarks.train.data import KINDS, Batches, read_shard
 from benchmarks.train.models import (DECAY_INITS, DEFAULT_DECAY_INIT, FAMILIES, SIZES, build_model, checkpoint_decays,
-                                     decays, load_model, n_params, save_checkpoint)
+                                     decays, family_unsupported, load_model, n_params, save_checkpoint)
 from benchmarks.train.recipe import provenance
 from benchmarks.train.tokenizer import EOS, load_tokenizer
 
@@ -150,12 +150,8 @@ def parse(argv=None) -> argparse.Namespace:
         _refuse(f"--device {a.device}: expected cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         _refuse(f"--device {a.device}: no CUDA device here (give --device cpu)")
-    if a.family == "kda":
-        import transformers
-
-        if importlib.util.find_spec("transformers.models.kimi_linear") is None:
-            _refuse(f"--family kda: needs transformers >= 5.17 (KimiLinearForCausalLM); this one is "
-                    f"{transformers.__version__}")
+    if (why := family_unsupported(a.family)) is not None:
+        _refuse(f"--family {a.family}: {why}")
     if a.decay_init == "log-uniform-dt" and a.family != "gdn":
         _refuse(f"--decay-init log-uniform-dt: only for --family gdn (the {a.family} classes draw dt themselves)")
     if a.decay_init is not None and a.resume is not None:
