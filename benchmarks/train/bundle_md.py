@@ -47,12 +47,14 @@ def _session(s: dict) -> list[str]:
     moved = "; ".join(f"{k} mean |change| {v.get('mean_abs_change', 0):.4g} (max {v.get('max_abs_change', 0):.4g})"
                       for k, v in mv.items())
     saved = f"; saved {s['saved_utc']}" if "saved_utc" in s else ""
+    restore = s.get("optimizer_restore") or {}
+    opt = ([f"- Optimiser state: fresh AdamW ({restore['fresh']}; from_bundle.py)."] if "fresh" in restore else [])
     return [f"### Session {s.get('session')} (commit {s.get('commit', 'unknown')})", "",
             f"- Steps {s.get('start_step')} to {s.get('end_step')} ({_n(s.get('tokens', 0))} tokens), stopped by "
             f"{s.get('stopped_by')}; {s.get('device')} ({s.get('device_name')}), torch {s.get('torch')}, "
             f"transformers {s.get('transformers')}, python {s.get('python')}; micro-batch {s.get('micro_batch')}"
             f"{saved}.",
-            f"- Kernels: {s.get('kernels')}.", f"- Recipe: {rec}.", f"- Optimiser groups: {groups}.",
+            f"- Kernels: {s.get('kernels')}.", f"- Recipe: {rec}.", f"- Optimiser groups: {groups}.", *opt,
             f"- Data shards: {shards or 'not recorded'}.",
             f"- Decays moved since init (cumulative, at this session's end): {moved or 'not recorded'}.", ""]
 
@@ -117,7 +119,9 @@ def provenance_md(ck: dict, files: dict[str, int], sha: dict[str, str]) -> str:
          f"`{init.get('rebuild', '?')}` (fp32 sha256 {str(st.get('init_sha256', '?'))[:16]}..., "
          f"on {json.dumps(st.get('init_versions'))}).",
          f"- Optimiser: {tr.get('optimizer', '?')}. Schedule: {tr.get('schedule', '?')}. Precision: "
-         f"{tr.get('precision', '?')}. Between sessions: {tr.get('between_sessions', '?')}.",
+         f"{tr.get('precision', '?')}. Between sessions: {tr.get('between_sessions', '?')}"
+         + (", except where a session below started a fresh AdamW." if any(
+             "fresh" in (x.get("optimizer_restore") or {}) for x in ses) else "."),
          f"- Commit(s): {', '.join(commits)} (per session below). Last session saved {_utc(ck['saved'])} "
          f"({saved}); bundled {_utc(ck['now'])} by benchmarks/train/bundle.py at {_git_head()}.",
          f"- Weights: stored as the trainer saved them, tensor for tensor (nothing converted): {dtypes}; "

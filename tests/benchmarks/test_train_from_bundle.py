@@ -85,6 +85,14 @@ def test_rebuilt_checkpoint_holds_the_bundle_and_resumes_a_stage_with_a_fresh_ad
     assert json.loads(lines[4])["optimizer_restore"] == s["optimizer_restore"]
     assert (tmp_path / "stage" / "gdn" / "train_state" / "optim.safetensors").is_file()   # and it travels again
 
+    # bundled again, PROVENANCE.md says which session started a fresh AdamW, and only that one
+    B.bundle(tmp_path / "stage" / "gdn", tmp_path / "bundle2", max_bytes=40_000)
+    md = (tmp_path / "bundle2" / "PROVENANCE.md").read_text()
+    assert "except where a session below started a fresh AdamW." in md
+    s0, s1 = md.split("### Session 0")[1].split("### Session 1")
+    assert "fresh AdamW" not in s0
+    assert "- Optimiser state: fresh AdamW (the checkpoint carried no optimiser state; from_bundle.py)." in s1
+
 
 @pytest.mark.parametrize("case", ["missing", "not a bundle", "no init_decays", "out not empty", "parts there",
                                   "out in the bundle", "parts in the bundle"])
