@@ -125,7 +125,9 @@ class Batches:
         tokenizer: a ``tokenizers.Tokenizer`` (encodes the recall strings).
         recall_frac: share of recall rows.
         min_gap: least distance in tokens from an answer's source to its question (module docstring; 0: any
-            depth, the original placement), at most ``seq // 2``.
+            depth, the original placement), at most ``seq // 2`` and at most what a needle row leaves beside its
+            longest needle, question and answer (checked here with every key, template and a 6-digit value, so no
+            row fails mid-run).
         copy_frac: share of the recall rows that are ``copy`` rows (0: none, the original stream).
         skip_sources: mark the sources as unscored (module docstring); the rows themselves are unchanged.
     """
@@ -150,6 +152,25 @@ class Batches:
             raise ValueError(f"seq {seq} is too short for copy rows with a gap of {min_gap} (they need {longest})")
         self._filler = [self._enc(" " + s) for s in FILLER]
         self.keys = [f"{a}-{b}" for a in ADJECTIVES for b in ANIMALS if f"{a}-{b}" not in EVAL_KEYS]
+        self._needle_fixed, self._lookup = self._longest_parts()
+        if recall_frac and seq + 1 - self._needle_fixed < max(1, self.min_gap):
+            most = seq + 1 - self._needle_fixed
+            raise ValueError(f"seq {seq} is too short for the recall rows with a gap of {min_gap}: a needle row "
+                             f"spends up to {self._needle_fixed} tokens on one needle, its question and answer, so "
+                             + (f"the gap can be at most {most} (or seq at least {{}})" if most >= 1 else
+                                "seq must be at least {}").format(self._needle_fixed + max(1, self.min_gap) - 1))
+
+    def _longest_parts(self) -> tuple[int, int]:
+        """(tokens, at most, of one needle plus its question and answer; of one kv lookup and its answer) over
+        every key and template, with a value at its longest (6 digits: the recall rows' worst case, so a row that
+        passes the constructor's check always fits; the needle rows' and kv rows' guarantees rest on it)."""
+        v, n_keys = "9" * 6, len(self.keys)
+        texts = [t.format(k=k, v=v) for nt, qt, at in TEMPLATES for t in (nt, qt, at) for k in self.keys]
+        texts += [f"\nLookup {k}:" + f" {v}" for k in self.keys]
+        lens = [len(e.ids) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        per = [lens[i * n_keys:(i + 1) * n_keys] for i in range(3 * len(TEMPLATES) + 1)]
+        needle = max(a + b + c for t in range(len(TEMPLATES)) for a, b, c in zip(*per[3 * t:3 * t + 3]))
+        return needle, max(per[-1])
 
     def _enc(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -254,6 +275,8 @@ class Batches:
         head = self._enc("Key-value records:\n")
         used = len(head)
         target = int((n - self.min_gap) * (0.5 + 0.4 * float(torch.rand((), generator=gen))))
+        if self.min_gap:        # room for one lookup after the gap, at least (the default rows stay as pinned)
+            target = min(target, n - self.min_gap - self._lookup)
         for k in self._keys(gen, 400):
             v = self._value(gen)
             ids = self._enc(f" {k}: {v}\n")     # the key's tokens as in "Lookup <key>:" (module docstring)

@@ -127,6 +127,27 @@ def test_min_gap_puts_every_needle_and_record_that_far_before_its_question(data_
         Batches(stream, tok, 600, 8, seed=5, recall_frac=1.0, min_gap=301)
 
 
+def test_a_gap_the_rows_cannot_hold_is_refused_up_front_and_the_largest_allowed_always_fits(data_dir):
+    """min_gap up to seq // 2 used to be accepted, yet a needle row with a long key and a 6-digit value could not
+    hold it at short sequences: the trainer stopped mid-run with a traceback. The constructor now checks the worst
+    case (every key and template, 6 digits); at the largest gap it allows every row builds, and every kv row asks at
+    least one lookup (some asked none before)."""
+    stream, tok = _stream(data_dir)
+    seq = 160
+    top = seq + 1 - Batches(stream, tok, seq, 8, seed=2, recall_frac=1.0)._needle_fixed
+    assert 0 < top < seq // 2
+    with pytest.raises(ValueError, match=f"the gap can be at most {top} "):
+        Batches(stream, tok, seq, 8, seed=2, recall_frac=1.0, min_gap=top + 1)
+    Batches(stream, tok, seq, 8, seed=2, recall_frac=0.0, min_gap=top + 1)     # no recall rows: nothing to hold
+    edge = Batches(stream, tok, seq, 8, seed=2, recall_frac=1.0, min_gap=top)
+    kinds = {NEEDLE: 0, MULTIKEY: 0, KV: 0}
+    for i in range(300):
+        ids, answers, kind, _ = edge._recall(torch.Generator().manual_seed(i))
+        assert len(ids) == seq + 1 and answers, (i, kind)
+        kinds[kind] += 1
+    assert kinds[NEEDLE] > 20 and kinds[KV] > 20, kinds      # at the edge most multikey rows shed to one needle
+
+
 def test_copy_rows_copy_their_source_after_the_gap_and_score_only_the_copy(data_dir):
     """copy_frac 1: every recall row a copy row: the scored tokens are exactly the last L (8-32) of the row, equal
     to the L tokens after "Copy this:", at least min_gap after them; the kind id is appended (4), the others kept."""
