@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 W=${W:-/tmp/skip}
 export DASC_COMMIT=$(git rev-parse HEAD)     # recorded in each session (the run of 2026-12-04 recorded "unknown")
-[ -d $W/resume/gdn ] || .venv/bin/python -m benchmarks.train.from_bundle plans/reference/gdn-hybrid-30m-sharegpt --out $W/resume
+# the 100.0M-token bundle this ran from; plans/reference/gdn-hybrid-30m-sharegpt holds the 126.0M model since session 28
+B=$W/bundle-100m
+[ -d $B ] || { mkdir -p $B && git archive 91645db plans/reference/gdn-hybrid-30m-sharegpt | tar -x -C $B --strip-components 3; }
+[ -d $W/resume/gdn ] || .venv/bin/python -m benchmarks.train.from_bundle $B --out $W/resume
 for arm in skip plain; do
   flag=""; [ $arm = skip ] && flag="--skip-source-loss"
   OMP_NUM_THREADS=1 PYTHONPATH=. taskset -c $([ $arm = skip ] && echo 0 || echo 1) .venv/bin/python -m benchmarks.train.train \
