@@ -101,9 +101,19 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 # /tmp, where a fresh start would otherwise find (and resume) the last call's checkpoint
 SCRATCH=$(mktemp -d /tmp/train_refs.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT   # by then the trainers have packed their checkpoints into $OUT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SCRATCH/site \
+if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SCRATCH/site \
   $WHL/pydantic-*.whl $WHL/pydantic_core-*.whl $WHL/annotated_types-*.whl $WHL/typing_inspection-*.whl 2>&1 \
-  | tee -a "$LOG" || say "pydantic wheels missing: the decay report will be skipped"
+  | tee -a "$LOG"; then
+  # a fresh start draws its decays with dasc's compiler, which imports pydantic: without it the trainer would
+  # stop at model build with a traceback (prepare stage refuses to stage one; this catches a hand-made call)
+  FRESH=$(python3 -c "import json, sys; print(' '.join(json.load(open(sys.argv[1])).get('fresh', [])))" \
+    "$CALL/staged.json" 2>/dev/null)
+  if [ -n "$FRESH" ]; then
+    say "error: $WHL: no pydantic wheels, and $FRESH start(s) fresh, whose decay initialisation needs them: carry $WHL (benchmarks/h200/README.md, training step 1)"
+    exit 2
+  fi
+  say "pydantic wheels missing: the decay report will be skipped"
+fi
 FLA_WHEEL=$(ls $WHL/fla_core-*.whl 2>/dev/null | head -1)
 if [ -n "$FLA_WHEEL" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SCRATCH/fla "$FLA_WHEEL" 2>&1 | tee -a "$LOG"

@@ -159,10 +159,23 @@ def _check_places(prep: Path, call: Path, extra: list[Path]) -> None:
     for e in extra:
         if not e.is_dir():
             hint = ("; it is the default: build the wheels as benchmarks/h200/README.md's training step 1 says, or "
-                    "give a bare --also-carried to carry none (the device then skips the decay report)"
+                    "give a bare --also-carried to carry none (a resume then skips the decay report; a fresh "
+                    "start needs them)"
                     if e == Path(".dev/train/whl") else "")
             raise StageError(f"--also-carried {e}: expected an existing folder (a carried path counted against the "
                              f"64 MiB), got {'a file' if e.exists() else 'nothing'}{hint} (nothing was changed)")
+
+
+def _check_wheels_for_fresh(root: Path, extra: list[Path], fresh) -> None:
+    """A fresh start draws its decays with dasc's compiler (``dasc_compile.refckpt``), which imports pydantic; the
+    device image has none, so train_refs.sh installs it from the carried ``.dev/train/whl`` (the default
+    ``--also-carried``; a carried folder holding ``pydantic-*.whl`` passes). Without those wheels
+    the trainer would stop at model build with a traceback, after the call's start-up was paid."""
+    if fresh and not any(any((root / e).glob("pydantic-*.whl")) for e in extra):
+        raise StageError(f"--fresh {' '.join(fresh)}: a fresh start needs pydantic on the device (its decay "
+                         f"initialisation uses dasc's compiler): carry .dev/train/whl with the pydantic wheels "
+                         f"(benchmarks/h200/README.md, training step 1), not a bare --also-carried (nothing was "
+                         f"changed)")
 
 
 def _read_meta(prep: Path) -> dict:
@@ -189,7 +202,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
 
     Raises:
         StageError: no readable ``prep``, a missing or damaged ``returned`` or ``latest/`` part, ``fresh`` not
-            among ``families``, a checkpoint to resume of another size, ``families`` whose checkpoints leave no
+            among ``families``, a ``fresh`` family without the pydantic wheels of ``.dev/train/whl`` in a
+            folder of ``extra``, a checkpoint to resume of another size, ``families`` whose checkpoints leave no
             room for the next shard, or a return over 8 files / 64 MiB (the staged call is left as it was).
     """
     if len(set(families)) != len(families) or len(set(fresh)) != len(fresh):
@@ -201,6 +215,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
                          f"{' '.join(families)}; a fresh family is one this call trains (nothing was changed)")
     if size not in SIZES:
         raise StageError(f"--size {size}: expected one of {', '.join(SIZES)} (benchmarks/train/models.py SIZES)")
+    _check_wheels_for_fresh(root, extra, fresh)
     meta = _read_meta(prep)
     new_parts, sizes = returned_parts(returned)
     latest = call.parent / "latest"

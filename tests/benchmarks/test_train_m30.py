@@ -98,7 +98,7 @@ def _prep(tmp_path) -> tuple[Path, Path]:
     (prep / "meta.json").write_text(json.dumps({"shards": [
         {"file": f"shard-{i:03d}.u16.xz", "bytes": b, "tokens": t} for i, (b, t) in enumerate(SHARDS)]}))
     (tmp_path / "whl").mkdir()
-    (tmp_path / "whl" / "pydantic.whl").write_bytes(b"\0" * WHEELS)
+    (tmp_path / "whl" / "pydantic-2.14.4-py3-none-any.whl").write_bytes(b"\0" * WHEELS)
     return prep, tmp_path / "whl"
 
 

@@ -363,9 +363,37 @@ def _driver_with_recording_python(tmp_path: Path, python: str) -> Path:
     shim = tmp_path / "bin" / "python3"
     shim.parent.mkdir()
     shim.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train.train" ]; then\n'
-                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\nexec {python} "$@"\n')
+                    f'  echo "$*" >> "$ARGV_LOG"; exit 0\nfi\n'
+                    f'if [ "$1 $2" = "-m pip" ] && [ -n "${{PIP_OK:-}}" ]; then exit 0; fi\nexec {python} "$@"\n')
     shim.chmod(0o755)
     return shim.parent
+
+
+def test_train_refs_refuses_a_fresh_start_without_pydantic_wheels_before_any_trainer(tmp_path):
+    """Session 28's first KDA call staged a fresh start with no wheels carried: the trainer stopped at model build
+    with a traceback (ModuleNotFoundError: pydantic). The driver now says so in one line, exit 2, no trainer run;
+    a resume without wheels still runs (only the decay report is skipped)."""
+    bindir = _driver_with_recording_python(tmp_path, shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3")
+    (tmp_path / ".dev/train/call").mkdir(parents=True)
+
+    def run(fresh: list[str]) -> tuple[int, str, str]:
+        (tmp_path / ".dev/train/call/staged.json").write_text(json.dumps(
+            {"shards": [], "tokens": 0, "families": ["kda"], "fresh": fresh}))
+        out = tmp_path / f"out-{len(fresh)}"
+        out.mkdir()
+        env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "kda", "FLA_PROBE": "0",
+               "ARGV_LOG": str(tmp_path / f"argv-{len(fresh)}")}
+        r = subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        argv = tmp_path / f"argv-{len(fresh)}"
+        return r.returncode, (out / "run.log").read_text(), argv.read_text() if argv.exists() else ""
+
+    rc, log, argv = run(["kda"])
+    assert rc == 2 and argv == ""
+    assert "error: .dev/train/whl: no pydantic wheels, and kda start(s) fresh" in log
+    rc, log, argv = run([])
+    assert rc == 0 and "pydantic wheels missing: the decay report will be skipped" in log
+    assert argv.split()[3] == "kda"
 
 
 def test_train_refs_gives_each_family_its_own_flags(tmp_path):
@@ -425,7 +453,7 @@ def test_train_refs_fresh_start_after_a_resume_on_a_warm_machine_starts_fresh(tm
         out = tmp_path / f"out-{fresh}"
         out.mkdir()
         env = {"PATH": f"{bindir}:/usr/bin:/bin", "OUT": str(out), "FAMILIES": "gdn", "FLA_PROBE": "0",
-               "ARGV_LOG": str(tmp_path / f"argv-{fresh}")}
+               "ARGV_LOG": str(tmp_path / f"argv-{fresh}"), "PIP_OK": "1"}
         subprocess.run(["bash", str(tmp_path / "benchmarks/h200/train_refs.sh"), "40"], env=env, capture_output=True,
                        text=True, timeout=120)
         return (tmp_path / f"argv-{fresh}").read_text()

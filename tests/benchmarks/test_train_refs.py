@@ -628,7 +628,14 @@ def test_stage_fresh_carries_no_checkpoint_of_that_family_and_keeps_latest(data_
     call = tmp_path / "dev" / "call"
     assert prepare.stage(prep, call, tmp_path / "returned", root, [], families=["gdn"])["resume"] == ["gdn"]
     latest = _snapshot(tmp_path / "dev" / "latest")
-    out = prepare.stage(prep, call, None, root, [], families=["gdn"], fresh=["gdn"])
+    before = _snapshot(call)
+    with pytest.raises(prepare.StageError, match=r"^--fresh gdn: a fresh start needs pydantic on the device"):
+        prepare.stage(prep, call, None, root, [], families=["gdn"], fresh=["gdn"])     # no wheels carried
+    assert _snapshot(call) == before
+    whl = tmp_path / "whl"
+    whl.mkdir()
+    (whl / "pydantic-2.14.4-py3-none-any.whl").write_bytes(b"\0")
+    out = prepare.stage(prep, call, None, root, [whl], families=["gdn"], fresh=["gdn"])
     assert out["resume"] == [] and not any((call / "resume").iterdir())
     assert json.loads((call / "staged.json").read_text())["fresh"] == ["gdn"]
     assert _snapshot(tmp_path / "dev" / "latest") == latest and latest
