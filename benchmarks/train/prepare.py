@@ -56,6 +56,7 @@ from dasc_compile.errors import DascInputError
 
 CALL_LIMIT = 64 * 2 ** 20          # what one device call carries: working tree + carried paths
 MARGIN = 2 * 2 ** 20               # room for the tree to grow between staging and the call
+WHEELS = Path(".dev/train/whl")      # the wheels train_refs.sh installs (pydantic: decay report, fresh starts)
 
 
 
@@ -161,21 +162,28 @@ def _check_places(prep: Path, call: Path, extra: list[Path]) -> None:
             hint = ("; it is the default: build the wheels as benchmarks/h200/README.md's training step 1 says, or "
                     "give a bare --also-carried to carry none (a resume then skips the decay report; a fresh "
                     "start needs them)"
-                    if e == Path(".dev/train/whl") else "")
+                    if e == WHEELS else "")
             raise StageError(f"--also-carried {e}: expected an existing folder (a carried path counted against the "
                              f"64 MiB), got {'a file' if e.exists() else 'nothing'}{hint} (nothing was changed)")
 
 
 def _check_wheels_for_fresh(root: Path, extra: list[Path], fresh) -> None:
     """A fresh start draws its decays with dasc's compiler (``dasc_compile.refckpt``), which imports pydantic; the
-    device image has none, so train_refs.sh installs it from the carried ``.dev/train/whl`` (the default
-    ``--also-carried``; a carried folder holding ``pydantic-*.whl`` passes). Without those wheels
-    the trainer would stop at model build with a traceback, after the call's start-up was paid."""
-    if fresh and not any(any((root / e).glob("pydantic-*.whl")) for e in extra):
+    device image has none, and train_refs.sh installs it from the carried :data:`WHEELS` folder only (the default
+    ``--also-carried``), so that folder must travel with pydantic's and pydantic_core's wheels. Without them the
+    trainer would stop at model build with a traceback, after the call's start-up was paid."""
+    if not fresh:
+        return
+    want = (root / WHEELS).resolve()
+    if not any((root / e).resolve() == want for e in extra):
+        given = " ".join(map(str, extra)) or "none (a bare --also-carried)"
         raise StageError(f"--fresh {' '.join(fresh)}: a fresh start needs pydantic on the device (its decay "
-                         f"initialisation uses dasc's compiler): carry .dev/train/whl with the pydantic wheels "
-                         f"(benchmarks/h200/README.md, training step 1), not a bare --also-carried (nothing was "
-                         f"changed)")
+                         f"initialisation uses dasc's compiler), which train_refs.sh installs from {WHEELS} only: "
+                         f"carry it (the default --also-carried; carried now: {given}) (nothing was changed)")
+    missing = [w for w in ("pydantic-*.whl", "pydantic_core-*.whl") if not any(want.glob(w))]
+    if missing:
+        raise StageError(f"--fresh {' '.join(fresh)}: {WHEELS} holds no {' / '.join(missing)}: build the wheels as "
+                         f"benchmarks/h200/README.md's training step 1 says (nothing was changed)")
 
 
 def _read_meta(prep: Path) -> dict:
@@ -202,8 +210,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
 
     Raises:
         StageError: no readable ``prep``, a missing or damaged ``returned`` or ``latest/`` part, ``fresh`` not
-            among ``families``, a ``fresh`` family without the pydantic wheels of ``.dev/train/whl`` in a
-            folder of ``extra``, a checkpoint to resume of another size, ``families`` whose checkpoints leave no
+            among ``families``, a ``fresh`` family without :data:`WHEELS` (with pydantic's wheels) among
+            ``extra``, a checkpoint to resume of another size, ``families`` whose checkpoints leave no
             room for the next shard, or a return over 8 files / 64 MiB (the staged call is left as it was).
     """
     if len(set(families)) != len(families) or len(set(fresh)) != len(fresh):
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--size", default="ref", help=f"the size the families train at, one of {', '.join(SIZES)} "
                    "(benchmarks/train/models.py; recorded in staged.json, given to the trainers by train_refs.sh)")
     s.add_argument("--check", action="store_true", help="measure and print what would be staged; change nothing")
-    s.add_argument("--also-carried", type=Path, nargs="*", default=[Path(".dev/train/whl")],
+    s.add_argument("--also-carried", type=Path, nargs="*", default=[WHEELS],
                    help="other carried folders counted against the 64 MiB")
     a = ap.parse_args(argv)
     if a.cmd == "data":

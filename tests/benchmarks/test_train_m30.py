@@ -98,7 +98,8 @@ def _prep(tmp_path) -> tuple[Path, Path]:
     (prep / "meta.json").write_text(json.dumps({"shards": [
         {"file": f"shard-{i:03d}.u16.xz", "bytes": b, "tokens": t} for i, (b, t) in enumerate(SHARDS)]}))
     (tmp_path / "whl").mkdir()
-    (tmp_path / "whl" / "pydantic-2.14.4-py3-none-any.whl").write_bytes(b"\0" * WHEELS)
+    (tmp_path / "whl" / "pydantic-2.14.4-py3-none-any.whl").write_bytes(b"\0" * (WHEELS - 1))
+    (tmp_path / "whl" / "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.whl").write_bytes(b"\0")
     return prep, tmp_path / "whl"
 
 
@@ -144,6 +145,7 @@ def test_stage_refuses_two_m30_families_whose_return_is_over_64_mib(tmp_path, ca
     """Out: run.log + summary.json + 3 parts per m30 family; two are 8 files and ~86-88 MiB."""
     monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_ALL_PARKED)
     prep, whl = _prep(tmp_path)
+    monkeypatch.setattr(prepare, "WHEELS", whl)         # where train_refs.sh installs them from
     call = tmp_path / "dev" / "call"
     rc, _, err = _stage(capsys, prep, whl, call, "--families", "gdn", "mamba2", "--fresh", "gdn", "mamba2",
                         "--size", "m30")

@@ -629,12 +629,19 @@ def test_stage_fresh_carries_no_checkpoint_of_that_family_and_keeps_latest(data_
     assert prepare.stage(prep, call, tmp_path / "returned", root, [], families=["gdn"])["resume"] == ["gdn"]
     latest = _snapshot(tmp_path / "dev" / "latest")
     before = _snapshot(call)
-    with pytest.raises(prepare.StageError, match=r"^--fresh gdn: a fresh start needs pydantic on the device"):
-        prepare.stage(prep, call, None, root, [], families=["gdn"], fresh=["gdn"])     # no wheels carried
-    assert _snapshot(call) == before
     whl = tmp_path / "whl"
     whl.mkdir()
+    monkeypatch.setattr(prepare, "WHEELS", whl)          # the folder train_refs.sh installs from
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "pydantic-2.14.4-py3-none-any.whl").write_bytes(b"\0")
+    for extra, says in (([], "carried now: none (a bare --also-carried)"), ([other], f"carried now: {other}"),
+                        ([whl], "holds no pydantic-*.whl / pydantic_core-*.whl")):
+        with pytest.raises(prepare.StageError, match=r"^--fresh gdn: ") as exc:
+            prepare.stage(prep, call, None, root, extra, families=["gdn"], fresh=["gdn"])
+        assert says in str(exc.value) and _snapshot(call) == before
     (whl / "pydantic-2.14.4-py3-none-any.whl").write_bytes(b"\0")
+    (whl / "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.whl").write_bytes(b"\0")
     out = prepare.stage(prep, call, None, root, [whl], families=["gdn"], fresh=["gdn"])
     assert out["resume"] == [] and not any((call / "resume").iterdir())
     assert json.loads((call / "staged.json").read_text())["fresh"] == ["gdn"]

@@ -43,6 +43,7 @@ def staged(tmp_path, capsys, monkeypatch):
     parked checkout of 2026-12-03, so that shards fit)."""
     monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_ALL_PARKED)
     prep, whl = _prep(tmp_path)
+    monkeypatch.setattr(prepare, "WHEELS", whl)         # where train_refs.sh installs them from
     call = tmp_path / "dev" / "call"
     ref = _packed(tmp_path, "gdn", "ref", "ret-ref")
     rc, _, err = _stage(capsys, prep, whl, call, "--returned", str(ref), "--families", "gdn")
