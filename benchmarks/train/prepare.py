@@ -274,7 +274,8 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
         raise StageError(f"{tag}: no shard fits: {used / 2**20:.1f} MiB are taken before any data (tree "
                          f"{tree / 2**20:.1f}, packed checkpoints to resume {ck / 2**20:.1f}, tokenizer and other "
                          f"carried {(used - tree - ck) / 2**20:.1f}; limit 64 MiB less {MARGIN / 2**20:.0f} of "
-                         f"margin); stage fewer --families, or {park} (nothing was changed)")
+                         f"margin); {'stage fewer --families, or ' if len(families) > 1 else ''}{park} (nothing "
+                         f"was changed)")
     plan = {"size": size, "resume_mib": round(ck / 2 ** 20, 2), "tree_mib": round(tree / 2 ** 20, 2),
             "return_files": n_files, "return_mib": round(n_bytes / 2 ** 20, 2)}
     if check:

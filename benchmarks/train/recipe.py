@@ -58,8 +58,8 @@ def check(a) -> str | None:
         return f"--copy-frac {a.copy_frac}: expected a share in [0, 1]"
     if a.copy_frac and not a.recall_frac:
         return "--copy-frac: a share of the recall rows, and --recall-frac is 0"
-    if not a.attn_lr_mult > 0:
-        return f"--attn-lr-mult {a.attn_lr_mult}: expected a positive factor"
+    if not (a.attn_lr_mult > 0 and math.isfinite(a.attn_lr_mult)):
+        return f"--attn-lr-mult {a.attn_lr_mult}: expected a positive, finite factor"
     if a.stage_tokens is not None:
         if not (math.isfinite(a.stage_tokens) and a.stage_tokens >= a.seq * a.batch):
             return f"--stage-tokens {a.stage_tokens:g}: expected at least one step's tokens (--seq x --batch = {a.seq * a.batch})"

@@ -345,7 +345,7 @@ def test_trainer_runs_the_recipe_records_it_and_resumes_under_another_grouping(d
 
 
 @pytest.mark.parametrize("flag, value", [("--recall-min-gap", "97"), ("--copy-frac", "1.5"),
-                                         ("--attn-lr-mult", "0")])
+                                         ("--attn-lr-mult", "0"), ("--attn-lr-mult", "inf")])
 def test_trainer_refuses_bad_recipe_flags_in_one_line(data_dir, tmp_path, capsys, flag, value):
     from benchmarks.train.train import main
 
