@@ -76,8 +76,8 @@ def row_entropy(probs: torch.Tensor) -> torch.Tensor:
 
 def _helpers(tok) -> Batches:
     """data.py's Batches, used only for its helpers (``_enc``, ``_filler``, ``keys``, ``_keys``, ``_value``): the
-    placeholder token stream is never drawn from."""
-    return Batches(np.zeros(200, dtype=np.uint16), tok, seq=64, batch=1, seed=0, recall_frac=1.0)
+    placeholder token stream is never drawn from (no recall rows: a seq this short could not hold one)."""
+    return Batches(np.zeros(200, dtype=np.uint16), tok, seq=64, batch=1, seed=0, recall_frac=0.0)
 
 
 def build_prompt(b: Batches, gap: int, seed: int, n_distract: int, template: int) -> dict:

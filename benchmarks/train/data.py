@@ -152,7 +152,7 @@ class Batches:
             raise ValueError(f"seq {seq} is too short for copy rows with a gap of {min_gap} (they need {longest})")
         self._filler = [self._enc(" " + s) for s in FILLER]
         self.keys = [f"{a}-{b}" for a in ADJECTIVES for b in ANIMALS if f"{a}-{b}" not in EVAL_KEYS]
-        self._needle_fixed, self._lookup = self._longest_parts()
+        self._needle_fixed, self._lookup = self._longest_parts() if recall_frac else (0, 0)   # no recall rows
         if recall_frac and seq + 1 - self._needle_fixed < max(1, self.min_gap):
             most = seq + 1 - self._needle_fixed
             raise ValueError(f"seq {seq} is too short for the recall rows with a gap of {min_gap}: a needle row "
@@ -167,7 +167,7 @@ class Batches:
         v, n_keys = "9" * 6, len(self.keys)
         texts = [t.format(k=k, v=v) for nt, qt, at in TEMPLATES for t in (nt, qt, at) for k in self.keys]
         texts += [f"\nLookup {k}:" + f" {v}" for k in self.keys]
-        lens = [len(e.ids) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        lens = [len(self._enc(t)) for t in texts]
         per = [lens[i * n_keys:(i + 1) * n_keys] for i in range(3 * len(TEMPLATES) + 1)]
         needle = max(a + b + c for t in range(len(TEMPLATES)) for a, b, c in zip(*per[3 * t:3 * t + 3]))
         return needle, max(per[-1])
