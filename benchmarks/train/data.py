@@ -153,24 +153,22 @@ class Batches:
         self._filler = [self._enc(" " + s) for s in FILLER]
         self.keys = [f"{a}-{b}" for a in ADJECTIVES for b in ANIMALS if f"{a}-{b}" not in EVAL_KEYS]
         self._needle_fixed, self._lookup = self._longest_parts() if recall_frac else (0, 0)   # no recall rows
-        if recall_frac and seq + 1 - self._needle_fixed < max(1, self.min_gap):
-            most = seq + 1 - self._needle_fixed
+        most = seq + 1 - self._needle_fixed                  # the largest gap a needle row can always hold
+        if recall_frac and most < max(1, self.min_gap):
+            need = self._needle_fixed + max(1, self.min_gap) - 1
+            fix = f"the gap can be at most {most} (or seq at least {need})" if most >= 1 else \
+                f"seq must be at least {need}"
             raise ValueError(f"seq {seq} is too short for the recall rows with a gap of {min_gap}: a needle row "
                              f"spends up to {self._needle_fixed} tokens on one needle, its question and answer, so "
-                             + (f"the gap can be at most {most} (or seq at least {{}})" if most >= 1 else
-                                "seq must be at least {}").format(self._needle_fixed + max(1, self.min_gap) - 1))
+                             f"{fix}")
 
     def _longest_parts(self) -> tuple[int, int]:
         """(tokens, at most, of one needle plus its question and answer; of one kv lookup and its answer) over
         every key and template, with a value at its longest (6 digits: the recall rows' worst case, so a row that
         passes the constructor's check always fits; the needle rows' and kv rows' guarantees rest on it)."""
-        v, n_keys = "9" * 6, len(self.keys)
-        texts = [t.format(k=k, v=v) for nt, qt, at in TEMPLATES for t in (nt, qt, at) for k in self.keys]
-        texts += [f"\nLookup {k}:" + f" {v}" for k in self.keys]
-        lens = [len(self._enc(t)) for t in texts]
-        per = [lens[i * n_keys:(i + 1) * n_keys] for i in range(3 * len(TEMPLATES) + 1)]
-        needle = max(a + b + c for t in range(len(TEMPLATES)) for a, b, c in zip(*per[3 * t:3 * t + 3]))
-        return needle, max(per[-1])
+        v = "9" * 6
+        needle = max(sum(len(self._enc(t.format(k=k, v=v))) for t in tpl) for tpl in TEMPLATES for k in self.keys)
+        return needle, max(len(self._enc(f"\nLookup {k}: {v}")) for k in self.keys)
 
     def _enc(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
