@@ -11,7 +11,7 @@
 #     checkpoints travel packed); S: their size (benchmarks/train/models.py SIZES, default ref; staged.json keeps
 #     it and this script gives it to the trainers); --check prints the plan below and changes nothing
 # What fits one call, measured 2026-12-03 by `prepare stage --check`, the tree again 2026-12-04 (stage refuses, in
-# one line, a call over either limit). In, at most 64 MiB: the tree (135.9 MiB unparked; 25.5 after `python -m
+# one line, a call over either limit). In, at most 64 MiB: the tree (~194 MiB unparked since the KDA m30 bundle; 25.5 after `python -m
 # benchmarks.h200.park park bundles`; 10.8 after `park benchmarks/results` too, 4.6 after `park benchmarks/traces`
 # as well, or all three at once: `park bundles benchmarks/results benchmarks/traces`: parked files do
 # not travel, and no training call reads them) + wheels 2.7 (.dev/train/whl;

@@ -88,7 +88,7 @@ def test_bundled_total_size_is_small():
                   if p.is_file() and not any(d in p.parents for d in trained))
     assert carried < 2 * 1024 * 1024
     assert {d.name for d in trained} >= {"kda-hybrid-3m-sharegpt", "gdn-hybrid-11m-sharegpt", "kda-hybrid-11m-sharegpt",
-                                       "gdn-hybrid-30m-sharegpt"}
+                                       "gdn-hybrid-30m-sharegpt", "kda-hybrid-30m-sharegpt"}
     assert max(p.stat().st_size for d in trained for p in d.rglob("*") if p.is_file()) <= 16 * 2 ** 20
 
 
