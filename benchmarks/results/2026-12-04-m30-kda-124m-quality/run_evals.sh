@@ -10,8 +10,8 @@ date
 $PY cli.py eval $B $PLANS $A --sharegpt 24 --retrieval 6 --prefix-len 512 --json $E/kda-512.json --plot $E/kda-512.png > $E/e512.log 2>&1 &
 $PY cli.py eval $B $PLANS $A --sharegpt 12 --retrieval 4 --prefix-len 2048 --json $E/kda-2048.json --plot $E/kda-2048.png > $E/e2048.log 2>&1 &
 wait; date
-$PY cli.py eval $B --horizons --sharegpt 32 --prefix-len 1024 --init-from $I --json $E/kda-horizons.json > $E/hz.log 2>&1 &
 $PY cli.py eval $B $PLANS $A --sharegpt 24 --retrieval 6 --prefix-len 512 --sharegpt-offset 1000 --seed 1 --json $E/kda-512-d1.json --plot $E/kda-512-d1.png > $E/e512d1.log 2>&1 &
+$PY cli.py eval $B --horizons --sharegpt 32 --prefix-len 1024 --init-from $I --json $E/kda-horizons.json > $E/hz.log 2>&1
+# once the horizons were done (the session started this one by hand, beside the running 512 eval):
+$PY cli.py eval $B $PLANS $A --sharegpt 12 --retrieval 4 --prefix-len 2048 --sharegpt-offset 1000 --seed 1 --json $E/kda-2048-d1.json --plot $E/kda-2048-d1.png > $E/e2048d1.log 2>&1 &
 wait; date; echo ALLDONE
-# started by hand beside the last eval once the horizons run had finished (the same flags, prefix 2048, new draw):
-# $PY cli.py eval $B $PLANS $A --sharegpt 12 --retrieval 4 --prefix-len 2048 --sharegpt-offset 1000 --seed 1 --json $E/kda-2048-d1.json --plot $E/kda-2048-d1.png > $E/e2048d1.log 2>&1
