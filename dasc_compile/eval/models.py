@@ -120,8 +120,12 @@ class EvalModel:
 
 
 def _read_config(path: Path) -> dict:
+    if not path.exists():
+        raise DascInputError(f"{path}: no such directory (dasc eval needs a model directory holding config.json "
+                             f"and the weights)")
     if not path.is_dir():
-        raise DascInputError(f"{path}: dasc eval needs a model directory holding config.json and the weights")
+        raise DascInputError(f"{path}: not a directory; dasc eval needs a model directory holding config.json and "
+                             f"the weights")
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise DascInputError(f"{cfg_path}: not found (dasc eval needs a Hugging Face model directory)")

@@ -165,3 +165,12 @@ def test_init_from_a_missing_folder_names_the_flag(gdn_dir, tmp_path):
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "dense,init", "--init-from",
                                 tmp_path / "nowhere"))
     assert line.startswith(f"error: --init-from {tmp_path / 'nowhere'}: does not exist")
+
+
+def test_a_missing_or_non_folder_model_says_which(gdn_dir, tmp_path):
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    gone = tmp_path / "nowhere"
+    assert _one_error_line(_cli("eval", gone, "--plan", plan)).startswith(f"error: {gone}: no such directory")
+    afile = tmp_path / "weights.bin"
+    afile.write_bytes(b"x")
+    assert _one_error_line(_cli("eval", afile, "--plan", plan)).startswith(f"error: {afile}: not a directory")
