@@ -15,3 +15,5 @@ $PY cli.py eval $B --horizons --sharegpt 32 --prefix-len 1024 --init-from $I --j
 # once the horizons were done (the session started this one by hand, beside the running 512 eval):
 $PY cli.py eval $B $PLANS $A --sharegpt 12 --retrieval 4 --prefix-len 2048 --sharegpt-offset 1000 --seed 1 --json $E/kda-2048-d1.json --plot $E/kda-2048-d1.png > $E/e2048d1.log 2>&1 &
 wait; date; echo ALLDONE
+# a third draw, run after the tables above were read (the pairings against init were weak):
+$PY cli.py eval $B $PLANS $A --sharegpt 24 --retrieval 0 --prefix-len 512 --sharegpt-offset 1500 --seed 2 --json $E/kda-512-d2.json --plot $E/kda-512-d2.png > $E/e512d2.log 2>&1
