@@ -11,10 +11,10 @@
 #     checkpoints travel packed); S: their size (benchmarks/train/models.py SIZES, default ref; staged.json keeps
 #     it and this script gives it to the trainers); --check prints the plan below and changes nothing
 # What fits one call, measured 2026-12-03 by `prepare stage --check`, the tree again 2026-12-04 (stage refuses, in
-# one line, a call over either limit). In, at most 64 MiB: the tree (~194 MiB unparked since the KDA m30 bundle; 25.5 after `python -m
-# benchmarks.h200.park park bundles`; 10.8 after `park benchmarks/results` too, 4.6 after `park benchmarks/traces`
-# as well, or all three at once: `park bundles benchmarks/results benchmarks/traces`: parked files do
-# not travel, and no training call reads them) + wheels 2.7 (.dev/train/whl;
+# one line, a call over either limit). In, at most 64 MiB: the tree (~194 MiB unparked since the KDA m30 bundle;
+# 25.5 after `python -m benchmarks.h200.park park bundles`; 10.8 after `park benchmarks/results` too, 4.6 after
+# `park benchmarks/traces` as well, or all three at once: `park bundles benchmarks/results benchmarks/traces`:
+# parked files do not travel, and no training call reads them) + wheels 2.7 (.dev/train/whl;
 # `--also-carried` with no folder drops them, and the decay report with them) + tokenizer 0.7 + 2 of margin, then
 # the packed checkpoints to resume with their training state (ref: gdn 14.6 / kda 15.7 / mamba2 15.9 MiB; m30:
 # gdn 42.8 / kda 40.5 / mamba2 42.2 MiB, 3 parts), then data shards of ~2.6 MiB / 4.2M tokens (7, 27.8M tokens).
