@@ -90,7 +90,7 @@ def rebuild(trained: Path, out: Path) -> dict:
             decays differ from the recorded initial ones (more than rounding).
     """
     from benchmarks.train.models import build_model, is_decay, save_checkpoint
-    from benchmarks.train.recipe import decay_init_of, rope_of
+    from benchmarks.train.recipe import attention_of, decay_init_of, rope_of
     from benchmarks.train.tokenizer import EOS, load_tokenizer
     from benchmarks.train.train import _sha, _versions
 
@@ -98,7 +98,7 @@ def rebuild(trained: Path, out: Path) -> dict:
     state, init = _recorded(trained)
     tok = load_tokenizer(trained)
     model = build_model(state["family"], state["size"], tok.get_vocab_size(), tok.token_to_id(EOS), state["seed"],
-                        decay_init_of(state), rope=rope_of(state))
+                        decay_init_of(state), rope=rope_of(state), attention=attention_of(state))
     max_diff = 0.0
     for n, p in model.named_parameters():
         if is_decay(n) and f"live:{n}" not in init:

@@ -75,27 +75,32 @@ SIZES = {
 }
 
 
-def layer_types(n_layers: int) -> list[str]:
-    """Every 4th layer full attention (Qwen3-Next's and Kimi-Linear's 3 : 1)."""
-    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layers)]
+def layer_types(n_layers: int, attention: bool = True) -> list[str]:
+    """Every 4th layer full attention (Qwen3-Next's and Kimi-Linear's 3 : 1); ``attention=False``: every layer
+    recurrent (the control in which only the recurrent state can carry the prefix: no exact KV to read back)."""
+    return ["full_attention" if attention and (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layers)]
 
 
-def nemotron_pattern(n_mixers: int) -> str:
+def nemotron_pattern(n_mixers: int, attention: bool = True) -> str:
     """Nemotron-H blocks for ``layer_types(n_mixers)``: M (Mamba2) or * (attention), each followed by an
     MLP (-) unless the next mixer is attention (released: ``M-M-M-M*-``); 8 mixers: ``M-M-M*-M-M-M*-``."""
-    kinds = layer_types(n_mixers)
+    kinds = layer_types(n_mixers, attention)
     return "".join(("*" if k == "full_attention" else "M") + ("" if nxt == "full_attention" else "-")
                    for k, nxt in zip(kinds, kinds[1:] + [None]))
 
 
-def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: int = 8192, rope: bool = True):
+def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: int = 8192, rope: bool = True,
+                 attention: bool = True):
     """The transformers config of one reference model. ``rope=False`` (gdn only) gives Qwen3-Next's attention
     no rotary dimensions (``partial_rotary_factor`` 0: position-free, as Kimi-Linear's MLA is), the one change
     between a GDN reference and its no-RoPE control; the parameters, hence the seeded initialisation, are the
-    same (the rotary embedding has none).
+    same (the rotary embedding has none). ``attention=False``: every mixer recurrent (:func:`layer_types`), the
+    same classes and sizes otherwise; the control in which retrieval must come from the recurrent state
+    (``dasc eval`` runs it with transformers >= 5.17).
 
     Raises:
-        ValueError: unknown ``family`` or ``size``; ``rope=False`` for a family without rotary attention.
+        ValueError: unknown ``family`` or ``size``; ``rope=False`` for a family without rotary attention, or
+            together with ``attention=False``.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
@@ -103,10 +108,12 @@ def model_config(family: str, size: str, vocab_size: int, eos_id: int, max_len: 
         raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
     if not rope and family != "gdn":
         raise ValueError(f"rope=False: only gdn (Qwen3-Next) has rotary attention to switch off, not {family}")
+    if not rope and not attention:
+        raise ValueError("rope=False with attention=False: without attention layers there is no rotary embedding")
     s = SIZES[size]
     if family == "mamba2":
-        return _nemotron_config(s, vocab_size, eos_id, max_len)
-    kinds = layer_types(s["layers"])
+        return _nemotron_config(s, vocab_size, eos_id, max_len, attention)
+    kinds = layer_types(s["layers"], attention)
     common = dict(vocab_size=vocab_size, hidden_size=s["hidden"], intermediate_size=s["mlp"],
                   num_hidden_layers=s["layers"], layer_types=kinds, num_attention_heads=s["attn_heads"],
                   # Kimi's MLA attention has one key/value per head (no grouped-query sharing)
@@ -149,7 +156,7 @@ def nemotron_block_types(config_cls, pattern: str) -> list[str]:
     return [names[c] for c in pattern]
 
 
-def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
+def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int, attention: bool = True):
     from transformers import NemotronHConfig
 
     # time steps as released: dt_0 log-uniform in [1e-3, 0.1] at init, time_step_limit (0, inf) (no clamp in
@@ -158,7 +165,7 @@ def _nemotron_config(s: dict, vocab_size: int, eos_id: int, max_len: int):
     # and picks kernels where installed, but not in training: the scan is replaced there).
     return NemotronHConfig(
         vocab_size=vocab_size, hidden_size=s["hidden"],
-        layers_block_type=nemotron_block_types(NemotronHConfig, nemotron_pattern(s["layers"])),
+        layers_block_type=nemotron_block_types(NemotronHConfig, nemotron_pattern(s["layers"], attention)),
         intermediate_size=s["m2_mlp"], num_attention_heads=s["attn_heads"], num_key_value_heads=s["attn_kv"],
         head_dim=s["attn_dim"], mamba_num_heads=s["m2_h"], mamba_head_dim=s["m2_p"], ssm_state_size=s["m2_n"],
         n_groups=s["m2_g"], conv_kernel=s["m2_k"], chunk_size=s["m2_chunk"],
@@ -182,15 +189,16 @@ DEFAULT_DECAY_INIT = {"gdn": "log-uniform-dt", "kda": "transformers", "mamba2": 
 
 
 def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int, decay_init: str | None = None,
-                rope: bool = True):
-    """The initialised model, fp32 on the CPU (``rope``: :func:`model_config`). The initialisation depends only on ``seed``,
-    ``decay_init`` (default :data:`DEFAULT_DECAY_INIT` of the family; see :data:`DECAY_INITS`) and the
+                rope: bool = True, attention: bool = True):
+    """The initialised model, fp32 on the CPU (``rope``, ``attention``: :func:`model_config`). The initialisation
+    depends only on ``seed``, ``decay_init`` (default :data:`DEFAULT_DECAY_INIT` of the family; see :data:`DECAY_INITS`),
+    the architecture and the
     torch / transformers versions, recorded in provenance: it runs on the CPU generator, whatever device
     training uses, so ``dasc eval``'s init control can rebuild it without a stored file.
 
     Raises:
         ValueError: an unknown ``decay_init``, or "log-uniform-dt" for a family other than gdn; ``rope=False``
-            for a family other than gdn.
+            for a family other than gdn or with ``attention=False``.
     """
     from transformers import AutoModelForCausalLM
 
@@ -200,7 +208,7 @@ def build_model(family: str, size: str, vocab_size: int, eos_id: int, seed: int,
     if decay_init not in DECAY_INITS or (decay_init == "log-uniform-dt" and family != "gdn"):
         allowed = DECAY_INITS if family == "gdn" else ("transformers",)
         raise ValueError(f"decay_init {decay_init!r} for {family}: expected one of {allowed}")
-    cfg = model_config(family, size, vocab_size, eos_id, rope=rope)
+    cfg = model_config(family, size, vocab_size, eos_id, rope=rope, attention=attention)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

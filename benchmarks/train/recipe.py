@@ -3,6 +3,10 @@
 Opt-in options of benchmarks/train/train.py (each default keeps the recipe, the token stream and the optimiser
 groups exactly as before they existed, so a run started without them resumes bit for bit):
 
+- ``--no-rope`` (gdn) and ``--no-attention``: architecture controls on a fresh start (attention without rotary
+  dimensions; no attention layers at all, benchmarks/train/models.py ``layer_types``), recorded in ``state.json``
+  and kept by every resume (:func:`check_architecture`);
+
 - ``--recall-min-gap TOKENS`` (0): every recall answer's source at least TOKENS before its question
   (benchmarks/train/data.py ``min_gap``);
 - ``--copy-frac F`` (0): share of the recall rows that are long-gap ``copy`` rows (data.py), scored per kind
@@ -35,6 +39,12 @@ from benchmarks.train.tokenizer import EOS
 
 def add_args(ap) -> None:
     """The opt-in options (module docstring) on the trainer's argparse parser."""
+    ap.add_argument("--no-rope", action="store_true",
+                    help="gdn: attention without rotary dimensions (position-free, as Kimi-Linear's MLA; the control "
+                         "for whether RoPE matters to learning recall); a resume keeps its own (refused on a RoPE one)")
+    ap.add_argument("--no-attention", action="store_true",
+                    help="every mixer recurrent, no attention layer (the control in which recall must live in the "
+                         "recurrent state); a resume keeps its own (refused on one with attention)")
     ap.add_argument("--recall-min-gap", type=int, default=0, metavar="TOKENS",
                     help="least distance from each recall answer's source to its question (0: any depth)")
     ap.add_argument("--copy-frac", type=float, default=0.0,
@@ -106,6 +116,32 @@ def rope_of(state: dict) -> bool:
     return state.get("rope", True)
 
 
+def attention_of(state: dict) -> bool:
+    """Whether a run's model has attention layers (``--no-attention`` fresh starts record False; runs begun
+    before the choice existed had them)."""
+    return state.get("attention", True)
+
+
+def check_architecture(a, resumed: dict | None) -> str | None:
+    """What is wrong with ``--no-rope`` / ``--no-attention`` (and the options that act on attention layers) for
+    the family and, on a resume, for the architecture recorded in the checkpoint's state ``resumed`` (a resume
+    keeps its own; the flags may be left out there), in one line; or None."""
+    if a.no_rope and a.family != "gdn":
+        return f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}"
+    if a.no_rope and a.no_attention:
+        return "--no-rope with --no-attention: a model without attention layers has no rotary embedding to switch off"
+    if resumed is not None:
+        for flag, given, had, what in (("--no-rope", a.no_rope, rope_of(resumed), "RoPE"),
+                                       ("--no-attention", a.no_attention, attention_of(resumed), "attention layers")):
+            if given and had:
+                return (f"{flag}: {a.resume} was trained with {what}, and a resume keeps its own architecture "
+                        f"(give {flag} on a fresh start, or resume without it)")
+    if (a.no_attention or (resumed is not None and not attention_of(resumed))) and (
+            a.attn_lr_mult != 1.0 or a.log_attn_entropy):
+        return "--attn-lr-mult / --log-attn-entropy act on attention layers, and this model has none (--no-attention)"
+    return None
+
+
 def _recall_text(a) -> str:
     kinds = "needle and key-value" + (f" recall, {a.copy_frac:.0%} of it long-gap copy rows" if a.copy_frac
                                       else " recall")
@@ -156,11 +192,14 @@ def provenance(a, state: dict, tok) -> dict:
                 "seed": a.seed}
     if a.attn_lr_mult != 1.0:
         training["attn_lr_mult"] = a.attn_lr_mult
-    return {
-        "model": {"gdn": "GDN hybrid, Qwen3-Next architecture (transformers Qwen3NextForCausalLM)",
+    model = {"gdn": "GDN hybrid, Qwen3-Next architecture (transformers Qwen3NextForCausalLM)",
                   "kda": "KDA hybrid, Kimi-Linear architecture (transformers KimiLinearForCausalLM)",
                   "mamba2": "Mamba2 hybrid, Nemotron-H architecture (transformers NemotronHForCausalLM), trained "
-                            "with dt unclamped (time_step_limit (0, inf), as mamba_ssm and SGLang)"}[a.family],
+                            "with dt unclamped (time_step_limit (0, inf), as mamba_ssm and SGLang)"}[a.family]
+    if not attention_of(state):
+        model = model.replace(" hybrid,", " model without attention layers (every mixer recurrent; --no-attention),")
+    return {
+        "model": model,
         "trained_by": "benchmarks/train/train.py (dasc), sessions driven by benchmarks/h200/train_refs.sh",
         "parameters": s[-1]["params"] if s else None,
         "tokenizer": json.loads((a.data / "tokenizer" / "tokenizer_config.json").read_text()).get("dasc_source"),
@@ -168,9 +207,11 @@ def provenance(a, state: dict, tok) -> dict:
         "data": data_description(a.data) | {"recall": _recall_text(a)},
         "training": training,
         "init": {"seed": a.seed, "decay_init": decay_init_of(state), "rope": rope_of(state),
+                 "attention": attention_of(state),
                  "rebuild": f"benchmarks.train.models.build_model('{a.family}', '{a.size}', "
                             f"{tok.get_vocab_size()}, {tok.token_to_id(EOS)}, {a.seed}, '{decay_init_of(state)}'"
-                            + ("" if rope_of(state) else ", rope=False") + ")",
+                            + ("" if rope_of(state) else ", rope=False")
+                            + ("" if attention_of(state) else ", attention=False") + ")",
                  "sha256_fp32": state["init_sha256"], "versions": state["init_versions"],
                  "decays": "train_state/init_decays.safetensors"},
         "sessions": [{k: v for k, v in x.items() if k not in ("shards",)} | {"shards": [y["file"] for y in x["shards"]]}

@@ -87,9 +87,6 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--decay-init", choices=DECAY_INITS, default=None,
                     help="how A_log/dt_bias start on a fresh start (default: the family's, benchmarks/train/models.py "
                          "DEFAULT_DECAY_INIT: log-uniform-dt for gdn, transformers otherwise); a resume keeps its own")
-    ap.add_argument("--no-rope", action="store_true",
-                    help="gdn: attention without rotary dimensions (position-free, as Kimi-Linear's MLA; the control "
-                         "for whether RoPE matters to learning recall); a resume keeps its own (refused on a RoPE one)")
     ap.add_argument("--seq", type=int_at_least(1), default=2560)
     ap.add_argument("--batch", type=int_at_least(1), default=16)
     ap.add_argument("--micro-batch", type=int_at_least(0), default=0, help="rows per forward pass (0: the whole batch)")
@@ -118,10 +115,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--commit", default=os.environ.get("DASC_COMMIT", "unknown"))
     a = ap.parse_args(argv)
     # checked before the model is built: a device call should not start to find a typo
-    if (err := recipe.check(a)) is not None:
+    if (err := recipe.check(a) or recipe.check_architecture(a, None)) is not None:
         _refuse(err)
-    if a.no_rope and a.family != "gdn":
-        _refuse(f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}")
     if not (a.data / "tokenizer" / "tokenizer.json").is_file() or not any(a.data.glob("shard-*.u16.xz")):
         _refuse(f"--data {a.data}: expected a folder with tokenizer/tokenizer.json and shard-*.u16.xz "
                 f"(python -m benchmarks.train.prepare data / stage)")
@@ -140,9 +135,8 @@ def parse(argv=None) -> argparse.Namespace:
             _refuse(f"--size {a.size}: {a.resume} was trained at --size {st.get('size', 'ref')}, and a resume keeps its "
                     f"own size (give that, or no --size)")
         a.size = st.get("size", "ref")       # what provenance's rebuild line names
-        if a.no_rope and recipe.rope_of(st):
-            _refuse(f"--no-rope: {a.resume} was trained with RoPE, and a resume keeps its own architecture "
-                    f"(give --no-rope on a fresh start, or resume without it)")
+        if (err := recipe.check_architecture(a, st)) is not None:
+            _refuse(err)
     a.size = a.size or "ref"
     try:
         dev = torch.device(a.device)
@@ -201,13 +195,14 @@ def start(a, tok):
     vocab, eos = tok.get_vocab_size(), tok.token_to_id(EOS)
     if a.resume is None:
         decay_init = a.decay_init or DEFAULT_DECAY_INIT[a.family]
-        model = build_model(a.family, a.size, vocab, eos, a.seed, decay_init, rope=not a.no_rope)
+        model = build_model(a.family, a.size, vocab, eos, a.seed, decay_init, rope=not a.no_rope,
+                            attention=not a.no_attention)
         tmp = a.out / f".init-{a.family}"
         save_checkpoint(model, tmp, None, None)
         init = checkpoint_decays(tmp) | {f"live:{k}": v for k, v in decays(model).items()}
         shutil.rmtree(tmp, ignore_errors=True)
         state = {"family": a.family, "size": a.size, "seed": a.seed, "decay_init": decay_init, "rope": not a.no_rope,
-                 "step": 0, "tokens": 0, "sessions": [],
+                 "attention": not a.no_attention, "step": 0, "tokens": 0, "sessions": [],
                  "init_sha256": _sha(model.state_dict()), "init_versions": _versions()}
         return model, state, init, None, None
     from safetensors.torch import load_file

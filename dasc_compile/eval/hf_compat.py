@@ -19,6 +19,10 @@ with it) and is tested at both ends of that range. What changed between the ends
 * A layer's type is ``attention`` / ``mamba`` (5.12's Mamba2 hybrids) or ``full_attention`` /
   ``linear_attention``; Falcon-H1's ``hybrid`` layers hold attention KV and a Mamba2 state in one cache
   layer: :func:`kv_layer_ids` (the layers with KV), :func:`reset_recurrent` (resets only the state).
+* A model without attention layers (every mixer recurrent) runs with a cache from 5.17 on, where the
+  forward takes the attention masks as a dict; its own mask and position code asks the cache for the
+  length it holds, which only an attention layer knows, and raises: :func:`attention_free_kwargs`,
+  :data:`MIN_TRANSFORMERS_ATTENTION_FREE` (5.12 builds the mask unconditionally and cannot run one).
 * Mamba2 mixers (Nemotron-H, Granite-4.0-H, Falcon-H1; :mod:`dasc_compile.eval.mamba2`): 5.12 has a
   ``torch_forward`` method that runs a multi-token call from a zero state and steps one token whenever
   the cache holds a state, and chooses mamba_ssm's CUDA kernels through the module flag
@@ -41,6 +45,8 @@ from dasc_compile.errors import DascInputError
 #: Lowest transformers dasc eval runs on, and the lowest with a Kimi-Linear (KDA) model.
 MIN_TRANSFORMERS = (5, 12)
 MIN_TRANSFORMERS_KDA = (5, 17)
+#: Lowest transformers that runs a model without attention layers over a cache (:func:`attention_free_kwargs`).
+MIN_TRANSFORMERS_ATTENTION_FREE = (5, 17)
 INSTALL_HINT = "pip install 'dasc[eval]' (in a checkout: pip install -e '.[eval]', or bash scripts/setup_env.sh)"
 
 
@@ -79,6 +85,17 @@ def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str 
 def cache_arg(model) -> str:
     """The name ``model.forward`` takes the cache under: ``cache`` where the model has it, else ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def attention_free_kwargs(ids: torch.Tensor) -> dict:
+    """Extra ``forward`` arguments for a model without attention layers, for ``ids`` (int64 ``[B, T]``):
+    ``position_ids`` (no layer reads them, so their values change no output; given so that the forward does
+    not ask the cache for its length) and ``attention_mask`` as the per-layer-kind dict the forward
+    takes instead of building masks (no padding: no mask). Needs transformers >= 5.17
+    (:data:`MIN_TRANSFORMERS_ATTENTION_FREE`); transformers' Qwen3-Next, Kimi-Linear and Nemotron-H forwards
+    (``modeling_*.py``: ``causal_mask_mapping``)."""
+    return {"position_ids": torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand(ids.shape[0], -1),
+            "attention_mask": {"full_attention": None, "linear_attention": None}}
 
 
 def _first(state):

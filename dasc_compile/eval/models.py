@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_KDA, cache_arg, kv_layer_ids, pin_torch_kernels,
-                                         require_transformers)
+from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_ATTENTION_FREE, MIN_TRANSFORMERS_KDA, attention_free_kwargs,
+                                         cache_arg, kv_layer_ids, pin_torch_kernels, require_transformers)
 from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
 
 
@@ -116,7 +116,8 @@ class EvalModel:
                          + [self._call(ids[:, t:t + 1], cache) for t in range(n, ids.shape[1])], dim=1)
 
     def _call(self, ids: torch.Tensor, cache) -> torch.Tensor:
-        return self.model(input_ids=ids, use_cache=True, **{self.cache_arg: cache}).logits.float()
+        kw = {} if self.attention_layer_ids else attention_free_kwargs(ids)
+        return self.model(input_ids=ids, use_cache=True, **{self.cache_arg: cache}, **kw).logits.float()
 
 
 def _read_config(path: Path) -> dict:
@@ -410,6 +411,9 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     mixers, heads, uph = recurrent_mixers(model)
     if not mixers:
         raise DascInputError(f"{path}: the model has no recurrent (linear-attention) layers; nothing for a plan to compress")
+    attention = kv_layer_ids(model.config.get_text_config().layer_types)
+    if not attention:
+        require_transformers(MIN_TRANSFORMERS_ATTENTION_FREE, f"dasc eval of a model without attention layers ({path})")
     max_chunk = observe_mamba2(mixers)          # acts on Mamba2 mixers only, whatever the family
     try:
         dev = torch.device(device)
@@ -417,6 +421,6 @@ def load_eval_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     except (RuntimeError, AssertionError) as exc:
         raise DascInputError(f"--device {device}: cannot use this device ({str(exc).splitlines()[0]})") from None
     return EvalModel(model=model, family=family, layer_ids=sorted(mixers), mixers=mixers, num_heads=heads,
-                     units_per_head=uph, attention_layer_ids=kv_layer_ids(model.config.get_text_config().layer_types),
+                     units_per_head=uph, attention_layer_ids=attention,
                      tokenizer=tokenizer or load_tokenizer(path, cfg), device=dev, config=cfg,
                      cache_arg=cache_arg(model), max_chunk=max_chunk)

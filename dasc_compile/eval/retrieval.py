@@ -13,9 +13,10 @@ The suffix asks for the queried key's value; the answer is the value (its tokens
 ``dasc eval`` scores: greedy exact match). Each prompt records its ``distance``: tokens from the end of
 the queried fact to the prefix boundary, so accuracy can be read at distances beyond a plan's w_max.
 Generation is seeded: the same arguments give the same prompts. :func:`recall_text` gives the same
-items as text (for training data that teaches the format). Retrieval from the prefix needs the cached
-full-attention KV, which every arm leaves exact; a recurrent-state arm changes the answer only through
-the states it alters.
+items as text (for training data that teaches the format). In a hybrid, retrieval from the prefix can
+use the cached full-attention KV, which every arm leaves exact, so a recurrent-state arm changes the answer
+only through the states it alters; in a model without attention layers the recurrent state is the only
+way back to the prefix (docs/eval.md).
 """
 
 from __future__ import annotations

@@ -687,3 +687,67 @@ def test_pack_command_refuses_bad_src_and_leaves_dest_untouched_when_a_group_is_
     assert rc == 0 and (tmp_path / "dest" / "a" / "w.bin").read_bytes() == (tmp_path / "ck" / "a" / "w.bin").read_bytes()
     rc, err = run(src, tmp_path / "afile")
     assert rc == 2 and "is not a folder" in err
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda", "mamba2"])
+def test_no_attention_builds_every_mixer_recurrent_and_stays_rebuildable(data_dir, tmp_path, family):
+    """``--no-attention`` (the control in which recall must live in the recurrent state): every mixer is a
+    recurrent layer of the same class and size, recorded in state and provenance, loaded back as such by
+    transformers, compiled by dasc with every layer a recurrent one, and rebuilt as such by init_model."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.train.init_model import rebuild
+    from benchmarks.train.models import layer_types, nemotron_pattern
+    from benchmarks.train.train import main
+    from dasc_compile.schema import load_plan
+    from tests.support.tiny_models import compile_for
+
+    if family == "kda" and not _has_kimi():
+        pytest.skip("no kimi_linear model below transformers 5.17")
+    assert layer_types(4, attention=False) == ["linear_attention"] * 4
+    assert layer_types(4) == ["linear_attention"] * 3 + ["full_attention"]
+    assert nemotron_pattern(4, attention=False) == "M-M-M-M-" and nemotron_pattern(4) == "M-M-M*-"
+    main(_args(data_dir, tmp_path, family, 1, "--no-attention"))
+    ck = tmp_path / family
+    state = json.loads((ck / "train_state" / "state.json").read_text())
+    prov = json.loads((ck / "provenance.json").read_text())
+    assert state["attention"] is False and prov["init"]["attention"] is False
+    assert prov["init"]["rebuild"].endswith("attention=False)") and "without attention layers" in prov["model"]
+    loaded = AutoModelForCausalLM.from_pretrained(str(ck))
+    kinds = loaded.config.layers_block_type if family == "mamba2" else loaded.config.layer_types
+    assert kinds and not {k for k in kinds if "attention" in k and k != "linear_attention"}, kinds
+    plan = load_plan(compile_for(ck, 16, tmp_path / "w16.dasc"), verify_kernels=False)
+    assert len(plan.layers) == 4                     # SIZES["smoke"]["layers"]: every mixer a recurrent layer
+    checked = rebuild(ck, tmp_path / "init")
+    assert checked["weights_sha256_match_record"]
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "init")).config
+    assert (again.layers_block_type if family == "mamba2" else again.layer_types) == kinds
+
+
+@pytest.mark.parametrize("extra, needle", [(["--no-rope"], "no rotary embedding to switch off"),
+                                           (["--attn-lr-mult", "2"], "act on attention layers"),
+                                           (["--log-attn-entropy"], "act on attention layers"),
+                                           (["--resume", "RESUME"], "was trained with attention layers")])
+def test_trainer_refuses_no_attention_where_it_cannot_apply(data_dir, tmp_path, capsys, extra, needle):
+    from benchmarks.train.train import main
+
+    if extra[0] == "--resume":
+        main(_args(data_dir, tmp_path / "first", "gdn", 1))
+        extra = ["--resume", str(tmp_path / "first" / "gdn")]
+    with pytest.raises(SystemExit) as exc:
+        main(_args(data_dir, tmp_path / "out", "gdn", 1, "--no-attention", *extra))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and needle in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_no_attention_run_refuses_attention_options_on_resume_too(data_dir, tmp_path, capsys):
+    from benchmarks.train.train import main
+
+    main(_args(data_dir, tmp_path / "first", "gdn", 1, "--no-attention"))
+    state = main(_args(data_dir, tmp_path / "again", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn")))
+    assert state["step"] == 2 and state["attention"] is False
+    with pytest.raises(SystemExit) as exc:
+        main(_args(data_dir, tmp_path / "out", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn"),
+                   "--attn-lr-mult", "3"))
+    assert exc.value.code == 2 and "act on attention layers" in capsys.readouterr().err

@@ -78,14 +78,15 @@ def save_hf(model, out: Path, **extra) -> Path:
     return out
 
 
-def write_kda(out: Path, seed: int = 0, decays=None) -> Path:
+def write_kda(out: Path, seed: int = 0, decays=None, layer_types=None) -> Path:
     """transformers' own ``KimiLinearForCausalLM`` (transformers >= 5.17), initialised by transformers
     after ``torch.manual_seed(seed)`` (Kimi-Linear / fla decay initialisation), saved with
-    ``save_pretrained``. ``decays``: optional ``{layer_id: (A_log [1,1,H,1], dt_bias [H*d])}`` to set."""
+    ``save_pretrained``. ``decays``: optional ``{layer_id: (A_log [1,1,H,1], dt_bias [H*d])}`` to set;
+    ``layer_types``: instead of :func:`kimi_config`'s default."""
     from transformers import KimiLinearForCausalLM
 
     torch.manual_seed(seed)
-    model = KimiLinearForCausalLM(kimi_config())
+    model = KimiLinearForCausalLM(kimi_config(layer_types) if layer_types else kimi_config())
     with torch.no_grad():
         for lid, (a_log, dt_bias) in (decays or {}).items():
             gate = model.model.layers[lid].self_attn.forget_gate
