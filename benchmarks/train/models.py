@@ -69,6 +69,10 @@ SIZES = {
     "m30": dict(hidden=512, mlp=1024, layers=8, gdn_hk=8, gdn_hv=32, gdn_dk=64, gdn_dv=32, kda_h=8, kda_d=64,
                 attn_heads=8, attn_kv=2, attn_dim=64,
                 m2_h=32, m2_p=32, m2_n=64, m2_g=2, m2_k=4, m2_chunk=128, m2_mlp=1792),
+    # a CPU pilot (~2M): recurrent state 4 value heads x 32 x 32 per GDN layer, enough to hold a few facts
+    "pilot": dict(hidden=128, mlp=256, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=32, gdn_dv=32, kda_h=4, kda_d=32,
+                  attn_heads=2, attn_kv=1, attn_dim=64,
+                  m2_h=8, m2_p=32, m2_n=32, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=448),
     "smoke": dict(hidden=32, mlp=64, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=8, gdn_dv=8, kda_h=2, kda_d=8,
                   attn_heads=2, attn_kv=1, attn_dim=16,
                   m2_h=4, m2_p=16, m2_n=8, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=128),
@@ -250,6 +254,7 @@ def _json_floats(v):
 
 def _config_json(model) -> dict:
     d = model.config.to_dict()
+    d.pop("_name_or_path", None)        # where this process loaded it from (a resume's /tmp folder): not the model's
     if d.get("model_type") == "nemotron_h":
         d["hybrid_override_pattern"] = model.config.hybrid_override_pattern
         d["num_hidden_layers"] = len(d["layers_block_type"])

@@ -747,6 +747,8 @@ def test_a_no_attention_run_refuses_attention_options_on_resume_too(data_dir, tm
     main(_args(data_dir, tmp_path / "first", "gdn", 1, "--no-attention"))
     state = main(_args(data_dir, tmp_path / "again", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn")))
     assert state["step"] == 2 and state["attention"] is False
+    # a resumed model's config does not carry the folder it was loaded from (the bundles of sessions 11-29 do)
+    assert "_name_or_path" not in json.loads((tmp_path / "again" / "gdn" / "config.json").read_text())
     with pytest.raises(SystemExit) as exc:
         main(_args(data_dir, tmp_path / "out", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn"),
                    "--attn-lr-mult", "3"))
