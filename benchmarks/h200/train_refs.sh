@@ -66,7 +66,7 @@ for fam in $FAMILIES; do
   case $fam in gdn|kda|mamba2) ;; *) echo "error: FAMILIES has '$fam': expected gdn, kda or mamba2" >&2; exit 2;; esac
 done
 [ -n "${FAMILIES// }" ] || { echo "error: FAMILIES is empty: expected gdn, kda and/or mamba2" >&2; exit 2; }
-case ${SIZE:-ref} in ref|m30|smoke) ;; *) echo "error: SIZE '$SIZE': expected ref, m30 or smoke (benchmarks/train/models.py SIZES), or unset (the staged size)" >&2; exit 2;; esac
+case ${SIZE:-ref} in ref|m30|pilot|smoke) ;; *) echo "error: SIZE '$SIZE': expected ref, m30, pilot or smoke (benchmarks/train/models.py SIZES), or unset (the staged size)" >&2; exit 2;; esac
 case $KERNELS in torch|fla) ;; *) echo "error: KERNELS '$KERNELS': expected torch or fla" >&2; exit 2;; esac
 LOG=$OUT/run.log
 say() { echo "[train_refs $(($(date +%s) - T_START))s] $*" | tee -a "$LOG"; }

@@ -15,6 +15,8 @@ travels: a device call carries its checkpoints in and out within 64 MiB (benchma
   mamba2 the same under 5.12). MLPs are 2 x hidden (Mamba2 3.5 x), not ``ref``'s 3 x (5.25 x): at 3 x GDN has
   37.7M parameters, ~51 MiB packed, which no call carries with the tree and tokenizer. One family per call:
   packed with its training state it is ~40-43 MiB (benchmarks/train/staged_parts.py ``PACKED_MIB``).
+- ``pilot`` (~2M: gdn 1,711,480, kda 2,813,612, mamba2 2,845,128): hidden 128, 4 layers, recurrent state per
+  layer 4 value heads x 32 x 32 (GDN), for pilots on a CPU (~2.5k tokens/s on one core, GDN).
 - ``smoke``: tiny, for tests.
 
 Decays start as each class's ``_init_weights`` draws them, except GDN's ``dt_bias``, redrawn log-uniform
@@ -69,7 +71,7 @@ SIZES = {
     "m30": dict(hidden=512, mlp=1024, layers=8, gdn_hk=8, gdn_hv=32, gdn_dk=64, gdn_dv=32, kda_h=8, kda_d=64,
                 attn_heads=8, attn_kv=2, attn_dim=64,
                 m2_h=32, m2_p=32, m2_n=64, m2_g=2, m2_k=4, m2_chunk=128, m2_mlp=1792),
-    # a CPU pilot (~2M): recurrent state 4 value heads x 32 x 32 per GDN layer, enough to hold a few facts
+    # a CPU pilot (~2M, module docstring)
     "pilot": dict(hidden=128, mlp=256, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=32, gdn_dv=32, kda_h=4, kda_d=32,
                   attn_heads=2, attn_kv=1, attn_dim=64,
                   m2_h=8, m2_p=32, m2_n=32, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=448),

@@ -26,6 +26,7 @@ GROWTH = 1.02                      # a trained checkpoint's parts vs the carried
 # 8,192-id tokenizer), MiB: what a fresh start returns. Trained ref gdn returned 14.54 (2026-12-03).
 PACKED_MIB = {("gdn", "ref"): 14.60, ("kda", "ref"): 15.69, ("mamba2", "ref"): 15.89,
               ("gdn", "m30"): 42.83, ("kda", "m30"): 40.48, ("mamba2", "m30"): 42.23,
+              ("gdn", "pilot"): 2.53, ("kda", "pilot"): 4.03, ("mamba2", "pilot"): 4.06,
               ("gdn", "smoke"): 0.61, ("kda", "smoke"): 0.96, ("mamba2", "smoke"): 0.98}
 
 
