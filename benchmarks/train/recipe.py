@@ -34,6 +34,7 @@ import json
 import math
 from pathlib import Path
 
+from benchmarks.cli_args import int_at_least
 from benchmarks.train.tokenizer import EOS
 
 
@@ -45,7 +46,7 @@ def add_args(ap) -> None:
     ap.add_argument("--no-attention", action="store_true",
                     help="every mixer recurrent, no attention layer (the control in which recall must live in the "
                          "recurrent state); a resume keeps its own (refused on one with attention)")
-    ap.add_argument("--recall-min-gap", type=int, default=0, metavar="TOKENS",
+    ap.add_argument("--recall-min-gap", type=int_at_least(0), default=0, metavar="TOKENS",
                     help="least distance from each recall answer's source to its question (0: any depth)")
     ap.add_argument("--copy-frac", type=float, default=0.0,
                     help="share of the recall rows that are long-gap copy rows (kind 'copy')")

@@ -235,7 +235,9 @@ def main(argv=None) -> dict:
         batches = Batches(stream, tok, a.seq, a.batch, a.seed, a.recall_frac, a.recall_min_gap, a.copy_frac,
                           a.skip_source_loss)
     except ValueError as exc:
-        _refuse(f"--seq {a.seq} / --recall-min-gap {a.recall_min_gap} / --copy-frac {a.copy_frac}: {exc}")
+        given = [f"--seq {a.seq}"] + [f"{f} {v}" for f, v in (("--recall-min-gap", a.recall_min_gap),
+                                                               ("--copy-frac", a.copy_frac)) if v]
+        _refuse(f"{' / '.join(given)}: {exc}")
     a.out.mkdir(parents=True, exist_ok=True)
     model, state, init, opt_state, exact = start(a, tok)
     if a.family == "mamba2":
