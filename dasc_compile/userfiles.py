@@ -125,23 +125,46 @@ def load_json_file(path: str | Path, what: str, max_bytes: int = 64 * 2**20, max
 _OUTPUT_STARTS = {"JSON file": (b"{", b"["), "PNG image": (b"\x89PNG\r\n\x1a\n",)}
 
 
-def refuse_foreign_output(path: str | Path, kind: str) -> None:
-    """Refuse to overwrite an existing, non-empty regular file that is not a ``kind`` file (``"JSON file"``
-    or ``"PNG image"``): ``--json r.json`` run again replaces its earlier result, ``--json notes.md`` is a slip.
-    Missing, empty or unreadable paths pass (the write reports its own errors).
+def refuse_foreign_output(path: str | Path, kind: str, marker: str | None = None) -> None:
+    """Refuse to replace anything at ``path`` but a missing, empty or earlier output file: a ``kind`` file
+    (``"JSON file"`` or ``"PNG image"``) and, with ``marker``, a JSON object holding that key (what the
+    command itself wrote). ``--json r.json`` run again replaces its earlier result; ``--json notes.md``,
+    ``--json config.json`` or ``--json /dev/null`` is a slip, and dasc writes by replacing the file, so a
+    symbolic link, a device or a FIFO would be replaced by a regular file. Unreadable paths pass (the write
+    reports its own errors).
 
     Raises:
         DascInputError: naming the path, what it holds and what to do.
     """
     path = Path(path)
     try:
-        if not path.is_file() or path.stat().st_size == 0:
-            return
-        with open(path, "rb") as fh:
-            head = fh.read(64).lstrip()
+        st = path.lstat()
     except OSError:
         return
-    if not head.startswith(_OUTPUT_STARTS[kind]):
-        raise DascInputError(f"{path}: exists and is not a {kind}; dasc would overwrite it: give another path "
+    if stat.S_ISLNK(st.st_mode):
+        raise DascInputError(f"{path}: is a symbolic link; dasc writes its {kind} by replacing the file, which would "
+                             f"replace the link: give the path it points to, or another one")
+    if stat.S_ISDIR(st.st_mode):
+        raise DascInputError(f"{path}: is a folder; give a file name for the output")
+    if not stat.S_ISREG(st.st_mode):
+        raise DascInputError(f"{path}: exists and is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}; "
+                             f"dasc writes its {kind} by replacing the file: give the path of a regular file")
+    if st.st_size == 0:
+        return
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read() if marker else fh.read(64)
+    except OSError:
+        return
+    what = None if data.lstrip().startswith(_OUTPUT_STARTS[kind]) else f"a {kind}"
+    if what is None and marker:
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            doc = None
+        if not (isinstance(doc, dict) and marker in doc):
+            what = f"an earlier result of this command (a JSON object with '{marker}')"
+    if what is not None:
+        raise DascInputError(f"{path}: exists and is not {what}; dasc would overwrite it: give another path "
                              f"or remove the file first")
 

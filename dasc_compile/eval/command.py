@@ -183,7 +183,7 @@ def eval_cmd(
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
         check_outputs(json_out, plot)
         if json_out is not None:
-            refuse_foreign_output(json_out, "JSON file")
+            refuse_foreign_output(json_out, "JSON file", marker="dasc_eval_version")
         if horizons:
             if plan and len(plan) > 1:
                 raise DascInputError("--horizons takes at most one --plan (its a_s and eps are used)")

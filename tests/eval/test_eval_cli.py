@@ -138,6 +138,48 @@ def test_an_output_over_a_file_of_another_kind_is_refused_and_the_file_kept(gdn_
     refuse_foreign_output(note, "PNG image")
 
 
+@pytest.mark.parametrize("what", ["config", "plan", "fifo", "symlink"])
+def test_eval_json_replaces_only_an_earlier_eval_result(gdn_dir, plans, tmp_path, what):
+    """A fresh user's --json replaced a model's config.json, the plan's plan.json, and (as root) /dev/null with a
+    regular file: --json now replaces only an earlier dasc eval result (a JSON object with dasc_eval_version),
+    never a link, device or FIFO; --plot likewise keeps off anything but a regular file."""
+    import os
+
+    from dasc_compile.userfiles import refuse_foreign_output
+
+    if what == "config":
+        target = tmp_path / "config.json"
+        target.write_text((gdn_dir / "config.json").read_text())
+        needle = "not an earlier result of this command (a JSON object with 'dasc_eval_version')"
+    elif what == "plan":
+        target = tmp_path / "plan.json"
+        target.write_text((plans[1] / "plan.json").read_text())
+        needle = "not an earlier result of this command"
+    elif what == "fifo":
+        target = tmp_path / "pipe.json"
+        os.mkfifo(target)
+        needle = "exists and is a FIFO (named pipe)"
+    else:
+        real = tmp_path / "real.json"
+        real.write_text('{"dasc_eval_version": 1}')
+        target = tmp_path / "link.json"
+        target.symlink_to(real)
+        needle = "is a symbolic link"
+    before = os.lstat(target)
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--json", target))
+    assert str(target) in line and needle in line
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_mtime_ns) == (before.st_mode, before.st_ino, before.st_mtime_ns)
+    png = target.with_suffix(".png")
+    if what in ("fifo", "symlink"):
+        os.rename(target, png)
+        line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--plot", png))
+        assert needle in line
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"dasc_eval_version": 3, "arms": {}}')
+    refuse_foreign_output(earlier, "JSON file", marker="dasc_eval_version")     # an earlier result: passes
+
+
 def _one_error_line(r):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
