@@ -58,9 +58,12 @@ def note_written(path) -> None:
 
 
 def _written_note() -> str:
-    if not _written:
+    # only what is still there: a plan placed inside a staging folder (sweep --out writes its plans into one and
+    # moves it at the end) is gone when an interrupt removed that folder, and was never the user's output
+    kept = [p for p in _written if os.path.lexists(p)]
+    if not kept:
         return ""
-    return f"; {', '.join(_written)} was written completely, only the summary was not printed"
+    return f"; {', '.join(kept)} was written completely, only the summary was not printed"
 
 
 class Interrupted(BaseException):

@@ -470,3 +470,17 @@ def test_ctrl_c_after_the_command_finished_does_not_kill_it(tmp_path, gdn, entry
         out, err = p.communicate(timeout=60)
         assert (p.returncode == 0 and err == "") or (p.returncode == 130 and err.startswith("error: interrupted")), \
             (delay, p.returncode, err)
+
+
+def test_a_signal_during_sweep_out_names_no_plan_of_the_removed_staging_folder(tmp_path, monkeypatch, gdn):
+    """A fresh user's Ctrl-C during `sweep --out` read "<staging>/...-w1.dasc, ... was written completely": the
+    plans placed inside sweep's staging folder were recorded as written, then removed with it. Only outputs
+    still on disk are named; here none, and --out stays absent."""
+    import dasc_compile.compiler as compiler
+
+    _kill_self_when_called(monkeypatch, compiler, "write_plan", times=2)     # the first plan is in staging
+    out = tmp_path / "sw"
+    r = dasc("sweep", gdn, "--wmax", "4,16,64", "--out", out)
+    line = assert_one_error(r, "interrupted (SIGINT)", code=130)
+    assert "written" not in line and ".tmp" not in line
+    assert not out.exists() and _leftovers(tmp_path, "sw") == []
