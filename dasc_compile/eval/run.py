@@ -168,8 +168,13 @@ def parse_arms(arms: str) -> tuple[str, ...]:
 
     got = tuple(a.strip() for a in arms.split(",") if a.strip())
     bad = [a for a in got if a not in ARMS]
-    if bad or not got:
+    if not got:
+        raise DascInputError(f"--arms {arms!r}: names no arm; choose from {','.join(ARMS)}")
+    if bad:
         raise DascInputError(f"--arms {arms!r}: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
+    if set(got) == {"untrained"}:
+        raise DascInputError(f"--arms {arms!r}: the untrained control runs the other arms on the initial model; "
+                             f"give at least one of dense,nr,wr,random beside it")
     return got
 
 

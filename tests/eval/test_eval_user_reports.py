@@ -174,3 +174,13 @@ def test_a_missing_or_non_folder_model_says_which(gdn_dir, tmp_path):
     afile = tmp_path / "weights.bin"
     afile.write_bytes(b"x")
     assert _one_error_line(_cli("eval", afile, "--plan", plan)).startswith(f"error: {afile}: not a directory")
+
+
+@pytest.mark.parametrize("arms, needle", [("untrained", "give at least one of dense,nr,wr,random beside it"),
+                                          (" , ", "names no arm")])
+def test_arms_that_would_run_nothing_are_refused(gdn_dir, tmp_path, arms, needle):
+    """`--arms untrained` alone ran the model and printed two empty tables (status 0); `--arms ''` read
+    "unknown arm(s) []"."""
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", arms, "--init-seed", 0))
+    assert line.startswith(f"error: --arms {arms!r}: ") and needle in line
