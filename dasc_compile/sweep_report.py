@@ -72,8 +72,6 @@ def commands_for(result: SweepResult, row: SweepRow, user_flags: list[str], plan
     compile_args += ["--out", path]
     model_dir = result.model if result.model.is_dir() else result.model.parent
     sglang = ["python", "-m", "sglang.launch_server", "--model-path", str(model_dir)]
-    if pol.tp_size > 1:
-        sglang += ["--tp-size", str(pol.tp_size)]
     if row.arm is not None:
         sglang += list(row.arm.flags)
     else:

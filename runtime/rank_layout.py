@@ -296,7 +296,7 @@ def build_rank_layout(plan: Plan, tp_rank: int, tp_size: int, num_layers: int | 
     if tp_size != tp.tp_size:
         raise DascInputError(
             f"dasc plan was compiled for tp_size={tp.tp_size}, the server runs attention TP size {tp_size}; "
-            f"recompile with --tp-size {tp_size}")
+            f"launch with --tp-size {tp.tp_size}, or compile a plan for this server with dasc compile --tp {tp_size}")
     if not 0 <= tp_rank < tp_size:
         raise DascInputError(f"TP rank {tp_rank} is outside [0, {tp_size})")
     if tp.balance == "hybrid":

@@ -308,7 +308,8 @@ class SettledOptions:
 def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
                         refresh_slots: Optional[int] = None) -> SettledOptions:
     """The options ``dasc size`` prints for ``plan``, checked by :func:`serving_refusals` as the server checks
-    them: fixes applied (with a note each), anything else refused.
+    them: fixes applied (with a note each), anything else refused. A plan compiled for TP > 1 also gets
+    ``--tp-size P`` first: the runtime refuses any other attention TP size (``rank_layout.build_rank_layout``).
 
     The chunk size ``dasc size`` does not print is taken as :data:`SMALLEST_AUTO_CHUNK`, so a dasc-wr
     window longer than that gets ``--chunked-prefill-size W`` (the server refuses it on a GPU where
@@ -338,8 +339,9 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     left = serving_refusals(SimpleNamespace(**opts), plan, refresh_slots=refresh_slots)
     if left:
         raise DascInputError("the dasc runtime would refuse to start: " + "; ".join(r.text for r in left))
-    return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"], extra_flags=tuple(extra),
-                          notes=tuple(notes))
+    tp = int(plan.tp.tp_size)
+    return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"],
+                          extra_flags=(("--tp-size", str(tp)) if tp > 1 else ()) + tuple(extra), notes=tuple(notes))
 
 
 def markdown() -> str:

@@ -356,8 +356,9 @@ def main(argv=None) -> int:
     scratch = f", scratch={mm.scratch_bytes} B" if mm.scratch_bytes else ""
     print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B{scratch}, "
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")
-    print(f"Dense arm: --max-mamba-cache-size {mm.dense_slots}")
-    print(f"dasc arm:  {' '.join((mm.flags(),) + settled.extra_flags)}   (capacity "
+    common = (() if settled.overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
+    print(f"Dense arm: {' '.join(('--max-mamba-cache-size', str(mm.dense_slots)) + common)}")
+    print(f"dasc arm:  {' '.join((mm.flags(),) + common)}   (capacity "
           f"{mm.native_slots + mm.compressed_slots} with no request running vs Dense's {mm.dense_slots}; running "
           f"requests hold native slots: at M' = k R it keeps its {mm.compressed_slots} compressed ones)")
     return 0

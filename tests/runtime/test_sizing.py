@@ -473,3 +473,34 @@ def test_dasc_size_bad_input_is_one_error_line_exit_2(kimi, args, match):
 def test_dasc_size_missing_plan_exit_2(tmp_path):
     r = runner.invoke(app, ["size", str(tmp_path / "nope"), "--dense-slots", "64", "--max-running-requests", "8"])
     assert r.exit_code == 2 and "error:" in r.output
+
+
+def test_tp_plans_get_the_tp_size_flag_and_the_overlap_flag_the_rules_add(kimi, capsys):
+    """A fresh user's `dasc size` on a TP-8 plan printed no --tp-size (the runtime refuses any other TP size),
+    and `python -m dasc_runtime.sizing` warned that it added --disable-overlap-schedule to a storage-balanced TP
+    plan but printed neither line with it."""
+    r = runner.invoke(app, ["size", str(kimi["w16-tp2"]), "--dense-slots", "56", "--max-running-requests", "8",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    for arm in json.loads(r.stdout):
+        flags = arm["flags"]
+        assert flags[flags.index("--tp-size") + 1] == "2" and flags.count("--tp-size") == 1, flags
+        assert "--disable-overlap-schedule" in flags
+    tp1 = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "56", "--max-running-requests", "8", "--json"])
+    assert all("--tp-size" not in a["flags"] for a in json.loads(tp1.stdout))
+    assert sizing.main(["--plan", str(kimi["w16-tp2"]), "--dense-slots", "56", "--native-slots", "40"]) == 0
+    cap = capsys.readouterr()
+    assert "added --disable-overlap-schedule" in cap.err
+    lines = [ln for ln in cap.out.splitlines() if ln.startswith(("Dense arm:", "dasc arm:"))]
+    assert len(lines) == 2 and all("--disable-overlap-schedule" in ln and "--tp-size 2" in ln for ln in lines)
+
+
+def test_the_tp_refusal_names_flags_that_exist(kimi):
+    """It said "recompile with --tp-size N", an option dasc compile does not have (its flag is --tp)."""
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.schema import load_plan
+    from dasc_runtime.rank_layout import build_rank_layout
+
+    with pytest.raises(DascInputError) as exc:
+        build_rank_layout(load_plan(kimi["w16-tp2"]), tp_size=4, tp_rank=0)
+    assert "launch with --tp-size 2, or compile a plan for this server with dasc compile --tp 4" in str(exc.value)
