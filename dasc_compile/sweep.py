@@ -213,12 +213,30 @@ def evaluate(result: SweepResult, **eval_kwargs) -> None:
     first = {}
     for row in result.rows:
         first.setdefault(row.plan.policy.w_max, row)
+    _refuse_whole_prefix_replay([first[w].plan for w in sorted(first)], eval_kwargs["prefix_len"])
     labels = [(f"w{w}", first[w].plan) for w in sorted(first)]
     doc = run_eval(result.model, labels, **eval_kwargs)
     by_w = {w: p["arms"] for w, p in zip(sorted(first), doc["plans"])}
     for row in result.rows:
         row.quality = by_w[row.plan.policy.w_max]
     result.eval_doc = doc
+
+
+def _refuse_whole_prefix_replay(plans: list, prefix_len: int) -> None:
+    """Refuse, before the model runs, a dasc-wr sweep whose replay window (Eq. 7, ``min(n_p, W_replay)``) covers the
+    whole cached prefix at some w_max: the replay then rebuilds the state exactly, its KL is 0 by construction, and
+    ``--max-kl`` would recommend the largest such w_max on no evidence.
+
+    Raises:
+        DascInputError: naming ``--prefix-len``, the w_max values affected and their windows.
+    """
+    whole = [(p.policy.w_max, p.refresh.w_replay_cap) for p in plans
+             if p.policy.load_policy == "wr" and p.refresh.any_local and p.refresh.w_replay_cap >= prefix_len]
+    if whole:
+        listed = ", ".join(f"w_max {w} (W_replay {cap})" for w, cap in whole)
+        raise DascInputError(f"--prefix-len {prefix_len}: dasc-wr replays the whole cached prefix at {listed}, which "
+                             f"restores the state exactly and measures nothing; give --prefix-len above "
+                             f"{max(cap for _, cap in whole)} tokens, or sweep smaller w_max")
 
 
 def recommend(result: SweepResult, metric: str, limit: float) -> Optional[int]:

@@ -149,8 +149,10 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
     flag = {"kl": "--max-kl", "nll_delta": "--max-nll-delta"}[qb["metric"]]
     if result.recommended is None:
         w0 = min(r.plan.policy.w_max for r in result.rows)
+        v = (result.rows[0].quality or {}).get(qb["arm"], {}).get(qb["metric"])
+        shown = _q(result.rows[0], qb["arm"], qb["metric"]) if v is None else f"{v:.3g}"   # 0.0000 read as passing
         con.print(f"no swept w_max meets {flag} {qb['max']}: the smallest, {w0}, gives dasc-{qb['arm']} "
-                  f"{_METRIC_NAME[qb['metric']]} {_q(result.rows[0], qb['arm'], qb['metric'])}", markup=False)
+                  f"{_METRIC_NAME[qb['metric']]} {shown}", markup=False)
         return
     con.print(f"* recommended: w_max {result.recommended}, the largest swept w_max whose dasc-{qb['arm']} "
               f"{_METRIC_NAME[qb['metric']]} is <= {qb['max']} with every smaller one's too", markup=False)

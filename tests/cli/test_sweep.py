@@ -256,3 +256,23 @@ def test_an_interrupted_eval_is_one_line_with_the_signals_status(tmp_path, monke
     line = assert_one_error(r, "after 3 of 6 prompts; nothing written", code=code)
     assert "internal error" not in line and ("SIGINT" if signum == 2 else "SIGTERM") in line
     assert snapshot(tmp_path) == before
+
+
+def test_a_wr_sweep_whose_replay_covers_the_whole_prefix_is_refused_before_the_model_runs():
+    """A fresh user's `sweep --load-policy wr --prefix-len 64 --max-kl 0.001` recommended w_max 4096: dasc-wr
+    replayed the whole 64-token prefix there (W_replay 64), so its KL was 0 by construction."""
+    from dasc_compile import sweep as sw
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.policy import Policy
+
+    result = sw.run_sweep(KIMI, sw.SweepGrid(w_max=(16, 512), tp=(1,), int8=(False,), base=Policy(load_policy="wr")))
+    caps = {r.plan.policy.w_max: r.plan.refresh.w_replay_cap for r in result.rows}
+    assert caps[16] < caps[512]
+    with pytest.raises(DascInputError) as exc:
+        sw.evaluate(result, prefix_len=caps[512])
+    msg = str(exc.value)
+    assert msg.startswith(f"--prefix-len {caps[512]}: dasc-wr replays the whole cached prefix at w_max 512")
+    assert "w_max 16 " not in msg
+    nr = sw.run_sweep(KIMI, sw.SweepGrid(w_max=(512,), tp=(1,), int8=(False,), base=Policy()))
+    sw._refuse_whole_prefix_replay([r.plan for r in nr.rows], 8)            # dasc-nr replays nothing: passes
+    sw._refuse_whole_prefix_replay([r.plan for r in result.rows], caps[512] + 1)   # a longer prefix passes
