@@ -81,31 +81,55 @@ def _check_against_recorded_init(model: Path, built: list, init_seed: int) -> No
     ``train_log.json`` (``init_decays``: ``{"live:<tensor name>": [values]}``) and were not initialised by
     transformers' plain ``from_config`` (e.g. GDN's log-uniform ``dt``): a seed then rebuilds other decays, and
     the init / untrained controls would be wrong without a word (session 19 audit: ``dt_bias`` off by up to 7.1).
-    Models without that record are not checked.
+    Models without that file are not checked. Record and rebuild are matched by layer index and tensor kind
+    (:func:`_decay_key`): the record names the live parameters (Kimi-Linear's ``...self_attn.forget_gate.A_log``),
+    the rebuild the checkpoint's (``...self_attn.A_log``), and an exact-name match silently checked nothing there.
 
     Raises:
-        DascInputError: a rebuilt tensor differs from the record by more than :data:`RECORD_ATOL`.
+        DascInputError: a rebuilt tensor differs from the record by more than :data:`RECORD_ATOL`; the file is
+            there but unreadable, or records initial decays none of which name this model's.
     """
     import json
 
     log = Path(model) / "train_log.json"
+    if not log.is_file():
+        return
     try:
-        rec = json.loads(log.read_text()).get("init_decays") if log.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        rec = None
+        doc = json.loads(log.read_text())
+    except (OSError, ValueError) as exc:
+        raise DascInputError(f"--init-seed {init_seed}: {log} is there but unreadable ({type(exc).__name__}), so the "
+                             f"rebuild cannot be checked against the initial decays it records; repair it, or give "
+                             f"--init-from DIR") from None
+    rec = doc.get("init_decays") if isinstance(doc, dict) else None
     if not isinstance(rec, dict):
         return
+    recorded = {_decay_key(k): v for k, v in rec.items() if k.startswith("live:") and _decay_key(k) is not None}
+    matched = 0
     for name, t in built:
-        want = rec.get(f"live:{name}")
+        want = recorded.get(_decay_key(name))
         if want is None:
             continue
+        matched += 1
         want = torch.tensor(want, dtype=torch.float32).reshape(-1)
         diff = (t.reshape(-1) - want).abs().max().item() if want.numel() == t.numel() else float("inf")
         if diff > RECORD_ATOL:
             raise DascInputError(f"--init-seed {init_seed}: transformers' initialisation differs from the initial decays "
-                                 f"{log} records ({name} by up to {diff:.3g}); this model was initialised otherwise: "
+                                 f"{log} records ({name} by up to {diff:.3g}); this model was initialised otherwise (another seed "
+                                 f"or another draw): "
                                  f"build its initial checkpoint with python -m benchmarks.train.init_model {model} "
                                  f"--out DIR and give --init-from DIR")
+    if recorded and not matched:
+        raise DascInputError(f"--init-seed {init_seed}: {log} records initial decays, but for none of this model's "
+                             f"decay tensors, so the rebuild cannot be checked; give --init-from DIR")
+
+
+def _decay_key(name: str) -> tuple[int, str] | None:
+    """(layer index, ``A_log`` or ``dt_bias``) of a decay tensor's name, live or as stored (``live:`` prefix,
+    ``model.`` / ``backbone.`` roots and the mixer's sub-module do not matter); None for other names."""
+    import re
+
+    m = re.search(r"layers\.(\d+)\..*\b(A_log|dt_bias)$", name)
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def count_matched_top(horizons: list[torch.Tensor], counts: list[int]) -> list[list[int]]:

@@ -184,3 +184,37 @@ def test_arms_that_would_run_nothing_are_refused(gdn_dir, tmp_path, arms, needle
     plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", arms, "--init-seed", 0))
     assert line.startswith(f"error: --arms {arms!r}: ") and needle in line
+
+
+def test_init_seed_is_checked_against_the_record_on_kda_too(tmp_path):
+    """`--init-seed 1` and `12345` passed on the bundled KDA 11M, whose train_log.json records seed 0's decays:
+    the record names Kimi-Linear's live parameters (...forget_gate.A_log), the rebuild the checkpoint's, and
+    an exact-name match checked nothing."""
+    from pathlib import Path
+
+    from tests.eval.conftest import skip_without_kimi_linear
+
+    skip_without_kimi_linear()
+    ref = Path(__file__).resolve().parents[2] / "plans" / "reference" / "kda-hybrid-11m-sharegpt"
+    plan = compile_for(ref, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", ref, "--plan", plan, "--arms", "nr,init", "--init-seed", 1))
+    assert "--init-seed 1: transformers' initialisation differs from the initial decays" in line
+    assert "model.layers.0.self_attn.A_log" in line
+
+
+@pytest.mark.parametrize("case", ["unreadable-record", "init-from-itself"])
+def test_init_controls_that_cannot_be_trusted_are_refused(gdn_dir, tmp_path, case):
+    """A train_log.json that cannot be read skipped the check silently; --init-from the trained model itself gave
+    an init control identical to the plan (Jaccard 1.000) without a word."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(gdn_dir, model)
+    plan = compile_for(model, 16, tmp_path / "w16.dasc")
+    if case == "unreadable-record":
+        (model / "train_log.json").write_text('{"init_decays": ')
+        line = _one_error_line(_cli("eval", model, "--plan", plan, "--arms", "nr,init", "--init-seed", 0))
+        assert "train_log.json is there but unreadable" in line
+    else:
+        line = _one_error_line(_cli("eval", model, "--plan", plan, "--arms", "nr,init", "--init-from", model))
+        assert f"--init-from {model}: its decay tensors equal the model's" in line
