@@ -44,6 +44,25 @@ def check_outputs(*paths: Optional[Path]) -> None:
             raise DascInputError(f"{out}: not writable; give a path in a folder you can write to")
 
 
+def _refuse_idle_options(ctx, horizons: bool, sharegpt: Optional[int]) -> None:
+    """Refuse options given on the command line that this run would ignore (as ``dasc sweep`` does): the
+    arms and suffix options under ``--horizons`` (it scores no arm), ``--sharegpt-offset`` without ``--sharegpt``.
+
+    Raises:
+        DascInputError: naming the option and what it acts with.
+    """
+    if ctx is None:             # called as a function, not from the command line
+        return
+    # by the source's name: typer may carry its own copy of click, whose enum is another class
+    given = {n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
+    if horizons:
+        for name, flag in (("arms", "--arms"), ("suffix_len", "--suffix-len"), ("gen_tokens", "--gen-tokens")):
+            if name in given:
+                raise DascInputError(f"{flag} acts only without --horizons (the horizon validation scores no arm)")
+    if "sharegpt_offset" in given and sharegpt is None:
+        raise DascInputError("--sharegpt-offset acts only with --sharegpt N")
+
+
 def _fmt(v, digits: int = 4) -> str:
     if isinstance(v, dict):
         return "-" if v.get("mean") is None else f"{v['mean']:.{digits}f} ± {v['sd']:.{digits}f}"
@@ -148,6 +167,7 @@ def render(doc: dict, con: Console) -> None:
 
 
 def eval_cmd(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., help="Model directory: config.json, safetensors weights, tokenizer."),
     plan: Optional[list[Path]] = typer.Option(None, "--plan", help="Plan directory (repeatable)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSON lines: {\"text\"} or {\"prefix\",\"suffix\"\\[,\"answer\"]}."),
@@ -179,6 +199,7 @@ def eval_cmd(
                                  "use --json for the Table 1(b) values")
         if sharegpt_offset < 0:
             raise DascInputError(f"--sharegpt-offset {sharegpt_offset}: give a conversation index of 0 or more")
+        _refuse_idle_options(ctx, horizons, sharegpt)
         if init_from is not None and init_seed is not None:
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
         check_outputs(json_out, plot)

@@ -218,3 +218,18 @@ def test_init_controls_that_cannot_be_trusted_are_refused(gdn_dir, tmp_path, cas
     else:
         line = _one_error_line(_cli("eval", model, "--plan", plan, "--arms", "nr,init", "--init-from", model))
         assert f"--init-from {model}: its decay tensors equal the model's" in line
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--horizons", "--arms", "nr,bogus"], "--arms acts only without --horizons"),
+    (["--horizons", "--suffix-len", "8"], "--suffix-len acts only without --horizons"),
+    (["--horizons", "--gen-tokens", "3"], "--gen-tokens acts only without --horizons"),
+    (["--sharegpt-offset", "5"], "--sharegpt-offset acts only with --sharegpt N"),
+    (["--sharegpt-offset", "0"], "--sharegpt-offset acts only with --sharegpt N")])
+def test_options_the_run_would_ignore_are_refused(gdn_dir, tmp_path, args, needle):
+    """`--horizons --arms nr,bogus --suffix-len 8 --gen-tokens 3` ran with no word about the ignored options
+    (not even the unknown arm), and `--sharegpt-offset 5` without --sharegpt was ignored; dasc sweep refuses
+    the same kind of thing."""
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, *args))
+    assert line == f"error: {needle}" + ("" if "sharegpt" in needle else " (the horizon validation scores no arm)")
