@@ -131,9 +131,13 @@ def from_jsonl(tok, path: Path, prefix_len: int, suffix_len: int) -> list[Prompt
     ``{"prefix": ..., "suffix": ..., "answer": ...}`` (answer optional).
 
     Raises:
-        DascInputError: unreadable file, a line that is not such an object, a text shorter than
-            ``prefix_len + suffix_len`` tokens, a suffix of fewer than 2 tokens, or no prompts.
+        DascInputError: a missing, unreadable or not regular file (a FIFO would block the run), a line that is not
+            such an object, a text shorter than ``prefix_len + suffix_len`` tokens, a suffix of fewer than 2
+            tokens, or no prompts.
     """
+    from dasc_compile.userfiles import require_regular_file
+
+    require_regular_file(Path(path), "prompts file")
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:

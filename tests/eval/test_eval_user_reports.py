@@ -233,3 +233,14 @@ def test_options_the_run_would_ignore_are_refused(gdn_dir, tmp_path, args, needl
     plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, *args))
     assert line == f"error: {needle}" + ("" if "sharegpt" in needle else " (the horizon validation scores no arm)")
+
+
+def test_a_fifo_as_prompts_file_is_refused_instead_of_blocking(gdn_dir, tmp_path):
+    """`--prompts FIFO` blocked until killed; `--policy FIFO` was already refused at once."""
+    import os
+
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--prompts", fifo))
+    assert line == f"error: {fifo}: prompts file is a FIFO (named pipe); expected a regular file"
