@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -36,6 +35,7 @@ from dasc_compile.schema import DascInputError, usable_slots
 from dasc_runtime.ops import CheckpointTensors, TorchOps
 from dasc_runtime.rank_layout import RankLayout
 from dasc_runtime.restore_check import RestoreCheck
+from dasc_runtime.settings import env_setting
 from dasc_runtime.side_channels import tier_hint
 
 __all__ = ["DascCheckpointPool", "PoolCounters", "slots_for_budget", "bytes_per_slot", "host_index"]
@@ -43,7 +43,7 @@ __all__ = ["DascCheckpointPool", "PoolCounters", "slots_for_budget", "bytes_per_
 logger = logging.getLogger(__name__)
 
 # DASC_LOG_RESTORES=1: one INFO line per restored batch (evidence for smoke runs; off by default)
-_LOG_RESTORES = os.environ.get("DASC_LOG_RESTORES", "0") == "1"
+_LOG_RESTORES = env_setting("DASC_LOG_RESTORES")
 
 
 def bytes_per_slot(layout: RankLayout, conv_shapes: Sequence[Sequence[int]]) -> int:

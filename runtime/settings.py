@@ -26,7 +26,9 @@ Sources, first match wins:
 Two more knobs are environment-only, for A/B runs of one runtime choice (read where they act, checked
 at start-up by :func:`dasc_runtime.plugin.check_env_knobs`): ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``,
 :func:`dasc_runtime.demotion.reclaim_wait_mode`) and ``DASC_EVICT_SHADOWED_FIRST`` (yes / no,
-:func:`dasc_runtime.tier_operations.evict_shadowed_first`).
+:func:`dasc_runtime.tier_operations.evict_shadowed_first`). The diagnostics ``DASC_LOG_RESTORES``,
+``DASC_WR_CHECK`` (yes / no) and ``DASC_WR_DUMP_MAX`` (a count) are read once at import, where a bad value
+falls back to the default (:func:`env_setting`), and checked strictly by the same start-up check.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Mapping, Optional
 from dasc_compile.schema import DascInputError
 from dasc_runtime.side_channels import settings_of
 
-__all__ = ["DascSettings", "ENV_VARS", "current_settings", "parse_bool"]
+__all__ = ["DIAGNOSTIC_ENV", "DascSettings", "ENV_VARS", "current_settings", "env_setting", "parse_bool"]
 
 ENV_VARS = {
     "plan": "DASC_PLAN",
@@ -65,6 +67,33 @@ def _int(name: str, raw) -> Optional[int]:
 
 #: Spellings of a yes / no setting (case and surrounding spaces ignored; unset or empty is no).
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+#: Diagnostic environment variables: name -> (kind, default). Read at import by the modules that act on them.
+DIAGNOSTIC_ENV = {"DASC_LOG_RESTORES": ("bool", False), "DASC_WR_CHECK": ("bool", False),
+                  "DASC_WR_DUMP_MAX": ("count", 4)}
+
+
+def env_setting(name: str, strict: bool = False):
+    """The value of the diagnostic environment variable ``name`` (:data:`DIAGNOSTIC_ENV`): a bool as
+    :func:`parse_bool` reads it, or a non-negative count (unset or empty: the default). With ``strict=False``
+    (at import, where an exception would be a traceback in every scheduler process) a bad value gives the
+    default; start-up calls it with ``strict=True`` first (``plugin.check_env_knobs``).
+
+    Raises:
+        DascInputError: with ``strict``, a value of the wrong kind, naming the variable.
+    """
+    kind, default = DIAGNOSTIC_ENV[name]
+    raw = os.environ.get(name)
+    try:
+        if kind == "bool":
+            return parse_bool(name, raw)
+        v = _int(name, raw)
+        return default if v is None else v
+    except DascInputError:
+        if strict:
+            raise
+        return default
 
 
 def parse_bool(name: str, raw) -> bool:

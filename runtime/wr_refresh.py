@@ -47,6 +47,8 @@ from typing import Optional
 
 import torch
 
+from dasc_runtime.settings import env_setting
+
 __all__ = ["RefreshPass", "RefreshWork", "plan_refresh", "run_refresh", "around_deferred_cow", "refresh_copy_fn",
            "check_pass", "dump_pass"]
 
@@ -57,8 +59,8 @@ logger = logging.getLogger("dasc")
 # DASC_WR_DUMP=DIR (implies the check): also write the first DASC_WR_DUMP_MAX (default 4) passes'
 # refreshed states to DIR for an offline comparison against a PyTorch replay (benchmarks/wr_reference_check.py).
 _DUMP_DIR = os.environ.get("DASC_WR_DUMP", "")
-_DUMP_MAX = int(os.environ.get("DASC_WR_DUMP_MAX", "4") or 4)
-_CHECK = os.environ.get("DASC_WR_CHECK", "0") == "1" or bool(_DUMP_DIR)
+_DUMP_MAX = env_setting("DASC_WR_DUMP_MAX")
+_CHECK = env_setting("DASC_WR_CHECK") or bool(_DUMP_DIR)
 _DUMPED = [0]
 
 

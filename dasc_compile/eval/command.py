@@ -38,6 +38,8 @@ def check_outputs(*paths: Optional[Path]) -> None:
         parent = out.parent if str(out.parent) else Path(".")
         if out.is_dir():
             raise DascInputError(f"{out}: is a folder; give a file name for the output")
+        if parent.exists() and not parent.is_dir():
+            raise DascInputError(f"{out}: {parent} is not a folder; give a path in an existing folder")
         if not parent.is_dir():
             raise DascInputError(f"{out}: folder {parent} does not exist; create it or give another path")
         if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):

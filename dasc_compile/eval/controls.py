@@ -41,7 +41,10 @@ def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int
         if not Path(init_from).exists():
             raise DascInputError(f"--init-from {init_from}: does not exist; expected the model's initial checkpoint "
                                  f"directory (config.json and weights, e.g. from python -m benchmarks.train.init_model)")
-        if Path(init_from).is_dir() and not (Path(init_from) / "config.json").is_file():
+        if not Path(init_from).is_dir():
+            raise DascInputError(f"--init-from {init_from}: not a directory; expected the model's initial checkpoint "
+                                 f"directory (config.json and weights, e.g. from python -m benchmarks.train.init_model)")
+        if not (Path(init_from) / "config.json").is_file():
             raise DascInputError(f"--init-from {init_from}: no config.json in it; expected the model's initial "
                                  f"checkpoint directory (config.json and weights, e.g. from "
                                  f"python -m benchmarks.train.init_model)")

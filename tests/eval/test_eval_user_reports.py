@@ -244,3 +244,15 @@ def test_a_fifo_as_prompts_file_is_refused_instead_of_blocking(gdn_dir, tmp_path
     plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--prompts", fifo))
     assert line == f"error: {fifo}: prompts file is a FIFO (named pipe); expected a regular file"
+
+
+def test_init_from_a_file_and_json_under_a_file_name_what_is_wrong(gdn_dir, tmp_path):
+    """`--init-from FILE` gave an error that did not name the flag; `--json afile/r.json` said the folder
+    did not exist."""
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    f = tmp_path / "afile"
+    f.write_text("x")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "nr,init", "--init-from", f))
+    assert line.startswith(f"error: --init-from {f}: not a directory; expected the model's initial checkpoint")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--json", f / "r.json"))
+    assert line == f"error: {f / 'r.json'}: {f} is not a folder; give a path in an existing folder"

@@ -81,3 +81,31 @@ def test_mismatched_plan_and_unsupported_option_refuse_to_start(findings):
     assert "plan (2, 8, 8)" in findings["mismatch"] and "server (4, 16, 16)" in findings["mismatch"]
     assert findings["hicache"] == ("DascRefusal: dasc: refusing to start: unsupported option(s): "
                                    "--enable-hierarchical-cache (host offload of compressed checkpoints is not supported)")
+
+
+@pytest.mark.parametrize("name, raw, value", [("DASC_LOG_RESTORES", "true", True), ("DASC_LOG_RESTORES", " 0 ", False),
+                                              ("DASC_WR_CHECK", "yes", True), ("DASC_WR_DUMP_MAX", "7", 7),
+                                              ("DASC_WR_DUMP_MAX", "", 4)])
+def test_diagnostic_env_vars_read_every_spelling_the_other_knobs_take(monkeypatch, name, raw, value):
+    """DASC_LOG_RESTORES=true was silently off (only "1" counted)."""
+    from dasc_runtime.settings import env_setting
+
+    monkeypatch.setenv(name, raw)
+    assert env_setting(name) == value and env_setting(name, strict=True) == value
+
+
+@pytest.mark.parametrize("name, raw", [("DASC_WR_DUMP_MAX", "abc"), ("DASC_LOG_RESTORES", "2"), ("DASC_WR_CHECK", "on!")])
+def test_a_bad_diagnostic_value_is_refused_at_start_up_not_a_traceback_at_import(monkeypatch, name, raw):
+    """DASC_WR_DUMP_MAX=abc raised a ValueError traceback on `import dasc_runtime.wr_refresh` (in every scheduler
+    process); the import now falls back to the default and the start-up check refuses the value in one line."""
+    from dasc_compile.errors import DascInputError
+    from dasc_runtime import plugin
+
+    env = dict(os.environ, **{name: raw})
+    r = subprocess.run([sys.executable, "-c", "import dasc_runtime.wr_refresh, dasc_runtime.pool"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(DascInputError) as exc:
+        plugin.check_env_knobs()
+    assert str(exc.value).startswith(f"{name}: expected ") and repr(raw) in str(exc.value)
