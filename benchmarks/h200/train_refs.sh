@@ -46,6 +46,8 @@
 #   --lr 5e-4 --warmup 50 --skip-source-loss --no-decay-report"
 # or GDN_FLAGS="--no-rope --log-attn-entropy" (Qwen3-Next attention without rotary, the RoPE control; the same flags resume it;
 #   stage it with `prepare stage --families gdn --fresh gdn`)
+# or GDN_FLAGS="--no-attention --skip-source-loss --recall-frac 0.5" (every mixer recurrent: the retrieval control of
+#   benchmarks/notes/2026-12-04-recurrent-only-control.md; staged as the RoPE control is)
 # Each session records the recipe it ran with (state.json's session list, the start line of run.log).
 # $OUT (at most 8 files): run.log (everything, each line tagged), summary.json (each model's last
 # record), <family>.tzp.NN (packed checkpoints with their training state; the next stage carries them on).
