@@ -131,6 +131,9 @@ def check_architecture(a, resumed: dict | None) -> str | None:
         return f"--no-rope: only --family gdn (Qwen3-Next) has rotary attention to switch off, not {a.family}"
     if a.no_rope and a.no_attention:
         return "--no-rope with --no-attention: a model without attention layers has no rotary embedding to switch off"
+    if resumed is not None and a.no_rope and not attention_of(resumed):
+        return (f"--no-rope: {a.resume} has no attention layers (--no-attention), so no rotary embedding to switch "
+                f"off; resume without it")
     if resumed is not None:
         for flag, given, had, what in (("--no-rope", a.no_rope, rope_of(resumed), "RoPE"),
                                        ("--no-attention", a.no_attention, attention_of(resumed), "attention layers")):

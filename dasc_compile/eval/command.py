@@ -31,6 +31,9 @@ def check_outputs(*paths: Optional[Path]) -> None:
     Raises:
         DascInputError: naming the path and what is wrong.
     """
+    given = [Path(p) for p in paths if p is not None]
+    if len(given) == 2 and os.path.abspath(given[0]) == os.path.abspath(given[1]):
+        raise DascInputError(f"{given[0]}: given as both --json and --plot; give each its own file")
     for out in paths:
         if out is None:
             continue

@@ -32,7 +32,8 @@ def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int
 
     Raises:
         DascInputError: neither source given; an init checkpoint of another architecture (other
-            recurrent layers, or decay tensors of other shapes).
+            recurrent layers, or decay tensors of other shapes), or one whose decays equal the model's; a seed
+            whose rebuild contradicts the recorded initial decays (:func:`_check_against_recorded_init`).
     """
     if init_from is not None:
         from dasc_compile.arch import arch_from_config
@@ -56,7 +57,13 @@ def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int
                                  f"{list(ispec.recurrent_layer_ids)}, decay shapes {ispec.a_log_shape} / "
                                  f"{ispec.dt_bias_shape}; the model's {list(spec.recurrent_layer_ids)}, "
                                  f"{spec.a_log_shape} / {spec.dt_bias_shape})")
-        return [(n, t.float()) for n, t in read_decay_tensors(src, ispec)], f"checkpoint {init_from}"
+        init_t = [(n, t.float()) for n, t in read_decay_tensors(src, ispec)]
+        own = read_decay_tensors(open_checkpoint(model), spec)
+        if len(own) == len(init_t) and all(torch.equal(a.float(), b) for (_, a), (_, b) in zip(own, init_t)):
+            raise DascInputError(f"--init-from {init_from}: its decay tensors equal the model's (the trained checkpoint "
+                                 f"itself?), so the init control would repeat the plan; give the model's initial "
+                                 f"checkpoint")
+        return init_t, f"checkpoint {init_from}"
     if init_seed is not None:
         from dasc_compile.eval.models import _read_config, build_from_config, recurrent_mixers
 
@@ -81,7 +88,8 @@ def _check_against_recorded_init(model: Path, built: list, init_seed: int) -> No
     """Refuse an ``--init-seed`` rebuild that contradicts the initial decays the model folder records.
 
     The references trained here (``plans/reference/*-hybrid-*``) keep their initial ``A_log`` / ``dt_bias`` in
-    ``train_log.json`` (``init_decays``: ``{"live:<tensor name>": [values]}``) and were not initialised by
+    ``train_log.json`` (``init_decays``: ``{"live:<tensor name>": [values]}``), a checkpoint of
+    ``benchmarks/train`` in ``train_state/init_decays.safetensors`` (the same names), and were not initialised by
     transformers' plain ``from_config`` (e.g. GDN's log-uniform ``dt``): a seed then rebuilds other decays, and
     the init / untrained controls would be wrong without a word (session 19 audit: ``dt_bias`` off by up to 7.1).
     Models without that file are not checked. Record and rebuild are matched by layer index and tensor kind
@@ -95,15 +103,23 @@ def _check_against_recorded_init(model: Path, built: list, init_seed: int) -> No
     import json
 
     log = Path(model) / "train_log.json"
+    st = Path(model) / "train_state" / "init_decays.safetensors"      # a checkpoint as benchmarks/train writes it
+    if not log.is_file() and st.is_file():
+        log = st
     if not log.is_file():
         return
     try:
-        doc = json.loads(log.read_text())
-    except (OSError, ValueError) as exc:
+        if log.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            rec = {k: v.reshape(-1).tolist() for k, v in load_file(str(log)).items()}
+        else:
+            doc = json.loads(log.read_text())
+            rec = doc.get("init_decays") if isinstance(doc, dict) else None
+    except Exception as exc:        # any unreadable record (safetensors raises its own kinds)
         raise DascInputError(f"--init-seed {init_seed}: {log} is there but unreadable ({type(exc).__name__}), so the "
                              f"rebuild cannot be checked against the initial decays it records; repair it, or give "
                              f"--init-from DIR") from None
-    rec = doc.get("init_decays") if isinstance(doc, dict) else None
     if not isinstance(rec, dict):
         return
     recorded = {_decay_key(k): v for k, v in rec.items() if k.startswith("live:") and _decay_key(k) is not None}

@@ -230,9 +230,24 @@ def _refuse_decay_only(path: Path, cfg: dict) -> None:
             f"enough for dasc compile, not for eval)")
 
 
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a config or checkpoint it cannot build: the builtin kinds, and
+    huggingface_hub's strict-dataclass validation (5.12 rejects a Nemotron-H config whose layer kinds carry
+    5.17's names, e.g. ``linear_attention``), which derives from none of them."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return OSError, ValueError, KeyError, RuntimeError, TypeError
+    return OSError, ValueError, KeyError, RuntimeError, TypeError, StrictDataclassError
+
+
 def _hf_error(path: Path, cfg: dict, exc: Exception) -> DascInputError:
-    return DascInputError(f"{path}: transformers cannot load this {cfg.get('model_type')} checkpoint "
-                          f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})")
+    import transformers
+
+    # the whole message on one line: a validation error's first line names only the validator
+    text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:300] or type(exc).__name__
+    return DascInputError(f"{path}: transformers {transformers.__version__} cannot load this {cfg.get('model_type')} "
+                          f"checkpoint ({text})")
 
 
 def quiet_transformers() -> None:
@@ -268,7 +283,7 @@ def build_from_config(path: Path, cfg: dict, seed: int):
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+    except _load_errors() as exc:
         raise _hf_error(path, cfg, exc) from None
 
 
@@ -290,7 +305,7 @@ def preflight(path: Path, dtype: torch.dtype = torch.float32):
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(config)
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+    except _load_errors() as exc:
         raise _hf_error(path, cfg, exc) from None
     check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
     return config
@@ -306,7 +321,7 @@ def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
                                                            output_loading_info=True)
     except DascInputError:
         raise
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+    except _load_errors() as exc:
         raise _hf_error(path, cfg, exc) from None
     tied = config.get_text_config().tie_word_embeddings
     missing = [k for k in info.get("missing_keys", []) if not (tied and "lm_head" in k)]

@@ -195,19 +195,12 @@ def _init_control(model, spec, tensors, loaded, init_from, init_seed):
     """(init_kept per plan, the ``init`` record) from the initial decay tensors.
 
     Raises:
-        DascInputError: as :func:`dasc_compile.eval.controls.init_decay_tensors`; an ``--init-from`` checkpoint
-            whose decays equal the model's.
+        DascInputError: as :func:`dasc_compile.eval.controls.init_decay_tensors`.
     """
-    import torch
-
     from dasc_compile.compiler import layer_horizons, resolve_family_policy
     from dasc_compile.eval.controls import decay_drift, init_decay_tensors, init_kept_units
 
     init_t, source = init_decay_tensors(model, spec, init_from, init_seed)
-    if init_from is not None and len(init_t) == len(tensors) and all(
-            torch.equal(a.float(), b.float()) for (_, a), (_, b) in zip(init_t, tensors)):
-        raise DascInputError(f"--init-from {init_from}: its decay tensors equal the model's (the trained checkpoint "
-                             f"itself?), so the init control would repeat the plan; give the model's initial checkpoint")
     kept, drift = [], None
     for _, plan in loaded:
         pol = resolve_family_policy(spec, plan.policy)

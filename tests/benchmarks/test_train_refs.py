@@ -753,3 +753,6 @@ def test_a_no_attention_run_refuses_attention_options_on_resume_too(data_dir, tm
         main(_args(data_dir, tmp_path / "out", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn"),
                    "--attn-lr-mult", "3"))
     assert exc.value.code == 2 and "act on attention layers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:        # it said "was trained with RoPE"
+        main(_args(data_dir, tmp_path / "out", "gdn", 1, "--resume", str(tmp_path / "first" / "gdn"), "--no-rope"))
+    assert exc.value.code == 2 and "has no attention layers (--no-attention)" in capsys.readouterr().err

@@ -256,3 +256,39 @@ def test_init_from_a_file_and_json_under_a_file_name_what_is_wrong(gdn_dir, tmp_
     assert line.startswith(f"error: --init-from {f}: not a directory; expected the model's initial checkpoint")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--json", f / "r.json"))
     assert line == f"error: {f / 'r.json'}: {f} is not a folder; give a path in an existing folder"
+
+
+def test_init_seed_is_checked_against_a_trainer_checkpoints_record(gdn_dir, tmp_path):
+    """A checkpoint written by benchmarks/train keeps its initial decays in train_state/init_decays.safetensors,
+    not train_log.json, and --init-seed with the wrong seed (or GDN's log-uniform dt) passed unchecked."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dasc_compile.eval.controls import init_decay_tensors
+    from dasc_compile.eval.run import checkpoint_decays
+
+    model = tmp_path / "m"
+    shutil.copytree(gdn_dir, model)
+    plan = compile_for(model, 16, tmp_path / "w16.dasc")
+    spec, _, _ = checkpoint_decays(model)
+    seed0, _ = init_decay_tensors(model, spec, None, 0)            # no record yet: nothing to check against
+    (model / "train_state").mkdir()
+    rec = {f"live:{n}": t.clone().contiguous() for n, t in seed0}
+    save_file(rec, str(model / "train_state" / "init_decays.safetensors"))
+    init_decay_tensors(model, spec, None, 0)                        # the recorded seed passes
+    rec = {k: (v + 0.5).contiguous() for k, v in rec.items()}
+    save_file(rec, str(model / "train_state" / "init_decays.safetensors"))
+    line = _one_error_line(_cli("eval", model, "--plan", plan, "--arms", "nr,init", "--init-seed", 0))
+    assert "--init-seed 0: transformers' initialisation differs from the initial decays" in line
+    assert "init_decays.safetensors" in line and torch.is_tensor(seed0[0][1])
+
+
+def test_horizons_with_the_model_as_its_own_init_and_one_path_for_json_and_plot_are_refused(gdn_dir, tmp_path):
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--horizons", "--init-from", gdn_dir))
+    assert f"--init-from {gdn_dir}: its decay tensors equal the model's" in line
+    same = tmp_path / "same.png"
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--json", same, "--plot", same))
+    assert line == f"error: {same}: given as both --json and --plot; give each its own file" and not same.exists()
