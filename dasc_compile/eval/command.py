@@ -26,7 +26,8 @@ from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make
 
 def check_outputs(*paths: Optional[Path]) -> None:
     """Refuse, before any work, an output path (``--json``, ``--plot``) whose folder is missing or not
-    writable, or which is itself a folder.
+    writable, or the same path given for both (what already sits at a path, a folder included, is
+    :func:`dasc_compile.userfiles.refuse_foreign_output`'s to refuse).
 
     Raises:
         DascInputError: naming the path and what is wrong.
@@ -39,8 +40,6 @@ def check_outputs(*paths: Optional[Path]) -> None:
             continue
         out = Path(out)
         parent = out.parent if str(out.parent) else Path(".")
-        if out.is_dir():
-            raise DascInputError(f"{out}: is a folder; give a file name for the output")
         if parent.exists() and not parent.is_dir():
             raise DascInputError(f"{out}: {parent} is not a folder; give a path in an existing folder")
         if not parent.is_dir():

@@ -26,9 +26,12 @@ from dasc_compile.errors import DascInputError
 from dasc_compile.eval.metrics import median_iqr, spearman
 
 
-def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int | None) -> tuple[list, str]:
+def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int | None, *,
+                       model_tensors: list | None = None) -> tuple[list, str]:
     """The initial decay tensors in ``read_decay_tensors``' layout (``[(A_log name, A_log), (dt_bias
     name, dt_bias), ...]`` per recurrent layer, float32) and a line saying where they came from.
+    ``model_tensors``: the model's own decay tensors when the caller has read them already (else, with
+    ``init_from``, they are read here for the check that the init checkpoint is not the model itself).
 
     Raises:
         DascInputError: neither source given; an init checkpoint of another architecture (other
@@ -58,7 +61,7 @@ def init_decay_tensors(model: Path, spec, init_from: Path | None, init_seed: int
                                  f"{ispec.dt_bias_shape}; the model's {list(spec.recurrent_layer_ids)}, "
                                  f"{spec.a_log_shape} / {spec.dt_bias_shape})")
         init_t = [(n, t.float()) for n, t in read_decay_tensors(src, ispec)]
-        own = read_decay_tensors(open_checkpoint(model), spec)
+        own = model_tensors if model_tensors is not None else read_decay_tensors(open_checkpoint(model), spec)
         if len(own) == len(init_t) and all(torch.equal(a.float(), b) for (_, a), (_, b) in zip(own, init_t)):
             raise DascInputError(f"--init-from {init_from}: its decay tensors equal the model's (the trained checkpoint "
                                  f"itself?), so the init control would repeat the plan; give the model's initial "

@@ -200,7 +200,7 @@ def _init_control(model, spec, tensors, loaded, init_from, init_seed):
     from dasc_compile.compiler import layer_horizons, resolve_family_policy
     from dasc_compile.eval.controls import decay_drift, init_decay_tensors, init_kept_units
 
-    init_t, source = init_decay_tensors(model, spec, init_from, init_seed)
+    init_t, source = init_decay_tensors(model, spec, init_from, init_seed, model_tensors=tensors)
     kept, drift = [], None
     for _, plan in loaded:
         pol = resolve_family_policy(spec, plan.policy)
@@ -387,7 +387,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
     policy = resolve_family_policy(spec, policy)
     models = [("table_1b", None, layer_horizons(spec, policy, tensors))]
     if init_from is not None or init_seed is not None:
-        init_t, _ = init_decay_tensors(model, spec, init_from, init_seed)
+        init_t, _ = init_decay_tensors(model, spec, init_from, init_seed, model_tensors=tensors)
         models.append(("table_1b_untrained", True, layer_horizons(spec, policy, init_t)))
     tok = load_tokenizer(model, _read_config(model))
     prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, 2, seed)
