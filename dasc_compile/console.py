@@ -17,6 +17,15 @@ def console(**kwargs) -> Console:
     return Console(emoji=False, **kwargs)
 
 
+def progress_bar(con: Console, enabled: bool = True):
+    """A transient :class:`rich.progress.Progress` on ``con`` (stderr), drawn only on a terminal: piped or
+    redirected, rich still writes an empty line when the bar stops, which then stood before the command's
+    ``error:`` line or alone in a log."""
+    from rich.progress import Progress
+
+    return Progress(console=con, transient=True, disable=not (enabled and con.is_terminal))
+
+
 def counted(n: int, noun: str) -> str:
     """``"1 prompt"`` / ``"2 prompts"``: a count with its noun in the right number (plural: ``noun + "s"``)."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -1,8 +1,15 @@
-"""What every ``--plot`` shares: the PNG file name check and a headless pyplot (matplotlib is imported only
-when a figure is drawn, so the CLI stays quick)."""
+"""What every ``--plot`` shares: the PNG file name check, a headless pyplot (matplotlib is imported only
+when a figure is drawn, so the CLI stays quick), and the writer that marks each PNG as dasc's.
+
+A ``--plot`` replaces only a PNG that a dasc command wrote: :func:`save_png` puts a ``tEXt`` chunk with the
+keyword :data:`PNG_KEY` in every figure, and :func:`check_png` refuses an existing PNG without it (a photo,
+a figure of another tool) before any work is done.
+"""
 
 from __future__ import annotations
 
+import os
+import struct
 from pathlib import Path
 
 from dasc_compile.errors import DascInputError
@@ -21,7 +28,67 @@ def check_png(path: str | Path) -> Path:
     if path.suffix.lower() != ".png":
         raise DascInputError(f"{path}: --plot writes a PNG image; give a file name ending in .png")
     refuse_foreign_output(path, "PNG image")
+    try:
+        ours = path.stat().st_size == 0 or PNG_KEY in png_text_keys(path)
+    except OSError:             # missing or unreadable: the write reports its own errors
+        ours = True
+    if not ours:
+        raise DascInputError(f"{path}: exists and is a PNG image no dasc command wrote; dasc would overwrite it: "
+                             f"give another path or remove the file first")
     return path
+
+
+#: Keyword of the PNG ``tEXt`` chunk that marks a figure written by dasc (:func:`save_png`).
+PNG_KEY = "dasc"
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_text_keys(path: str | Path, max_chunks: int = 4096) -> set[str]:
+    """The keywords of the ``tEXt`` / ``iTXt`` / ``zTXt`` chunks of the PNG file ``path`` that come before its
+    image data (where matplotlib writes them); an empty set for a file that is not a PNG or is cut short.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    keys: set[str] = set()
+    with open(path, "rb") as fh:
+        if fh.read(8) != _PNG_SIGNATURE:
+            return keys
+        for _ in range(max_chunks):
+            head = fh.read(8)
+            if len(head) < 8:
+                break
+            length, kind = struct.unpack(">I4s", head)
+            if kind in (b"IDAT", b"IEND"):
+                break
+            if kind in (b"tEXt", b"iTXt", b"zTXt") and length <= 1 << 20:
+                data = fh.read(length)
+                keys.add(data.split(b"\0", 1)[0].decode("latin-1"))
+                fh.seek(4, os.SEEK_CUR)                 # CRC
+            else:
+                fh.seek(length + 4, os.SEEK_CUR)
+    return keys
+
+
+def save_png(fig, out: str | Path, dpi: int, label: str | None = None) -> None:
+    """Write ``fig`` to ``out`` as a PNG marked as dasc's (:data:`PNG_KEY`), atomically (a temporary file
+    beside it, then a rename), and close the figure.
+
+    Raises:
+        DascInputError: ``label`` (default ``out``) and the system's reason when the file cannot be written.
+    """
+    plt = pyplot()
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, format="png", dpi=dpi, metadata={PNG_KEY: "figure written by a dasc command"})
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise DascInputError(f"{label or out}: cannot write the plot ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
 
 
 def pyplot():

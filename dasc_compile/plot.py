@@ -14,12 +14,11 @@ matplotlib is imported only when :func:`plot_plan` runs.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
-from dasc_compile.errors import DascInputError
+from dasc_compile.figures import save_png
 from dasc_compile.plan_views import by_rank, fmt_ratio, is_initialisation_draw, retained_fraction_matrix
 from dasc_compile.provenance import figure_label, figure_line
 from dasc_compile.schema import UNIT_KINDS, Plan
@@ -47,7 +46,7 @@ def _edge_label(x: float) -> str:
 
 
 def plot_plan(plan: Plan, png_path: str | Path) -> None:
-    """Draw the plan as a PNG at ``png_path`` (written to a temporary name, then ``os.replace``).
+    """Draw the plan as a PNG at ``png_path`` (:func:`dasc_compile.figures.save_png`).
 
     Panels: (1) heatmap of the retained fraction r_{l,h} (rows: recurrent layers labelled by model
     layer index; columns: heads; KDA: fraction of d_k key channels kept, GDN: kept / omitted
@@ -172,12 +171,4 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
     else:                   # trained weights are named too, so no figure goes out without its source
         fig.supxlabel(textwrap.fill(plain(figure_line(plan.model.provenance, width=300)), width=150), fontsize=9)
 
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot write the plot ({exc.strerror or exc})") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    save_png(fig, out, 110)

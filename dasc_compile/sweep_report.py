@@ -25,7 +25,6 @@ from rich.console import Console
 from rich.table import Table
 
 from dasc_compile.console import counted
-from dasc_compile.errors import DascInputError
 from dasc_compile.inspect import _json_safe
 from dasc_compile.plan_views import fmt_ratio
 from dasc_compile.provenance import figure_label, figure_line, provenance_kind, short_line
@@ -212,7 +211,7 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
     Raises:
         DascInputError: ``out`` does not end in ``.png`` or cannot be written.
     """
-    from dasc_compile.figures import check_png, pyplot
+    from dasc_compile.figures import check_png, pyplot, save_png
 
     out = check_png(out)
     plt = pyplot()
@@ -268,13 +267,4 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
     text = f"{label.upper()} (dasc inspect shows the provenance note)" if label is not None else figure_line(note)
     fig.supxlabel(text.replace("$", r"\$"), fontsize=8, color="black" if label is None else "crimson")
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        fig.savefig(tmp, format="png", dpi=110)
-        tmp.replace(out)
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot write the plot ({exc.strerror or exc})") from None
-    finally:
-        plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
+    save_png(fig, out, 110)

@@ -46,6 +46,26 @@ def check_outputs(*paths: Optional[Path]) -> None:
             raise DascInputError(f"{out}: folder {parent} does not exist; create it or give another path")
         if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
             raise DascInputError(f"{out}: not writable; give a path in a folder you can write to")
+        _probe_write(out, parent)
+
+
+def _probe_write(out: Path, parent: Path) -> None:
+    """Create and remove a temporary file beside ``out``, as the write will: ``os.access`` says yes to root
+    on a read-only mount or a folder the file system refuses (/proc, /sys), which was found only after the
+    first prompt had run.
+
+    Raises:
+        DascInputError: naming the path and the system's reason.
+    """
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=parent)
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot write there ({exc.strerror or exc}); give a path in a folder you "
+                             f"can write to") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _refuse_idle_options(ctx, horizons: bool, sharegpt: Optional[int]) -> None:
@@ -97,6 +117,18 @@ def _arm_table(title: str, arms: dict, plan: dict) -> Table:
         t.add_row(arm_label(arm, r, plan), *(_fmt(r.get(m), 3 if "agree" in m or "retrieval" in m else 4)
                                             for m, _ in _COLUMNS))
     return t
+
+
+def whole_prefix_note(arms: dict, prefix_len: int) -> str | None:
+    """The line printed under a plan's table when its dasc-wr replay window (Eq. 7, ``min(n_p, W_replay)``)
+    covers the whole cached prefix: the replay then rebuilds the state exactly, so the wr row equals dense by
+    construction and says nothing about the plan (``dasc sweep`` refuses such a run; here other arms still
+    measure). None otherwise."""
+    w = (arms.get("wr") or {}).get("w_replay")
+    if not isinstance(w, int) or w < prefix_len:
+        return None
+    return (f"note: dasc-wr replays the whole {prefix_len}-token prefix here (W_replay {w}): it restores the state "
+            f"exactly, so its row equals dense by construction; give --prefix-len above {w} to measure dasc-wr")
 
 
 #: The paired comparisons printed under each plan's table: ``plans[i].paired`` key, what nr is compared with.
@@ -161,6 +193,9 @@ def render(doc: dict, con: Console) -> None:
         title = (f"{p['path']}: {kind}w_max {p['w_max']}, kept {p['n_kept']}/{p['n_units']} units, "
                  f"C_temp {fmt_ratio(p['c_temp_ragged'])}, C_ckpt {fmt_ratio(p['c_ckpt'])}")
         con.print(_arm_table(title, entry["arms"], p))
+        note = whole_prefix_note(entry["arms"], pr["prefix_len"])
+        if note:
+            con.print(note, markup=False)
         for line in paired_lines(entry.get("paired", {}), p):
             con.print(line, markup=False)
         if "untrained" in entry:

@@ -266,3 +266,25 @@ def _holds_state(cache, layer_idx: int) -> bool:
     if hasattr(cache, "get_recurrent_state"):
         return cache.get_recurrent_state(layer_idx, state_idx=0) is not None
     return bool(cache.has_previous_state(layer_idx))
+
+
+def missing_weights_error(path, cfg: dict, missing: list[str], unexpected: list[str]) -> DascInputError:
+    """The one line for weights transformers did not find. When the checkpoint also holds tensors the model
+    does not use, the names differ rather than the weights lacking: a checkpoint written by another
+    transformers release (Nemotron-H written by 5.12 names ``embedding`` what 5.24 calls ``embeddings``).
+
+    ``missing`` / ``unexpected``: transformers' ``output_loading_info`` key lists, sorted; ``cfg``: config.json."""
+    import transformers
+
+    from dasc_compile.console import counted
+
+    if not unexpected:
+        return DascInputError(f"{path}: {counted(len(missing), 'weight')} missing from the checkpoint (e.g. {missing[0]}); "
+                              f"dasc eval needs the whole trained checkpoint")
+    written = cfg.get("transformers_version")
+    by = f"by transformers {written}" if isinstance(written, str) else "by another transformers release"
+    fix = f"run dasc eval with transformers {written}" if isinstance(written, str) else "use the release that wrote it"
+    return DascInputError(
+        f"{path}: transformers {transformers.__version__} expects {counted(len(missing), 'weight')} under other names than the "
+        f"checkpoint's (e.g. it expects {missing[0]}, the checkpoint has {unexpected[0]}); it was written {by}: "
+        f"{fix}, or load and save it again with {transformers.__version__}")

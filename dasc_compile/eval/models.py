@@ -326,8 +326,9 @@ def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
     tied = config.get_text_config().tie_word_embeddings
     missing = [k for k in info.get("missing_keys", []) if not (tied and "lm_head" in k)]
     if missing:
-        raise DascInputError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {sorted(missing)[0]}); "
-                             f"dasc eval needs the whole trained checkpoint")
+        from dasc_compile.eval.hf_compat import missing_weights_error
+
+        raise missing_weights_error(path, cfg, sorted(missing), sorted(info.get("unexpected_keys", [])))
     return model
 
 

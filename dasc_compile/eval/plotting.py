@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from dasc_compile.console import counted
-from dasc_compile.errors import DascInputError
 from dasc_compile.provenance import figure_label, figure_line, provenance_kind
 
 PANELS = (("nll_delta_head", "NLL - dense, first 16 suffix tokens"), ("kl", "KL(dense || arm), whole suffix"),
@@ -66,19 +65,14 @@ def draw_panels(axes, result: dict, metrics=PANELS) -> None:
 
 
 def save_figure(fig, out: str | Path, label: str) -> None:
-    """Write ``fig`` to ``out`` (its suffix picks the format) at 120 dpi and close it.
+    """Write ``fig`` to the PNG ``out`` at 120 dpi and close it (:func:`dasc_compile.figures.save_png`).
 
     Raises:
-        DascInputError: ``label: cannot write the plot there (reason)`` when the file cannot be written.
+        DascInputError: ``label: cannot write the plot (reason)`` when the file cannot be written.
     """
-    import matplotlib.pyplot as plt
+    from dasc_compile.figures import save_png
 
-    try:
-        fig.savefig(out, dpi=120)
-    except OSError as exc:
-        raise DascInputError(f"{label}: cannot write the plot there ({exc.strerror or type(exc).__name__})") from None
-    finally:
-        plt.close(fig)
+    save_png(fig, out, 120, label)
 
 
 def plot_quality(result: dict, out: str | Path) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from dasc_compile.cli_exit import Interrupted
-from dasc_compile.console import console, counted
+from dasc_compile.console import console, counted, progress_bar
 from dasc_compile.errors import DascInputError
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
@@ -298,11 +298,8 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
             doc["init"] = init_rec
         return doc
 
-    from rich.progress import Progress
-
-
     try:
-        with Progress(console=ERR, transient=True, disable=not progress) as bar:
+        with progress_bar(ERR, progress) as bar:
             task = bar.add_task(f"dasc eval: {counted(len(prompts), 'prompt')} x {len(cases)} plan(s)",
                                 total=len(prompts))
             for p in prompts:
@@ -391,9 +388,6 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
         models.append(("table_1b_untrained", True, layer_horizons(spec, policy, init_t)))
     tok = load_tokenizer(model, _read_config(model))
     prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, 2, seed)
-    from rich.progress import Progress
-
-
     out = {}
     em = None
     for key, untrained, static_h in models:
@@ -401,7 +395,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
              if untrained else load_eval_model(model, device, tokenizer=tok))
         em = em or m
         rows = []
-        with Progress(console=ERR, transient=True, disable=not progress) as bar:
+        with progress_bar(ERR, progress) as bar:
             task = bar.add_task(f"dasc eval --horizons: {len(prompts)} prefixes", total=len(prompts))
             for p in prompts:
                 rows += hz.validate_prefix(m, p.prefix, static_h, policy.eps)

@@ -87,6 +87,22 @@ def test_m30_gdn_packs_to_three_parts_of_the_measured_size(packed_m30):
     assert staged_parts.PACKED_MIB["gdn", "m30"] - 1.5 < sum(sizes) / MIB < staged_parts.PACKED_MIB["gdn", "m30"]
 
 
+def test_the_recurrent_only_m30_gdn_packs_to_four_parts_and_stage_expects_them(tmp_path):
+    """The recurrent-only control (train.py --no-attention) packs larger than the hybrid (46.1 vs 42.8 MiB: 4
+    parts, not 3); a fresh start's estimate is the larger of the two, since stage does not see the flags."""
+    model = build_model("gdn", "m30", VOCAB, EOS_ID, seed=0, attention=False)
+    ck = save_checkpoint(model, tmp_path / "gdn", None, None)
+    (ck / "train_state").mkdir()
+    (ck / "train_state" / "state.json").write_text(json.dumps({"family": "gdn", "seed": 0, "size": "m30"}))
+    pack.pack(ck, tmp_path / "returned")
+    sizes = [p.stat().st_size for p in sorted((tmp_path / "returned").glob("gdn.tzp.*"))]
+    measured = staged_parts.PACKED_MIB_NO_ATTENTION["gdn", "m30"]
+    assert len(sizes) == 4 and measured - 1.5 < sum(sizes) / MIB < measured
+    assert staged_parts.fresh_packed_mib("gdn", "m30") == measured > staged_parts.PACKED_MIB["gdn", "m30"]
+    assert staged_parts.fresh_packed_mib("gdn", "smoke") == staged_parts.PACKED_MIB["gdn", "smoke"]
+    assert set(staged_parts.PACKED_MIB_NO_ATTENTION) <= set(staged_parts.PACKED_MIB)
+
+
 def _prep(tmp_path) -> tuple[Path, Path]:
     """A prep folder with stand-in shards of the real shards' sizes (meta.json lists them), and a wheels folder
     of the real size."""
@@ -142,7 +158,8 @@ def test_stage_resumes_one_m30_family_only_with_bundles_and_results_parked(packe
 
 
 def test_stage_refuses_two_m30_families_whose_return_is_over_64_mib(tmp_path, capsys, monkeypatch):
-    """Out: run.log + summary.json + 3 parts per m30 family; two are 8 files and ~86-88 MiB."""
+    """Out: run.log + summary.json + the parts of each fresh m30 family at the larger of its hybrid and
+    recurrent-only sizes (gdn 46.14, mamba2 49.97 MiB, x1.02 growth: 4 parts each): 10 files, 1 + 47.06 + 50.97 MiB."""
     monkeypatch.setattr(prepare, "_tree_bytes", lambda root: TREE_ALL_PARKED)
     prep, whl = _prep(tmp_path)
     monkeypatch.setattr(prepare, "WHEELS", whl)         # where train_refs.sh installs them from
@@ -150,10 +167,10 @@ def test_stage_refuses_two_m30_families_whose_return_is_over_64_mib(tmp_path, ca
     rc, _, err = _stage(capsys, prep, whl, call, "--families", "gdn", "mamba2", "--fresh", "gdn", "mamba2",
                         "--size", "m30")
     assert rc == 2 and len(err.splitlines()) == 1 and not (tmp_path / "dev").exists()
-    assert err.startswith("error: --families gdn mamba2 (--size m30): the call would return ~87.8 MiB")
-    assert "in 8 files" in err and "over the 8 files / 64 MiB a call returns" in err
+    assert err.startswith("error: --families gdn mamba2 (--size m30): the call would return ~99.0 MiB")
+    assert "in 10 files" in err and "over the 8 files / 64 MiB a call returns" in err
     rc, out, _ = _stage(capsys, prep, whl, call, "--families", "gdn", "--fresh", "gdn", "--size", "m30")
-    assert rc == 0 and json.loads(out)["return_files"] == 5 and len(json.loads(out)["shards"]) == len(SHARDS)
+    assert rc == 0 and json.loads(out)["return_files"] == 6 and len(json.loads(out)["shards"]) == len(SHARDS)
     assert json.loads((call / "staged.json").read_text())["size"] == "m30"
 
 

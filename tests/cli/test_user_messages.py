@@ -257,6 +257,25 @@ def test_every_console_is_made_by_the_one_factory():
     assert made == []
 
 
+@pytest.mark.parametrize("terminal", [False, True])
+def test_a_progress_bar_writes_nothing_when_stderr_is_not_a_terminal(terminal):
+    """Piped or redirected, rich's transient bar still wrote an empty line when it stopped: a fresh user saw it
+    before 'error: interrupted ...' and alone in logs. On a terminal the bar is drawn and cleared."""
+    import io
+
+    from dasc_compile.console import console, progress_bar
+
+    buf = io.StringIO()
+    con = console(file=buf, force_terminal=terminal)
+    with progress_bar(con) as bar:
+        bar.advance(bar.add_task("work", total=2))
+    assert (buf.getvalue() == "") is not terminal
+    buf.truncate(0)
+    with progress_bar(con, enabled=False) as bar:
+        bar.add_task("work", total=2)
+    assert buf.getvalue() == ""
+
+
 def test_a_plan_where_a_checkpoint_goes_and_back(tmp_path):
     """A plan given to a command that takes the model, and the model to one that takes a plan: each error
     says which it is and what to give instead."""

@@ -274,6 +274,35 @@ def test_plot_writes_a_png_atomically(plan, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]      # no temporary file left
 
 
+def test_plot_replaces_only_a_png_a_dasc_command_wrote(plan, tmp_path):
+    """A fresh user's --plot replaced a photo that happened to be a PNG: every dasc figure carries a tEXt
+    chunk (figures.PNG_KEY), and check_png refuses an existing PNG without it, keeping the file."""
+    from dasc_compile.figures import PNG_KEY, check_png, png_text_keys, pyplot
+
+    ours = tmp_path / "plan.png"
+    plot_plan(plan, ours)
+    assert PNG_KEY in png_text_keys(ours)
+    assert check_png(ours) == ours                                    # a re-run replaces its own figure
+    plot_plan(plan, ours)
+
+    plt = pyplot()
+    fig = plt.figure()
+    photo = tmp_path / "photo.png"
+    fig.savefig(photo)                                                # matplotlib's own PNG, no dasc mark
+    plt.close(fig)
+    before = photo.read_bytes()
+    assert before[:8] == PNG_MAGIC and PNG_KEY not in png_text_keys(photo)
+    with pytest.raises(DascInputError, match="exists and is a PNG image no dasc command wrote"):
+        check_png(photo)
+    assert photo.read_bytes() == before
+    truncated = tmp_path / "cut.png"                                  # signature only: not ours either
+    truncated.write_bytes(PNG_MAGIC)
+    with pytest.raises(DascInputError, match="no dasc command wrote"):
+        check_png(truncated)
+    (tmp_path / "empty.png").write_bytes(b"")                         # empty: nothing to lose
+    check_png(tmp_path / "empty.png")
+
+
 def test_plot_into_missing_directory_is_an_input_error(tmp_path):
     with pytest.raises(DascInputError, match="cannot write the plot"):
         plot_plan(gdn_plan(), tmp_path / "no-such-dir" / "x.png")

@@ -55,6 +55,10 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
     assert doc["protocol"]["random_seeds"] == [1234, 2027, 3407, 4519, 5683]
     assert png.stat().st_size > 1000
     assert out.stat().st_mode & 0o777 == 0o644
+    # w_max 200's replay window covers the whole 80-token prefix: wr equals dense by construction, said once
+    assert [p["arms"]["wr"]["w_replay"] >= 80 for p in doc["plans"]] == [False, False, True]
+    assert doc["plans"][2]["arms"]["wr"]["kl"] == 0.0
+    assert r.output.count("dasc-wr replays the whole 80-token prefix here") == 1
     assert drawn == ["as read from checkpoint (trained weights)"]   # the figure names its source, once
     assert r.output.index("dasc-nr") < r.output.index(f"wrote {out}")                # tables before the files
     # under each plan's table, the paired difference over prompts (no init arm in this run: nr - Random only)
@@ -101,6 +105,20 @@ def test_horizons_with_plot_is_refused_before_running(gdn_dir, tmp_path):
     assert not png.exists()
 
 
+def test_an_output_folder_the_system_refuses_is_found_before_running(gdn_dir, plans, tmp_path, monkeypatch):
+    """As root, os.access says yes to a folder the file system refuses (/sys, a read-only mount); the JSON
+    write then failed after the first prompt. A temporary file is now created there first."""
+    import tempfile
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--json", tmp_path / "r.json"))
+    assert line == f"error: {tmp_path / 'r.json'}: cannot write there (Permission denied); give a path in a folder you can write to"
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_prefix_beyond_max_position_embeddings_is_refused(gdn_dir, plans):
     # the tiny GDN config says max_position_embeddings 2048: 2000 + 64 does not fit, 2000 alone does (horizons)
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--prefix-len", 2000, "--suffix-len", 64))
@@ -132,8 +150,8 @@ def test_an_output_over_a_file_of_another_kind_is_refused_and_the_file_kept(gdn_
 
     note.write_text(' \n{"earlier": "result"}')             # an earlier --json: passes (it is rewritten)
     refuse_foreign_output(note, "JSON file")
-    note.write_bytes(b"\x89PNG\r\n\x1a\n....")                # an earlier --plot: passes
-    refuse_foreign_output(note, "PNG image")
+    note.write_bytes(b"\x89PNG\r\n\x1a\n....")                # a PNG: passes here (figures.check_png
+    refuse_foreign_output(note, "PNG image")                   # then asks for dasc's mark)
     note.write_bytes(b"")                                     # empty: passes
     refuse_foreign_output(note, "PNG image")
 

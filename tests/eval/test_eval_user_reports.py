@@ -292,3 +292,48 @@ def test_horizons_with_the_model_as_its_own_init_and_one_path_for_json_and_plot_
     same = tmp_path / "same.png"
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--json", same, "--plot", same))
     assert line == f"error: {same}: given as both --json and --plot; give each its own file" and not same.exists()
+
+
+def test_weights_under_another_release_s_names_say_so(gdn_dir, tmp_path):
+    """A Nemotron-H checkpoint written by transformers 5.12 and read by 5.24 was refused as '1 weights missing
+    ... needs the whole trained checkpoint': the weight was there under 5.12's name. A renamed tensor (missing
+    under the expected name, present under another) now says the names differ and which release wrote it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(gdn_dir, model)
+    files = sorted(model.glob("*.safetensors"))
+    for f in files:
+        t = load_file(f)
+        if "model.norm.weight" in t:
+            t["model.final_norm.weight"] = t.pop("model.norm.weight")
+            save_file(t, f, metadata={"format": "pt"})
+    index = model / "model.safetensors.index.json"
+    if index.exists():
+        doc = json.loads(index.read_text())
+        doc["weight_map"]["model.final_norm.weight"] = doc["weight_map"].pop("model.norm.weight")
+        index.write_text(json.dumps(doc))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["transformers_version"] = "4.99.0"
+    (model / "config.json").write_text(json.dumps(cfg))
+    plan = compile_for(model, 16, tmp_path / "p.dasc")
+    line = _one_error_line(_cli("eval", model, "--plan", plan))
+    import transformers
+
+    v = transformers.__version__
+    assert line == (f"error: {model}: transformers {v} expects 1 weight under other names than the checkpoint's "
+                    f"(e.g. it expects model.norm.weight, the checkpoint has model.final_norm.weight); it was "
+                    f"written by transformers 4.99.0: run dasc eval with transformers 4.99.0, or load and save it "
+                    f"again with {v}")
+
+
+def test_a_weight_truly_missing_is_still_called_missing(gdn_dir, tmp_path):
+    from dasc_compile.eval.hf_compat import missing_weights_error
+
+    err = missing_weights_error(tmp_path, {}, ["model.norm.weight"], [])
+    assert str(err) == (f"{tmp_path}: 1 weight missing from the checkpoint (e.g. model.norm.weight); dasc eval needs "
+                        f"the whole trained checkpoint")
+    err = missing_weights_error(tmp_path, {}, ["a", "b"], ["c"])     # no release recorded in the config
+    assert "2 weights under other names" in str(err) and "written by another transformers release" in str(err)
