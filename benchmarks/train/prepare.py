@@ -18,8 +18,8 @@ are checked by unpacking here and kept as each family's newest in ``.dev/train/l
 unpacks them, benchmarks/h200/train_refs.sh),
 and as many shards as fit in the 64 MiB a call carries, continuing after the shards the last call used
 (kept in ``.dev/train/call/next_shard``). Prints the carry size and what the call will return.
-Packed, a checkpoint with its training state carries ``staged_parts.PACKED_MIB`` (``ref`` ~14.5-15.9 MiB instead of
-~21-23 unpacked; ``m30`` ~40-43 MiB in 3 parts); which families fit one call: the header of
+Packed, a checkpoint with its training state carries ``staged_parts.fresh_packed_mib`` (``ref`` ~14.5-18.5 MiB instead of
+~21-23 unpacked; ``m30`` ~40-50 MiB in 3-4 parts); which families fit one call: the header of
 benchmarks/h200/train_refs.sh. ``--size`` (default ref; recorded in ``staged.json``, which train_refs.sh
 passes to the trainers) is the size of the families the call trains: a checkpoint to resume of another
 size is refused. Stage refuses, in one line naming what is over and changing nothing, a call that would
@@ -47,7 +47,7 @@ import numpy as np
 
 from benchmarks.train.data import write_shard
 from benchmarks.train.models import FAMILIES, SIZES
-from benchmarks.train.staged_parts import (PACKED_MIB, RETURN_FILES, RETURN_LIMIT, StageError, parts_in,
+from benchmarks.train.staged_parts import (fresh_packed_mib, RETURN_FILES, RETURN_LIMIT, StageError, parts_in,
                                           return_estimate, returned_parts, size_of, update_latest)
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
 from benchmarks.cli_args import OneLineParser
@@ -242,7 +242,7 @@ def stage(prep: Path, call: Path, returned: Path | None, root: Path, extra: list
                              f"trained at --size {was}; give --size {was}, or --fresh {fam} (nothing was changed)")
     carried = [p for parts in by_fam.values() for p in parts]
     ck = sum(p.stat().st_size for p in carried)
-    packed = {fam: sum(p.stat().st_size for p in by_fam.get(fam, ())) or round(PACKED_MIB[fam, size] * 2 ** 20)
+    packed = {fam: sum(p.stat().st_size for p in by_fam.get(fam, ())) or round(fresh_packed_mib(fam, size) * 2 ** 20)
               for fam in families}
     n_files, n_bytes = return_estimate(packed)
     tag = f"--families {' '.join(families)} (--size {size})"
