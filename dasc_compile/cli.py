@@ -137,8 +137,6 @@ def inspect_cmd(
             plot_plan(plan, plot)
     except DascInputError as exc:
         _fail(exc)
-    except OSError as exc:
-        _fail(DascInputError(f"{plot}: cannot write the plot ({exc.strerror})"))
     if as_json:
         sys.stdout.write(json.dumps(insp.inspect_json(plan), indent=1) + "\n")
         return

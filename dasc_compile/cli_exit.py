@@ -32,6 +32,7 @@ Setting ``DASC_TRACEBACK=1`` prints the traceback of an internal error as well.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -274,6 +275,24 @@ def _install_handlers() -> dict:
     return old
 
 
+#: OS errors that say a path given on the command line cannot be used as given (ENAMETOOLONG: a name or part
+#: over the file system's limit; ELOOP: a cycle of symbolic links), raised by ``Path.exists()`` and the like in
+#: checks that expect a plain yes or no.
+_PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP)
+
+
+def path_error_line(exc: OSError) -> str | None:
+    """The one line (without ``error:``) for an OS error about a path the user gave, or None for any other
+    OS error (which stays an internal error: it is a bug that no check caught it)."""
+    if exc.errno not in _PATH_ERRNOS or exc.filename is None:
+        return None
+    name = os.fsdecode(exc.filename)
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(os.fsencode(name))} bytes)"
+    why = ("a file name or folder name in it is longer than the file system allows (255 bytes on most)"
+           if exc.errno == errno.ENAMETOOLONG else "its symbolic links form a loop")
+    return f"{shown}: cannot use this path: {why}"
+
+
 def run_guarded(body: Callable[[], int]) -> int:
     """Run ``body`` (the CLI; returns an exit status) and return the status to exit with.
 
@@ -310,6 +329,12 @@ def run_guarded(body: Callable[[], int]) -> int:
             rc = 2
         except SystemExit as exc:
             rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except OSError as exc:
+            line = path_error_line(exc)
+            if line is None:
+                raise
+            _say(f"error: {line}")
+            rc = 2
         except MemoryError:
             _say("error: out of memory; this is a bug in dasc for inputs that passed validation "
                  "(rerun with DASC_TRACEBACK=1 and report it)")

@@ -18,12 +18,17 @@ def console(**kwargs) -> Console:
 
 
 def progress_bar(con: Console, enabled: bool = True):
-    """A transient :class:`rich.progress.Progress` on ``con`` (stderr), drawn only on a terminal: piped or
-    redirected, rich still writes an empty line when the bar stops, which then stood before the command's
-    ``error:`` line or alone in a log."""
+    """A transient :class:`rich.progress.Progress` on ``con`` (stderr), drawn only when its stream is a terminal:
+    piped or redirected, rich still writes an empty line when the bar stops, which then stood before the
+    command's ``error:`` line or alone in a log. The stream itself is asked, not rich's ``is_terminal``, which
+    ``FORCE_COLOR`` (set by many CI systems) turns true for a file: the log then held the bar's frames."""
     from rich.progress import Progress
 
-    return Progress(console=con, transient=True, disable=not (enabled and con.is_terminal))
+    try:
+        tty = con.file.isatty()
+    except (AttributeError, ValueError, OSError):
+        tty = False
+    return Progress(console=con, transient=True, disable=not (enabled and tty and con.is_terminal))
 
 
 def counted(n: int, noun: str) -> str:

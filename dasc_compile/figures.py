@@ -20,14 +20,18 @@ def check_png(path: str | Path) -> Path:
 
     Raises:
         DascInputError: it does not end in ``.png`` (``--plot`` writes a PNG image), or it is an existing file
-            that is not a PNG image (:func:`dasc_compile.userfiles.refuse_foreign_output`).
+            that is not a PNG image dasc wrote (:func:`dasc_compile.userfiles.refuse_foreign_output`), or its folder
+            is missing or cannot be written (:func:`dasc_compile.userfiles.check_output_folder`).
     """
-    from dasc_compile.userfiles import refuse_foreign_output
+    from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
 
     path = Path(path)
+    if path.name in ("", ".", "..") or path.name.lower() == ".png":
+        raise DascInputError(f"--plot {str(path)!r}: give a file name ending in .png, such as plan.png")
     if path.suffix.lower() != ".png":
         raise DascInputError(f"{path}: --plot writes a PNG image; give a file name ending in .png")
     refuse_foreign_output(path, "PNG image")
+    check_output_folder(path)
     try:
         ours = path.stat().st_size == 0 or PNG_KEY in png_text_keys(path)
     except OSError:             # missing or unreadable: the write reports its own errors
@@ -77,18 +81,23 @@ def save_png(fig, out: str | Path, dpi: int, label: str | None = None) -> None:
     Raises:
         DascInputError: ``label`` (default ``out``) and the system's reason when the file cannot be written.
     """
+    import tempfile
+
     plt = pyplot()
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    tmp = None
+    try:        # a short temporary name: a 255-byte file name leaves no room for one built from it
+        fd, tmp = tempfile.mkstemp(prefix=".dasc-", suffix=".png.tmp", dir=out.parent)
+        os.close(fd)
         fig.savefig(tmp, format="png", dpi=dpi, metadata={PNG_KEY: "figure written by a dasc command"})
+        os.chmod(tmp, 0o644)
         os.replace(tmp, out)
     except OSError as exc:
         raise DascInputError(f"{label or out}: cannot write the plot ({exc.strerror or type(exc).__name__})") from None
     finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def pyplot():

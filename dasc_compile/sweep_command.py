@@ -149,10 +149,9 @@ def _check_flags(quality, eval_prompts, budget, max_running_requests, plot) -> N
         raise DascInputError("--budget and --max-running-requests go together: every arm is sized to run R "
                              "requests in the same state memory")
     if plot is not None:
-        from dasc_compile.eval.command import check_outputs
         from dasc_compile.figures import check_png
 
-        check_outputs(check_png(plot))
+        check_png(plot)
 
 
 def _check_companions(eval_prompts, budget, **given) -> None:

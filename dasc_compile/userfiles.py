@@ -16,7 +16,7 @@ from typing import Any
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["MAX_JSON_DEPTH", "load_json_file", "read_user_bytes", "refuse_foreign_output", "require_regular_file"]
+__all__ = ["MAX_JSON_DEPTH", "check_output_folder", "load_json_file", "read_user_bytes", "refuse_foreign_output", "require_regular_file"]
 
 #: Deepest nesting accepted in a JSON file dasc reads (real configs nest 3-4 levels).
 MAX_JSON_DEPTH = 64
@@ -168,3 +168,30 @@ def refuse_foreign_output(path: str | Path, kind: str, marker: str | None = None
         raise DascInputError(f"{path}: exists and is not {what}; dasc would overwrite it: give another path "
                              f"or remove the file first")
 
+
+def check_output_folder(out: str | Path) -> None:
+    """Refuse, before any work, an output file path (``--json``, ``--plot``) whose folder is missing, not a
+    folder, or not writable. Writability is tried with a real temporary file (created and removed), as the write
+    will do: ``os.access`` says yes to root on a read-only mount or in /proc and /sys, which was found only after
+    the work had run.
+
+    Raises:
+        DascInputError: naming the path and what is wrong.
+    """
+    import tempfile
+
+    out = Path(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise DascInputError(f"{out}: {parent} is not a folder; give a path in an existing folder")
+    if not parent.is_dir():
+        raise DascInputError(f"{out}: folder {parent} does not exist; create it or give another path")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise DascInputError(f"{out}: not writable; give a path in a folder you can write to")
+    try:        # a short name: a 255-byte output name leaves no room for a temporary name built from it
+        fd, tmp = tempfile.mkstemp(prefix=".dasc-", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot write there ({exc.strerror or exc}); give a path in a folder you "
+                             f"can write to") from None
+    os.close(fd)
+    os.unlink(tmp)

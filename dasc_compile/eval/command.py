@@ -19,15 +19,15 @@ from rich.table import Table
 
 from dasc_compile.console import console, counted
 from dasc_compile.errors import DascInputError
-from dasc_compile.userfiles import refuse_foreign_output
+from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
 from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
                                    run_horizons, write_json)
 
 
 def check_outputs(*paths: Optional[Path]) -> None:
     """Refuse, before any work, an output path (``--json``, ``--plot``) whose folder is missing or not
-    writable, or the same path given for both (what already sits at a path, a folder included, is
-    :func:`dasc_compile.userfiles.refuse_foreign_output`'s to refuse).
+    writable (:func:`dasc_compile.userfiles.check_output_folder`), or the same path given for both (what
+    already sits at a path, a folder included, is :func:`dasc_compile.userfiles.refuse_foreign_output`'s to refuse).
 
     Raises:
         DascInputError: naming the path and what is wrong.
@@ -35,37 +35,8 @@ def check_outputs(*paths: Optional[Path]) -> None:
     given = [Path(p) for p in paths if p is not None]
     if len(given) == 2 and os.path.abspath(given[0]) == os.path.abspath(given[1]):
         raise DascInputError(f"{given[0]}: given as both --json and --plot; give each its own file")
-    for out in paths:
-        if out is None:
-            continue
-        out = Path(out)
-        parent = out.parent if str(out.parent) else Path(".")
-        if parent.exists() and not parent.is_dir():
-            raise DascInputError(f"{out}: {parent} is not a folder; give a path in an existing folder")
-        if not parent.is_dir():
-            raise DascInputError(f"{out}: folder {parent} does not exist; create it or give another path")
-        if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-            raise DascInputError(f"{out}: not writable; give a path in a folder you can write to")
-        _probe_write(out, parent)
-
-
-def _probe_write(out: Path, parent: Path) -> None:
-    """Create and remove a temporary file beside ``out``, as the write will: ``os.access`` says yes to root
-    on a read-only mount or a folder the file system refuses (/proc, /sys), which was found only after the
-    first prompt had run.
-
-    Raises:
-        DascInputError: naming the path and the system's reason.
-    """
-    import tempfile
-
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=parent)
-    except OSError as exc:
-        raise DascInputError(f"{out}: cannot write there ({exc.strerror or exc}); give a path in a folder you "
-                             f"can write to") from None
-    os.close(fd)
-    os.unlink(tmp)
+    for out in given:
+        check_output_folder(out)
 
 
 def _refuse_idle_options(ctx, horizons: bool, sharegpt: Optional[int]) -> None:
@@ -88,9 +59,11 @@ def _refuse_idle_options(ctx, horizons: bool, sharegpt: Optional[int]) -> None:
 
 
 def _fmt(v, digits: int = 4) -> str:
+    """``v`` (a number, or Random's ``{"mean", "sd"}``) to ``digits`` decimals; a value that rounds to zero
+    prints ``0.0000``, not ``-0.0000``."""
     if isinstance(v, dict):
-        return "-" if v.get("mean") is None else f"{v['mean']:.{digits}f} ± {v['sd']:.{digits}f}"
-    return "-" if v is None else f"{v:.{digits}f}"
+        return "-" if v.get("mean") is None else f"{_fmt(v['mean'], digits)} ± {_fmt(v['sd'], digits)}"
+    return "-" if v is None else f"{round(v, digits) + 0.0:.{digits}f}"
 
 
 def arm_label(arm: str, r: dict, plan: dict) -> str:
@@ -119,16 +92,16 @@ def _arm_table(title: str, arms: dict, plan: dict) -> Table:
     return t
 
 
-def whole_prefix_note(arms: dict, prefix_len: int) -> str | None:
-    """The line printed under a plan's table when its dasc-wr replay window (Eq. 7, ``min(n_p, W_replay)``)
-    covers the whole cached prefix: the replay then rebuilds the state exactly, so the wr row equals dense by
-    construction and says nothing about the plan (``dasc sweep`` refuses such a run; here other arms still
-    measure). None otherwise."""
-    w = (arms.get("wr") or {}).get("w_replay")
-    if not isinstance(w, int) or w < prefix_len:
+def whole_prefix_note(arms: dict, plan: dict, prefix_len: int) -> str | None:
+    """The line printed under a plan's table when its dasc-wr replay window (Eq. 7, ``min(n_p, W_replay)``, with
+    ``W_replay`` the plan's ``w_replay_cap``) covers the whole cached prefix: the replay then rebuilds the state
+    exactly, so the wr row equals dense by construction and says nothing about the plan (``dasc sweep`` refuses
+    such a run; here other arms still measure). None otherwise."""
+    cap = plan.get("w_replay_cap")
+    if "wr" not in arms or not isinstance(cap, int) or cap < 1 or cap < prefix_len:
         return None
-    return (f"note: dasc-wr replays the whole {prefix_len}-token prefix here (W_replay {w}): it restores the state "
-            f"exactly, so its row equals dense by construction; give --prefix-len above {w} to measure dasc-wr")
+    return (f"note: dasc-wr replays the whole {prefix_len}-token prefix (the plan's W_replay is {cap} tokens), so its "
+            f"row equals dense by construction; give --prefix-len above {cap} to measure it")
 
 
 #: The paired comparisons printed under each plan's table: ``plans[i].paired`` key, what nr is compared with.
@@ -193,9 +166,9 @@ def render(doc: dict, con: Console) -> None:
         title = (f"{p['path']}: {kind}w_max {p['w_max']}, kept {p['n_kept']}/{p['n_units']} units, "
                  f"C_temp {fmt_ratio(p['c_temp_ragged'])}, C_ckpt {fmt_ratio(p['c_ckpt'])}")
         con.print(_arm_table(title, entry["arms"], p))
-        note = whole_prefix_note(entry["arms"], pr["prefix_len"])
+        note = whole_prefix_note(entry["arms"], p, pr["prefix_len"])
         if note:
-            con.print(note, markup=False)
+            con.print(note, markup=False, soft_wrap=True)
         for line in paired_lines(entry.get("paired", {}), p):
             con.print(line, markup=False)
         if "untrained" in entry:
@@ -241,6 +214,8 @@ def eval_cmd(
         _refuse_idle_options(ctx, horizons, sharegpt)
         if init_from is not None and init_seed is not None:
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
+        if json_out is not None and json_out.name in ("", ".", ".."):
+            raise DascInputError(f"--json {str(json_out)!r}: give a file name, such as result.json")
         check_outputs(json_out, plot)
         if json_out is not None:
             refuse_foreign_output(json_out, "JSON file", marker="dasc_eval_version")

@@ -37,10 +37,15 @@ def draw_panels(axes, result: dict, metrics=PANELS) -> None:
     rows = [r for r in every if r["plan"].get("selection") != "random"]   # compiled Random plans are not dasc
     xs = [r["plan"]["w_max"] for r in rows]
     for ax, (metric, label) in zip(axes, metrics):
+        measured = False
         for arm, where, style, name in _LINES:
             ys = [r.get(where, {}).get(arm, {}).get(metric) for r in rows]
             if any(y is not None for y in ys):
                 ax.plot(xs, [_num(y) for y in ys], style, label=name)
+                measured = True
+        if not measured:        # e.g. free-running agreement on retrieval prompts only: say so, not a blank panel
+            ax.text(0.5, 0.5, "not measured on these prompts", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8, color="dimgray")
         rnd = [r for r in every if r["plan"].get("selection") == "random"]
         if rnd:
             ax.plot([r["plan"]["w_max"] for r in rnd], [_num(r["arms"].get("nr", {}).get(metric)) for r in rnd], "kx",

@@ -153,14 +153,18 @@ def from_jsonl(tok, path: Path, prefix_len: int, suffix_len: int) -> list[Prompt
         where = f"{path}:{no}"
         if not isinstance(obj, dict) or not ("text" in obj or ("prefix" in obj and "suffix" in obj)):
             raise DascInputError(f"{where}: expected a JSON object with 'text', or 'prefix' and 'suffix'")
+        for key in ("text", "prefix", "suffix", "answer"):     # str() of 5 or a list would be scored as text
+            if key in obj and not isinstance(obj[key], str) and not (key == "answer" and obj[key] is None):
+                raise DascInputError(f"{where}: '{key}' is {type(obj[key]).__name__} {json.dumps(obj[key])[:40]}; "
+                                     f"expected a string")
         if "text" in obj:
-            p = split_text(tok, str(obj["text"]), prefix_len, suffix_len, where)
+            p = split_text(tok, obj["text"], prefix_len, suffix_len, where)
             if p is None:
-                raise DascInputError(f"{where}: prompt has {len(tok.encode(str(obj['text'])))} tokens, shorter than "
+                raise DascInputError(f"{where}: prompt has {len(tok.encode(obj['text']))} tokens, shorter than "
                                      f"--prefix-len {prefix_len} + --suffix-len {suffix_len}")
         else:
-            pre, suf = tok.encode(str(obj["prefix"])), tok.encode(str(obj["suffix"]))
-            ans = tok.encode(str(obj["answer"])) if obj.get("answer") not in (None, "") else None
+            pre, suf = tok.encode(obj["prefix"]), tok.encode(obj["suffix"])
+            ans = tok.encode(obj["answer"]) if obj.get("answer") not in (None, "") else None
             if len(pre) < prefix_len:
                 raise DascInputError(f"{where}: prefix has {len(pre)} tokens, shorter than --prefix-len {prefix_len}")
             if len(suf) < 2:

@@ -1,6 +1,7 @@
 """``dasc eval``'s work: check the inputs, load what is needed, run the protocol, build the JSON document.
 
-Order (every refusal comes before any model runs): options -> transformers present -> the checkpoint's
+Order (every refusal comes before any model runs): options (:mod:`dasc_compile.eval.inputs`: lengths, arms,
+the device) -> transformers present -> the checkpoint's
 decay tensors and the plans -> context length -> the initial state (controls) -> tokenizer and prompts
 -> the prompts' real lengths against the context -> the model(s). With ``json_out`` the document is
 rewritten (atomically) after every prompt, so an interrupted run keeps the prompts it finished
@@ -34,6 +35,7 @@ from typing import Optional
 from dasc_compile.cli_exit import Interrupted
 from dasc_compile.console import console, counted, progress_bar
 from dasc_compile.errors import DascInputError
+from dasc_compile.eval.inputs import check_common, check_context, check_device, parse_arms
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
 ERR = console(stderr=True, highlight=False, soft_wrap=True)
@@ -90,36 +92,6 @@ def load_plans(paths: list, spec, tensors) -> list:
     return plans
 
 
-_CONTEXT_KEYS = ("max_position_embeddings", "model_max_length", "max_sequence_length", "seq_length", "n_positions")
-_NESTED = ("text_config", "language_config", "llm_config", "text_model")
-
-
-def context_limit(cfg: dict) -> tuple[int, str] | None:
-    """The model's context length and the config field it came from (``text_config.max_position_embeddings``),
-    looked up in the language-model part first (nested configs), then at the top; None when absent."""
-    for nest in _NESTED:
-        sub = cfg.get(nest)
-        if isinstance(sub, dict):
-            for key in _CONTEXT_KEYS:
-                if isinstance(sub.get(key), int) and not isinstance(sub.get(key), bool):
-                    return sub[key], f"{nest}.{key}"
-    for key in _CONTEXT_KEYS:
-        if isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
-            return cfg[key], key
-    return None
-
-
-def check_context(model: Path, tokens: int, what: str) -> None:
-    """Refuse a prompt longer than the model's context (:func:`context_limit`) before any weights load:
-    such a run would take minutes and measure a model outside the positions it was built for."""
-    from dasc_compile.eval.models import _read_config
-
-    found = context_limit(_read_config(model))
-    if found is not None and tokens > found[0]:
-        raise DascInputError(f"{what} = {tokens} tokens is longer than the model's context: {found[1]} "
-                             f"{found[0]} ({model / 'config.json'}); give a shorter --prefix-len")
-
-
 def make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed):
     """The prompts (text and retrieval interleaved) and a line naming their sources."""
     from dasc_compile.eval.prompts import from_jsonl, from_sharegpt
@@ -152,30 +124,6 @@ def make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix
     for i in range(max(len(text), len(ret))):
         mixed += text[i:i + 1] + ret[i:i + 1]
     return mixed, "+".join(source)
-
-
-def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
-    if prefix_len < 1:
-        raise DascInputError(f"--prefix-len {prefix_len}: must be at least 1 token")
-    if suffix_len < 2:
-        raise DascInputError(f"--suffix-len {suffix_len}: must be at least 2 tokens")
-    if gen_tokens < 1:
-        raise DascInputError(f"--gen-tokens {gen_tokens}: must be at least 1")
-
-
-def parse_arms(arms: str) -> tuple[str, ...]:
-    from dasc_compile.eval.arms import ARMS
-
-    got = tuple(a.strip() for a in arms.split(",") if a.strip())
-    bad = [a for a in got if a not in ARMS]
-    if not got:
-        raise DascInputError(f"--arms {arms!r}: names no arm; choose from {','.join(ARMS)}")
-    if bad:
-        raise DascInputError(f"--arms {arms!r}: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
-    if set(got) == {"untrained"}:
-        raise DascInputError(f"--arms {arms!r}: the untrained control runs the other arms on the initial model; "
-                             f"give at least one of dense,nr,wr,random beside it")
-    return got
 
 
 def model_record(model: Path, em, spec, tensors, provenance) -> dict:
@@ -239,6 +187,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
 
     arm_t = parse_arms(arms)
     check_common(prefix_len, suffix_len, gen_tokens)
+    check_device(device)
     if not plans:
         raise DascInputError("give at least one --plan DIR (or --horizons for horizon validation)")
     require_transformers()
@@ -339,7 +288,7 @@ def write_json(doc: dict, out: Path) -> None:
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".dasc-", suffix=".json.tmp", dir=out.parent)  # short: see figures.save_png
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(_finite(doc), f, indent=1, allow_nan=False)
@@ -375,6 +324,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
     from dasc_compile.policy import Policy
 
     check_common(prefix_len, 2, 1)
+    check_device(device)
     require_transformers()
     spec, tensors, provenance = checkpoint_decays(model)
     check_context(model, prefix_len, "--prefix-len")

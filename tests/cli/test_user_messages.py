@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import os
+
 import pytest
 
 from tests.support.clihelp import assert_one_error, dasc, dasc_proc, snapshot
@@ -238,6 +240,25 @@ def test_compile_family_help_names_every_family_the_policy_accepts():
     assert "Force a decay family: " + " | ".join(typing.get_args(FamilyName)) + "." in text
 
 
+@pytest.mark.parametrize("args", [("compile", "{L}", "--wmax", "16"), ("inspect", "{L}"),
+                                  ("inspect", "{plan}", "--plot", "{L}.png"), ("size", "{L}", "--budget", "1GiB", "--max-running-requests", "8")])
+def test_a_path_part_longer_than_the_file_system_allows_is_one_line(tmp_path, args):
+    """Fresh-user finding: a 300-byte path part ended most commands in 'internal error (OSError: [Errno 36] File
+    name too long)', exit 1 (Path.exists() raises it), and inspect blamed the plot for a plan it could not read."""
+    from tests.support.clihelp import ROOT, dasc
+    long = str(tmp_path / ("d" * 300))
+    plan = tmp_path / "k.dasc"
+    if "{plan}" in args:
+        kimi = ROOT / "plans" / "reference" / "kimi-linear-48b-a3b-calibrated"
+        assert dasc("compile", kimi, "--wmax", "16", "--out", plan, "--no-kernels", "-q").code == 0
+    r = dasc(*[a.format(L=long, plan=plan) for a in args])
+    lines = [ln for ln in r.err.splitlines() if ln.strip()]
+    assert r.code == 2 and len(lines) == 1, r.err
+    shown = len(os.fsencode(long + (".png" if "--plot" in args else "")))
+    assert f"dddd ({shown} bytes): cannot use this path: a file name or folder name in it is longer than the file " \
+           f"system allows (255 bytes on most)" in lines[0].replace(".png (", " (") and "None" not in lines[0]
+
+
 @pytest.mark.parametrize("name", ["a:smile:b.json", "x:cat:y.dasc"])
 def test_a_path_holding_an_emoji_code_is_echoed_as_typed(tmp_path, name):
     """rich replaces ':smile:' with an emoji unless told not to (dasc_compile/console.py): the error line
@@ -257,19 +278,25 @@ def test_every_console_is_made_by_the_one_factory():
     assert made == []
 
 
-@pytest.mark.parametrize("terminal", [False, True])
-def test_a_progress_bar_writes_nothing_when_stderr_is_not_a_terminal(terminal):
+@pytest.mark.parametrize("tty, forced, drawn", [(False, False, False), (False, True, False), (True, True, True)])
+def test_a_progress_bar_writes_nothing_when_stderr_is_not_a_terminal(tty, forced, drawn):
     """Piped or redirected, rich's transient bar still wrote an empty line when it stopped: a fresh user saw it
-    before 'error: interrupted ...' and alone in logs. On a terminal the bar is drawn and cleared."""
+    before 'error: interrupted ...' and alone in logs. FORCE_COLOR (forced=True here) made rich take a file for
+    a terminal and filled the log with the bar's frames. Only a stream that is a terminal gets the bar."""
     import io
 
     from dasc_compile.console import console, progress_bar
 
-    buf = io.StringIO()
-    con = console(file=buf, force_terminal=terminal)
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    buf = Stream()
+    con = console(file=buf, force_terminal=forced)
     with progress_bar(con) as bar:
         bar.advance(bar.add_task("work", total=2))
-    assert (buf.getvalue() == "") is not terminal
+    assert (buf.getvalue() != "") is drawn
+    buf.seek(0)
     buf.truncate(0)
     with progress_bar(con, enabled=False) as bar:
         bar.add_task("work", total=2)

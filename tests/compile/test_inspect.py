@@ -301,6 +301,8 @@ def test_plot_replaces_only_a_png_a_dasc_command_wrote(plan, tmp_path):
         check_png(truncated)
     (tmp_path / "empty.png").write_bytes(b"")                         # empty: nothing to lose
     check_png(tmp_path / "empty.png")
+    with pytest.raises(DascInputError, match="folder .*nope does not exist; create it"):   # as eval and sweep say
+        check_png(tmp_path / "nope" / "x.png")
 
 
 def test_plot_into_missing_directory_is_an_input_error(tmp_path):

@@ -58,7 +58,11 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
     # w_max 200's replay window covers the whole 80-token prefix: wr equals dense by construction, said once
     assert [p["arms"]["wr"]["w_replay"] >= 80 for p in doc["plans"]] == [False, False, True]
     assert doc["plans"][2]["arms"]["wr"]["kl"] == 0.0
-    assert r.output.count("dasc-wr replays the whole 80-token prefix here") == 1
+    cap = doc["plans"][2]["plan"]["w_replay_cap"]
+    assert cap >= 80 and r.output.count(f"note: dasc-wr replays the whole 80-token prefix (the plan's W_replay is "
+                                        f"{cap} tokens), so its row equals dense by construction; give --prefix-len "
+                                        f"above {cap} to measure it\n") == 1       # the cap, not min(n_p, cap) = 80
+    assert "-0.0000" not in r.output
     assert drawn == ["as read from checkpoint (trained weights)"]   # the figure names its source, once
     assert r.output.index("dasc-nr") < r.output.index(f"wrote {out}")                # tables before the files
     # under each plan's table, the paired difference over prompts (no init arm in this run: nr - Random only)
@@ -103,6 +107,26 @@ def test_horizons_with_plot_is_refused_before_running(gdn_dir, tmp_path):
     line = _one_error_line(_cli("eval", gdn_dir, "--horizons", "--plot", png))
     assert "--horizons" in line and "--plot" in line
     assert not png.exists()
+
+
+@pytest.mark.parametrize("opt, value, said", [("--json", "", "--json '.': give a file name"),
+                                              ("--plot", ".png", "--plot '.png': give a file name ending in .png"),
+                                              ("--device", "meta", "--device meta: the meta device holds no data"),
+                                              ("--device", "gpu:0", "--device 'gpu:0': not a torch device")])
+def test_a_flag_value_that_cannot_work_is_named(gdn_dir, plans, opt, value, said):
+    """Fresh-user findings: --json '' said '.: is a folder', --device meta ended in an internal error."""
+    assert _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], opt, value)).startswith(f"error: {said}")
+
+
+def test_prompt_fields_must_be_strings(gdn_dir, plans, tmp_path):
+    """{"text": 5} was scored as the text '5' and refused as too short; now the field and its type are named."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"text": 5}\n')
+    assert _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--prompts", f)) == \
+        f"error: {f}:1: 'text' is int 5; expected a string"
+    f.write_text('{"prefix": "a b c", "suffix": ["x"]}\n')
+    assert "'suffix' is list [\"x\"]; expected a string" in _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1],
+                                                                               "--prompts", f))
 
 
 def test_an_output_folder_the_system_refuses_is_found_before_running(gdn_dir, plans, tmp_path, monkeypatch):
@@ -273,3 +297,18 @@ def test_decay_only_reference_is_refused_not_filled_with_random_weights(tmp_path
     _, plan = compile_plan(ref, Policy(w_max=16), tmp_path / "p.dasc", with_kernels=False)
     line = _one_error_line(_cli("eval", ref, "--plan", plan))
     assert numbers in line and "embedding table" in line and "needs the whole trained checkpoint" in line
+
+
+def test_a_panel_with_nothing_measured_says_so():
+    """Fresh-user finding: on retrieval prompts only, the free-running agreement panel was blank."""
+    from dasc_compile.eval.plotting import draw_panels
+    from dasc_compile.figures import pyplot
+
+    plt = pyplot()
+    arms = {"nr": {"kl": 0.1, "gen_agreement": None}, "dense": {"kl": 0.0, "gen_agreement": None}}
+    doc = {"plans": [{"plan": {"w_max": 16}, "arms": arms}, {"plan": {"w_max": 64}, "arms": arms}]}
+    fig, axes = plt.subplots(1, 2)
+    draw_panels(axes, doc, metrics=(("kl", "KL"), ("gen_agreement", "free")))
+    texts = [[t.get_text() for t in ax.texts] for ax in axes]
+    plt.close(fig)
+    assert texts == [[], ["not measured on these prompts"]]

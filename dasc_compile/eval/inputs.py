@@ -1,0 +1,90 @@
+"""Checks of ``dasc eval``'s options that need no model: lengths, arms, the device, the model's context.
+
+Each raises one :class:`~dasc_compile.errors.DascInputError` line naming the flag and what was expected,
+before any weights load (:mod:`dasc_compile.eval.run` calls them first).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dasc_compile.errors import DascInputError
+
+
+def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
+    if prefix_len < 1:
+        raise DascInputError(f"--prefix-len {prefix_len}: must be at least 1 token")
+    if suffix_len < 2:
+        raise DascInputError(f"--suffix-len {suffix_len}: must be at least 2 tokens")
+    if gen_tokens < 1:
+        raise DascInputError(f"--gen-tokens {gen_tokens}: must be at least 1")
+
+
+def parse_arms(arms: str) -> tuple[str, ...]:
+    from dasc_compile.eval.arms import ARMS
+
+    got = tuple(a.strip() for a in arms.split(",") if a.strip())
+    bad = [a for a in got if a not in ARMS]
+    if not got:
+        raise DascInputError(f"--arms {arms!r}: names no arm; choose from {','.join(ARMS)}")
+    if bad:
+        raise DascInputError(f"--arms {arms!r}: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
+    if set(got) == {"untrained"}:
+        raise DascInputError(f"--arms {arms!r}: the untrained control runs the other arms on the initial model; "
+                             f"give at least one of dense,nr,wr,random beside it")
+    return got
+
+
+def check_device(device: str) -> None:
+    """Refuse a ``--device`` torch cannot name or run on: a malformed name, ``meta`` (tensors without data:
+    no metric can be read), or CUDA / another accelerator this machine does not have.
+
+    Raises:
+        DascInputError: naming ``--device`` and what was expected.
+    """
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise DascInputError(f"--device {device!r}: not a torch device ({str(exc).splitlines()[0]}); give e.g. cpu, "
+                             f"cuda or cuda:0") from None
+    if dev.type == "meta":
+        raise DascInputError(f"--device {device}: the meta device holds no data, so nothing can be measured; give "
+                             f"cpu or cuda")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DascInputError(f"--device {device}: this machine has no CUDA device torch can use; give --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DascInputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                 f"(0-{torch.cuda.device_count() - 1})")
+
+
+_CONTEXT_KEYS = ("max_position_embeddings", "model_max_length", "max_sequence_length", "seq_length", "n_positions")
+_NESTED = ("text_config", "language_config", "llm_config", "text_model")
+
+
+def context_limit(cfg: dict) -> tuple[int, str] | None:
+    """The model's context length and the config field it came from (``text_config.max_position_embeddings``),
+    looked up in the language-model part first (nested configs), then at the top; None when absent."""
+    for nest in _NESTED:
+        sub = cfg.get(nest)
+        if isinstance(sub, dict):
+            for key in _CONTEXT_KEYS:
+                if isinstance(sub.get(key), int) and not isinstance(sub.get(key), bool):
+                    return sub[key], f"{nest}.{key}"
+    for key in _CONTEXT_KEYS:
+        if isinstance(cfg.get(key), int) and not isinstance(cfg.get(key), bool):
+            return cfg[key], key
+    return None
+
+
+def check_context(model: Path, tokens: int, what: str) -> None:
+    """Refuse a prompt longer than the model's context (:func:`context_limit`) before any weights load:
+    such a run would take minutes and measure a model outside the positions it was built for."""
+    from dasc_compile.eval.models import _read_config
+
+    found = context_limit(_read_config(model))
+    if found is not None and tokens > found[0]:
+        raise DascInputError(f"{what} = {tokens} tokens is longer than the model's context: {found[1]} "
+                             f"{found[0]} ({model / 'config.json'}); give a shorter --prefix-len")
