@@ -9,6 +9,7 @@ condition                              what the user sees                       
 stdout closed early (``| head -1``)    nothing more; the work goes on to its end                the work's
 stdout cannot be written (ENOSPC)      ``error: cannot write to standard output (...)``        2
 bad input (:class:`DascInputError`)    ``error: <message>``                                   2
+a path too long / in a link loop       ``error: <path>: cannot use this path: <why>``          2
 SIGINT (Ctrl-C) / SIGTERM              ``error: interrupted (SIGINT)``                         130 / 143
 anything else (a bug)                  ``error: internal error (<type>: <message>) ...``       1
 =====================================  ======================================================  ======

@@ -1,4 +1,5 @@
-"""Reading files a user points dasc at (config.json, index, policy) without hanging or crashing.
+"""Reading files a user points dasc at (config.json, index, policy) without hanging or crashing, and checking
+the output files a user names (``--json``, ``--plot``) before any work.
 
 Each reader opens the path without blocking (``O_NONBLOCK``: a FIFO or a device never stalls the
 process), requires a regular file of bounded size, and turns every OS / decoding / parsing problem,
@@ -16,7 +17,8 @@ from typing import Any
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["MAX_JSON_DEPTH", "check_output_folder", "load_json_file", "read_user_bytes", "refuse_foreign_output", "require_regular_file"]
+__all__ = ["MAX_JSON_DEPTH", "check_output_folder", "load_json_file", "read_user_bytes", "refuse_foreign_output",
+           "require_regular_file"]
 
 #: Deepest nesting accepted in a JSON file dasc reads (real configs nest 3-4 levels).
 MAX_JSON_DEPTH = 64
