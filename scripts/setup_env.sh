@@ -15,6 +15,9 @@
 # classes run on torch 2.14.1. triton comes with torch and runs dasc's kernels on CPU under TRITON_INTERPRET=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+usage() { echo "usage: bash scripts/setup_env.sh [VENV_DIR] [--newest]$1" >&2; exit 2; }
+case "${1:-}" in -*) usage " (VENV_DIR comes first: bash scripts/setup_env.sh .venv-newest --newest; got '$1')";; esac
+[ $# -le 2 ] || usage " (got $# arguments)"
 VENV=${1:-$ROOT/.venv}
 FLAVOUR=${2:-lowest}
 # --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
@@ -28,7 +31,7 @@ case "$FLAVOUR" in
             EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1" ;;
   --newest) MARK="$VENV/.dasc-env-newest-v1"; SGLANG="sglang==0.5.23"
             EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard" ;;
-  *)        echo "usage: bash scripts/setup_env.sh [VENV_DIR] [--newest]" >&2; exit 2 ;;
+  *)        usage " (got '$FLAVOUR')" ;;
 esac
 if [ ! -f "$MARK" ]; then
   python3 -m venv "$VENV"
