@@ -16,8 +16,8 @@ from pathlib import Path
 from benchmarks.train import pack
 from benchmarks.train.models import FAMILIES
 
-__all__ = ["GROWTH", "LOG_BYTES", "PACKED_MIB", "PACKED_MIB_NO_ATTENTION", "RETURN_FILES", "RETURN_LIMIT", "StageError", "parts_in",
-           "fresh_packed_mib", "return_estimate", "returned_parts", "size_of", "update_latest"]
+__all__ = ["GROWTH", "LOG_BYTES", "PACKED_MIB", "PACKED_MIB_NO_ATTENTION", "RETURN_FILES", "RETURN_LIMIT",
+           "StageError", "fresh_packed_mib", "parts_in", "return_estimate", "returned_parts", "size_of", "update_latest"]
 
 RETURN_LIMIT, RETURN_FILES = 64 * 2 ** 20, 8    # what one device call returns (files of <= 16 MiB: pack.PART_BYTES)
 LOG_BYTES = 2 ** 20                # run.log + summary.json (~40 KB in the calls of 2026-12-03)

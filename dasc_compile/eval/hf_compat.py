@@ -279,12 +279,12 @@ def missing_weights_error(path, cfg: dict, missing: list[str], unexpected: list[
     from dasc_compile.console import counted
 
     if not unexpected:
-        return DascInputError(f"{path}: {counted(len(missing), 'weight')} missing from the checkpoint (e.g. {missing[0]}); "
-                              f"dasc eval needs the whole trained checkpoint")
+        return DascInputError(f"{path}: {counted(len(missing), 'weight')} missing from the checkpoint "
+                              f"(e.g. {missing[0]}); dasc eval needs the whole trained checkpoint")
     written = cfg.get("transformers_version")
     by = f"by transformers {written}" if isinstance(written, str) else "by another transformers release"
     fix = f"run dasc eval with transformers {written}" if isinstance(written, str) else "use the release that wrote it"
     return DascInputError(
-        f"{path}: transformers {transformers.__version__} expects {counted(len(missing), 'weight')} under other names than the "
-        f"checkpoint's (e.g. it expects {missing[0]}, the checkpoint has {unexpected[0]}); it was written {by}: "
+        f"{path}: transformers {transformers.__version__} expects {counted(len(missing), 'weight')} under other names "
+        f"than the checkpoint's (e.g. it expects {missing[0]}, the checkpoint has {unexpected[0]}); it was written {by}: "
         f"{fix}, or load and save it again with {transformers.__version__}")

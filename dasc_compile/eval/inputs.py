@@ -12,6 +12,12 @@ from dasc_compile.errors import DascInputError
 
 
 def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
+    """Refuse lengths no prompt can meet: ``--prefix-len`` n_p >= 1, ``--suffix-len`` >= 2 scored tokens,
+    ``--gen-tokens`` k >= 1 (tokens).
+
+    Raises:
+        DascInputError: naming the flag and its least value.
+    """
     if prefix_len < 1:
         raise DascInputError(f"--prefix-len {prefix_len}: must be at least 1 token")
     if suffix_len < 2:
@@ -21,6 +27,11 @@ def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
 
 
 def parse_arms(arms: str) -> tuple[str, ...]:
+    """The arms of ``--arms`` (comma-separated, :data:`dasc_compile.eval.arms.ARMS`), in the order given.
+
+    Raises:
+        DascInputError: no arm, an unknown one, or ``untrained`` alone (it runs the other arms on the initial model).
+    """
     from dasc_compile.eval.arms import ARMS
 
     got = tuple(a.strip() for a in arms.split(",") if a.strip())
