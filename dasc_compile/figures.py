@@ -9,7 +9,6 @@ a figure of another tool) before any work is done.
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
 from dasc_compile.errors import DascInputError
@@ -44,34 +43,25 @@ def check_png(path: str | Path) -> Path:
 
 #: Keyword of the PNG ``tEXt`` chunk that marks a figure written by dasc (:func:`save_png`).
 PNG_KEY = "dasc"
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def png_text_keys(path: str | Path, max_chunks: int = 4096) -> set[str]:
-    """The keywords of the ``tEXt`` / ``iTXt`` / ``zTXt`` chunks of the PNG file ``path`` that come before its
-    image data (where matplotlib writes them); an empty set for a file that is not a PNG or is cut short.
+def png_text_keys(path: str | Path) -> set[str]:
+    """The keywords of the PNG file ``path``'s text chunks that come before its image data (where matplotlib
+    writes them), read by Pillow (matplotlib's own dependency) without decoding the image; an empty set for a
+    file that is not a PNG or is cut short.
 
     Raises:
         OSError: the file cannot be opened or read.
     """
-    keys: set[str] = set()
-    with open(path, "rb") as fh:
-        if fh.read(8) != _PNG_SIGNATURE:
-            return keys
-        for _ in range(max_chunks):
-            head = fh.read(8)
-            if len(head) < 8:
-                break
-            length, kind = struct.unpack(">I4s", head)
-            if kind in (b"IDAT", b"IEND"):
-                break
-            if kind in (b"tEXt", b"iTXt", b"zTXt") and length <= 1 << 20:
-                data = fh.read(length)
-                keys.add(data.split(b"\0", 1)[0].decode("latin-1"))
-                fh.seek(4, os.SEEK_CUR)                 # CRC
-            else:
-                fh.seek(length + 4, os.SEEK_CUR)
-    return keys
+    from PIL import Image, UnidentifiedImageError
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(2, "No such file", str(path))
+    try:
+        with Image.open(path, formats=["PNG"]) as im:
+            return {k for k, v in im.info.items() if isinstance(v, str)}
+    except (UnidentifiedImageError, SyntaxError, ValueError, EOFError):
+        return set()
 
 
 def save_png(fig, out: str | Path, dpi: int, label: str | None = None) -> None:
