@@ -230,8 +230,11 @@ def _refuse_whole_prefix_replay(plans: list, prefix_len: int) -> None:
     Raises:
         DascInputError: naming ``--prefix-len``, the w_max values affected and their windows.
     """
+    from dasc_compile.eval.arms import replays_whole_prefix
+
     whole = [(p.policy.w_max, p.refresh.w_replay_cap) for p in plans
-             if p.policy.load_policy == "wr" and p.refresh.any_local and p.refresh.w_replay_cap >= prefix_len]
+             if p.policy.load_policy == "wr" and p.refresh.any_local
+             and replays_whole_prefix(p.refresh.w_replay_cap, prefix_len)]
     if whole:
         listed = ", ".join(f"w_max {w} (W_replay {cap})" for w, cap in whole)
         raise DascInputError(f"--prefix-len {prefix_len}: dasc-wr replays the whole cached prefix at {listed}, which "

@@ -65,6 +65,14 @@ def replay_window(plan, n_p: int) -> int:
     return min(n_p, plan.refresh.w_replay_cap)
 
 
+def replays_whole_prefix(w_replay_cap: int, n_p: int) -> bool:
+    """Whether dasc-wr's replay (Eq. 7, ``min(n_p, W_replay)``) covers the whole ``n_p``-token cached prefix
+    (``w_replay_cap``: the plan's ``refresh.w_replay_cap``, 0 when it omits nothing): the replay then rebuilds the
+    state exactly, so dasc-wr equals dense by construction (``dasc sweep`` refuses such a run, ``dasc eval`` says so
+    under its table)."""
+    return 0 < w_replay_cap and n_p <= w_replay_cap
+
+
 def _mask(state: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     return grid.to(state.device).view(1, grid.shape[0], grid.shape[1], 1)
 

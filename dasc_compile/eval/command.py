@@ -97,8 +97,10 @@ def whole_prefix_note(arms: dict, plan: dict, prefix_len: int) -> str | None:
     ``W_replay`` the plan's ``w_replay_cap``) covers the whole cached prefix: the replay then rebuilds the state
     exactly, so the wr row equals dense by construction and says nothing about the plan (``dasc sweep`` refuses
     such a run; here other arms still measure). None otherwise."""
+    from dasc_compile.eval.arms import replays_whole_prefix
+
     cap = plan.get("w_replay_cap")
-    if "wr" not in arms or not isinstance(cap, int) or cap < 1 or cap < prefix_len:
+    if "wr" not in arms or not isinstance(cap, int) or not replays_whole_prefix(cap, prefix_len):
         return None
     return (f"note: dasc-wr replays the whole {prefix_len}-token prefix (the plan's W_replay is {cap} tokens), so its "
             f"row equals dense by construction; give --prefix-len above {cap} to measure it")
