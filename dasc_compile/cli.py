@@ -8,6 +8,7 @@ Things a user should know about a valid plan are ``warning: ...`` lines on stder
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -274,6 +275,22 @@ def _option_swallowed_option(argv: list[str]) -> str | None:
             + f" (write '{a} VALUE ...'; see 'dasc {sub} --help')")
 
 
+_SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
+
+
+def _size_split_in_two(argv: list[str]) -> str | None:
+    """For a click "unexpected extra argument" error: the option whose size was written as two words
+    (``--budget 16 GiB``: the shell passes ``GiB`` as a word of its own, which click then reports without naming
+    ``--budget``), as a message naming the option and the spelling it takes, or None when no word after a
+    ``--option NUMBER`` pair is a byte unit (B, KB, KiB, ..., PiB).
+    """
+    for opt, num, unit in zip(argv, argv[1:], argv[2:]):
+        if opt.startswith("--") and re.fullmatch(r"[0-9.eE+]+", num) and _SIZE_UNIT.match(unit):
+            return (f"option '{opt}' got '{num}' and '{unit}' as two words: write '{opt} {num}{unit}' "
+                    f"(or quote it: {opt} '{num} {unit}')")
+    return None
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status; never raises.
 
@@ -297,6 +314,8 @@ def run(argv: list[str] | None = None) -> int:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
         except cx.UsageError as exc:
             msg = exc.format_message()
+            split = _size_split_in_two(list(sys.argv[1:] if argv is None else argv)) if "extra argument" in msg else None
+            msg = split or msg
             if msg:  # an empty message follows the help text that a bare `dasc` prints
                 hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
                 err.print(f"error: {msg}{hint}", markup=False)

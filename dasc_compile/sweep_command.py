@@ -132,7 +132,8 @@ def sweep_cmd(
         except DascInputError as exc:
             _err.print(f"error: {exc}", markup=False)
             raise typer.Exit(code=2)
-        _err.print(f"wrote {plot}", markup=False)
+        # stdout as inspect and eval, unless stdout carries the --json document
+        (_err if as_json else console(highlight=False, soft_wrap=True)).print(f"wrote {plot}", markup=False)
 
 
 def _check_flags(quality, eval_prompts, budget, max_running_requests, plot) -> None:

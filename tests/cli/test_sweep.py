@@ -153,7 +153,11 @@ def test_plot(tmp_path):
     png = tmp_path / "s.png"
     r = dasc("sweep", KIMI, "--wmax", "16,64", "--tp", "1,2", "--budget", BUDGET, "--max-running-requests", R,
              "--plot", png)
-    assert r.code == 0 and png.stat().st_size > 10_000 and f"wrote {png}" in r.err
+    assert r.code == 0 and png.stat().st_size > 10_000 and f"wrote {png}" in r.out and not r.err
+    png.unlink()
+    r = dasc("sweep", KIMI, "--wmax", "16", "--budget", BUDGET, "--max-running-requests", R, "--plot", png, "--json")
+    assert r.code == 0 and png.exists() and f"wrote {png}" in r.err     # stdout holds only the JSON document
+    assert json.loads(r.out)["rows"]
 
 
 @pytest.mark.parametrize("args, needles", [

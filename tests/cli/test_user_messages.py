@@ -347,3 +347,25 @@ def test_help_and_version_still_answer_first(tmp_path, gdn):
     r = dasc("--version", "compile", gdn, "--out", "-q", cwd=work)
     assert r.code == 0 and r.out.startswith("dasc ")
     assert not any(work.iterdir())                       # no folder named -q
+
+
+@pytest.mark.parametrize("cmd, flag, num, unit", [
+    ("size", "--budget", "16", "GiB"),
+    ("compile", "--pool-budget", "1.5", "gb"),
+])
+def test_a_size_written_as_two_words_names_its_option(tmp_path, gdn, cmd, flag, num, unit):
+    if cmd == "size":
+        assert dasc("compile", gdn, "--wmax", "16", "--out", tmp_path / "plan").code == 0
+        target = [tmp_path / "plan", "--max-running-requests", "8"]
+    else:
+        target = [gdn, "--wmax", "16", "--out", tmp_path / "p"]
+    before = snapshot(tmp_path)
+    r = dasc(cmd, *target, flag, num, unit, cwd=tmp_path)
+    assert_one_error(r, f"option '{flag}' got '{num}' and '{unit}' as two words", f"'{flag} {num}{unit}'",
+                     f"dasc {cmd} --help")
+    assert snapshot(tmp_path) == before
+
+
+def test_an_extra_word_that_is_no_size_unit_keeps_clicks_message(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--out", tmp_path / "p", "GiBs")
+    assert_one_error(r, "unexpected extra argument", "GiBs")
