@@ -21,9 +21,10 @@ A signal that arrives while the CLI itself starts (typer, rich and the commands 
 :func:`dasc_compile.entry.main` of the console script) call first, and delivered as soon as :func:`run_guarded` starts;
 only the interpreter's own start-up, before the entry point's first line, is left uncovered.
 
-An output directory placed by :func:`dasc_compile.atomic.fill_and_place` is recorded by :func:`note_written`; if stdout then
-fails or a signal arrives, the ``error:`` line goes on to say that PATH was written completely and
-only the summary was lost (``...; PATH was written completely, only the summary was not printed``).
+An output placed whole (a directory by :func:`dasc_compile.atomic.fill_and_place`, a PNG by
+:func:`dasc_compile.figures.save_png`, eval's finished ``--json``) is recorded by :func:`note_written`; the commands
+write every file before they print their summary, so if stdout then fails or a signal arrives, the ``error:`` line
+goes on to say which PATHs were written completely and that only the summary was lost (``...; PATH was written completely, only the summary was not printed``).
 The status stays 2 / 130 / 143: what was asked for on stdout was not delivered.
 
 A closed stdout is not an error, as for other Unix filters: later output is discarded and the
@@ -50,7 +51,8 @@ _written: list[str] = []
 
 
 def note_written(path) -> None:
-    """Record that ``path`` (a plan or checkpoint directory) is complete on disk.
+    """Record that ``path`` (a plan or checkpoint directory, a ``--plot`` PNG, a finished ``--json`` file) is
+    complete on disk.
 
     An ``error:`` line that follows (stdout full, SIGINT / SIGTERM) then says so instead of leaving
     the user to guess whether the output is whole.
@@ -65,7 +67,8 @@ def _written_note() -> str:
     kept = [p for p in _written if os.path.lexists(p)]
     if not kept:
         return ""
-    return f"; {', '.join(kept)} was written completely, only the summary was not printed"
+    names = kept[0] if len(kept) == 1 else f"{', '.join(kept[:-1])} and {kept[-1]}"
+    return f"; {names} {'was' if len(kept) == 1 else 'were'} written completely, only the summary was not printed"
 
 
 class Interrupted(BaseException):

@@ -73,6 +73,8 @@ def save_png(fig, out: str | Path, dpi: int, label: str | None = None) -> None:
     """
     import tempfile
 
+    from dasc_compile.cli_exit import note_written
+
     plt = pyplot()
     out = Path(out)
     tmp = None
@@ -82,6 +84,7 @@ def save_png(fig, out: str | Path, dpi: int, label: str | None = None) -> None:
         fig.savefig(tmp, format="png", dpi=dpi, metadata={PNG_KEY: "figure written by a dasc command"})
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
+        note_written(out)        # a later stdout failure or Ctrl-C names it as written (cli_exit)
     except OSError as exc:
         raise DascInputError(f"{label or out}: cannot write the plot ({exc.strerror or type(exc).__name__})") from None
     finally:

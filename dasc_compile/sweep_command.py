@@ -116,24 +116,30 @@ def sweep_cmd(
         raise typer.Exit(code=exc.exit_code)
     from dasc_compile.sweep_report import plot_sweep, render, sweep_json
 
-    for line in _warnings(result):
-        _err.print(f"warning: {line}", markup=False)
-    if as_json:
-        sys.stdout.write(json.dumps(sweep_json(result, user_flags=user_flags, plan_dir=out), indent=1) + "\n")
-    else:
-        con = console(highlight=False, soft_wrap=True) if sys.stdout.isatty() else \
-            console(highlight=False, soft_wrap=True, width=200)
-        render(result, con, user_flags=user_flags, plan_dir=out)
-        if out is not None:
-            con.print(f"wrote {len(result.rows)} plans into {out}", markup=False)
+    # The figure before the summary, so that a stdout that fails or a Ctrl-C during the table leaves it whole and
+    # the error line names it (cli_exit.note_written); a figure that cannot be written is reported after the table.
+    failed = None
     if plot is not None:
         try:
             plot_sweep(result, plot)
         except DascInputError as exc:
-            _err.print(f"error: {exc}", markup=False)
-            raise typer.Exit(code=2)
-        # stdout as inspect and eval, unless stdout carries the --json document
-        (_err if as_json else console(highlight=False, soft_wrap=True)).print(f"wrote {plot}", markup=False)
+            failed = exc
+    for line in _warnings(result):
+        _err.print(f"warning: {line}", markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(sweep_json(result, user_flags=user_flags, plan_dir=out), indent=1) + "\n")
+        said = _err                     # stdout carries only the JSON document
+    else:
+        said = console(highlight=False, soft_wrap=True) if sys.stdout.isatty() else \
+            console(highlight=False, soft_wrap=True, width=200)
+        render(result, said, user_flags=user_flags, plan_dir=out)
+    if out is not None:
+        said.print(f"wrote {len(result.rows)} plans into {out}", markup=False)
+    if plot is not None and failed is None:
+        said.print(f"wrote {plot}", markup=False)     # stdout as inspect and eval, unless --json holds it
+    if failed is not None:
+        _err.print(f"error: {failed}", markup=False)
+        raise typer.Exit(code=2)
 
 
 def _check_flags(quality, eval_prompts, budget, max_running_requests, plot) -> None:

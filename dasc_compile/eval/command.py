@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dasc_compile.cli_exit import note_written
 from dasc_compile.console import console, counted
 from dasc_compile.errors import DascInputError
 from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
@@ -218,6 +219,9 @@ def eval_cmd(
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
         if json_out is not None and json_out.name in ("", ".", ".."):
             raise DascInputError(f"--json {str(json_out)!r}: give a file name, such as result.json")
+        if json_out is not None and str(json_out) == "-":   # not stdout: the tables go there
+            raise DascInputError("--json -: give a file name, such as result.json (dasc eval prints its tables on "
+                                 "stdout; the JSON document goes to a file)")
         check_outputs(json_out, plot)
         if json_out is not None:
             refuse_foreign_output(json_out, "JSON file", marker="dasc_eval_version")
@@ -239,18 +243,27 @@ def eval_cmd(
         kept = f"; the {exc.done} finished are in {exc.json_out}" if exc.json_out else ""
         ERR.print(f"error: {exc}{kept}", markup=False)
         raise typer.Exit(code=exc.exit_code)
-    con = console(highlight=False) if sys.stdout.isatty() else console(highlight=False, width=200)
-    render(doc, con)                       # the tables first: a failed write below does not lose them
+    # Files before the summary, so that a stdout that fails or a Ctrl-C during the tables leaves every file whole
+    # and the error line names them (cli_exit.note_written); a file that cannot be written is reported after the
+    # tables, which are not lost to it. The data before the figure: a failed JSON write skips the plot.
+    wrote, failed = [], None
     try:
-        if json_out is not None:           # the data before the figure: a failed plot keeps the JSON
+        if json_out is not None:
             if horizons:
                 write_json(doc, json_out)
-            con.print(f"wrote {json_out}", markup=False)
+            note_written(json_out)
+            wrote.append(json_out)
         if plot is not None:
             from dasc_compile.eval.plotting import plot_quality
 
             plot_quality(doc, plot)
-            con.print(f"wrote {plot}", markup=False)
+            wrote.append(plot)
     except DascInputError as exc:
-        ERR.print(f"error: {exc}", markup=False)
+        failed = exc
+    con = console(highlight=False) if sys.stdout.isatty() else console(highlight=False, width=200)
+    render(doc, con)
+    for path in wrote:
+        con.print(f"wrote {path}", markup=False)
+    if failed is not None:
+        ERR.print(f"error: {failed}", markup=False)
         raise typer.Exit(code=2)

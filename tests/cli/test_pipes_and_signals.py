@@ -88,6 +88,27 @@ def test_full_stdout_is_one_line_status_2(tmp_path, plan, gdn):
     assert load_plan(tmp_path / "p2").policy.w_max == 4
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_stdout_leaves_every_file_written_and_named(tmp_path, plan, gdn):
+    """A fresh user's `sweep --out D --plot P.png > /dev/full` said D was written and never wrote P.png, and
+    `inspect --plot P.png > /dev/full` wrote P.png without saying so: files come first, and the line names them."""
+    png = tmp_path / "i.png"
+    with open("/dev/full", "w") as full:
+        r = dasc_proc("inspect", plan, "--plot", png, stdout=full, stderr=subprocess.PIPE)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: cannot write to standard output (No space left on device); {png} was written completely, "
+        "only the summary was not printed"), r.stderr
+    assert png.stat().st_size > 10_000
+    out, png = tmp_path / "plans", tmp_path / "s.png"
+    with open("/dev/full", "w") as full:
+        r = dasc_proc("sweep", gdn, "--wmax", "4,16", "--out", out, "--plot", png, stdout=full,
+                      stderr=subprocess.PIPE)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: cannot write to standard output (No space left on device); {out} and {png} were written "
+        "completely, only the summary was not printed"), r.stderr
+    assert png.stat().st_size > 10_000 and len(list(out.iterdir())) == 2
+
+
 # ----------------------------------------------------------------------------- unexpected errors
 
 

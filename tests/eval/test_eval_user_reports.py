@@ -337,3 +337,26 @@ def test_a_weight_truly_missing_is_still_called_missing(gdn_dir, tmp_path):
                         f"the whole trained checkpoint")
     err = missing_weights_error(tmp_path, {}, ["a", "b"], ["c"])     # no release recorded in the config
     assert "2 weights under other names" in str(err) and "written by another transformers release" in str(err)
+
+
+def test_json_dash_is_refused_and_a_decay_only_init_for_untrained_names_the_flag(gdn_dir, tmp_path, monkeypatch):
+    """`--json -` wrote a file named '-'; `--arms untrained --init-from DECAY_ONLY` said 'needs the whole trained
+    checkpoint' without naming --init-from or the arm that reads the initial weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.chdir(tmp_path)
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--json", "-"))
+    assert line.startswith("error: --json -: give a file name") and not (tmp_path / "-").exists()
+    init = tmp_path / "init"
+    init.mkdir()
+    shutil.copy(gdn_dir / "config.json", init / "config.json")
+    weights = {}
+    for f in sorted(gdn_dir.glob("*.safetensors")):
+        weights.update({k: v for k, v in load_file(str(f)).items() if k.endswith(("A_log", "dt_bias"))})
+    save_file({k: (v + 0.25).contiguous() for k, v in weights.items()}, str(init / "model.safetensors"))
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "dense,nr,untrained", "--init-from", init))
+    assert line.startswith(f"error: --init-from {init}: the weights hold") and "--arms untrained" in line
+    assert "trained checkpoint" not in line
