@@ -292,7 +292,9 @@ def render_report(plan: Plan, console: Console) -> None:
                        f"{t.bytes_dense_checkpoint:,} B)"),
         ("C_ckpt", f"{fmt_ratio(t.c_ckpt)}   (Eq. 6)"),
         ("usable slots", (f"{_opt(t.usable_slots)} compressed vs {_opt(t.usable_slots_dense)} dense"
-                          + (f" for a pool of {fmt_bytes(pol.pool_budget_bytes)}" if pol.pool_budget_bytes else
+                          + (f" for a compressed pool of {fmt_bytes(pol.pool_budget_bytes)} (the native slots of "
+                             "running requests come on top; dasc size --budget fits both in one state budget)"
+                             if pol.pool_budget_bytes else
                              " (no --pool-budget given)"))
                          if t.usable_slots is not None or pol.tp_size == 1
                          else "the pool budget is per rank: see the per-rank table below"),

@@ -23,12 +23,13 @@ from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES
 __all__ = ["PAIR_FIELDS", "pair_compile_flags", "parse_bytes", "size_command"]
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+_UNITS = {"": 1, "b": 1, **{p + "b": 10 ** (3 * i) for i, p in enumerate("kmgtp", 1)},
+          **{p + "ib": 2 ** (10 * i) for i, p in enumerate("kmgtp", 1)}}
 
 
 def parse_bytes(text: str, flag: str = "--budget") -> int:
-    """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB are powers of 10,
-    KiB/MiB/GiB of 2). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
+    """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB/TB/PB are powers of 10,
+    KiB/MiB/GiB/TiB/PiB of 2; case-insensitive). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
     ``flag`` names the option in the error (``--budget``, ``--pool-budget``).
 
     Raises:
@@ -39,7 +40,8 @@ def parse_bytes(text: str, flag: str = "--budget") -> int:
     mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]*)\s*", str(text))
     unit = mt.group(2).lower() if mt else None
     if mt is None or unit not in _UNITS:
-        raise DascInputError(f"{flag}: expected a positive size in bytes such as 2147483648, 1e9 or 2GiB, got {text!r}")
+        raise DascInputError(f"{flag}: expected a positive size in bytes, such as 2147483648, 1e9 or 2GiB (units B, "
+                             f"KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got {text!r}")
     value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
     if value != value.to_integral_value():
         raise DascInputError(f"{flag}: {text!r} is not a whole number of bytes")

@@ -264,8 +264,9 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         if by_budget:
             raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
                                  f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
-                                 f"M >= {m_native}: {need}")
-        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native}: {need}")
+                                 f"M >= {m_native} for Dense alone; {need}")
+        raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native} "
+                             f"for Dense alone; {need}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \
         (() if overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     budget = (m + 1) * b_dense

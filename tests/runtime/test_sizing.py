@@ -240,7 +240,8 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
     assert size_report.parse_bytes("2822144000") == 65 * B_DENSE
     assert size_report.parse_bytes("1e9") == size_report.parse_bytes("1GB") == 10 ** 9
     assert size_report.parse_bytes("8GiB") == 8 * 2 ** 30 and size_report.parse_bytes("2.5e3") == 2500
-    assert size_report.parse_bytes(str(2 ** 50)) == 2 ** 50
+    assert size_report.parse_bytes(str(2 ** 50)) == 2 ** 50 == size_report.parse_bytes("1PiB")
+    assert size_report.parse_bytes("16tib") == 16 * 2 ** 40 and size_report.parse_bytes("2 TB") == 2 * 10 ** 12
 
 
 @pytest.mark.parametrize("text,match", [
@@ -248,6 +249,7 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
     ("1.3KiB", "not a whole number of bytes"), ("0", "expected a size >= 1 byte"),
     (str(2 ** 50 + 1), "<= 2\\*\\*50 bytes"), ("2e15", "<= 2\\*\\*50 bytes"), ("1e999", "<= 2\\*\\*50"),
     ("1e9999", "expected a positive size"), ("8 parsecs", "expected a positive size"), ("-5", "expected a positive"),
+    ("2PiB", "<= 2\\*\\*50 bytes"), ("16XB", "units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB"),
 ])
 def test_budget_text_is_a_whole_bounded_byte_count(text, match):
     with pytest.raises(DascInputError, match=match) as e:
@@ -410,12 +412,12 @@ def test_budget_hint_is_the_smallest_for_every_arm_at_once(kimi):
                                     f"rank, one padding slot); {fits}")
     assert err("--budget", "86835200") == (
         "error: --budget 86835200 bytes holds Dense M=1 native slots of 43417600 bytes (+1 padding slot) on one TP "
-        "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5: "
+        "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5 for Dense alone; "
         f"{fits}")
     assert err("--budget", "303923199") == (
         "error: no SGLang INT8 checkpoint slot fits: Dense's M=5 slots leave 0 bytes beside the M'=5 native slots, "
         f"one SGLang INT8 slot needs 12288000 bytes (+1 reserved); {fits}, or lower --max-running-requests")
-    assert err("--dense-slots", "3").endswith("needs M >= 5: --dense-slots 6 or more fits every arm")
+    assert err("--dense-slots", "3").endswith("needs M >= 5 for Dense alone; --dense-slots 6 or more fits every arm")
     for name, need in (("w16", 303923200), ("w16-wr", 651264000)):    # dasc-wr: 8 refresh scratch slots more
         plan = load_plan(kimi[name])
         assert sizing.size_arms(plan, max_running_requests=1, budget_bytes=need)
@@ -431,7 +433,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
         return r.output.strip()
 
     assert err("--budget", "1GiB").endswith(
-        "needs M >= 10737418240: no --budget up to 2**50 bytes runs --max-running-requests 2147483648 in every arm: "
+        "needs M >= 10737418240 for Dense alone; no --budget up to 2**50 bytes runs --max-running-requests 2147483648 in every arm: "
         "lower --max-running-requests to at most 5186375 (4 with --budget 1073741824)")
     assert err("--budget", "1").endswith("one padding slot); no --budget up to 2**50 bytes runs "
                                          "--max-running-requests 2147483648 in every arm: lower --max-running-requests "
