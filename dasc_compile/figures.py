@@ -93,6 +93,21 @@ def save_png(fig, out: str | Path, dpi: int, label: str | None = None) -> None:
             os.unlink(tmp)
 
 
+#: The range a quality metric can take (``None``: unbounded on that side), so that a mean ± SD band stays in it:
+#: KL >= 0, agreement and retrieval accuracy in [0, 1]; ΔNLL has no bound.
+METRIC_RANGE = {"kl": (0.0, None), "kl_head": (0.0, None), "gen_agreement": (0.0, 1.0), "agreement": (0.0, 1.0),
+                "retrieval_acc_far": (0.0, 1.0), "retrieval_acc": (0.0, 1.0)}
+
+
+def sd_band(metric: str, mean: list[float], sd: list[float]) -> tuple[list[float], list[float]]:
+    """The lower and upper edges of a mean ± SD band for ``metric``, clipped to :data:`METRIC_RANGE` (a Random band of
+    KL drawn below 0 showed values no mask can give)."""
+    lo, hi = METRIC_RANGE.get(metric, (None, None))
+    low = [a - b if lo is None else max(lo, a - b) for a, b in zip(mean, sd)]
+    high = [a + b if hi is None else min(hi, a + b) for a, b in zip(mean, sd)]
+    return low, high
+
+
 def pyplot():
     """``matplotlib.pyplot`` on the non-interactive Agg backend (no display needed)."""
     import matplotlib

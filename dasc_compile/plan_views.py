@@ -6,8 +6,8 @@ the picture (:mod:`dasc_compile.plot`); computed from the plan artifact only.
 * per-rank payload tables (App. B.1, Fig. 9): :func:`by_rank`, :func:`permuted_layer_ids`;
 * provenance (MODELS.md: initialisation draw, paper-calibrated, trained): :func:`provenance_kind`,
   :func:`is_initialisation_draw` (the kinds live in :mod:`dasc_compile.provenance`);
-* how bytes, ratios and horizons are written for a person: :func:`fmt_bytes`, :func:`fmt_ratio`,
-  :func:`fmt_tokens`.
+* how bytes, ratios, horizons and quality figures are written for a person: :func:`fmt_bytes`,
+  :func:`fmt_ratio`, :func:`fmt_tokens`, :func:`fmt_quality`.
 """
 
 from __future__ import annotations
@@ -129,3 +129,11 @@ def fmt_tokens(x: float) -> str:
     if x < 1000:
         return f"{x:.1f}"
     return f"{x:,.0f}" if x < 1e7 else f"{x:.1e}"
+
+
+def fmt_quality(v, digits: int = 4) -> str:
+    """A quality figure (ΔNLL, KL: a number, or Random's ``{"mean", "sd"}``) to ``digits`` decimals, ``-`` when not
+    measured; a value that rounds to zero prints ``0.0000``, not ``-0.0000`` (dasc eval's and sweep's tables)."""
+    if isinstance(v, dict):
+        return "-" if v.get("mean") is None else f"{fmt_quality(v['mean'], digits)} ± {fmt_quality(v['sd'], digits)}"
+    return "-" if v is None else f"{round(v, digits) + 0.0:.{digits}f}"

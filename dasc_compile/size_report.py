@@ -16,6 +16,7 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
+from dasc_compile.console import counted
 from dasc_compile.schema import DascInputError, load_plan
 from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES, GIB,
                                  compressed_bytes_per_slot, size_arms, slots_per_running_request)
@@ -111,7 +112,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
              if budget_bytes is not None else
              f"budget {b:,} B ({b / GIB:.3f} GiB) per rank = Dense's {arms[0].native_slots} + 1 native slots x "
              f"{arms[0].bytes_native_slot:,} B")
-    out.write(f"{given}; every arm runs {max_running_requests} requests "
+    out.write(f"{given}; every arm runs {counted(max_running_requests, 'request')} "
               f"({strategy}{'' if settled.overlap_schedule else ' without the overlap scheduler'}: {k} native slots "
               f"a request, so M' = {k * max_running_requests})\n")
     w = max(len(a.arm) for a in arms)

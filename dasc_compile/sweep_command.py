@@ -31,7 +31,8 @@ def _eval_sources(spec: str) -> dict:
         path = Path(spec)
         if not path.is_file():
             raise DascInputError(f"--eval {spec}: expected a JSON-lines prompt file (dasc eval --prompts), "
-                                 f"sharegpt:N or retrieval:N; no such file")
+                                 f"sharegpt:N or retrieval:N; " + ("it is a folder" if path.is_dir() else
+                                                                    "not a file" if path.exists() else "no such file"))
         return {"prompts_file": path}
     n = int(m.group(2))
     if n < 1:

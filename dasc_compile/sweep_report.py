@@ -26,7 +26,7 @@ from rich.table import Table
 
 from dasc_compile.console import counted
 from dasc_compile.inspect import _json_safe
-from dasc_compile.plan_views import fmt_ratio
+from dasc_compile.plan_views import fmt_quality, fmt_ratio
 from dasc_compile.provenance import figure_label, figure_line, provenance_kind, short_line
 from dasc_compile.sweep import SweepResult, SweepRow
 
@@ -44,10 +44,7 @@ def _times(n: int, dense: int) -> str:
 def _q(row: SweepRow, arm: str, metric: str) -> str:
     if row.quality is None or arm not in row.quality:
         return "-"
-    v = row.quality[arm][metric]
-    if isinstance(v, dict):
-        return "-" if v.get("mean") is None else f"{v['mean']:.4f} ± {v['sd']:.4f}"
-    return "-" if v is None else f"{v:.4f}"
+    return fmt_quality(row.quality[arm][metric])
 
 
 def commands_for(result: SweepResult, row: SweepRow, user_flags: list[str], plan_dir: Optional[Path]) -> dict:
@@ -211,7 +208,7 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
     Raises:
         DascInputError: ``out`` does not end in ``.png`` or cannot be written.
     """
-    from dasc_compile.figures import check_png, pyplot, save_png
+    from dasc_compile.figures import check_png, pyplot, save_png, sd_band
 
     out = check_png(out)
     plt = pyplot()
@@ -249,8 +246,7 @@ def plot_sweep(result: SweepResult, out: Path) -> None:
         ax.plot(xs, [r.quality[arm][metric] for _, r in rows], "o-", label=f"dasc-{arm}")
         m = [r.quality["random"][metric]["mean"] for _, r in rows]
         sd = [r.quality["random"][metric]["sd"] for _, r in rows]
-        ax.fill_between(xs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color="gray", alpha=0.3,
-                        label="Random ±SD")
+        ax.fill_between(xs, *sd_band(metric, m, sd), color="gray", alpha=0.3, label="Random ±SD")
         if qb is not None:
             ax.axhline(qb["max"], color="crimson", ls=":", lw=1, label=f"budget {qb['max']}")
         ax.set_ylabel(f"{_METRIC_NAME[metric]}, nats/token")

@@ -126,7 +126,7 @@ def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int
         DascInputError: ``native_slots > dense_slots`` or no compressed slot fits.
     """
     if native_slots > dense_slots or native_slots < 1:
-        raise DascInputError(f"native slots M'={native_slots} must be in [1, M={dense_slots}]")
+        raise DascInputError(f"--native-slots {native_slots}: M' must be in [1, M={dense_slots}] (M: --dense-slots)")
     budget = (dense_slots + 1) * bytes_dense_slot
     left = budget - (native_slots + 1) * bytes_dense_slot - scratch_bytes
     c = usable_slots(max(left, 0), bytes_compressed_slot)

@@ -20,6 +20,7 @@ from rich.table import Table
 from dasc_compile.cli_exit import note_written
 from dasc_compile.console import console, counted
 from dasc_compile.errors import DascInputError
+from dasc_compile.plan_views import fmt_quality
 from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
 from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
                                    run_horizons, write_json)
@@ -59,14 +60,6 @@ def _refuse_idle_options(ctx, horizons: bool, sharegpt: Optional[int]) -> None:
         raise DascInputError("--sharegpt-offset acts only with --sharegpt N")
 
 
-def _fmt(v, digits: int = 4) -> str:
-    """``v`` (a number, or Random's ``{"mean", "sd"}``) to ``digits`` decimals; a value that rounds to zero
-    prints ``0.0000``, not ``-0.0000``."""
-    if isinstance(v, dict):
-        return "-" if v.get("mean") is None else f"{_fmt(v['mean'], digits)} ± {_fmt(v['sd'], digits)}"
-    return "-" if v is None else f"{round(v, digits) + 0.0:.{digits}f}"
-
-
 def arm_label(arm: str, r: dict, plan: dict) -> str:
     """The name an arm is printed (and plotted) under. A plan compiled with ``--random-seed`` is a Random
     plan: its ``nr`` / ``wr`` arms are that Random mask zero-filled / refreshed, never dasc-nr / dasc-wr."""
@@ -88,7 +81,7 @@ def _arm_table(title: str, arms: dict, plan: dict) -> Table:
     for _, head in _COLUMNS:
         t.add_column(head)
     for arm, r in arms.items():
-        t.add_row(arm_label(arm, r, plan), *(_fmt(r.get(m), 3 if "agree" in m or "retrieval" in m else 4)
+        t.add_row(arm_label(arm, r, plan), *(fmt_quality(r.get(m), 3 if "agree" in m or "retrieval" in m else 4)
                                             for m, _ in _COLUMNS))
     return t
 
@@ -125,7 +118,7 @@ def paired_lines(paired: dict, plan: dict) -> list[str]:
                 parts.append(f"{name} -")
                 continue
             tied = round(d["frac_tied"] * d["n"])
-            parts.append(f"{name} {d['mean']:+.4f} (SD {_fmt(d['sd'])}, n {d['n']}, nr lower on "
+            parts.append(f"{name} {d['mean']:+.4f} (SD {fmt_quality(d['sd'])}, n {d['n']}, nr lower on "
                          f"{round(d['frac_nr_lower'] * d['n'])}{f', tied on {tied}' if tied else ''})")
         out.append(f"paired over prompts, {arm_label('nr', {}, plan)} − {other}: " + "; ".join(parts))
     return out
@@ -152,7 +145,7 @@ def render(doc: dict, con: Console) -> None:
             for key, pair in (("hs_he", "H_s, H_e"), ("hs_ms", "H_s, M_S")):
                 if which in doc:
                     r = doc[which][key]
-                    t.add_row(name, pair, _fmt(r["median"], 3), f"[{_fmt(r['q25'], 3)}, {_fmt(r['q75'], 3)}]", str(r["n"]))
+                    t.add_row(name, pair, fmt_quality(r["median"], 3), f"[{fmt_quality(r['q25'], 3)}, {fmt_quality(r['q75'], 3)}]", str(r["n"]))
         con.print(t)
         return
     pr = doc["protocol"]
@@ -160,9 +153,9 @@ def render(doc: dict, con: Console) -> None:
               f"k = {pr['gen_tokens']}", markup=False)
     if "init" in doc:
         d = doc["init"]["drift"]
-        jac = ", ".join(f"{w}: {_fmt(j['all'], 3)}" for w, j in d["jaccard"].items())
+        jac = ", ".join(f"{w}: {fmt_quality(j['all'], 3)}" for w, j in d["jaccard"].items())
         con.print(f"initial state: {doc['init']['source']}; H_s vs init: median per-layer Spearman "
-                  f"{_fmt(d['spearman_median'], 3)}; kept-set Jaccard with init by w_max {jac}", markup=False)
+                  f"{fmt_quality(d['spearman_median'], 3)}; kept-set Jaccard with init by w_max {jac}", markup=False)
     for entry in doc["plans"]:
         p = entry["plan"]
         kind = f"Random plan (seed {p['random_seed']}) " if p.get("selection") == "random" else ""

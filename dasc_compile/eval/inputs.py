@@ -30,16 +30,22 @@ def parse_arms(arms: str) -> tuple[str, ...]:
     """The arms of ``--arms`` (comma-separated, :data:`dasc_compile.eval.arms.ARMS`), in the order given.
 
     Raises:
-        DascInputError: no arm, an unknown one, or ``untrained`` alone (it runs the other arms on the initial model).
+        DascInputError: no arm, an unknown one, an empty or repeated name, or ``untrained`` alone (it runs the other arms on the initial model).
     """
     from dasc_compile.eval.arms import ARMS
 
-    got = tuple(a.strip() for a in arms.split(",") if a.strip())
+    words = [a.strip() for a in arms.split(",")]
+    got = tuple(a for a in words if a)
     bad = [a for a in got if a not in ARMS]
     if not got:
         raise DascInputError(f"--arms {arms!r}: names no arm; choose from {','.join(ARMS)}")
     if bad:
         raise DascInputError(f"--arms {arms!r}: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
+    if len(got) < len(words):
+        raise DascInputError(f"--arms {arms!r}: an empty name between commas; list arms as dense,nr,random")
+    twice = sorted({a for a in got if got.count(a) > 1})
+    if twice:
+        raise DascInputError(f"--arms {arms!r}: {', '.join(twice)} named more than once; give each arm once")
     if set(got) == {"untrained"}:
         raise DascInputError(f"--arms {arms!r}: the untrained control runs the other arms on the initial model; "
                              f"give at least one of dense,nr,wr,random beside it")

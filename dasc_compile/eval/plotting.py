@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dasc_compile.console import counted
+from dasc_compile.figures import sd_band
 from dasc_compile.provenance import figure_label, figure_line, provenance_kind
 
 PANELS = (("nll_delta_head", "NLL - dense, first 16 suffix tokens"), ("kl", "KL(dense || arm), whole suffix"),
@@ -55,8 +56,7 @@ def draw_panels(axes, result: dict, metrics=PANELS) -> None:
             s = [r["arms"]["random"][metric]["sd"] for r in rows]
             if all(v is not None for v in m + s):
                 ax.plot(xs, m, "x--", color="gray", label="Random (mean)")
-                ax.fill_between(xs, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)],
-                                color="gray", alpha=0.25, label="Random ±SD")
+                ax.fill_between(xs, *sd_band(metric, m, s), color="gray", alpha=0.25, label="Random ±SD")
         um = [(r.get("untrained", {}).get("random", {}).get(metric) or {}).get("mean") for r in rows]
         if any(v is not None for v in um):
             ax.plot(xs, [_num(v) for v in um], "+:", color="dimgray", label="untrained model, Random (mean)")

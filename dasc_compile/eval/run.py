@@ -73,13 +73,23 @@ def checkpoint_decays(model: Path):
 
 def load_plans(paths: list, spec, tensors) -> list:
     """``[(label, Plan)]`` of plan directories, or of ``(label, Plan)`` pairs already in memory (``dasc
-    sweep``), each checked to be compiled from exactly these decay tensors and recurrent layers."""
+    sweep``), each checked to be compiled from exactly these decay tensors and recurrent layers.
+
+    Raises:
+        DascInputError: a plan of other decay tensors or recurrent layers, or one plan given twice.
+    """
     from dasc_compile.checkpoint import decay_fingerprint
     from dasc_compile.schema import load_plan
 
     fp = decay_fingerprint(tensors)
-    plans = []
+    plans, seen = [], {}
     for p in paths:
+        if not isinstance(p, tuple):            # a plan given twice (its folder and its plan.json) runs twice
+            where = Path(p).resolve()
+            where = where.parent if where.is_file() else where
+            if where in seen:
+                raise DascInputError(f"--plan {p}: the same plan as --plan {seen[where]}; give each plan once")
+            seen[where] = p
         p, plan = p if isinstance(p, tuple) else (p, load_plan(p, verify_kernels=False))
         if plan.fingerprint.decay_sha256 != fp:
             raise DascInputError(

@@ -167,6 +167,7 @@ def test_plot(tmp_path):
     (["--wmax", "16", "--tp", "3"], ["tp_size", "3"]),
     (["--wmax", "16", "--int8", "maybe"], ["--int8 maybe: expected off, on or both"]),
     (["--wmax", "16", "--max-kl", "0.1"], ["--max-kl needs --eval PROMPTS"]),
+    (["--wmax", "16", "--eval", "/"], ["--eval /: expected a JSON-lines prompt file", "it is a folder"]),
     (["--wmax", "16", "--eval", "retrieval:1", "--max-kl", "0.1", "--max-nll-delta", "0.1"], ["alternatives"]),
     (["--wmax", "16", "--budget", "8GiB"], ["--budget and --max-running-requests go together"]),
     (["--wmax", "16", "--budget", "lots", "--max-running-requests", "8"], ["--budget: expected a positive size"]),

@@ -319,3 +319,20 @@ def test_load_plan_from_file_or_directory(tmp_path):
     assert load_plan(tmp_path / "plan.json") == p
     with pytest.raises(DascInputError):
         load_plan(tmp_path / "missing")
+
+
+def test_a_random_band_stays_inside_what_its_metric_can_take():
+    """The sweep figure's Random ±SD band of KL went below 0 (KL >= 0); agreement is in [0, 1]; ΔNLL is unbounded."""
+    from dasc_compile.figures import sd_band
+
+    assert sd_band("kl", [0.01, 0.2], [0.03, 0.05]) == ([0.0, pytest.approx(0.15)], [0.04, 0.25])
+    assert sd_band("gen_agreement", [0.9, 0.1], [0.2, 0.2]) == ([pytest.approx(0.7), 0.0], [1.0, pytest.approx(0.3)])
+    assert sd_band("nll_delta", [0.01], [0.03]) == ([pytest.approx(-0.02)], [0.04])
+
+
+def test_quality_figures_print_one_way_in_eval_and_sweep():
+    from dasc_compile.plan_views import fmt_quality
+
+    assert fmt_quality(-0.00001) == "0.0000" and fmt_quality(-0.00051) == "-0.0005" and fmt_quality(None) == "-"
+    assert fmt_quality({"mean": 0.01234, "sd": -0.0}) == "0.0123 ± 0.0000" and fmt_quality({"mean": None}) == "-"
+    assert fmt_quality(0.12345, 3) == "0.123"

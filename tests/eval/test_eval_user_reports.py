@@ -177,10 +177,11 @@ def test_a_missing_or_non_folder_model_says_which(gdn_dir, tmp_path):
 
 
 @pytest.mark.parametrize("arms, needle", [("untrained", "give at least one of dense,nr,wr,random beside it"),
-                                          (" , ", "names no arm")])
+                                          (" , ", "names no arm"), ("dense,,nr", "an empty name between commas"),
+                                          ("dense,nr,nr,random,dense", "dense, nr named more than once")])
 def test_arms_that_would_run_nothing_are_refused(gdn_dir, tmp_path, arms, needle):
     """`--arms untrained` alone ran the model and printed two empty tables (status 0); `--arms ''` read
-    "unknown arm(s) []"."""
+    "unknown arm(s) []"; `--arms dense,nr,nr` ran nr twice and `dense,,nr` passed."""
     plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", arms, "--init-seed", 0))
     assert line.startswith(f"error: --arms {arms!r}: ") and needle in line
@@ -360,3 +361,10 @@ def test_json_dash_is_refused_and_a_decay_only_init_for_untrained_names_the_flag
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "dense,nr,untrained", "--init-from", init))
     assert line.startswith(f"error: --init-from {init}: the weights hold") and "--arms untrained" in line
     assert "trained checkpoint" not in line
+
+
+def test_one_plan_given_twice_is_refused(gdn_dir, tmp_path):
+    """`--plan P --plan P/plan.json` evaluated the same plan twice: two identical tables, no word."""
+    plan = compile_for(gdn_dir, 16, tmp_path / "w16.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--plan", plan / "plan.json"))
+    assert line == f"error: --plan {plan / 'plan.json'}: the same plan as --plan {plan}; give each plan once"
