@@ -1,0 +1,42 @@
+"""benchmarks/train/mqar_probe.py: the MQAR rows are what its docstring says (every answer is its key's value,
+scored only where the query is read), and a short run writes its record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.train.mqar_probe import N_SPECIAL, mqar_batch
+
+
+def test_rows_pair_each_query_with_its_records_value():
+    ids, tgt = mqar_batch(torch.Generator().manual_seed(3), 4, pairs=5, gap=7, keys=16, values=8, vocab=64)
+    assert ids.shape == tgt.shape == (4, 1 + 4 * 5 + 7)
+    for row, t in zip(ids.tolist(), tgt.tolist()):
+        record = dict(zip(row[1:11:2], row[2:12:2]))                 # key -> value, as stated
+        assert len(record) == 5 and all(N_SPECIAL <= k < N_SPECIAL + 16 for k in record)
+        assert all(N_SPECIAL + 16 <= v < N_SPECIAL + 24 for v in record.values())
+        assert all(f >= N_SPECIAL + 24 for f in row[11:18])          # the gap holds fillers only
+        scored = [i for i, y in enumerate(t) if y != -100]
+        assert scored == list(range(18, 28, 2))                       # the queries, never the records
+        for i in scored:
+            assert t[i] == record[row[i]] == row[i + 1]               # the logit at q predicts its value
+
+
+def test_a_vocabulary_too_small_is_refused():
+    with pytest.raises(ValueError, match="pairs <= keys"):
+        mqar_batch(torch.Generator(), 1, pairs=9, gap=0, keys=8, values=8, vocab=64)
+
+
+def test_a_short_run_writes_its_record(tmp_path):
+    pytest.importorskip("transformers")
+    from benchmarks.train.mqar_probe import main
+
+    out = tmp_path / "m.json"
+    assert main(["--steps", "2", "--log-every", "1", "--pairs", "2", "--gap", "2", "--batch", "2", "--out",
+                 str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["step"] for r in doc["log"]] == [1, 2] and 0.0 <= doc["final_acc"] <= 1.0
+    assert doc["config"]["seq"] == 1 + 4 * 2 + 2 and doc["n_params"] > 0 and doc["chance_acc"] == 1 / 64
