@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
 from dasc_runtime.scheduler_refusal import refuse_in_scheduler   # no torch, no sglang
@@ -90,10 +91,24 @@ def check_env_knobs() -> None:
 
 
 def from_cli_args(result, cls, args):
-    """AFTER ``ServerArgs.from_cli_args``: carry the parsed ``--dasc-*`` values."""
+    """AFTER ``ServerArgs.from_cli_args``: carry the parsed ``--dasc-*`` values.
+
+    This runs in the launcher (``python -m sglang.launch_server``), where no scheduler frame turns a refusal into one
+    line (:mod:`dasc_runtime.scheduler_refusal`): a bad ``--dasc-*`` value or ``DASC_*`` variable is printed here as
+    one ``dasc: refusing to start:`` line naming the flag, and the launcher exits with status 2 as argparse does.
+    """
+    from dasc_compile.schema import DascInputError
+
     raw = {field: getattr(args, "dasc_" + field, None) for _, field, _ in _FLAGS}
     if raw.get("plan"):
-        _store_settings(result, raw)
+        try:
+            _store_settings(result, raw)
+        except DascInputError as exc:
+            msg = str(exc)
+            for flag, field, _ in _FLAGS:
+                msg = msg.replace(f"dasc flags: {field}:", f"{flag}:")
+            print(f"dasc: refusing to start: {msg}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
     return result
 
 

@@ -144,7 +144,7 @@ _option("disaggregation", "disaggregation_mode", "--disaggregation-mode {v} (PD 
 _option("pipeline_parallel", "pp_size", "--pp-size {v} (pipeline parallelism is not supported)",
         "the plan's layers and ranks are laid out for one pipeline stage.", test=lambda v: (v or 1) > 1)
 _option("extra_buffer_lazy", "mamba_radix_cache_strategy", "--mamba-radix-cache-strategy extra_buffer_lazy (use "
-        "extra_buffer, SGLang's default, or no_buffer)",
+        "extra_buffer, what SGLang's auto picks for these models, or no_buffer with --disable-overlap-schedule)",
         "its second ping-pong slot is allocated and freed on demand by SGLang's batch result processor "
         "(`mamba_lazy_*`), a path dasc's insertion (which donates / packs that slot) is not tested on.",
         test=lambda v: v == "extra_buffer_lazy")
@@ -177,6 +177,16 @@ def _storage_overlap(c: _Ctx):
                  f"a storage-balanced plan at TP {p.tp.tp_size if p is not None else '?'} with overlap scheduling "
                  f"(its all-to-all on the schedule stream could interleave with the forward's TP collectives "
                  f"differently on each rank; add --disable-overlap-schedule, or recompile with --balance off)",
+                 (("--disable-overlap-schedule", "disable_overlap_schedule", True),))
+
+
+@_rule("no_buffer_overlap", "option", """SGLang itself refuses `--mamba-radix-cache-strategy no_buffer` under its
+overlap scheduler (an assertion in ServerArgs, 0.5.17 and 0.5.23): a server started with the flags `dasc size`
+printed would end in a traceback before dasc is loaded.""", fix="--disable-overlap-schedule")
+def _no_buffer_overlap(c: _Ctx):
+    return _when(c.g("mamba_radix_cache_strategy") == "no_buffer" and not c.g("disable_overlap_schedule", False),
+                 "--mamba-radix-cache-strategy no_buffer with overlap scheduling (SGLang refuses it; add "
+                 "--disable-overlap-schedule)",
                  (("--disable-overlap-schedule", "disable_overlap_schedule", True),))
 
 
@@ -339,6 +349,14 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     left = serving_refusals(SimpleNamespace(**opts), plan, refresh_slots=refresh_slots)
     if left:
         raise DascInputError("the dasc runtime would refuse to start: " + "; ".join(r.text for r in left))
+    pol = plan.policy              # the state dtypes the server must run with (verify.check_plan_supported)
+    if pol.temporal_dtype != "float32":
+        extra += ["--mamba-ssm-dtype", pol.temporal_dtype]
+        notes.append(f"added --mamba-ssm-dtype {pol.temporal_dtype} to every arm: the plan stores the temporal state "
+                     f"as {pol.temporal_dtype}, and the dasc runtime refuses a server whose SSM state dtype differs")
+    if pol.conv_dtype != "bfloat16":
+        notes.append(f"start every server with SGLANG_MAMBA_CONV_DTYPE={pol.conv_dtype} in its environment: the plan "
+                     f"stores the conv state as {pol.conv_dtype}, SGLang's default is bfloat16 and it has no flag for it")
     tp = int(plan.tp.tp_size)
     return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"],
                           extra_flags=(("--tp-size", str(tp)) if tp > 1 else ()) + tuple(extra), notes=tuple(notes))

@@ -91,7 +91,8 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
         raise DascRefusal(f"temporal state dtype: plan {pol.temporal_dtype}, server {temporal_dtype} "
                           f"(set --mamba-ssm-dtype or recompile with temporal_dtype)")
     if conv_dtype != torch_dtype(pol.conv_dtype):
-        raise DascRefusal(f"conv state dtype: plan {pol.conv_dtype}, server {conv_dtype}")
+        raise DascRefusal(f"conv state dtype: plan {pol.conv_dtype}, server {conv_dtype} (SGLang takes it from the "
+                          f"environment variable SGLANG_MAMBA_CONV_DTYPE, default bfloat16; or recompile with conv_dtype)")
     conv_elems = sum(math.prod(s) for s in conv_shapes)
     itemsize = torch.empty((), dtype=conv_dtype).element_size()
     plan_conv = tp.payload_contiguous[tp_rank].bytes_conv

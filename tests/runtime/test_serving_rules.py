@@ -69,6 +69,9 @@ EXAMPLES = {
     "external_state_store": dict(server=dict(enable_lmcache=True), size=("never", "--enable-lmcache")),
     "storage_balance_overlap": dict(plan="storage2", server=dict(disable_overlap_schedule=False),
                                     size=("correct", [], "--disable-overlap-schedule")),
+    "no_buffer_overlap": dict(server=dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=False),
+                              size=("correct", ["--mamba-radix-cache-strategy", "no_buffer"],
+                                    "--disable-overlap-schedule")),
     "balance_hybrid": dict(plan="hybrid2", size=("refuse", [])),
     "refresh_slots_without_wr": dict(plan="nr", refresh_slots=2, size=("refuse", ["--refresh-slots", "2"])),
     "refresh_slots_zero": dict(plan="wr", refresh_slots=0, size=("refuse", ["--refresh-slots", "0"])),
@@ -198,6 +201,8 @@ def test_size_flags_start_the_server(plans, name, strategy, overlap):
                      plan_path=str(plan_dir), arms=("dense", "int8", "dasc"))
     for arm in arms:
         ns = _parse_sglang_flags(list(arm.flags))
+        # SGLang's own ServerArgs refuses no_buffer under the overlap scheduler (an assertion, every arm)
+        assert ns.mamba_radix_cache_strategy != "no_buffer" or ns.disable_overlap_schedule, arm.flags
         never = [ex["size"][1] for ex in EXAMPLES.values() if ex["size"][0] == "never"]
         assert not any(f in arm.flags for f in never), arm.flags
         if arm.kind != "dasc":
@@ -246,3 +251,30 @@ def test_size_budget_errors_name_the_budget_and_the_smallest_that_fits(tmp_path)
     assert need == 1823539200
     assert runner.invoke(app, ["size", str(path), "--budget", str(need), "--max-running-requests", "8"]).exit_code == 0
     assert runner.invoke(app, ["size", str(path), "--budget", str(need - 1), "--max-running-requests", "8"]).exit_code == 2
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")
+def test_a_plan_of_other_state_dtypes_gets_the_server_setting_that_matches(tmp_path):
+    """A plan with temporal_dtype bfloat16 got flags without --mamba-ssm-dtype, and the server refused it at start-up
+    naming a flag no tool printed; conv_dtype float32 has no flag (SGLang reads SGLANG_MAMBA_CONV_DTYPE): a warning
+    says so, and the start-up refusal names the variable."""
+    from dasc_runtime.sizing import size_arms
+    from dasc_runtime.verify import DascRefusal, check_state
+
+    plan, plan_dir, _ = compile_tiny(tmp_path / "bf", temporal_dtype="bfloat16")
+    settled = serving_rules.settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True)
+    assert any("--mamba-ssm-dtype bfloat16" in n for n in settled.notes)
+    for arm in size_arms(plan, max_running_requests=4, dense_slots=64, plan_path=str(plan_dir),
+                         arms=("dense", "int8", "dasc")):
+        assert _parse_sglang_flags(list(arm.flags)).mamba_ssm_dtype == "bfloat16", arm.flags
+    plan, _, _ = compile_tiny(tmp_path / "cf", conv_dtype="float32")
+    settled = serving_rules.settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True)
+    assert any("SGLANG_MAMBA_CONV_DTYPE=float32" in n for n in settled.notes)
+    import torch
+
+    m = plan.model
+    with pytest.raises(DascRefusal, match="SGLANG_MAMBA_CONV_DTYPE"):
+        check_state(plan, layer_ids=m.recurrent_layer_ids, temporal_shape=(plan.tp.heads_per_rank, m.head_v_dim,
+                    m.head_k_dim), conv_shapes=[], temporal_dtype=torch.float32, conv_dtype=torch.bfloat16,
+                    tp_rank=0, tp_size=plan.tp.tp_size)

@@ -89,3 +89,30 @@ def test_every_server_option_dasc_reads_exists_in_this_release():
     sa = ServerArgs(model_path="dummy")
     missing = sorted(n for n in read - steps().ABSENT_OPTIONS if not hasattr(sa, n))
     assert not missing, f"server options dasc reads that this SGLang does not have: {missing}"
+
+
+@pytest.mark.parametrize("flags, env, needle", [
+    (dict(pool_slots=-1), {}, "--dasc-pool-slots: expected a non-negative integer, got -1"),
+    (dict(refresh_slots=-2), {}, "--dasc-refresh-slots: expected a non-negative integer, got -2"),
+    (dict(pool_slots=5, pool_bytes=100), {}, "--dasc-pool-slots and --dasc-pool-bytes are exclusive"),
+    ({}, {"DASC_RECLAIM_WAIT": "bogus"}, "DASC_RECLAIM_WAIT"),
+])
+def test_a_bad_dasc_flag_in_the_launcher_is_one_line_and_status_2(tmp_path, monkeypatch, capsys, flags, env, needle):
+    """`python -m sglang.launch_server ... --dasc-pool-slots -1` ended in a 25-line traceback naming the field
+    'pool_slots': the launcher's from_cli_args hook runs where no scheduler frame makes a refusal one line."""
+    from argparse import Namespace
+
+    from dasc_runtime import plugin
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    _, plan_dir, _ = compile_tiny(tmp_path)
+    args = Namespace(**{"dasc_" + field: None for _, field, _ in plugin._FLAGS})
+    args.dasc_plan = str(plan_dir)
+    for k, v in flags.items():
+        setattr(args, "dasc_" + k, v)
+    with pytest.raises(SystemExit) as info:
+        plugin.from_cli_args(SimpleNamespace(), None, args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("dasc: refusing to start: ")
+    assert needle in err[0], err

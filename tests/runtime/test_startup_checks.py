@@ -28,7 +28,8 @@ PREFIX = "dasc: refusing to start: unsupported option(s): "
 
 @pytest.mark.parametrize("field,value,line", [
     ("mamba_radix_cache_strategy", "extra_buffer_lazy",
-     "--mamba-radix-cache-strategy extra_buffer_lazy (use extra_buffer, SGLang's default, or no_buffer)"),
+     "--mamba-radix-cache-strategy extra_buffer_lazy (use extra_buffer, what SGLang's auto picks for these models, "
+     "or no_buffer with --disable-overlap-schedule)"),
     ("enable_mixed_chunk", True, "--enable-mixed-chunk (drop it)"),
     ("enable_dp_attention", True, "DP attention (--enable-dp-attention / --attn-dp-size > 1: not supported)"),
     ("enable_lmcache", True, "--enable-lmcache / --enable-flexkv / --enable-unified-cache-external-linker (external "
@@ -55,8 +56,9 @@ def test_sglang_defaults_and_served_strategies_start():
     from dasc_runtime.verify import check_server_args
 
     check_server_args(ServerArgs(model_path="dummy", page_size=1))
-    for strategy in ("extra_buffer", "no_buffer", "auto"):
-        check_server_args(SimpleNamespace(mamba_radix_cache_strategy=strategy, mamba_max_states_per_path=2))
+    for strategy in ("extra_buffer", "no_buffer", "auto"):     # no_buffer only without overlap, as SGLang asserts
+        check_server_args(SimpleNamespace(mamba_radix_cache_strategy=strategy, mamba_max_states_per_path=2,
+                                          disable_overlap_schedule=strategy == "no_buffer"))
 
 
 def test_several_unserved_options_are_named_in_one_line():
