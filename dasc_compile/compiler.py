@@ -120,7 +120,26 @@ def plan_warnings(plan: Plan) -> list[str]:
     if plan.tp.balance == "hybrid":
         out.append("balance 'hybrid': this dasc's SGLang runtime does not permute the loaded weights yet and refuses "
                    "this plan (it serves balance 'off' and 'storage')")
+    out += _wr_budget_warning(plan)
     return out
+
+
+def _wr_budget_warning(plan: Plan) -> list[str]:
+    """A dasc-wr plan with ``pool_budget_bytes``: the runtime charges its refresh scratch slots, B native slots of
+    ``b_dense`` bytes (``--dasc-refresh-slots``, default 8, fewer where the prefill chunk caps them), to that budget
+    before it sizes the pool (``dasc_runtime.wr_scratch.budget_after_scratch``), so the usable slots the plan records
+    (budget alone) overstate what a server builds, and a budget under B b_dense is refused at start-up."""
+    from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
+
+    budget, per_slot = plan.policy.pool_budget_bytes, plan.tp.bottleneck_bytes_per_slot
+    if budget is None or per_slot <= 0 or not refresh_active(plan):
+        return []
+    scratch = DEFAULT_REFRESH_SLOTS * plan.tp.bytes_dense_per_slot
+    left = usable_slots(max(budget - scratch, 0), per_slot)
+    return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its {DEFAULT_REFRESH_SLOTS} "
+            f"refresh scratch slots ({scratch} bytes, --dasc-refresh-slots) to it, leaving {max(left, 0)} usable "
+            f"compressed slots, not the {usable_slots(budget, per_slot)} recorded"
+            + ("; it would refuse to start: raise the budget or lower --dasc-refresh-slots" if left < 1 else "")]
 
 
 def layer_horizon_stats(horizons: list[torch.Tensor]) -> list[tuple[HorizonQuantiles, list[int]]]:

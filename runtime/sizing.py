@@ -359,7 +359,7 @@ def main(argv=None) -> int:
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")
     common = (() if settled.overlap_schedule else ("--disable-overlap-schedule",)) + settled.extra_flags
     print(f"Dense arm: {' '.join(('--max-mamba-cache-size', str(mm.dense_slots)) + common)}")
-    print(f"dasc arm:  {' '.join((mm.flags(),) + common)}   (capacity "
+    print(f"dasc arm:  {' '.join((mm.flags(), '--dasc-plan', a.plan) + common)}   (capacity "
           f"{mm.native_slots + mm.compressed_slots} with no request running vs Dense's {mm.dense_slots}; running "
           f"requests hold native slots: at M' = k R it keeps its {mm.compressed_slots} compressed ones)")
     return 0

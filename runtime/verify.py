@@ -79,7 +79,8 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
     """
     m, tp = plan.model, plan.tp
     if tp_size != tp.tp_size:
-        raise DascRefusal(f"TP size: plan compiled for tp_size={tp.tp_size}, server runs attention TP size {tp_size}")
+        raise DascRefusal(f"TP size: plan compiled for tp_size={tp.tp_size}, server runs attention TP size {tp_size} "
+                          f"(launch with --tp-size {tp.tp_size}, or compile a plan with dasc compile --tp {tp_size})")
     if list(layer_ids) != list(m.recurrent_layer_ids):
         raise DascRefusal(f"recurrent layer ids: plan {list(m.recurrent_layer_ids)}, server {list(layer_ids)}")
     want = (tp.heads_per_rank, m.head_v_dim, m.head_k_dim)

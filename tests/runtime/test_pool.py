@@ -282,7 +282,7 @@ def test_sizing_helper_uses_the_plans_per_rank_bytes(tmp_path, capsys):
     # (16+1)*14592 + (C+1)*9472 + 2*9472 <= 65*14592  ->  C = floor(48*14592 / 9472) - 3 = 73 - 3 = 70
     assert mm.compressed_slots == 70
     assert main(["--plan", str(pdir), "--dense-slots", "64", "--native-slots", "16", "--scratch-slots", "2"]) == 0
-    assert "dasc arm:  --max-mamba-cache-size 16 --dasc-pool-slots 70" in capsys.readouterr().out
+    assert f"dasc arm:  --max-mamba-cache-size 16 --dasc-pool-slots 70 --dasc-plan {pdir}" in capsys.readouterr().out
     assert main(["--plan", str(tmp_path / "missing"), "--dense-slots", "4", "--native-slots", "2"]) == 2
 
 

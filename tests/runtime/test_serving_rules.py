@@ -278,3 +278,23 @@ def test_a_plan_of_other_state_dtypes_gets_the_server_setting_that_matches(tmp_p
         check_state(plan, layer_ids=m.recurrent_layer_ids, temporal_shape=(plan.tp.heads_per_rank, m.head_v_dim,
                     m.head_k_dim), conv_shapes=[], temporal_dtype=torch.float32, conv_dtype=torch.bfloat16,
                     tp_rank=0, tp_size=plan.tp.tp_size)
+
+
+def test_a_wr_pool_budget_is_warned_with_what_the_server_builds(tmp_path):
+    """`compile --pool-budget 300MiB` of a dasc-wr plan printed 50 usable slots and the server refused it (its 8
+    scratch slots take 347 MB of the budget first); at 1 GiB inspect said 173, the server built 117."""
+    from dasc_compile.compiler import plan_warnings
+    from dasc_compile.schema import usable_slots
+
+    plan, _, _ = compile_tiny(tmp_path / "probe", load_policy="wr")
+    b_dense, b = plan.tp.bytes_dense_per_slot, plan.tp.bottleneck_bytes_per_slot
+    scratch = serving_rules.DEFAULT_REFRESH_SLOTS * b_dense
+    for extra_slots, refused in ((40, False), (0, True)):
+        budget = scratch + (extra_slots + 1) * b + (b - 1 if extra_slots == 0 else 0)
+        plan, _, _ = compile_tiny(tmp_path / f"b{extra_slots}", load_policy="wr", pool_budget_bytes=budget)
+        (line,) = [w for w in plan_warnings(plan) if "refresh scratch slots" in w]
+        assert f"leaving {max(usable_slots(budget - scratch, b), 0)} usable compressed slots, not the " \
+               f"{usable_slots(budget, b)} recorded" in line
+        assert ("it would refuse to start" in line) == refused
+    nr, _, _ = compile_tiny(tmp_path / "nr", pool_budget_bytes=10 ** 6)
+    assert not any("scratch" in w for w in plan_warnings(nr))

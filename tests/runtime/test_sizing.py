@@ -382,7 +382,8 @@ def test_sizing_module_main_agrees_with_dasc_size(kimi, capsys, name, extra, poo
     M' = 40 (R = 8) the same pool and flags (it printed the nr pool, 41, for a wr plan)."""
     assert sizing.main(["--plan", str(kimi[name]), "--dense-slots", "56", "--native-slots", "40", *extra]) == 0
     out = capsys.readouterr().out
-    assert f"dasc arm:  --max-mamba-cache-size 40 --dasc-pool-slots {pool}{tail}   (capacity {40 + pool} " in out
+    assert (f"dasc arm:  --max-mamba-cache-size 40 --dasc-pool-slots {pool}{tail} --dasc-plan {kimi[name]}   "
+            f"(capacity {40 + pool} ") in out                 # the flags start dasc: without --dasc-plan it is off
     r = runner.invoke(app, ["size", str(kimi[name]), "--dense-slots", "56", "--max-running-requests", "8", "--json",
                             *extra])
     arm = next(a for a in json.loads(r.stdout) if a["kind"] == "dasc" and a["plan"] == str(kimi[name]))
