@@ -83,7 +83,10 @@ def slots_per_running_request(strategy: str, *, overlap_schedule: bool = True) -
             (SGLang asserts the same).
     """
     if strategy not in STRATEGIES:
-        raise DascInputError(f"--mamba-radix-cache-strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        hint = (" (SGLang's auto resolves per model; name what it picks: extra_buffer for Kimi-Linear and Qwen3-Next)"
+                if strategy == "auto" else "")
+        raise DascInputError(f"--mamba-radix-cache-strategy: expected one of {', '.join(STRATEGIES)}, got "
+                             f"{strategy!r}{hint}")
     if strategy == "extra_buffer_lazy" and not overlap_schedule:
         raise DascInputError("--mamba-radix-cache-strategy extra_buffer_lazy needs the overlap scheduler "
                              "(drop --disable-overlap-schedule)")
