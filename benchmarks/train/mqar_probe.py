@@ -15,13 +15,17 @@ q_P a_P``. Keys are drawn without replacement from ``[4, 4 + K)``, values with r
 fillers (the gap, G tokens: distance between a record and its query beyond ``w_max`` when G is large) from the
 rest; queries are the P keys in a random order, each answered by its value. The loss is the cross-entropy of
 the answer tokens only; accuracy is the share of answer tokens predicted (argmax) on a held-out batch drawn
-from another generator. Seeded; fp32, on the CPU (one core: ``OMP_NUM_THREADS=1``) or ``--device cuda``.
+from another generator, over all answers and over each row's first. Answers are teacher-forced, so a model that
+binds nothing can still pick among the stated values not yet asked for: :func:`copy_baseline` (recorded as
+``copy_baseline_acc``, 0.37 at 8 pairs on the held-out batch; 0.18 on the first answer) is the level to beat,
+not 1/``values``. Seeded; fp32, on the CPU (one core: ``OMP_NUM_THREADS=1``) or ``--device cuda``.
 
 Run (repo root):
     PYTHONPATH=. OMP_NUM_THREADS=1 python -m benchmarks.train.mqar_probe --family gdn --size pilot \\
         --pairs 8 --gap 48 --steps 1500 --out RESULT.json
-Writes RESULT.json (``{"command", "config", "versions", "n_params", "log": [{"step", "tokens", "loss",
-"acc"}], "final_acc"}``) and prints one line per ``--log-every`` steps.
+Writes RESULT.json (``{"command", "config", "versions", "n_params", "chance_acc", "copy_baseline_acc",
+"copy_baseline_acc_first", "log": [{"step", "tokens", "train_loss", "held_loss", "acc", "acc_first", "s"}],
+"final_acc"}``) and prints one line per ``--log-every`` steps.
 """
 
 from __future__ import annotations
@@ -71,13 +75,36 @@ def mqar_batch(gen: torch.Generator, batch: int, pairs: int, gap: int, keys: int
     return ids, tgt
 
 
-def accuracy(model, ids: torch.Tensor, tgt: torch.Tensor) -> tuple[float, float]:
-    """(loss, share of answer tokens whose argmax is right) of ``model`` on one batch, no gradient."""
+def copy_baseline(ids: torch.Tensor, tgt: torch.Tensor, pairs: int) -> tuple[float, float]:
+    """The best a model with no key-to-value binding scores on ``(ids, tgt)``: it can only pick among the stated
+    values whose keys were not yet asked (teacher forcing shows the answers given so far), at best the most frequent
+    of them (right with probability max count / values left), over all answers and over each row's first answer
+    (1 / ``pairs`` there, more where values repeat).
+    Accuracy above it is evidence of binding; below or at it, none (session 32 review)."""
+    q0 = ids.shape[1] - 2 * pairs
+    all_p, first_p = [], []
+    for row in ids.tolist():
+        left = list(row[2:2 + 2 * pairs:2])                     # the stated values, a multiset
+        for j in range(pairs):
+            ans = row[q0 + 2 * j + 1]
+            p = max(left.count(v) for v in left) / len(left)
+            all_p.append(p)
+            if j == 0:
+                first_p.append(p)
+            left.remove(ans)
+    return sum(all_p) / len(all_p), sum(first_p) / len(first_p)
+
+
+def accuracy(model, ids: torch.Tensor, tgt: torch.Tensor) -> tuple[float, float, float]:
+    """(loss, share of answer tokens whose argmax is right, the same over each row's first answer only) of
+    ``model`` on one batch, no gradient."""
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits
     m = tgt != -100
     loss = torch.nn.functional.cross_entropy(logits[m], tgt[m]).item()
-    return loss, (logits[m].argmax(-1) == tgt[m]).float().mean().item()
+    first = m & (m.cumsum(1) == 1)
+    return (loss, (logits[m].argmax(-1) == tgt[m]).float().mean().item(),
+            (logits[first].argmax(-1) == tgt[first]).float().mean().item())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
            "config": vars(a) | {"out": str(a.out), "seq": held[0].shape[1], "attention": a.with_attention},
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
            "n_params": n_params(model), "chance_acc": 1 / a.values, "log": []}
+    doc["copy_baseline_acc"], doc["copy_baseline_acc_first"] = copy_baseline(held[0].cpu(), held[1].cpu(), a.pairs)
     t0, step = time.time(), 0
     model.train()
     for step in range(a.steps):
@@ -133,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         if (step + 1) % a.log_every == 0 or step + 1 == a.steps:
             model.eval()
-            h_loss, h_acc = accuracy(model, *held)
+            h_loss, h_acc, h_first = accuracy(model, *held)
             model.train()
             rec = {"step": step + 1, "tokens": (step + 1) * a.batch * held[0].shape[1], "train_loss": loss.item(),
-                   "held_loss": h_loss, "acc": h_acc, "s": round(time.time() - t0, 1)}
+                   "held_loss": h_loss, "acc": h_acc, "acc_first": h_first, "s": round(time.time() - t0, 1)}
             doc["log"].append(rec)
             print(json.dumps(rec), flush=True)
             doc["final_acc"] = h_acc

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.train.mqar_probe import N_SPECIAL, mqar_batch
+from benchmarks.train.mqar_probe import N_SPECIAL, copy_baseline, mqar_batch
 
 
 def test_rows_pair_each_query_with_its_records_value():
@@ -40,3 +40,14 @@ def test_a_short_run_writes_its_record(tmp_path):
     doc = json.loads(out.read_text())
     assert [r["step"] for r in doc["log"]] == [1, 2] and 0.0 <= doc["final_acc"] <= 1.0
     assert doc["config"]["seq"] == 1 + 4 * 2 + 2 and doc["n_params"] > 0 and doc["chance_acc"] == 1 / 64
+    assert 0.5 <= doc["copy_baseline_acc"] <= 1 and all(0 <= r["acc_first"] <= 1 for r in doc["log"])
+
+
+def test_the_no_binding_baseline_by_hand():
+    """Two rows, gap 0: ``BOS k1 v1 k2 v2 q a q a``. Distinct values: the first answer is one of two (1/2), the
+    second is the one left (1). Equal values: both answers are right whatever the key (1, 1)."""
+    ids = torch.tensor([[1, 4, 20, 5, 21, 5, 21, 4, 20],
+                        [1, 4, 30, 5, 30, 4, 30, 5, 30]])
+    tgt = torch.full_like(ids, -100)
+    tgt[:, [5, 7]] = ids[:, [6, 8]]
+    assert copy_baseline(ids, tgt, 2) == (pytest.approx((0.5 + 1 + 1 + 1) / 4), pytest.approx((0.5 + 1) / 2))
