@@ -30,7 +30,6 @@ Writes RESULT.json (``{"command", "config", "versions", "n_params", "chance_acc"
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
 from benchmarks.train.models import SIZES, build_model, n_params
 from benchmarks.train.optim import lr_at, param_groups, set_lr
 
@@ -108,28 +108,31 @@ def accuracy(model, ids: torch.Tensor, tgt: torch.Tensor) -> tuple[float, float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=("gdn",), default="gdn",
                     help="gdn (transformers' PyTorch fallbacks, as train.py runs it); kda and mamba2 need train.py's "
                          "own scans installed, not done here")
     ap.add_argument("--size", choices=SIZES, default="pilot")
     ap.add_argument("--with-attention", action="store_true", help="the hybrid (default: every mixer recurrent)")
-    ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--gap", type=int, default=48, help="filler tokens between the records and the queries")
-    ap.add_argument("--keys", type=int, default=64)
-    ap.add_argument("--values", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--decay-lr-mult", type=float, default=5.0)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--pairs", type=int_at_least(1), default=8)
+    ap.add_argument("--gap", type=int_at_least(0), default=48, help="filler tokens between the records and the queries")
+    ap.add_argument("--keys", type=int_at_least(1), default=64)
+    ap.add_argument("--values", type=int_at_least(1), default=64)
+    ap.add_argument("--vocab", type=int_at_least(8), default=256)
+    ap.add_argument("--batch", type=int_at_least(1), default=32)
+    ap.add_argument("--steps", type=int_at_least(1), default=1500)
+    ap.add_argument("--lr", type=number_above_zero("learning rate"), default=2e-3)
+    ap.add_argument("--decay-lr-mult", type=number_above_zero("times --lr"), default=5.0)
+    ap.add_argument("--warmup", type=int_at_least(0), default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--log-every", type=int_at_least(1), default=50)
     ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
     ap.add_argument("--device", default="cpu", help="torch device (fp32 everywhere; the batches are drawn on the CPU)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
+    if a.pairs > a.keys or 4 + a.keys + a.values >= a.vocab:
+        ap.error(f"--pairs {a.pairs} --keys {a.keys} --values {a.values} --vocab {a.vocab}: expected pairs <= keys and "
+                 f"4 + keys + values < vocab (the rest are fillers)")
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: a folder; give a file name such as mqar.json")
     torch.manual_seed(a.seed)
