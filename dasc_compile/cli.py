@@ -276,6 +276,7 @@ def _option_swallowed_option(argv: list[str]) -> str | None:
 
 
 _SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
+_SIZE_OPTIONS = ("--budget", "--pool-budget")          # the options that take a size in bytes (size_report.parse_bytes)
 
 
 def _size_split_in_two(argv: list[str]) -> str | None:
@@ -285,7 +286,7 @@ def _size_split_in_two(argv: list[str]) -> str | None:
     ``--option NUMBER`` pair is a byte unit (B, KB, KiB, ..., PiB).
     """
     for opt, num, unit in zip(argv, argv[1:], argv[2:]):
-        if opt.startswith("--") and re.fullmatch(r"[0-9.eE+]+", num) and _SIZE_UNIT.match(unit):
+        if opt in _SIZE_OPTIONS and re.fullmatch(r"[0-9.eE+]+", num) and _SIZE_UNIT.match(unit):
             return (f"option '{opt}' got '{num}' and '{unit}' as two words: write '{opt} {num}{unit}' "
                     f"(or quote it: {opt} '{num} {unit}')")
     return None

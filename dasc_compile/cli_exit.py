@@ -24,7 +24,8 @@ only the interpreter's own start-up, before the entry point's first line, is lef
 An output placed whole (a directory by :func:`dasc_compile.atomic.fill_and_place`, a PNG by
 :func:`dasc_compile.figures.save_png`, eval's finished ``--json``) is recorded by :func:`note_written`; the commands
 write every file before they print their summary, so if stdout then fails or a signal arrives, the ``error:`` line
-goes on to say which PATHs were written completely and that only the summary was lost (``...; PATH was written completely, only the summary was not printed``).
+goes on to say which PATHs were written completely and that only the summary was lost (``...; PATH was written
+completely, only the summary was not printed``).
 The status stays 2 / 130 / 143: what was asked for on stdout was not delivered.
 
 A closed stdout is not an error, as for other Unix filters: later output is discarded and the
