@@ -130,11 +130,13 @@ def _wr_budget_warning(plan: Plan) -> list[str]:
     before it sizes the pool (``dasc_runtime.wr_scratch.budget_after_scratch``), so the usable slots the plan records
     (budget alone) overstate what a server builds, and a budget under B b_dense is refused at start-up."""
     from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
+    from dasc_runtime.sizing_bytes import pool_arm_bytes
 
     budget, per_slot = plan.policy.pool_budget_bytes, plan.tp.bottleneck_bytes_per_slot
     if budget is None or per_slot <= 0 or not refresh_active(plan):
         return []
-    scratch = DEFAULT_REFRESH_SLOTS * plan.tp.bytes_dense_per_slot
+    _, _, scratch = pool_arm_bytes(plan, "dasc", b_dense=plan.tp.bytes_dense_per_slot, scratch_slots=0,
+                                   refresh_slots=None)          # the default B's native scratch slots, as dasc size
     left = usable_slots(max(budget - scratch, 0), per_slot)
     return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its {DEFAULT_REFRESH_SLOTS} "
             f"refresh scratch slots ({scratch} bytes, --dasc-refresh-slots) to it, leaving {max(left, 0)} usable "

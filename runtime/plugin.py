@@ -65,7 +65,7 @@ def _store_settings(server_args, raw: dict) -> None:
     from dasc_runtime.settings import DascSettings
     from dasc_runtime.side_channels import attach_settings
 
-    settings = DascSettings.from_mapping(raw, source="dasc flags")
+    settings = DascSettings.from_mapping(raw, source="dasc flags", names={field: flag for flag, field, _ in _FLAGS})
     if settings.active:
         check_env_knobs()
         attach_settings(server_args, raw)
@@ -104,10 +104,7 @@ def from_cli_args(result, cls, args):
         try:
             _store_settings(result, raw)
         except DascInputError as exc:
-            msg = str(exc)
-            for flag, field, _ in _FLAGS:
-                msg = msg.replace(f"dasc flags: {field}:", f"{flag}:")
-            print(f"dasc: refusing to start: {msg}", file=sys.stderr, flush=True)
+            print(f"dasc: refusing to start: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
     return result
 

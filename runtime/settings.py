@@ -133,17 +133,26 @@ class DascSettings:
         return self.plan is not None
 
     @classmethod
-    def from_mapping(cls, d: Mapping, source: str = "settings") -> "DascSettings":
-        """From a dict of field -> raw value (CLI namespace values, Engine kwargs or env strings)."""
+    def from_mapping(cls, d: Mapping, source: str = "settings", names: Mapping[str, str] | None = None
+                     ) -> "DascSettings":
+        """From a dict of field -> raw value (CLI namespace values, Engine kwargs or env strings). A bad value is
+        named ``names[field]`` (e.g. the ``--dasc-*`` flag it came from), else ``"{source}: {field}"``.
+
+        Raises:
+            DascInputError: a value of the wrong kind, or both pool sizes.
+        """
+        def name(field: str) -> str:
+            return names[field] if names and field in names else f"{source}: {field}"
+
         plan = d.get("plan")
         return cls(
             plan=str(plan) if plan not in (None, "") else None,
-            pool_slots=_int(f"{source}: pool_slots", d.get("pool_slots")),
-            pool_bytes=_int(f"{source}: pool_bytes", d.get("pool_bytes")),
-            compressed_only=parse_bool(f"{source}: compressed_only", d.get("compressed_only", False)),
-            demote_watermark=_int(f"{source}: demote_watermark", d.get("demote_watermark")),
-            dummy_decay_ok=parse_bool(f"{source}: dummy_decay_ok", d.get("dummy_decay_ok", False)),
-            refresh_slots=_int(f"{source}: refresh_slots", d.get("refresh_slots")),
+            pool_slots=_int(name("pool_slots"), d.get("pool_slots")),
+            pool_bytes=_int(name("pool_bytes"), d.get("pool_bytes")),
+            compressed_only=parse_bool(name("compressed_only"), d.get("compressed_only", False)),
+            demote_watermark=_int(name("demote_watermark"), d.get("demote_watermark")),
+            dummy_decay_ok=parse_bool(name("dummy_decay_ok"), d.get("dummy_decay_ok", False)),
+            refresh_slots=_int(name("refresh_slots"), d.get("refresh_slots")),
         )
 
     @classmethod

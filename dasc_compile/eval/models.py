@@ -186,21 +186,26 @@ def _available_bytes() -> int | None:
         return None
 
 
-def check_weights(path: Path, want: int, dtype: torch.dtype) -> None:
+#: What a checkpoint short of weights is told it needs (:func:`check_weights`; the untrained control says its own).
+NEEDS_TRAINED = ("dasc eval needs the whole trained checkpoint (a decay-only reference file is enough for dasc "
+                 "compile, not for eval)")
+
+
+def check_weights(path: Path, want: int, dtype: torch.dtype, need: str = NEEDS_TRAINED) -> None:
     """Refuse a checkpoint that holds fewer parameters than its config describes (a decay-only
     reference, whose other weights transformers would silently draw at random), or a model too large
     for this machine's free memory.
 
     Args:
         want: parameter count of the model the config describes (built on the meta device).
+        need: what the refusal says the command needs (default :data:`NEEDS_TRAINED`).
     Raises:
         DascInputError: naming the directory, the counts, and the bytes needed.
     """
     have = _checkpoint_numel(path)
     if have < 0.99 * want:
         raise DascInputError(
-            f"{path}: the weights hold {have:,} of the {want:,} parameters config.json describes; dasc eval needs "
-            f"the whole trained checkpoint (a decay-only reference file is enough for dasc compile, not for eval)")
+            f"{path}: the weights hold {have:,} of the {want:,} parameters config.json describes; {need}")
     need = want * torch.empty((), dtype=dtype).element_size()
     free = _available_bytes()
     if free is not None and need > 0.8 * free:
@@ -226,8 +231,7 @@ def _refuse_decay_only(path: Path, cfg: dict) -> None:
     if have < vocab * hidden:
         raise DascInputError(
             f"{path}: the weights hold {have:,} parameters, fewer than the {vocab:,} x {hidden:,} embedding table "
-            f"config.json describes; dasc eval needs the whole trained checkpoint (a decay-only reference file is "
-            f"enough for dasc compile, not for eval)")
+            f"config.json describes; {NEEDS_TRAINED}")
 
 
 def _load_errors() -> tuple[type[BaseException], ...]:
@@ -287,7 +291,7 @@ def build_from_config(path: Path, cfg: dict, seed: int):
         raise _hf_error(path, cfg, exc) from None
 
 
-def preflight(path: Path, dtype: torch.dtype = torch.float32):
+def preflight(path: Path, dtype: torch.dtype = torch.float32, need: str = NEEDS_TRAINED):
     """Check, without reading any weights, that ``path`` holds the whole model its config describes and
     that it fits in memory (:func:`check_weights`, the model built on the meta device); returns its config.
 
@@ -307,7 +311,7 @@ def preflight(path: Path, dtype: torch.dtype = torch.float32):
             meta = AutoModelForCausalLM.from_config(config)
     except _load_errors() as exc:
         raise _hf_error(path, cfg, exc) from None
-    check_weights(path, sum(p.numel() for p in meta.parameters()), dtype)
+    check_weights(path, sum(p.numel() for p in meta.parameters()), dtype, need)
     return config
 
 

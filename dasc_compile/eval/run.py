@@ -211,12 +211,11 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     require_model_support(model)
     preflight(model)
     if "untrained" in arm_t and init_from is not None:
-        try:
-            preflight(init_from)
-        except DascInputError as exc:       # name the flag and the arm that reads the whole initial weights
-            raise DascInputError(f"--init-from {exc}".replace(
-                "needs the whole trained checkpoint", "needs the whole initial checkpoint for --arms untrained "
-                "(--arms init reads only its decay tensors)")) from None
+        try:                                # name the flag and the arm that reads the whole initial weights
+            preflight(init_from, need="--arms untrained needs the whole initial checkpoint (--arms init reads only "
+                                      "its decay tensors)")
+        except DascInputError as exc:
+            raise DascInputError(f"--init-from {exc}") from None
     tok = load_tokenizer(model, _read_config(model))
     prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed)
     longest = max(len(p.prefix) + len(p.suffix) + (len(p.answer) if p.answer else gen_tokens) for p in prompts)
