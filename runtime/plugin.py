@@ -20,6 +20,7 @@ import sys
 
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
 from dasc_runtime.scheduler_refusal import refuse_in_scheduler   # no torch, no sglang
+from dasc_runtime.startup_checks import check_env_knobs, check_plan_early   # no torch, no sglang at import
 from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
 
 __all__ = ["register", "add_cli_args", "hooks"]
@@ -68,26 +69,9 @@ def _store_settings(server_args, raw: dict) -> None:
     settings = DascSettings.from_mapping(raw, source="dasc flags", names={field: flag for flag, field, _ in _FLAGS})
     if settings.active:
         check_env_knobs()
+        check_plan_early(settings)
         attach_settings(server_args, raw)
         settings.export()                 # every child process inherits DASC_*
-
-
-def check_env_knobs() -> None:
-    """The environment-only A/B knobs (``runtime/settings.py``), read where they act inside the
-    scheduler: parsed here, at start-up, so a typo is refused before the model loads.
-
-    Raises:
-        DascInputError: a value ``DASC_RECLAIM_WAIT``, ``DASC_EVICT_SHADOWED_FIRST`` or a diagnostic variable
-            (``settings.DIAGNOSTIC_ENV``) does not take.
-    """
-    from dasc_runtime.demotion import reclaim_wait_mode
-    from dasc_runtime.settings import DIAGNOSTIC_ENV, env_setting
-    from dasc_runtime.tier_operations import evict_shadowed_first
-
-    reclaim_wait_mode()
-    evict_shadowed_first()
-    for name in DIAGNOSTIC_ENV:
-        env_setting(name, strict=True)
 
 
 def from_cli_args(result, cls, args):
@@ -104,7 +88,9 @@ def from_cli_args(result, cls, args):
         try:
             _store_settings(result, raw)
         except DascInputError as exc:
-            print(f"dasc: refusing to start: {exc}", file=sys.stderr, flush=True)
+            msg = str(exc)                # a DascRefusal carries the prefix already
+            prefix = "dasc: refusing to start: "
+            print(msg if msg.startswith(prefix) else prefix + msg, file=sys.stderr, flush=True)
             raise SystemExit(2) from None
     return result
 
@@ -122,8 +108,10 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     if not raw.get("plan"):
         return original(self, *args, **kwargs)
     adapter = api()                                   # an untested SGLang is refused here, in one line
-    DascSettings.from_mapping(raw, source="dasc keyword arguments").export()
+    settings = DascSettings.from_mapping(raw, source="dasc keyword arguments")
+    settings.export()
     check_env_knobs()
+    check_plan_early(settings)                        # before the constructor may start the schedulers
     original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
     if sa is not None:

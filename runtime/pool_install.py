@@ -57,13 +57,21 @@ def attn_tp() -> tuple[int, int]:
         return 0, 1
 
 
+def _scratch_slots(refresh, mamba_size: int) -> int:
+    """B, the dasc-wr scratch slots hidden at the top of the ``mamba_size`` native slots this pool is built with
+    (``wr_scratch.build_pool_with_scratch`` builds ``M + B`` and sets ``INSTALLED.refresh`` first), else 0."""
+    slots = getattr(refresh, "slots", ())
+    return len(slots) if slots and slots[-1] == int(mamba_size) else 0
+
+
 def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, device, settings=None,
                  tp_rank: int | None = None, tp_size: int | None = None, tp_group=None):
     """Build the dasc pool for ``req_pool`` (a ``HybridReqToTokenPool``) and put it in ``mamba_ckpt_pool``.
 
     Sizing: ``--dasc-pool-slots`` C, else ``--dasc-pool-bytes`` B -> ``B // bottleneck_bytes_per_slot - 1``
     (the plan's bottleneck rank decides, so every rank has the same C; App. C.1), else the plan's
-    ``pool_budget_bytes``, else ``2 * mamba_size`` (SGLang's INT8 pool default).
+    ``pool_budget_bytes``, else ``2 * M`` (SGLang's INT8 pool default), M the native slots SGLang allocates:
+    ``mamba_size`` less dasc-wr's hidden scratch slots.
 
     Returns:
         the :class:`~dasc_runtime.pool.DascCheckpointPool`.
@@ -96,6 +104,7 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
 
         tp_group = get_attn_tp_group().device_group
     bottleneck = plan.tp.bottleneck_bytes_per_slot
+    native = int(mamba_size) - _scratch_slots(INSTALLED.refresh, mamba_size)     # M: the slots SGLang allocates
     if settings.pool_slots is not None:
         slots = settings.pool_slots
     elif settings.pool_bytes is not None:
@@ -104,7 +113,7 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
         slots = slots_for_budget(budget_after_scratch(plan.policy.pool_budget_bytes, "the plan's pool_budget_bytes"),
                                  bottleneck)
     else:
-        slots = 2 * int(mamba_size)
+        slots = 2 * native
     ops = select_ops(plan, INSTALLED.plan_dir, layout, device, tp_group=tp_group)
     dpool = DascCheckpointPool(layout=layout, num_slots=slots, conv_shapes=cache_params.shape.conv,
                                native_size=mamba_size, device=device, ops=ops)
@@ -114,16 +123,17 @@ def install_pool(req_pool, *, mamba_size: int, cache_params, mamba_layer_ids, de
         raise DascRefusal(f"bytes per compressed slot on TP rank {tp_rank}: plan {plan_bytes}, runtime layout {mine}")
     wm = settings.demote_watermark
     if wm is None:
-        wm = 0 if settings.compressed_only else max(1, int(mamba_size) // 10)
+        wm = 0 if settings.compressed_only else max(1, native // 10)
     attach_tier_policy(dpool, TierPolicy(compressed_only=settings.compressed_only, watermark=wm))
     req_pool.mamba_ckpt_pool = dpool
     INSTALLED.pool = dpool
     t = plan.totals
     logger.info(
         "dasc: plan %s (w_max=%s, %s, kept %d/%d units, C_ckpt=%.2f, TP %d/%d balance=%s): compressed pool %d slots x "
-        "%d bytes = %.3f GB on %s (ops: %s); native slots %d; mode %s, demote watermark %d",
+        "%d bytes = %.3f GB on %s (ops: %s); native slots %d%s; mode %s, demote watermark %d",
         INSTALLED.plan_dir, plan.policy.w_max, plan.model.unit_kind, t.n_kept, t.n_units, plan.tp.c_ckpt_tp, tp_rank,
-        tp_size, plan.tp.balance, slots, mine, dpool.mem_usage_bytes() / 2 ** 30, device, ops.name, mamba_size,
+        tp_size, plan.tp.balance, slots, mine, dpool.mem_usage_bytes() / 2 ** 30, device, ops.name, native,
+        f" (+{int(mamba_size) - native} dasc-wr scratch)" if native != int(mamba_size) else "",
         "compressed-only" if settings.compressed_only else "two-tier", wm)
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))

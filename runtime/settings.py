@@ -24,7 +24,7 @@ Sources, first match wins:
    ======================  ==========================  =========================================
 
 Two more knobs are environment-only, for A/B runs of one runtime choice (read where they act, checked
-at start-up by :func:`dasc_runtime.plugin.check_env_knobs`): ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``,
+at start-up by :func:`dasc_runtime.startup_checks.check_env_knobs`): ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``,
 :func:`dasc_runtime.demotion.reclaim_wait_mode`) and ``DASC_EVICT_SHADOWED_FIRST`` (yes / no,
 :func:`dasc_runtime.tier_operations.evict_shadowed_first`). The diagnostics ``DASC_LOG_RESTORES``,
 ``DASC_WR_CHECK`` (yes / no) and ``DASC_WR_DUMP_MAX`` (a count) are read once at import, where a bad value
@@ -78,7 +78,7 @@ def env_setting(name: str, strict: bool = False):
     """The value of the diagnostic environment variable ``name`` (:data:`DIAGNOSTIC_ENV`): a bool as
     :func:`parse_bool` reads it, or a non-negative count (unset or empty: the default). With ``strict=False``
     (at import, where an exception would be a traceback in every scheduler process) a bad value gives the
-    default; start-up calls it with ``strict=True`` first (``plugin.check_env_knobs``).
+    default; start-up calls it with ``strict=True`` first (``startup_checks.check_env_knobs``).
 
     Raises:
         DascInputError: with ``strict``, a value of the wrong kind, naming the variable.

@@ -14,6 +14,11 @@ raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
   :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool, on
   SGLang's Python tree core (0.5.23 also has a Rust one, which it picks only for built-in components);
 
+In the process that launches SGLang (the ``from_cli_args`` / ``Engine`` keyword hooks), before any weights load:
+
+* :func:`check_env_knobs`: the environment-only A/B and diagnostic knobs parse;
+* :func:`check_plan_early`: the plan reads and its features are served.
+
 The refused server options (item 11) and their reasons live with the other option checks in
 :func:`dasc_runtime.verify.check_server_args`.
 """
@@ -23,7 +28,8 @@ from __future__ import annotations
 import pkgutil
 from typing import Iterable
 
-__all__ = ["check_hooks", "hook_problems", "check_component", "after_build_kv_cache"]
+__all__ = ["check_hooks", "hook_problems", "check_component", "after_build_kv_cache", "check_env_knobs",
+           "check_plan_early"]
 
 
 def _resolve(target: str):
@@ -124,3 +130,38 @@ def after_build_kv_cache(result, hooks: Iterable):
     check_hooks(hooks)
     check_component(result.tree_cache, INSTALLED.pool)
     return result
+
+
+def check_env_knobs() -> None:
+    """The environment-only A/B knobs (``runtime/settings.py``), read where they act inside the
+    scheduler: parsed here, at start-up, so a typo is refused before the model loads.
+
+    Raises:
+        DascInputError: a value ``DASC_RECLAIM_WAIT``, ``DASC_EVICT_SHADOWED_FIRST`` or a diagnostic variable
+            (``settings.DIAGNOSTIC_ENV``) does not take.
+    """
+    from dasc_runtime.demotion import reclaim_wait_mode
+    from dasc_runtime.settings import DIAGNOSTIC_ENV, env_setting
+    from dasc_runtime.tier_operations import evict_shadowed_first
+
+    reclaim_wait_mode()
+    evict_shadowed_first()
+    for name in DIAGNOSTIC_ENV:
+        env_setting(name, strict=True)
+
+
+def check_plan_early(settings) -> None:
+    """Read the plan of ``settings`` (``DascSettings``) and refuse the plan features this runtime does not serve,
+    in the process that launches SGLang, before any weights load: a missing or damaged ``--dasc-plan`` used to be
+    found by the scheduler only after the model had loaded (minutes for a 48B checkpoint). The scheduler reads and
+    checks the plan again (:func:`after_load_model`), with the served model and state beside it.
+
+    Raises:
+        DascInputError: the plan does not read (``dasc_compile.schema.load_plan``: names ``plan.json`` or the kernel
+            module and what is wrong).
+        DascRefusal: a plan feature not served (``verify.check_plan_supported``).
+    """
+    from dasc_runtime.pool_install import load_plan_once
+    from dasc_runtime.verify import check_plan_supported
+
+    check_plan_supported(load_plan_once(settings))

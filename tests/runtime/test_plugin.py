@@ -99,7 +99,7 @@ def test_a_bad_diagnostic_value_is_refused_at_start_up_not_a_traceback_at_import
     """DASC_WR_DUMP_MAX=abc raised a ValueError traceback on `import dasc_runtime.wr_refresh` (in every scheduler
     process); the import now falls back to the default and the start-up check refuses the value in one line."""
     from dasc_compile.errors import DascInputError
-    from dasc_runtime import plugin
+    from dasc_runtime import startup_checks
 
     env = dict(os.environ, **{name: raw})
     r = subprocess.run([sys.executable, "-c", "import dasc_runtime.wr_refresh, dasc_runtime.pool"], env=env,
@@ -107,5 +107,5 @@ def test_a_bad_diagnostic_value_is_refused_at_start_up_not_a_traceback_at_import
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     monkeypatch.setenv(name, raw)
     with pytest.raises(DascInputError) as exc:
-        plugin.check_env_knobs()
+        startup_checks.check_env_knobs()
     assert str(exc.value).startswith(f"{name}: expected ") and repr(raw) in str(exc.value)

@@ -116,3 +116,32 @@ def test_a_bad_dasc_flag_in_the_launcher_is_one_line_and_status_2(tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and err[0].startswith("dasc: refusing to start: ")
     assert needle in err[0], err
+
+
+@pytest.mark.parametrize("case", ["missing", "damaged", "hybrid"])
+def test_the_launcher_refuses_a_plan_it_cannot_serve_before_weights_load(tmp_path, capsys, case):
+    """A missing --dasc-plan was found only by the scheduler, after the model had loaded (session 32): the launcher
+    now reads the plan and refuses it in one line, status 2, with one prefix (a DascRefusal carries its own)."""
+    from argparse import Namespace
+
+    from dasc_runtime import plugin
+    from dasc_runtime.installed import INSTALLED
+
+    INSTALLED.plan = INSTALLED.plan_dir = None
+    if case == "missing":
+        plan_dir, needle = tmp_path / "no-such-plan", "no-such-plan"
+    elif case == "damaged":
+        _, plan_dir, _ = compile_tiny(tmp_path)
+        (plan_dir / "plan.json").write_text("{")
+        needle = "plan.json"
+    else:
+        _, plan_dir, _ = compile_tiny(tmp_path, tp_size=2, balance="hybrid")
+        needle = "balance=hybrid"
+    args = Namespace(**{"dasc_" + field: None for _, field, _ in plugin._FLAGS})
+    args.dasc_plan = str(plan_dir)
+    with pytest.raises(SystemExit) as info:
+        plugin.from_cli_args(SimpleNamespace(), None, args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("dasc: refusing to start: ") and err[0].count("refusing to start") == 1, err
+    assert needle in err[0], err

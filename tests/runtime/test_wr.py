@@ -300,3 +300,34 @@ def test_device_dump_holds_refreshed_state_and_global_mask(tmp_path):
     before[:, 0][d["kept_mask"]] += 1.0                                         # a changed global unit is caught
     assert dump_pass(str(tmp_path / "dump"), 1, lay, before, temporal[:, 1:2], p, out) and \
         torch.load(tmp_path / "dump" / "pass-1.pt")["before_kept_equal"] == [False]
+
+
+@needs_sglang
+@pytest.mark.sglang
+def test_a_wr_pool_is_sized_and_logged_from_the_native_slots_sglang_allocates(tmp_path, caplog):
+    """The pool is installed inside a constructor given M + B native slots (B: dasc-wr's hidden scratch); the default
+    compressed pool (2 M, SGLang's INT8 default), the demotion watermark and the start-up log used M + B (session 32)."""
+    import logging
+
+    from tests.support import runtime_fixtures as F
+
+    from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.pool_install import install_pool
+    from dasc_runtime.settings import DascSettings
+
+    F.set_server_args(chunk=4)
+    plan, plan_dir, _ = compile_tiny(tmp_path, load_policy="wr")
+    INSTALLED.plan = INSTALLED.plan_dir = None
+    cp = F.gdn_cache_params()
+    m, b = 20, 2
+    pool, _ = F.hybrid_pools(cp, mamba_size=m, wr_plan=plan, refresh_slots=b)
+    assert INSTALLED.refresh is not None and len(INSTALLED.refresh.slots) == b
+    with caplog.at_level(logging.INFO, logger="dasc"):
+        dpool = install_pool(pool, mamba_size=m + b, cache_params=cp, mamba_layer_ids=list(cp.layers), device="cpu",
+                             settings=DascSettings(plan=str(plan_dir)))
+    assert dpool.num_slots == 2 * m
+    from dasc_runtime.side_channels import tier_policy_of
+
+    assert tier_policy_of(dpool).watermark == m // 10
+    line = next(r.getMessage() for r in caplog.records if "compressed pool" in r.getMessage())
+    assert f"native slots {m} (+{b} dasc-wr scratch)" in line and f"compressed pool {2 * m} slots" in line, line
