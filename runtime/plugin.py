@@ -109,9 +109,9 @@ def engine_kwargs_init(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     adapter = api()                                   # an untested SGLang is refused here, in one line
     settings = DascSettings.from_mapping(raw, source="dasc keyword arguments")
-    settings.export()
     check_env_knobs()
-    check_plan_early(settings)                        # before the constructor may start the schedulers
+    check_plan_early(settings)            # before the constructor may start the schedulers, and before a refused
+    settings.export()                     # plan is left in DASC_* for the next Engine of this process to inherit
     original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
     if sa is not None:
@@ -252,7 +252,10 @@ def after_mamba_token_info(result, observer, *args, **kwargs):
     comp = INSTALLED.component
     if comp is None or result is None:
         return result
-    size = observer.req_to_token_pool.mamba_pool.size
+    pool = observer.req_to_token_pool
+    # M, the slots SGLang allocates: under dasc-wr the Mamba pool holds B hidden scratch slots above them
+    # (wr_scratch.build_pool_with_scratch; side_channels.hide_scratch_rows gives the allocator M back)
+    size = getattr(getattr(pool, "mamba_allocator", None), "size", None) or pool.mamba_pool.size
     result.mamba_evictable_size = comp.book.dense_evictable()
     result.mamba_num_used = size - (result.mamba_available_size + result.mamba_evictable_size)
     result.mamba_usage = result.mamba_num_used / size

@@ -161,7 +161,7 @@ def check_plan_early(settings) -> None:
             module and what is wrong).
         DascRefusal: a plan feature not served (``verify.check_plan_supported``).
     """
-    from dasc_runtime.pool_install import load_plan_once
+    from dasc_compile.schema import load_plan
     from dasc_runtime.verify import check_plan_supported
 
-    check_plan_supported(load_plan_once(settings))
+    check_plan_supported(load_plan(settings.plan))   # read afresh, not cached: a user may recompile it and retry

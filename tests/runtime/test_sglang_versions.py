@@ -145,3 +145,34 @@ def test_the_launcher_refuses_a_plan_it_cannot_serve_before_weights_load(tmp_pat
     assert info.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("dasc: refusing to start: ") and err[0].count("refusing to start") == 1, err
     assert needle in err[0], err
+
+
+@pytest.mark.skipif(bool(SGLANG_SKIP_REASON), reason=SGLANG_SKIP_REASON or "sglang available")
+def test_an_engine_with_a_plan_it_cannot_serve_is_refused_before_it_starts_and_exports_nothing(tmp_path, monkeypatch):
+    """Engine(dasc_plan=...) checks the plan as the launcher does, before the constructor (which may start the
+    schedulers) runs, and a refused plan is not left in DASC_PLAN for the next Engine of the process."""
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime import plugin
+
+    monkeypatch.setattr("os.environ", {k: v for k, v in __import__("os").environ.items() if not k.startswith("DASC_")})
+    started = []
+    with pytest.raises(DascInputError, match="no-such-plan"):
+        plugin.engine_kwargs_init(lambda self, **kw: started.append(kw), object(), model_path="m",
+                                  dasc_plan=str(tmp_path / "no-such-plan"))
+    import os
+
+    assert started == [] and "DASC_PLAN" not in os.environ
+
+
+def test_mamba_usage_counts_the_slots_sglang_allocates_not_dasc_wr_scratch(monkeypatch):
+    """Under dasc-wr the Mamba pool holds M + B slots and its allocator M (hide_scratch_rows): the usage SGLang
+    reports is over M. 3 used of M = 8 (B = 2 hidden): 3 and 3/8, not 5 and 5/10."""
+    from dasc_runtime import plugin
+    from dasc_runtime.installed import INSTALLED
+
+    book = SimpleNamespace(dense_evictable=lambda: 1)
+    monkeypatch.setattr(INSTALLED, "component", SimpleNamespace(book=book))
+    pool = SimpleNamespace(mamba_pool=SimpleNamespace(size=10), mamba_allocator=SimpleNamespace(size=8))
+    stats = SimpleNamespace(mamba_available_size=4, mamba_evictable_size=0, mamba_num_used=0, mamba_usage=0.0)
+    out = plugin.after_mamba_token_info(stats, SimpleNamespace(req_to_token_pool=pool))
+    assert (out.mamba_evictable_size, out.mamba_num_used, out.mamba_usage) == (1, 3, 3 / 8)

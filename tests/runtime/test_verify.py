@@ -196,7 +196,8 @@ def test_yes_no_settings_refuse_what_they_do_not_take(monkeypatch):
     ("DASC_EVICT_SHADOWED_FIRST", "2", "DASC_EVICT_SHADOWED_FIRST: expected 1 / true / yes / on or 0 / false / no / off, got '2'"),
     ("DASC_RECLAIM_WAIT", "sometimes", "DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'sometimes'"),
 ])
-def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_the_cache(monkeypatch, var, bad, needle):
+def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_the_cache(tmp_path, monkeypatch, var, bad,
+                                                                                       needle):
     """The plugin's flag step (launcher process, before any model loads) parses the env-only A/B knobs;
     the settings are not attached when one is bad."""
     from dasc_compile.errors import DascInputError
@@ -209,13 +210,15 @@ def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_th
     for v in ("DASC_EVICT_SHADOWED_FIRST", "DASC_RECLAIM_WAIT"):
         monkeypatch.delenv(v, raising=False)
     sa = SA()
+    _, plan_dir, _ = compile_tiny(tmp_path)
     monkeypatch.setenv(var, bad)
     with pytest.raises(DascInputError) as err:
-        plugin._store_settings(sa, {"plan": "/p"})
+        plugin._store_settings(sa, {"plan": str(plan_dir)})
     assert str(err.value) == needle and not hasattr(sa, "_dasc_settings")
     monkeypatch.setenv(var, {"DASC_EVICT_SHADOWED_FIRST": "on", "DASC_RECLAIM_WAIT": "host"}[var])
     monkeypatch.setattr("os.environ", dict(os.environ))      # export() writes DASC_* here, not into the session
-    plugin._store_settings(sa, {"plan": "/p"})
+    plugin._store_settings(sa, {"plan": str(plan_dir)})
+    assert hasattr(sa, "_dasc_settings")
 
 
 @needs_sglang

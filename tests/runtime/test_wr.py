@@ -319,7 +319,7 @@ def test_a_wr_pool_is_sized_and_logged_from_the_native_slots_sglang_allocates(tm
     plan, plan_dir, _ = compile_tiny(tmp_path, load_policy="wr")
     INSTALLED.plan = INSTALLED.plan_dir = None
     cp = F.gdn_cache_params()
-    m, b = 20, 2
+    m, b = 19, 2                         # (m + b) // 10 = 2 and m // 10 = 1: the watermark tells them apart
     pool, _ = F.hybrid_pools(cp, mamba_size=m, wr_plan=plan, refresh_slots=b)
     assert INSTALLED.refresh is not None and len(INSTALLED.refresh.slots) == b
     with caplog.at_level(logging.INFO, logger="dasc"):
