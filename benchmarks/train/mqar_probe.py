@@ -23,6 +23,8 @@ not 1/``values``. Seeded; fp32, on the CPU (one core: ``OMP_NUM_THREADS=1``) or 
 Run (repo root):
     PYTHONPATH=. OMP_NUM_THREADS=1 python -m benchmarks.train.mqar_probe --family gdn --size pilot \\
         --pairs 8 --gap 48 --steps 1500 --out RESULT.json
+With ``--save DIR``, also the initial and the last model (``DIR/init``, ``DIR/final``: config.json and
+model.safetensors, loadable by transformers and compiled by ``dasc compile``) for :mod:`benchmarks.train.mqar_masks`.
 Writes RESULT.json (``{"command", "config", "versions", "n_params", "chance_acc", "copy_baseline_acc",
 "copy_baseline_acc_first", "log": [{"step", "tokens", "train_loss", "held_loss", "acc", "acc_first", "s"}],
 "final_acc"}``) and prints one line per ``--log-every`` steps.
@@ -129,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
     ap.add_argument("--device", default="cpu", help="torch device (fp32 everywhere; the batches are drawn on the CPU)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--save", type=Path, default=None,
+                    help="also write the initial and the last model (transformers' save_pretrained) to SAVE/init and "
+                         "SAVE/final, for benchmarks.train.mqar_masks")
     a = ap.parse_args(argv)
     if a.pairs > a.keys or 4 + a.keys + a.values >= a.vocab:
         ap.error(f"--pairs {a.pairs} --keys {a.keys} --values {a.values} --vocab {a.vocab}: expected pairs <= keys and "
                  f"4 + keys + values < vocab (the rest are fillers)")
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: a folder; give a file name such as mqar.json")
+    if a.save is not None and a.save.exists() and (not a.save.is_dir() or any(a.save.iterdir())):
+        ap.error(f"--save {a.save}: exists and is not an empty folder; give a new folder")
     torch.manual_seed(a.seed)
     model = build_model(a.family, a.size, a.vocab, eos_id=2, seed=a.seed, attention=a.with_attention).to(a.device)
     groups = param_groups(model, a.lr, 0.1, a.decay_lr_mult)
@@ -145,11 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     doc = {"command": "python -m benchmarks.train.mqar_probe " + shlex.join(sys.argv[1:] if argv is None else argv),
-           "config": vars(a) | {"out": str(a.out), "seq": held[0].shape[1], "attention": a.with_attention},
+           "config": vars(a) | {"out": str(a.out), "save": a.save and str(a.save), "seq": held[0].shape[1],
+                                "attention": a.with_attention},
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
            "n_params": n_params(model), "chance_acc": 1 / a.values, "log": []}
     doc["copy_baseline_acc"], doc["copy_baseline_acc_first"] = copy_baseline(held[0].cpu(), held[1].cpu(), a.pairs)
-    t0, step = time.time(), 0
+    if a.save is not None:
+        model.save_pretrained(a.save / "init")
+    t0, done = time.time(), 0
     model.train()
     for step in range(a.steps):
         if time.time() > a.stop_at:
@@ -162,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        done = step + 1
         if (step + 1) % a.log_every == 0 or step + 1 == a.steps:
             model.eval()
             h_loss, h_acc, h_first = accuracy(model, *held)
@@ -172,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rec), flush=True)
             doc["final_acc"] = h_acc
             a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    if a.save is not None:
+        model.save_pretrained(a.save / "final")
+        record = {k: v for k, v in doc.items() if k != "log"} | {"steps_run": done}
+        (a.save / "final" / "mqar_probe.json").write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

@@ -1,0 +1,224 @@
+"""Does a dasc plan keep the units that carry recall? Multi-query associative recall through the recurrent state
+alone, under dasc-nr / dasc-wr masks, count-matched Random masks and the init-horizon masks (issue 20).
+
+Issue 20 asks that dasc-nr's retrieval stay within 0.05 of dense at w_max 16 where dense retrieves at least 0.9,
+and that Random's choice of units lose it. The trained references retrieve only through their full-attention
+layers' exact KV, which no arm alters, so they cannot tell plan from Random ([E15]). A recurrent-only model that
+learned MQAR (:mod:`benchmarks.train.mqar_probe` ``--save``) can: every stated value must cross the state
+checkpoint in the recurrent state.
+
+Protocol (``dasc eval``'s, :mod:`dasc_compile.eval.protocol`, on MQAR rows): each held-out row ``BOS k_1 v_1 ...
+k_P v_P f_1 ... f_G | q_1 a_1 ... q_P a_P`` is cut at ``|``, the state checkpoint: the prefix runs once into a
+fresh transformers cache; each arm takes a copy and alters the recurrent temporal state only
+(:func:`dasc_compile.eval.arms.arm_cache`: dense as is; dasc-nr zeroes the plan's local units; Random zeroes
+count-matched Random sets, the five seeds of ``dasc eval``; ``init`` zeroes all but the units the *initial* decays
+rank longest, count-matched per layer; dasc-wr rebuilds the local units by replaying the last W_replay prefix
+tokens from a zero state, Eq. 7); then the queries run teacher-forced and each answer is scored (argmax). Every
+stated value lies at least G + 1 tokens before the checkpoint, so beyond every w_max below G. The untrained
+model (``SAVE/init``) is scored dense and under dasc-nr as the floor.
+
+Plans are compiled from ``SAVE/final`` (``dasc_compile.compiler.compile_plan``, default policy) at each
+``--wmax``. Unit = GDN value head (the pilot has 4 per layer, 16 in all), so kept sets are coarse.
+
+Run (repo root; transformers >= 5.17, which runs a model without attention layers):
+    PYTHONPATH=. python -m benchmarks.train.mqar_masks --save .dev/mqar/ro-s0 --wmax 8 16 32 \\
+        --out RESULT.json [--rows 512]
+Writes RESULT.json (``{"command", "save", "probe", "rows", "row_seed", "w_max": {W: {"plan": {...}, "arms":
+{arm: {"acc", "acc_first", "nll"}}, "random": {"mean", "sd", "per_seed"}}}, "untrained": {...}}``) and prints a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.cli_args import OneLineParser, int_at_least
+from benchmarks.train.mqar_probe import mqar_batch
+
+#: Held-out rows come from their own generator seed, apart from training (the probe's seed) and its held-out
+#: batch (10,000 + seed).
+ROW_SEED = 20_000
+
+
+class _NoTokenizer:
+    """MQAR rows are token ids; nothing is encoded or decoded."""
+
+    def encode(self, text):            # pragma: no cover - never called
+        raise NotImplementedError
+
+    decode = encode
+
+
+def answer_scores(logits: torch.Tensor, answers: torch.Tensor) -> dict:
+    """Scores of teacher-forced answers: ``logits`` float ``[B, 2P-1, vocab]`` over the suffix ``q_1 a_1 ... q_P``
+    (the logit at ``q_i``, position ``2i``, predicts ``a_i``); ``answers`` int64 ``[B, P]``.
+
+    Returns:
+        ``{"acc": share of answers whose argmax is right, "acc_first": the same over each row's first answer,
+        "nll": mean cross-entropy of the answers (nats)}``.
+    """
+    at_q = logits[:, 0::2, :]                                            # [B, P, vocab]
+    right = at_q.argmax(-1) == answers
+    nll = torch.nn.functional.cross_entropy(at_q.flatten(0, 1), answers.flatten()).item()
+    return {"acc": right.float().mean().item(), "acc_first": right[:, 0].float().mean().item(), "nll": nll}
+
+
+def _wr_cache(em, prefix_cache, prefix: torch.Tensor, grids, window: int):
+    """dasc-wr on a batch of rows (``arms.arm_cache`` replays one row): the local units take the state of the last
+    ``window`` prefix tokens replayed from a zero recurrent state (no attention layers to crop here)."""
+    import copy
+
+    from dasc_compile.eval.arms import copy_local_from, zero_local
+    from dasc_compile.eval.hf_compat import reset_recurrent
+
+    cache = copy.deepcopy(prefix_cache)
+    if window <= 0:
+        zero_local(cache, em.layer_ids, grids)
+        return cache
+    scratch = copy.deepcopy(prefix_cache)
+    for lid in em.layer_ids:
+        reset_recurrent(scratch.layers[lid])
+    em.forward_rows(prefix[:, prefix.shape[1] - window:], scratch)
+    copy_local_from(cache, scratch, em.layer_ids, grids)
+    return cache
+
+
+def score_arms(em, prefix: torch.Tensor, suffix: torch.Tensor, answers: torch.Tensor, masks: dict,
+               wr_window: int | None = None) -> dict:
+    """Each arm's :func:`answer_scores` from one state checkpoint of ``prefix`` (int64 ``[B, n_p]``).
+
+    Args:
+        masks: arm name -> kept unit ids per recurrent layer (None: dense, the state as cached).
+        wr_window: with a value, also arm ``wr``: the ``nr`` mask's local units rebuilt from the last ``wr_window``
+            prefix tokens (W_replay, Eq. 7).
+    """
+    import copy
+
+    from dasc_compile.eval.arms import keep_grids, zero_local
+
+    cache = em.new_cache()
+    em.forward_rows(prefix, cache)
+    out = {}
+    for arm, kept in masks.items():
+        c = copy.deepcopy(cache)
+        if kept is not None:
+            zero_local(c, em.layer_ids, keep_grids(kept, em.num_heads, em.units_per_head))
+        out[arm] = answer_scores(em.forward_rows(suffix, c), answers)
+    if wr_window is not None:
+        grids = keep_grids(masks["nr"], em.num_heads, em.units_per_head)
+        out["wr"] = answer_scores(em.forward_rows(suffix, _wr_cache(em, cache, prefix, grids, wr_window)), answers)
+    return out
+
+
+def _plan_record(plan, trained_h, init_h, init_kept) -> dict:
+    from dasc_compile.eval.controls import jaccard
+
+    kept = [list(lp.kept_units) for lp in plan.layers]
+    return {"kept_per_layer": [len(k) for k in kept], "n_units": sum(lp.n_units for lp in plan.layers),
+            "kept_units": kept, "init_kept_units": init_kept, "c_ckpt": plan.totals.c_ckpt,
+            "w_replay_cap": plan.refresh.w_replay_cap,
+            "jaccard_kept_vs_init_top": jaccard({(i, u) for i, k in enumerate(kept) for u in k},
+                                                {(i, u) for i, k in enumerate(init_kept) for u in k}),
+            "horizons": [[round(float(x), 2) for x in h] for h in trained_h],
+            "init_horizons": [[round(float(x), 2) for x in h] for h in init_h]}
+
+
+def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED) -> dict:
+    """The experiment of the module docstring on the probe's ``save`` folder (``init/`` and ``final/``).
+
+    Raises:
+        DascInputError: a folder that is not a probe's ``--save`` output, or a model dasc eval cannot run.
+    """
+    from dasc_compile.compiler import compile_plan, layer_horizons, resolve_family_policy
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.eval.arms import RANDOM_SEEDS, random_kept_units, replay_window
+    from dasc_compile.eval.controls import init_kept_units
+    from dasc_compile.eval.models import load_eval_model
+    from dasc_compile.eval.run import checkpoint_decays
+    from dasc_compile.policy import Policy
+
+    final, init = save / "final", save / "init"
+    rec_file = final / "mqar_probe.json"
+    if not rec_file.is_file() or not (init / "config.json").is_file():
+        raise DascInputError(f"--save {save}: expected the folder benchmarks.train.mqar_probe --save wrote "
+                             f"(init/ and final/ with final/mqar_probe.json)")
+    probe = json.loads(rec_file.read_text())
+    cfg = probe["config"]
+    shape = {k: cfg[k] for k in ("pairs", "gap", "keys", "values", "vocab")}
+    ids, _ = mqar_batch(torch.Generator().manual_seed(row_seed), rows, **shape)
+    n_p = 1 + 2 * cfg["pairs"] + cfg["gap"]
+    prefix, suffix, answers = ids[:, :n_p], ids[:, n_p:-1], ids[:, n_p + 1::2]
+
+    em = load_eval_model(final, tokenizer=_NoTokenizer())
+    em0 = load_eval_model(init, tokenizer=_NoTokenizer())
+    spec, tensors, _ = checkpoint_decays(final)
+    _, init_tensors, _ = checkpoint_decays(init)
+    doc = {"save": str(save), "probe": probe, "rows": rows, "row_seed": row_seed, "n_p": n_p, "w_max": {},
+           "untrained": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in w_maxes:
+            plan, _ = compile_plan(final, Policy(w_max=w), Path(tmp) / f"w{w}", with_kernels=False)
+            pol = resolve_family_policy(spec, plan.policy)
+            trained_h, init_h = layer_horizons(spec, pol, tensors), layer_horizons(spec, pol, init_tensors)
+            ik = init_kept_units(plan, init_h)
+            masks = {"dense": None, "nr": [list(lp.kept_units) for lp in plan.layers], "init": ik}
+            masks |= {f"random:{s}": random_kept_units(plan, s) for s in RANDOM_SEEDS}
+            arms = score_arms(em, prefix, suffix, answers, masks, wr_window=replay_window(plan, n_p))
+            per_seed = [arms.pop(f"random:{s}") for s in RANDOM_SEEDS]
+            rnd = {m: {"mean": sum(p[m] for p in per_seed) / len(per_seed),
+                       "sd": float(torch.tensor([p[m] for p in per_seed]).std()) if len(per_seed) > 1 else 0.0}
+                   for m in ("acc", "acc_first", "nll")}
+            doc["w_max"][str(w)] = {"plan": _plan_record(plan, trained_h, init_h, ik), "arms": arms,
+                                    "random": rnd | {"per_seed": per_seed}}
+            doc["untrained"][str(w)] = score_arms(em0, prefix, suffix, answers,
+                                                  {"dense": None, "nr": masks["nr"]})
+    return doc
+
+
+def table(doc: dict) -> str:
+    """Markdown: per w_max, accuracy over all answers (and first answers) of each arm, Random as mean ± SD."""
+    head = ("| w_max | kept units | C_ckpt | dense | dasc-nr | dasc-wr | init masks | Random (5 masks) | "
+            "untrained dense |")
+    lines = [head, "|" + "---|" * 9]
+    for w, r in doc["w_max"].items():
+        a, rnd, p = r["arms"], r["random"], r["plan"]
+
+        def f(x):
+            return f"{x['acc']:.3f} ({x['acc_first']:.3f})"
+        lines.append(f"| {w} | {sum(p['kept_per_layer'])}/{p['n_units']} | {p['c_ckpt']:.2f} | {f(a['dense'])} | "
+                     f"{f(a['nr'])} | {f(a['wr'])} | {f(a['init'])} | {rnd['acc']['mean']:.3f} ± "
+                     f"{rnd['acc']['sd']:.3f} ({rnd['acc_first']['mean']:.3f}) | "
+                     f"{f(doc['untrained'][w]['dense'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--save", type=Path, required=True, help="the folder benchmarks.train.mqar_probe --save wrote")
+    ap.add_argument("--wmax", type=int_at_least(1), nargs="+", default=[8, 16, 32])
+    ap.add_argument("--rows", type=int_at_least(1), default=512, help="held-out MQAR rows")
+    ap.add_argument("--row-seed", type=int, default=ROW_SEED)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if a.out.exists() and a.out.is_dir():
+        ap.error(f"--out {a.out}: a folder; give a file name such as masks.json")
+    from dasc_compile.errors import DascInputError
+
+    try:
+        doc = run(a.save, a.wmax, a.rows, a.row_seed)
+    except DascInputError as exc:
+        ap.error(str(exc))
+    doc["command"] = "python -m benchmarks.train.mqar_masks " + shlex.join(sys.argv[1:] if argv is None else argv)
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

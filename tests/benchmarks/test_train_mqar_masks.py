@@ -1,0 +1,86 @@
+"""benchmarks/train/mqar_masks.py: answers are scored at the query positions; a plan that keeps every unit leaves
+every arm equal to dense, one that keeps none makes dasc-nr, Random and init the same zero state; dasc-wr with a
+window covering the whole prefix rebuilds dense; the probe's --save folders are what the masks read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.train.mqar_masks import answer_scores
+
+pytestmark = pytest.mark.transformers_range
+
+
+def test_answer_scores_by_hand():
+    # two rows, P = 2: suffix q1 a1 q2 (3 positions); the logit at positions 0 and 2 predicts a1, a2
+    logits = torch.full((2, 3, 5), -10.0)
+    logits[0, 0, 1] = logits[0, 2, 2] = 10.0      # row 0: a1 = 1 right, a2 = 2 right
+    logits[1, 0, 3] = logits[1, 2, 4] = 10.0      # row 1: a1 = 3 wrong (answer 0), a2 = 4 right
+    logits[:, 1, :] = 99.0                        # the answer positions themselves predict nothing scored
+    s = answer_scores(logits, torch.tensor([[1, 2], [0, 4]]))
+    assert s["acc"] == pytest.approx(3 / 4) and s["acc_first"] == pytest.approx(1 / 2)
+    assert s["nll"] == pytest.approx(20.0 / 4, rel=1e-3)       # one answer costs ~20 nats, three ~0
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    from dasc_compile.eval.hf_compat import MIN_TRANSFORMERS_ATTENTION_FREE, transformers_version
+
+    if transformers_version() < MIN_TRANSFORMERS_ATTENTION_FREE:
+        pytest.skip("a recurrent-only model needs transformers >= 5.17 in dasc eval")
+    from benchmarks.train.mqar_probe import main
+
+    root = tmp_path_factory.mktemp("mqar")
+    save = root / "save"
+    assert main(["--size", "smoke", "--steps", "3", "--log-every", "3", "--pairs", "3", "--gap", "6", "--batch", "4",
+                 "--out", str(root / "p.json"), "--save", str(save)]) == 0
+    return save
+
+
+def test_save_writes_init_and_final_and_refuses_a_full_folder(saved, tmp_path, capsys):
+    from benchmarks.train.mqar_probe import main
+
+    rec = json.loads((saved / "final" / "mqar_probe.json").read_text())
+    assert rec["steps_run"] == 3 and rec["config"]["save"] == str(saved) and "log" not in rec
+    assert (saved / "init" / "model.safetensors").is_file() and (saved / "final" / "model.safetensors").is_file()
+    with pytest.raises(SystemExit) as info:
+        main(["--steps", "1", "--out", str(tmp_path / "q.json"), "--save", str(saved)])
+    assert info.value.code == 2 and "--save" in capsys.readouterr().err
+
+
+def test_keeping_every_unit_changes_nothing_and_keeping_none_is_one_state(saved):
+    from benchmarks.train.mqar_masks import run
+
+    doc = run(saved, [1, 10**9], rows=16)
+    everything, nothing = doc["w_max"]["1"], doc["w_max"][str(10**9)]
+    assert sum(everything["plan"]["kept_per_layer"]) == everything["plan"]["n_units"]
+    dense = everything["arms"]["dense"]
+    for arm in ("nr", "init", "wr"):
+        assert everything["arms"][arm] == dense, arm
+    assert all(p == dense for p in everything["random"]["per_seed"])
+    assert sum(nothing["plan"]["kept_per_layer"]) == 0 and nothing["plan"]["c_ckpt"] > 1
+    zero = nothing["arms"]["nr"]
+    assert nothing["arms"]["init"] == zero and all(p == zero for p in nothing["random"]["per_seed"])
+    assert nothing["arms"]["dense"] == dense            # the same rows, the same checkpoint
+    assert zero["nll"] != pytest.approx(dense["nll"], abs=1e-6)      # zeroing the state is seen
+    assert set(doc["untrained"]["1"]) == {"dense", "nr"}
+
+
+def test_wr_over_the_whole_prefix_rebuilds_dense(saved):
+    """Eq. 7 with W_replay = n_p replays every prefix token from zero: the local units then hold exactly what
+    dense holds (no attention layers), so wr equals dense whatever the mask."""
+    from benchmarks.train.mqar_masks import score_arms
+    from benchmarks.train.mqar_probe import mqar_batch
+    from dasc_compile.eval.models import load_eval_model
+
+    em = load_eval_model(saved / "final", tokenizer=object())
+    ids, _ = mqar_batch(torch.Generator().manual_seed(1), 4, pairs=3, gap=6, keys=64, values=64, vocab=256)
+    n_p = 1 + 6 + 6
+    none_kept = [[] for _ in em.layer_ids]
+    out = score_arms(em, ids[:, :n_p], ids[:, n_p:-1], ids[:, n_p + 1::2], {"dense": None, "nr": none_kept},
+                     wr_window=n_p)
+    assert out["wr"]["nll"] == pytest.approx(out["dense"]["nll"], rel=1e-5)
+    assert out["nr"]["nll"] != pytest.approx(out["dense"]["nll"], rel=1e-5)
