@@ -35,14 +35,16 @@ def int_at_least(least: int):
 
 
 def number_above_zero(unit: str):
-    """argparse ``type``: a finite number above 0, in ``unit`` (named in the refusal)."""
+    """argparse ``type``: a finite number above 0, in ``unit`` (named in the refusal: "a number of {unit}", or
+    "a {unit}" when ``unit`` starts with "a " or "an ", e.g. "a learning rate")."""
     def parse(text: str) -> float:
         try:
             x = float(text)
         except ValueError:
             x = math.nan
         if not (math.isfinite(x) and x > 0):
-            raise argparse.ArgumentTypeError(f"expected a number of {unit} above 0, got {text!r}")
+            what = unit if unit.startswith(("a ", "an ")) else f"a number of {unit}"
+            raise argparse.ArgumentTypeError(f"expected {what} above 0, got {text!r}")
         return x
     return parse
 

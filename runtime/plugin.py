@@ -20,7 +20,7 @@ import sys
 
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
 from dasc_runtime.scheduler_refusal import refuse_in_scheduler   # no torch, no sglang
-from dasc_runtime.startup_checks import check_env_knobs, check_plan_early   # no torch, no sglang at import
+from dasc_runtime.startup_checks import check_env_knobs, check_plan_early, plan_arg   # no torch, no sglang at import
 from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
 
 __all__ = ["register", "add_cli_args", "hooks"]
@@ -28,7 +28,7 @@ __all__ = ["register", "add_cli_args", "hooks"]
 logger = logging.getLogger("dasc")
 
 _FLAGS = (
-    ("--dasc-plan", "plan", dict(type=str, default=None,
+    ("--dasc-plan", "plan", dict(type=plan_arg, default=None,
                                  help="dasc plan directory (or its plan.json): serve compressed state checkpoints")),
     ("--dasc-pool-slots", "pool_slots", dict(type=int, default=None,
                                              help="dasc: usable compressed checkpoint slots per rank")),
@@ -69,7 +69,7 @@ def _store_settings(server_args, raw: dict) -> None:
     settings = DascSettings.from_mapping(raw, source="dasc flags", names={field: flag for flag, field, _ in _FLAGS})
     if settings.active:
         check_env_knobs()
-        check_plan_early(settings)
+        check_plan_early(settings, getattr(server_args, "model_path", None))
         attach_settings(server_args, raw)
         settings.export()                 # every child process inherits DASC_*
 
@@ -110,8 +110,9 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     adapter = api()                                   # an untested SGLang is refused here, in one line
     settings = DascSettings.from_mapping(raw, source="dasc keyword arguments")
     check_env_knobs()
-    check_plan_early(settings)            # before the constructor may start the schedulers, and before a refused
-    settings.export()                     # plan is left in DASC_* for the next Engine of this process to inherit
+    # checked before the constructor may start the schedulers, and before DASC_* would keep a refused plan
+    check_plan_early(settings, kwargs.get("model_path"))
+    settings.export()
     original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
     if sa is not None:

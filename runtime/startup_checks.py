@@ -17,7 +17,8 @@ raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
 In the process that launches SGLang (the ``from_cli_args`` / ``Engine`` keyword hooks), before any weights load:
 
 * :func:`check_env_knobs`: the environment-only A/B and diagnostic knobs parse;
-* :func:`check_plan_early`: the plan reads and its features are served.
+* :func:`check_plan_early`: the plan reads, its features are served, and it is for the model's type; SGLang's
+  parser runs it on ``--dasc-plan`` itself (:func:`plan_arg`), before SGLang's own checks.
 
 The refused server options (item 11) and their reasons live with the other option checks in
 :func:`dasc_runtime.verify.check_server_args`.
@@ -29,7 +30,7 @@ import pkgutil
 from typing import Iterable
 
 __all__ = ["check_hooks", "hook_problems", "check_component", "after_build_kv_cache", "check_env_knobs",
-           "check_plan_early"]
+           "check_plan_early", "plan_arg"]
 
 
 def _resolve(target: str):
@@ -150,18 +151,63 @@ def check_env_knobs() -> None:
         env_setting(name, strict=True)
 
 
-def check_plan_early(settings) -> None:
+def check_plan_early(settings, model_path=None) -> None:
     """Read the plan of ``settings`` (``DascSettings``) and refuse the plan features this runtime does not serve,
     in the process that launches SGLang, before any weights load: a missing or damaged ``--dasc-plan`` used to be
-    found by the scheduler only after the model had loaded (minutes for a 48B checkpoint). The scheduler reads and
-    checks the plan again (:func:`after_load_model`), with the served model and state beside it.
+    found by the scheduler only after the model had loaded (minutes for a 48B checkpoint). With ``model_path`` a
+    local directory holding ``config.json``, its ``model_type`` (the field ``dasc compile`` read) must be the
+    plan's. The scheduler reads and checks the plan again (``plugin.after_load_model``), with the served model and
+    state beside it.
 
     Raises:
         DascInputError: the plan does not read (``dasc_compile.schema.load_plan``: names ``plan.json`` or the kernel
             module and what is wrong).
-        DascRefusal: a plan feature not served (``verify.check_plan_supported``).
+        DascRefusal: a plan feature not served (``verify.check_plan_supported``); a plan for another model type.
     """
     from dasc_compile.schema import load_plan
-    from dasc_runtime.verify import check_plan_supported
+    from dasc_runtime.verify import check_model_type, check_plan_supported
 
-    check_plan_supported(load_plan(settings.plan))   # read afresh, not cached: a user may recompile it and retry
+    plan = load_plan(settings.plan)                   # read afresh, not cached: a user may recompile it and retry
+    check_plan_supported(plan)
+    model_type = _config_model_type(model_path)
+    if model_type is not None:
+        check_model_type(plan, model_type, served=f"{model_path}/config.json says")
+
+
+def _config_model_type(model_path) -> str | None:
+    """``model_type`` of ``model_path/config.json`` when ``model_path`` is a local model directory, else None (a hub
+    id, or a file that does not read: the scheduler's own check decides then)."""
+    import json
+    from pathlib import Path
+
+    if not model_path:
+        return None
+    path = Path(str(model_path)) / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("model_type") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def plan_arg(text: str) -> str:
+    """argparse ``type`` of ``--dasc-plan``: :func:`check_plan_early` while SGLang parses its flags, so that a plan
+    dasc cannot serve is refused first (SGLang 0.5.17 runs its own ``ServerArgs`` checks, which may fail on other
+    grounds, before the ``from_cli_args`` hook), as argparse refuses a bad value: one line, status 2.
+
+    Raises:
+        argparse.ArgumentTypeError: what :func:`check_plan_early` raised, without the ``dasc: refusing to start:``
+            prefix (argparse names the flag).
+    """
+    import argparse
+
+    from dasc_compile.errors import DascInputError
+    from dasc_runtime.settings import DascSettings
+
+    if not text:
+        return text
+    try:
+        check_plan_early(DascSettings(plan=text))
+    except DascInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("dasc: refusing to start: ")) from None
+    return text

@@ -56,10 +56,12 @@ def check_plan_supported(plan: Plan) -> None:
         raise DascRefusal("; ".join(r.text for r in bad))
 
 
-def check_model_type(plan: Plan, model_type: str, architectures: Sequence[str] = ()) -> None:
-    """Raises DascRefusal when the served model type differs from the plan's."""
+def check_model_type(plan: Plan, model_type: str, architectures: Sequence[str] = (),
+                     served: str = "the server loaded") -> None:
+    """Raises DascRefusal when the served model type differs from the plan's (``served``: where ``model_type`` was
+    read, as the refusal says it)."""
     if model_type != plan.model.model_type:
-        raise DascRefusal(f"model type: plan is for '{plan.model.model_type}', the server loaded '{model_type}'")
+        raise DascRefusal(f"model type: plan is for '{plan.model.model_type}', {served} '{model_type}'")
     if architectures and plan.model.architectures and list(architectures) != list(plan.model.architectures):
         raise DascRefusal(f"architectures: plan {plan.model.architectures}, server {list(architectures)}")
 

@@ -23,9 +23,10 @@ Plans are compiled from ``SAVE/final`` (``dasc_compile.compiler.compile_plan``, 
 Run (repo root; transformers >= 5.17, which runs a model without attention layers):
     PYTHONPATH=. python -m benchmarks.train.mqar_masks --save .dev/mqar/ro-s0 --wmax 8 16 32 \\
         --out RESULT.json [--rows 512]
-Writes RESULT.json (``{"command", "save", "probe", "rows", "row_seed", "w_max": {W: {"plan": {...}, "arms":
-{arm: {"acc", "acc_first", "nll"}}, "random": {"mean", "sd", "per_seed"}}}, "untrained": {...}}``) and prints a
-markdown table.
+Writes RESULT.json (``{"command", "save", "probe", "rows", "row_seed", "n_p" (prefix tokens), "w_max": {W:
+{"plan": {...}, "arms": {arm: {"acc", "acc_first", "nll"}}, "random": {metric: {"mean", "sd"}, "per_seed": [...]}}},
+"untrained": {W: {"dense": {...}, "nr": {...}}}}``) and prints a markdown table (the untrained model's dense
+column; its dasc-nr is in the JSON).
 """
 
 from __future__ import annotations
@@ -148,9 +149,16 @@ def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED) -> 
     if not rec_file.is_file() or not (init / "config.json").is_file():
         raise DascInputError(f"--save {save}: expected the folder benchmarks.train.mqar_probe --save wrote "
                              f"(init/ and final/ with final/mqar_probe.json)")
-    probe = json.loads(rec_file.read_text())
-    cfg = probe["config"]
-    shape = {k: cfg[k] for k in ("pairs", "gap", "keys", "values", "vocab")}
+    try:
+        probe = json.loads(rec_file.read_text())
+        cfg = probe["config"]
+        shape = {k: int(cfg[k]) for k in ("pairs", "gap", "keys", "values", "vocab")}
+        steps_run = int(probe["steps_run"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DascInputError(f"{rec_file}: not the record mqar_probe --save writes ({type(exc).__name__}: {exc}); "
+                             f"expected JSON with config.pairs / gap / keys / values / vocab and steps_run") from None
+    if steps_run < 1:
+        raise DascInputError(f"{rec_file}: steps_run {steps_run}: final/ is the untrained model; train it first")
     ids, _ = mqar_batch(torch.Generator().manual_seed(row_seed), rows, **shape)
     n_p = 1 + 2 * cfg["pairs"] + cfg["gap"]
     prefix, suffix, answers = ids[:, :n_p], ids[:, n_p:-1], ids[:, n_p + 1::2]
@@ -208,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: a folder; give a file name such as masks.json")
+    if not a.out.absolute().parent.is_dir():
+        ap.error(f"--out {a.out}: its folder {a.out.absolute().parent} does not exist")
     from dasc_compile.errors import DascInputError
 
     try:

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int_at_least(8), default=256)
     ap.add_argument("--batch", type=int_at_least(1), default=32)
     ap.add_argument("--steps", type=int_at_least(1), default=1500)
-    ap.add_argument("--lr", type=number_above_zero("learning rate"), default=2e-3)
+    ap.add_argument("--lr", type=number_above_zero("a learning rate"), default=2e-3)
     ap.add_argument("--decay-lr-mult", type=number_above_zero("times --lr"), default=5.0)
     ap.add_argument("--warmup", type=int_at_least(0), default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -142,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--out {a.out}: a folder; give a file name such as mqar.json")
     if a.save is not None and a.save.exists() and (not a.save.is_dir() or any(a.save.iterdir())):
         ap.error(f"--save {a.save}: exists and is not an empty folder; give a new folder")
+    for flag, path in (("--out", a.out), ("--save", a.save)):
+        if path is not None and not path.absolute().parent.is_dir():
+            ap.error(f"{flag} {path}: its folder {path.absolute().parent} does not exist")
+    try:
+        torch.empty(1, device=a.device)
+    except (RuntimeError, AssertionError) as exc:
+        ap.error(f"--device {a.device}: cannot use this device ({str(exc).splitlines()[0]})")
     torch.manual_seed(a.seed)
     model = build_model(a.family, a.size, a.vocab, eos_id=2, seed=a.seed, attention=a.with_attention).to(a.device)
     groups = param_groups(model, a.lr, 0.1, a.decay_lr_mult)
@@ -153,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     doc = {"command": "python -m benchmarks.train.mqar_probe " + shlex.join(sys.argv[1:] if argv is None else argv),
            "config": vars(a) | {"out": str(a.out), "save": a.save and str(a.save), "seq": held[0].shape[1],
+                                "stop_at": a.stop_at if math.isfinite(a.stop_at) else None,
                                 "attention": a.with_attention},
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
            "n_params": n_params(model), "chance_acc": 1 / a.values, "log": []}
@@ -183,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rec), flush=True)
             doc["final_acc"] = h_acc
             a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")        # also when --stop-at came before the first log
+    if done == 0:
+        print(f"warning: --stop-at {a.stop_at:.0f} passed before the first step: nothing was trained", file=sys.stderr)
     if a.save is not None:
         model.save_pretrained(a.save / "final")
         record = {k: v for k, v in doc.items() if k != "log"} | {"steps_run": done}

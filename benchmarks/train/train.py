@@ -90,7 +90,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int_at_least(1), default=2560)
     ap.add_argument("--batch", type=int_at_least(1), default=16)
     ap.add_argument("--micro-batch", type=int_at_least(0), default=0, help="rows per forward pass (0: the whole batch)")
-    ap.add_argument("--lr", type=number_above_zero("learning rate"), default=2e-3)
+    ap.add_argument("--lr", type=number_above_zero("a learning rate"), default=2e-3)
     ap.add_argument("--decay-lr-mult", type=number_above_zero("times --lr"), default=5.0,
                     help="A_log/dt_bias learning rate = lr x this")
     ap.add_argument("--weight-decay", type=fraction, default=0.1)

@@ -84,3 +84,51 @@ def test_wr_over_the_whole_prefix_rebuilds_dense(saved):
                      wr_window=n_p)
     assert out["wr"]["nll"] == pytest.approx(out["dense"]["nll"], rel=1e-5)
     assert out["nr"]["nll"] != pytest.approx(out["dense"]["nll"], rel=1e-5)
+
+
+def test_bad_paths_are_refused_before_anything_runs_or_is_written(tmp_path, capsys):
+    """A fresh user (session 33): --out in a missing folder ended in a traceback after training started, leaving
+    --save half-written; mqar_masks ran the whole experiment first."""
+    from benchmarks.train.mqar_masks import main as masks
+    from benchmarks.train.mqar_probe import main as probe
+
+    for argv in (["--out", str(tmp_path / "no" / "p.json"), "--save", str(tmp_path / "s")],
+                 ["--out", str(tmp_path / "p.json"), "--save", str(tmp_path / "no" / "s")]):
+        with pytest.raises(SystemExit) as info:
+            probe(["--steps", "1", *argv])
+        assert info.value.code == 2 and "does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit) as info:
+        masks(["--save", str(tmp_path), "--out", str(tmp_path / "no" / "m.json")])
+    assert info.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("record, needle", [("", "JSONDecodeError"), ("{}", "KeyError"),
+                                            ('{"config": {"pairs": 2, "gap": 1, "keys": 8, "values": 8, "vocab": 64},'
+                                             ' "steps_run": 0}', "steps_run 0")])
+def test_masks_refuse_a_damaged_or_untrained_save_in_one_line(saved, tmp_path, capsys, record, needle):
+    import shutil
+
+    from benchmarks.train.mqar_masks import main as masks
+
+    bad = tmp_path / "bad"
+    shutil.copytree(saved, bad)
+    (bad / "final" / "mqar_probe.json").write_text(record)
+    with pytest.raises(SystemExit) as info:
+        masks(["--save", str(bad), "--out", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and needle in err[0] and "mqar_probe.json" in err[0], err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_deadline_before_the_first_step_still_writes_out_and_says_so(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from benchmarks.train.mqar_probe import main as probe
+
+    out = tmp_path / "p.json"
+    assert probe(["--size", "smoke", "--steps", "5", "--stop-at", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["log"] == [] and "nothing was trained" in capsys.readouterr().err
+    assert json.loads(json.dumps(doc))["config"]["stop_at"] == 1.0
+    assert probe(["--size", "smoke", "--steps", "1", "--out", str(out)]) == 0
+    assert '"stop_at": null' in out.read_text()          # no Infinity: strict JSON readers reject it

@@ -118,7 +118,7 @@ def test_a_bad_dasc_flag_in_the_launcher_is_one_line_and_status_2(tmp_path, monk
     assert needle in err[0], err
 
 
-@pytest.mark.parametrize("case", ["missing", "damaged", "hybrid"])
+@pytest.mark.parametrize("case", ["missing", "damaged", "hybrid", "other-model"])
 def test_the_launcher_refuses_a_plan_it_cannot_serve_before_weights_load(tmp_path, capsys, case):
     """A missing --dasc-plan was found only by the scheduler, after the model had loaded (session 32): the launcher
     now reads the plan and refuses it in one line, status 2, with one prefix (a DascRefusal carries its own)."""
@@ -134,13 +134,20 @@ def test_the_launcher_refuses_a_plan_it_cannot_serve_before_weights_load(tmp_pat
         _, plan_dir, _ = compile_tiny(tmp_path)
         (plan_dir / "plan.json").write_text("{")
         needle = "plan.json"
-    else:
+    elif case == "hybrid":
         _, plan_dir, _ = compile_tiny(tmp_path, tp_size=2, balance="hybrid")
         needle = "balance=hybrid"
+    else:                            # a GDN plan, a Kimi-Linear model directory: config.json says so before loading
+        _, plan_dir, _ = compile_tiny(tmp_path)
+        model = tmp_path / "kimi"
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "kimi_linear"}')
+        needle = f"model type: plan is for 'qwen3_next', {model}/config.json says 'kimi_linear'"
     args = Namespace(**{"dasc_" + field: None for _, field, _ in plugin._FLAGS})
     args.dasc_plan = str(plan_dir)
+    served = SimpleNamespace(model_path=str(tmp_path / "kimi")) if case == "other-model" else SimpleNamespace()
     with pytest.raises(SystemExit) as info:
-        plugin.from_cli_args(SimpleNamespace(), None, args)
+        plugin.from_cli_args(served, None, args)
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("dasc: refusing to start: ") and err[0].count("refusing to start") == 1, err
@@ -176,3 +183,21 @@ def test_mamba_usage_counts_the_slots_sglang_allocates_not_dasc_wr_scratch(monke
     stats = SimpleNamespace(mamba_available_size=4, mamba_evictable_size=0, mamba_num_used=0, mamba_usage=0.0)
     out = plugin.after_mamba_token_info(stats, SimpleNamespace(req_to_token_pool=pool))
     assert (out.mamba_evictable_size, out.mamba_num_used, out.mamba_usage) == (1, 3, 3 / 8)
+
+
+def test_sglang_s_parser_refuses_a_plan_it_cannot_serve_while_it_reads_the_flags(tmp_path, capsys):
+    """SGLang 0.5.17 runs its own ServerArgs checks before the from_cli_args hook, so on a machine where those fail a
+    missing plan was never named (a fresh user, session 33): --dasc-plan is checked by argparse itself, first."""
+    import argparse
+
+    from dasc_runtime.plugin import add_cli_args
+
+    parser = argparse.ArgumentParser(prog="launch_server")
+    add_cli_args(None, parser)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--dasc-plan", str(tmp_path / "no-such-plan")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and err.startswith("launch_server: error: argument --dasc-plan: "), err
+    assert "no-such-plan" in err and "refusing to start" not in err
+    _, plan_dir, _ = compile_tiny(tmp_path)
+    assert parser.parse_args(["--dasc-plan", str(plan_dir)]).dasc_plan == str(plan_dir)
