@@ -23,6 +23,10 @@ Plans are compiled from ``SAVE/final`` (``dasc_compile.compiler.compile_plan``, 
 Run (repo root; transformers >= 5.17, which runs a model without attention layers):
     PYTHONPATH=. python -m benchmarks.train.mqar_masks --save .dev/mqar/ro-s0 --wmax 8 16 32 \\
         --out RESULT.json [--rows 512]
+With ``--exhaustive W ...``, every count-matched mask at those w_max (``prod_l C(n_units_l, n_kept_l)``; the
+population the five Random masks sample) is scored too: the share within 0.05 of dense, and the share at least as
+accurate as dasc-nr (``w_max[W]["all_count_matched"]``).
+
 Writes RESULT.json (``{"command", "save", "probe", "rows", "row_seed", "n_p" (prefix tokens), "w_max": {W:
 {"plan": {...}, "arms": {arm: {"acc", "acc_first", "nll"}}, "random": {metric: {"mean", "sd"}, "per_seed": [...]}}},
 "untrained": {W: {"dense": {...}, "nr": {...}}}}``) and prints a markdown table (the untrained model's dense
@@ -117,6 +121,29 @@ def score_arms(em, prefix: torch.Tensor, suffix: torch.Tensor, answers: torch.Te
     return out
 
 
+def count_matched_masks(plan) -> list[list[list[int]]]:
+    """Every count-matched mask of ``plan``: per recurrent layer each choice of ``n_kept`` of its ``n_units`` units
+    (the population ``dasc eval``'s five Random masks sample), in a fixed order; ``prod_l C(n_units_l, n_kept_l)``
+    masks."""
+    from itertools import combinations, product
+
+    per_layer = [[list(c) for c in combinations(range(lp.n_units), lp.n_kept)] for lp in plan.layers]
+    return [list(m) for m in product(*per_layer)]
+
+
+def exhaustive_record(em, prefix, suffix, answers, plan, nr_acc: float, dense_acc: float, max_masks: int) -> dict:
+    """Accuracy of every count-matched mask (:func:`count_matched_masks`) of ``plan``, or ``{"skipped": n}`` when
+    there are more than ``max_masks``: the share within 0.05 of dense, and the share at least as accurate as the
+    plan's own mask (``nr_acc``; its rank among all count-matched masks, 1/n at best)."""
+    masks = count_matched_masks(plan)
+    if len(masks) > max_masks:
+        return {"skipped": len(masks)}
+    scores = score_arms(em, prefix, suffix, answers, {f"m{i}": m for i, m in enumerate(masks)})
+    acc = [scores[f"m{i}"]["acc"] for i in range(len(masks))]
+    return {"n": len(acc), "acc": acc, "share_within_0.05_of_dense": sum(a >= dense_acc - 0.05 for a in acc) / len(acc),
+            "share_at_least_nr": sum(a >= nr_acc - 1e-12 for a in acc) / len(acc)}
+
+
 def _plan_record(plan, trained_h, init_h, init_kept) -> dict:
     from dasc_compile.eval.controls import jaccard
 
@@ -130,8 +157,10 @@ def _plan_record(plan, trained_h, init_h, init_kept) -> dict:
             "init_horizons": [[round(float(x), 2) for x in h] for h in init_h]}
 
 
-def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED) -> dict:
-    """The experiment of the module docstring on the probe's ``save`` folder (``init/`` and ``final/``).
+def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED, exhaustive: tuple[int, ...] = (),
+        max_masks: int = 1000) -> dict:
+    """The experiment of the module docstring on the probe's ``save`` folder (``init/`` and ``final/``); at each
+    w_max in ``exhaustive`` also every count-matched mask (:func:`exhaustive_record`, up to ``max_masks``).
 
     Raises:
         DascInputError: a folder that is not a probe's ``--save`` output, or a model dasc eval cannot run.
@@ -186,6 +215,9 @@ def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED) -> 
                                     "random": rnd | {"per_seed": per_seed}}
             doc["untrained"][str(w)] = score_arms(em0, prefix, suffix, answers,
                                                   {"dense": None, "nr": masks["nr"]})
+            if w in exhaustive:
+                doc["w_max"][str(w)]["all_count_matched"] = exhaustive_record(
+                    em, prefix, suffix, answers, plan, arms["nr"]["acc"], arms["dense"]["acc"], max_masks)
     return doc
 
 
@@ -194,6 +226,7 @@ def table(doc: dict) -> str:
     head = ("| w_max | kept units | C_ckpt | dense | dasc-nr | dasc-wr | init masks | Random (5 masks) | "
             "untrained dense |")
     lines = [head, "|" + "---|" * 9]
+    notes = []
     for w, r in doc["w_max"].items():
         a, rnd, p = r["arms"], r["random"], r["plan"]
 
@@ -203,7 +236,13 @@ def table(doc: dict) -> str:
                      f"{f(a['nr'])} | {f(a['wr'])} | {f(a['init'])} | {rnd['acc']['mean']:.3f} ± "
                      f"{rnd['acc']['sd']:.3f} ({rnd['acc_first']['mean']:.3f}) | "
                      f"{f(doc['untrained'][w]['dense'])} |")
-    return "\n".join(lines)
+        ex = r.get("all_count_matched")
+        if ex and "n" in ex:
+            notes.append(f"w_max {w}: all {ex['n']} count-matched masks: {ex['share_within_0.05_of_dense']:.3f} within "
+                         f"0.05 of dense; {ex['share_at_least_nr']:.3f} at least as accurate as dasc-nr's")
+        elif ex:
+            notes.append(f"w_max {w}: {ex['skipped']} count-matched masks, more than --max-masks: not scored")
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,16 +251,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wmax", type=int_at_least(1), nargs="+", default=[8, 16, 32])
     ap.add_argument("--rows", type=int_at_least(1), default=512, help="held-out MQAR rows")
     ap.add_argument("--row-seed", type=int, default=ROW_SEED)
+    ap.add_argument("--exhaustive", type=int_at_least(1), nargs="*", default=[],
+                    help="at these w_max (also given to --wmax) score every count-matched mask, not five")
+    ap.add_argument("--max-masks", type=int_at_least(1), default=1000,
+                    help="skip --exhaustive at a w_max with more count-matched masks than this")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: a folder; give a file name such as masks.json")
+    if set(a.exhaustive) - set(a.wmax):
+        ap.error(f"--exhaustive {' '.join(map(str, a.exhaustive))}: each must also be in --wmax")
     if not a.out.absolute().parent.is_dir():
         ap.error(f"--out {a.out}: its folder {a.out.absolute().parent} does not exist")
     from dasc_compile.errors import DascInputError
 
     try:
-        doc = run(a.save, a.wmax, a.rows, a.row_seed)
+        doc = run(a.save, a.wmax, a.rows, a.row_seed, tuple(a.exhaustive), a.max_masks)
     except DascInputError as exc:
         ap.error(str(exc))
     doc["command"] = "python -m benchmarks.train.mqar_masks " + shlex.join(sys.argv[1:] if argv is None else argv)

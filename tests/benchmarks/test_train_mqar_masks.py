@@ -132,3 +132,27 @@ def test_a_deadline_before_the_first_step_still_writes_out_and_says_so(tmp_path,
     assert json.loads(json.dumps(doc))["config"]["stop_at"] == 1.0
     assert probe(["--size", "smoke", "--steps", "1", "--out", str(out)]) == 0
     assert '"stop_at": null' in out.read_text()          # no Infinity: strict JSON readers reject it
+
+
+def test_every_count_matched_mask_is_scored_once(saved):
+    """--exhaustive scores the whole population the five Random masks sample: prod_l C(n_units_l, n_kept_l) masks,
+    each keeping n_kept_l distinct units of layer l; the plan's own mask is one of them."""
+    from math import comb, prod
+
+    from benchmarks.train.mqar_masks import count_matched_masks, run
+
+    doc = run(saved, [10**9, 1], rows=8, exhaustive=(10**9, 1), max_masks=1)
+    assert doc["w_max"]["1"]["all_count_matched"]["n"] == 1        # every unit kept: one mask
+    assert doc["w_max"]["1"]["all_count_matched"]["share_at_least_nr"] == 1.0
+    assert doc["w_max"][str(10**9)]["all_count_matched"]["n"] == 1    # none kept: one mask too
+
+    class _L:
+        def __init__(self, n, k, kept):
+            self.n_units, self.n_kept, self.kept_units = n, k, kept
+    plan = type("P", (), {"layers": [_L(4, 2, [0, 3]), _L(3, 1, [2])]})()
+    masks = count_matched_masks(plan)
+    assert len(masks) == prod([comb(4, 2), comb(3, 1)]) == len({str(m) for m in masks})
+    assert all(len(a) == 2 and len(set(a)) == 2 and len(b) == 1 for a, b in masks)
+    assert [[0, 3], [2]] in masks
+    many = run(saved, [10**9, 2], rows=4, exhaustive=(2,), max_masks=0)["w_max"]["2"]["all_count_matched"]
+    assert set(many) == {"skipped"} and many["skipped"] >= 1
