@@ -14,7 +14,7 @@ fresh transformers cache; each arm takes a copy and alters the recurrent tempora
 count-matched Random sets, the five seeds of ``dasc eval``; ``init`` zeroes all but the units the *initial* decays
 rank longest, count-matched per layer; dasc-wr rebuilds the local units by replaying the last W_replay prefix
 tokens from a zero state, Eq. 7); then the queries run teacher-forced and each answer is scored (argmax). Every
-stated value lies at least G + 1 tokens before the checkpoint, so beyond every w_max below G. The untrained
+stated value lies at least G tokens (the fillers) before the checkpoint, so beyond every w_max below G. The untrained
 model (``SAVE/init``) is scored dense and under dasc-nr as the floor.
 
 Plans are compiled from ``SAVE/final`` (``dasc_compile.compiler.compile_plan``, default policy) at each
