@@ -201,7 +201,7 @@ def plan_arg(text: str) -> str:
     """
     import argparse
 
-    from dasc_compile.errors import DascInputError
+    from dasc_compile.schema import DascInputError
     from dasc_runtime.settings import DascSettings
 
     if not text:

@@ -17,8 +17,6 @@ travels: a device call carries its checkpoints in and out within 64 MiB (benchma
   packed with its training state it is ~40-43 MiB (benchmarks/train/staged_parts.py ``PACKED_MIB``).
 - ``pilot`` (~2M: gdn 1,711,480, kda 2,813,612, mamba2 2,845,128): hidden 128, 4 layers, recurrent state per
   layer 4 value heads x 32 x 32 (GDN), for pilots on a CPU (~2.5k tokens/s on one core, GDN).
-- ``pilot16``: ``pilot`` with its GDN state cut into 16 value heads x 32 x 16 (4 key heads), so that a plan's
-  kept sets have 16 units a layer, not 4 (:mod:`benchmarks.train.mqar_masks`); the other families as ``pilot``.
 - ``smoke``: tiny, for tests.
 
 Decays start as each class's ``_init_weights`` draws them, except GDN's ``dt_bias``, redrawn log-uniform
@@ -77,9 +75,6 @@ SIZES = {
     "pilot": dict(hidden=128, mlp=256, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=32, gdn_dv=32, kda_h=4, kda_d=32,
                   attn_heads=2, attn_kv=1, attn_dim=64,
                   m2_h=8, m2_p=32, m2_n=32, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=448),
-    "pilot16": dict(hidden=128, mlp=256, layers=4, gdn_hk=4, gdn_hv=16, gdn_dk=32, gdn_dv=16, kda_h=4, kda_d=32,
-                    attn_heads=2, attn_kv=1, attn_dim=64,
-                    m2_h=8, m2_p=32, m2_n=32, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=448),
     "smoke": dict(hidden=32, mlp=64, layers=4, gdn_hk=2, gdn_hv=4, gdn_dk=8, gdn_dv=8, kda_h=2, kda_d=8,
                   attn_heads=2, attn_kv=1, attn_dim=16,
                   m2_h=4, m2_p=16, m2_n=8, m2_g=2, m2_k=4, m2_chunk=64, m2_mlp=128),
