@@ -62,14 +62,17 @@ def add_cli_args(result, parser) -> None:
             group.add_argument(flag, dest="dasc_" + field, **kw)
 
 
-def _store_settings(server_args, raw: dict) -> None:
+def _store_settings(server_args, raw: dict, checked: bool = False) -> None:
+    """Attach ``raw`` (field -> value) to ``server_args`` and export ``DASC_*``; unless ``checked`` (the Engine hook
+    checked them before its constructor ran), first the knobs and the plan (``startup_checks``)."""
     from dasc_runtime.settings import DascSettings
     from dasc_runtime.side_channels import attach_settings
 
     settings = DascSettings.from_mapping(raw, source="dasc flags", names={field: flag for flag, field, _ in _FLAGS})
     if settings.active:
-        check_env_knobs()
-        check_plan_early(settings, getattr(server_args, "model_path", None))
+        if not checked:
+            check_env_knobs()
+            check_plan_early(settings, getattr(server_args, "model_path", None))
         attach_settings(server_args, raw)
         settings.export()                 # every child process inherits DASC_*
 
@@ -116,7 +119,7 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
     if sa is not None:
-        _store_settings(sa, raw)
+        _store_settings(sa, raw, checked=True)
 
 
 # ---------------------------------------------------------------- hooks

@@ -51,13 +51,8 @@ from benchmarks.train.mqar_probe import mqar_batch
 ROW_SEED = 20_000
 
 
-class _NoTokenizer:
-    """MQAR rows are token ids; nothing is encoded or decoded."""
-
-    def encode(self, text):            # pragma: no cover - never called
-        raise NotImplementedError
-
-    decode = encode
+#: Passed to ``load_eval_model`` as the tokenizer: MQAR rows are token ids, nothing is encoded or decoded.
+NO_TOKENIZER = object()
 
 
 def answer_scores(logits: torch.Tensor, answers: torch.Tensor) -> dict:
@@ -74,50 +69,37 @@ def answer_scores(logits: torch.Tensor, answers: torch.Tensor) -> dict:
     return {"acc": right.float().mean().item(), "acc_first": right[:, 0].float().mean().item(), "nll": nll}
 
 
-def _wr_cache(em, prefix_cache, prefix: torch.Tensor, grids, window: int):
-    """dasc-wr on a batch of rows (``arms.arm_cache`` replays one row): the local units take the state of the last
-    ``window`` prefix tokens replayed from a zero recurrent state (no attention layers to crop here)."""
-    import copy
-
-    from dasc_compile.eval.arms import copy_local_from, zero_local
-    from dasc_compile.eval.hf_compat import reset_recurrent
-
-    cache = copy.deepcopy(prefix_cache)
-    if window <= 0:
-        zero_local(cache, em.layer_ids, grids)
-        return cache
-    scratch = copy.deepcopy(prefix_cache)
-    for lid in em.layer_ids:
-        reset_recurrent(scratch.layers[lid])
-    em.forward_rows(prefix[:, prefix.shape[1] - window:], scratch)
-    copy_local_from(cache, scratch, em.layer_ids, grids)
+def checkpoint(em, prefix: torch.Tensor):
+    """The state checkpoint of ``prefix`` (int64 ``[B, n_p]``): a fresh transformers cache after the prefix."""
+    cache = em.new_cache()
+    em.forward_rows(prefix, cache)
     return cache
 
 
 def score_arms(em, prefix: torch.Tensor, suffix: torch.Tensor, answers: torch.Tensor, masks: dict,
-               wr_window: int | None = None) -> dict:
-    """Each arm's :func:`answer_scores` from one state checkpoint of ``prefix`` (int64 ``[B, n_p]``).
+               wr_window: int | None = None, cache=None) -> dict:
+    """Each arm's :func:`answer_scores` from one state checkpoint of ``prefix`` (int64 ``[B, n_p]``), each arm
+    applied by ``dasc eval``'s :func:`dasc_compile.eval.arms.arm_cache`.
 
     Args:
         masks: arm name -> kept unit ids per recurrent layer (None: dense, the state as cached).
         wr_window: with a value, also arm ``wr``: the ``nr`` mask's local units rebuilt from the last ``wr_window``
             prefix tokens (W_replay, Eq. 7).
+        cache: ``checkpoint(em, prefix)`` when the caller has it (else it is computed here).
     """
-    import copy
+    from dasc_compile.eval.arms import arm_cache, keep_grids
 
-    from dasc_compile.eval.arms import keep_grids, zero_local
+    cache = checkpoint(em, prefix) if cache is None else cache
 
-    cache = em.new_cache()
-    em.forward_rows(prefix, cache)
-    out = {}
-    for arm, kept in masks.items():
-        c = copy.deepcopy(cache)
-        if kept is not None:
-            zero_local(c, em.layer_ids, keep_grids(kept, em.num_heads, em.units_per_head))
-        out[arm] = answer_scores(em.forward_rows(suffix, c), answers)
+    def grids(kept):
+        return keep_grids(kept, em.num_heads, em.units_per_head)
+
+    out = {arm: answer_scores(em.forward_rows(suffix, arm_cache(em, cache, prefix, "dense" if kept is None else "nr",
+                                                                 None if kept is None else grids(kept))), answers)
+           for arm, kept in masks.items()}
     if wr_window is not None:
-        grids = keep_grids(masks["nr"], em.num_heads, em.units_per_head)
-        out["wr"] = answer_scores(em.forward_rows(suffix, _wr_cache(em, cache, prefix, grids, wr_window)), answers)
+        wr = arm_cache(em, cache, prefix, "wr", grids(masks["nr"]), wr_window)
+        out["wr"] = answer_scores(em.forward_rows(suffix, wr), answers)
     return out
 
 
@@ -131,14 +113,15 @@ def count_matched_masks(plan) -> list[list[list[int]]]:
     return [list(m) for m in product(*per_layer)]
 
 
-def exhaustive_record(em, prefix, suffix, answers, plan, nr_acc: float, dense_acc: float, max_masks: int) -> dict:
+def exhaustive_record(em, prefix, suffix, answers, plan, nr_acc: float, dense_acc: float, max_masks: int,
+                      cache=None) -> dict:
     """Accuracy of every count-matched mask (:func:`count_matched_masks`) of ``plan``, or ``{"skipped": n}`` when
     there are more than ``max_masks``: the share within 0.05 of dense, and the share at least as accurate as the
     plan's own mask (``nr_acc``; its rank among all count-matched masks, 1/n at best)."""
     masks = count_matched_masks(plan)
     if len(masks) > max_masks:
         return {"skipped": len(masks)}
-    scores = score_arms(em, prefix, suffix, answers, {f"m{i}": m for i, m in enumerate(masks)})
+    scores = score_arms(em, prefix, suffix, answers, {f"m{i}": m for i, m in enumerate(masks)}, cache=cache)
     acc = [scores[f"m{i}"]["acc"] for i in range(len(masks))]
     return {"n": len(acc), "acc": acc, "share_within_0.05_of_dense": sum(a >= dense_acc - 0.05 for a in acc) / len(acc),
             "share_at_least_nr": sum(a >= nr_acc - 1e-12 for a in acc) / len(acc)}
@@ -167,8 +150,9 @@ def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED, exh
     """
     from dasc_compile.compiler import compile_plan, layer_horizons, resolve_family_policy
     from dasc_compile.errors import DascInputError
-    from dasc_compile.eval.arms import RANDOM_SEEDS, random_kept_units, replay_window
+    from dasc_compile.eval.arms import RANDOM_SEEDS, plan_kept_units, random_kept_units, replay_window
     from dasc_compile.eval.controls import init_kept_units
+    from dasc_compile.eval.metrics import mean_sd
     from dasc_compile.eval.models import load_eval_model
     from dasc_compile.eval.run import checkpoint_decays
     from dasc_compile.policy import Policy
@@ -192,8 +176,9 @@ def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED, exh
     n_p = 1 + 2 * cfg["pairs"] + cfg["gap"]
     prefix, suffix, answers = ids[:, :n_p], ids[:, n_p:-1], ids[:, n_p + 1::2]
 
-    em = load_eval_model(final, tokenizer=_NoTokenizer())
-    em0 = load_eval_model(init, tokenizer=_NoTokenizer())
+    em = load_eval_model(final, tokenizer=NO_TOKENIZER)
+    em0 = load_eval_model(init, tokenizer=NO_TOKENIZER)
+    cache, cache0 = checkpoint(em, prefix), checkpoint(em0, prefix)          # one checkpoint a model, every w_max
     spec, tensors, _ = checkpoint_decays(final)
     _, init_tensors, _ = checkpoint_decays(init)
     doc = {"save": str(save), "probe": probe, "rows": rows, "row_seed": row_seed, "n_p": n_p, "w_max": {},
@@ -204,20 +189,18 @@ def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED, exh
             pol = resolve_family_policy(spec, plan.policy)
             trained_h, init_h = layer_horizons(spec, pol, tensors), layer_horizons(spec, pol, init_tensors)
             ik = init_kept_units(plan, init_h)
-            masks = {"dense": None, "nr": [list(lp.kept_units) for lp in plan.layers], "init": ik}
+            masks = {"dense": None, "nr": plan_kept_units(plan), "init": ik}
             masks |= {f"random:{s}": random_kept_units(plan, s) for s in RANDOM_SEEDS}
-            arms = score_arms(em, prefix, suffix, answers, masks, wr_window=replay_window(plan, n_p))
+            arms = score_arms(em, prefix, suffix, answers, masks, wr_window=replay_window(plan, n_p), cache=cache)
             per_seed = [arms.pop(f"random:{s}") for s in RANDOM_SEEDS]
-            rnd = {m: {"mean": sum(p[m] for p in per_seed) / len(per_seed),
-                       "sd": float(torch.tensor([p[m] for p in per_seed]).std()) if len(per_seed) > 1 else 0.0}
-                   for m in ("acc", "acc_first", "nll")}
+            rnd = {m: mean_sd([p[m] for p in per_seed]) for m in ("acc", "acc_first", "nll")}
             doc["w_max"][str(w)] = {"plan": _plan_record(plan, trained_h, init_h, ik), "arms": arms,
                                     "random": rnd | {"per_seed": per_seed}}
             doc["untrained"][str(w)] = score_arms(em0, prefix, suffix, answers,
-                                                  {"dense": None, "nr": masks["nr"]})
+                                                  {"dense": None, "nr": masks["nr"]}, cache=cache0)
             if w in exhaustive:
                 doc["w_max"][str(w)]["all_count_matched"] = exhaustive_record(
-                    em, prefix, suffix, answers, plan, arms["nr"]["acc"], arms["dense"]["acc"], max_masks)
+                    em, prefix, suffix, answers, plan, arms["nr"]["acc"], arms["dense"]["acc"], max_masks, cache)
     return doc
 
 

@@ -91,29 +91,33 @@ def copy_local_from(cache, scratch, layer_ids: list[int], grids: list[torch.Tens
         st.copy_(torch.where(_mask(st, grid), st, recurrent_state(scratch.layers[lid]).to(st.dtype)))
 
 
-def scratch_replay(em, prefix_cache, prefix_ids: list[int], window: int):
+def scratch_replay(em, prefix_cache, prefix_ids: list[int] | torch.Tensor, window: int):
     """Replay the last ``window`` prefix tokens from a zero recurrent state (dasc-wr's scratch, §4.2).
 
     The scratch is a copy of the prefix cache whose full-attention KV is cropped to the first
     ``n_p - window`` tokens (exact, as cached) and whose linear-attention layers are reset (zero
     recurrent and conv state, no previous state); the window's tokens are then run through the model.
+    ``prefix_ids``: one prompt's ids ``[n_p]``, or int64 ``[B, n_p]``, one row per row of the cache.
 
     Returns:
         the scratch cache after the replay (its ``recurrent_states`` hold the refreshed units).
     """
-    n_p = len(prefix_ids)
+    ids = torch.as_tensor(prefix_ids, dtype=torch.long)
+    ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+    n_p = ids.shape[1]
     scratch = copy.deepcopy(prefix_cache)
     crop_attention(scratch, em.attention_layer_ids, n_p - window)
     for lid in em.layer_ids:
         reset_recurrent(scratch.layers[lid])
-    em.forward(prefix_ids[n_p - window:], scratch)
+    em.forward_rows(ids[:, n_p - window:], scratch)
     return scratch
 
 
-def arm_cache(em, prefix_cache, prefix_ids: list[int], arm: str, grids: list[torch.Tensor] | None,
+def arm_cache(em, prefix_cache, prefix_ids: list[int] | torch.Tensor, arm: str, grids: list[torch.Tensor] | None,
               window: int = 0):
     """A copy of the prefix cache with ``arm`` applied (``dense`` | ``nr`` | ``wr``; Random is ``nr``
-    with a Random mask). ``window`` is W_replay for ``wr`` (0: no refresh, then wr equals nr)."""
+    with a Random mask). ``window`` is W_replay for ``wr`` (0: no refresh, then wr equals nr);
+    ``prefix_ids`` as :func:`scratch_replay` takes them."""
     cache = copy.deepcopy(prefix_cache)
     if arm == "dense":
         return cache
