@@ -209,7 +209,7 @@ def size_cmd(
     pair_plan: Optional[str] = typer.Option(None, "--pair-plan", help="The same plan compiled with the other --int8 setting (same w_max, load policy, TP size and balance)."),
     as_json: bool = typer.Option(False, "--json", help="Print the arms as one JSON list."),
     refresh_slots: Optional[int] = typer.Option(None, "--refresh-slots",
-                                                help="dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default the runtime's 8."),
+                                                help="dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default the runtime's 8, capped as the server caps it so B windows fit one prefill chunk."),
 ) -> None:
     """Native and compressed slots, capacity and SGLang flags of every arm at equal state memory (App. C.1)."""
     from dasc_compile.size_report import size_command

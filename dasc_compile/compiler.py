@@ -136,10 +136,10 @@ def _wr_budget_warning(plan: Plan) -> list[str]:
     if budget is None or per_slot <= 0 or not refresh_active(plan):
         return []
     _, _, scratch = pool_arm_bytes(plan, "dasc", b_dense=plan.tp.bytes_dense_per_slot, scratch_slots=0,
-                                   refresh_slots=None)          # the default B's native scratch slots, as dasc size
+                                   refresh_slots=DEFAULT_REFRESH_SLOTS)  # the most B the server charges by default
     left = usable_slots(max(budget - scratch, 0), per_slot)
     return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its {DEFAULT_REFRESH_SLOTS} "
-            f"refresh scratch slots ({scratch} bytes, --dasc-refresh-slots) to it, leaving {max(left, 0)} usable "
+            f"refresh scratch slots ({scratch} bytes; fewer where --dasc-refresh-slots or the prefill chunk caps them) to it, leaving {max(left, 0)} usable "
             f"compressed slots, not the {usable_slots(budget, per_slot)} recorded"
             + ("; it would refuse to start: raise the budget or lower --dasc-refresh-slots" if left < 1 else "")]
 

@@ -87,12 +87,10 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
         raise DascInputError("--max-running-requests R is required: every arm is sized to run R requests")
     plan = load_plan(plan_path)
     slots_per_running_request(strategy)      # an unknown strategy first, then what the runtime serves
-    if refresh_slots is not None and refresh_slots < 0:     # never a count: said before what the plan takes
+    if refresh_slots is not None:     # this command's flag is named, before what the plan or the server takes
         _check_count("--refresh-slots", refresh_slots)
     settled = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
                                   refresh_slots=refresh_slots)
-    if refresh_slots is not None:
-        _check_count("--refresh-slots", refresh_slots)
     if pair_plan is not None:
         _check_pair_plan(plan, plan_path, load_plan(pair_plan), pair_plan)
     arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,

@@ -32,7 +32,7 @@ from dasc_compile.schema import DascInputError
 
 __all__ = ["DEFAULT_REFRESH_SLOTS", "Refusal", "Rule", "RULES", "SMALLEST_AUTO_CHUNK", "STARTUP_ONLY", "SCOPES",
            "SettledOptions",
-           "refresh_active", "serving_refusals", "settle_size_options", "markdown"]
+           "refresh_active", "served_refresh_slots", "serving_refusals", "settle_size_options", "markdown"]
 
 #: Windows replayed by one dasc-wr scratch pass when ``--dasc-refresh-slots`` is not given.
 DEFAULT_REFRESH_SLOTS = 8
@@ -43,6 +43,22 @@ def refresh_active(plan) -> bool:
     """True when ``plan`` asks for dasc-wr and omits units (a keep-all plan has W_replay = 0: nothing to run)."""
     return plan is not None and plan.policy.load_policy == "wr" and bool(plan.refresh.any_local) \
         and plan.refresh.w_replay_cap > 0
+
+
+def served_refresh_slots(plan, refresh_slots: Optional[int], chunked_prefill_size: Optional[int]) -> int:
+    """B, the windows one dasc-wr scratch pass replays as the server runs it (``wr_scratch.check_refresh_startup``),
+    and so the native scratch slots ``dasc size`` charges (App. C.1): ``--dasc-refresh-slots`` (None:
+    :data:`DEFAULT_REFRESH_SLOTS`), capped at ``chunked_prefill_size // w_replay_cap`` windows (at least 1) so one
+    pass holds at most one prefill chunk (None or <= 0: no chunking, no cap); 0 for a plan that runs no refresh.
+
+    Meaningful once :func:`serving_refusals` found nothing (B >= 1, w_replay_cap <= the chunk).
+    """
+    if not refresh_active(plan):
+        return 0
+    b = DEFAULT_REFRESH_SLOTS if refresh_slots is None else int(refresh_slots)
+    if chunked_prefill_size is not None and chunked_prefill_size > 0:
+        b = min(b, max(int(chunked_prefill_size) // int(plan.refresh.w_replay_cap), 1))
+    return b
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,9 +324,12 @@ class SettledOptions:
         extra_flags: flags (with values) added to every arm beyond the strategy and overlap flags,
             because the dasc runtime needs them (``--chunked-prefill-size W``).
         notes: one line per added flag, saying why (printed as ``warning:`` lines).
+        refresh_slots: B the server runs with the printed flags (:func:`served_refresh_slots` under the
+            chunk size printed or assumed), 0 for a plan that runs no refresh; every arm's flags name it.
     """
 
     overlap_schedule: bool
+    refresh_slots: int = 0
     extra_flags: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -324,7 +343,8 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     The chunk size ``dasc size`` does not print is taken as :data:`SMALLEST_AUTO_CHUNK`, so a dasc-wr
     window longer than that gets ``--chunked-prefill-size W`` (the server refuses it on a GPU where
     SGLang picks a smaller chunk). The served context length is not known before launch
-    (``refresh_window_over_context`` is checked at start-up only).
+    (``refresh_window_over_context`` is checked at start-up only). A dasc-wr plan's B is capped under
+    that chunk as the server caps it (:func:`served_refresh_slots`), with a note when the cap bites.
 
     Args:
         plan: the loaded plan; strategy: ``--mamba-radix-cache-strategy``; overlap_schedule: whether
@@ -357,8 +377,17 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     if pol.conv_dtype != "bfloat16":
         notes.append(f"start every server with SGLANG_MAMBA_CONV_DTYPE={pol.conv_dtype} in its environment: the plan "
                      f"stores the conv state as {pol.conv_dtype}, SGLang's default is bfloat16 and it has no flag for it")
+    b = served_refresh_slots(plan, refresh_slots, opts["chunked_prefill_size"])
+    asked = DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots
+    if 0 < b < asked:
+        chunk = opts["chunked_prefill_size"]
+        where = ("--chunked-prefill-size" if chunk != SMALLEST_AUTO_CHUNK else "the smallest prefill chunk SGLang "
+                 "picks by itself,")
+        notes.append(f"dasc-wr is charged and flagged {b} scratch slots, not {asked}: one scratch pass holds at most "
+                     f"one prefill chunk, {b} windows of {plan.refresh.w_replay_cap} tokens in {where} {chunk} tokens "
+                     f"(the server caps --dasc-refresh-slots the same way)")
     tp = int(plan.tp.tp_size)
-    return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"],
+    return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"], refresh_slots=b,
                           extra_flags=(("--tp-size", str(tp)) if tp > 1 else ()) + tuple(extra), notes=tuple(notes))
 
 

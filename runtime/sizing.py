@@ -223,8 +223,9 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
             setting / the other one (``{plan}`` in the flags where None).
         scratch_slots: staging charged to dasc, in compressed slots (0 with generated kernels).
         refresh_slots: a dasc-wr plan's scratch slots B (``--dasc-refresh-slots``; default
-            ``wr_scratch.DEFAULT_REFRESH_SLOTS``), charged as B native slots (``B * b_dense``); such an
-            arm is labelled ``dasc-wr-w{W}`` and its flags name B.
+            ``serving_rules.DEFAULT_REFRESH_SLOTS``), capped as the server caps them under the printed or
+            assumed prefill chunk (``serving_rules.served_refresh_slots``), charged as B native slots
+            (``B * b_dense``); such an arm is labelled ``dasc-wr-w{W}`` and its flags name B.
     Returns:
         one :class:`ArmSizing` per arm, in the order asked.
     The options are checked as the server checks them
@@ -252,7 +253,8 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         _check_count("--budget", budget_bytes, MAX_BUDGET_BYTES)
     b_dense = int(plan.tp.bytes_dense_per_slot)
     m_native = k * r
-    pools = {name: pool_arm_bytes(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+    n_wr = settled.refresh_slots               # B as the server runs it under the printed flags (0: no refresh)
+    pools = {name: pool_arm_bytes(plan, name, b_dense=b_dense, scratch_slots=scratch_slots, refresh_slots=n_wr)
              for name in arms if name != "dense"}
     by_budget = budget_bytes is not None
     if by_budget and budget_bytes // b_dense - 1 < 1:
@@ -300,7 +302,6 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         i8 = name == "dasc-int8"
         path = plan_path if i8 == bool(plan.policy.int8) else pair_plan_path
         wr = refresh_active(plan)
-        n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
         label = f"dasc-{'wr' if wr else 'nr'}-w{plan.policy.w_max}{'-int8' if i8 else ''}"
         out.append(ArmSizing(arm=label, kind="dasc", capacity=m_native + c, w_max=plan.policy.w_max, int8=i8,
                              plan=path, **sized,
@@ -314,7 +315,8 @@ def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_sl
                         refresh_slots: Optional[int] = None) -> MatchedMemory:
     """:func:`matched_memory` of the plan's own dasc arm (any M'), its pool and scratch as :func:`size_arms` charges
     them (:func:`pool_arm_bytes`): the bottleneck rank's compressed slot, and for a dasc-wr plan B = ``refresh_slots``
-    (default :data:`DEFAULT_REFRESH_SLOTS`) native scratch slots, named in :meth:`MatchedMemory.flags`.
+    (default :data:`DEFAULT_REFRESH_SLOTS`; capped as ``dasc size`` caps it) native scratch slots, named in
+    :meth:`MatchedMemory.flags`.
 
     ``scratch_slots``: staging charged to dasc in compressed-slot units (the PyTorch store/load path
     stages up to one batch of hits; the generated kernels stage nothing).
@@ -322,11 +324,12 @@ def plan_matched_memory(plan, *, dense_slots: int, native_slots: int, scratch_sl
     from dataclasses import replace
 
     b_dense = int(plan.tp.bytes_dense_per_slot)
+    n_wr = settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True,
+                               refresh_slots=refresh_slots).refresh_slots
     _, b_comp, scratch = pool_arm_bytes(plan, "dasc-int8" if plan.policy.int8 else "dasc", b_dense=b_dense,
-                                   scratch_slots=scratch_slots, refresh_slots=refresh_slots)
+                                   scratch_slots=scratch_slots, refresh_slots=n_wr)
     mm = matched_memory(dense_slots=dense_slots, native_slots=native_slots, bytes_dense_slot=b_dense,
                         bytes_compressed_slot=b_comp, scratch_bytes=scratch)
-    n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if refresh_active(plan) else 0
     return replace(mm, refresh_slots=n_wr)
 
 
@@ -342,14 +345,14 @@ def main(argv=None) -> int:
     ap.add_argument("--scratch-slots", type=int, default=0, help="staging charged to dasc, in compressed slots")
     ap.add_argument("--refresh-slots", type=int, default=None,
                     help=f"dasc-wr: scratch slots B (--dasc-refresh-slots), each charged as a dense slot; default "
-                         f"the runtime's {DEFAULT_REFRESH_SLOTS}")
+                         f"the runtime's {DEFAULT_REFRESH_SLOTS}, fewer where a prefill chunk caps them")
     a = ap.parse_args(argv)
     try:
         plan = load_plan(a.plan)
+        if a.refresh_slots is not None:     # this tool's flag is named, before what the plan or the server takes
+            _check_count("--refresh-slots", a.refresh_slots)
         settled = settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True,
                                       refresh_slots=a.refresh_slots)
-        if a.refresh_slots is not None:
-            _check_count("--refresh-slots", a.refresh_slots)
         mm = plan_matched_memory(plan, dense_slots=a.dense_slots, native_slots=a.native_slots,
                                  scratch_slots=a.scratch_slots, refresh_slots=a.refresh_slots)
     except DascInputError as exc:

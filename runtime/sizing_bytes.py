@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from dasc_compile.schema import DascInputError, UnitSpec
-from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
+from dasc_runtime.serving_rules import refresh_active
 
 __all__ = ["int8_bytes_per_slot", "compressed_bytes_per_slot", "pool_arm_bytes"]
 
@@ -53,10 +53,13 @@ def compressed_bytes_per_slot(plan, *, int8: Optional[bool] = None) -> int:
 
 
 def pool_arm_bytes(plan, name: str, *, b_dense: int, scratch_slots: int,
-                   refresh_slots: Optional[int]) -> tuple[str, int, int]:
+                   refresh_slots: int) -> tuple[str, int, int]:
     """``(what, bytes per pool slot, scratch bytes)`` of a pool arm: SGLang's INT8 pool, or the plan's compressed
-    pool in the plan's temporal dtype (``dasc``) or INT8 (``dasc-int8``), charged dasc-wr's B native scratch slots.
+    pool in the plan's temporal dtype (``dasc``) or INT8 (``dasc-int8``), charged dasc-wr's native scratch slots.
 
+    Args:
+        refresh_slots: B as the server runs it (:func:`dasc_runtime.serving_rules.served_refresh_slots`), each
+            charged ``b_dense`` bytes on a dasc-wr plan; ignored for a plan that runs no refresh.
     Raises:
         DascInputError: an unknown arm name.
     """
@@ -67,5 +70,5 @@ def pool_arm_bytes(plan, name: str, *, b_dense: int, scratch_slots: int,
     i8 = name == "dasc-int8"
     b_c = compressed_bytes_per_slot(plan, int8=i8)
     wr = refresh_active(plan)                     # dasc-wr: B hidden native scratch slots (wr_scratch.py)
-    n_wr = (DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots) if wr else 0
+    n_wr = int(refresh_slots) if wr else 0
     return f"dasc-{'wr' if wr else 'nr'}{'+INT8' if i8 else ''}", b_c, scratch_slots * b_c + n_wr * b_dense

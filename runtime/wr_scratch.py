@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 # the default B and what counts as a dasc-wr plan belong to the serving rules (dasc size charges the same)
-from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
+from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, served_refresh_slots
 
 __all__ = ["DEFAULT_REFRESH_SLOTS", "RefreshCounters", "ScratchBudget", "refresh_active", "check_refresh_startup",
            "around_req_pool_init", "build_pool_with_scratch", "budget_after_scratch", "scratch_state_bytes",
@@ -131,14 +131,11 @@ def check_refresh_startup(plan, *, refresh_slots: Optional[int], context_len: in
         raise DascRefusal(bad[0].text)
     if not refresh_active(plan):
         return 0
-    w = int(plan.refresh.w_replay_cap)
-    b = DEFAULT_REFRESH_SLOTS if refresh_slots is None else int(refresh_slots)
-    if chunked_prefill_size is not None and chunked_prefill_size > 0:
-        fit = chunked_prefill_size // w
-        if b > fit:
-            logger.info("dasc: --dasc-refresh-slots %d capped to %d (%d-token windows in a %d-token prefill chunk)",
-                        b, fit, w, chunked_prefill_size)
-            b = fit
+    asked = DEFAULT_REFRESH_SLOTS if refresh_slots is None else int(refresh_slots)
+    b = served_refresh_slots(plan, refresh_slots, chunked_prefill_size)
+    if b < asked:
+        logger.info("dasc: --dasc-refresh-slots %d capped to %d (%d-token windows in a %d-token prefill chunk)",
+                    asked, b, int(plan.refresh.w_replay_cap), chunked_prefill_size)
     return b
 
 

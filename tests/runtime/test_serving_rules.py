@@ -74,7 +74,11 @@ EXAMPLES = {
                                     "--disable-overlap-schedule")),
     "balance_hybrid": dict(plan="hybrid2", size=("refuse", [])),
     "refresh_slots_without_wr": dict(plan="nr", refresh_slots=2, size=("refuse", ["--refresh-slots", "2"])),
-    "refresh_slots_zero": dict(plan="wr", refresh_slots=0, size=("refuse", ["--refresh-slots", "0"])),
+    # dasc size names its own flag (the server's text names --dasc-refresh-slots, a flag the user did not type)
+    "refresh_slots_zero": dict(plan="wr", refresh_slots=0,
+                               size=("own-flag", ["--refresh-slots", "0"],
+                                     "error: --refresh-slots: expected an integer >= 1 and <= 2147483648 (2**31), "
+                                     "got 0")),
     "refresh_window_over_context": dict(plan="wr", context_len=8,
                                         size=("startup", "the served context length is the model's (or "
                                               "--context-length); dasc size prints neither")),
@@ -131,6 +135,9 @@ def test_the_server_refuses_each_rule_and_dasc_size_agrees(plans, rule):
         arms = json.loads(r.stdout)
         assert all(what[2] in " ".join(a["flags"]) for a in arms)
         assert f"warning: added {what[2]} to every arm: the dasc runtime refuses" in r.stderr
+    elif what[0] == "own-flag":
+        r = _size(plan_dir, *what[1])
+        assert r.exit_code == 2 and r.output.strip() == what[2], r.output
     elif what[0] in ("never", "never-dasc"):   # test_size_flags_start_the_server checks the printed flags
         assert what[1].startswith("--")
     else:

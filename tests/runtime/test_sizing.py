@@ -47,7 +47,8 @@ def kimi(tmp_path_factory):
                       ("w16-tp2", Policy(w_max=16, tp_size=2, balance="storage")),
                       ("w16-int8-tp2", Policy(w_max=16, tp_size=2, balance="storage", int8=True)),
                       ("w16-wr", Policy(w_max=16, load_policy="wr")),
-                      ("w16-wr-int8", Policy(w_max=16, load_policy="wr", int8=True))):
+                      ("w16-wr-int8", Policy(w_max=16, load_policy="wr", int8=True)),
+                      ("w512-wr", Policy(w_max=512, load_policy="wr"))):
         _, path = compile_plan(KIMI, pol, d / name, with_kernels=False)
         out[name] = path
     return out
@@ -329,10 +330,43 @@ def test_dasc_size_charges_the_refresh_slots_it_is_given(kimi):
     assert two["used_bytes"] <= two["budget_bytes"] == 57 * B_DENSE
     # B scratch slots hold no cached state: under load the arm keeps its pool alone
     assert (two["capacity"], two["capacity_under_load"]) == (75, 35)
-    for bad, match in (("0", "at least one scratch slot"), ("99999999999", "<= 2147483648")):
+    for bad, match in (("0", "--refresh-slots: expected an integer >= 1"), ("99999999999", "<= 2147483648")):
         r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
                                 "--refresh-slots", bad])
         assert r.exit_code == 2 and match in r.output, r.output
+
+
+@pytest.mark.parametrize("extra,b,note", [
+    ([], 4, True),                          # the default 8 windows of 512 tokens do not fit a 2,048-token chunk
+    (["--refresh-slots", "16"], 4, True),
+    (["--refresh-slots", "3"], 3, False),   # under the cap: as given, no note
+])
+def test_dasc_size_charges_refresh_slots_as_the_server_caps_them(kimi, extra, b, note):
+    """A w_max 512 dasc-wr plan replays 512-token windows; SGLang's smallest automatic prefill chunk (2,048 tokens,
+    which ``dasc size`` assumes when it prints no chunk) holds 4, and the server caps B there
+    (``wr_scratch.check_refresh_startup``). ``dasc size`` charges and flags that B, so a server started with its flags
+    builds the pool it printed on any GPU (it charged 8 and flagged 8 while the server ran 4: a larger pool than
+    Dense's memory)."""
+    from dasc_runtime.wr_scratch import check_refresh_startup
+
+    plan = load_plan(kimi["w512-wr"])
+    assert plan.refresh.w_replay_cap == 512
+    r = runner.invoke(app, ["size", str(kimi["w512-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
+                            "--json", *extra])
+    assert r.exit_code == 0, r.output
+    arm = next(a for a in json.loads(r.stdout) if a["arm"] == "dasc-wr-w512")
+    assert arm["flags"][-2:] == ["--dasc-refresh-slots", str(b)]
+    assert arm["ckpt_slots"] == ((56 - 40) * B_DENSE - b * B_DENSE) // arm["bytes_ckpt_slot"] - 1
+    assert ("is charged and flagged 4 scratch slots" in r.stderr) == note, r.stderr
+    given = None if not extra else int(extra[1])
+    # the server, with the flags dasc size printed, on the smallest and on a larger automatic chunk: the same B
+    for chunk in (2048, 8192):
+        assert check_refresh_startup(plan, refresh_slots=b, context_len=65536, chunked_prefill_size=chunk) == b
+    # and with no flag at all it would have run the cap on a 2,048-token chunk, 8 on an 8,192-token one
+    assert check_refresh_startup(plan, refresh_slots=given, context_len=65536, chunked_prefill_size=2048) == b
+    # python -m dasc_runtime.sizing charges the same B
+    mm = sizing.plan_matched_memory(plan, dense_slots=56, native_slots=40, refresh_slots=given)
+    assert (mm.refresh_slots, mm.compressed_slots) == (b, arm["ckpt_slots"])
 
 
 @pytest.mark.parametrize("main,pair,differs", [
