@@ -126,21 +126,25 @@ def plan_warnings(plan: Plan) -> list[str]:
 
 def _wr_budget_warning(plan: Plan) -> list[str]:
     """A dasc-wr plan with ``pool_budget_bytes``: the runtime charges its refresh scratch slots, B native slots of
-    ``b_dense`` bytes (``--dasc-refresh-slots``, default 8, fewer where the prefill chunk caps them), to that budget
-    before it sizes the pool (``dasc_runtime.wr_scratch.budget_after_scratch``), so the usable slots the plan records
-    (budget alone) overstate what a server builds, and a budget under B b_dense is refused at start-up."""
-    from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
+    ``b_dense`` bytes, to that budget before it sizes the pool (``dasc_runtime.wr_scratch.budget_after_scratch``), so
+    the usable slots the plan records (budget alone) overstate what a server builds, and a budget under B b_dense is
+    refused at start-up. B is the one ``dasc size`` flags (``--dasc-refresh-slots``: the default 8, capped so B
+    windows fit the prefill chunk it prints or assumes; ``serving_rules.served_refresh_slots``)."""
+    from dasc_compile.console import counted
+    from dasc_runtime.serving_rules import SMALLEST_AUTO_CHUNK, refresh_active, served_refresh_slots
     from dasc_runtime.sizing_bytes import pool_arm_bytes
 
     budget, per_slot = plan.policy.pool_budget_bytes, plan.tp.bottleneck_bytes_per_slot
     if budget is None or per_slot <= 0 or not refresh_active(plan):
         return []
+    # the chunk dasc size prints or assumes: SGLang's smallest automatic one, or the window where that is too short
+    b = served_refresh_slots(plan, None, max(SMALLEST_AUTO_CHUNK, int(plan.refresh.w_replay_cap)))
     _, _, scratch = pool_arm_bytes(plan, "dasc", b_dense=plan.tp.bytes_dense_per_slot, scratch_slots=0,
-                                   refresh_slots=DEFAULT_REFRESH_SLOTS)  # the most B the server charges by default
+                                   refresh_slots=b)
     left = usable_slots(max(budget - scratch, 0), per_slot)
-    return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its {DEFAULT_REFRESH_SLOTS} "
-            f"refresh scratch slots ({scratch} bytes; fewer where --dasc-refresh-slots or the prefill chunk caps them) to it, leaving {max(left, 0)} usable "
-            f"compressed slots, not the {usable_slots(budget, per_slot)} recorded"
+    return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its refresh scratch slots to it, "
+            f"{counted(b, 'slot')} ({scratch} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
+            f"{max(left, 0)} usable compressed slots, not the {usable_slots(budget, per_slot)} recorded"
             + ("; it would refuse to start: raise the budget or lower --dasc-refresh-slots" if left < 1 else "")]
 
 

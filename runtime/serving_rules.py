@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
+from dasc_compile.console import counted
 from dasc_compile.schema import DascInputError
 
 __all__ = ["DEFAULT_REFRESH_SLOTS", "Refusal", "Rule", "RULES", "SMALLEST_AUTO_CHUNK", "STARTUP_ONLY", "SCOPES",
@@ -383,8 +384,9 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
         chunk = opts["chunked_prefill_size"]
         where = ("--chunked-prefill-size" if chunk != SMALLEST_AUTO_CHUNK else "the smallest prefill chunk SGLang "
                  "picks by itself,")
-        notes.append(f"dasc-wr is charged and flagged {b} scratch slots, not {asked}: one scratch pass holds at most "
-                     f"one prefill chunk, {b} windows of {plan.refresh.w_replay_cap} tokens in {where} {chunk} tokens "
+        notes.append(f"dasc-wr (w_max {plan.policy.w_max}) is charged and flagged {counted(b, 'scratch slot')}, not "
+                     f"{asked}: one scratch pass holds at most one prefill chunk, "
+                     f"{counted(b, 'window')} of {plan.refresh.w_replay_cap} tokens in {where} {chunk} tokens "
                      f"(the server caps --dasc-refresh-slots the same way)")
     tp = int(plan.tp.tp_size)
     return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"], refresh_slots=b,

@@ -348,6 +348,10 @@ def main(argv=None) -> int:
                          f"the runtime's {DEFAULT_REFRESH_SLOTS}, fewer where a prefill chunk caps them")
     a = ap.parse_args(argv)
     try:
+        _check_count("--dense-slots", a.dense_slots)        # each flag named for its own value, before any sum
+        _check_count("--native-slots", a.native_slots)
+        if not 0 <= a.scratch_slots <= MAX_SLOTS:
+            raise DascInputError(f"--scratch-slots: expected an integer >= 0 and <= {MAX_SLOTS}, got {a.scratch_slots}")
         plan = load_plan(a.plan)
         if a.refresh_slots is not None:     # this tool's flag is named, before what the plan or the server takes
             _check_count("--refresh-slots", a.refresh_slots)

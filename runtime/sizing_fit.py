@@ -56,10 +56,15 @@ def check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, 
     if not short:
         return
     what, b, scratch = short[0]
-    left = (m - m_native) * b_dense - scratch
-    beside = f" and {scratch} bytes of scratch" if scratch else ""
+    room = (m - m_native) * b_dense
+    if room >= scratch:
+        left = f"leave {room - scratch} bytes beside the M'={m_native} native slots" + (
+            f" and {scratch} bytes of scratch" if scratch else "")
+    else:                                                       # never a negative byte count
+        left = (f"leave {room} bytes beside the M'={m_native} native slots, {scratch - room} short of the {scratch} "
+                f"bytes of scratch alone")
     hint = smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
     if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
         hint += f", or lower --max-running-requests{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}"
-    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots leave {left} bytes beside the "
-                         f"M'={m_native} native slots{beside}, one {what} slot needs {b} bytes (+1 reserved); {hint}")
+    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots {left}, one {what} slot needs {b} "
+                         f"bytes (+1 reserved); {hint}")

@@ -16,6 +16,7 @@ INT8 C = floor(1,042,022,400 / 12,288,000) - 1 = 83.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -541,3 +542,51 @@ def test_the_tp_refusal_names_flags_that_exist(kimi):
     with pytest.raises(DascInputError) as exc:
         build_rank_layout(load_plan(kimi["w16-tp2"]), tp_size=4, tp_rank=0)
     assert "launch with --tp-size 2, or compile a plan for this server with dasc compile --tp 4" in str(exc.value)
+
+
+@pytest.mark.parametrize("w_max,budget,b,refuses", [
+    (16, 400 * 2**20, 8, False),     # 16-token windows: the default 8 fit a 2,048-token chunk
+    (512, 300 * 2**20, 4, False),    # 2,048 // 512: it said 8 (347,340,800 bytes) and "would refuse to start"
+    (16, 300 * 2**20, 8, True),      # 8 x 43,417,600 B = 347,340,800 B > 300 MiB
+])
+def test_compile_pool_budget_warning_charges_the_slots_dasc_size_flags(tmp_path, w_max, budget, b, refuses):
+    """``dasc compile --load-policy wr --pool-budget``: the warning charges the B scratch slots ``dasc size`` flags
+    for the plan (capped by the prefill chunk), so its usable slots and its refusal agree with what a server started
+    from ``dasc size``'s flags builds."""
+    from dasc_compile.compiler import plan_warnings
+    from dasc_compile.schema import usable_slots
+
+    plan, _ = compile_plan(KIMI, Policy(w_max=w_max, load_policy="wr", pool_budget_bytes=budget), tmp_path / "p",
+                           with_kernels=False)
+    (line,) = [w for w in plan_warnings(plan) if w.startswith("pool_budget_bytes")]
+    left = usable_slots(max(budget - b * B_DENSE, 0), plan.tp.bottleneck_bytes_per_slot)
+    assert (f"{b} slots ({b * B_DENSE} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
+            f"{max(left, 0)} usable compressed slots") in line
+    assert ("would refuse to start" in line) == refuses == (left < 1)
+    r = runner.invoke(app, ["size", str(tmp_path / "p"), "--dense-slots", "56", "--max-running-requests", "8",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert next(a for a in json.loads(r.stdout) if a["kind"] == "dasc")["flags"][-1] == str(b)
+
+
+def test_sizing_module_main_names_each_bad_count(kimi, capsys):
+    """``python -m dasc_runtime.sizing``: a negative --scratch-slots inflated the pool (scratch -1,359,257,600 B);
+    --dense-slots 0 was blamed on --native-slots."""
+    for args, flag in ((["--dense-slots", "100", "--native-slots", "40", "--scratch-slots", "-1000"], "--scratch-slots"),
+                       (["--dense-slots", "0", "--native-slots", "40"], "--dense-slots"),
+                       (["--dense-slots", "56", "--native-slots", "0"], "--native-slots")):
+        assert sizing.main(["--plan", str(kimi["w16"]), *args]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and cap.err.startswith(f"error: {flag}: expected an integer >= ") and \
+            cap.err.count("\n") == 1, cap.err
+
+
+def test_no_slot_fits_never_names_negative_bytes(kimi):
+    """B = 20 scratch slots against the 16 dense slots beside M' = 40: the error said "leave -173670400 bytes"."""
+    r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
+                            "--refresh-slots", "20"])
+    assert r.exit_code == 2 and len(r.output.splitlines()) == 1, r.output
+    assert (f"no dasc-wr checkpoint slot fits: Dense's M=56 slots leave {16 * B_DENSE} bytes beside the M'=40 native "
+            f"slots, {4 * B_DENSE} short of the {20 * B_DENSE} bytes of scratch alone, one dasc-wr slot needs") \
+        in r.output, r.output
+    assert not re.search(r"-[0-9]", r.output)
