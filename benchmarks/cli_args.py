@@ -12,13 +12,7 @@ import argparse
 import math
 import sys
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose :meth:`error` prints ``error: <message>`` alone and exits 2."""
-
-    def error(self, message: str):          # noqa: D102 (argparse's hook)
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+from dasc_compile.one_line_parser import OneLineParser  # noqa: F401 (the scripts' parser lives with the package's tools)
 
 
 def int_at_least(least: int):

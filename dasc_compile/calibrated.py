@@ -37,7 +37,6 @@ its label is "real A_log plus synthetic dt_bias".
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -45,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dasc_compile.one_line_parser import OneLineParser
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.calibrated_stats import fit_sorted, synthesize_qwen3_5
 from dasc_compile.calibrated_targets import (
@@ -340,7 +340,7 @@ def write_bundled_calibrated(root: str | Path, seed: int = 0) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dasc_compile.calibrated --model NAME|bundled --out DIR [--seed S]``."""
-    ap = argparse.ArgumentParser(prog="python -m dasc_compile.calibrated", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python -m dasc_compile.calibrated", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(CALIBRATED_NAMES)}, or 'bundled'")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seed", type=int, default=0)

@@ -38,7 +38,6 @@ generator; the bundled files are checked against a fresh draw by tests/compile/t
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from dasc_compile.one_line_parser import OneLineParser
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTES, PROVENANCE_KEY
 from dasc_compile.errors import DascInputError
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--model all`` writes every reference model to ``DIR/<name>/``.
     """
-    ap = argparse.ArgumentParser(prog="python -m dasc_compile.refckpt", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python -m dasc_compile.refckpt", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_NAMES)}, or 'all'")
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--full-size", action="store_true", help="every real tensor, sparse on disk, sharded with an index")

@@ -39,11 +39,11 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from dasc_compile.one_line_parser import OneLineParser
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
 from dasc_runtime.sizing_bytes import pool_arm_bytes, compressed_bytes_per_slot, int8_bytes_per_slot
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
     for a chosen M' (``dasc size`` sizes M' from --max-running-requests; both charge a dasc-wr plan's
     refresh scratch slots through :func:`plan_matched_memory`). Returns 0, or 2 with one ``error:`` line
     on stderr."""
-    ap = argparse.ArgumentParser(prog="python -m dasc_runtime.sizing", description=main.__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python -m dasc_runtime.sizing", description=main.__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, help="plan directory or plan.json")
     ap.add_argument("--dense-slots", type=int, required=True, help="M: the Dense arm's --max-mamba-cache-size")
     ap.add_argument("--native-slots", type=int, required=True, help="M': native slots kept for the dasc arm")

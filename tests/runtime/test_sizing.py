@@ -590,3 +590,17 @@ def test_no_slot_fits_never_names_negative_bytes(kimi):
             f"slots, {4 * B_DENSE} short of the {20 * B_DENSE} bytes of scratch alone, one dasc-wr slot needs") \
         in r.output, r.output
     assert not re.search(r"-[0-9]", r.output)
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--dense-slots", "abc", "--native-slots", "40"], "--dense-slots"),
+    (["--dense-slots", "56", "--native-slots", "40", "--refresh-slots", "1.5"], "--refresh-slots"),
+    (["--dense-slots", "56"], "--native-slots"),
+])
+def test_sizing_module_main_bad_value_is_one_line(kimi, capsys, args, flag):
+    """argparse printed its usage block above the error; the package's tools print the one ``error:`` line."""
+    with pytest.raises(SystemExit) as info:
+        sizing.main(["--plan", str(kimi["w16"]), *args])
+    cap = capsys.readouterr()
+    assert info.value.code == 2 and cap.out == "" and cap.err.startswith("error: ") and flag in cap.err
+    assert cap.err.count("\n") == 1, cap.err

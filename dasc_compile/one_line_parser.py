@@ -1,0 +1,22 @@
+"""``argparse`` for the package's ``python -m`` tools: a bad flag or value is one ``error:`` line and exit status 2.
+
+argparse prints its usage block above the error; the project's rule for bad input is one line naming the flag
+and what was expected (``dasc`` itself does the same through typer). The tools of the package
+(``python -m dasc_runtime.sizing``, ``dasc_compile.calibrated``, ``dasc_compile.refckpt``) and the benchmark
+scripts (``benchmarks/cli_args.py``) parse with :class:`OneLineParser`; ``--help`` is unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["OneLineParser"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose :meth:`error` prints ``error: <message>`` alone and exits 2."""
+
+    def error(self, message: str):          # noqa: D102 (argparse's hook)
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
