@@ -12,7 +12,7 @@ import argparse
 import math
 import sys
 
-from dasc_compile.one_line_parser import OneLineParser  # noqa: F401 (the scripts' parser lives with the package's tools)
+from dasc_runtime.one_line_parser import OneLineParser  # noqa: F401 (the scripts' parser lives with the package's tools)
 
 
 def int_at_least(least: int):

@@ -44,7 +44,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dasc_compile.one_line_parser import OneLineParser
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.calibrated_stats import fit_sorted, synthesize_qwen3_5
 from dasc_compile.calibrated_targets import (
@@ -64,6 +63,7 @@ from dasc_compile.policy import Policy
 from dasc_compile.provenance import CALIBRATED_PREFIX
 from dasc_compile.refckpt import write_json, write_sparse_shard
 from dasc_compile.refckpt_formats import REFERENCE_CONFIGS
+from dasc_runtime.one_line_parser import OneLineParser
 
 __all__ = ["CALIBRATED_NAMES", "calibrated_config", "kept_for_capacity", "provenance_note", "survival_anchors",
            "synthesize", "write_bundled_calibrated", "write_calibrated"]

@@ -46,12 +46,12 @@ from pathlib import Path
 
 import torch
 
-from dasc_compile.one_line_parser import OneLineParser
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTES, PROVENANCE_KEY
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
+from dasc_runtime.one_line_parser import OneLineParser
 
 __all__ = [
     "GDN_SCHEME", "KDA_SAFE_SCHEME", "KDA_SCHEME", "MODEL_NAMES", "Param", "REFERENCE_CONFIGS", "draw_decay", "main",

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
-from dasc_compile.console import counted
 from dasc_compile.schema import DascInputError
 
 __all__ = ["DEFAULT_REFRESH_SLOTS", "Refusal", "Rule", "RULES", "SMALLEST_AUTO_CHUNK", "STARTUP_ONLY", "SCOPES",
@@ -384,10 +383,11 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
         chunk = opts["chunked_prefill_size"]
         where = ("--chunked-prefill-size" if chunk != SMALLEST_AUTO_CHUNK else "the smallest prefill chunk SGLang "
                  "picks by itself,")
-        notes.append(f"dasc-wr (w_max {plan.policy.w_max}) is charged and flagged {counted(b, 'scratch slot')}, not "
-                     f"{asked}: one scratch pass holds at most one prefill chunk, "
-                     f"{counted(b, 'window')} of {plan.refresh.w_replay_cap} tokens in {where} {chunk} tokens "
-                     f"(the server caps --dasc-refresh-slots the same way)")
+        s = "" if b == 1 else "s"
+        notes.append(f"dasc-wr (w_max {plan.policy.w_max}) is charged and flagged {b} scratch slot{s}, not {asked}: "
+                     f"one scratch pass holds at most one prefill chunk, {b} window{s} of "
+                     f"{plan.refresh.w_replay_cap} tokens in {where} {chunk} tokens (the server caps "
+                     f"--dasc-refresh-slots the same way)")
     tp = int(plan.tp.tp_size)
     return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"], refresh_slots=b,
                           extra_flags=(("--tp-size", str(tp)) if tp > 1 else ()) + tuple(extra), notes=tuple(notes))

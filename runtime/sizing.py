@@ -43,7 +43,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from dasc_compile.one_line_parser import OneLineParser
+from dasc_runtime.one_line_parser import OneLineParser
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
 from dasc_runtime.sizing_bytes import pool_arm_bytes, compressed_bytes_per_slot, int8_bytes_per_slot

@@ -1,9 +1,11 @@
-"""``argparse`` for the package's ``python -m`` tools: a bad flag or value is one ``error:`` line and exit status 2.
+"""``argparse`` for dasc's ``python -m`` tools: a bad flag or value is one ``error:`` line and exit status 2.
 
 argparse prints its usage block above the error; the project's rule for bad input is one line naming the flag
-and what was expected (``dasc`` itself does the same through typer). The tools of the package
+and what was expected (``dasc`` itself does the same through typer). The package's tools
 (``python -m dasc_runtime.sizing``, ``dasc_compile.calibrated``, ``dasc_compile.refckpt``) and the benchmark
-scripts (``benchmarks/cli_args.py``) parse with :class:`OneLineParser`; ``--help`` is unchanged.
+scripts (``benchmarks/cli_args.py``) parse with :class:`OneLineParser`; ``--help`` is unchanged. It lives in the
+runtime, which may import no compiler module but the schema (tests/architecture/test_runtime_imports.py), so
+that both sides can use it; it imports nothing of dasc.
 """
 
 from __future__ import annotations
