@@ -12,7 +12,15 @@ import argparse
 import math
 import sys
 
-from dasc_runtime.one_line_parser import OneLineParser  # noqa: F401 (the scripts' parser lives with the package's tools)
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose :meth:`error` prints ``error: <message>`` alone and exits 2 (as
+    ``dasc_runtime.one_line_parser``'s, which these scripts cannot import: on a device machine they run from a bare
+    checkout, where the runtime folder is not the ``dasc_runtime`` package)."""
+
+    def error(self, message: str):          # noqa: D102 (argparse's hook)
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def int_at_least(least: int):

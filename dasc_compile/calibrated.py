@@ -63,7 +63,6 @@ from dasc_compile.policy import Policy
 from dasc_compile.provenance import CALIBRATED_PREFIX
 from dasc_compile.refckpt import write_json, write_sparse_shard
 from dasc_compile.refckpt_formats import REFERENCE_CONFIGS
-from dasc_runtime.one_line_parser import OneLineParser
 
 __all__ = ["CALIBRATED_NAMES", "calibrated_config", "kept_for_capacity", "provenance_note", "survival_anchors",
            "synthesize", "write_bundled_calibrated", "write_calibrated"]
@@ -340,6 +339,9 @@ def write_bundled_calibrated(root: str | Path, seed: int = 0) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dasc_compile.calibrated --model NAME|bundled --out DIR [--seed S]``."""
+    from dasc_runtime.one_line_parser import OneLineParser   # here: benchmark scripts import this module from a
+                                                             # bare checkout, where dasc_runtime is not a package
+
     ap = OneLineParser(prog="python -m dasc_compile.calibrated", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(CALIBRATED_NAMES)}, or 'bundled'")
     ap.add_argument("--out", required=True, type=Path)

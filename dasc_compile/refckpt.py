@@ -51,7 +51,6 @@ from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTE
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
-from dasc_runtime.one_line_parser import OneLineParser
 
 __all__ = [
     "GDN_SCHEME", "KDA_SAFE_SCHEME", "KDA_SCHEME", "MODEL_NAMES", "Param", "REFERENCE_CONFIGS", "draw_decay", "main",
@@ -285,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--model all`` writes every reference model to ``DIR/<name>/``.
     """
+    from dasc_runtime.one_line_parser import OneLineParser   # here: benchmark scripts import this module from a
+                                                             # bare checkout, where dasc_runtime is not a package
+
     ap = OneLineParser(prog="python -m dasc_compile.refckpt", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_NAMES)}, or 'all'")
     ap.add_argument("--out", required=True, type=Path, help="output directory")

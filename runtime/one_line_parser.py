@@ -2,10 +2,11 @@
 
 argparse prints its usage block above the error; the project's rule for bad input is one line naming the flag
 and what was expected (``dasc`` itself does the same through typer). The package's tools
-(``python -m dasc_runtime.sizing``, ``dasc_compile.calibrated``, ``dasc_compile.refckpt``) and the benchmark
-scripts (``benchmarks/cli_args.py``) parse with :class:`OneLineParser`; ``--help`` is unchanged. It lives in the
-runtime, which may import no compiler module but the schema (tests/architecture/test_runtime_imports.py), so
-that both sides can use it; it imports nothing of dasc.
+(``python -m dasc_runtime.sizing``, ``dasc_compile.calibrated``, ``dasc_compile.refckpt``) parse with
+:class:`OneLineParser`; ``--help`` is unchanged. It lives in the runtime, which may import no compiler module but
+the schema (tests/architecture/test_runtime_imports.py), so that both sides can use it. The benchmark scripts keep
+the same class in ``benchmarks/cli_args.py``: they run on device machines from a bare checkout, where the runtime
+folder is not importable as ``dasc_runtime``.
 """
 
 from __future__ import annotations

@@ -46,3 +46,21 @@ def test_scripts_refuse_in_one_line(argv, expected):
     r = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
     lines = r.stderr.strip().splitlines()    # (how argparse quotes the choices differs between Pythons)
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), (r.returncode, r.stderr)
+
+
+def test_device_scripts_import_from_a_bare_checkout():
+    """Device calls run the trainer and the chat client from a bare checkout (no dasc installed), where the runtime
+    folder is not the ``dasc_runtime`` package: those scripts, and the compiler modules they use
+    (``dasc_compile.refckpt`` draws a fresh start's decays), must import without it. An import of
+    ``dasc_runtime.one_line_parser`` at the top of ``benchmarks/cli_args.py`` broke every chat run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.modules['dasc_runtime'] = None\n"       # any import of it fails, as on the device
+            "import benchmarks.cli_args, benchmarks.run_chat, benchmarks.train.train, benchmarks.train.models\n"
+            "import dasc_compile.refckpt, dasc_compile.calibrated\n"
+            "print('ok')\n")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
