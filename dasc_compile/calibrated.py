@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -339,19 +340,22 @@ def write_bundled_calibrated(root: str | Path, seed: int = 0) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dasc_compile.calibrated --model NAME|bundled --out DIR [--seed S]``."""
-    from dasc_runtime.one_line_parser import OneLineParser   # here: benchmark scripts import this module from a
-                                                             # bare checkout, where dasc_runtime is not a package
+    from dasc_runtime.one_line_parser import OneLineParser, int_in, out_path   # here: benchmark scripts import this
+                                                            # module from a bare checkout, where dasc_runtime is no package
 
     ap = OneLineParser(prog="python -m dasc_compile.calibrated", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(CALIBRATED_NAMES)}, or 'bundled'")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, type=out_path)
+    ap.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
     args = ap.parse_args(argv)
     try:
         paths = (write_bundled_calibrated(args.out, args.seed) if args.model == "bundled"
                  else [write_calibrated(args.model, args.out, args.seed)])
     except DascInputError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: --out {args.out}: cannot write there ({exc.strerror or exc})", file=sys.stderr)
         return 2
     for p in paths:
         print(f"wrote {p}")

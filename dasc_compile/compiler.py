@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -97,8 +98,10 @@ def check_servable(plan: Plan) -> None:
             f"bytes on the bottleneck rank and slot 0 is reserved); expected at least {2 * per_slot} bytes")
 
 
-def plan_warnings(plan: Plan) -> list[str]:
+def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[str]:
     """Things about a valid plan that its user should know, one line each (printed on stderr by the CLI).
+    ``refresh_slots``: the B a ``dasc size --refresh-slots`` run sizes for (None: the default), for the
+    ``pool_budget_bytes`` line of a dasc-wr plan.
 
     Nothing kept (every hit restores a zero temporal state); w_max 0 (everything kept); a balance mode at TP size 1 (it changes
     nothing); plan features this dasc's runtime refuses to serve (hybrid balancing: ``dasc_runtime.verify.
@@ -120,11 +123,11 @@ def plan_warnings(plan: Plan) -> list[str]:
     if plan.tp.balance == "hybrid":
         out.append("balance 'hybrid': this dasc's SGLang runtime does not permute the loaded weights yet and refuses "
                    "this plan (it serves balance 'off' and 'storage')")
-    out += _wr_budget_warning(plan)
+    out += _wr_budget_warning(plan, refresh_slots)
     return out
 
 
-def _wr_budget_warning(plan: Plan) -> list[str]:
+def _wr_budget_warning(plan: Plan, refresh_slots: Optional[int] = None) -> list[str]:
     """A dasc-wr plan with ``pool_budget_bytes``: the runtime charges its refresh scratch slots, B native slots of
     ``b_dense`` bytes, to that budget before it sizes the pool (``dasc_runtime.wr_scratch.budget_after_scratch``), so
     the usable slots the plan records (budget alone) overstate what a server builds, and a budget under B b_dense is
@@ -138,13 +141,13 @@ def _wr_budget_warning(plan: Plan) -> list[str]:
     if budget is None or per_slot <= 0 or not refresh_active(plan):
         return []
     # the chunk dasc size prints or assumes: SGLang's smallest automatic one, or the window where that is too short
-    b = served_refresh_slots(plan, None, max(SMALLEST_AUTO_CHUNK, int(plan.refresh.w_replay_cap)))
+    b = served_refresh_slots(plan, refresh_slots, max(SMALLEST_AUTO_CHUNK, int(plan.refresh.w_replay_cap)))
     _, _, scratch = pool_arm_bytes(plan, "dasc", b_dense=plan.tp.bytes_dense_per_slot, scratch_slots=0,
                                    refresh_slots=b)
     left = usable_slots(max(budget - scratch, 0), per_slot)
     return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its refresh scratch slots to it, "
             f"{counted(b, 'slot')} ({scratch} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
-            f"{max(left, 0)} usable compressed slots, not the {usable_slots(budget, per_slot)} recorded"
+            f"{counted(max(left, 0), 'usable compressed slot')}, not the {usable_slots(budget, per_slot)} recorded"
             + ("; it would refuse to start: raise the budget or lower --dasc-refresh-slots" if left < 1 else "")]
 
 

@@ -42,6 +42,7 @@ import json
 import math
 import os
 import struct
+import sys
 from pathlib import Path
 
 import torch
@@ -284,15 +285,16 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--model all`` writes every reference model to ``DIR/<name>/``.
     """
-    from dasc_runtime.one_line_parser import OneLineParser   # here: benchmark scripts import this module from a
-                                                             # bare checkout, where dasc_runtime is not a package
+    from dasc_runtime.one_line_parser import OneLineParser, int_in, out_path   # here: benchmark scripts import this
+                                                            # module from a bare checkout, where dasc_runtime is no package
 
     ap = OneLineParser(prog="python -m dasc_compile.refckpt", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_NAMES)}, or 'all'")
-    ap.add_argument("--out", required=True, type=Path, help="output directory")
+    ap.add_argument("--out", required=True, type=out_path, help="output directory")
     ap.add_argument("--full-size", action="store_true", help="every real tensor, sparse on disk, sharded with an index")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the initialisation draw (default 0)")
-    ap.add_argument("--shard-bytes", type=float, default=5e9, help="tensor bytes per shard for --full-size")
+    ap.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the initialisation draw (default 0)")
+    ap.add_argument("--shard-bytes", type=int_in(1, 2**50), default=5_000_000_000,
+                    help="tensor bytes per shard for --full-size")
     args = ap.parse_args(argv)
     names = list(MODEL_NAMES) if args.model == "all" else [args.model]
     try:
@@ -304,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                 write_decay_only(n, out, seed=args.seed)
             print(f"wrote {out}")
     except DascInputError as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: --out {args.out}: cannot write there ({exc.strerror or exc})", file=sys.stderr)
         return 2
     return 0
 

@@ -97,7 +97,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
                      budget_bytes=budget_bytes, strategy=strategy,
                      overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan,
                      refresh_slots=refresh_slots)
-    warnings = list(settled.notes) + plan_warnings(plan)
+    warnings = list(settled.notes) + plan_warnings(plan, refresh_slots=refresh_slots)
     if as_json:
         out.write(json.dumps([asdict(a) for a in arms], indent=1) + "\n")
         return warnings

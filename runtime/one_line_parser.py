@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["OneLineParser"]
+__all__ = ["OneLineParser", "int_in", "out_path"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -23,3 +23,25 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):          # noqa: D102 (argparse's hook)
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def int_in(least: int, most: int):
+    """argparse ``type``: an integer in ``[least, most]`` (else ``expected an integer >= least and <= most``)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or not least <= n <= most:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least} and <= {most}, got {text!r}")
+        return n
+    return parse
+
+
+def out_path(text: str):
+    """argparse ``type``: a non-empty output path (an empty one would write into the current directory)."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected an output directory, got ''")
+    return Path(text)

@@ -136,7 +136,8 @@ def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int
     if c < 1:
         raise DascInputError(
             f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense={bytes_dense_slot}, "
-            f"b_compressed={bytes_compressed_slot}, scratch={scratch_bytes} bytes")
+            f"b_compressed={bytes_compressed_slot}, scratch={scratch_bytes} bytes; raise --dense-slots or lower "
+            f"--native-slots" + (" (or the scratch: --refresh-slots, --scratch-slots)" if scratch_bytes else ""))
     used = (native_slots + 1) * bytes_dense_slot + (c + 1) * bytes_compressed_slot + scratch_bytes
     return MatchedMemory(dense_slots=dense_slots, native_slots=native_slots, compressed_slots=int(c),
                          bytes_dense_slot=bytes_dense_slot, bytes_compressed_slot=bytes_compressed_slot,
@@ -357,13 +358,13 @@ def main(argv=None) -> int:
             _check_count("--refresh-slots", a.refresh_slots)
         settled = settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True,
                                       refresh_slots=a.refresh_slots)
+        for note in settled.notes:         # before a refusal too: the cap note explains the scratch it names
+            print(f"warning: {note}", file=sys.stderr)
         mm = plan_matched_memory(plan, dense_slots=a.dense_slots, native_slots=a.native_slots,
                                  scratch_slots=a.scratch_slots, refresh_slots=a.refresh_slots)
     except DascInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for note in settled.notes:
-        print(f"warning: {note}", file=sys.stderr)
     scratch = f", scratch={mm.scratch_bytes} B" if mm.scratch_bytes else ""
     print(f"per TP rank: b_dense={mm.bytes_dense_slot} B, b_compressed={mm.bytes_compressed_slot} B{scratch}, "
           f"budget={mm.budget_bytes} B, used={mm.used_bytes} B")

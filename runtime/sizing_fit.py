@@ -65,6 +65,7 @@ def check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, 
                 f"bytes of scratch alone")
     hint = smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
     if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
-        hint += f", or lower --max-running-requests{' or --refresh-slots' if any(sc for _, _, sc in pools) else ''}"
+        # --refresh-slots only where the failing arm charges scratch and B could go lower (B > 1)
+        hint += f", or lower --max-running-requests{' or --refresh-slots' if scratch > b_dense else ''}"
     raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots {left}, one {what} slot needs {b} "
                          f"bytes (+1 reserved); {hint}")

@@ -262,4 +262,33 @@ def test_cli_entry_point(tmp_path, capsys):
     assert ref.main(["--model", "qwen3.5-27b", "--out", str(tmp_path / "q")]) == 0
     assert (tmp_path / "q" / "model.safetensors").exists()
     assert ref.main(["--model", "nope", "--out", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("error: reference model 'nope' is unknown")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: reference model 'nope' is unknown")
+
+
+@pytest.mark.parametrize("tool,args,says", [
+    ("refckpt", ["--model", "qwen3.5-27b", "--seed", "99999999999999999999999"], "argument --seed: expected an integer"),
+    ("refckpt", ["--model", "qwen3.5-27b", "--full-size", "--shard-bytes", "0"], "argument --shard-bytes: expected"),
+    ("refckpt", ["--model", "qwen3.5-27b", "--out", ""], "argument --out: expected an output directory"),
+    ("refckpt", ["--model", "qwen3.5-27b", "--out", "{file}"], "cannot write there"),
+    ("calibrated", ["--model", "kimi-linear-48b-a3b-calibrated", "--seed", "-1"], "argument --seed: expected"),
+    ("calibrated", ["--model", "kimi-linear-48b-a3b-calibrated", "--out", "{file}"], "cannot write there"),
+])
+def test_reference_tools_refuse_bad_input_in_one_line(tmp_path, capsys, tool, args, says):
+    """``python -m dasc_compile.refckpt`` / ``.calibrated``: a seed torch or numpy cannot take, --out an existing
+    file and a zero shard size ended in tracebacks or wrote 20,495 one-tensor shards; --out '' wrote into the
+    current directory."""
+    import importlib
+
+    main = importlib.import_module(f"dasc_compile.{tool}").main
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    argv = [x.replace("{file}", str(a_file)) for x in args]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "out")]
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    cap = capsys.readouterr()
+    assert rc == 2 and cap.out == "" and cap.err.startswith("error: ") and says in cap.err, cap.err
+    assert cap.err.count("\n") == 1 and not (tmp_path / "out").exists()

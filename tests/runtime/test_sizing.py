@@ -604,3 +604,35 @@ def test_sizing_module_main_bad_value_is_one_line(kimi, capsys, args, flag):
     cap = capsys.readouterr()
     assert info.value.code == 2 and cap.out == "" and cap.err.startswith("error: ") and flag in cap.err
     assert cap.err.count("\n") == 1, cap.err
+
+
+def test_dasc_size_pool_budget_warning_follows_its_refresh_slots(tmp_path):
+    """The compile-time warning charged the default B even when ``dasc size --refresh-slots 1`` sized for one: it
+    said "8 slots ... would refuse to start" beside flags that start (300 MiB holds 1 scratch slot and 15 slots)."""
+    from dasc_compile.schema import usable_slots
+
+    budget = 300 * 2**20
+    plan, _ = compile_plan(KIMI, Policy(w_max=16, load_policy="wr", pool_budget_bytes=budget), tmp_path / "p",
+                           with_kernels=False)
+    r = runner.invoke(app, ["size", str(tmp_path / "p"), "--dense-slots", "56", "--max-running-requests", "8",
+                            "--refresh-slots", "1"])
+    assert r.exit_code == 0, r.output
+    left = usable_slots(budget - B_DENSE, plan.tp.bottleneck_bytes_per_slot)
+    assert left == 15
+    assert (f"1 slot ({B_DENSE} bytes) with the --dasc-refresh-slots 1 dasc size prints, leaving 15 usable compressed "
+            f"slots") in r.stderr and "would refuse" not in r.stderr, r.stderr
+
+
+def test_no_fit_errors_name_the_flags_to_change(kimi, capsys):
+    """``python -m dasc_runtime.sizing``'s "no compressed slot fits" named no flag; ``dasc size`` suggested lowering
+    --refresh-slots for an arm that charges no scratch (the INT8 pool)."""
+    assert sizing.main(["--plan", str(kimi["w16-wr"]), "--dense-slots", "56", "--native-slots", "8",
+                        "--refresh-slots", "50"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no compressed slot fits: ") and err.count("\n") == 1
+    assert err.rstrip().endswith("raise --dense-slots or lower --native-slots (or the scratch: --refresh-slots, "
+                                 "--scratch-slots)")
+    # Dense's M = 40 leaves nothing beside M' = 40: the INT8 arm (no scratch) is the first that fails
+    r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "40", "--max-running-requests", "8"])
+    assert r.exit_code == 2 and "no SGLang INT8 checkpoint slot fits" in r.output, r.output
+    assert "or --refresh-slots" not in r.output
