@@ -352,8 +352,15 @@ def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
     Returns:
         :class:`SettledOptions`.
     Raises:
-        DascInputError: one line, ``the dasc runtime would refuse to start: ...``, for what no flag fixes.
+        DascInputError: one line naming ``--refresh-slots`` (the sizing tools' flag) when B is given for a plan
+            that runs no refresh; else ``the dasc runtime would refuse to start: ...``, for what no flag fixes.
     """
+    if refresh_slots is not None and not refresh_active(plan):      # the server's rule, under the tools' flag
+        p = plan.policy
+        raise DascInputError(
+            f"--refresh-slots {refresh_slots}: this plan runs no dasc-wr refresh (load_policy: {p.load_policy}, "
+            f"w_replay_cap {plan.refresh.w_replay_cap}), so it has no scratch slots to size; leave --refresh-slots "
+            f"out, or size a plan compiled with --load-policy wr that omits units")
     opts = dict(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap_schedule,
                 chunked_prefill_size=SMALLEST_AUTO_CHUNK)      # the ServerArgs fields dasc size prints
     extra, notes = [], []

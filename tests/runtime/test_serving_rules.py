@@ -73,8 +73,13 @@ EXAMPLES = {
                               size=("correct", ["--mamba-radix-cache-strategy", "no_buffer"],
                                     "--disable-overlap-schedule")),
     "balance_hybrid": dict(plan="hybrid2", size=("refuse", [])),
-    "refresh_slots_without_wr": dict(plan="nr", refresh_slots=2, size=("refuse", ["--refresh-slots", "2"])),
     # dasc size names its own flag (the server's text names --dasc-refresh-slots, a flag the user did not type)
+    "refresh_slots_without_wr": dict(plan="nr", refresh_slots=2,
+                                     size=("own-flag", ["--refresh-slots", "2"],
+                                           "error: --refresh-slots 2: this plan runs no dasc-wr refresh (load_policy: "
+                                           "nr, w_replay_cap 8), so it has no scratch slots to size; leave "
+                                           "--refresh-slots out, or size a plan compiled with --load-policy wr that "
+                                           "omits units")),
     "refresh_slots_zero": dict(plan="wr", refresh_slots=0,
                                size=("own-flag", ["--refresh-slots", "0"],
                                      "error: --refresh-slots: expected an integer >= 1 and <= 2147483648 (2**31), "

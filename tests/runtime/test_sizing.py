@@ -431,8 +431,9 @@ def test_sizing_module_main_refuses_refresh_slots_for_an_nr_plan(kimi, capsys):
                         "--refresh-slots", "2"]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and cap.err == (
-        "error: the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr that "
-        "omits units (this plan is load_policy: nr, w_replay_cap 16)\n")
+        "error: --refresh-slots 2: this plan runs no dasc-wr refresh (load_policy: nr, w_replay_cap 16), so it has no "
+        "scratch slots to size; leave --refresh-slots out, or size a plan compiled with --load-policy wr that omits "
+        "units\n")
 
 
 def test_budget_hint_is_the_smallest_for_every_arm_at_once(kimi):
@@ -485,7 +486,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
 
 @pytest.mark.parametrize("args,match", [
     (["--dense-slots", "64", "--max-running-requests", "8", "--refresh-slots", "2"],
-     "the dasc runtime would refuse to start: --dasc-refresh-slots 2 needs a plan with load_policy: wr"),
+     "--refresh-slots 2: this plan runs no dasc-wr refresh (load_policy: nr, w_replay_cap 16)"),
     (["--dense-slots", "64"], "max-running-requests R is required"),
     (["--dense-slots", "20", "--max-running-requests", "8"], "needs M >= 40"),
     (["--budget", "lots", "--max-running-requests", "8"], "--budget: expected a positive size"),
