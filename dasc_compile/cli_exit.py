@@ -25,7 +25,8 @@ An output placed whole (a directory by :func:`dasc_compile.atomic.fill_and_place
 :func:`dasc_compile.figures.save_png`, eval's finished ``--json``) is recorded by :func:`note_written`; the commands
 write every file before they print their summary, so if stdout then fails or a signal arrives, the ``error:`` line
 goes on to say which PATHs were written completely and that only the summary was lost (``...; PATH was written
-completely, only the summary was not printed``).
+completely, only the summary was not printed``); an output still to come (:func:`note_pending`: eval's ``--plot``
+after its ``--json``) is then named as not written.
 The status stays 2 / 130 / 143: what was asked for on stdout was not delivered.
 
 A closed stdout is not an error, as for other Unix filters: later output is discarded and the
@@ -45,10 +46,22 @@ from typing import Callable
 
 from dasc_compile.errors import DascInputError, short_text
 
-__all__ = ["Interrupted", "StdoutGuard", "finish", "hold_signals", "note_written", "run_guarded"]
+__all__ = ["Interrupted", "StdoutGuard", "finish", "hold_signals", "note_pending", "note_written", "run_guarded"]
 
 #: Output paths the running command has written completely (reset by each :func:`run_guarded`).
 _written: list[str] = []
+#: Output paths the running command is still to write before its summary (reset by each :func:`run_guarded`).
+_pending: list[str] = []
+
+
+def note_pending(path) -> None:
+    """Record that ``path`` (a ``--plot`` PNG written after ``--json``) is still to be written before the summary.
+
+    An ``error:`` line that follows before :func:`note_written` records it (a signal during the figure) then says
+    it was not written, instead of implying that only the summary was lost.
+    """
+    if str(path) not in _pending:
+        _pending.append(str(path))
 
 
 def note_written(path) -> None:
@@ -66,10 +79,18 @@ def _written_note() -> str:
     # only what is still there: a plan placed inside a staging folder (sweep --out writes its plans into one and
     # moves it at the end) is gone when an interrupt removed that folder, and was never the user's output
     kept = [p for p in _written if os.path.lexists(p)]
-    if not kept:
+    missing = [p for p in _pending if p not in _written]
+    if not kept and not missing:
         return ""
-    names = kept[0] if len(kept) == 1 else f"{', '.join(kept[:-1])} and {kept[-1]}"
-    return f"; {names} {'was' if len(kept) == 1 else 'were'} written completely, only the summary was not printed"
+
+    def names(paths):
+        return paths[0] if len(paths) == 1 else f"{', '.join(paths[:-1])} and {paths[-1]}"
+
+    written = f"{names(kept)} {'was' if len(kept) == 1 else 'were'} written completely" if kept else ""
+    not_written = f"{names(missing)} {'was' if len(missing) == 1 else 'were'} not written" if missing else ""
+    if not missing:
+        return f"; {written}, only the summary was not printed"
+    return f"; {written}, {not_written} and the summary was not printed" if kept else f"; {not_written}"
 
 
 class Interrupted(BaseException):
@@ -313,6 +334,7 @@ def run_guarded(body: Callable[[], int]) -> int:
     _saved_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable
     old_handlers = _install_handlers()
     _written.clear()
+    _pending.clear()
     _active = True
     try:
         try:

@@ -16,22 +16,33 @@ from typing import Optional
 
 import typer
 
+from dasc_compile.cli_exit import note_pending
 from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
 from dasc_compile.eval.run import EvalInterrupted
 
 _err = console(stderr=True, highlight=False, soft_wrap=True)
-_EVAL_SOURCE = re.compile(r"(sharegpt|retrieval):([0-9]+)")
+_EVAL_SOURCE = re.compile(r"(sharegpt|retrieval):(.*)")
+_EVAL_FORMS = "expected a JSON-lines prompt file (dasc eval --prompts), sharegpt:N or retrieval:N"
 
 
 def _eval_sources(spec: str) -> dict:
-    """``--eval``: a JSON-lines file (dasc eval's ``--prompts``), ``sharegpt:N`` or ``retrieval:N``."""
+    """``--eval``: a JSON-lines file (dasc eval's ``--prompts``), ``sharegpt:N`` or ``retrieval:N``.
+
+    Raises:
+        DascInputError: an empty value; ``sharegpt:`` / ``retrieval:`` with a count that is not a whole number of
+            1 or more; a path that is not a file.
+    """
+    if not spec.strip():
+        raise DascInputError(f"--eval {spec!r}: empty; {_EVAL_FORMS}")
     m = _EVAL_SOURCE.fullmatch(spec.strip())
+    if m is not None and not (m.group(2).isascii() and m.group(2).isdigit()) and not Path(spec).is_file():
+        raise DascInputError(f"--eval {spec}: {m.group(1)}:N takes a whole number of prompts N (1 or more), "
+                             f"got {m.group(2)!r}")
     if m is None:
         path = Path(spec)
         if not path.is_file():
-            raise DascInputError(f"--eval {spec}: expected a JSON-lines prompt file (dasc eval --prompts), "
-                                 f"sharegpt:N or retrieval:N; " + ("it is a folder" if path.is_dir() else
+            raise DascInputError(f"--eval {spec}: {_EVAL_FORMS}; " + ("it is a folder" if path.is_dir() else
                                                                     "not a file" if path.exists() else "no such file"))
         return {"prompts_file": path}
     n = int(m.group(2))
@@ -103,7 +114,7 @@ def sweep_cmd(
         result = sw.run_sweep(model, grid, config=config, sizing=sizing, plan_dir=out)
         if eval_kw is not None:
             sw.evaluate(result, prefix_len=512 if prefix_len is None else prefix_len,
-                        suffix_len=64 if suffix_len is None else suffix_len, device=device or "cpu",
+                        suffix_len=suffix_len, device=device or "cpu",
                         progress=sys.stderr.isatty(), **eval_kw)
         if quality:
             sw.recommend(result, *quality[0])
@@ -121,6 +132,7 @@ def sweep_cmd(
     # the error line names it (cli_exit.note_written); a figure that cannot be written is reported after the table.
     failed = None
     if plot is not None:
+        note_pending(plot)       # a signal before it is in place says it was not written (cli_exit)
         try:
             plot_sweep(result, plot)
         except DascInputError as exc:

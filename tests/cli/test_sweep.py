@@ -187,7 +187,13 @@ def test_plot(tmp_path):
     (["--wmax", "16", "--disable-overlap-schedule"], ["--disable-overlap-schedule acts only with --budget"]),
     (["--wmax", "16", "--eval", "nope.jsonl"], ["--eval nope.jsonl: expected a JSON-lines prompt file"]),
     # a value holding ':name:' is echoed as typed (rich would print retrieval:abc: as an emoji)
-    (["--wmax", "16", "--eval", "retrieval:abc"], ["--eval retrieval:abc: expected a JSON-lines prompt file"]),
+    (["--wmax", "16", "--eval", "retrieval:abc"], ["--eval retrieval:abc: retrieval:N takes a whole number of prompts "
+                                                   "N (1 or more), got 'abc'"]),
+    # sharegpt:-1 / sharegpt:abc were "no such file", an empty value "it is a folder": the expected form is named
+    (["--wmax", "16", "--eval", "sharegpt:-1"], ["--eval sharegpt:-1: sharegpt:N takes a whole number of prompts N "
+                                                 "(1 or more), got '-1'"]),
+    (["--wmax", "16", "--eval", ""], ["--eval '': empty; expected a JSON-lines prompt file (dasc eval --prompts), "
+                                      "sharegpt:N or retrieval:N"]),
     (["--wmax", "16", "--eval", "retrieval:1"], ["kimi"]),   # decay-only (or transformers < 5.17): eval cannot run it
     (["--wmax", "16", "--plot", "s.jpg"], ["--plot writes a PNG"]),
 ])

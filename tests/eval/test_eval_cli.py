@@ -99,7 +99,7 @@ def test_builtin_prompts_only_without_another_source(gdn_model, tmp_path):
 def _prompts_of(em, prompts_file, retrieval, prefix_len=80):
     from dasc_compile.eval.run import make_prompts
 
-    return make_prompts(em.tokenizer, prompts_file, None, 0, retrieval, prefix_len, 8, 0)
+    return make_prompts(em.tokenizer, prompts_file, None, 0, retrieval, prefix_len, 8)
 
 
 def test_horizons_with_plot_is_refused_before_running(gdn_dir, tmp_path):
@@ -143,10 +143,15 @@ def test_an_output_folder_the_system_refuses_is_found_before_running(gdn_dir, pl
     assert not (tmp_path / "r.json").exists()
 
 
-def test_prefix_beyond_max_position_embeddings_is_refused(gdn_dir, plans):
-    # the tiny GDN config says max_position_embeddings 2048: 2000 + 64 does not fit, 2000 alone does (horizons)
-    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--prefix-len", 2000, "--suffix-len", 64))
-    assert "2064 tokens" in line and "max_position_embeddings 2048" in line
+def test_prefix_beyond_max_position_embeddings_is_refused(gdn_dir, plans, tmp_path):
+    # the tiny GDN config says max_position_embeddings 2048: 2000 + 64 + k 16 does not fit, 2000 alone does (horizons)
+    f = tmp_path / "long.jsonl"
+    f.write_text(json.dumps({"text": "a" * 2100}) + "\n")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], "--prompts", f, "--prefix-len", 2000,
+                                "--suffix-len", 64))
+    assert line == (f"error: the longest prompt (prefix + suffix + answer or --gen-tokens) = 2080 tokens is longer than "
+                    f"the model's context: max_position_embeddings 2048 ({gdn_dir / 'config.json'}); give a shorter "
+                    f"--prefix-len")
     line = _one_error_line(_cli("eval", gdn_dir, "--horizons", "--prefix-len", 4096))
     assert "--prefix-len = 4096 tokens" in line
 

@@ -129,7 +129,7 @@ def test_init_arm_masks_and_drift_on_a_real_model(trained_and_init, tmp_path):
     trained, init = trained_and_init
     path = compile_for(trained, 64, tmp_path / "w64.dasc")
     plan = load_plan(path, verify_kernels=False)
-    doc = run_eval(trained, [path], retrieval=1, arms="dense,nr,init,untrained", prefix_len=96, gen_tokens=3,
+    doc = run_eval(trained, [path], retrieval=1, arms="dense,nr,init,untrained", prefix_len=96,
                    init_from=init, progress=False)
     spec, t_t, _ = checkpoint_decays(trained)
     _, i_t, _ = checkpoint_decays(init)
@@ -155,6 +155,6 @@ def test_init_arm_equals_nr_when_nothing_moved(trained_and_init, tmp_path):
 
     _, init = trained_and_init
     path = compile_for(init, 64, tmp_path / "w64.dasc")
-    doc = run_eval(init, [path], retrieval=1, arms="nr,init", prefix_len=96, gen_tokens=3, init_seed=3, progress=False)
+    doc = run_eval(init, [path], retrieval=1, arms="nr,init", prefix_len=96, init_seed=3, progress=False)
     assert doc["arms"]["init"] == doc["arms"]["nr"]
     assert all(j["all"] == 1.0 for j in doc["init"]["drift"]["jaccard"].values())

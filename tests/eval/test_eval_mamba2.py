@@ -133,7 +133,7 @@ def test_horizons_eval_and_controls_run_on_nemotron_h(mamba2_dir, tmp_path):
     assert kept[0] == 8 and 0 < kept[1] < 8
     ev = tmp_path / "e.json"
     r = _cli("eval", mamba2_dir, "--plan", plans[0], "--plan", plans[1], "--retrieval", 1, "--prefix-len", 80,
-             "--suffix-len", 6, "--gen-tokens", 2, "--arms", "dense,nr,wr,random,init,untrained", "--init-seed", 0,
+             "--arms", "dense,nr,wr,random,init,untrained", "--init-seed", 0,
              "--json", ev)
     assert r.exit_code == 0, r.output
     doc = json.loads(ev.read_text())

@@ -29,7 +29,7 @@ def test_trained_reference_nr_beats_random(tmp_path):
     plan = load_plan(path, verify_kernels=False)
     assert provenance_kind(plan.model.provenance) == "trained"
     assert 0 < plan.totals.n_kept < plan.totals.n_units
-    doc = run_eval(REF, [path], retrieval=2, arms="dense,nr,random", prefix_len=256, gen_tokens=4, progress=False)
+    doc = run_eval(REF, [path], retrieval=2, arms="dense,nr,random", prefix_len=256, progress=False)
     nr, rnd = doc["arms"]["nr"], doc["arms"]["random"]
     assert nr["kl"] < rnd["kl"]["mean"] - rnd["kl"]["sd"]
 

@@ -47,8 +47,8 @@ def test_prefix_beyond_a_nested_context_is_refused_before_loading(tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     assert "max_position_embeddings" not in cfg and cfg["text_config"]["max_position_embeddings"] == 2048
     plan = compile_for(d, 16, tmp_path / "p.dasc")
-    line = _one_error_line(_cli("eval", d, "--plan", plan, "--prefix-len", 2040, "--suffix-len", 16))
-    assert "2056 tokens" in line and "text_config.max_position_embeddings 2048" in line
+    line = _one_error_line(_cli("eval", d, "--plan", plan, "--prefix-len", 2050))
+    assert line.startswith("error: --prefix-len = 2050 tokens is longer") and "text_config.max_position_embeddings 2048" in line
 
 
 def test_kimi_context_is_model_max_length(kda_dir, tmp_path):
@@ -63,7 +63,7 @@ def test_random_plan_is_labelled_random_and_empty_plan_prints_inf(gdn_dir, tmp_p
     rnd = compile_for(gdn_dir, 16, tmp_path / "r.dasc", random_seed=2027)
     none = compile_for(gdn_dir, 10 ** 9, tmp_path / "n.dasc")          # no horizon is that long: nothing kept
     out = tmp_path / "r.json"
-    r = _cli("eval", gdn_dir, "--plan", rnd, "--plan", none, "--retrieval", 1, "--prefix-len", 80, "--gen-tokens", 2,
+    r = _cli("eval", gdn_dir, "--plan", rnd, "--plan", none, "--retrieval", 1, "--prefix-len", 80,
              "--arms", "dense,nr", "--json", out)
     assert r.exit_code == 0, r.output
     assert "Random plan (seed 2027), zero-filled" in r.output and "Random plan (seed 2027) w_max 16" in r.output
@@ -88,7 +88,7 @@ def test_interrupted_run_keeps_the_finished_prompts(gdn_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(protocol, "run_prompt", stop_on_third)
     out = tmp_path / "r.json"
-    r = _cli("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80, "--gen-tokens", 2,
+    r = _cli("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80,
              "--arms", "dense,nr", "--json", out)
     line = _one_error_line(r, code=130)
     assert line == f"error: interrupted (SIGINT) after 2 of 4 prompts; the 2 finished are in {out}"
@@ -152,7 +152,7 @@ def test_a_real_ctrl_c_says_which_prompts_were_kept(gdn_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(protocol, "run_prompt", signal_on_third)
     out = tmp_path / "r.json"
-    r = dasc("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80, "--gen-tokens", 2,
+    r = dasc("eval", gdn_dir, "--plan", plan, "--retrieval", 4, "--prefix-len", 80,
              "--arms", "dense,nr", "--json", out)
     assert r.code == code and r.err_lines == [f"error: interrupted ({sig}) after 2 of 4 prompts; the 2 finished "
                                               f"are in {out}"], (r.code, r.err)
