@@ -1,6 +1,7 @@
-"""Checks of ``dasc eval``'s options that need no model: lengths, arms, the device, the model's context.
+"""Checks of ``dasc eval``'s options that need no model (lengths, arms, the device, the model's context), and the
+prompt set the options name (:func:`make_prompts`).
 
-Each raises one :class:`~dasc_compile.errors.DascInputError` line naming the flag and what was expected,
+Each check raises one :class:`~dasc_compile.errors.DascInputError` line naming the flag and what was expected,
 before any weights load (:mod:`dasc_compile.eval.run` calls them first).
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dasc_compile.errors import DascInputError
+from dasc_compile.eval.prompts import from_jsonl, from_sharegpt
+from dasc_compile.eval.retrieval import builtin_retrieval
 
 #: Built-in retrieval prompts drawn when neither ``--prompts`` nor ``--sharegpt`` is given.
 DEFAULT_RETRIEVAL = 10
@@ -130,3 +133,48 @@ def check_context(model: Path, tokens: int, what: str) -> None:
     if found is not None and tokens > found[0]:
         raise DascInputError(f"{what} = {tokens} tokens is longer than the model's context: {found[1]} "
                              f"{found[0]} ({model / 'config.json'}); give a shorter --prefix-len")
+
+
+def make_prompts(tok, prompts_file, sharegpt, sharegpt_offset, retrieval, prefix_len, suffix_len=None, seed=None):
+    """The prompts (text and retrieval interleaved) and a line naming their sources. ``suffix_len`` / ``seed``:
+    None when not given (:data:`DEFAULT_SUFFIX_LEN`, :data:`DEFAULT_SEED`). The caller
+    warns of prefixes cut to ``prefix_len`` (:func:`dasc_compile.eval.prompts.prefix_cut_note`) once its own checks have passed.
+
+    Raises:
+        DascInputError: both ``--prompts`` and ``--sharegpt``; a negative count; ``seed`` given while no
+            built-in retrieval prompt is drawn (it seeds only those); no prompts; what the sources refuse.
+    """
+    if prompts_file is not None and sharegpt is not None:
+        raise DascInputError("--prompts and --sharegpt are alternatives; give one of them")
+    # the built-in retrieval prompts are the default source only: with --prompts/--sharegpt they join
+    # the user's prompts only when --retrieval N is given explicitly
+    n_ret = retrieval if retrieval is not None else (
+        0 if prompts_file is not None or sharegpt is not None else DEFAULT_RETRIEVAL)
+    if n_ret < 0:
+        raise DascInputError(f"--retrieval {n_ret}: must be 0 or more")
+    if seed is not None and not n_ret:
+        raise DascInputError(f"--seed {seed} acts only with built-in retrieval prompts (it draws their needles, keys "
+                             f"and depths): give --retrieval N, or drop --seed (--sharegpt-offset draws other "
+                             f"ShareGPT conversations)")
+    suffix_len = DEFAULT_SUFFIX_LEN if suffix_len is None else suffix_len
+    out, source = [], []
+    if prompts_file is not None:
+        out += from_jsonl(tok, prompts_file, prefix_len, suffix_len)
+        source.append(f"jsonl:{prompts_file}")
+    if sharegpt is not None:
+        if sharegpt < 1:
+            raise DascInputError(f"--sharegpt {sharegpt}: give a positive number of conversations")
+        out += from_sharegpt(tok, sharegpt, prefix_len, suffix_len, sharegpt_offset)
+        source.append(f"sharegpt:{sharegpt}@{sharegpt_offset}")
+    if n_ret:
+        seed = DEFAULT_SEED if seed is None else seed
+        out += builtin_retrieval(tok, prefix_len, n_ret, seed)
+        source.append(f"builtin-retrieval:{n_ret}:seed={seed}")
+    if not out:
+        raise DascInputError("no prompts: give --prompts FILE, --sharegpt N or --retrieval N > 0")
+    text = [p for p in out if p.answer is None]
+    ret = [p for p in out if p.answer is not None]
+    mixed = []          # interleave text and retrieval prompts, so a time-capped run keeps both kinds
+    for i in range(max(len(text), len(ret))):
+        mixed += text[i:i + 1] + ret[i:i + 1]
+    return mixed, "+".join(source)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from dasc_compile.errors import DascInputError
 from dasc_compile.eval.hf_compat import (MIN_TRANSFORMERS_ATTENTION_FREE, MIN_TRANSFORMERS_KDA, attention_free_kwargs,
                                          cache_arg, kv_layer_ids, pin_torch_kernels, require_transformers)
 from dasc_compile.eval.mamba2 import is_mamba2_mixer, observe_mamba2
+from dasc_compile.eval.quiet import quiet_transformers  # noqa: F401 (its home before)
 from dasc_compile.eval.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401 (their home before)
 
 
@@ -210,19 +210,6 @@ def _hf_error(path: Path, cfg: dict, exc: Exception) -> DascInputError:
     text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:300] or type(exc).__name__
     return DascInputError(f"{path}: transformers {transformers.__version__} cannot load this {cfg.get('model_type')} "
                           f"checkpoint ({text})")
-
-
-def quiet_transformers() -> None:
-    """Keep transformers' own notices out of the CLI's output (its contract: results, ``warning:`` and
-    ``error:`` lines): optional-kernel warnings ("The fast path is not available ..."), weight-loading
-    bars and deprecation notices about the checkpoint's config.json (``rope_scaling``), which a user of
-    dasc cannot act on. Called before the first config is read or model built (:func:`preflight` runs
-    before :func:`load_eval_model`)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
 
 
 def build_from_config(path: Path, cfg: dict, seed: int):

@@ -37,8 +37,7 @@ from dasc_compile.cli_exit import Interrupted
 from dasc_compile.console import console, counted, progress_bar
 from dasc_compile.errors import DascInputError
 from dasc_compile.eval.inputs import (DEFAULT_GEN_TOKENS, DEFAULT_SUFFIX_LEN, check_common, check_context,
-                                      check_device, parse_arms, refuse_idle_lengths)
-from dasc_compile.eval.prompts import make_prompts
+                                      check_device, make_prompts, parse_arms, refuse_idle_lengths)
 
 #: stderr: progress bars and one-line errors (stdout carries the tables).
 ERR = console(stderr=True, highlight=False, soft_wrap=True)

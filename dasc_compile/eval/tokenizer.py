@@ -42,7 +42,7 @@ class HFTokenizer:
         import transformers
         from transformers import AutoTokenizer
 
-        from dasc_compile.eval.models import quiet_transformers
+        from dasc_compile.eval.quiet import quiet_transformers
 
         quiet_transformers()
         try:
