@@ -7,7 +7,7 @@ given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.m
 ``_init_mamba_pool`` hook installs is built by :mod:`dasc_runtime.pool_install`. Two hook targets
 differ between SGLang releases (the cache factory and where ``Engine`` keyword arguments arrive); the
 installed release's adapter (:func:`dasc_runtime.sglang_api.api`) names them, :func:`hooks` builds the
-table. The hooks that can refuse inside a scheduler process at start-up carry ``@refuse_in_scheduler``
+table. The flag hooks (the launching process) are :mod:`dasc_runtime.launcher`'s. The hooks that can refuse inside a scheduler process at start-up carry ``@refuse_in_scheduler``
 (:mod:`dasc_runtime.scheduler_refusal`): there a ``DascRefusal`` is one log line and the server ends,
 instead of SGLang's scheduler traceback.
 """
@@ -16,110 +16,15 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 
+from dasc_runtime.launcher import add_cli_args, engine_kwargs_init, from_cli_args   # the flags; no torch, no sglang
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
 from dasc_runtime.scheduler_refusal import refuse_in_scheduler   # no torch, no sglang
-from dasc_runtime.startup_checks import check_env_knobs, check_plan_early, plan_arg   # no torch, no sglang at import
 from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
 
 __all__ = ["register", "add_cli_args", "hooks"]
 
 logger = logging.getLogger("dasc")
-
-_FLAGS = (
-    ("--dasc-plan", "plan", dict(type=plan_arg, default=None,
-                                 help="dasc plan directory (or its plan.json): serve compressed state checkpoints")),
-    ("--dasc-pool-slots", "pool_slots", dict(type=int, default=None,
-                                             help="dasc: usable compressed checkpoint slots per rank")),
-    ("--dasc-pool-bytes", "pool_bytes", dict(type=int, default=None,
-                                             help="dasc: per-rank byte budget of the compressed pool "
-                                                  "(slots = budget // bytes_per_slot - 1)")),
-    ("--dasc-compressed-only", "compressed_only", dict(action="store_true", default=False,
-                                                       help="dasc: cache checkpoints only in the compressed pool "
-                                                            "(no dense spill; quality runs)")),
-    ("--dasc-demote-watermark", "demote_watermark", dict(type=int, default=None,
-                                                         help="dasc: free native slots below which dense checkpoints "
-                                                              "are demoted in the background (default 10%% of them)")),
-    ("--dasc-dummy-decay-ok", "dummy_decay_ok", dict(action="store_true", default=False,
-                                                     help="dasc: with --load-format dummy only, serve a plan compiled "
-                                                          "from another checkpoint's decay values (latency "
-                                                          "benchmarks; the random weights cannot match)")),
-    ("--dasc-refresh-slots", "refresh_slots", dict(type=int, default=None,
-                                                   help="dasc-wr: windows one scratch refresh pass replays "
-                                                        "(hidden request rows and native Mamba slots; default 8)")),
-)
-_KWARGS = {"dasc_" + field: field for _, field, _ in _FLAGS}
-
-
-# ---------------------------------------------------------------- flag plumbing
-
-def add_cli_args(result, parser) -> None:
-    """AFTER ``ServerArgs.add_cli_args``: the ``--dasc-*`` flags."""
-    group = parser.add_argument_group("dasc (decay-aware state compression)")
-    for flag, field, kw in _FLAGS:
-        if not any(flag in a.option_strings for a in parser._actions):
-            group.add_argument(flag, dest="dasc_" + field, **kw)
-
-
-def _store_settings(server_args, raw: dict, checked: bool = False) -> None:
-    """Attach ``raw`` (field -> value) to ``server_args`` and export ``DASC_*``; unless ``checked`` (the Engine hook
-    checked them before its constructor ran), first the knobs and the plan (``startup_checks``)."""
-    from dasc_runtime.settings import DascSettings
-    from dasc_runtime.side_channels import attach_settings
-
-    settings = DascSettings.from_mapping(raw, source="dasc flags", names={field: flag for flag, field, _ in _FLAGS})
-    if settings.active:
-        if not checked:
-            check_env_knobs()
-            check_plan_early(settings, getattr(server_args, "model_path", None))
-        attach_settings(server_args, raw)
-        settings.export()                 # every child process inherits DASC_*
-
-
-def from_cli_args(result, cls, args):
-    """AFTER ``ServerArgs.from_cli_args``: carry the parsed ``--dasc-*`` values.
-
-    This runs in the launcher (``python -m sglang.launch_server``), where no scheduler frame turns a refusal into one
-    line (:mod:`dasc_runtime.scheduler_refusal`): a bad ``--dasc-*`` value or ``DASC_*`` variable is printed here as
-    one ``dasc: refusing to start:`` line naming the flag, and the launcher exits with status 2 as argparse does.
-    """
-    from dasc_compile.schema import DascInputError
-
-    raw = {field: getattr(args, "dasc_" + field, None) for _, field, _ in _FLAGS}
-    if raw.get("plan"):
-        try:
-            _store_settings(result, raw)
-        except DascInputError as exc:
-            msg = str(exc)                # a DascRefusal carries the prefix already
-            prefix = "dasc: refusing to start: "
-            print(msg if msg.startswith(prefix) else prefix + msg, file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-    return result
-
-
-def engine_kwargs_init(original, self, *args, **kwargs):
-    """AROUND the constructor that receives ``Engine(..., dasc_plan=..., dasc_pool_slots=...)`` keyword
-    arguments (the adapter's ``ENGINE_KWARGS_TARGET``: ``ServerArgs.__init__`` in 0.5.17,
-    ``Engine.__init__`` in 0.5.23): pops them, exports ``DASC_*`` before the constructor runs (it
-    may start the scheduler processes, which inherit the environment), then records them on the
-    ``ServerArgs`` it built."""
-    from dasc_runtime.settings import DascSettings
-    from dasc_runtime.sglang_api import api
-
-    raw = {field: kwargs.pop(kw) for kw, field in _KWARGS.items() if kw in kwargs}
-    if not raw.get("plan"):
-        return original(self, *args, **kwargs)
-    adapter = api()                                   # an untested SGLang is refused here, in one line
-    settings = DascSettings.from_mapping(raw, source="dasc keyword arguments")
-    check_env_knobs()
-    # checked before the constructor may start the schedulers, and before DASC_* would keep a refused plan
-    check_plan_early(settings, kwargs.get("model_path"))
-    settings.export()
-    original(self, *args, **kwargs)
-    sa = adapter.server_args_of(self)
-    if sa is not None:
-        _store_settings(sa, raw, checked=True)
 
 
 # ---------------------------------------------------------------- hooks
@@ -347,7 +252,7 @@ _ENGINE_ANY_RELEASE = "sglang.srt.entrypoints.engine.Engine.__init__"
 
 _HOOK_TABLE = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", add_cli_args, "AFTER"),
-    ("sglang.srt.server_args.ServerArgs.from_cli_args", from_cli_args, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.from_cli_args", from_cli_args, "AROUND"),
     (_ENGINE_KWARGS, engine_kwargs_init, "AROUND"),
     ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", after_init_mamba_pool, "AFTER"),
     ("sglang.srt.model_executor.model_runner.ModelRunner.load_model", after_load_model, "AFTER"),

@@ -57,18 +57,21 @@ def bytes_per_slot(layout: RankLayout, conv_shapes: Sequence[Sequence[int]]) -> 
     return layout.width * spec.unit_bytes + conv
 
 
-def slots_for_budget(budget_bytes: int, slot_bytes: int) -> int:
+def slots_for_budget(budget_bytes: int, slot_bytes: int, what: str = "dasc pool budget") -> int:
     """Usable slots of a pool of ``budget_bytes`` (App. C.1): ``floor(B / bytes_per_slot) - 1`` (slot 0 reserved).
 
+    Args:
+        what: how the budget is named in a refusal (``--dasc-pool-bytes``, ``DASC_POOL_BYTES``).
     Raises:
-        DascInputError: the budget does not hold one usable slot.
+        DascInputError: the budget does not hold one usable slot (names the smallest that does).
     """
     if slot_bytes <= 0:
         raise DascInputError(f"bytes per compressed slot must be positive, got {slot_bytes}")
     n = usable_slots(budget_bytes, slot_bytes)
     if n < 1:
         raise DascInputError(
-            f"dasc pool budget {budget_bytes} bytes holds no usable slot ({slot_bytes} bytes per slot, slot 0 reserved)")
+            f"{what} {budget_bytes} bytes holds no usable slot ({slot_bytes} bytes per slot, slot 0 reserved): "
+            f"give at least {2 * slot_bytes} bytes")
     return int(n)
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dasc_compile.schema import DascInputError
 
-__all__ = ["DascRefusal"]
+__all__ = ["DascRefusal", "PREFIX"]
+
+#: What every refusal line starts with.
+PREFIX = "dasc: refusing to start: "
 
 
 class DascRefusal(DascInputError):
     """The plan cannot serve this model / configuration; the message names what differs."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"dasc: refusing to start: {what}")
+        super().__init__(PREFIX + what)

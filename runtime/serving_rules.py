@@ -1,11 +1,10 @@
 """What the dasc runtime serves: every refusal that follows from the server's options, dasc's
 settings and the plan, decided by one function, :func:`serving_refusals`.
 
-The server's start-up checks (:func:`dasc_runtime.verify.check_server_args`,
-:func:`dasc_runtime.verify.check_plan_supported`, :func:`dasc_runtime.wr_scratch.check_refresh_startup`)
-and ``dasc size`` / ``dasc sweep`` (:func:`settle_size_options`, through
-:func:`dasc_runtime.sizing.size_arms`) all call it, so a configuration the server would refuse is
-refused, or corrected with the flag it needs, before anyone launches a server.
+The launcher before weights load (:func:`dasc_runtime.startup_checks.check_launch`), the server's start-up checks
+(:func:`dasc_runtime.verify.check_server_args`, ``verify.check_plan_supported``, ``wr_scratch.check_refresh_startup``)
+and ``dasc size`` / ``dasc sweep`` (:func:`dasc_runtime.size_options.settle_size_options`, through :func:`dasc_runtime.sizing.size_arms`) all
+call it, so a configuration the server would refuse is refused, or corrected with the flag it needs, before launch.
 
 Each rule is a :class:`Rule` in :data:`RULES` with a name, a scope and the reason it exists:
 
@@ -28,11 +27,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
-from dasc_compile.schema import DascInputError
-
 __all__ = ["DEFAULT_REFRESH_SLOTS", "Refusal", "Rule", "RULES", "SMALLEST_AUTO_CHUNK", "STARTUP_ONLY", "SCOPES",
-           "SettledOptions",
-           "refresh_active", "served_refresh_slots", "serving_refusals", "settle_size_options", "markdown"]
+           "refresh_active", "served_refresh_slots", "serving_refusals", "markdown"]
 
 #: Windows replayed by one dasc-wr scratch pass when ``--dasc-refresh-slots`` is not given.
 DEFAULT_REFRESH_SLOTS = 8
@@ -196,6 +192,17 @@ def _storage_overlap(c: _Ctx):
                  (("--disable-overlap-schedule", "disable_overlap_schedule", True),))
 
 
+@_rule("tp_size", "option", "the plan lays out each rank's units for its attention-TP size (`verify.check_state` "
+       "checks the served one); `dasc size` prints `--tp-size P`.", fix="--tp-size P (P = the plan's tp_size)")
+def _tp_size(c: _Ctx):
+    tp, cp, want = int(c.g("tp_size") or 1), int(c.g("attn_cp_size") or 1), c.plan.tp.tp_size if c.plan else 0
+    cp_flag = f" with --attn-cp-size {cp}" if cp > 1 else ""
+    return _when(c.plan is not None and c.g("tp_size") is not None and not c.dp_attention() and tp // cp != want,
+                 f"--tp-size {tp}{cp_flag} (attention TP size {tp // cp}; the plan is compiled for TP {want}: launch "
+                 f"with --tp-size {want * cp}, or compile the plan with --tp {tp // cp})",
+                 (("--tp-size", "tp_size", want),))
+
+
 @_rule("no_buffer_overlap", "option", """SGLang itself refuses `--mamba-radix-cache-strategy no_buffer` under its
 overlap scheduler (an assertion in ServerArgs, 0.5.17 and 0.5.23): a server started with the flags `dasc size`
 printed would end in a traceback before dasc is loaded.""", fix="--disable-overlap-schedule")
@@ -315,100 +322,16 @@ def serving_refusals(server_args, plan=None, *, refresh_slots: Optional[int] = N
 SMALLEST_AUTO_CHUNK = 2048
 
 
-@dataclass(frozen=True, kw_only=True)
-class SettledOptions:
-    """The SGLang options ``dasc size`` sizes and prints, after the rules' fixes.
-
-    Attributes:
-        overlap_schedule: False when ``--disable-overlap-schedule`` is (or had to be) given.
-        extra_flags: flags (with values) added to every arm beyond the strategy and overlap flags,
-            because the dasc runtime needs them (``--chunked-prefill-size W``).
-        notes: one line per added flag, saying why (printed as ``warning:`` lines).
-        refresh_slots: B the server runs with the printed flags (:func:`served_refresh_slots` under the
-            chunk size printed or assumed), 0 for a plan that runs no refresh; every arm's flags name it.
-    """
-
-    overlap_schedule: bool
-    refresh_slots: int = 0
-    extra_flags: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-def settle_size_options(plan, *, strategy: str, overlap_schedule: bool,
-                        refresh_slots: Optional[int] = None) -> SettledOptions:
-    """The options ``dasc size`` prints for ``plan``, checked by :func:`serving_refusals` as the server checks
-    them: fixes applied (with a note each), anything else refused. A plan compiled for TP > 1 also gets
-    ``--tp-size P`` first: the runtime refuses any other attention TP size (``rank_layout.build_rank_layout``).
-
-    The chunk size ``dasc size`` does not print is taken as :data:`SMALLEST_AUTO_CHUNK`, so a dasc-wr
-    window longer than that gets ``--chunked-prefill-size W`` (the server refuses it on a GPU where
-    SGLang picks a smaller chunk). The served context length is not known before launch
-    (``refresh_window_over_context`` is checked at start-up only). A dasc-wr plan's B is capped under
-    that chunk as the server caps it (:func:`served_refresh_slots`), with a note when the cap bites.
-
-    Args:
-        plan: the loaded plan; strategy: ``--mamba-radix-cache-strategy``; overlap_schedule: whether
-            SGLang's overlap scheduler runs (``--disable-overlap-schedule`` absent); refresh_slots: B.
-    Returns:
-        :class:`SettledOptions`.
-    Raises:
-        DascInputError: one line naming ``--refresh-slots`` (the sizing tools' flag) when B is given for a plan
-            that runs no refresh; else ``the dasc runtime would refuse to start: ...``, for what no flag fixes.
-    """
-    if refresh_slots is not None and not refresh_active(plan):      # the server's rule, under the tools' flag
-        p = plan.policy
-        raise DascInputError(
-            f"--refresh-slots {refresh_slots}: this plan runs no dasc-wr refresh (load_policy: {p.load_policy}, "
-            f"w_replay_cap {plan.refresh.w_replay_cap}), so it has no scratch slots to size; leave --refresh-slots "
-            f"out, or size a plan compiled with --load-policy wr that omits units")
-    opts = dict(mamba_radix_cache_strategy=strategy, disable_overlap_schedule=not overlap_schedule,
-                chunked_prefill_size=SMALLEST_AUTO_CHUNK)      # the ServerArgs fields dasc size prints
-    extra, notes = [], []
-    for r in serving_refusals(SimpleNamespace(**opts), plan, refresh_slots=refresh_slots):
-        if not r.fix:
-            continue
-        for flag, attr, value in r.fix:
-            opts[attr] = value
-            if attr != "disable_overlap_schedule":
-                extra += [flag] if value is True else [flag, str(value)]
-        added = " ".join(f if v is True else f"{f} {v}" for f, _, v in r.fix)
-        notes.append(f"added {added} to every arm: the dasc runtime refuses {r.text}")
-    left = serving_refusals(SimpleNamespace(**opts), plan, refresh_slots=refresh_slots)
-    if left:
-        raise DascInputError("the dasc runtime would refuse to start: " + "; ".join(r.text for r in left))
-    pol = plan.policy              # the state dtypes the server must run with (verify.check_plan_supported)
-    if pol.temporal_dtype != "float32":
-        extra += ["--mamba-ssm-dtype", pol.temporal_dtype]
-        notes.append(f"added --mamba-ssm-dtype {pol.temporal_dtype} to every arm: the plan stores the temporal state "
-                     f"as {pol.temporal_dtype}, and the dasc runtime refuses a server whose SSM state dtype differs")
-    if pol.conv_dtype != "bfloat16":
-        notes.append(f"start every server with SGLANG_MAMBA_CONV_DTYPE={pol.conv_dtype} in its environment: the plan "
-                     f"stores the conv state as {pol.conv_dtype}, SGLang's default is bfloat16 and it has no flag for it")
-    b = served_refresh_slots(plan, refresh_slots, opts["chunked_prefill_size"])
-    asked = DEFAULT_REFRESH_SLOTS if refresh_slots is None else refresh_slots
-    if 0 < b < asked:
-        chunk = opts["chunked_prefill_size"]
-        where = ("--chunked-prefill-size" if chunk != SMALLEST_AUTO_CHUNK else "the smallest prefill chunk SGLang "
-                 "picks by itself,")
-        s = "" if b == 1 else "s"
-        notes.append(f"dasc-wr (w_max {plan.policy.w_max}) is charged and flagged {b} scratch slot{s}, not {asked}: "
-                     f"one scratch pass holds at most one prefill chunk, {b} window{s} of "
-                     f"{plan.refresh.w_replay_cap} tokens in {where} {chunk} tokens (the server caps "
-                     f"--dasc-refresh-slots the same way)")
-    tp = int(plan.tp.tp_size)
-    return SettledOptions(overlap_schedule=not opts["disable_overlap_schedule"], refresh_slots=b,
-                          extra_flags=(("--tp-size", str(tp)) if tp > 1 else ()) + tuple(extra), notes=tuple(notes))
-
-
 def markdown() -> str:
     """``docs/runtime-refusals.md``: every rule and every start-up-only check, with its reason."""
     lines = ["# What the dasc runtime refuses", "",
              "Generated by `python -m dasc_runtime.serving_rules` from `runtime/serving_rules.py`; "
              "`tests/runtime/test_serving_rules.py` checks this file is current.", "",
-             "A server launched with `--dasc-plan` refuses to start, with one line naming what differs, "
-             "when any rule below applies. `dasc size` and `dasc sweep` call the same function "
-             "(`serving_rules.serving_refusals`) on the configuration they print: a rule with a fix is "
-             "corrected (the flag is added and a `warning:` line says why), any other is refused.", "",
+             "A server launched with a plan refuses to start, with one line naming what differs, when any rule below "
+             "applies: the launcher checks the options as given before weights load (`startup_checks.check_launch`; "
+             "all but the context length's rule), the scheduler as SGLang resolved them. `dasc size` and `dasc sweep` "
+             "call the same function (`serving_rules.serving_refusals`) on the configuration they print: a rule with a "
+             "fix is corrected (the flag is added and a `warning:` line says why), any other is refused.", "",
              "## Decided before launch (`dasc size` agrees)", "", "| rule | scope | fix | why |", "|---|---|---|---|"]
     for r in RULES:
         lines.append(f"| `{r.name}` | {r.scope} | {f'`{r.fix}`' if r.fix else '-'} | {r.why} |")

@@ -1,18 +1,24 @@
 """dasc serving settings: where they come from and how they reach every SGLang process.
 
-Sources, first match wins:
+Sources, per setting (:func:`resolve_settings`):
 
-1. the ``ServerArgs`` object (the ``settings`` channel of :mod:`dasc_runtime.side_channels`, set
-   by the plugin from the CLI flags ``--dasc-*`` or from ``Engine(dasc_plan=..., ...)`` keyword
-   arguments; pickled with the server args into every scheduler process);
-2. environment variables (inherited by every child process; the plugin also exports the CLI
-   values here):
+1. a flag ``--dasc-*`` or an ``Engine(dasc_plan=..., ...)`` keyword argument wins over its variable; the
+   plugin resolves them in the launching process and records the result on the ``ServerArgs`` object (the
+   ``settings`` channel of :mod:`dasc_runtime.side_channels`; pickled with the server args into every
+   scheduler process) and in the environment;
+2. else its environment variable (inherited by every child process). A variable applies wherever no flag
+   is given for that setting, and every variable is checked even when a flag overrides it (a bad value is
+   refused, never skipped); an empty value counts as not given.
+
+Refused in one line (``DascInputError``), naming the flag or variable: a value of the wrong kind, both pool
+sizes from any two sources (``--dasc-pool-slots and DASC_POOL_BYTES are exclusive``), and, in the launching
+process, any setting without a plan (``--dasc-pool-slots needs --dasc-plan (or DASC_PLAN)``).
 
    ======================  ==========================  =========================================
    flag / Engine kwarg     environment variable        meaning
    ======================  ==========================  =========================================
    --dasc-plan             DASC_PLAN                   plan directory (or its plan.json)
-   --dasc-pool-slots       DASC_POOL_SLOTS             compressed slots C (usable, slot 0 extra)
+   --dasc-pool-slots       DASC_POOL_SLOTS             compressed slots C >= 1 (usable, slot 0 extra)
    --dasc-pool-bytes       DASC_POOL_BYTES             per-rank byte budget B: C = B // bytes - 1
    --dasc-compressed-only  DASC_COMPRESSED_ONLY=1      no dense spill (quality runs, §5.1)
    --dasc-demote-watermark DASC_DEMOTE_WATERMARK       free native slots below which demotion starts
@@ -40,7 +46,8 @@ from typing import Mapping, Optional
 from dasc_compile.schema import DascInputError
 from dasc_runtime.side_channels import settings_of
 
-__all__ = ["DIAGNOSTIC_ENV", "DascSettings", "ENV_VARS", "current_settings", "env_setting", "parse_bool"]
+__all__ = ["DIAGNOSTIC_ENV", "DascSettings", "ENV_VARS", "current_settings", "env_setting", "parse_bool",
+           "resolve_settings"]
 
 ENV_VARS = {
     "plan": "DASC_PLAN",
@@ -53,16 +60,32 @@ ENV_VARS = {
 }
 
 
-def _int(name: str, raw) -> Optional[int]:
+#: Why an integer setting has a floor above 0 (``--dasc-pool-slots 0`` used to pass until the pool was built).
+_LEAST = {"pool_slots": (1, "the compressed pool needs at least 1 usable slot")}
+
+
+def _int(name: str, raw, least: tuple[int, str] = (0, "")) -> Optional[int]:
     if raw is None or raw == "":
         return None
+    if isinstance(raw, bool):
+        raise DascInputError(f"{name}: expected an integer, got {raw!r}")
     try:
         v = int(raw)
     except (TypeError, ValueError):
         raise DascInputError(f"{name}: expected an integer, got {raw!r}") from None
-    if v < 0:
-        raise DascInputError(f"{name}: expected a non-negative integer, got {v}")
+    if v < least[0]:
+        floor = "a non-negative integer" if least[0] == 0 else f"an integer >= {least[0]} ({least[1]})"
+        raise DascInputError(f"{name}: expected {floor}, got {v}")
     return v
+
+
+def _parse(field: str, raw, name: str):
+    """One setting's value from a flag, keyword or variable (``name`` in a refusal); None / False: not given."""
+    if field == "plan":
+        return str(raw) if raw not in (None, "") else None
+    if field in ("compressed_only", "dummy_decay_ok"):
+        return parse_bool(name, raw)
+    return _int(name, raw, _LEAST.get(field, (0, "")))
 
 
 #: Spellings of a yes / no setting (case and surrounding spaces ignored; unset or empty is no).
@@ -144,38 +167,88 @@ class DascSettings:
         def name(field: str) -> str:
             return names[field] if names and field in names else f"{source}: {field}"
 
-        plan = d.get("plan")
-        return cls(
-            plan=str(plan) if plan not in (None, "") else None,
-            pool_slots=_int(name("pool_slots"), d.get("pool_slots")),
-            pool_bytes=_int(name("pool_bytes"), d.get("pool_bytes")),
-            compressed_only=parse_bool(name("compressed_only"), d.get("compressed_only", False)),
-            demote_watermark=_int(name("demote_watermark"), d.get("demote_watermark")),
-            dummy_decay_ok=parse_bool(name("dummy_decay_ok"), d.get("dummy_decay_ok", False)),
-            refresh_slots=_int(name("refresh_slots"), d.get("refresh_slots")),
-        )
+        return cls(**{field: _parse(field, d.get(field), name(field)) for field in ENV_VARS})
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "DascSettings":
+        """From the ``DASC_*`` variables alone (a bad value is named by its variable).
+
+        Raises:
+            DascInputError: a value of the wrong kind, or both pool sizes.
+        """
         env = os.environ if env is None else env
-        return cls.from_mapping({k: env.get(v) for k, v in ENV_VARS.items()}, source="environment")
+        return cls.from_mapping({k: env.get(v) for k, v in ENV_VARS.items()}, source="environment", names=ENV_VARS)
+
+    def given(self) -> dict:
+        """The fields that are set (field -> value; None and False left out): what :meth:`to_env` exports."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that carry these settings to child processes (unset fields omitted)."""
-        out = {}
-        for k, v in asdict(self).items():
-            if v is None or v is False:
-                continue
-            out[ENV_VARS[k]] = "1" if v is True else str(v)
-        return out
+        return {ENV_VARS[k]: "1" if v is True else str(v) for k, v in self.given().items()}
 
     def export(self) -> None:
         """Write :meth:`to_env` into ``os.environ`` (children inherit it)."""
         os.environ.update(self.to_env())
 
 
+def resolve_settings(given: Mapping, names: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                     *, need_plan: bool = True) -> tuple[DascSettings, dict[str, str]]:
+    """The settings in effect: per field the given value (a flag or keyword argument; None, False or "" is not
+    given) wins, else its ``DASC_*`` variable (module docstring). Every variable is parsed, also under a flag.
+
+    Args:
+        given: field -> raw value (argparse values, ``Engine`` keyword arguments, or the values attached to the
+            server args). names: field -> how a given value is named in a refusal (``--dasc-pool-slots``); default
+            ``"server args: <field>"``. env: the environment (default ``os.environ``).
+        need_plan: refuse settings given without a plan (the launching process; a scheduler resolves what the
+            launcher attached).
+    Returns:
+        ``(settings, source)``: ``source`` maps each set field to the flag, keyword or variable it came from.
+    Raises:
+        DascInputError: a value of the wrong kind, named by its flag or variable (``DASC_REFRESH_SLOTS: expected an
+            integer, got 'abc'``); ``--dasc-pool-slots 0``; both pool sizes (``X and Y are exclusive``); with
+            ``need_plan``, a setting and no plan (``--dasc-pool-slots needs --dasc-plan (or DASC_PLAN)``).
+    """
+    env = os.environ if env is None else env
+
+    def name(field: str) -> str:
+        return names[field] if names and field in names else f"server args: {field}"
+
+    def set_here(field: str, raw, env_var: bool) -> bool:
+        if raw is None or raw is False or (isinstance(raw, str) and not raw.strip()):
+            return False
+        return not (env_var and field in ("compressed_only", "dummy_decay_ok") and str(raw).strip().lower()
+                    in FALSE_WORDS)
+
+    has_plan = set_here("plan", given.get("plan"), False) or set_here("plan", env.get("DASC_PLAN"), True)
+    if need_plan and not has_plan:
+        orphans = [name(f) for f in ENV_VARS if set_here(f, given.get(f), False)]
+        orphans += [var for f, var in ENV_VARS.items() if set_here(f, env.get(var), True)]
+        if orphans:
+            plan = names["plan"] if names and "plan" in names else "--dasc-plan"
+            raise DascInputError(f"{' and '.join(orphans)} {'needs' if len(orphans) == 1 else 'need'} {plan} "
+                                 f"(or DASC_PLAN)")
+    values, source = {}, {}
+    for field, var in ENV_VARS.items():
+        from_env = _parse(field, env.get(var), var)              # checked even when a flag wins
+        mine = _parse(field, given.get(field), name(field))
+        if mine is not None and mine is not False:
+            values[field], source[field] = mine, name(field)
+        elif from_env is not None and from_env is not False:
+            values[field], source[field] = from_env, var
+    if "pool_slots" in values and "pool_bytes" in values:
+        raise DascInputError(f"{source['pool_slots']} and {source['pool_bytes']} are exclusive: size the pool one way")
+    return DascSettings(**values), source
+
+
 def current_settings(server_args=None) -> DascSettings:
-    """Settings of this process: the server args' attribute if present, else the environment."""
+    """Settings of this process: the values attached to the server args (the launcher's, :func:`resolve_settings`),
+    each set one winning over its ``DASC_*`` variable, the environment for the rest.
+
+    Raises:
+        DascInputError: see :func:`resolve_settings` (without the plan requirement).
+    """
     if server_args is None:
         try:
             from sglang.srt.runtime_context import get_server_args
@@ -183,7 +256,4 @@ def current_settings(server_args=None) -> DascSettings:
             server_args = get_server_args()
         except Exception:
             server_args = None
-    raw = settings_of(server_args)
-    if raw:
-        return DascSettings.from_mapping(raw, source="server args")
-    return DascSettings.from_env()
+    return resolve_settings(settings_of(server_args) or {}, need_plan=False)[0]

@@ -45,7 +45,8 @@ from typing import Optional, Sequence
 
 from dasc_runtime.one_line_parser import OneLineParser
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
-from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active, settle_size_options
+from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
+from dasc_runtime.size_options import settle_size_options
 from dasc_runtime.sizing_bytes import pool_arm_bytes, compressed_bytes_per_slot, int8_bytes_per_slot
 from dasc_runtime.sizing_fit import GIB, MAX_BUDGET_BYTES, MAX_SLOTS, check_pools_fit, smallest_fit
 
@@ -230,7 +231,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     Returns:
         one :class:`ArmSizing` per arm, in the order asked.
     The options are checked as the server checks them
-    (:func:`dasc_runtime.serving_rules.settle_size_options`): a storage-balanced plan at TP > 1 is sized
+    (:func:`dasc_runtime.size_options.settle_size_options`): a storage-balanced plan at TP > 1 is sized
     and flagged without the overlap scheduler (``--disable-overlap-schedule``), since the runtime needs it.
 
     Raises:

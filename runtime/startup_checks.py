@@ -14,14 +14,16 @@ raises :class:`~dasc_runtime.verify.DascRefusal` (one line) instead:
   :class:`~dasc_runtime.mamba_component.DascMambaComponent` driving this process's dasc pool, on
   SGLang's Python tree core (0.5.23 also has a Rust one, which it picks only for built-in components);
 
-In the process that launches SGLang (the ``from_cli_args`` / ``Engine`` keyword hooks), before any weights load:
+In the process that launches SGLang (:mod:`dasc_runtime.launcher`: the ``from_cli_args`` / ``Engine`` keyword
+hooks), before SGLang builds its ``ServerArgs`` and before any weights load, :func:`check_launch`:
 
 * :func:`check_env_knobs`: the environment-only A/B and diagnostic knobs parse;
-* :func:`check_plan_early`: the plan reads, its features are served, and it is for the model's type; SGLang's
-  parser runs it on ``--dasc-plan`` itself (:func:`plan_arg`), before SGLang's own checks.
+* :func:`check_plan_early`: the plan (from ``--dasc-plan`` or ``DASC_PLAN``) reads, and it is for the model's type;
+* every rule of :func:`dasc_runtime.serving_rules.serving_refusals` that the options as given and the plan decide
+  (all but the served context length's), and a ``--dasc-pool-bytes`` that holds no slot of the plan.
 
-The refused server options (item 11) and their reasons live with the other option checks in
-:func:`dasc_runtime.verify.check_server_args`.
+The refused server options (item 11) and their reasons are the serving rules; the scheduler checks them again
+on the options SGLang resolved (:func:`dasc_runtime.verify.check_server_args`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pkgutil
 from typing import Iterable
 
 __all__ = ["check_hooks", "hook_problems", "check_component", "after_build_kv_cache", "check_env_knobs",
-           "check_plan_early", "plan_arg"]
+           "check_plan_early", "check_launch"]
 
 
 def _resolve(target: str):
@@ -151,27 +153,73 @@ def check_env_knobs() -> None:
         env_setting(name, strict=True)
 
 
-def check_plan_early(settings, model_path=None) -> None:
-    """Read the plan of ``settings`` (``DascSettings``) and refuse the plan features this runtime does not serve,
-    in the process that launches SGLang, before any weights load: a missing or damaged ``--dasc-plan`` used to be
-    found by the scheduler only after the model had loaded (minutes for a 48B checkpoint). With ``model_path`` a
-    local directory holding ``config.json``, its ``model_type`` (the field ``dasc compile`` read) must be the
-    plan's. The scheduler reads and checks the plan again (``plugin.after_load_model``), with the served model and
-    state beside it.
+def check_plan_early(settings, model_path=None):
+    """Read the plan of ``settings`` (``DascSettings``) in the process that launches SGLang, before any weights load:
+    a missing or damaged plan used to be found by the scheduler only after the model had loaded (minutes for a 48B
+    checkpoint). With ``model_path`` a local directory holding ``config.json``, its ``model_type`` (the field
+    ``dasc compile`` read) must be the plan's. The scheduler reads and checks the plan again
+    (``plugin.after_load_model``), with the served model and state beside it.
 
+    Returns:
+        the plan (``dasc_compile.schema.Plan``), read afresh (a user may recompile it and retry).
     Raises:
         DascInputError: the plan does not read (``dasc_compile.schema.load_plan``: names ``plan.json`` or the kernel
             module and what is wrong).
-        DascRefusal: a plan feature not served (``verify.check_plan_supported``); a plan for another model type.
+        DascRefusal: a plan for another model type.
     """
     from dasc_compile.schema import load_plan
-    from dasc_runtime.verify import check_model_type, check_plan_supported
+    from dasc_runtime.verify import check_model_type
 
-    plan = load_plan(settings.plan)                   # read afresh, not cached: a user may recompile it and retry
-    check_plan_supported(plan)
+    plan = load_plan(settings.plan)
     model_type = _config_model_type(model_path)
     if model_type is not None:
         check_model_type(plan, model_type, served=f"{model_path}/config.json says")
+    return plan
+
+
+def check_launch(settings, options, source=None):
+    """Everything about a launch that the settings, the server options as given and the plan decide, checked in
+    the launching process before SGLang resolves its options and before weights load (module docstring). The
+    scheduler checks the same again once SGLang resolved them (``verify.check_server_args``,
+    ``verify.check_plan_supported``, ``wr_scratch.check_refresh_startup``, ``pool_install.install_pool``).
+
+    Args:
+        settings: the resolved ``DascSettings`` (active). options: SGLang's options as given, by their ``ServerArgs``
+            names (the argparse namespace, or the ``Engine`` keyword arguments); missing ones read as unset.
+        source: field -> the flag or variable each setting came from (``settings.resolve_settings``).
+    Returns:
+        the plan.
+    Raises:
+        DascRefusal: an untested SGLang release; a plan for another model type; one line listing every serving rule
+            that applies (``unsupported option(s): ...`` first, then plan and dasc-wr refusals).
+        DascInputError: a knob or the plan does not read; a ``--dasc-pool-bytes`` budget that holds no usable slot of
+            the plan's bottleneck rank (``pool.slots_for_budget``; dasc-wr's scratch slots are charged at start-up,
+            once SGLang's prefill chunk is known).
+    """
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.pool import slots_for_budget
+    from dasc_runtime.serving_rules import serving_refusals
+    from dasc_runtime.sglang_api import check_version, installed_version
+    from dasc_runtime.verify import DascRefusal
+
+    check_version(installed_version())
+    check_env_knobs()
+    try:
+        plan = check_plan_early(settings, getattr(options, "model_path", None))
+    except DascRefusal:
+        raise
+    except DascInputError as exc:                     # the plan does not read: name where it came from
+        raise DascInputError(f"{(source or {}).get('plan', '--dasc-plan')}: {exc}") from None
+    bad = serving_refusals(options, plan, refresh_slots=settings.refresh_slots)      # no context length yet
+    opts = [r.text for r in bad if r.scope == "option"]
+    parts = (["unsupported option(s): " + "; ".join(opts)] if opts else []) + \
+        [r.text for r in bad if r.scope != "option"]
+    if parts:
+        raise DascRefusal("; ".join(parts))
+    if settings.pool_bytes is not None:
+        slots_for_budget(settings.pool_bytes, plan.tp.bottleneck_bytes_per_slot,
+                         what=(source or {}).get("pool_bytes", "--dasc-pool-bytes"))
+    return plan
 
 
 def _config_model_type(model_path) -> str | None:
@@ -188,26 +236,3 @@ def _config_model_type(model_path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None
-
-
-def plan_arg(text: str) -> str:
-    """argparse ``type`` of ``--dasc-plan``: :func:`check_plan_early` while SGLang parses its flags, so that a plan
-    dasc cannot serve is refused first (SGLang 0.5.17 runs its own ``ServerArgs`` checks, which may fail on other
-    grounds, before the ``from_cli_args`` hook), as argparse refuses a bad value: one line, status 2.
-
-    Raises:
-        argparse.ArgumentTypeError: what :func:`check_plan_early` raised, without the ``dasc: refusing to start:``
-            prefix (argparse names the flag).
-    """
-    import argparse
-
-    from dasc_compile.schema import DascInputError
-    from dasc_runtime.settings import DascSettings
-
-    if not text:
-        return text
-    try:
-        check_plan_early(DascSettings(plan=text))
-    except DascInputError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("dasc: refusing to start: ")) from None
-    return text

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dasc_compile.cli import app
-from dasc_runtime import serving_rules
+from dasc_runtime import serving_rules, size_options
 from dasc_runtime.serving_rules import RULES, SMALLEST_AUTO_CHUNK, STARTUP_ONLY
 from tests.support.runtime_fixtures import SGLANG_SKIP_REASON, compile_tiny
 
@@ -69,6 +69,8 @@ EXAMPLES = {
     "external_state_store": dict(server=dict(enable_lmcache=True), size=("never", "--enable-lmcache")),
     "storage_balance_overlap": dict(plan="storage2", server=dict(disable_overlap_schedule=False),
                                     size=("correct", [], "--disable-overlap-schedule")),
+    # dasc size prints --tp-size P itself (settle_size_options), so the rule never fires on what it prints
+    "tp_size": dict(plan="off2", server=dict(tp_size=1), size=("prints", "--tp-size 2")),
     "no_buffer_overlap": dict(server=dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=False),
                               size=("correct", ["--mamba-radix-cache-strategy", "no_buffer"],
                                     "--disable-overlap-schedule")),
@@ -143,6 +145,10 @@ def test_the_server_refuses_each_rule_and_dasc_size_agrees(plans, rule):
     elif what[0] == "own-flag":
         r = _size(plan_dir, *what[1])
         assert r.exit_code == 2 and r.output.strip() == what[2], r.output
+    elif what[0] == "prints":
+        r = _size(plan_dir)
+        assert r.exit_code == 0 and r.stderr == "", r.output
+        assert all(what[1] in " ".join(a["flags"]) for a in json.loads(r.stdout) if a["kind"] == "dasc")
     elif what[0] in ("never", "never-dasc"):   # test_size_flags_start_the_server checks the printed flags
         assert what[1].startswith("--")
     else:
@@ -176,7 +182,8 @@ def _startup_refusal_sites() -> set[str]:
 
 
 def test_every_refusal_of_the_runtime_is_a_rule_or_needs_the_served_model():
-    through_rules = {"verify.check_server_args", "verify.check_plan_supported", "wr_scratch.check_refresh_startup"}
+    through_rules = {"verify.check_server_args", "verify.check_plan_supported", "wr_scratch.check_refresh_startup",
+                     "startup_checks.check_launch"}
     sites = _startup_refusal_sites()
     assert "verify.check_fingerprint" in sites and "verify.check_server_args" in sites   # the scan sees raises
     assert sites == through_rules | set(STARTUP_ONLY), (
@@ -275,13 +282,13 @@ def test_a_plan_of_other_state_dtypes_gets_the_server_setting_that_matches(tmp_p
     from dasc_runtime.verify import DascRefusal, check_state
 
     plan, plan_dir, _ = compile_tiny(tmp_path / "bf", temporal_dtype="bfloat16")
-    settled = serving_rules.settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True)
+    settled = size_options.settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True)
     assert any("--mamba-ssm-dtype bfloat16" in n for n in settled.notes)
     for arm in size_arms(plan, max_running_requests=4, dense_slots=64, plan_path=str(plan_dir),
                          arms=("dense", "int8", "dasc")):
         assert _parse_sglang_flags(list(arm.flags)).mamba_ssm_dtype == "bfloat16", arm.flags
     plan, _, _ = compile_tiny(tmp_path / "cf", conv_dtype="float32")
-    settled = serving_rules.settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True)
+    settled = size_options.settle_size_options(plan, strategy="extra_buffer", overlap_schedule=True)
     assert any("SGLANG_MAMBA_CONV_DTYPE=float32" in n for n in settled.notes)
     import torch
 
@@ -310,3 +317,29 @@ def test_a_wr_pool_budget_is_warned_with_what_the_server_builds(tmp_path):
         assert ("it would refuse to start" in line) == refused
     nr, _, _ = compile_tiny(tmp_path / "nr", pool_budget_bytes=10 ** 6)
     assert not any("scratch" in w for w in plan_warnings(nr))
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_the_launcher_refuses_each_rule_before_weights_load(plans, rule):
+    """A user on SGLang 0.5.17: `--disable-radix-cache`, `--tp-size 2` under a TP-8 plan, `--dasc-refresh-slots 0` ...
+    were accepted by the launcher and refused only after the model had loaded. Every rule that the options as given
+    and the plan decide is now refused by the launching process (``startup_checks.check_launch``, which calls
+    ``serving_refusals``); only the served context length's rule waits for the model."""
+    from dasc_runtime.settings import DascSettings
+    from dasc_runtime.startup_checks import check_launch
+    from dasc_runtime.verify import DascRefusal
+
+    ex = EXAMPLES[rule.name]
+    plan, plan_dir = plans[ex.get("plan", "nr")]
+    settings = DascSettings(plan=str(plan_dir), refresh_slots=ex.get("refresh_slots"))
+    options = SimpleNamespace(**ex.get("server", {}))
+    if rule.name == "refresh_window_over_context":          # the served context length is the model's
+        assert check_launch(settings, options).model.model_type == plan.model.model_type
+        return
+    hits = serving_rules.serving_refusals(options, plan, refresh_slots=ex.get("refresh_slots"))
+    (clause,) = [h.text for h in hits if h.rule == rule.name]
+    with pytest.raises(DascRefusal) as info:
+        check_launch(settings, options)
+    msg = str(info.value)
+    prefix = "dasc: refusing to start: " + ("unsupported option(s): " if rule.scope == "option" else "")
+    assert "\n" not in msg and (msg == prefix + clause if len(hits) == 1 else clause in msg), (msg, hits)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -185,7 +186,7 @@ def test_yes_no_settings_refuse_what_they_do_not_take(monkeypatch):
 
     assert [parse_bool("x", v) for v in (True, " On ", "yes", "1", None, "", "off", "No", False)] == \
         [True, True, True, True, False, False, False, False, False]
-    with pytest.raises(DascInputError, match=r"^environment: compressed_only: expected 1 / true / yes / on "
+    with pytest.raises(DascInputError, match=r"^DASC_COMPRESSED_ONLY: expected 1 / true / yes / on "
                                              r"or 0 / false / no / off, got '2'$"):
         DascSettings.from_env({"DASC_PLAN": "/p", "DASC_COMPRESSED_ONLY": "2"})
     with pytest.raises(DascInputError, match="dummy_decay_ok: .* got 'maybe'"):
@@ -198,27 +199,23 @@ def test_yes_no_settings_refuse_what_they_do_not_take(monkeypatch):
 ])
 def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_the_cache(tmp_path, monkeypatch, var, bad,
                                                                                        needle):
-    """The plugin's flag step (launcher process, before any model loads) parses the env-only A/B knobs;
-    the settings are not attached when one is bad."""
+    """The launcher's flag step (before any model loads) parses the env-only A/B knobs; nothing is exported when
+    one is bad."""
     from dasc_compile.errors import DascInputError
 
-    from dasc_runtime import plugin
-
-    class SA:
-        pass
+    from dasc_runtime import launcher
 
     for v in ("DASC_EVICT_SHADOWED_FIRST", "DASC_RECLAIM_WAIT"):
         monkeypatch.delenv(v, raising=False)
-    sa = SA()
     _, plan_dir, _ = compile_tiny(tmp_path)
-    monkeypatch.setenv(var, bad)
+    monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith("DASC_")})
+    monkeypatch.setitem(os.environ, var, bad)
     with pytest.raises(DascInputError) as err:
-        plugin._store_settings(sa, {"plan": str(plan_dir)})
-    assert str(err.value) == needle and not hasattr(sa, "_dasc_settings")
-    monkeypatch.setenv(var, {"DASC_EVICT_SHADOWED_FIRST": "on", "DASC_RECLAIM_WAIT": "host"}[var])
-    monkeypatch.setattr("os.environ", dict(os.environ))      # export() writes DASC_* here, not into the session
-    plugin._store_settings(sa, {"plan": str(plan_dir)})
-    assert hasattr(sa, "_dasc_settings")
+        launcher.settle({"plan": str(plan_dir)}, {}, SimpleNamespace())
+    assert str(err.value) == needle and "DASC_PLAN" not in os.environ
+    monkeypatch.setitem(os.environ, var, {"DASC_EVICT_SHADOWED_FIRST": "on", "DASC_RECLAIM_WAIT": "host"}[var])
+    assert launcher.settle({"plan": str(plan_dir)}, {}, SimpleNamespace()).plan == str(plan_dir)
+    assert os.environ["DASC_PLAN"] == str(plan_dir)
 
 
 @needs_sglang

@@ -1,0 +1,141 @@
+"""The process that launches SGLang: dasc's ``--dasc-*`` flags and ``Engine(dasc_*=...)`` keyword arguments.
+
+Three hooks of :mod:`dasc_runtime.plugin` run here (``ServerArgs.add_cli_args``, ``ServerArgs.from_cli_args``, and
+the adapter's ``ENGINE_KWARGS_TARGET``). Each resolves the flags or keywords with the ``DASC_*`` variables
+(:func:`dasc_runtime.settings.resolve_settings`: a flag wins over its variable, the variables fill the rest, a
+setting without a plan is refused), checks what the launch decides before SGLang builds its ``ServerArgs`` and
+before any weights load (:func:`dasc_runtime.startup_checks.check_launch`, for a plan from ``--dasc-plan`` or
+``DASC_PLAN`` alike), then carries the settings to every process (the ``ServerArgs`` attribute, the environment).
+
+In the launcher no scheduler frame turns a refusal into one line (:mod:`dasc_runtime.scheduler_refusal`), so
+:func:`from_cli_args` prints it as one ``dasc: refusing to start:`` line and exits with status 2, as argparse does,
+without argparse's usage block. ``Engine`` raises the refusal (a ``DascInputError``) before its constructor runs.
+Nothing here imports torch or SGLang at import time.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+__all__ = ["FLAGS", "add_cli_args", "from_cli_args", "engine_kwargs_init", "settle", "publish"]
+
+
+def _int_or_text(text: str):
+    """argparse ``type`` of the integer flags: the integer, or the text itself, which the settings refuse in one line
+    naming the flag (argparse's own refusal prints its whole usage first)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+#: ``(flag, field, argparse keyword arguments)`` of every ``--dasc-*`` flag (``settings.ENV_VARS`` names the fields).
+FLAGS = (
+    ("--dasc-plan", "plan", dict(default=None, help="dasc plan directory (or its plan.json): serve compressed state "
+                                                    "checkpoints (or DASC_PLAN)")),
+    ("--dasc-pool-slots", "pool_slots", dict(type=_int_or_text, default=None,
+                                             help="dasc: usable compressed checkpoint slots per rank (at least 1)")),
+    ("--dasc-pool-bytes", "pool_bytes", dict(type=_int_or_text, default=None,
+                                             help="dasc: per-rank byte budget of the compressed pool "
+                                                  "(slots = budget // bytes_per_slot - 1)")),
+    ("--dasc-compressed-only", "compressed_only", dict(action="store_true", default=False,
+                                                       help="dasc: cache checkpoints only in the compressed pool "
+                                                            "(no dense spill; quality runs)")),
+    ("--dasc-demote-watermark", "demote_watermark", dict(type=_int_or_text, default=None,
+                                                         help="dasc: free native slots below which dense checkpoints "
+                                                              "are demoted in the background (default 10%% of them)")),
+    ("--dasc-dummy-decay-ok", "dummy_decay_ok", dict(action="store_true", default=False,
+                                                     help="dasc: with --load-format dummy only, serve a plan compiled "
+                                                          "from another checkpoint's decay values (latency "
+                                                          "benchmarks; the random weights cannot match)")),
+    ("--dasc-refresh-slots", "refresh_slots", dict(type=_int_or_text, default=None,
+                                                   help="dasc-wr: windows one scratch refresh pass replays "
+                                                        "(hidden request rows and native Mamba slots; default 8)")),
+)
+_FLAG_NAMES = {field: flag for flag, field, _ in FLAGS}
+_KWARG_NAMES = {field: "dasc_" + field for _, field, _ in FLAGS}
+
+
+def add_cli_args(result, parser) -> None:
+    """AFTER ``ServerArgs.add_cli_args``: the ``--dasc-*`` flags."""
+    group = parser.add_argument_group("dasc (decay-aware state compression)")
+    for flag, field, kw in FLAGS:
+        if not any(flag in a.option_strings for a in parser._actions):
+            group.add_argument(flag, dest="dasc_" + field, **kw)
+
+
+def settle(given: dict, names: dict, options):
+    """The settings of a launch, checked: :func:`~dasc_runtime.settings.resolve_settings` of ``given`` (field -> the
+    flag's or keyword's value, named in a refusal by ``names``) with the environment, then, with a plan,
+    :func:`~dasc_runtime.startup_checks.check_launch` on ``options`` (SGLang's options as given) and the settings
+    exported as ``DASC_*`` (child processes inherit them; a refused launch exports nothing).
+
+    Returns:
+        the active ``DascSettings``, or None when no plan is given anywhere (dasc is off).
+    Raises:
+        DascInputError / DascRefusal: see ``resolve_settings`` and ``check_launch``.
+    """
+    from dasc_runtime.settings import resolve_settings
+    from dasc_runtime.startup_checks import check_launch
+
+    settings, source = resolve_settings(given, names)
+    if not settings.active:
+        return None
+    check_launch(settings, options, source)
+    settings.export()
+    return settings
+
+
+def publish(server_args, settings) -> None:
+    """Record ``settings`` on ``server_args`` (pickled into every scheduler process; ``side_channels``)."""
+    from dataclasses import asdict
+
+    from dasc_runtime.side_channels import attach_settings
+
+    attach_settings(server_args, asdict(settings))
+
+
+def from_cli_args(original, cls, args):
+    """AROUND ``ServerArgs.from_cli_args``: settle the ``--dasc-*`` values and ``DASC_*`` (:func:`settle`) on the
+    options as parsed, before SGLang builds (0.5.17: and checks) its ``ServerArgs``, then record them on it.
+
+    A refusal is one ``dasc: refusing to start: ...`` line on stderr and ``SystemExit(2)`` (module docstring).
+    """
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.refusal import PREFIX
+
+    given = {field: getattr(args, "dasc_" + field, None) for _, field, _ in FLAGS}
+    try:
+        settings = settle(given, _FLAG_NAMES, args)
+    except DascInputError as exc:
+        msg = " ".join(str(exc).split())                      # one line, whatever the message held
+        print(msg if msg.startswith(PREFIX) else PREFIX + msg, file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    result = original(cls, args)
+    if settings is not None:
+        publish(result, settings)
+    return result
+
+
+def engine_kwargs_init(original, self, *args, **kwargs):
+    """AROUND the constructor that receives ``Engine(..., dasc_plan=..., dasc_pool_slots=...)`` keyword arguments
+    (the adapter's ``ENGINE_KWARGS_TARGET``: ``ServerArgs.__init__`` in 0.5.17, ``Engine.__init__`` in 0.5.23):
+    pops them, settles them with ``DASC_*`` (:func:`settle`) before the constructor runs (it may start the
+    scheduler processes, which inherit the environment), then records them on the ``ServerArgs`` it built.
+    Without any ``dasc_*`` keyword the constructor runs untouched (in 0.5.17 it is every ``ServerArgs(...)``).
+
+    Raises:
+        DascInputError / DascRefusal: see :func:`settle`; an untested SGLang release.
+    """
+    from dasc_runtime.sglang_api import api
+
+    raw = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items() if kw in kwargs}
+    if not raw:
+        return original(self, *args, **kwargs)
+    adapter = api()                                   # an untested SGLang is refused here, in one line
+    settings = settle(raw, _KWARG_NAMES, SimpleNamespace(**kwargs))
+    original(self, *args, **kwargs)
+    sa = adapter.server_args_of(self)
+    if sa is not None and settings is not None:
+        publish(sa, settings)
