@@ -3,7 +3,7 @@ and under load, :mod:`dasc_runtime.sizing`) and SGLang flags at equal state memo
 byte-size parser of its ``--budget``.
 
 The sizing itself is :mod:`dasc_runtime.sizing` (one place), and what the server would refuse is
-:func:`dasc_runtime.serving_rules.settle_size_options` (the function the server's own start-up checks
+:func:`dasc_runtime.size_options.settle_size_options` (the function the server's own start-up checks
 call); this module only reads the command's inputs and prints what they computed, with the plan's
 warnings (:func:`dasc_compile.compiler.plan_warnings`) and the flags the rules added.
 """
@@ -79,7 +79,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     """
     from dasc_compile.compiler import plan_warnings
     from dasc_compile.provenance import short_line
-    from dasc_runtime.serving_rules import settle_size_options
+    from dasc_runtime.size_options import settle_size_options
 
     out = out or sys.stdout
     budget_bytes = None if budget is None else parse_bytes(budget)      # a bad value is named before what is missing

@@ -180,7 +180,7 @@ def run_sweep(model: Path, grid: SweepGrid, *, config: Optional[Path] = None, si
 
 def _size_rows(result: SweepResult, plan_dir: Optional[Path]) -> None:
     """Each row's dasc arm, and per TP the Dense and SGLang INT8 arms, at the sweep's budget (``dasc size``)."""
-    from dasc_runtime.serving_rules import settle_size_options
+    from dasc_runtime.size_options import settle_size_options
     from dasc_runtime.sizing import size_arms
 
     s = result.sizing

@@ -54,7 +54,7 @@ def commands_for(result: SweepResult, row: SweepRow, user_flags: list[str], plan
     given; the point's ``--wmax``, ``--tp``, ``--balance`` and INT8 setting are added. The SGLang flags
     are the dasc arm's from ``dasc size`` with a budget, else ``--dasc-plan`` and what the runtime needs.
     """
-    from dasc_runtime.serving_rules import settle_size_options
+    from dasc_runtime.size_options import settle_size_options
 
     pol = row.plan.policy
     path = str(plan_dir / row.name) if plan_dir is not None else row.name
