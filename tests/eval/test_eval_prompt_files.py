@@ -7,30 +7,17 @@ import codecs
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from dasc_compile.cli import app
 from dasc_compile.errors import DascInputError
 from dasc_compile.eval.prompts import from_jsonl
 from dasc_compile.eval.tokenizer import ByteTokenizer
+from tests.support.cli_runner import cli as _cli, one_error_line as _one_error_line
 from tests.support.tiny_models import compile_for
 
 pytestmark = pytest.mark.transformers_range
 
-runner = CliRunner()
 TOK = ByteTokenizer()
 FORMS = "expected a JSON object with 'text', or 'prefix' and 'suffix' (and optionally 'answer')"
-
-
-def _cli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(r, code=2):
-    assert r.exit_code == code, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.output
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

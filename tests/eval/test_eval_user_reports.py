@@ -9,22 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from dasc_compile.cli import app
+from tests.support.cli_runner import cli as _cli, one_error_line as _one_error_line
 from tests.support.tiny_models import compile_for
 
 pytestmark = pytest.mark.transformers_range
 
 runner = CliRunner()
-
-
-def _cli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(r, code=2):
-    assert r.exit_code == code, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.output
-    return lines[0]
 
 
 def test_missing_transformers_is_one_line_naming_the_extra(gdn_dir, tmp_path, monkeypatch):
