@@ -361,6 +361,12 @@ def main(argv=None) -> int:
                                       refresh_slots=a.refresh_slots)
         for note in settled.notes:         # before a refusal too: the cap note explains the scratch it names
             print(f"warning: {note}", file=sys.stderr)
+        k = slots_per_running_request("extra_buffer", overlap_schedule=settled.overlap_schedule)
+        for flag, n in (("--dense-slots", a.dense_slots), ("--native-slots", a.native_slots)):
+            if n < k:                       # SGLang refuses a cache that runs no request ("too small to serve")
+                raise DascInputError(f"{flag} {n}: SGLang reserves k = {k} native slots per running request "
+                                     f"(extra_buffer{'' if settled.overlap_schedule else ' without overlap'}), so "
+                                     f"fewer than {k} serves no request; give at least {k} (k R for R running)")
         mm = plan_matched_memory(plan, dense_slots=a.dense_slots, native_slots=a.native_slots,
                                  scratch_slots=a.scratch_slots, refresh_slots=a.refresh_slots)
     except DascInputError as exc:

@@ -582,6 +582,20 @@ def test_sizing_module_main_names_each_bad_count(kimi, capsys):
             cap.err.count("\n") == 1, cap.err
 
 
+def test_sizing_module_main_refuses_fewer_native_slots_than_one_request_needs(kimi, capsys):
+    """``--native-slots 1`` printed ``--max-mamba-cache-size 1``, a cache SGLang refuses ("too small to serve any
+    requests"): extra_buffer with the overlap scheduler reserves k = 5 native slots per running request."""
+    for args, flag, n in ((["--dense-slots", "394", "--native-slots", "1"], "--native-slots", 1),
+                          (["--dense-slots", "4", "--native-slots", "5"], "--dense-slots", 4)):
+        assert sizing.main(["--plan", str(kimi["w16"]), *args]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and cap.err == (
+            f"error: {flag} {n}: SGLang reserves k = 5 native slots per running request (extra_buffer), so fewer "
+            f"than 5 serves no request; give at least 5 (k R for R running)\n")
+    assert sizing.main(["--plan", str(kimi["w16"]), "--dense-slots", "56", "--native-slots", "5"]) == 0
+    assert "--max-mamba-cache-size 5 " in capsys.readouterr().out
+
+
 def test_no_slot_fits_never_names_negative_bytes(kimi):
     """B = 20 scratch slots against the 16 dense slots beside M' = 40: the error said "leave -173670400 bytes"."""
     r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
