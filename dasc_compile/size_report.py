@@ -92,7 +92,11 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     settled = settle_size_options(plan, strategy=strategy, overlap_schedule=overlap_schedule,
                                   refresh_slots=refresh_slots)
     if pair_plan is not None:
-        _check_pair_plan(plan, plan_path, load_plan(pair_plan), pair_plan)
+        try:
+            other = load_plan(pair_plan)
+        except DascInputError as exc:             # name the flag: the path alone reads like the main plan's
+            raise DascInputError(f"--pair-plan {exc}") from None
+        _check_pair_plan(plan, plan_path, other, pair_plan)
     arms = size_arms(plan, max_running_requests=max_running_requests, dense_slots=dense_slots,
                      budget_bytes=budget_bytes, strategy=strategy,
                      overlap_schedule=overlap_schedule, plan_path=str(plan_path), pair_plan_path=pair_plan,

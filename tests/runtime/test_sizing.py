@@ -493,6 +493,8 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
     (["--budget", "lots"], "--budget: expected a positive size"),     # the bad value before the missing R
     (["--dense-slots", "64", "--max-running-requests", "8", "--mamba-radix-cache-strategy", "nope"], "expected one of"),
     (["--dense-slots", "64", "--max-running-requests", "8", "--pair-plan", "W64"], "--pair-plan"),
+    (["--dense-slots", "64", "--max-running-requests", "8", "--pair-plan", "no-such-plan"],
+     "error: --pair-plan no-such-plan: dasc plan not found"),
     (["--dense-slots", "x", "--max-running-requests", "8"], "dense-slots"),
     (["--dense-slots", "-1", "--max-running-requests", "8"], "--dense-slots: expected an integer >= 1"),
     (["--dense-slots", "99999999999999999999", "--max-running-requests", "8"], "<= 2147483648"),
