@@ -7,8 +7,8 @@ given. The hook table and the flow of the flag are in ``runtime/DESIGN-runtime.m
 ``_init_mamba_pool`` hook installs is built by :mod:`dasc_runtime.pool_install`. Two hook targets
 differ between SGLang releases (the cache factory and where ``Engine`` keyword arguments arrive); the
 installed release's adapter (:func:`dasc_runtime.sglang_api.api`) names them, :func:`hooks` builds the
-table. The flag hooks (the launching process) are :mod:`dasc_runtime.launcher`'s. The hooks that can refuse inside a scheduler process at start-up carry ``@refuse_in_scheduler``
-(:mod:`dasc_runtime.scheduler_refusal`): there a ``DascRefusal`` is one log line and the server ends,
+table. The flag hooks (the launching process) are :mod:`dasc_runtime.launcher`'s. The hooks that can
+refuse inside a scheduler process at start-up carry ``@refuse_in_scheduler`` (:mod:`dasc_runtime.scheduler_refusal`): there a ``DascRefusal`` is one log line and the server ends,
 instead of SGLang's scheduler traceback.
 """
 

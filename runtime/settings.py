@@ -155,30 +155,6 @@ class DascSettings:
     def active(self) -> bool:
         return self.plan is not None
 
-    @classmethod
-    def from_mapping(cls, d: Mapping, source: str = "settings", names: Mapping[str, str] | None = None
-                     ) -> "DascSettings":
-        """From a dict of field -> raw value (CLI namespace values, Engine kwargs or env strings). A bad value is
-        named ``names[field]`` (e.g. the ``--dasc-*`` flag it came from), else ``"{source}: {field}"``.
-
-        Raises:
-            DascInputError: a value of the wrong kind, or both pool sizes.
-        """
-        def name(field: str) -> str:
-            return names[field] if names and field in names else f"{source}: {field}"
-
-        return cls(**{field: _parse(field, d.get(field), name(field)) for field in ENV_VARS})
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "DascSettings":
-        """From the ``DASC_*`` variables alone (a bad value is named by its variable).
-
-        Raises:
-            DascInputError: a value of the wrong kind, or both pool sizes.
-        """
-        env = os.environ if env is None else env
-        return cls.from_mapping({k: env.get(v) for k, v in ENV_VARS.items()}, source="environment", names=ENV_VARS)
-
     def given(self) -> dict:
         """The fields that are set (field -> value; None and False left out): what :meth:`to_env` exports."""
         return {k: v for k, v in asdict(self).items() if v is not None and v is not False}

@@ -157,18 +157,18 @@ def test_one_plan_reader_for_compiler_and_runtime(tmp_path):
 def test_settings_sources_and_env_roundtrip(monkeypatch):
     from dasc_compile.errors import DascInputError
 
-    from dasc_runtime.settings import DascSettings, current_settings
+    from dasc_runtime.settings import DascSettings, current_settings, resolve_settings
 
     for k in ("DASC_PLAN", "DASC_POOL_SLOTS", "DASC_POOL_BYTES", "DASC_COMPRESSED_ONLY", "DASC_DEMOTE_WATERMARK"):
         monkeypatch.delenv(k, raising=False)
-    s = DascSettings.from_mapping({"plan": "/p", "pool_bytes": "4096", "compressed_only": True})
+    s = resolve_settings({"plan": "/p", "pool_bytes": "4096", "compressed_only": True}, env={}, need_plan=False)[0]
     env = s.to_env()
     assert env == {"DASC_PLAN": "/p", "DASC_POOL_BYTES": "4096", "DASC_COMPRESSED_ONLY": "1"}
-    assert DascSettings.from_env(env) == s
+    assert resolve_settings({}, env=env, need_plan=False)[0] == s
     with pytest.raises(DascInputError, match="exclusive"):
         DascSettings(plan="/p", pool_slots=3, pool_bytes=10)
     with pytest.raises(DascInputError, match="expected an integer"):
-        DascSettings.from_env({"DASC_PLAN": "/p", "DASC_POOL_SLOTS": "many"})
+        resolve_settings({}, env={"DASC_PLAN": "/p", "DASC_POOL_SLOTS": "many"}, need_plan=False)
 
     class SA:
         _dasc_settings = {"plan": "/from-args", "pool_slots": 7}
@@ -182,15 +182,15 @@ def test_yes_no_settings_refuse_what_they_do_not_take(monkeypatch):
     """DASC_COMPRESSED_ONLY=2 was silently "no"; every yes / no setting now names itself and its words."""
     from dasc_compile.errors import DascInputError
 
-    from dasc_runtime.settings import DascSettings, parse_bool
+    from dasc_runtime.settings import parse_bool, resolve_settings
 
     assert [parse_bool("x", v) for v in (True, " On ", "yes", "1", None, "", "off", "No", False)] == \
         [True, True, True, True, False, False, False, False, False]
     with pytest.raises(DascInputError, match=r"^DASC_COMPRESSED_ONLY: expected 1 / true / yes / on "
                                              r"or 0 / false / no / off, got '2'$"):
-        DascSettings.from_env({"DASC_PLAN": "/p", "DASC_COMPRESSED_ONLY": "2"})
+        resolve_settings({}, env={"DASC_PLAN": "/p", "DASC_COMPRESSED_ONLY": "2"}, need_plan=False)
     with pytest.raises(DascInputError, match="dummy_decay_ok: .* got 'maybe'"):
-        DascSettings.from_mapping({"plan": "/p", "dummy_decay_ok": "maybe"})
+        resolve_settings({"plan": "/p", "dummy_decay_ok": "maybe"}, env={}, need_plan=False)
 
 
 @pytest.mark.parametrize("var, bad, needle", [

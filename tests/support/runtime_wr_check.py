@@ -33,7 +33,7 @@ M, SIZE, KV = 10, 8, 400
 def server_args(plan_dir, **extra):
     """Publish SGLang's server args; the ``dasc_*`` settings reach the pool hooks through ``DASC_*`` (what
     a scheduler process inherits from the launcher in either release)."""
-    from dasc_runtime.settings import DascSettings
+    from dasc_runtime.settings import resolve_settings
 
     dasc = {"plan": plan_dir, "compressed_only": True}
     if "dasc_pool_bytes" not in extra:
@@ -41,7 +41,7 @@ def server_args(plan_dir, **extra):
     dasc.update({k[len("dasc_"):]: extra.pop(k) for k in list(extra) if k.startswith("dasc_")})
     for k in [k for k in os.environ if k.startswith("DASC_")]:
         os.environ.pop(k)
-    DascSettings.from_mapping(dasc).export()
+    resolve_settings(dasc, env={}, need_plan=False)[0].export()
     return F.set_server_args(chunk=4, attention_backend="torch_native", **extra)
 
 
