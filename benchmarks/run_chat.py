@@ -22,7 +22,7 @@ warm):
   run is ``benchmarks/chat_replay.py`` in its own isolated process.
 * ``down``: stop every server of ``WORK/servers.json``.
 
-Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD[__drift].json.gz`` (chat_replay results),
+Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD__LOAD__kCALL[__drift].json.gz`` (chat_replay results),
 ``manifest.json`` (one entry per run: order, role, arm, seed, wall, rc, the server's last dasc
 counter line and, for dasc arms, the run's checkpoint account (runtime/account.py; a flush after
 the run logs it); the settings), ``ARM/server.log``.
@@ -270,7 +270,9 @@ def cmd_run(a: argparse.Namespace) -> int:
             return
         server_log = a.work / arm / "server.log"
         offset = server_log.stat().st_size if server_log.is_file() else 0
-        out = runs_dir / f"{run_name(arm, seed, a.replay, a.pad_tokens, role)}.json.gz"
+        load = f"c{a.clients}" if a.rate is None else f"r{a.rate:g}"
+        stem = run_name(arm, seed, a.replay, a.pad_tokens, role, load, len(manifest["calls"]) - 1)
+        out = runs_dir / f"{stem}.json.gz"
         cmd = [*CLIENT, "--trace", str(a.trace.resolve()), "--url", f"http://127.0.0.1:{s['port']}", "--arm", arm,
                "--seed", str(seed), "--conversations-per-seed", str(a.conversations_per_seed),
                "--pool-seed", str(a.pool_seed), "--replay", a.replay, "--decode-clip", str(a.decode_clip),

@@ -91,9 +91,15 @@ def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
     return rest + 1
 
 
-def run_name(arm: str, seed: int, replay: str, pad: int, role: str) -> str:
-    """File stem of one run's result."""
-    return f"{arm}__s{seed}__{replay}__p{pad}" + ("__drift" if role == "drift" else "")
+def run_name(arm: str, seed: int, replay: str, pad: int, role: str, load: str, call: int) -> str:
+    """File stem of one run's result: ``ARM__sSEED__REPLAY__pPAD__LOAD__kCALL[__drift]``.
+
+    ``load`` is ``c<clients>`` (closed loop) or ``r<rate>`` (open loop, conversations/s) and ``call``
+    the index of the call in the work folder's manifest.json. Both are in the name because a work
+    folder outlives a call on a warm machine: before they were, a closed-loop saturation run of seed 4
+    wrote over the open-loop Dense run of seed 4 that an earlier call had left there (session 36).
+    """
+    return f"{arm}__s{seed}__{replay}__p{pad}__{load}__k{call}" + ("__drift" if role == "drift" else "")
 
 
 def reserve_s(order: Sequence[tuple[str, int, str]], idx: int, run_s: Callable[[int], float]) -> float:

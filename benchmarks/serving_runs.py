@@ -179,7 +179,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         DascInputError: an unreadable folder, manifest or result; an exclusion that matches nothing, or a
             bare name that matches runs in more than one folder; with
             ``baseline_run="closing"``, a counted run of the baseline arm (an arm with closing runs) that has
-            no closing run in its call (its seed would silently keep the opening baseline).
+            no closing run in its call (its seed would silently keep the opening baseline); two counted
+            runs of one manifest that name one result file (the later wrote over the earlier).
     """
     if baseline_run not in ("opening", "closing"):
         raise DascInputError(f"--baseline-run {baseline_run}: expected opening or closing")
@@ -198,6 +199,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         if not isinstance(man, dict) or not isinstance(man.get("runs"), list):
             raise DascInputError(f"{man_p}: expected a run_chat manifest (an object with a 'runs' list)")
         manifests.append((w, man))
+        _refuse_overwritten(w, man, exclude_calls)
     # an exclusion that matches nothing is a typo: the report would silently keep what it should leave out
     calls = {i for _, man in manifests for i in range(len(man.get("calls") or ()))} \
         | {e.get("call") for _, man in manifests for e in man["runs"]}
@@ -308,6 +310,25 @@ def _opening_runs_with_a_closing_run(w: Path, man: dict, exclude_calls: Sequence
                                  f"use --baseline-run opening")
         out.add(e.get("file"))
     return out
+
+
+def _refuse_overwritten(work: Path, man: dict, exclude_calls: Sequence[int]) -> None:
+    """Refuse a work folder in which two runs of manifest.json name one result file: the later run wrote
+    over the earlier one's results (run_chat named runs without their load and call until session 36, so
+    a closed-loop run of a seed replaced an open-loop run of that seed from an earlier call)."""
+    seen: dict = {}
+    for e in man["runs"]:
+        f = e.get("file")
+        if not f or e.get("skipped") or e.get("call") in exclude_calls:
+            continue
+        if f in seen:
+            first = seen[f]
+            raise DascInputError(
+                f"{work / 'runs' / f}: named by two runs in {work / 'manifest.json'} ({first['arm']} seed "
+                f"{first['seed']} of call {first['call']} and {e['arm']} seed {e['seed']} of call {e['call']}): "
+                f"the later run wrote over the earlier one's results; report the earlier call from the chat.tar.gz "
+                f"it returned, and leave the other out with --exclude-call")
+        seen[f] = e
 
 
 def runs_by_draw(runs: Sequence[dict]) -> dict:

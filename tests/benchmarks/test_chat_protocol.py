@@ -122,7 +122,12 @@ def test_schedule_follows_the_seed_with_dense_first_and_last():
     assert preds[("int8", "w16")] <= 2 and max(preds.values()) <= 3
     with pytest.raises(DascInputError, match="baseline"):
         schedule(["int8", "w16"], [0])
-    assert run_name("dense", 3, "served-reply", 6000, "drift") == "dense__s3__served-reply__p6000__drift"
+    assert run_name("dense", 3, "served-reply", 6000, "drift", "r0.2264", 1) \
+        == "dense__s3__served-reply__p6000__r0.2264__k1__drift"
+    # the same arm and seed under another load or in another call of one work folder is another file
+    names = {run_name("dense", 4, "served-reply", 6000, "arm", load, call)
+             for load in ("c24", "r0.2264") for call in (0, 1)}
+    assert len(names) == 4
 
 
 def test_a_seed_starts_only_when_all_its_arms_and_the_closing_run_fit():
@@ -761,8 +766,9 @@ def test_closing_baseline_refuses_a_seed_without_a_closing_run(tmp_path, capsys)
     """A baseline run with no closing run in its call would silently stay the opening baseline of its seed."""
     w = _work(tmp_path)
     man = json.loads((w / "manifest.json").read_text())
-    man["runs"].append({"call": 1, "index": 4, "arm": "dense", "seed": 1, "role": "arm", "file": "dense_0.json.gz", "rc": 0})
+    man["runs"].append({"call": 1, "index": 4, "arm": "dense", "seed": 1, "role": "arm", "file": "dense_4.json.gz", "rc": 0})
     (w / "manifest.json").write_text(json.dumps(man))
+    (w / "runs" / "dense_4.json.gz").write_bytes((w / "runs" / "dense_0.json.gz").read_bytes())
     with pytest.raises(DascInputError, match="dense seed 1 .* has no closing run in its call 1"):
         srun.collect([w], exclude_runs=["w16_3.json.gz"], baseline_run="closing")
     assert len(srun.collect([w], exclude_calls=[1], baseline_run="closing")) == 2
@@ -797,6 +803,23 @@ def test_report_refuses_a_seed_counted_twice(tmp_path, capsys):
     assert not (tmp_path / "rep").exists()
     assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "rep"),
                     "--exclude-run", "w16_3.json.gz"]) == 0
+
+
+def test_report_refuses_a_result_file_two_runs_name(tmp_path, capsys):
+    """Session 36: a closed-loop Dense run of seed 4 in call 2 wrote over call 1's open-loop Dense run of seed 4
+    (the names lacked load and call); the report then paired the saturation run as if it were the opening run.
+    A file two counted runs name is refused with both calls; leaving one call out lets the other stand."""
+    w = _work(tmp_path)
+    man = json.loads((w / "manifest.json").read_text())
+    man["runs"][3]["file"] = man["runs"][1]["file"]          # w16 of call 1 wrote over w16 of call 0
+    (w / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(DascInputError, match=r"w16_1.json.gz: named by two runs .*w16 seed 0 of call 0 and w16 "
+                                             r"seed 0 of call 1\): the later run wrote over"):
+        srun.collect([w])
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep")
+    assert "named by two runs" in err and not (tmp_path / "rep").exists()
+    assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in srun.collect([w], exclude_calls=[1])) == [
+        ("dense", "arm", 9.0), ("dense", "drift", 2.0), ("w16", "arm", 1.0)]
 
 
 def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
