@@ -15,10 +15,11 @@ Nothing here imports torch or SGLang at import time.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 
-__all__ = ["FLAGS", "add_cli_args", "from_cli_args", "engine_kwargs_init", "settle", "publish"]
+__all__ = ["CHECKED_VAR", "FLAGS", "add_cli_args", "from_cli_args", "engine_kwargs_init", "settle", "publish"]
 
 
 def _int_or_text(text: str):
@@ -84,7 +85,28 @@ def settle(given: dict, names: dict, options):
         return None
     check_launch(settings, options, source)
     settings.export()
+    os.environ[CHECKED_VAR] = _fingerprint(os.environ)
     return settings
+
+
+#: Set by :func:`settle` in the environment it exports (children inherit it): the ``DASC_*`` settings a launch of
+#: this process tree has checked, so that a later constructor that sees the same variables does not check them again.
+CHECKED_VAR = "_DASC_LAUNCH_CHECKED"
+
+
+def _fingerprint(env) -> str:
+    """The ``DASC_*`` settings of ``env`` as one string (unset and empty alike)."""
+    from dasc_runtime.settings import ENV_VARS
+
+    return ";".join(f"{var}={env.get(var) or ''}" for var in ENV_VARS.values())
+
+
+def _unchecked_env_settings() -> bool:
+    """True when the environment sets a ``DASC_*`` setting that no launch of this process tree has checked."""
+    from dasc_runtime.settings import ENV_VARS
+
+    return any(os.environ.get(var) for var in ENV_VARS.values()) \
+        and os.environ.get(CHECKED_VAR) != _fingerprint(os.environ)
 
 
 def publish(server_args, settings) -> None:
@@ -123,7 +145,10 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     (the adapter's ``ENGINE_KWARGS_TARGET``: ``ServerArgs.__init__`` in 0.5.17, ``Engine.__init__`` in 0.5.23):
     pops them, settles them with ``DASC_*`` (:func:`settle`) before the constructor runs (it may start the
     scheduler processes, which inherit the environment), then records them on the ``ServerArgs`` it built.
-    Without any ``dasc_*`` keyword the constructor runs untouched (in 0.5.17 it is every ``ServerArgs(...)``).
+    Without any ``dasc_*`` keyword the constructor runs untouched (in 0.5.17 it is every ``ServerArgs(...)``),
+    unless the environment sets ``DASC_*`` settings no launch of this process tree has checked
+    (:data:`CHECKED_VAR`): ``Engine(...)`` with the plan only in ``DASC_PLAN`` is settled and refused here as well,
+    not after the model has loaded.
 
     Raises:
         DascInputError / DascRefusal: see :func:`settle`; an untested SGLang release.
@@ -131,7 +156,7 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     from dasc_runtime.sglang_api import api
 
     raw = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items() if kw in kwargs}
-    if not raw:
+    if not raw and not _unchecked_env_settings():
         return original(self, *args, **kwargs)
     adapter = api()                                   # an untested SGLang is refused here, in one line
     settings = settle(raw, _KWARG_NAMES, SimpleNamespace(**kwargs))

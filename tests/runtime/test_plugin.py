@@ -51,6 +51,7 @@ def test_flag_reaches_server_args_env_and_pickled_copies(findings):
     assert findings["pickled_settings"] == want                 # what a spawned scheduler receives
     assert findings["cli_env"] == {"DASC_PLAN": plan, "DASC_POOL_SLOTS": "5", "DASC_DEMOTE_WATERMARK": "2",
                                    "DASC_DUMMY_DECAY_OK": "1"}
+    assert findings["cli_checked"]                              # its schedulers do not check the launch again
     assert findings["kwarg_settings"] == {"plan": plan, "compressed_only": True}   # Engine(dasc_plan=...)
     assert findings["plain_settings"] is None
 
@@ -77,6 +78,12 @@ def test_hit_batch_hint_and_log_counters(findings):
 
 
 def test_mismatched_plan_and_unsupported_option_refuse_to_start(findings):
+    # Engine(...) in the launching process, with the plan only in DASC_PLAN: refused before its constructor runs
+    # (0.5.17: as it builds ServerArgs), before any model loads; it was refused only in the scheduler, after the
+    # weights had loaded
+    assert findings["hicache_launch"].startswith("DascRefusal: dasc: refusing to start: unsupported option(s): "
+                                                 "--enable-hierarchical-cache")
+    # in a scheduler process (the launch checked): the refusals at model load, which stay as the backstop
     assert findings["mismatch"].startswith("DascRefusal: dasc: refusing to start: temporal state per rank")
     assert "plan (2, 8, 8)" in findings["mismatch"] and "server (4, 16, 16)" in findings["mismatch"]
     assert findings["hicache"] == ("DascRefusal: dasc: refusing to start: unsupported option(s): "

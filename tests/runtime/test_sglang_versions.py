@@ -61,8 +61,13 @@ def test_an_untested_release_gets_only_the_flag_hooks_and_refuses_at_model_load(
     monkeypatch.setattr(sglang_api, "_API", [None])
     with pytest.raises(DascRefusal, match="sglang 0.5.20 is installed"):
         plugin.engine_kwargs_init(lambda self, **kw: None, SimpleNamespace(), dasc_plan=str(plan_dir))
-    # without a plan the keyword hook passes straight through
+    # Engine(...) with the plan only in DASC_PLAN: refused the same way, before the constructor runs
     seen = []
+    with pytest.raises(DascRefusal, match="sglang 0.5.20 is installed"):
+        plugin.engine_kwargs_init(lambda self, **kw: seen.append(kw), SimpleNamespace(), model_path="m")
+    assert seen == []
+    # without a plan the keyword hook passes straight through
+    monkeypatch.delenv("DASC_PLAN")
     plugin.engine_kwargs_init(lambda self, **kw: seen.append(kw), SimpleNamespace(), model_path="m")
     assert seen == [{"model_path": "m"}]
 

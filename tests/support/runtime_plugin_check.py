@@ -51,7 +51,10 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
                               "--dasc-pool-slots", "5", "--dasc-demote-watermark", "2",
                               "--dasc-dummy-decay-ok"])
     out["cli_settings"] = settings_of(sa)
-    out["cli_env"] = {k: v for k, v in os.environ.items() if k.startswith("DASC_")}
+    from dasc_runtime.launcher import CHECKED_VAR
+
+    out["cli_env"] = {k: v for k, v in os.environ.items() if k.startswith("DASC_") and k != CHECKED_VAR}
+    out["cli_checked"] = bool(os.environ.get(CHECKED_VAR))
     import pickle
 
     out["pickled_settings"] = settings_of(pickle.loads(pickle.dumps(sa)))
@@ -139,11 +142,26 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     comp.book.locked["dense"] = 0
     del fixed
 
-    # 7. refusals: a plan compiled for another model; an option the plan cannot serve
+    # 7. refusals: a plan compiled for another model; an option the plan cannot serve. First in the launching
+    # process: Engine(...) with the plan only in DASC_PLAN, not checked yet
     from dasc_runtime.installed import INSTALLED
+    from dasc_runtime.launcher import _fingerprint
+
+    os.environ.pop(CHECKED_VAR, None)
+    os.environ["DASC_PLAN"] = plan_dir
+    try:
+        S.engine_server_args(model_path="dummy", page_size=1, enable_hierarchical_cache=True)
+        out["hicache_launch"] = "constructed"
+    except Exception as exc:                   # DascRefusal, before SGLang builds anything
+        out["hicache_launch"] = f"{type(exc).__name__}: {exc}"
+
+    def as_scheduler(plan):
+        """The environment a scheduler process inherits: the plan, checked by its launcher."""
+        os.environ["DASC_PLAN"] = plan
+        os.environ[CHECKED_VAR] = _fingerprint(os.environ)
 
     INSTALLED.reset()
-    os.environ["DASC_PLAN"] = kda_plan_dir
+    as_scheduler(kda_plan_dir)
     sa_k = ServerArgs(model_path="dummy", page_size=1)
     sa_k._mamba_cache_chunk_size = 64
     set_global_server_args_for_scheduler(sa_k)
@@ -153,7 +171,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     except Exception as exc:                   # DascRefusal
         out["mismatch"] = f"{type(exc).__name__}: {exc}"
     INSTALLED.reset()
-    os.environ["DASC_PLAN"] = plan_dir
+    as_scheduler(plan_dir)
     sa_h = ServerArgs(model_path="dummy", page_size=1, enable_hierarchical_cache=True)
     sa_h._mamba_cache_chunk_size = 64
     set_global_server_args_for_scheduler(sa_h)
@@ -164,6 +182,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
         out["hicache"] = f"{type(exc).__name__}: {exc}"
     # 8. no plan anywhere: every hook passes through (SGLang's own pools and cache)
     os.environ.pop("DASC_PLAN", None)
+    os.environ.pop(CHECKED_VAR, None)
     INSTALLED.reset()
     set_global_server_args_for_scheduler(plain)
     p2, _ = F.hybrid_pools(F.gdn_cache_params(), mamba_size=8)
