@@ -57,13 +57,14 @@ NO_TOKENIZER = object()
 
 def answer_scores(logits: torch.Tensor, answers: torch.Tensor) -> dict:
     """Scores of teacher-forced answers: ``logits`` float ``[B, 2P-1, vocab]`` over the suffix ``q_1 a_1 ... q_P``
-    (the logit at ``q_i``, position ``2i``, predicts ``a_i``); ``answers`` int64 ``[B, P]``.
+    (the logit at ``q_i``, position ``2i``, predicts ``a_i``); ``answers`` int64 ``[B, P]`` (any device).
 
     Returns:
         ``{"acc": share of answers whose argmax is right, "acc_first": the same over each row's first answer,
         "nll": mean cross-entropy of the answers (nats)}``.
     """
     at_q = logits[:, 0::2, :]                                            # [B, P, vocab]
+    answers = answers.to(at_q.device)
     right = at_q.argmax(-1) == answers
     nll = torch.nn.functional.cross_entropy(at_q.flatten(0, 1), answers.flatten()).item()
     return {"acc": right.float().mean().item(), "acc_first": right[:, 0].float().mean().item(), "nll": nll}
@@ -141,9 +142,10 @@ def _plan_record(plan, trained_h, init_h, init_kept) -> dict:
 
 
 def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED, exhaustive: tuple[int, ...] = (),
-        max_masks: int = 1000) -> dict:
+        max_masks: int = 1000, device: str = "cpu") -> dict:
     """The experiment of the module docstring on the probe's ``save`` folder (``init/`` and ``final/``); at each
     w_max in ``exhaustive`` also every count-matched mask (:func:`exhaustive_record`, up to ``max_masks``).
+    ``device``: where both models run (fp32; the rows are drawn on the CPU, as the probe draws them).
 
     Raises:
         DascInputError: a folder that is not a probe's ``--save`` output, or a model dasc eval cannot run.
@@ -176,13 +178,13 @@ def run(save: Path, w_maxes: list[int], rows: int, row_seed: int = ROW_SEED, exh
     n_p = 1 + 2 * cfg["pairs"] + cfg["gap"]
     prefix, suffix, answers = ids[:, :n_p], ids[:, n_p:-1], ids[:, n_p + 1::2]
 
-    em = load_eval_model(final, tokenizer=NO_TOKENIZER)
-    em0 = load_eval_model(init, tokenizer=NO_TOKENIZER)
+    em = load_eval_model(final, device=device, tokenizer=NO_TOKENIZER)
+    em0 = load_eval_model(init, device=device, tokenizer=NO_TOKENIZER)
     cache, cache0 = checkpoint(em, prefix), checkpoint(em0, prefix)          # one checkpoint a model, every w_max
     spec, tensors, _ = checkpoint_decays(final)
     _, init_tensors, _ = checkpoint_decays(init)
-    doc = {"save": str(save), "probe": probe, "rows": rows, "row_seed": row_seed, "n_p": n_p, "w_max": {},
-           "untrained": {}}
+    doc = {"save": str(save), "probe": probe, "rows": rows, "row_seed": row_seed, "n_p": n_p, "device": device,
+           "w_max": {}, "untrained": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for w in w_maxes:
             plan, _ = compile_plan(final, Policy(w_max=w), Path(tmp) / f"w{w}", with_kernels=False)
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="at these w_max (also given to --wmax) score every count-matched mask, not five")
     ap.add_argument("--max-masks", type=int_at_least(1), default=1000,
                     help="skip --exhaustive at a w_max with more count-matched masks than this")
+    ap.add_argument("--device", default="cpu", help="torch device of both models, e.g. cpu or cuda (fp32)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.out.exists() and a.out.is_dir():
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from dasc_compile.errors import DascInputError
 
     try:
-        doc = run(a.save, a.wmax, a.rows, a.row_seed, tuple(a.exhaustive), a.max_masks)
+        doc = run(a.save, a.wmax, a.rows, a.row_seed, tuple(a.exhaustive), a.max_masks, a.device)
     except DascInputError as exc:
         ap.error(str(exc))
     doc["command"] = "python -m benchmarks.train.mqar_masks " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -156,3 +156,62 @@ def test_every_count_matched_mask_is_scored_once(saved):
     assert [[0, 3], [2]] in masks
     many = run(saved, [10**9, 2], rows=4, exhaustive=(2,), max_masks=0)["w_max"]["2"]["all_count_matched"]
     assert set(many) == {"skipped"} and many["skipped"] >= 1
+
+
+def test_device_is_recorded_and_an_unusable_one_refused_in_one_line(saved, tmp_path, capsys):
+    """--device moves both models (the 33.9M MQAR plan runs the masks on the GPU); the JSON says where they ran, and
+    a device torch cannot use is one line naming --device, nothing written."""
+    from benchmarks.train.mqar_masks import main
+
+    out = tmp_path / "m.json"
+    assert main(["--save", str(saved), "--wmax", "2", "--rows", "8", "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["device"] == "cpu"
+    capsys.readouterr()
+    bad = tmp_path / "bad.json"
+    with pytest.raises(SystemExit) as info:
+        main(["--save", str(saved), "--wmax", "2", "--rows", "8", "--device", "gpu9", "--out", str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: --device gpu9") and not bad.exists()
+
+
+def _mqar_call(tmp_path, budget: str, **env):
+    """benchmarks/h200/mqar_call.sh on the CPU (the python running the tests first on PATH)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    repo = Path(__file__).resolve().parents[2]
+    full = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OUT": str(out), **env}
+    p = subprocess.run(["bash", str(repo / "benchmarks/h200/mqar_call.sh"), budget], env=full, capture_output=True,
+                       text=True, timeout=300)
+    return p, out
+
+
+@pytest.mark.parametrize("env, needle", [({"RUNS": "16-320"}, "RUNS has '16-320': expected PAIRS:GAP"),
+                                         ({"MASKS": "some"}, "MASKS 'some': expected bound or all"),
+                                         ({"TRAIN_S": "1.5"}, "TRAIN_S '1.5'")])
+def test_mqar_call_refuses_bad_settings_in_one_line_before_any_work(tmp_path, env, needle):
+    p, out = _mqar_call(tmp_path, "60", **env)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [p.stderr.strip()] and needle in p.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_mqar_call_rehearsal_trains_then_scores_masks(tmp_path):
+    """The device call's two steps on the CPU at the smoke size: the probe's record, the binding verdict in run.log,
+    and (MASKS=all) the masks' JSON at the w_max the shape's gap implies."""
+    from dasc_compile.eval.hf_compat import MIN_TRANSFORMERS_ATTENTION_FREE, transformers_version
+
+    if transformers_version() < MIN_TRANSFORMERS_ATTENTION_FREE:
+        pytest.skip("a recurrent-only model needs transformers >= 5.17 in dasc eval")
+    p, out = _mqar_call(tmp_path, "60", DEVICE="cpu", SIZE="smoke", RUNS="3:6", KEYS="16", VALUES="16", VOCAB="64",
+                        BATCH="4", LOG_EVERY="2", ROWS="8", TRAIN_S="0.2", MASKS="all")
+    assert p.returncode == 0, p.stderr[-2000:]
+    log = (out / "run.log").read_text()
+    assert "p3-g6: binds or not (MASKS=all): does not bind" in log and "p3-g6: masks exit 0" in log
+    probe = json.loads((out / "p3-g6.json").read_text())
+    assert probe["config"]["pairs"] == 3 and probe["config"]["gap"] == 6 and probe["log"]
+    masks = json.loads((out / "masks-p3-g6.json").read_text())
+    assert sorted(masks["w_max"], key=int) == ["8", "16", "32"] and masks["device"] == "cpu" and masks["rows"] == 8
