@@ -193,11 +193,10 @@ def check_launch(settings, options, source=None):
         DascRefusal: an untested SGLang release; a plan for another model type; one line listing every serving rule
             that applies (``unsupported option(s): ...`` first, then plan and dasc-wr refusals).
         DascInputError: a knob or the plan does not read; a ``--dasc-pool-bytes`` budget that holds no usable slot of
-            the plan's bottleneck rank (``pool.slots_for_budget``; dasc-wr's scratch slots are charged at start-up,
-            once SGLang's prefill chunk is known).
+            the plan's bottleneck rank once dasc-wr's scratch slots are charged (:func:`_check_pool_bytes`; exactly
+            at start-up, once SGLang's prefill chunk is known).
     """
     from dasc_compile.schema import DascInputError
-    from dasc_runtime.pool import slots_for_budget
     from dasc_runtime.serving_rules import serving_refusals
     from dasc_runtime.sglang_api import check_version, installed_version
     from dasc_runtime.verify import DascRefusal
@@ -217,9 +216,38 @@ def check_launch(settings, options, source=None):
     if parts:
         raise DascRefusal("; ".join(parts))
     if settings.pool_bytes is not None:
-        slots_for_budget(settings.pool_bytes, plan.tp.bottleneck_bytes_per_slot,
-                         what=(source or {}).get("pool_bytes", "--dasc-pool-bytes"))
+        _check_pool_bytes(settings, options, plan, (source or {}).get("pool_bytes", "--dasc-pool-bytes"))
     return plan
+
+
+def _check_pool_bytes(settings, options, plan, what: str) -> None:
+    """A ``--dasc-pool-bytes`` budget must hold dasc-wr's scratch slots and then one usable compressed slot of the plan's
+    bottleneck rank (``wr_scratch.budget_after_scratch`` at start-up, then ``pool.slots_for_budget``). Before SGLang
+    resolves its prefill chunk the scratch is charged at its least: the B that ``--chunked-prefill-size`` as given
+    caps ``--dasc-refresh-slots`` to, or one slot when the chunk is left to SGLang (it may cap B to 1).
+
+    Raises:
+        DascInputError: naming ``what`` (the flag or variable), the scratch charged and the smallest budget that fits.
+    """
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.pool import slots_for_budget
+    from dasc_runtime.serving_rules import served_refresh_slots
+    from dasc_runtime.wr_scratch import scratch_state_bytes
+
+    chunk = getattr(options, "chunked_prefill_size", None)
+    chunk = chunk if isinstance(chunk, int) and chunk > 0 else None
+    b = served_refresh_slots(plan, settings.refresh_slots, chunk)
+    if b and chunk is None:
+        b = 1
+    scratch = scratch_state_bytes(plan, b) if b else 0
+    slot = int(plan.tp.bottleneck_bytes_per_slot)
+    if scratch and settings.pool_bytes - scratch < 2 * slot:
+        raise DascInputError(
+            f"{what} {settings.pool_bytes} bytes leaves no usable compressed slot after dasc-wr's {b} scratch "
+            f"slot{'s' if b > 1 else ''} ({scratch} bytes, at least; a compressed slot is {slot} bytes, slot 0 "
+            f"reserved): give at least {scratch + 2 * slot} bytes, or size the pool with dasc size, which charges "
+            f"the scratch")
+    slots_for_budget(settings.pool_bytes - scratch, slot, what=what)
 
 
 def _config_model_type(model_path) -> str | None:

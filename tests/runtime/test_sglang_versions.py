@@ -396,3 +396,38 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     assert ok["code"] == 0 and ok["settings"] == {"plan": p, "pool_slots": 7, "compressed_only": False,
                                                   "dummy_decay_ok": False}
     assert plain["code"] == 0 and plain["settings"] is None       # a server without dasc: untouched
+
+
+@pytest.mark.parametrize("chunk, b", [(None, 1), (4096, None)])
+def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tmp_path, monkeypatch, chunk, b):
+    """A dasc-wr budget that holds a compressed slot but not the scratch slots too was refused only at start-up, after
+    the weights had loaded. At launch the scratch is charged at its least: one slot when SGLang picks the prefill
+    chunk, the B the given --chunked-prefill-size leaves (served_refresh_slots) otherwise."""
+    import os
+
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime import plugin
+    from dasc_runtime.serving_rules import served_refresh_slots
+
+    plan, plan_dir, _ = compile_tiny(tmp_path, load_policy="wr")
+    b = b or served_refresh_slots(plan, None, chunk)
+    dense, slot = int(plan.tp.bytes_dense_per_slot), int(plan.tp.bottleneck_bytes_per_slot)
+    scratch = b * dense
+    monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith("DASC_")})
+    opts = {} if chunk is None else {"chunked_prefill_size": chunk}
+    started = []
+    short = scratch + 2 * slot - 1                     # one byte short of the scratch plus one usable slot
+    with pytest.raises(DascInputError) as info:
+        plugin.engine_kwargs_init(lambda self, **kw: started.append(kw), object(), model_path="m",
+                                  dasc_plan=str(plan_dir), dasc_pool_bytes=short, **opts)
+    msg = str(info.value)
+    assert msg.startswith(f"dasc_pool_bytes {short} bytes leaves no usable compressed slot after dasc-wr's {b} "
+                          f"scratch slot") and f"({scratch} bytes, at least;" in msg
+    assert f"give at least {scratch + 2 * slot} bytes" in msg and started == []
+    # the smallest budget that fits passes the launch check (the constructor runs)
+    monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith("DASC_")})
+    from dasc_runtime import launcher
+
+    settings = launcher.settle({"plan": str(plan_dir), "pool_bytes": scratch + 2 * slot}, launcher._KWARG_NAMES,
+                               __import__("types").SimpleNamespace(model_path="m", **opts))
+    assert settings is not None and settings.pool_bytes == scratch + 2 * slot
