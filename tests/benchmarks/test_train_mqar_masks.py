@@ -191,12 +191,35 @@ def _mqar_call(tmp_path, budget: str, **env):
 
 
 @pytest.mark.parametrize("env, needle", [({"RUNS": "16-320"}, "RUNS has '16-320': expected PAIRS:GAP"),
+                                         ({"RUNS": "  "}, "RUNS is empty"),
                                          ({"MASKS": "some"}, "MASKS 'some': expected bound or all"),
-                                         ({"TRAIN_S": "1.5"}, "TRAIN_S '1.5'")])
+                                         ({"TRAIN_S": "1.5"}, "TRAIN_S '1.5'"), ({"TRAIN_S": "0.0"}, "TRAIN_S '0.0'"),
+                                         ({"SIZE": "huge"}, "SIZE 'huge'"), ({"ROWS": "abc"}, "ROWS 'abc'"),
+                                         ({"WMAX_8_48": "8,16"}, "WMAX_8_48 '8,16'"),
+                                         ({"RUNS": "300:48"}, "300 pairs, more than KEYS 256")])
 def test_mqar_call_refuses_bad_settings_in_one_line_before_any_work(tmp_path, env, needle):
     p, out = _mqar_call(tmp_path, "60", **env)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [p.stderr.strip()] and needle in p.stderr
     assert list(out.iterdir()) == []
+
+
+def test_mqar_call_refuses_a_budget_with_leading_zeros_and_an_out_with_an_earlier_calls_files(tmp_path):
+    p, _ = _mqar_call(tmp_path, "0090")
+    assert p.returncode == 2 and p.stderr.strip() == "error: BUDGET_S '0090': expected whole seconds, 60 to 999999"
+    (tmp_path / "out" / "run.log").write_text("an earlier call\n")
+    p, out = _mqar_call(tmp_path, "60")
+    assert p.returncode == 2 and "holds an earlier call's files" in p.stderr
+    assert (out / "run.log").read_text() == "an earlier call\n"
+
+
+def test_mqar_call_exits_1_and_says_so_when_a_probe_fails(tmp_path):
+    """A device the probe cannot use fails inside the python step: the call says which probe failed, runs no masks
+    on it, and exits 1 (it used to exit 0 with a misleading 'masks not run')."""
+    p, out = _mqar_call(tmp_path, "60", DEVICE="gpu9", SIZE="smoke", RUNS="3:6", KEYS="16", VALUES="16",
+                        VOCAB="64", BATCH="4", TRAIN_S="0.2")
+    log = (out / "run.log").read_text()
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "p3-g6: the probe failed (exit " in log and "a step failed (exit 1)" in log and "masks" not in log
 
 
 def test_mqar_call_rehearsal_trains_then_scores_masks(tmp_path):
@@ -206,8 +229,8 @@ def test_mqar_call_rehearsal_trains_then_scores_masks(tmp_path):
 
     if transformers_version() < MIN_TRANSFORMERS_ATTENTION_FREE:
         pytest.skip("a recurrent-only model needs transformers >= 5.17 in dasc eval")
-    p, out = _mqar_call(tmp_path, "60", DEVICE="cpu", SIZE="smoke", RUNS="3:6", KEYS="16", VALUES="16", VOCAB="64",
-                        BATCH="4", LOG_EVERY="2", ROWS="8", TRAIN_S="0.2", MASKS="all")
+    p, out = _mqar_call(tmp_path, "90", DEVICE="cpu", SIZE="smoke", RUNS="3:6", KEYS="16", VALUES="16", VOCAB="64",
+                        BATCH="4", LOG_EVERY="2", ROWS="8", TRAIN_S="0.15", MASKS="all")
     assert p.returncode == 0, p.stderr[-2000:]
     log = (out / "run.log").read_text()
     assert "p3-g6: binds or not (MASKS=all): does not bind" in log and "p3-g6: masks exit 0" in log
