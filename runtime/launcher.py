@@ -19,7 +19,8 @@ import os
 import sys
 from types import SimpleNamespace
 
-__all__ = ["CHECKED_VAR", "FLAGS", "add_cli_args", "from_cli_args", "engine_kwargs_init", "settle", "publish"]
+__all__ = ["CHECKED_VAR", "FLAGS", "add_cli_args", "from_cli_args", "engine_kwargs_init", "first_engine_launch",
+           "settle", "publish", "take_running_engine_kwargs"]
 
 
 def _int_or_text(text: str):
@@ -164,3 +165,35 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     sa = adapter.server_args_of(self)
     if sa is not None and settings is not None:
         publish(sa, settings)
+
+
+#: The ``dasc_*`` keywords of the first ``Engine(...)`` of the process, taken out of its keyword dict while it loads the
+#: plugins (:func:`take_running_engine_kwargs`), until :func:`first_engine_launch` settles them.
+_FIRST_ENGINE: dict = {}
+
+
+def take_running_engine_kwargs(adapter) -> None:
+    """At plugin registration: where the release loads the plugins inside ``Engine.__init__`` (0.5.23,
+    ``adapter.FIRST_ENGINE_TARGET``), take the ``dasc_*`` keywords out of the call in progress, which runs the
+    constructor from before dasc's hook (SGLang would refuse them as unknown), and keep them for
+    :func:`first_engine_launch`. Raises nothing: an exception here would be logged and dropped by ``load_plugins``."""
+    kwargs = adapter.running_engine_kwargs() if adapter.FIRST_ENGINE_TARGET else None
+    if kwargs is not None:
+        _FIRST_ENGINE["raw"] = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items() if kw in kwargs}
+
+
+def first_engine_launch(original, *args, **kwargs):
+    """AROUND ``Engine._launch_subprocesses`` (0.5.23; ``cls, server_args, ...``): for the first ``Engine(...)`` of the
+    process, the settling :func:`engine_kwargs_init` gives every later one (:func:`settle` of its ``dasc_*`` keywords
+    and ``DASC_*`` on the ``ServerArgs`` it built, then :func:`publish`), before any subprocess starts.
+
+    Raises:
+        DascInputError / DascRefusal: see :func:`settle`.
+    """
+    raw = _FIRST_ENGINE.pop("raw", None)
+    if raw is not None and (raw or _unchecked_env_settings()):
+        server_args = kwargs.get("server_args", args[1] if len(args) > 1 else None)
+        settings = settle(raw, _KWARG_NAMES, server_args)
+        if settings is not None and server_args is not None:
+            publish(server_args, settings)
+    return original(*args, **kwargs)

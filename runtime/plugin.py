@@ -17,7 +17,8 @@ from __future__ import annotations
 import inspect
 import logging
 
-from dasc_runtime.launcher import add_cli_args, engine_kwargs_init, from_cli_args   # the flags; no torch, no sglang
+from dasc_runtime.launcher import (add_cli_args, engine_kwargs_init, first_engine_launch,  # the flags; no torch, no
+                                   from_cli_args, take_running_engine_kwargs)                 # sglang
 from dasc_runtime.pool_install import install_pool, load_plan_once, published_server_args   # no torch either
 from dasc_runtime.scheduler_refusal import refuse_in_scheduler   # no torch, no sglang
 from dasc_runtime.weight_updates import update_targets       # hook target names (the module imports no torch)
@@ -276,7 +277,7 @@ _HOOK_TABLE = (
 
 def hooks(adapter=None) -> tuple:
     """The ``(target, hook, kind)`` of dasc for an SGLang release (default: the installed one): 18 for
-    0.5.17, 19 for 0.5.23 (its ``end_weight_update``).
+    0.5.17, 20 for 0.5.23 (its ``end_weight_update``, and ``FIRST_ENGINE_TARGET``: the first ``Engine(...)``).
 
     Args:
         adapter: a release's adapter module (:mod:`dasc_runtime.sglang_0517` / ``sglang_0523``); it
@@ -290,7 +291,8 @@ def hooks(adapter=None) -> tuple:
 
         adapter = api()
     names = {_CACHE_FACTORY: adapter.CACHE_FACTORY_TARGET, _ENGINE_KWARGS: adapter.ENGINE_KWARGS_TARGET}
-    return tuple((names.get(target, target), fn, kind) for target, fn, kind in _HOOK_TABLE) + tuple(
+    first = ((adapter.FIRST_ENGINE_TARGET, first_engine_launch, "AROUND"),) if adapter.FIRST_ENGINE_TARGET else ()
+    return tuple((names.get(target, target), fn, kind) for target, fn, kind in _HOOK_TABLE) + first + tuple(
         (target, around_weight_update, "AROUND") for target in update_targets(adapter))
 
 
@@ -313,3 +315,5 @@ def register() -> None:
             (_ENGINE_ANY_RELEASE, engine_kwargs_init, "AROUND"),)
     for target, fn, kind in table:
         HookRegistry.register(target, fn, getattr(HookType, kind))
+    if adapter is not None:
+        take_running_engine_kwargs(adapter)          # 0.5.23: the first Engine(...) is loading the plugins

@@ -16,6 +16,9 @@ CACHE_FACTORY_TARGET = "sglang.srt.mem_cache.registry._create_unified_radix_cach
 #: Where ``Engine(..., dasc_plan=...)`` keyword arguments arrive: ``ServerArgs.__init__`` (a dataclass;
 #: ``entrypoints/engine.py`` builds ``ServerArgs(**kwargs)``).
 ENGINE_KWARGS_TARGET = "sglang.srt.server_args.ServerArgs.__init__"
+#: None: 0.5.17's ``Engine`` builds ``ServerArgs(**kwargs)`` after its plugins are loaded, so the hook on
+#: :data:`ENGINE_KWARGS_TARGET` sees the first ``Engine(...)`` of a process too (0.5.23 needs a second target).
+FIRST_ENGINE_TARGET = None
 
 #: ``SchedulerWeightUpdaterManager`` methods that replace the served weights (``managers/scheduler_components/
 #: weight_updater.py``).
@@ -28,6 +31,12 @@ WEIGHT_UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_distri
 def cache_factory_params(ctx, args: tuple, kwargs: dict):
     """The ``CacheInitParams`` of a call to :data:`CACHE_FACTORY_TARGET` (its third argument)."""
     return args[1] if len(args) > 1 else kwargs["params"]
+
+
+def running_engine_kwargs() -> Optional[dict]:
+    """None: no ``Engine`` call is in progress when 0.5.17 registers dasc that its hooks would miss
+    (:data:`FIRST_ENGINE_TARGET`)."""
+    return None
 
 
 def server_args_of(owner):

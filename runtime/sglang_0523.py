@@ -18,6 +18,12 @@ CACHE_FACTORY_TARGET = "sglang.srt.mem_cache.registry.create_unified_radix_cache
 #: can wrap (HookRegistry patches the attribute, Struct construction never calls it). ``Engine(**kwargs)``
 #: (``entrypoints/engine.py``) is where ``Engine(..., dasc_plan=...)`` keyword arguments arrive.
 ENGINE_KWARGS_TARGET = "sglang.srt.entrypoints.engine.Engine.__init__"
+#: ``Engine.__init__`` calls ``load_plugins()`` itself, first thing, so the first ``Engine(...)`` of a process runs the
+#: constructor as it was before dasc's hook on it: dasc registers while that call is in progress. Its ``dasc_*``
+#: keywords are taken out of the call's keyword dict then (:func:`running_engine_kwargs`), and settled where the
+#: constructor next calls a hooked function, this classmethod, before any subprocess starts
+#: (``launcher.first_engine_launch``).
+FIRST_ENGINE_TARGET = "sglang.srt.entrypoints.engine.Engine._launch_subprocesses"
 
 #: ``SchedulerWeightUpdaterManager`` methods that replace the served weights: 0.5.17's four, plus
 #: ``end_weight_update``, which finalizes a session whose weights arrived without one of them (P2P / RDMA,
@@ -34,6 +40,24 @@ _FLUSH_REFUSED = "Weights were updated, but the cache was not flushed"
 def cache_factory_params(ctx, args: tuple, kwargs: dict):
     """The ``CacheInitParams`` of a call to :data:`CACHE_FACTORY_TARGET`: ``ctx.params``."""
     return ctx.params
+
+
+def running_engine_kwargs() -> Optional[dict]:
+    """The keyword dict of the ``Engine.__init__(**kwargs)`` call in progress in this thread (the call whose
+    ``load_plugins()`` is registering dasc; :data:`FIRST_ENGINE_TARGET`), or None when no such call is running."""
+    import sys
+
+    from sglang.srt.entrypoints.engine import Engine
+
+    init = Engine.__dict__["__init__"]
+    code = getattr(init, "__wrapped__", init).__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) else None
+        frame = frame.f_back
+    return None
 
 
 def server_args_of(owner):

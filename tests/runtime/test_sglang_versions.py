@@ -431,3 +431,43 @@ def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tm
     settings = launcher.settle({"plan": str(plan_dir), "pool_bytes": scratch + 2 * slot}, launcher._KWARG_NAMES,
                                __import__("types").SimpleNamespace(model_path="m", **opts))
     assert settings is not None and settings.pool_bytes == scratch + 2 * slot
+
+
+_FIRST_ENGINE = """
+import json, sys
+import sglang
+try:
+    sglang.Engine(model_path="x", **json.loads(sys.argv[1]))
+    print("RESULT constructed")
+except Exception as exc:
+    print("RESULT " + type(exc).__name__ + ": " + str(exc))
+"""
+
+
+@pytest.mark.parametrize("kwargs, env, line", [
+    ({"dasc_plan": "/no-such-plan"}, {}, "DascInputError: dasc_plan: /no-such-plan: dasc plan not found"),
+    ({}, {"DASC_PLAN": "/no-such-plan"}, "DascInputError: DASC_PLAN: /no-such-plan: dasc plan not found"),
+    ({"dasc_plan": "{p}", "enable_hierarchical_cache": True}, {},
+     "DascRefusal: dasc: refusing to start: unsupported option(s): --enable-hierarchical-cache"),
+])
+def test_the_first_engine_of_a_process_is_settled_like_any_other(tmp_path, kwargs, env, line):
+    """SGLang 0.5.23's Engine.__init__ loads the plugins itself, so the first Engine(...) of a process ran the
+    constructor from before dasc's hook: Engine(dasc_plan=...) ended in SGLang's 'Unexpected keyword argument' and a
+    plan only in DASC_PLAN was not checked before the schedulers started (fresh-user trial, session 36). A fresh
+    interpreter, plugins not loaded: each is refused as a later Engine is, before any subprocess starts."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    try:
+        import sglang.srt.entrypoints.engine  # noqa: F401
+    except ImportError as exc:                 # the lowest pin's SGLang has only its cache classes here
+        pytest.skip(f"sglang.Engine does not import in this environment ({exc})")
+    _, plan_dir, _ = compile_tiny(tmp_path)
+    fill = {k: (v.format(p=plan_dir) if isinstance(v, str) else v) for k, v in kwargs.items()}
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith(("DASC_", "_DASC_"))}, **env}
+    p = subprocess.run([sys.executable, "-c", _FIRST_ENGINE, json.dumps(fill)], env=full, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert got and got[0].removeprefix("RESULT ").startswith(line), (got, p.stderr[-1500:])

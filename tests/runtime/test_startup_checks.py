@@ -153,7 +153,8 @@ def test_every_hook_target_exists_in_this_sglang():
     missing = [t for t, _, _ in hooks() if _resolve(t) is None]
     assert not missing, missing
     targets = [t for t, _, _ in hooks()]
-    assert len(targets) == len(set(targets)) == 14 + len(api().WEIGHT_UPDATE_METHODS)
+    first_engine = api().FIRST_ENGINE_TARGET is not None           # 0.5.23: the first Engine's launch
+    assert len(targets) == len(set(targets)) == 14 + len(api().WEIGHT_UPDATE_METHODS) + first_engine
     assert api().CACHE_FACTORY_TARGET in targets and api().ENGINE_KWARGS_TARGET in targets
     assert "sglang.srt.mem_cache.kv_cache_builder.build_kv_cache" in targets
     assert set(update_targets(api())) <= set(targets) and len(update_targets(api())) >= 4

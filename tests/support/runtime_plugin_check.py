@@ -40,6 +40,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     from dasc_runtime.sglang_api import api as _api
 
     out["weight_methods"] = len(_api().WEIGHT_UPDATE_METHODS)
+    out["first_engine_hook"] = _api().FIRST_ENGINE_TARGET is not None
 
     # 1. the CLI flag (python -m sglang.launch_server ... --dasc-plan PLAN) and the environment
     for k in ("DASC_PLAN", "DASC_POOL_SLOTS", "DASC_POOL_BYTES", "DASC_COMPRESSED_ONLY", "DASC_DEMOTE_WATERMARK",
