@@ -258,6 +258,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                 cfg = res["config"]
             except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
                 raise DascInputError(f"{f}: not a readable chat_replay result ({type(exc).__name__}: {exc})") from None
+            _refuse_other_load(w, man, e, f, cfg)
             launch = (servers.get(e["arm"]) or {}).get("launch")
             bad = ckpt_account.problem(e.get("dasc_account"))
             if bad:
@@ -326,9 +327,34 @@ def _refuse_overwritten(work: Path, man: dict, exclude_calls: Sequence[int]) -> 
             raise DascInputError(
                 f"{work / 'runs' / f}: named by two runs in {work / 'manifest.json'} ({first['arm']} seed "
                 f"{first['seed']} of call {first['call']} and {e['arm']} seed {e['seed']} of call {e['call']}): "
-                f"the later run wrote over the earlier one's results; report the earlier call from the chat.tar.gz "
-                f"it returned, and leave the other out with --exclude-call")
+                f"the later run wrote over the earlier one's results, so the file holds call {e['call']}'s run; "
+                f"leave call {first['call']} out with --exclude-call {first['call']} (its own result is only in a "
+                f"copy of the work folder taken before call {e['call']}, e.g. the chat.tar.gz that call returned)")
         seen[f] = e
+
+
+def _refuse_other_load(work: Path, man: dict, e: dict, f: Path, cfg: dict) -> None:
+    """Refuse a result file whose run was made at another load than its call's (``manifest.json`` ``calls[i]
+    ["settings"]``: ``rate`` or ``clients``): another call's run wrote over it (:func:`_refuse_overwritten`
+    catches it while both calls are counted; this, when the wrong one was left out)."""
+    calls = man.get("calls") or []
+    c = e.get("call")
+    settings = calls[c].get("settings") if isinstance(c, int) and 0 <= c < len(calls) else None
+    if not isinstance(settings, dict) or "rate" not in settings:
+        return                                      # manifests from before the settings were recorded
+    want = ("open-loop", settings.get("rate")) if settings.get("rate") is not None else \
+        ("closed-loop", settings.get("clients"))
+    got = ("open-loop", cfg.get("rate")) if cfg.get("rate") is not None else ("closed-loop", cfg.get("clients"))
+    if want != got:
+        raise DascInputError(
+            f"{f}: {_a(got[0])} run ({'rate' if got[0] == 'open-loop' else 'clients'} {got[1]}), but manifest.json "
+            f"lists it as {e['arm']} seed {e['seed']} of call {c}, {_a(want[0])} call "
+            f"({'rate' if want[0] == 'open-loop' else 'clients'} {want[1]}): another call's run wrote over it; "
+            f"leave call {c} out with --exclude-call {c}")
+
+
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def runs_by_draw(runs: Sequence[dict]) -> dict:

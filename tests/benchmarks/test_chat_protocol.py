@@ -822,6 +822,24 @@ def test_report_refuses_a_result_file_two_runs_name(tmp_path, capsys):
         ("dense", "arm", 9.0), ("dense", "drift", 2.0), ("w16", "arm", 1.0)]
 
 
+def test_report_refuses_a_result_file_whose_load_is_not_its_calls(tmp_path):
+    """Leaving out the wrong call of an overwritten file (session 36's fresh-user trial: --exclude-call 2 kept call 1's
+    entry, whose file held call 2's closed-loop run, and reported it as open-loop Dense): the run's own config is
+    checked against its call's recorded load."""
+    w = _work(tmp_path)
+    man = json.loads((w / "manifest.json").read_text())
+    man["calls"] = [{"settings": {"rate": None, "clients": 2}}, {"settings": {"rate": None, "clients": 2}}]
+    (w / "manifest.json").write_text(json.dumps(man))
+    assert len(srun.collect([w], exclude_runs=["w16_3.json.gz"])) == 3          # every file at its call's load
+    res = cr.read_json(w / "runs" / "w16_3.json.gz")
+    res["config"] = {**res["config"], "protocol": "open-loop", "clients": None, "rate": 0.5}
+    cr.write_json(w / "runs" / "w16_3.json.gz", res)
+    with pytest.raises(DascInputError, match=r"w16_3.json.gz: an open-loop run \(rate 0.5\), but manifest.json lists "
+                                             r"it as w16 seed 0 of call 1, a closed-loop call \(clients 2\): another "
+                                             r"call's run wrote over it; leave call 1 out with --exclude-call 1"):
+        srun.collect([w], exclude_runs=["w16_1.json.gz"])
+
+
 def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
     """Two sessions' folders held a Dense run of one file name (dense seed 3 ran alone in session 14 and
     in its pair in session 17): WORK/runs/NAME leaves it out of that folder only; a bare name that two folders
