@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     if not a.out.absolute().parent.is_dir():
         ap.error(f"--out {a.out}: its folder {a.out.absolute().parent} does not exist")
     from dasc_compile.errors import DascInputError
+    from dasc_compile.eval.inputs import check_device
 
     try:
+        check_device(a.device)
         doc = run(a.save, a.wmax, a.rows, a.row_seed, tuple(a.exhaustive), a.max_masks, a.device)
     except DascInputError as exc:
         ap.error(str(exc))

@@ -145,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     for flag, path in (("--out", a.out), ("--save", a.save)):
         if path is not None and not path.absolute().parent.is_dir():
             ap.error(f"{flag} {path}: its folder {path.absolute().parent} does not exist")
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.eval.inputs import check_device
+
     try:
-        torch.empty(1, device=a.device)
-    except (RuntimeError, AssertionError) as exc:
-        ap.error(f"--device {a.device}: cannot use this device ({str(exc).splitlines()[0]})")
+        check_device(a.device)
+    except DascInputError as exc:
+        ap.error(str(exc))
     torch.manual_seed(a.seed)
     model = build_model(a.family, a.size, a.vocab, eos_id=2, seed=a.seed, attention=a.with_attention).to(a.device)
     groups = param_groups(model, a.lr, 0.1, a.decay_lr_mult)

@@ -138,12 +138,13 @@ def parse(argv=None) -> argparse.Namespace:
         if (err := recipe.check_architecture(a, st)) is not None:
             _refuse(err)
     a.size = a.size or "ref"
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.eval.inputs import check_device
+
     try:
-        dev = torch.device(a.device)
-    except RuntimeError:
-        _refuse(f"--device {a.device}: expected cpu, cuda or cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        _refuse(f"--device {a.device}: no CUDA device here (give --device cpu)")
+        check_device(a.device)
+    except DascInputError as exc:
+        _refuse(str(exc))
     if (why := family_unsupported(a.family)) is not None:
         _refuse(f"--family {a.family}: {why}")
     if a.decay_init == "log-uniform-dt" and a.family != "gdn":

@@ -168,10 +168,13 @@ def test_device_is_recorded_and_an_unusable_one_refused_in_one_line(saved, tmp_p
     assert json.loads(out.read_text())["device"] == "cpu"
     capsys.readouterr()
     bad = tmp_path / "bad.json"
-    with pytest.raises(SystemExit) as info:
-        main(["--save", str(saved), "--wmax", "2", "--rows", "8", "--device", "gpu9", "--out", str(bad)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: --device gpu9") and not bad.exists()
+    # meta holds no data (it was a traceback inside the model); cuda:99 is a CUDA device no machine here has
+    for device, says in (("gpu9", "not a torch device"), ("meta", "meta device holds no data"), ("cuda:99", "CUDA")):
+        with pytest.raises(SystemExit) as info:
+            main(["--save", str(saved), "--wmax", "2", "--rows", "8", "--device", device, "--out", str(bad)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1 and not bad.exists(), (device, err)
+        assert err[0].startswith("error: --device ") and device in err[0] and says in err[0], err
 
 
 def _mqar_call(tmp_path, budget: str, **env):

@@ -43,6 +43,20 @@ def test_a_short_run_writes_its_record(tmp_path):
     assert 0.5 <= doc["copy_baseline_acc"] <= 1 and all(0 <= r["acc_first"] <= 1 for r in doc["log"])
 
 
+@pytest.mark.parametrize("device", ["meta", "gpu9", "cuda:99"])
+def test_a_device_that_cannot_train_is_one_line_before_any_model(tmp_path, capsys, device):
+    """--device meta passed the old check (an empty tensor can live there) and ended in a traceback inside the
+    model; every unusable device is now one line naming --device, and nothing is written."""
+    from benchmarks.train.mqar_probe import main
+
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as info:
+        main(["--steps", "1", "--pairs", "2", "--gap", "2", "--batch", "2", "--device", device, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: --device ") and device in err[0]
+    assert not out.exists()
+
+
 def test_the_no_binding_baseline_by_hand():
     """Two rows, gap 0: ``BOS k1 v1 k2 v2 q a q a``. Distinct values: the first answer is one of two (1/2), the
     second is the one left (1). Equal values: both answers are right whatever the key (1, 1)."""

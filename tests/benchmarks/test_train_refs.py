@@ -440,7 +440,7 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
 @pytest.mark.parametrize("change, needle", [({"--size": "bogus"}, "--size"), ({"--data": "nope"}, "--data"),
                                             ({"--resume": "nope"}, "--resume"),
                                             ({"--decay-init": "log-uniform-dt"}, "--decay-init"),
-                                            ({"--device": "bogus"}, "--device"),
+                                            ({"--device": "bogus"}, "--device"), ({"--device": "meta"}, "--device"),
                                             # a fresh user's numbers: tracebacks (nan, inf, 0) or silent runs
                                             ({"--total-tokens": "-5"}, "--total-tokens"),
                                             ({"--total-tokens": "nan"}, "--total-tokens"),
