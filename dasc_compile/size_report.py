@@ -1,6 +1,6 @@
 """``dasc size PLAN``: the text / JSON report of every serving arm's slots, capacity (with no request running
-and under load, :mod:`dasc_runtime.sizing`) and SGLang flags at equal state memory (paper App. C.1), and the
-byte-size parser of its ``--budget``.
+and under load, :mod:`dasc_runtime.sizing`) and SGLang flags at equal state memory (paper App. C.1). Its ``--budget`` is read by
+:func:`dasc_runtime.sizing_fit.parse_bytes`, the parser the server's ``--dasc-pool-bytes`` shares.
 
 The sizing itself is :mod:`dasc_runtime.sizing` (one place), and what the server would refuse is
 :func:`dasc_runtime.size_options.settle_size_options` (the function the server's own start-up checks
@@ -11,44 +11,17 @@ warnings (:func:`dasc_compile.compiler.plan_warnings`) and the flags the rules a
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import asdict
 from typing import Optional
 
 from dasc_compile.console import counted
 from dasc_compile.schema import DascInputError, load_plan
-from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, MAX_BUDGET_BYTES, GIB,
-                                 compressed_bytes_per_slot, size_arms, slots_per_running_request)
+from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, GIB, compressed_bytes_per_slot, size_arms,
+                                 slots_per_running_request)
+from dasc_runtime.sizing_fit import parse_bytes
 
 __all__ = ["PAIR_FIELDS", "pair_compile_flags", "parse_bytes", "size_command"]
-
-
-_UNITS = {"": 1, "b": 1, **{p + "b": 10 ** (3 * i) for i, p in enumerate("kmgtp", 1)},
-          **{p + "ib": 2 ** (10 * i) for i, p in enumerate("kmgtp", 1)}}
-
-
-def parse_bytes(text: str, flag: str = "--budget") -> int:
-    """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB/TB/PB are powers of 10,
-    KiB/MiB/GiB/TiB/PiB of 2; case-insensitive). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
-    ``flag`` names the option in the error (``--budget``, ``--pool-budget``).
-
-    Raises:
-        DascInputError: not a positive whole number of bytes, or above 2**50 (one line).
-    """
-    from decimal import Decimal
-
-    mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]*)\s*", str(text))
-    unit = mt.group(2).lower() if mt else None
-    if mt is None or unit not in _UNITS:
-        raise DascInputError(f"{flag}: expected a positive size in bytes, such as 2147483648, 1e9 or 2GiB (units B, "
-                             f"KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got {text!r}")
-    value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
-    if value != value.to_integral_value():
-        raise DascInputError(f"{flag}: {text!r} is not a whole number of bytes")
-    if not 1 <= value <= MAX_BUDGET_BYTES:
-        raise DascInputError(f"{flag}: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
-    return int(value)
 
 
 def _times(n: int, dense: int) -> str:

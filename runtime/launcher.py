@@ -39,8 +39,8 @@ FLAGS = (
     ("--dasc-pool-slots", "pool_slots", dict(type=_int_or_text, default=None,
                                              help="dasc: usable compressed checkpoint slots per rank (at least 1)")),
     ("--dasc-pool-bytes", "pool_bytes", dict(type=_int_or_text, default=None,
-                                             help="dasc: per-rank byte budget of the compressed pool "
-                                                  "(slots = budget // bytes_per_slot - 1)")),
+                                             help="dasc: per-rank byte budget of the compressed pool, e.g. "
+                                                  "2147483648 or 2GiB (slots = budget // bytes_per_slot - 1)")),
     ("--dasc-compressed-only", "compressed_only", dict(action="store_true", default=False,
                                                        help="dasc: cache checkpoints only in the compressed pool "
                                                             "(no dense spill; quality runs)")),

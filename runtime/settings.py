@@ -19,7 +19,9 @@ process, any setting without a plan (``--dasc-pool-slots needs --dasc-plan (or D
    ======================  ==========================  =========================================
    --dasc-plan             DASC_PLAN                   plan directory (or its plan.json)
    --dasc-pool-slots       DASC_POOL_SLOTS             compressed slots C >= 1 (usable, slot 0 extra)
-   --dasc-pool-bytes       DASC_POOL_BYTES             per-rank byte budget B: C = B // bytes - 1
+   --dasc-pool-bytes       DASC_POOL_BYTES             per-rank byte budget B: C = B // bytes - 1 (a size
+                                                       as ``dasc size --budget`` reads it: 2147483648,
+                                                       2GiB, 1.5e9)
    --dasc-compressed-only  DASC_COMPRESSED_ONLY=1      no dense spill (quality runs, §5.1)
    --dasc-demote-watermark DASC_DEMOTE_WATERMARK       free native slots below which demotion starts
    --dasc-dummy-decay-ok   DASC_DUMMY_DECAY_OK=1       with ``--load-format dummy`` only: serve a plan
@@ -45,6 +47,7 @@ from typing import Mapping, Optional
 
 from dasc_compile.schema import DascInputError
 from dasc_runtime.side_channels import settings_of
+from dasc_runtime.sizing_fit import parse_bytes
 
 __all__ = ["DIAGNOSTIC_ENV", "DascSettings", "ENV_VARS", "current_settings", "env_setting", "parse_bool",
            "resolve_settings"]
@@ -85,6 +88,12 @@ def _parse(field: str, raw, name: str):
         return str(raw) if raw not in (None, "") else None
     if field in ("compressed_only", "dummy_decay_ok"):
         return parse_bool(name, raw)
+    if field == "pool_bytes":           # a size, as ``dasc size --budget`` reads it: 17179869184, 16GiB, 1.5e9
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+            raise DascInputError(f"{name}: expected a size in bytes such as 17179869184 or 16GiB, got {raw!r}")
+        return parse_bytes(str(raw), name)
     return _int(name, raw, _LEAST.get(field, (0, "")))
 
 

@@ -1,22 +1,51 @@
 """What budget fits: the refusals of :mod:`dasc_runtime.sizing` when a Dense arm's M (from ``--budget`` or
 ``--dense-slots``) leaves some pool arm no usable slot, and the hint every such refusal ends with (the
 smallest size that fits every arm, or the largest ``--max-running-requests`` any allowed size runs).
-Split from ``sizing.py``, which sizes the arms; the rule of what fits is App. C.1's, as there.
+Split from ``sizing.py``, which sizes the arms; the rule of what fits is App. C.1's, as there. Also the one
+parser of a size in bytes (:func:`parse_bytes`: ``dasc size --budget``, ``dasc compile --pool-budget``, the server's
+``--dasc-pool-bytes`` / ``DASC_POOL_BYTES``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from dasc_compile.schema import DascInputError, usable_slots
 
-__all__ = ["GIB", "MAX_BUDGET_BYTES", "MAX_SLOTS", "check_pools_fit", "smallest_fit"]
+__all__ = ["GIB", "MAX_BUDGET_BYTES", "MAX_SLOTS", "check_pools_fit", "parse_bytes", "smallest_fit"]
 
 GIB = 2 ** 30
 #: Largest --dense-slots / --max-running-requests (SGLang sizes its pools with int32 indices).
 MAX_SLOTS = 2 ** 31
 #: Largest --budget per TP rank, bytes (1 PiB: far above any accelerator's memory).
 MAX_BUDGET_BYTES = 2 ** 50
+
+_UNITS = {"": 1, "b": 1, **{p + "b": 10 ** (3 * i) for i, p in enumerate("kmgtp", 1)},
+          **{p + "ib": 2 ** (10 * i) for i, p in enumerate("kmgtp", 1)}}
+
+
+def parse_bytes(text: str, flag: str = "--budget") -> int:
+    """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB/TB/PB are powers of 10,
+    KiB/MiB/GiB/TiB/PiB of 2; case-insensitive). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
+    ``flag`` names the option in the error (``--budget``, ``--pool-budget``, ``--dasc-pool-bytes``).
+
+    Raises:
+        DascInputError: not a positive whole number of bytes, or above 2**50 (one line).
+    """
+    from decimal import Decimal
+
+    mt = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]*)\s*", str(text))
+    unit = mt.group(2).lower() if mt else None
+    if mt is None or unit not in _UNITS:
+        raise DascInputError(f"{flag}: expected a positive size in bytes, such as 2147483648, 1e9 or 2GiB (units B, "
+                             f"KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got {text!r}")
+    value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
+    if value != value.to_integral_value():
+        raise DascInputError(f"{flag}: {text!r} is not a whole number of bytes")
+    if not 1 <= value <= MAX_BUDGET_BYTES:
+        raise DascInputError(f"{flag}: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
+    return int(value)
 
 
 def smallest_fit(m: Optional[int], m_native: int, k: int, r: int, b_dense: int, pools, *, by_budget: bool,

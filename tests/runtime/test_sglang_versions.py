@@ -151,6 +151,14 @@ def _args(plan_dir=None, **flags):
                              "give at least {b2} bytes"),
     ({}, {"DASC_POOL_BYTES": "1"}, "DASC_POOL_BYTES 1 bytes holds no usable slot ({b} bytes per slot, slot 0 "
                                    "reserved): give at least {b2} bytes"),
+    # a size is read as `dasc size --budget` reads it (it took integers only): units work, and so do their refusals
+    (dict(pool_bytes="1KiB"), {}, "--dasc-pool-bytes 1024 bytes holds no usable slot ({b} bytes per slot, slot 0 "
+                                  "reserved): give at least {b2} bytes"),
+    (dict(pool_bytes="2 parsecs"), {}, "--dasc-pool-bytes: expected a positive size in bytes, such as 2147483648, 1e9 "
+                                       "or 2GiB (units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got "
+                                       "'2 parsecs'"),
+    ({}, {"DASC_POOL_BYTES": "0"}, "DASC_POOL_BYTES: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got '0'"),
+    ({}, {"DASC_POOL_BYTES": "1e-3"}, "DASC_POOL_BYTES: '1e-3' is not a whole number of bytes"),
 ])
 def test_a_bad_dasc_setting_in_the_launcher_is_one_line_and_status_2(tmp_path, monkeypatch, capsys, flags, env, line):
     """`python -m sglang.launch_server ... --dasc-pool-slots -1` ended in a 25-line traceback naming the field
