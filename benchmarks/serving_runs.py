@@ -176,14 +176,21 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             baseline (as if each opening run were named in ``exclude_runs``).
 
     Raises:
-        DascInputError: an unreadable folder, manifest or result; an exclusion that matches nothing, or a
-            bare name that matches runs in more than one folder; with
+        DascInputError: a folder given twice; an unreadable folder, manifest or result; an exclusion that matches
+            nothing, or a bare name that matches runs in more than one folder; with
             ``baseline_run="closing"``, a counted run of the baseline arm (an arm with closing runs) that has
             no closing run in its call (its seed would silently keep the opening baseline); two counted
             runs of one manifest that name one result file (the later wrote over the earlier).
     """
     if baseline_run not in ("opening", "closing"):
         raise DascInputError(f"--baseline-run {baseline_run}: expected opening or closing")
+    seen: dict = {}
+    for w in works:                 # one folder twice (or by two spellings) would count each run twice
+        key = w.resolve()
+        if key in seen:
+            same = f"{w} and {seen[key]} are" if str(w) != str(seen[key]) else f"{w} is"
+            raise DascInputError(f"{same} the same work folder, given twice: give each folder once")
+        seen[key] = w
     out = []
     manifests = []
     for w in works:

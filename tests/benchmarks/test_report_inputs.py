@@ -106,7 +106,10 @@ def test_rates_never_pools_two_conditions():
 def test_rates_refuses_a_folder_given_twice_and_picks_a_pad(tmp_path, capsys):
     w = _work(tmp_path)
     assert sr.main(["rates", str(w), str(w), "--exclude-call", "1"]) == 2
-    _one_error(capsys, "counted twice")
+    _one_error(capsys, f"{w} is the same work folder, given twice")
+    other = w.parent / ".." / w.parent.name / w.name               # another spelling of the same folder
+    assert sr.main(["rates", str(w), str(other), "--exclude-call", "1"]) == 2
+    _one_error(capsys, f"{other} and {w} are the same work folder, given twice")
     assert sr.main(["rates", str(w), "--pad", "6000"]) == 2
     _one_error(capsys, "no run at --pad 6000", "present: pad 0, served-reply")
     assert sr.main(["rates", str(w), "--pad", "0", "--rho", "0.5"]) == 0
