@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 __all__ = ["CHECKED_VAR", "FLAGS", "add_cli_args", "from_cli_args", "engine_kwargs_init", "first_engine_launch",
@@ -86,28 +88,56 @@ def settle(given: dict, names: dict, options):
         return None
     check_launch(settings, options, source)
     settings.export()
-    os.environ[CHECKED_VAR] = _fingerprint(os.environ)
+    os.environ[CHECKED_VAR] = checked_mark(os.environ, os.getpid())
     return settings
 
 
 #: Set by :func:`settle` in the environment it exports (children inherit it): the ``DASC_*`` settings a launch of
-#: this process tree has checked, so that a later constructor that sees the same variables does not check them again.
+#: this process tree has checked and the process that checked them (:func:`checked_mark`), so that a child process
+#: (a scheduler) that sees the same variables does not check them again. The launching process itself checks every
+#: later launch: a second ``Engine(...)`` may bring options the first did not.
 CHECKED_VAR = "_DASC_LAUNCH_CHECKED"
 
 
-def _fingerprint(env) -> str:
-    """The ``DASC_*`` settings of ``env`` as one string (unset and empty alike)."""
+def checked_mark(env, pid: int) -> str:
+    """The value of :data:`CHECKED_VAR`: process ``pid`` checked the ``DASC_*`` settings of ``env`` (unset and empty
+    alike)."""
     from dasc_runtime.settings import ENV_VARS
 
-    return ";".join(f"{var}={env.get(var) or ''}" for var in ENV_VARS.values())
+    return f"{pid}:" + ";".join(f"{var}={env.get(var) or ''}" for var in ENV_VARS.values())
 
 
 def _unchecked_env_settings() -> bool:
-    """True when the environment sets a ``DASC_*`` setting that no launch of this process tree has checked."""
+    """True when the environment sets a ``DASC_*`` setting that no parent process of this one has checked (its own
+    earlier checks do not count: each launch in the launching process is checked with its own options)."""
     from dasc_runtime.settings import ENV_VARS
 
-    return any(os.environ.get(var) for var in ENV_VARS.values()) \
-        and os.environ.get(CHECKED_VAR) != _fingerprint(os.environ)
+    if not any(os.environ.get(var) for var in ENV_VARS.values()):
+        return False
+    pid, _, _ = (os.environ.get(CHECKED_VAR) or "").partition(":")
+    return not pid.isdigit() or pid == str(os.getpid()) \
+        or os.environ.get(CHECKED_VAR) != checked_mark(os.environ, int(pid))
+
+
+#: The launches of this thread that :func:`settle` has checked and whose constructors are running, innermost last,
+#: each with its settings (None: dasc off): a ``ServerArgs(...)`` those constructors build is that launch's, not a new
+#: one (0.5.17's ``from_cli_args`` builds one), and 0.5.23's ``Engine._launch_subprocesses`` inside one publishes its
+#: settings on the ``ServerArgs`` the constructor built, before the subprocesses start (:func:`first_engine_launch`).
+_LAUNCHING = threading.local()
+
+
+@contextmanager
+def _launching(settings):
+    stack = _LAUNCHING.__dict__.setdefault("stack", [])
+    stack.append(settings)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _in_launch() -> bool:
+    return bool(getattr(_LAUNCHING, "stack", None))
 
 
 def publish(server_args, settings) -> None:
@@ -135,7 +165,8 @@ def from_cli_args(original, cls, args):
         msg = " ".join(str(exc).split())                      # one line, whatever the message held
         print(msg if msg.startswith(PREFIX) else PREFIX + msg, file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    result = original(cls, args)
+    with _launching(settings):
+        result = original(cls, args)
     if settings is not None:
         publish(result, settings)
     return result
@@ -156,12 +187,14 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     """
     from dasc_runtime.sglang_api import api
 
+    _FIRST_ENGINE.clear()        # a hooked constructor runs: the first Engine(...) is over (it may have failed early)
     raw = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items() if kw in kwargs}
-    if not raw and not _unchecked_env_settings():
+    if not raw and (_in_launch() or not _unchecked_env_settings()):
         return original(self, *args, **kwargs)
     adapter = api()                                   # an untested SGLang is refused here, in one line
     settings = settle(raw, _KWARG_NAMES, SimpleNamespace(**kwargs))
-    original(self, *args, **kwargs)
+    with _launching(settings):
+        original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
     if sa is not None and settings is not None:
         publish(sa, settings)
@@ -185,15 +218,20 @@ def take_running_engine_kwargs(adapter) -> None:
 def first_engine_launch(original, *args, **kwargs):
     """AROUND ``Engine._launch_subprocesses`` (0.5.23; ``cls, server_args, ...``): for the first ``Engine(...)`` of the
     process, the settling :func:`engine_kwargs_init` gives every later one (:func:`settle` of its ``dasc_*`` keywords
-    and ``DASC_*`` on the ``ServerArgs`` it built, then :func:`publish`), before any subprocess starts.
+    and ``DASC_*`` on the ``ServerArgs`` it built, then :func:`publish`), before any subprocess starts; for a later
+    one, :func:`publish` of the settings its :func:`engine_kwargs_init` settled (the constructor launches the
+    subprocesses itself, so publishing after it returned reached no scheduler).
 
     Raises:
         DascInputError / DascRefusal: see :func:`settle`.
     """
+    server_args = kwargs.get("server_args", args[1] if len(args) > 1 else None)
     raw = _FIRST_ENGINE.pop("raw", None)
     if raw is not None and (raw or _unchecked_env_settings()):
-        server_args = kwargs.get("server_args", args[1] if len(args) > 1 else None)
         settings = settle(raw, _KWARG_NAMES, server_args)
-        if settings is not None and server_args is not None:
-            publish(server_args, settings)
-    return original(*args, **kwargs)
+    else:           # a later Engine(...): engine_kwargs_init settled it; publish before the subprocesses, not after
+        settings = _LAUNCHING.stack[-1] if _in_launch() else None
+    if settings is not None and server_args is not None:
+        publish(server_args, settings)
+    with _launching(settings):
+        return original(*args, **kwargs)

@@ -91,7 +91,7 @@ def _parse(field: str, raw, name: str):
     if field == "pool_bytes":           # a size, as ``dasc size --budget`` reads it: 17179869184, 16GiB, 1.5e9
         if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None
-        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):      # Engine(dasc_pool_bytes=2e9) too
             raise DascInputError(f"{name}: expected a size in bytes such as 17179869184 or 16GiB, got {raw!r}")
         return parse_bytes(str(raw), name)
     return _int(name, raw, _LEAST.get(field, (0, "")))

@@ -47,9 +47,10 @@ def running_engine_kwargs() -> Optional[dict]:
     ``load_plugins()`` is registering dasc; :data:`FIRST_ENGINE_TARGET`), or None when no such call is running."""
     import sys
 
-    from sglang.srt.entrypoints.engine import Engine
-
-    init = Engine.__dict__["__init__"]
+    engine = sys.modules.get("sglang.srt.entrypoints.engine")
+    if engine is None:              # a scheduler or detokenizer process: no Engine runs here (and none is imported)
+        return None
+    init = engine.Engine.__dict__["__init__"]
     code = getattr(init, "__wrapped__", init).__code__
     frame = sys._getframe(1)
     while frame is not None:

@@ -224,27 +224,28 @@ def _check_pool_bytes(settings, options, plan, what: str) -> None:
     """A ``--dasc-pool-bytes`` budget must hold dasc-wr's scratch slots and then one usable compressed slot of the plan's
     bottleneck rank (``wr_scratch.budget_after_scratch`` at start-up, then ``pool.slots_for_budget``). Before SGLang
     resolves its prefill chunk the scratch is charged at its least: the B that ``--chunked-prefill-size`` as given
-    caps ``--dasc-refresh-slots`` to, or one slot when the chunk is left to SGLang (it may cap B to 1).
+    caps ``--dasc-refresh-slots`` to (-1 or 0, chunking off: no cap, B as given or the default), or, when the chunk
+    is left to SGLang, the B its smallest automatic chunk leaves (``serving_rules.SMALLEST_AUTO_CHUNK``, the chunk
+    ``dasc size`` assumes; a larger one can only leave more).
 
     Raises:
         DascInputError: naming ``what`` (the flag or variable), the scratch charged and the smallest budget that fits.
     """
     from dasc_compile.schema import DascInputError
     from dasc_runtime.pool import slots_for_budget
-    from dasc_runtime.serving_rules import served_refresh_slots
+    from dasc_runtime.serving_rules import SMALLEST_AUTO_CHUNK, served_refresh_slots
     from dasc_runtime.wr_scratch import scratch_state_bytes
 
     chunk = getattr(options, "chunked_prefill_size", None)
-    chunk = chunk if isinstance(chunk, int) and chunk > 0 else None
-    b = served_refresh_slots(plan, settings.refresh_slots, chunk)
-    if b and chunk is None:
-        b = 1
+    given = isinstance(chunk, int) and not isinstance(chunk, bool)     # -1 / 0: chunking off, B is not capped
+    b = served_refresh_slots(plan, settings.refresh_slots, chunk if given else SMALLEST_AUTO_CHUNK)
     scratch = scratch_state_bytes(plan, b) if b else 0
     slot = int(plan.tp.bottleneck_bytes_per_slot)
     if scratch and settings.pool_bytes - scratch < 2 * slot:
+        basis = "" if given else f" at SGLang's smallest automatic prefill chunk, {SMALLEST_AUTO_CHUNK} tokens, as dasc size"
         raise DascInputError(
             f"{what} {settings.pool_bytes} bytes leaves no usable compressed slot after dasc-wr's {b} scratch "
-            f"slot{'s' if b > 1 else ''} ({scratch} bytes, at least; a compressed slot is {slot} bytes, slot 0 "
+            f"slot{'s' if b > 1 else ''} ({scratch} bytes{basis}; a compressed slot is {slot} bytes, slot 0 "
             f"reserved): give at least {scratch + 2 * slot} bytes, or size the pool with dasc size, which charges "
             f"the scratch")
     slots_for_budget(settings.pool_bytes - scratch, slot, what=what)

@@ -406,19 +406,22 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     assert plain["code"] == 0 and plain["settings"] is None       # a server without dasc: untouched
 
 
-@pytest.mark.parametrize("chunk, b", [(None, 1), (4096, None)])
-def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tmp_path, monkeypatch, chunk, b):
+@pytest.mark.parametrize("chunk", [None, 4096, -1])          # None: SGLang picks it; -1: chunking off, B not capped
+def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tmp_path, monkeypatch, chunk):
     """A dasc-wr budget that holds a compressed slot but not the scratch slots too was refused only at start-up, after
-    the weights had loaded. At launch the scratch is charged at its least: one slot when SGLang picks the prefill
-    chunk, the B the given --chunked-prefill-size leaves (served_refresh_slots) otherwise."""
+    the weights had loaded. At launch the scratch is charged at its least: the B the given --chunked-prefill-size
+    leaves (served_refresh_slots), or, when SGLang picks the chunk, the B its smallest automatic chunk leaves, as dasc
+    size assumes (it charged one slot, and the budget it then suggested was refused at start-up: fresh-user trial,
+    session 37)."""
     import os
 
     from dasc_compile.schema import DascInputError
     from dasc_runtime import plugin
-    from dasc_runtime.serving_rules import served_refresh_slots
+    from dasc_runtime.serving_rules import SMALLEST_AUTO_CHUNK, served_refresh_slots
 
     plan, plan_dir, _ = compile_tiny(tmp_path, load_policy="wr")
-    b = b or served_refresh_slots(plan, None, chunk)
+    b = served_refresh_slots(plan, None, SMALLEST_AUTO_CHUNK if chunk is None else chunk)
+    assert b > 1                                       # the tiny plan's windows: the old one-slot charge was less
     dense, slot = int(plan.tp.bytes_dense_per_slot), int(plan.tp.bottleneck_bytes_per_slot)
     scratch = b * dense
     monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith("DASC_")})
@@ -430,7 +433,8 @@ def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tm
                                   dasc_plan=str(plan_dir), dasc_pool_bytes=short, **opts)
     msg = str(info.value)
     assert msg.startswith(f"dasc_pool_bytes {short} bytes leaves no usable compressed slot after dasc-wr's {b} "
-                          f"scratch slot") and f"({scratch} bytes, at least;" in msg
+                          f"scratch slot") and f"({scratch} bytes" in msg
+    assert ("smallest automatic prefill chunk, 2048 tokens" in msg) == (chunk is None)
     assert f"give at least {scratch + 2 * slot} bytes" in msg and started == []
     # the smallest budget that fits passes the launch check (the constructor runs)
     monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith("DASC_")})
@@ -439,6 +443,71 @@ def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tm
     settings = launcher.settle({"plan": str(plan_dir), "pool_bytes": scratch + 2 * slot}, launcher._KWARG_NAMES,
                                __import__("types").SimpleNamespace(model_path="m", **opts))
     assert settings is not None and settings.pool_bytes == scratch + 2 * slot
+
+
+def test_the_launching_process_checks_each_launch_and_its_children_do_not(tmp_path, monkeypatch):
+    """With the plan in DASC_PLAN, a second Engine(...) of the launching process reached its constructor unchecked
+    once a first had passed, its options never seen (review, session 37): the mark settle leaves names the process
+    that checked, and only its children (schedulers) skip the check. In a child, a DASC_* value changed after the
+    check is checked again; a ServerArgs(...) built inside a checked launch is that launch's (checked once)."""
+    import os
+    from types import SimpleNamespace
+
+    from dasc_runtime import launcher, plugin
+    from dasc_runtime.refusal import DascRefusal
+
+    _, plan_dir, _ = compile_tiny(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASC_", "_DASC_"))}
+    env["DASC_PLAN"] = str(plan_dir)
+    monkeypatch.setattr("os.environ", env)
+    checks = []
+    real = launcher.settle
+    monkeypatch.setattr(launcher, "settle", lambda *a, **k: (checks.append(1), real(*a, **k))[1])
+    built = []
+
+    def build(self, **kw):
+        built.append(kw)
+
+    plugin.engine_kwargs_init(build, SimpleNamespace(), model_path="m")                  # the first launch: checked, passes
+    assert len(checks) == 1 and env[launcher.CHECKED_VAR].startswith(f"{os.getpid()}:")
+    with pytest.raises(DascRefusal, match="unsupported option.*--enable-hierarchical-cache"):
+        plugin.engine_kwargs_init(build, SimpleNamespace(), model_path="m", enable_hierarchical_cache=True)
+    assert len(checks) == 2 and len(built) == 1                                   # refused before its constructor
+
+    def nested(self, **kw):                      # a constructor that builds another ServerArgs (0.5.17's from_cli_args)
+        plugin.engine_kwargs_init(build, SimpleNamespace(), **kw)
+
+    plugin.engine_kwargs_init(nested, SimpleNamespace(), model_path="m")
+    assert len(checks) == 3 and len(built) == 2
+
+    env[launcher.CHECKED_VAR] = launcher.checked_mark(env, os.getpid() + 1)     # a scheduler: its launcher checked
+    plugin.engine_kwargs_init(build, SimpleNamespace(), model_path="m", enable_hierarchical_cache=True)
+    assert len(checks) == 3 and len(built) == 3                                   # not checked again here
+    env["DASC_POOL_SLOTS"] = "0"                                                  # but a value changed since is
+    with pytest.raises(Exception, match="DASC_POOL_SLOTS: expected an integer >= 1"):
+        plugin.engine_kwargs_init(build, SimpleNamespace(), model_path="m")
+    assert len(checks) == 4 and len(built) == 3
+
+
+def test_a_first_engine_that_failed_early_leaves_nothing_for_the_next(tmp_path, monkeypatch):
+    """The dasc_* keywords taken from the first Engine(...) of a process waited for its _launch_subprocesses; when
+    that constructor failed before it (a mistyped keyword), the next Engine's launch settled them instead of its own
+    (review, session 37: a stale plan A served where B was asked). Any hooked constructor ends the first Engine's
+    turn."""
+    import os
+    from types import SimpleNamespace
+
+    from dasc_runtime import launcher
+
+    _, plan_a, _ = compile_tiny(tmp_path / "a")
+    monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith(("DASC_", "_DASC_"))})
+    monkeypatch.setitem(launcher._FIRST_ENGINE, "raw", {"plan": str(plan_a)})    # the first Engine's, left behind
+    launched = []
+    launcher.engine_kwargs_init(lambda self, **kw: None, object(), model_path="m")   # the next Engine(...), no dasc
+    sa = SimpleNamespace(model_path="m")
+    launcher.first_engine_launch(lambda cls, server_args: launched.append(server_args), object, sa)
+    assert launched == [sa] and "DASC_PLAN" not in os.environ and not hasattr(sa, "_dasc_settings")
+    assert launcher._FIRST_ENGINE == {}
 
 
 _FIRST_ENGINE = """
@@ -450,6 +519,64 @@ try:
 except Exception as exc:
     print("RESULT " + type(exc).__name__ + ": " + str(exc))
 """
+
+
+_TWO_ENGINES = """
+import json, os, sys
+import sglang
+from sglang.srt.entrypoints.engine import Engine
+
+seen = []
+
+
+@classmethod
+def launch(cls, server_args, *args, **kwargs):       # stands in for the subprocesses: what they would inherit
+    seen.append({"env": os.environ.get("DASC_PLAN"), "attached": getattr(server_args, "_dasc_settings", None)})
+    raise RuntimeError("stop before the subprocesses")
+
+
+Engine._launch_subprocesses = launch                   # dasc's hook wraps this when the first Engine loads the plugins
+for kw in json.loads(sys.argv[1]):
+    try:
+        Engine(model_path="x", **kw)
+        seen.append("constructed")
+    except Exception as exc:
+        if str(exc) != "stop before the subprocesses":
+            seen.append(type(exc).__name__)
+print("RESULT " + json.dumps(seen))
+"""
+
+
+def test_the_first_engine_is_settled_and_published_and_a_failed_one_leaves_nothing(tmp_path):
+    """The first Engine(dasc_plan=A) of a fresh interpreter reaches its subprocess launch with DASC_PLAN exported and
+    the settings attached to its ServerArgs (what every scheduler inherits). A first Engine that fails before its
+    launch (an unknown keyword) leaves nothing: the next Engine(dasc_plan=B) serves B (it served the stale A)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    try:
+        import sglang.srt.entrypoints.engine  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"sglang.Engine does not import in this environment ({exc})")
+    _, plan_a, _ = compile_tiny(tmp_path / "a")
+    _, plan_b, _ = compile_tiny(tmp_path / "b", w_max=8)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASC_", "_DASC_"))}
+
+    def run(calls):
+        p = subprocess.run([sys.executable, "-c", _TWO_ENGINES, json.dumps(calls)], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+        got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert got, p.stderr[-1500:]
+        return json.loads(got[0].removeprefix("RESULT "))
+
+    assert run([{"dasc_plan": str(plan_a), "dasc_pool_slots": 3}]) == \
+        [{"env": str(plan_a), "attached": {"plan": str(plan_a), "pool_slots": 3, "compressed_only": False,
+                                           "dummy_decay_ok": False}}]
+    assert run([{"dasc_plan": str(plan_a), "not_a_server_arg": 1}, {"dasc_plan": str(plan_b)}]) == \
+        ["TypeError", {"env": str(plan_b), "attached": {"plan": str(plan_b), "compressed_only": False,
+                                                       "dummy_decay_ok": False}}]
 
 
 @pytest.mark.parametrize("kwargs, env, line", [

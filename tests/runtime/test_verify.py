@@ -167,7 +167,8 @@ def test_settings_sources_and_env_roundtrip(monkeypatch):
     assert resolve_settings({}, env=env, need_plan=False)[0] == s
     # a size with a unit (as `dasc size --budget` takes it) is bytes from there on: scheduler processes read the
     # exported integer, and a flag, a keyword and a variable mean the same
-    for given, var in (({"pool_bytes": "2GiB"}, {}), ({"pool_bytes": 2 ** 31}, {}), ({}, {"DASC_POOL_BYTES": "2 GiB"}),
+    for given, var in (({"pool_bytes": "2GiB"}, {}), ({"pool_bytes": 2 ** 31}, {}), ({"pool_bytes": 2.147483648e9}, {}),
+                       ({}, {"DASC_POOL_BYTES": "2 GiB"}),
                        ({}, {"DASC_POOL_BYTES": "2.147483648e9"})):
         got = resolve_settings({"plan": "/p", **given}, env=var, need_plan=False)[0]
         assert got.pool_bytes == 2 ** 31 and got.to_env()["DASC_POOL_BYTES"] == str(2 ** 31), (given, var)

@@ -152,6 +152,16 @@ def compile_tiny(tmp: Path, kind: str = "gdn", with_kernels: bool = False, **pol
 
 # ---------------------------------------------------------------- SGLang pools on device="cpu"
 
+def as_scheduler_env() -> None:
+    """Mark this process's ``DASC_*`` settings as a scheduler process inherits them: checked by its launcher, another
+    process (``launcher.CHECKED_VAR``), so a ``ServerArgs(...)`` built here is not a launch to check again."""
+    import os
+
+    from dasc_runtime.launcher import CHECKED_VAR, checked_mark
+
+    os.environ[CHECKED_VAR] = checked_mark(os.environ, os.getppid())
+
+
 def set_server_args(chunk: int = 64, **options):
     """Publish ``ServerArgs(model_path="dummy", page_size=1, **options)`` as a scheduler would; options are
     given at construction (0.5.23's record is read-only once published)."""

@@ -146,7 +146,6 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     # 7. refusals: a plan compiled for another model; an option the plan cannot serve. First in the launching
     # process: Engine(...) with the plan only in DASC_PLAN, not checked yet
     from dasc_runtime.installed import INSTALLED
-    from dasc_runtime.launcher import _fingerprint
 
     os.environ.pop(CHECKED_VAR, None)
     os.environ["DASC_PLAN"] = plan_dir
@@ -157,9 +156,9 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
         out["hicache_launch"] = f"{type(exc).__name__}: {exc}"
 
     def as_scheduler(plan):
-        """The environment a scheduler process inherits: the plan, checked by its launcher."""
+        """The environment a scheduler process inherits: the plan, checked by its launcher (another process)."""
         os.environ["DASC_PLAN"] = plan
-        os.environ[CHECKED_VAR] = _fingerprint(os.environ)
+        F.as_scheduler_env()
 
     INSTALLED.reset()
     as_scheduler(kda_plan_dir)

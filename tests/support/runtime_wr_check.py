@@ -42,6 +42,7 @@ def server_args(plan_dir, **extra):
     for k in [k for k in os.environ if k.startswith("DASC_")]:
         os.environ.pop(k)
     resolve_settings(dasc, env={}, need_plan=False)[0].export()
+    F.as_scheduler_env()
     return F.set_server_args(chunk=4, attention_backend="torch_native", **extra)
 
 

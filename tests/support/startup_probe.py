@@ -49,6 +49,7 @@ def main(plan_dir: str) -> dict:
     HookRegistry._apply_target = classmethod(real_apply)
     out["registry_patched"] = REGISTRY in HookRegistry._patched
     os.environ["DASC_PLAN"] = plan_dir
+    F.as_scheduler_env()                       # this process plays a scheduler: its launcher checked the plan
     sa = ServerArgs(model_path="dummy", page_size=1)
     sa._mamba_cache_chunk_size = 64
     set_global_server_args_for_scheduler(sa)
