@@ -3,7 +3,7 @@
 argparse prints its usage block before the error; the project's rule for bad input is one line naming the
 flag and what was expected (``dasc`` itself does the same through typer), so scripts parse with
 :class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`,
-:func:`fraction`, :func:`nonempty`) live here too.
+:func:`fraction`, :func:`open_fraction`, :func:`nonempty`, :func:`path_named`) live here too.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,6 +61,27 @@ def fraction(text: str) -> float:
     if not 0.0 <= x <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
     return x
+
+
+def open_fraction(text: str) -> float:
+    """argparse ``type``: a number strictly between 0 and 1 (else ``expected a fraction in (0, 1)``)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not 0.0 < x < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text!r}")
+    return x
+
+
+def path_named(what: str):
+    """argparse ``type``: a path given by a non-blank string (``''`` is the current folder to ``Path``, so an
+    empty ``--out`` wrote there): else ``expected WHAT, got ''``."""
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return Path(text)
+    return parse
 
 
 def nonempty(what: str):

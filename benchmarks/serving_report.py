@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
-from benchmarks.cli_args import OneLineParser, fraction, int_at_least, nonempty, number_above_zero
+from benchmarks.cli_args import OneLineParser, int_at_least, nonempty, number_above_zero, open_fraction, path_named
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
@@ -251,7 +251,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                                description="protocol B's offered rates from Dense's measured closed-loop "
                                            "saturation throughput")
             ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders with closed-loop Dense runs")
-            ap.add_argument("--rho", type=fraction, nargs="+", default=[0.5, 0.7, 0.9],
+            ap.add_argument("--rho", type=open_fraction, nargs="+", default=[0.5, 0.7, 0.9],
                             help="utilisations in (0, 1) (default 0.5 0.7 0.9)")
             ap.add_argument("--exclude-call", type=int_at_least(0), action="append", default=[],
                             help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
@@ -280,7 +280,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap = OneLineParser(prog="python -m benchmarks.serving_report map",
                                description="the regime map: mean-TTFT ratio to Dense over context and load")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
-            ap.add_argument("--out", type=Path, required=True, help="the figure to write (.png)")
+            ap.add_argument("--out", type=path_named("a file name such as map.png"), required=True,
+                            help="the figure to write (.png)")
             a = ap.parse_args(argv[1:])
             regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
@@ -307,7 +308,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                    "saturation throughput), `serving_report map SUMMARY.json ... --out PNG` (the regime map) and "
                    "`serving_report pooled SUMMARY.json ... [--pad N]` (per-seed ratios pooled over sessions).")
         ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
-        ap.add_argument("--out", type=Path, required=True, help="folder for summary.json and tables.md")
+        ap.add_argument("--out", type=path_named("a folder name"), required=True,
+                        help="folder for summary.json and tables.md")
         ap.add_argument("--model", required=True, type=nonempty("the served model's name"),
                         help="the served model as the tables and summary.json name it, e.g. 'Kimi-Linear-48B-A3B "
                              "(16 of 256 experts, dummy weights)'")

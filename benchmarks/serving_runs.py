@@ -124,7 +124,7 @@ def add_run_exclusions(ap) -> None:
     ap.add_argument("--exclude-run", action="append", default=[],
                     help="leave out this result file: its name under runs/ (when one work folder given holds a "
                          "run of that name) or its path WORK/runs/NAME, WORK one of the folders given, relative paths "
-                         "from the current folder (e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000.json.gz); "
+                         "from the current folder (e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000__r0.2264__k1.json.gz); "
                          "repeatable. An excluded opening baseline run is replaced by the call's closing run of the "
                          "same seed")
     ap.add_argument("--baseline-run", choices=("opening", "closing"), default="opening",
@@ -176,8 +176,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             baseline (as if each opening run were named in ``exclude_runs``).
 
     Raises:
-        DascInputError: a folder given twice; an unreadable folder, manifest or result; an exclusion that matches
-            nothing, or a bare name that matches runs in more than one folder; with
+        DascInputError: a folder given twice, or one none of whose runs is counted; an unreadable folder, manifest
+            or result; an exclusion that matches nothing, or a bare name that matches runs in more than one folder; with
             ``baseline_run="closing"``, a counted run of the baseline arm (an arm with closing runs) that has
             no closing run in its call (its seed would silently keep the opening baseline); two counted
             runs of one manifest that name one result file (the later wrote over the earlier).
@@ -206,7 +206,6 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         if not isinstance(man, dict) or not isinstance(man.get("runs"), list):
             raise DascInputError(f"{man_p}: expected a run_chat manifest (an object with a 'runs' list)")
         manifests.append((w, man))
-        _refuse_overwritten(w, man, exclude_calls)
     # an exclusion that matches nothing is a typo: the report would silently keep what it should leave out
     calls = {i for _, man in manifests for i in range(len(man.get("calls") or ()))} \
         | {e.get("call") for _, man in manifests for e in man["runs"]}
@@ -218,6 +217,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
         if c not in calls:
             raise DascInputError(f"--exclude-call {c}: no such call in {', '.join(map(str, works))} "
                                  f"(calls {', '.join(map(str, sorted(x for x in calls if x is not None)))})")
+    for w, man in manifests:
+        _refuse_overwritten(w, man, exclude_calls)
     for f in exclude_runs:
         if f not in files:
             raise DascInputError(f"--exclude-run {given[f]}: no run of that file name in the manifests of "
@@ -289,6 +290,11 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
                         "records": res["records"],     # per request, for accounts that need more than run_stats
                         **run_stats(res, max_running=mr, track_interval=track_interval(servers.get(e["arm"])))})
+        if not any(r["work"] == str(w) for r in out):   # a folder given and then left out whole: say so, never drop it
+            why = f" (--exclude-call {', '.join(map(str, exclude_calls))} applies to every folder given)" \
+                if exclude_calls else ""
+            raise DascInputError(f"{w}: no finished run of this work folder is counted{why}; give the folder only "
+                                 f"where its runs count")
     return out
 
 
@@ -323,11 +329,13 @@ def _opening_runs_with_a_closing_run(w: Path, man: dict, exclude_calls: Sequence
 def _refuse_overwritten(work: Path, man: dict, exclude_calls: Sequence[int]) -> None:
     """Refuse a work folder in which two runs of manifest.json name one result file: the later run wrote
     over the earlier one's results (run_chat named runs without their load and call until session 36, so
-    a closed-loop run of a seed replaced an open-loop run of that seed from an earlier call)."""
+    a closed-loop run of a seed replaced an open-loop run of that seed from an earlier call). Only finished
+    runs (rc 0 or 1, as :func:`_counted` counts them) wrote a result: a run cut by the deadline or refused by
+    ``chat_replay`` left the file as it was."""
     seen: dict = {}
     for e in man["runs"]:
         f = e.get("file")
-        if not f or e.get("skipped") or e.get("call") in exclude_calls:
+        if not f or e.get("skipped") or e.get("rc") not in (0, 1) or e.get("call") in exclude_calls:
             continue
         if f in seen:
             first = seen[f]

@@ -52,7 +52,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.cli_args import OneLineParser, number_above_zero
+from benchmarks.cli_args import OneLineParser, number_above_zero, path_named
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from dasc_compile.errors import DascInputError
 
@@ -208,7 +208,8 @@ def main(argv=None) -> int:
                     help="the ratio the 'lost needed' column solves for (default 0.70: the open-loop target of the "
                          "serving benchmarks)")
     add_run_exclusions(ap)
-    ap.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
+    ap.add_argument("--out", type=path_named("a file name such as account.md"), default=None,
+                    help="also write the table to this markdown file")
     try:
         a = ap.parse_args(argv)
         if not a.arm.strip() or not a.baseline.strip():

@@ -820,6 +820,10 @@ def test_report_refuses_a_result_file_two_runs_name(tmp_path, capsys):
     assert "named by two runs" in err and not (tmp_path / "rep").exists()
     assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in srun.collect([w], exclude_calls=[1])) == [
         ("dense", "arm", 9.0), ("dense", "drift", 2.0), ("w16", "arm", 1.0)]
+    # a later run that did not finish (cut by the deadline) wrote nothing: call 0's file stands, no refusal
+    man["runs"][3]["rc"] = -9
+    (w / "manifest.json").write_text(json.dumps(man))
+    assert ("w16", "arm", 1.0) in {(r["arm"], r["role"], r["mean_ttft_s"]) for r in srun.collect([w])}
 
 
 def test_report_refuses_a_result_file_whose_load_is_not_its_calls(tmp_path):
@@ -1028,3 +1032,29 @@ def test_summary_splits_lost_turns_and_pools_the_time_away():
     assert o["hit_account"]["lost_reply_stored"] == 2 and o["hit_account"]["lost_prompt_only"] == 0
     # lost gaps 20, 21 and hit gaps 2, 4, 2, 5, pooled over the two seeds
     assert o["away_median_s"] == {"lost": 20.5, "hit": 3.0}
+
+
+def test_a_folder_whose_runs_are_all_left_out_is_refused_not_dropped(tmp_path):
+    """--exclude-call applies to every folder given: a second folder whose only runs were in that call contributed
+    nothing, and the report went on without it and without a word (fresh-user trial, session 37)."""
+    a = _work(tmp_path / "a")
+    b = _work(tmp_path / "b")
+    man = json.loads((b / "manifest.json").read_text())
+    for e in man["runs"]:
+        e["call"] = 1                                 # every run of b is in call 1
+    (b / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(DascInputError, match=rf"{b}: no finished run of this work folder is counted \(--exclude-call "
+                                             rf"1 applies to every folder given\)"):
+        srun.collect([a, b], exclude_calls=[1])
+    assert {r["work"] for r in srun.collect([a, b])} == {str(a), str(b)}
+
+
+def test_an_exclude_call_that_names_no_call_is_said_first(tmp_path):
+    """--exclude-call 9 (no such call) on a folder with an overwritten result file gave the overwritten-file refusal,
+    whose advice is another --exclude-call: the typo is named first."""
+    w = _work(tmp_path)
+    man = json.loads((w / "manifest.json").read_text())
+    man["runs"][3]["file"] = man["runs"][1]["file"]
+    (w / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(DascInputError, match=r"--exclude-call 9: no such call"):
+        srun.collect([w], exclude_calls=[9])

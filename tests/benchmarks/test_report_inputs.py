@@ -114,9 +114,11 @@ def test_rates_refuses_a_folder_given_twice_and_picks_a_pad(tmp_path, capsys):
     _one_error(capsys, "no run at --pad 6000", "present: pad 0, served-reply")
     assert sr.main(["rates", str(w), "--pad", "0", "--rho", "0.5"]) == 0
     assert json.loads(capsys.readouterr().out)["x_sat"]["n"] == 1
-    assert sr.main(["rates", str(w), "--rho", "0"]) == 2
-    err = _one_error(capsys, "--rho")
-    assert str(w) not in err
+    for rho in ("0", "1", "1.5"):          # one range, said once: (0, 1) ([0, 1] at parse time said otherwise)
+        with pytest.raises(SystemExit) as info:
+            sr.main(["rates", str(w), "--rho", rho])
+        err = _one_error(capsys, "--rho", "expected a fraction in (0, 1)")
+        assert info.value.code == 2 and str(w) not in err
 
 
 def _script(args, **kw) -> subprocess.Popen:
