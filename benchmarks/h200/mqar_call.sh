@@ -24,8 +24,9 @@
 # Exit status: 2 for a bad setting (one line, before any work); 1 when a probe or a masks step failed or was cut
 # (run.log says which); 0 otherwise, whether or not a run bound.
 # $OUT (an empty folder; a relative path is taken from the caller's folder): run.log, and per shape p<PAIRS>-g<GAP>.json (the probe's record, its log included) and
-# masks-p<PAIRS>-g<GAP>.json (when it bound) or a line in run.log saying why no masks ran. The models stay on the
-# machine (fp32, ~136 MB at m30): the commands are seeded, and the masks are scored here.
+# masks-p<PAIRS>-g<GAP>.json (when it bound) or a line in run.log saying why no masks ran. The models are not
+# returned and are deleted when the script ends (fp32, ~136 MB at m30): the commands are seeded, and the masks are
+# scored here, in the same call.
 set -uo pipefail
 T_START=$(date +%s)
 BUDGET=${1:-570}
@@ -47,9 +48,16 @@ for v in KEYS VALUES VOCAB BATCH LOG_EVERY ROWS; do
   [[ "${!v}" =~ ^[1-9][0-9]{0,6}$ ]] || bad "$v '${!v}': expected a whole number >= 1"
 done
 [[ "$SEED" =~ ^[0-9]{1,9}$ ]] || bad "SEED '$SEED': expected a whole number >= 0"
+[[ "$LR" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?$ ]] \
+  && python3 -c "import sys; sys.exit(not 0 < float('$LR') < 1)" 2>/dev/null \
+  || bad "LR '$LR': expected a learning rate in (0, 1), e.g. 2e-3"
+[[ "$DEVICE" =~ ^(cpu|cuda|cuda:[0-9]{1,2})$ ]] || bad "DEVICE '$DEVICE': expected cuda, cuda:N or cpu"
 [ -n "${RUNS// }" ] || bad "RUNS is empty: expected PAIRS:GAP shapes, e.g. \"8:48 16:320\""
+seen=" "
 for r in $RUNS; do
   [[ "$r" =~ ^[1-9][0-9]{0,4}:[0-9]{1,5}$ ]] || bad "RUNS has '$r': expected PAIRS:GAP (PAIRS >= 1), e.g. 16:320"
+  [[ "$seen" == *" $((10#${r%:*})):$((10#${r#*:})) "* ]] && bad "RUNS has $r twice: each shape once (both runs would write one file)"
+  seen="$seen$((10#${r%:*})):$((10#${r#*:})) "
   [ "${r%:*}" -le "$KEYS" ] || bad "RUNS has '$r': ${r%:*} pairs, more than KEYS $KEYS"
   var=WMAX_${r%:*}_${r#*:}
   [ -z "${!var:-}" ] || [[ "${!var}" =~ ^[1-9][0-9]*( [1-9][0-9]*)*$ ]] || bad "$var '${!var}': expected w_max values separated by spaces, e.g. \"16 64\""

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli_args import OneLineParser, int_at_least
+from benchmarks.cli_args import OneLineParser, int_at_least, path_named
 from benchmarks.train.mqar_probe import mqar_batch
 
 #: Held-out rows come from their own generator seed, apart from training (the probe's seed) and its held-out
@@ -241,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-masks", type=int_at_least(1), default=1000,
                     help="skip --exhaustive at a w_max with more count-matched masks than this")
     ap.add_argument("--device", default="cpu", help="torch device of both models, e.g. cpu or cuda (fp32)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=path_named("an output path"), required=True)
     a = ap.parse_args(argv)
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: a folder; give a file name such as masks.json")
+    if a.out.exists():
+        ap.error(f"--out {a.out}: exists; give a new file name (a record is never written over)")
     if set(a.exhaustive) - set(a.wmax):
         ap.error(f"--exhaustive {' '.join(map(str, a.exhaustive))}: each must also be in --wmax")
     if not a.out.absolute().parent.is_dir():

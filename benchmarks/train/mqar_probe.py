@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
+from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero, path_named
 from benchmarks.train.models import SIZES, build_model, n_params
 from benchmarks.train.optim import lr_at, param_groups, set_lr
 
@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int_at_least(0), default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int_at_least(1), default=50)
-    ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
+    ap.add_argument("--stop-at", type=number_above_zero("Unix seconds"), default=math.inf,
+                    help="wall-clock deadline (Unix seconds)")
     ap.add_argument("--device", default="cpu", help="torch device (fp32 everywhere; the batches are drawn on the CPU)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=path_named("an output path"), required=True)
     ap.add_argument("--save", type=Path, default=None,
                     help="also write the initial and the last model (transformers' save_pretrained) to SAVE/init and "
                          "SAVE/final, for benchmarks.train.mqar_masks")
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"4 + keys + values < vocab (the rest are fillers)")
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: a folder; give a file name such as mqar.json")
+    if a.out.exists():
+        ap.error(f"--out {a.out}: exists; give a new file name (a record is never written over)")
     if a.save is not None and a.save.exists() and (not a.save.is_dir() or any(a.save.iterdir())):
         ap.error(f"--save {a.save}: exists and is not an empty folder; give a new folder")
     for flag, path in (("--out", a.out), ("--save", a.save)):

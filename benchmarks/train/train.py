@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.cli_args import OneLineParser, fraction, int_at_least, number_above_zero
+from benchmarks.cli_args import OneLineParser, fraction, int_at_least, number_above_zero, path_named
 from benchmarks.train import attention
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
@@ -81,7 +81,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--family", choices=FAMILIES, required=True)
     ap.add_argument("--size", choices=SIZES, help="models.py SIZES (default ref); a resume keeps its own size")
     ap.add_argument("--data", type=Path, required=True, help="folder with tokenizer/ and shard-*.u16.xz")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=path_named("an output path"), required=True)
     ap.add_argument("--resume", type=Path, default=None, help="checkpoint directory written by an earlier session")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decay-init", choices=DECAY_INITS, default=None,
@@ -102,13 +102,15 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--recall-frac", type=fraction, default=0.3)
     recipe.add_args(ap)
     ap.add_argument("--max-steps", type=int_at_least(0), default=0, help="stop after this many steps in this session (0: none)")
-    ap.add_argument("--stop-at", type=float, default=math.inf, help="wall-clock deadline (Unix seconds)")
+    ap.add_argument("--stop-at", type=number_above_zero("Unix seconds"), default=math.inf,
+                    help="wall-clock deadline (Unix seconds)")
     ap.add_argument("--save-reserve", type=float, default=20.0,
                     help="seconds kept for saving before --stop-at (save, decay report and pack took 3-11 s in every device "
                          "call of 2026-12-01..03, three families side by side included; 60 left ~50 s of each call unused)")
     ap.add_argument("--log-every", type=int_at_least(1), default=25)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--memory-fraction", type=float, default=0.0, help="cap on this process's share of GPU memory")
+    ap.add_argument("--memory-fraction", type=fraction, default=0.0,
+                    help="cap on this process's share of GPU memory (0: none)")
     ap.add_argument("--exact-state", action="store_true", help="also save fp32 weights and full Adam moments")
     ap.add_argument("--pack-to", type=Path, default=None)
     ap.add_argument("--no-decay-report", action="store_true")
@@ -151,6 +153,13 @@ def parse(argv=None) -> argparse.Namespace:
         _refuse(f"--decay-init log-uniform-dt: only for --family gdn (the {a.family} classes draw dt themselves)")
     if a.decay_init is not None and a.resume is not None:
         _refuse("--decay-init: a resume continues from its own initialisation; give it on a fresh start only")
+    if a.out.exists() and not a.out.is_dir():
+        _refuse(f"--out {a.out}: a file; give a folder (the checkpoint goes into OUT/{a.family})")
+    if a.resume is None and (a.out / a.family / "train_state" / "state.json").is_file():
+        _refuse(f"--out {a.out}: already holds a trained {a.family} checkpoint ({a.out / a.family}); a fresh start "
+                f"would replace it: continue it with --resume {a.out / a.family}, or give a new --out")
+    if not (math.isfinite(a.save_reserve) and a.save_reserve >= 0):
+        _refuse(f"--save-reserve {a.save_reserve}: expected seconds >= 0")
     return a
 
 

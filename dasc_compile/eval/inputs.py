@@ -82,7 +82,7 @@ def parse_arms(arms: str) -> tuple[str, ...]:
 
 def check_device(device: str) -> None:
     """Refuse a ``--device`` torch cannot name or run on: a malformed name, ``meta`` (tensors without data:
-    no metric can be read), or CUDA / another accelerator this machine does not have.
+    no metric can be read), or CUDA / another accelerator (mps, xpu, ...) this machine or torch build does not have.
 
     Raises:
         DascInputError: naming ``--device`` and what was expected.
@@ -103,6 +103,13 @@ def check_device(device: str) -> None:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise DascInputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
                                  f"(0-{torch.cuda.device_count() - 1})")
+    elif dev.type != "cpu":                 # mps, xpu, ...: usable only where this torch build and machine have one
+        try:
+            torch.empty(1, device=dev)
+        except Exception as exc:            # RuntimeError (not compiled in), AssertionError (xpu), ...
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:160]
+            raise DascInputError(f"--device {device}: torch cannot use this device here ({first}); give cpu or "
+                                 f"cuda") from None
 
 
 _CONTEXT_KEYS = ("max_position_embeddings", "model_max_length", "max_sequence_length", "seq_length", "n_positions")

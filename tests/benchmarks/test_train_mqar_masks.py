@@ -130,8 +130,9 @@ def test_a_deadline_before_the_first_step_still_writes_out_and_says_so(tmp_path,
     doc = json.loads(out.read_text())
     assert doc["log"] == [] and "nothing was trained" in capsys.readouterr().err
     assert json.loads(json.dumps(doc))["config"]["stop_at"] == 1.0
-    assert probe(["--size", "smoke", "--steps", "1", "--out", str(out)]) == 0
-    assert '"stop_at": null' in out.read_text()          # no Infinity: strict JSON readers reject it
+    out2 = tmp_path / "p2.json"
+    assert probe(["--size", "smoke", "--steps", "1", "--out", str(out2)]) == 0
+    assert '"stop_at": null' in out2.read_text()          # no Infinity: strict JSON readers reject it
 
 
 def test_every_count_matched_mask_is_scored_once(saved):
@@ -199,7 +200,12 @@ def _mqar_call(tmp_path, budget: str, **env):
                                          ({"TRAIN_S": "1.5"}, "TRAIN_S '1.5'"), ({"TRAIN_S": "0.0"}, "TRAIN_S '0.0'"),
                                          ({"SIZE": "huge"}, "SIZE 'huge'"), ({"ROWS": "abc"}, "ROWS 'abc'"),
                                          ({"WMAX_8_48": "8,16"}, "WMAX_8_48 '8,16'"),
-                                         ({"RUNS": "300:48"}, "300 pairs, more than KEYS 256")])
+                                         ({"RUNS": "300:48"}, "300 pairs, more than KEYS 256"),
+                                         # checked only by the probe, after the wheels and the other probe started
+                                         ({"LR": "abc"}, "LR 'abc': expected a learning rate"),
+                                         ({"LR": "1e9"}, "LR '1e9'"), ({"DEVICE": "meta"}, "DEVICE 'meta'"),
+                                         # two probes writing one record and one saved model at once
+                                         ({"RUNS": "8:48 16:320 8:048"}, "RUNS has 8:048 twice")])
 def test_mqar_call_refuses_bad_settings_in_one_line_before_any_work(tmp_path, env, needle):
     p, out = _mqar_call(tmp_path, "60", **env)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [p.stderr.strip()] and needle in p.stderr
@@ -218,7 +224,7 @@ def test_mqar_call_refuses_a_budget_with_leading_zeros_and_an_out_with_an_earlie
 def test_mqar_call_exits_1_and_says_so_when_a_probe_fails(tmp_path):
     """A device the probe cannot use fails inside the python step: the call says which probe failed, runs no masks
     on it, and exits 1 (it used to exit 0 with a misleading 'masks not run')."""
-    p, out = _mqar_call(tmp_path, "60", DEVICE="gpu9", SIZE="smoke", RUNS="3:6", KEYS="16", VALUES="16",
+    p, out = _mqar_call(tmp_path, "60", DEVICE="cuda:99", SIZE="smoke", RUNS="3:6", KEYS="16", VALUES="16",
                         VOCAB="64", BATCH="4", TRAIN_S="0.2")
     log = (out / "run.log").read_text()
     assert p.returncode == 1, p.stderr[-2000:]

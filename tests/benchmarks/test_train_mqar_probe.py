@@ -43,7 +43,7 @@ def test_a_short_run_writes_its_record(tmp_path):
     assert 0.5 <= doc["copy_baseline_acc"] <= 1 and all(0 <= r["acc_first"] <= 1 for r in doc["log"])
 
 
-@pytest.mark.parametrize("device", ["meta", "gpu9", "cuda:99"])
+@pytest.mark.parametrize("device", ["meta", "gpu9", "cuda:99", "mps"])    # mps: not in a Linux torch build
 def test_a_device_that_cannot_train_is_one_line_before_any_model(tmp_path, capsys, device):
     """--device meta passed the old check (an empty tensor can live there) and ended in a traceback inside the
     model; every unusable device is now one line naming --device, and nothing is written."""
@@ -55,6 +55,22 @@ def test_a_device_that_cannot_train_is_one_line_before_any_model(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: --device ") and device in err[0]
     assert not out.exists()
+
+
+def test_an_existing_record_and_a_deadline_that_is_not_a_time_are_refused(tmp_path, capsys):
+    """--out over an existing file replaced it (a copy of README.md became JSON) and --stop-at nan never stopped
+    (fresh-user trial, session 37): both are one line, before any model, and the file is as it was."""
+    from benchmarks.train.mqar_probe import main
+
+    out = tmp_path / "notes.md"
+    out.write_text("mine\n")
+    for argv, needle in ((["--out", str(out)], "exists; give a new file name"),
+                         (["--out", str(tmp_path / "m.json"), "--stop-at", "nan"], "--stop-at")):
+        with pytest.raises(SystemExit) as info:
+            main(["--steps", "1", "--pairs", "2", "--gap", "2", "--batch", "2", *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1 and needle in err[0], err
+    assert out.read_text() == "mine\n" and not (tmp_path / "m.json").exists()
 
 
 def test_the_no_binding_baseline_by_hand():

@@ -175,6 +175,15 @@ def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
                                rtol=1e-5)
     state = json.loads((tmp_path / "second" / family / "train_state" / "state.json").read_text())
     assert state["step"] == 4 and [s["start_step"] for s in state["sessions"]] == [0, 2]
+    # a fresh start into a folder that holds a trained checkpoint replaced it without a word (fresh-user trial,
+    # session 37): refused in one line, the checkpoint as it was; a file as --out is one line too, not a traceback
+    before = (tmp_path / "first" / family / "model.safetensors").read_bytes()
+    for out, needle in ((tmp_path / "first", "already holds a trained"), (tmp_path / "f.txt", "a file; give a folder")):
+        (tmp_path / "f.txt").write_text("x")
+        with pytest.raises(SystemExit) as info:
+            main(_args(data_dir, out, family, 1, "--seed", "7"))
+        assert info.value.code == 2, needle
+    assert (tmp_path / "first" / family / "model.safetensors").read_bytes() == before
     scored = 0
     for line in (tmp_path / "second" / family / "train_state" / "log.jsonl").read_text().splitlines():
         r = json.loads(line)          # every interval: recall per kind, whose token-weighted mean is recall_acc
@@ -441,6 +450,10 @@ def test_train_refs_refuses_families_the_call_was_not_staged_for(tmp_path, famil
                                             ({"--resume": "nope"}, "--resume"),
                                             ({"--decay-init": "log-uniform-dt"}, "--decay-init"),
                                             ({"--device": "bogus"}, "--device"), ({"--device": "meta"}, "--device"),
+                                            ({"--device": "mps"}, "--device"),
+                                            ({"--memory-fraction": "-3"}, "--memory-fraction"),
+                                            ({"--save-reserve": "-50"}, "--save-reserve"),
+                                            ({"--stop-at": "nan"}, "--stop-at"),
                                             # a fresh user's numbers: tracebacks (nan, inf, 0) or silent runs
                                             ({"--total-tokens": "-5"}, "--total-tokens"),
                                             ({"--total-tokens": "nan"}, "--total-tokens"),
