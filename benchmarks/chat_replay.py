@@ -53,7 +53,7 @@ from benchmarks.trace_file import load_trace
 from benchmarks.chat_trace import (REPLAYS, ChatTurns, chat_turns, context_pad, reusable_tokens,
                                    seed_conversations)
 from dasc_compile.errors import DascInputError
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 
 RESULT_FORMAT = "dasc-chat-replay"
 RESULT_VERSION = 1
@@ -334,7 +334,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--think-s", type=float, default=0.0, help="open loop: mean think time between turns (s)")
     ap.add_argument("--sample-s", type=float, default=0.25, help="in-flight sampling period (s)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per-request socket timeout (s)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=path_named("an output path"), required=True)
     a = ap.parse_args(argv)
     try:
         if (a.clients is None) == (a.rate is None):

@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 from benchmarks.kernel_bench_shape import Row, kept_sets, run_shape  # noqa: F401 (kept_sets: re-exported)
 
 SHAPES = {
@@ -72,7 +72,7 @@ SMOKE_SHAPES = {
 
 def parse_args(argv=None):
     ap = OneLineParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=None, help="append a Markdown section to this file (BENCHMARKS.md)")
+    ap.add_argument("--out", type=path_named("an output path"), default=None, help="append a Markdown section to this file (BENCHMARKS.md)")
     ap.add_argument("--shapes", nargs="+", default=None, help=f"subset of {list(SHAPES)}")
     ap.add_argument("--n", nargs="+", type=int, default=[1, 8, 64], help="slots per launch")
     ap.add_argument("--keep-min", type=float, default=1 / 3)

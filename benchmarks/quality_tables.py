@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 from benchmarks.chat_replay import read_json
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 
 HEAD_METRIC = "nll_delta_head"
 #: Paired differences over prompts read from runs that hold them (first 16 tokens: ΔNLL, KL).
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval", nargs="+", type=Path, required=True, help="dasc eval --json outputs (plain or .gz)")
     ap.add_argument("--horizons", nargs="*", type=Path, default=[], help="dasc eval --horizons --json outputs (plain or .gz)")
-    ap.add_argument("--out", type=Path, required=True, help="folder for quality.md / .json / .png")
+    ap.add_argument("--out", type=path_named("an output path"), required=True, help="folder for quality.md / .json / .png")
     a = ap.parse_args(argv)
     try:
         docs = [read_json(p) for p in a.eval]          # plain or gzipped, as benchmarks/results keeps them

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from dasc_compile.errors import DascInputError
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 
 __all__ = ["ArmSpec", "ArmLaunch", "DEFAULT_ARMS", "plan_name", "arm_plan_dir", "compile_hint", "check_plans",
            "arm_launch", "main"]
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     ap.add_argument("--refresh-slots", type=int, default=None,
                     help="dasc-wr arms: scratch slots B (--dasc-refresh-slots, charged to the arm; default: the "
                          "runtime's)")
-    ap.add_argument("--out", type=Path, default=None, help="write the arms as JSON here")
+    ap.add_argument("--out", type=path_named("an output path"), default=None, help="write the arms as JSON here")
     a = ap.parse_args(argv)
     try:
         if a.tp < 1:

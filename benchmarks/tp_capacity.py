@@ -18,7 +18,7 @@ from pathlib import Path
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
 from dasc_compile.policy import Policy
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 
 
 def mib(b: int) -> str:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", required=True, help="checkpoint (dir, file or index)")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--wmax", type=int, nargs="+", default=[16, 64, 128, 512])
-    ap.add_argument("--out", type=Path, help="append the Markdown section to this file")
+    ap.add_argument("--out", type=path_named("an output path"), help="append the Markdown section to this file")
     args = ap.parse_args(argv)
 
     rows = ["| model | w_max | mode | bottleneck rank | bottleneck MiB/slot | dense MiB/slot/rank | C_ckpt TP=1 | C_ckpt TP | M_remote units |",

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 from benchmarks.tp_transfer_rank import COLLECTIVE_TIMEOUT_S, FORCED_ENV, _worker, run_case  # noqa: F401 (re-exported)
 
 # the machines forbid NVLink multicast: every process (spawned ones inherit this) keeps it off
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0, help="state values (and the decay draw of --device cpu configs)")
-    ap.add_argument("--out", type=Path, default=None, help="append a Markdown section to this file")
+    ap.add_argument("--out", type=path_named("an output path"), default=None, help="append a Markdown section to this file")
     ap.add_argument("--compile-only", type=Path, default=None, metavar="DIR",
                     help="only compile the plans into DIR (with DIR/cases.json) and exit")
     ap.add_argument("--plans", type=Path, default=None, metavar="DIR",

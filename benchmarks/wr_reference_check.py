@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from dasc_compile.errors import DascInputError
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "benchmarks/h200/sglang/qwen3next-tiny.config.json"
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     ap.add_argument("results", type=Path, help="a wr_smoke.sh results folder (client.json, plans.txt, dumps-*.tar.gz)")
     ap.add_argument("--dumps", type=Path, default=None,
                     help="folder of the dumps-wr-w*.tar.gz (default RESULTS; ~10 MB each, kept out of git)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON (default RESULTS/reference_check.json)")
+    ap.add_argument("--out", type=path_named("an output path"), default=None, help="JSON (default RESULTS/reference_check.json)")
     a = ap.parse_args(argv)
     try:
         for f in ("client.json", "plans.txt"):

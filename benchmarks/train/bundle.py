@@ -49,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 from benchmarks.train.bundle_md import provenance_md
 from benchmarks.train.bundle_src import INDEX, TOKENIZER_FILES, BundleError, read_checkpoint
 from dasc_compile import atomic
@@ -285,7 +285,7 @@ def parse_mib(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="checkpoint directory written by benchmarks/train/train.py")
-    ap.add_argument("--out", type=Path, required=True, help="the bundle folder to write, e.g. plans/reference/NAME")
+    ap.add_argument("--out", type=path_named("an output path"), required=True, help="the bundle folder to write, e.g. plans/reference/NAME")
     ap.add_argument("--max-shard-mib", default="16", help="largest file, MiB (above 0, at most 16; default 16)")
     ap.add_argument("--replace", action="store_true", help="replace an existing --out that is a bundle")
     try:

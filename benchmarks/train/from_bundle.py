@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 from benchmarks.train.bundle_src import BundleError, read_json, read_tensors
 from benchmarks.train.models import FAMILIES, MODEL_TYPES, SIZES, family_unsupported, load_model, save_checkpoint
 from dasc_compile import atomic
@@ -266,7 +266,7 @@ def from_bundle(bundle: Path, out: Path, pack_to: Path | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path, help="bundle folder written by benchmarks/train/bundle.py")
-    ap.add_argument("--out", type=Path, required=True, help="new or empty folder; the checkpoint lands in OUT/<family>")
+    ap.add_argument("--out", type=path_named("an output path"), required=True, help="new or empty folder; the checkpoint lands in OUT/<family>")
     ap.add_argument("--pack-to", type=Path, default=None, help="also pack the checkpoint here (<family>.tzp.NN)")
     try:
         a = ap.parse_args(argv)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import torch
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 
 
 class InitError(ValueError):
@@ -139,7 +139,7 @@ def rebuild(trained: Path, out: Path) -> dict:
 def main(argv=None) -> None:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trained", type=Path)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=path_named("an output path"), required=True)
     a = ap.parse_args(argv)
     try:
         print(json.dumps(rebuild(a.trained, a.out), indent=1))

@@ -50,7 +50,7 @@ from benchmarks.train.models import FAMILIES, SIZES
 from benchmarks.train.staged_parts import (fresh_packed_mib, RETURN_FILES, RETURN_LIMIT, StageError, parts_in,
                                           return_estimate, returned_parts, size_of, update_latest)
 from benchmarks.train.tokenizer import EOS, build_tokenizer, count_tokens, qwen_ranks, save_tokenizer, select_vocab
-from benchmarks.cli_args import OneLineParser
+from benchmarks.cli_args import OneLineParser, path_named
 from dasc_compile.atomic import fill_and_place, staging_dir
 from dasc_compile.errors import DascInputError
 
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{data,stage}")
     d = sub.add_parser("data")
-    d.add_argument("--out", type=Path, default=Path(".dev/train/prep"))
+    d.add_argument("--out", type=path_named("an output path"), default=Path(".dev/train/prep"))
     d.add_argument("--vocab", type=int, default=8192)
     d.add_argument("--held-out", type=int, default=2000)
     d.add_argument("--shard-tokens", type=int, default=1 << 22)
