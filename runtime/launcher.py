@@ -95,7 +95,9 @@ def settle(given: dict, names: dict, options):
 #: Set by :func:`settle` in the environment it exports (children inherit it): the ``DASC_*`` settings a launch of
 #: this process tree has checked and the process that checked them (:func:`checked_mark`), so that a child process
 #: (a scheduler) that sees the same variables does not check them again. The launching process itself checks every
-#: later launch: a second ``Engine(...)`` may bring options the first did not.
+#: later launch: a second ``Engine(...)`` may bring options the first did not. Any descendant skips the launch check
+#: while the ``DASC_*`` values are unchanged (a script started from a process that launched dasc, too): there the
+#: scheduler's own start-up check (``verify.check_server_args``) is what refuses, after the weights load.
 CHECKED_VAR = "_DASC_LAUNCH_CHECKED"
 
 
@@ -124,6 +126,10 @@ def _unchecked_env_settings() -> bool:
 #: one (0.5.17's ``from_cli_args`` builds one), and 0.5.23's ``Engine._launch_subprocesses`` inside one publishes its
 #: settings on the ``ServerArgs`` the constructor built, before the subprocesses start (:func:`first_engine_launch`).
 _LAUNCHING = threading.local()
+
+
+# a child forked inside a launch (the thread-local is copied) starts outside it: its own launches are checked
+os.register_at_fork(after_in_child=lambda: _LAUNCHING.__dict__.pop("stack", None))
 
 
 @contextmanager
@@ -178,21 +184,25 @@ def engine_kwargs_init(original, self, *args, **kwargs):
     pops them, settles them with ``DASC_*`` (:func:`settle`) before the constructor runs (it may start the
     scheduler processes, which inherit the environment), then records them on the ``ServerArgs`` it built.
     Without any ``dasc_*`` keyword the constructor runs untouched (in 0.5.17 it is every ``ServerArgs(...)``),
-    unless the environment sets ``DASC_*`` settings no launch of this process tree has checked
-    (:data:`CHECKED_VAR`): ``Engine(...)`` with the plan only in ``DASC_PLAN`` is settled and refused here as well,
-    not after the model has loaded.
+    unless the environment sets ``DASC_*`` settings that no parent process has checked (:data:`CHECKED_VAR`; this
+    process's own earlier launches do not count): ``Engine(...)`` with the plan only in ``DASC_PLAN`` is settled and
+    refused here as well, not after the model has loaded. The options checked are the keywords, or the
+    ``server_args`` given (0.5.23's ``Engine(server_args=sa)``).
 
     Raises:
         DascInputError / DascRefusal: see :func:`settle`; an untested SGLang release.
     """
     from dasc_runtime.sglang_api import api
 
-    _FIRST_ENGINE.clear()        # a hooked constructor runs: the first Engine(...) is over (it may have failed early)
+    _FIRST_ENGINE.pop(threading.get_ident(), None)   # a hooked constructor runs in this thread: its first Engine(...)
+    #                                                  is over (it may have failed before its launch)
     raw = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items() if kw in kwargs}
     if not raw and (_in_launch() or not _unchecked_env_settings()):
         return original(self, *args, **kwargs)
     adapter = api()                                   # an untested SGLang is refused here, in one line
-    settings = settle(raw, _KWARG_NAMES, SimpleNamespace(**kwargs))
+    # 0.5.23's Engine(server_args=sa) brings its options in sa, not as keywords
+    options = kwargs["server_args"] if kwargs.get("server_args") is not None else SimpleNamespace(**kwargs)
+    settings = settle(raw, _KWARG_NAMES, options)
     with _launching(settings):
         original(self, *args, **kwargs)
     sa = adapter.server_args_of(self)
@@ -202,7 +212,7 @@ def engine_kwargs_init(original, self, *args, **kwargs):
 
 #: The ``dasc_*`` keywords of the first ``Engine(...)`` of the process, taken out of its keyword dict while it loads the
 #: plugins (:func:`take_running_engine_kwargs`), until :func:`first_engine_launch` settles them.
-_FIRST_ENGINE: dict = {}
+_FIRST_ENGINE: dict = {}       # thread id -> {field: value}: the thread whose Engine(...) loads the plugins
 
 
 def take_running_engine_kwargs(adapter) -> None:
@@ -212,7 +222,8 @@ def take_running_engine_kwargs(adapter) -> None:
     :func:`first_engine_launch`. Raises nothing: an exception here would be logged and dropped by ``load_plugins``."""
     kwargs = adapter.running_engine_kwargs() if adapter.FIRST_ENGINE_TARGET else None
     if kwargs is not None:
-        _FIRST_ENGINE["raw"] = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items() if kw in kwargs}
+        _FIRST_ENGINE[threading.get_ident()] = {field: kwargs.pop(kw) for field, kw in _KWARG_NAMES.items()
+                                                if kw in kwargs}
 
 
 def first_engine_launch(original, *args, **kwargs):
@@ -226,7 +237,7 @@ def first_engine_launch(original, *args, **kwargs):
         DascInputError / DascRefusal: see :func:`settle`.
     """
     server_args = kwargs.get("server_args", args[1] if len(args) > 1 else None)
-    raw = _FIRST_ENGINE.pop("raw", None)
+    raw = _FIRST_ENGINE.pop(threading.get_ident(), None)
     if raw is not None and (raw or _unchecked_env_settings()):
         settings = settle(raw, _KWARG_NAMES, server_args)
     else:           # a later Engine(...): engine_kwargs_init settled it; publish before the subprocesses, not after

@@ -41,6 +41,7 @@ falls back to the default (:func:`env_setting`), and checked strictly by the sam
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
@@ -91,7 +92,11 @@ def _parse(field: str, raw, name: str):
     if field == "pool_bytes":           # a size, as ``dasc size --budget`` reads it: 17179869184, 16GiB, 1.5e9
         if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None
-        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):      # Engine(dasc_pool_bytes=2e9) too
+        if isinstance(raw, numbers.Integral) and not isinstance(raw, bool):    # numpy integers too
+            raw = int(raw)
+        elif isinstance(raw, numbers.Real) and not isinstance(raw, bool):      # Engine(dasc_pool_bytes=2e9)
+            raw = float(raw)
+        elif not isinstance(raw, str):
             raise DascInputError(f"{name}: expected a size in bytes such as 17179869184 or 16GiB, got {raw!r}")
         return parse_bytes(str(raw), name)
     return _int(name, raw, _LEAST.get(field, (0, "")))

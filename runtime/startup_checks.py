@@ -242,7 +242,7 @@ def _check_pool_bytes(settings, options, plan, what: str) -> None:
     scratch = scratch_state_bytes(plan, b) if b else 0
     slot = int(plan.tp.bottleneck_bytes_per_slot)
     if scratch and settings.pool_bytes - scratch < 2 * slot:
-        basis = "" if given else f" at SGLang's smallest automatic prefill chunk, {SMALLEST_AUTO_CHUNK} tokens, as dasc size"
+        basis = "" if given else f" at SGLang's smallest automatic prefill chunk, {SMALLEST_AUTO_CHUNK} tokens, as dasc size assumes"
         raise DascInputError(
             f"{what} {settings.pool_bytes} bytes leaves no usable compressed slot after dasc-wr's {b} scratch "
             f"slot{'s' if b > 1 else ''} ({scratch} bytes{basis}; a compressed slot is {slot} bytes, slot 0 "

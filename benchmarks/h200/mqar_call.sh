@@ -56,7 +56,7 @@ done
 seen=" "
 for r in $RUNS; do
   [[ "$r" =~ ^[1-9][0-9]{0,4}:[0-9]{1,5}$ ]] || bad "RUNS has '$r': expected PAIRS:GAP (PAIRS >= 1), e.g. 16:320"
-  [[ "$seen" == *" $((10#${r%:*})):$((10#${r#*:})) "* ]] && bad "RUNS has $r twice: each shape once (both runs would write one file)"
+  [[ "$seen" == *" $((10#${r%:*})):$((10#${r#*:})) "* ]] && bad "RUNS has the shape $r twice: give each shape once"
   seen="$seen$((10#${r%:*})):$((10#${r#*:})) "
   [ "${r%:*}" -le "$KEYS" ] || bad "RUNS has '$r': ${r%:*} pairs, more than KEYS $KEYS"
   var=WMAX_${r%:*}_${r#*:}

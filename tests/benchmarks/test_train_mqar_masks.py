@@ -205,7 +205,7 @@ def _mqar_call(tmp_path, budget: str, **env):
                                          ({"LR": "abc"}, "LR 'abc': expected a learning rate"),
                                          ({"LR": "1e9"}, "LR '1e9'"), ({"DEVICE": "meta"}, "DEVICE 'meta'"),
                                          # two probes writing one record and one saved model at once
-                                         ({"RUNS": "8:48 16:320 8:048"}, "RUNS has 8:048 twice")])
+                                         ({"RUNS": "8:48 16:320 8:048"}, "RUNS has the shape 8:048 twice")])
 def test_mqar_call_refuses_bad_settings_in_one_line_before_any_work(tmp_path, env, needle):
     p, out = _mqar_call(tmp_path, "60", **env)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [p.stderr.strip()] and needle in p.stderr

@@ -162,7 +162,7 @@ def test_each_row_carries_the_kind_it_was_drawn_as(data_dir):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
+def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family, capsys):
     from benchmarks.train.train import main
 
     main(_args(data_dir, tmp_path / "straight", family, 4))
@@ -180,9 +180,11 @@ def test_resume_reproduces_the_loss_curve(data_dir, tmp_path, family):
     before = (tmp_path / "first" / family / "model.safetensors").read_bytes()
     for out, needle in ((tmp_path / "first", "already holds a trained"), (tmp_path / "f.txt", "a file; give a folder")):
         (tmp_path / "f.txt").write_text("x")
+        capsys.readouterr()
         with pytest.raises(SystemExit) as info:
             main(_args(data_dir, out, family, 1, "--seed", "7"))
-        assert info.value.code == 2, needle
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1 and needle in err[0], err
     assert (tmp_path / "first" / family / "model.safetensors").read_bytes() == before
     scored = 0
     for line in (tmp_path / "second" / family / "train_state" / "log.jsonl").read_text().splitlines():

@@ -479,14 +479,20 @@ def test_the_launching_process_checks_each_launch_and_its_children_do_not(tmp_pa
 
     plugin.engine_kwargs_init(nested, SimpleNamespace(), model_path="m")
     assert len(checks) == 3 and len(built) == 2
+    # 0.5.23's Engine(server_args=sa): the options are sa's, not the (absent) keywords
+    with pytest.raises(DascRefusal, match="unsupported option.*--enable-hierarchical-cache"):
+        plugin.engine_kwargs_init(build, SimpleNamespace(),
+                                  server_args=SimpleNamespace(model_path="m", enable_hierarchical_cache=True))
+    plugin.engine_kwargs_init(build, SimpleNamespace(), server_args=SimpleNamespace(model_path="m"))
+    assert len(checks) == 5 and len(built) == 3
 
     env[launcher.CHECKED_VAR] = launcher.checked_mark(env, os.getpid() + 1)     # a scheduler: its launcher checked
     plugin.engine_kwargs_init(build, SimpleNamespace(), model_path="m", enable_hierarchical_cache=True)
-    assert len(checks) == 3 and len(built) == 3                                   # not checked again here
+    assert len(checks) == 5 and len(built) == 4                                   # not checked again here
     env["DASC_POOL_SLOTS"] = "0"                                                  # but a value changed since is
     with pytest.raises(Exception, match="DASC_POOL_SLOTS: expected an integer >= 1"):
         plugin.engine_kwargs_init(build, SimpleNamespace(), model_path="m")
-    assert len(checks) == 4 and len(built) == 3
+    assert len(checks) == 6 and len(built) == 4
 
 
 def test_a_first_engine_that_failed_early_leaves_nothing_for_the_next(tmp_path, monkeypatch):
@@ -501,7 +507,9 @@ def test_a_first_engine_that_failed_early_leaves_nothing_for_the_next(tmp_path, 
 
     _, plan_a, _ = compile_tiny(tmp_path / "a")
     monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith(("DASC_", "_DASC_"))})
-    monkeypatch.setitem(launcher._FIRST_ENGINE, "raw", {"plan": str(plan_a)})    # the first Engine's, left behind
+    import threading
+
+    monkeypatch.setitem(launcher._FIRST_ENGINE, threading.get_ident(), {"plan": str(plan_a)})   # left behind
     launched = []
     launcher.engine_kwargs_init(lambda self, **kw: None, object(), model_path="m")   # the next Engine(...), no dasc
     sa = SimpleNamespace(model_path="m")

@@ -167,7 +167,10 @@ def test_settings_sources_and_env_roundtrip(monkeypatch):
     assert resolve_settings({}, env=env, need_plan=False)[0] == s
     # a size with a unit (as `dasc size --budget` takes it) is bytes from there on: scheduler processes read the
     # exported integer, and a flag, a keyword and a variable mean the same
+    import numpy as np
+
     for given, var in (({"pool_bytes": "2GiB"}, {}), ({"pool_bytes": 2 ** 31}, {}), ({"pool_bytes": 2.147483648e9}, {}),
+                       ({"pool_bytes": np.int64(2 ** 31)}, {}), ({"pool_bytes": np.float32(2 ** 31)}, {}),
                        ({}, {"DASC_POOL_BYTES": "2 GiB"}),
                        ({}, {"DASC_POOL_BYTES": "2.147483648e9"})):
         got = resolve_settings({"plan": "/p", **given}, env=var, need_plan=False)[0]
