@@ -17,6 +17,7 @@ import typer
 
 from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
+from dasc_compile.userfiles import path_text
 
 ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
              "checkpoint's decay tensors, choose w_max (sweep), inspect it, size the serving arms (size), "
@@ -47,13 +48,13 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 @app.command("compile")
 def compile_cmd(
-    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json."),
+    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
     wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept)."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields.", parser=path_text),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Plan directory to write (default: <model>.dasc)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Plan directory to write (default: <model>.dasc).", parser=path_text),
+    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file.", parser=path_text),
     a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
     family: Optional[str] = typer.Option(None, "--family", help="Force a decay family: gdn | kda | kda_safe_gate | mamba2."),
@@ -119,9 +120,9 @@ def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
 
 @app.command("inspect")
 def inspect_cmd(
-    plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
+    plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory.", parser=path_text),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram.", parser=path_text),
 ) -> None:
     """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""
     from dasc_compile import inspect as insp
@@ -154,7 +155,7 @@ def reference_cmd(
                                "nemotron-h-8b-base-8k | granite-4.0-h-tiny | falcon-h1-0.5b. "
                                "Calibrated to the paper's published figures: kimi-linear-48b-a3b-calibrated | "
                                "qwen3-next-80b-a3b-calibrated | kimi-k3-calibrated | qwen3.5-27b-calibrated."),
-    out: Path = typer.Option(..., "--out", help="Directory to write."),
+    out: Path = typer.Option(..., "--out", help="Directory to write.", parser=path_text),
     full_size: bool = typer.Option(False, "--full-size", help="Every real tensor, sparse on disk, sharded with an index."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation draw or calibrated synthesis of the decay tensors."),
 ) -> None:
@@ -200,7 +201,7 @@ MAX_REFERENCE_SEED = 2**63 - 1
 
 @app.command("size")
 def size_cmd(
-    plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory."),
+    plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory.", parser=path_text),
     max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="R: running requests of every arm (required)."),
     dense_slots: Optional[int] = typer.Option(None, "--dense-slots", help="M: the Dense arm's native slots (or give --budget)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="State budget per TP rank, e.g. 2147483648 or 2GiB (fixes M)."),

@@ -19,6 +19,7 @@ import typer
 from dasc_compile.cli_exit import note_pending
 from dasc_compile.console import console
 from dasc_compile.errors import DascInputError
+from dasc_compile.userfiles import path_text
 from dasc_compile.eval.run import EvalInterrupted
 
 _err = console(stderr=True, highlight=False, soft_wrap=True)
@@ -61,13 +62,13 @@ def _int8_settings(text: Optional[str], default: bool) -> tuple[bool, ...]:
 
 
 def sweep_cmd(
-    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or an index."),
+    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or an index.", parser=path_text),
     wmax: str = typer.Option(..., "--wmax", help="w_max values in tokens, comma-separated, e.g. 4,16,64,128,512."),
     tp: Optional[str] = typer.Option(None, "--tp", help="TP degrees, comma-separated (default: the policy's, 1)."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
     int8: Optional[str] = typer.Option(None, "--int8", help="Kept units stored as INT8: off | on | both."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields."),
-    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields.", parser=path_text),
+    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file.", parser=path_text),
     a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
     load_policy: Optional[str] = typer.Option(None, "--load-policy", help="nr (zero-fill) or wr (suffix refresh)."),
@@ -91,9 +92,9 @@ def sweep_cmd(
                                                                   "KL(dense||arm) per token stays within X nats."),
     max_nll: Optional[float] = typer.Option(None, "--max-nll-delta", help="With --eval: the same for the NLL "
                                                                           "increase per token, nats."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write every swept plan into this new directory."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write every swept plan into this new directory.", parser=path_text),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: C_ckpt, capacity and quality against w_max."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: C_ckpt, capacity and quality against w_max.", parser=path_text),
 ) -> None:
     """Choose w_max: compile the plans of a w_max x TP x INT8 grid in memory and compare them."""
     from dasc_compile import sweep as sw

@@ -17,14 +17,29 @@ from typing import Any
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["MAX_JSON_DEPTH", "check_output_folder", "load_json_file", "read_user_bytes", "refuse_foreign_output",
-           "require_regular_file"]
+__all__ = ["MAX_JSON_DEPTH", "check_output_folder", "load_json_file", "path_text", "read_user_bytes",
+           "refuse_foreign_output", "require_regular_file"]
 
 #: Deepest nesting accepted in a JSON file dasc reads (real configs nest 3-4 levels).
 MAX_JSON_DEPTH = 64
 
 _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def path_text(text: str) -> Path:
+    """The ``parser`` of every path option and argument of the CLI: ``Path(text)``. An empty or blank string is
+    refused (``Path("")`` is the current folder, so ``--out ''`` named ``.`` and ``dasc inspect ''`` looked for
+    ``plan.json`` there).
+
+    Raises:
+        typer.BadParameter: ``text`` is blank (reported as one ``Invalid value for '--out'`` line).
+    """
+    if not str(text).strip():
+        import typer
+
+        raise typer.BadParameter(f"expected a path, got {text!r}")
+    return Path(text)
 
 
 def _not_regular(path: Path, what: str, mode: int) -> DascInputError:

@@ -369,3 +369,23 @@ def test_a_size_written_as_two_words_names_its_option(tmp_path, gdn, cmd, flag, 
 def test_an_extra_word_that_is_no_size_unit_keeps_clicks_message(tmp_path, gdn):
     r = dasc("compile", gdn, "--wmax", "16", "--out", tmp_path / "p", "GiBs")
     assert_one_error(r, "unexpected extra argument", "GiBs")
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["compile", "{gdn}", "--wmax", "16", "--out", ""], "--out"),
+    (["compile", "", "--wmax", "16"], "model"),
+    (["compile", "{gdn}", "--wmax", "16", "--policy", " "], "--policy"),
+    (["inspect", ""], "PLAN"),
+    (["size", "", "--max-running-requests", "4"], "PLAN"),
+    (["sweep", "{gdn}", "--wmax", "16", "--out", ""], "--out"),
+    (["reference", "kimi-linear-48b-a3b", "--out", ""], "--out"),
+    (["eval", "{gdn}", "--plan", "{gdn}", "--json", ""], "--json"),     # it said ".: is a folder"
+])
+def test_an_empty_path_is_named_as_given_not_as_the_current_folder(tmp_path, gdn, argv, name):
+    """Path("") is "." : `--out ''` was refused as "error: .: --out must not be the current directory", `--policy ''`
+    as ". is a directory", `dasc inspect ''` as "plan.json: dasc plan not found" (fresh-user trials, sessions 36-37).
+    Every path option and argument refuses a blank value by its own name, and nothing is written."""
+    before = snapshot(tmp_path)
+    r = dasc(*[a.format(gdn=gdn) for a in argv], cwd=tmp_path)
+    assert_one_error(r, f"Invalid value for '{name}': expected a path, got")
+    assert snapshot(tmp_path) == before

@@ -109,12 +109,11 @@ def test_horizons_with_plot_is_refused_before_running(gdn_dir, tmp_path):
     assert not png.exists()
 
 
-@pytest.mark.parametrize("opt, value, said", [("--json", "", "--json '.': give a file name"),
-                                              ("--plot", ".png", "--plot '.png': give a file name ending in .png"),
+@pytest.mark.parametrize("opt, value, said", [("--plot", ".png", "--plot '.png': give a file name ending in .png"),
                                               ("--device", "meta", "--device meta: the meta device holds no data"),
                                               ("--device", "gpu:0", "--device 'gpu:0': not a torch device")])
 def test_a_flag_value_that_cannot_work_is_named(gdn_dir, plans, opt, value, said):
-    """Fresh-user findings: --json '' said '.: is a folder', --device meta ended in an internal error."""
+    """Fresh-user findings: --device meta ended in an internal error (--json '': tests/cli/test_user_messages.py)."""
     assert _one_error_line(_cli("eval", gdn_dir, "--plan", plans[1], opt, value)).startswith(f"error: {said}")
 
 
