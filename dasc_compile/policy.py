@@ -155,6 +155,8 @@ def resolve_policy(path: str | Path | None = None, *, flags: Optional[dict[str, 
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else ""
         if flags and field in given and field in flags:
-            raise DascInputError(f"{flags[field]} {short_text(str(given[field]), 80)}: {first['msg']} (policy field "
+            v = given[field]        # a whole float as typed (--eps 0), not as parsed (0.0)
+            shown = str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 1e16 else str(v)
+            raise DascInputError(f"{flags[field]} {short_text(shown, 80)}: {first['msg']} (policy field "
                                  f"'{field}')") from None
         raise DascInputError(_format_validation_error("command-line flags", exc)) from None

@@ -143,6 +143,8 @@ def test_strict_policy_still_reads_ordinary_yaml(tmp_path, gdn, text, field, val
     (["--wmax", "16", "--random-seed", str(2**70)], [f"--random-seed {2**70}: ", "'random_seed'"]),
     (["--wmax", "16", "--tp", "0"], ["--tp 0: Input should be greater than or equal to 1", "'tp_size'"]),
     (["--wmax", "16", "--eps", "nan"], ["--eps nan: ", "'eps'"]),
+    (["--wmax", "16", "--eps", "0"], ["error: --eps 0: Input should be greater than 0"]),     # it echoed 0.0
+    (["--wmax", "16", "--eps", "1"], ["error: --eps 1: Input should be less than 1"]),
     (["--wmax", "16", "--balance", "x" * 5000], ["--balance xxx", "'balance'", "..."]),
     (["--wmax", "16", "--pool-budget", "-5"], ["--pool-budget: expected a positive size in bytes", "'-5'"]),
     (["--wmax", "16", "--pool-budget", "1.5B"], ["--pool-budget: '1.5B' is not a whole number of bytes"]),
