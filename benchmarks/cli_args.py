@@ -3,7 +3,8 @@
 argparse prints its usage block before the error; the project's rule for bad input is one line naming the
 flag and what was expected (``dasc`` itself does the same through typer), so scripts parse with
 :class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`,
-:func:`fraction`, :func:`open_fraction`, :func:`nonempty`, :func:`path_named`) live here too.
+:func:`fraction`, :func:`open_fraction`, :func:`nonempty`, :func:`path_named`) live here too, with the two
+refusals the training scripts share (:func:`refuse_unusable_device`, :func:`refuse_unusable_record`).
 """
 
 from __future__ import annotations
@@ -77,11 +78,31 @@ def open_fraction(text: str) -> float:
 def path_named(what: str):
     """argparse ``type``: a path given by a non-blank string (``''`` is the current folder to ``Path``, so an
     empty ``--out`` wrote there): else ``expected WHAT, got ''``."""
-    def parse(text: str) -> Path:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return Path(text)
-    return parse
+    text_of = nonempty(what)
+    return lambda text: Path(text_of(text))
+
+
+def refuse_unusable_device(ap: OneLineParser, device: str) -> None:
+    """``ap.error`` (one line, exit 2) for a ``--device`` torch cannot use here: ``dasc eval``'s rule,
+    :func:`dasc_compile.eval.inputs.check_device` (meta, mps / xpu / CUDA this machine lacks, a malformed name)."""
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.eval.inputs import check_device
+
+    try:
+        check_device(device)
+    except DascInputError as exc:
+        ap.error(str(exc))
+
+
+def refuse_unusable_record(ap: OneLineParser, flag: str, path: Path, example: str) -> None:
+    """``ap.error`` for an output file that cannot be a new record: a folder, an existing file (a record is never
+    written over), or a path whose folder does not exist."""
+    if path.is_dir():
+        ap.error(f"{flag} {path}: a folder; give a file name such as {example}")
+    if path.exists():
+        ap.error(f"{flag} {path}: exists; give a new file name (a record is never written over)")
+    if not path.absolute().parent.is_dir():
+        ap.error(f"{flag} {path}: its folder {path.absolute().parent} does not exist")
 
 
 def nonempty(what: str):

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli_args import OneLineParser, int_at_least, path_named
+from benchmarks.cli_args import OneLineParser, int_at_least, path_named, refuse_unusable_device, refuse_unusable_record
 from benchmarks.train.mqar_probe import mqar_batch
 
 #: Held-out rows come from their own generator seed, apart from training (the probe's seed) and its held-out
@@ -243,19 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="torch device of both models, e.g. cpu or cuda (fp32)")
     ap.add_argument("--out", type=path_named("an output path"), required=True)
     a = ap.parse_args(argv)
-    if a.out.exists() and a.out.is_dir():
-        ap.error(f"--out {a.out}: a folder; give a file name such as masks.json")
-    if a.out.exists():
-        ap.error(f"--out {a.out}: exists; give a new file name (a record is never written over)")
+    refuse_unusable_record(ap, "--out", a.out, "masks.json")
     if set(a.exhaustive) - set(a.wmax):
         ap.error(f"--exhaustive {' '.join(map(str, a.exhaustive))}: each must also be in --wmax")
-    if not a.out.absolute().parent.is_dir():
-        ap.error(f"--out {a.out}: its folder {a.out.absolute().parent} does not exist")
+    refuse_unusable_device(ap, a.device)
     from dasc_compile.errors import DascInputError
-    from dasc_compile.eval.inputs import check_device
 
     try:
-        check_device(a.device)
         doc = run(a.save, a.wmax, a.rows, a.row_seed, tuple(a.exhaustive), a.max_masks, a.device)
     except DascInputError as exc:
         ap.error(str(exc))

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero, path_named
+from benchmarks.cli_args import (OneLineParser, int_at_least, number_above_zero, path_named, refuse_unusable_device,
+                                 refuse_unusable_record)
 from benchmarks.train.models import SIZES, build_model, n_params
 from benchmarks.train.optim import lr_at, param_groups, set_lr
 
@@ -139,22 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.pairs > a.keys or 4 + a.keys + a.values >= a.vocab:
         ap.error(f"--pairs {a.pairs} --keys {a.keys} --values {a.values} --vocab {a.vocab}: expected pairs <= keys and "
                  f"4 + keys + values < vocab (the rest are fillers)")
-    if a.out.exists() and a.out.is_dir():
-        ap.error(f"--out {a.out}: a folder; give a file name such as mqar.json")
-    if a.out.exists():
-        ap.error(f"--out {a.out}: exists; give a new file name (a record is never written over)")
+    refuse_unusable_record(ap, "--out", a.out, "mqar.json")
     if a.save is not None and a.save.exists() and (not a.save.is_dir() or any(a.save.iterdir())):
         ap.error(f"--save {a.save}: exists and is not an empty folder; give a new folder")
-    for flag, path in (("--out", a.out), ("--save", a.save)):
-        if path is not None and not path.absolute().parent.is_dir():
-            ap.error(f"{flag} {path}: its folder {path.absolute().parent} does not exist")
-    from dasc_compile.errors import DascInputError
-    from dasc_compile.eval.inputs import check_device
-
-    try:
-        check_device(a.device)
-    except DascInputError as exc:
-        ap.error(str(exc))
+    if a.save is not None and not a.save.absolute().parent.is_dir():
+        ap.error(f"--save {a.save}: its folder {a.save.absolute().parent} does not exist")
+    refuse_unusable_device(ap, a.device)
     torch.manual_seed(a.seed)
     model = build_model(a.family, a.size, a.vocab, eos_id=2, seed=a.seed, attention=a.with_attention).to(a.device)
     groups = param_groups(model, a.lr, 0.1, a.decay_lr_mult)

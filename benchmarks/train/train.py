@@ -49,7 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.cli_args import OneLineParser, fraction, int_at_least, number_above_zero, path_named
+from benchmarks.cli_args import (OneLineParser, fraction, int_at_least, number_above_zero, path_named,
+                                 refuse_unusable_device)
 from benchmarks.train import attention
 from benchmarks.train import decays as decay_report
 from benchmarks.train import optim as O
@@ -140,13 +141,7 @@ def parse(argv=None) -> argparse.Namespace:
         if (err := recipe.check_architecture(a, st)) is not None:
             _refuse(err)
     a.size = a.size or "ref"
-    from dasc_compile.errors import DascInputError
-    from dasc_compile.eval.inputs import check_device
-
-    try:
-        check_device(a.device)
-    except DascInputError as exc:
-        _refuse(str(exc))
+    refuse_unusable_device(ap, a.device)
     if (why := family_unsupported(a.family)) is not None:
         _refuse(f"--family {a.family}: {why}")
     if a.decay_init == "log-uniform-dt" and a.family != "gdn":
