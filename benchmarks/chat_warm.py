@@ -34,21 +34,27 @@ FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
 # them from the shared disk cache.
 MOE_SWEEP = (16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
-# Two fresh prompts of this many tokens sent together, so that one prefill batch holds both (4,100 +
-# 4,092 of SGLang's 8,192-token chunk) in 65 + 64 = 129 chunks of 64. SGLang's GDN / KDA state kernel
-# (sglang/kernels/ops/attention/fla/chunk_delta_h.py) keys its compile on NT_BUCKET: the batch's total
-# chunk count <= 32, <= 128 or more. One sequence never exceeds 128 (the 8,192-token chunk), and the other
-# warm-up prompts are multiples of 64 tokens, so the third bucket used to compile inside the first timed
-# run that batched two prompts (session 18: seed 4's opening Dense run, a stall for every request in flight).
-NT_BUCKET_PAIR = 4100
+# Fresh prompts of NT_BUCKET_PROMPT tokens, NT_BUCKET_GROUP of them sent at once, so that some prefill batch
+# holds two of them (4,100 + 4,092 of SGLang's 8,192-token chunk) in 65 + 64 = 129 chunks of 64. SGLang's GDN /
+# KDA state kernel (sglang/kernels/ops/attention/fla/chunk_delta_h.py) keys its compile on NT_BUCKET: the
+# batch's total chunk count <= 32, <= 128 or more. One sequence never exceeds 128 (the 8,192-token chunk), and
+# the other warm-up prompts are multiples of 64 tokens, so the third bucket compiles only where two prompts
+# share a batch. Session 18 found it compiling inside seed 4's opening Dense run and sent two such prompts at
+# once; in session 38 the scheduler took those two in separate batches (the second arrived after the first
+# batch formed), and the third bucket compiled 62 s into seed 4's opening Dense run again (a ~1 s stall for
+# the 17 requests around it: that run's mean TTFT 0.243 s, 0.196 s without them, its closing run's 0.195 s).
+# With four sent at once, whichever batch the first one takes alone, the next takes two of the three queued.
+NT_BUCKET_PROMPT = 4100
+NT_BUCKET_GROUP = 4
 
 
 def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> tuple[list, list, list]:
-    """The warm-up's requests: ``(singles, pair, chats)``, lists of ``ChatTurns`` with random token ids.
+    """The warm-up's requests: ``(singles, group, chats)``, lists of ``ChatTurns`` with random token ids.
 
     singles: one never-cached prompt per ``lengths`` entry (tokens), then one per :data:`MOE_SWEEP` key
     ``k`` at ``k`` and ``k + 1`` tokens (28 prompts, 25,918 tokens in all), each decoding 4 tokens.
-    pair: two never-cached prompts of :data:`NT_BUCKET_PAIR` tokens, to be sent at once, decoding 4.
+    group: :data:`NT_BUCKET_GROUP` never-cached prompts of :data:`NT_BUCKET_PROMPT` tokens, to be sent at once,
+    decoding 4.
     chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
     decode runs at every CUDA-graph batch size and prefills meet running decodes as in a timed run):
     session i opens with ``lengths[i % len(lengths)]`` tokens, then three later turns of
@@ -69,31 +75,31 @@ def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> 
     sweep = [k + odd for k in MOE_SWEEP for odd in (0, 1)]
     singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
                          decode=[4]) for i, n in enumerate(list(lengths) + sweep)]
-    pair = [ChatTurns(conv=len(singles) + i, source_id="warm", user=[[IM_START] + ids(NT_BUCKET_PAIR - 3) + close],
-                      recorded=[close], decode=[4]) for i in range(2)]
+    group = [ChatTurns(conv=len(singles) + i, source_id="warm", user=[[IM_START] + ids(NT_BUCKET_PROMPT - 3) + close],
+                       recorded=[close], decode=[4]) for i in range(NT_BUCKET_GROUP)]
     chats = [ChatTurns(conv=i, source_id="warm",
                        user=[[IM_START] + ids(lengths[i % len(lengths)] - 3) + close]
                        + [ids(FOLLOW_UPS[(i + j) % len(FOLLOW_UPS)]) for j in range(3)],
                        recorded=[close] * 4, decode=[64, 16, 48, 8]) for i in range(sessions)]
-    return singles, pair, chats
+    return singles, group, chats
 
 
 def warm(port: int, lengths: Sequence[int], vocab: int, sessions: int = 8) -> dict:
     """Untimed warm-up of one server (requests: :func:`warm_chats`), then a flush. Returns {s, failed}.
 
-    The singles run one at a time (the long-prompt paths), the pair together (a prefill of two prompts
-    over 128 chunks: :data:`NT_BUCKET_PAIR`), then the chats all at once (the restore,
+    The singles run one at a time (the long-prompt paths), the group at once (a prefill of two prompts
+    over 128 chunks: :data:`NT_BUCKET_GROUP`), then the chats all at once (the restore,
     extend-with-prefix, mixed prefill / decode and batched-decode paths). The 2026-12-01 calls showed
     why the chats are needed: with only single prompts, the first timed run of the first two arms
     after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
     from benchmarks.chat_replay import Replay, run_closed
 
     t = time.monotonic()
-    singles, pair, chats = warm_chats(lengths, vocab, sessions, seed=port)
+    singles, group, chats = warm_chats(lengths, vocab, sessions, seed=port)
     url = f"http://127.0.0.1:{port}"
     failed = 0
-    for group, clients in ((singles, 1), (pair, len(pair)), (chats, len(chats))):
-        r = Replay(url, group, timeout_s=300)
+    for requests, clients in ((singles, 1), (group, len(group)), (chats, len(chats))):
+        r = Replay(url, requests, timeout_s=300)
         run_closed(r, clients)
         failed += sum(not x.success for x in r.records)
     flush(port)

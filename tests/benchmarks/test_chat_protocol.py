@@ -262,22 +262,45 @@ def test_an_open_loop_seed_starts_only_when_its_expected_runs_fit(tmp_path, monk
         assert "stop before dense seed 1: 230 s left, 260 s to reserve" in out
 
 
+def _prefill_chunk_counts(sizes: list[int], first: int, budget: int = 8192, chunk: int = 64) -> list[int]:
+    """Chunks of 64 tokens in each prefill batch when prompts of ``sizes`` tokens are queued at once and the
+    first batch takes only the first ``first`` of them (the rest arrived after it formed); later batches fill
+    ``budget`` tokens in order, the last prompt of a batch cut where the budget ends (SGLang's chunked prefill)."""
+    left, counts, queue = list(sizes), [], list(range(len(sizes)))
+    while queue:
+        room, n, took = budget, 0, []
+        for i in list(queue):
+            if room == 0 or (not counts and len(took) == first):
+                break
+            t = min(left[i], room)
+            room, left[i], n = room - t, left[i] - t, n + -(-t // chunk)
+            took.append(i)
+            if left[i] == 0:
+                queue.remove(i)
+        counts.append(n)
+    return counts
+
+
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
     from benchmarks.chat_warm import FOLLOW_UPS, MOE_SWEEP, warm_chats
 
-    singles, pair, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
+    singles, group, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
     assert [len(t.user[0]) for t in singles][:3] == [2048, 8192, 16000]
     # every fused-MoE config key once at an even and once at an odd token count (Triton's divisibility
     # specialization of num_valid_tokens = M x top-k); each a fresh prompt, so M is the whole prompt
     sweep = [len(t.user[0]) for t in singles][3:]
     assert sweep[:4] == [16, 17, 24, 25] and sweep[-2:] == [4096, 4097] and len(sweep) == 2 * len(MOE_SWEEP)
     assert {n % 2 for n in sweep} == {0, 1} and all(n % 16 == 0 for n in sweep[::2] if n != 24)
-    # the pair sent together: one 8,192-token prefill chunk of two prompts spans more than 128 chunks of 64
-    # (SGLang's NT_BUCKET 2), which one prompt alone never does
-    a, b = (len(t.user[0]) for t in pair)
-    assert a < 8192 and -(-a // 64) + -(-(8192 - a) // 64) > 128 and b >= 8192 - a
-    assert len({tuple(t.user[0][1:9]) for t in singles + pair}) == len(singles) + 2     # no prompt shares a prefix
-    assert len({t.conv for t in singles + pair}) == len(singles) + 2
+    # the group sent at once: SGLang's scheduler fills 8,192-token prefill chunks first come, first served, and
+    # may start the first prompt alone (session 38: it took each of two prompts sent together alone). Whatever
+    # the first batch takes, a later one must span more than 128 chunks of 64 (SGLang's NT_BUCKET 2), which one
+    # prompt alone never does.
+    sizes = [len(t.user[0]) for t in group]
+    for first in range(1, len(sizes) + 1):
+        assert max(_prefill_chunk_counts(sizes, first)) > 128, (sizes, first)
+    assert _prefill_chunk_counts([4100, 4100], 1) == [65, 65]                         # the old pair, split
+    assert len({tuple(t.user[0][1:9]) for t in singles + group}) == len(singles) + len(group)   # no shared prefix
+    assert len({t.conv for t in singles + group}) == len(singles) + len(group)
     assert len(chats) == 8 and all(len(t.user) == 4 and len(t.decode) == 4 for t in chats)
     assert sorted({len(t.user[0]) for t in chats}) == [2048, 8192, 16000]
     follow = {len(seg) for t in chats for seg in t.user[1:]}
