@@ -35,17 +35,20 @@ FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
 MOE_SWEEP = (16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
 # Fresh prompts of NT_BUCKET_PROMPT tokens, NT_BUCKET_GROUP of them sent at once, so that some prefill batch
-# holds two of them (4,100 + 4,092 of SGLang's 8,192-token chunk) in 65 + 64 = 129 chunks of 64. SGLang's GDN /
-# KDA state kernel (sglang/kernels/ops/attention/fla/chunk_delta_h.py) keys its compile on NT_BUCKET: the
-# batch's total chunk count <= 32, <= 128 or more. One sequence never exceeds 128 (the 8,192-token chunk), and
-# the other warm-up prompts are multiples of 64 tokens, so the third bucket compiles only where two prompts
-# share a batch. Session 18 found it compiling inside seed 4's opening Dense run and sent two such prompts at
-# once; in session 38 the scheduler took those two in separate batches (the second arrived after the first
-# batch formed), and the third bucket compiled 62 s into seed 4's opening Dense run again (a ~1 s stall for
-# the 17 requests around it: that run's mean TTFT 0.243 s, 0.196 s without them, its closing run's 0.195 s).
-# With four sent at once, whichever batch the first one takes alone, the next takes two of the three queued.
+# holds two of them: 4,100 + 4,092 tokens of an 8,192-token batch (SGLang's --chunked-prefill-size default on
+# H100 / H200) in 65 + 64 = 129 chunks of 64. SGLang's GDN / KDA state kernel
+# (sglang/kernels/ops/attention/fla/chunk_delta_h.py) keys its compile on NT_BUCKET: the batch's total chunk
+# count <= 32, <= 128 or more. One sequence never exceeds 128 chunks in a batch, the singles run one at a time,
+# and the chats' openings are multiples of 64 tokens (their cuts fall on chunk boundaries), so no other warm-up
+# batch reaches the third bucket. SGLang admits whatever is queued when a batch forms, first come, first served,
+# a cut prompt continuing first: this needs two of the group queued at once when some batch forms. The first
+# prompt goes alone (the scheduler wakes on it), the next batch forms right after that one is launched, and the
+# one after once its prefill is done; sessions 18-38 sent two, and session 38's scheduler took each alone (the
+# compile then came inside a timed run: benchmarks/notes/2026-12-05-h200-s38-rho05-seed-4.md). Eight leave six
+# queued behind the first two batches. Nothing forces the timing: prompts that each arrive after the previous
+# batch formed would still miss the bucket.
 NT_BUCKET_PROMPT = 4100
-NT_BUCKET_GROUP = 4
+NT_BUCKET_GROUP = 8
 
 
 def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> tuple[list, list, list]:
@@ -88,7 +91,7 @@ def warm(port: int, lengths: Sequence[int], vocab: int, sessions: int = 8) -> di
     """Untimed warm-up of one server (requests: :func:`warm_chats`), then a flush. Returns {s, failed}.
 
     The singles run one at a time (the long-prompt paths), the group at once (a prefill of two prompts
-    over 128 chunks: :data:`NT_BUCKET_GROUP`), then the chats all at once (the restore,
+    over 128 chunks: :data:`NT_BUCKET_GROUP` x :data:`NT_BUCKET_PROMPT`), then the chats all at once (the restore,
     extend-with-prefix, mixed prefill / decode and batched-decode paths). The 2026-12-01 calls showed
     why the chats are needed: with only single prompts, the first timed run of the first two arms
     after a start ran 18-19 % slower than the same seed later (first-use compiles on the hit path)."""
