@@ -39,14 +39,14 @@ MOE_SWEEP = (16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096
 # H100 / H200) in 65 + 64 = 129 chunks of 64. SGLang's GDN / KDA state kernel
 # (sglang/kernels/ops/attention/fla/chunk_delta_h.py) keys its compile on NT_BUCKET: the batch's total chunk
 # count <= 32, <= 128 or more. One sequence never exceeds 128 chunks in a batch, the singles run one at a time,
-# and the chats' openings are multiples of 64 tokens (their cuts fall on chunk boundaries), so no other warm-up
-# batch reaches the third bucket. SGLang admits whatever is queued when a batch forms, first come, first served,
-# a cut prompt continuing first: this needs two of the group queued at once when some batch forms. The first
-# prompt goes alone (the scheduler wakes on it), the next batch forms right after that one is launched, and the
-# one after once its prefill is done; sessions 18-38 sent two, and session 38's scheduler took each alone (the
-# compile then came inside a timed run: benchmarks/notes/2026-12-05-h200-s38-rho05-seed-4.md). Eight leave six
-# queued behind the first two batches. Nothing forces the timing: prompts that each arrive after the previous
-# batch formed would still miss the bucket.
+# and the chats' openings (run_chat's default --warm-lengths) are multiples of 64 tokens, so their cuts fall on
+# chunk boundaries: no other warm-up batch reaches the third bucket. SGLang admits whatever is queued when a
+# batch forms, first come, first served, a cut prompt continuing first, so this needs two of the group queued
+# at once when some batch forms. The first prompt goes alone (the scheduler wakes on it), the next batch forms
+# right after that one is launched, and the one after once its prefill is done; sessions 18-38 sent two, and
+# session 38's scheduler took each alone (the compile then came inside a timed run:
+# benchmarks/notes/2026-12-05-h200-s38-rho05-seed-4.md). Eight leave six queued behind the first two batches.
+# Nothing forces the timing: prompts that each arrive after the previous batch formed would still miss it.
 NT_BUCKET_PROMPT = 4100
 NT_BUCKET_GROUP = 8
 

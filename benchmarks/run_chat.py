@@ -8,8 +8,9 @@ warm):
   equal ``--max-running-requests`` and equal state memory, App. C.1; ``--enable-metrics`` so the
   client gets SGLang's own queue and prefill times) on one GPU, wait for ``/health``, and warm
   each up (untimed; the first server alone, then the rest at once: ``benchmarks/chat_warm.py``): one
-  never-cached prompt at each of ``--warm-lengths`` tokens, then ``--max-running-requests``
-  multi-turn sessions at once with follow-ups of the trace's sizes, so the
+  never-cached prompt at each of ``--warm-lengths`` tokens and at each fused-MoE token-count key,
+  a group of prompts sent at once (a prefill batch over 128 chunks of 64 tokens), then
+  ``--max-running-requests`` multi-turn sessions at once with follow-ups of the trace's sizes, so the
   long-prompt, hit and small-extend paths are compiled and tuned before any timed run. The
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
