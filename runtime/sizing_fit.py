@@ -27,7 +27,9 @@ _UNITS = {"": 1, "b": 1, **{p + "b": 10 ** (3 * i) for i, p in enumerate("kmgtp"
 
 def parse_bytes(text: str, flag: str = "--budget") -> int:
     """``"2147483648"``, ``"1e9"``, ``"2GiB"``, ``"1.5 GB"`` -> bytes (int; KB/MB/GB/TB/PB are powers of 10,
-    KiB/MiB/GiB/TiB/PiB of 2; case-insensitive). The value must be a whole number of bytes (``1.5 GB`` is, ``1e-3`` is not).
+    KiB/MiB/GiB/TiB/PiB of 2; case-insensitive, ``16gb`` is 16 GB, except that a lower-case ``b`` after an upper-case
+    prefix, the bit units ``Gb`` / ``Gib``, is refused). The value must be a whole number of bytes (``1.5 GB`` is,
+    ``1e-3`` is not).
     ``flag`` names the option in the error (``--budget``, ``--pool-budget``, ``--dasc-pool-bytes``).
 
     Raises:
@@ -40,6 +42,10 @@ def parse_bytes(text: str, flag: str = "--budget") -> int:
     if mt is None or unit not in _UNITS:
         raise DascInputError(f"{flag}: expected a positive size in bytes, such as 2147483648, 1e9 or 2GiB (units B, "
                              f"KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got {text!r}")
+    typed = mt.group(2)
+    if len(typed) > 1 and typed.endswith("b") and typed[0].isupper():
+        raise DascInputError(f"{flag}: {text!r} reads as {typed[:-1]}bits (a lower-case b); write "
+                             f"{mt.group(1)}{typed[:-1]}B for bytes")
     value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
     if value != value.to_integral_value():
         raise DascInputError(f"{flag}: {text!r} is not a whole number of bytes")

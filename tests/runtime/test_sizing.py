@@ -244,6 +244,7 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
     assert size_report.parse_bytes("8GiB") == 8 * 2 ** 30 and size_report.parse_bytes("2.5e3") == 2500
     assert size_report.parse_bytes(str(2 ** 50)) == 2 ** 50 == size_report.parse_bytes("1PiB")
     assert size_report.parse_bytes("16tib") == 16 * 2 ** 40 and size_report.parse_bytes("2 TB") == 2 * 10 ** 12
+    assert size_report.parse_bytes("16gb") == 16 * 10 ** 9 and size_report.parse_bytes("2kB") == 2000
 
 
 @pytest.mark.parametrize("text,match", [
@@ -252,6 +253,8 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
     (str(2 ** 50 + 1), "<= 2\\*\\*50 bytes"), ("2e15", "<= 2\\*\\*50 bytes"), ("1e999", "<= 2\\*\\*50"),
     ("1e9999", "expected a positive size"), ("8 parsecs", "expected a positive size"), ("-5", "expected a positive"),
     ("2PiB", "<= 2\\*\\*50 bytes"), ("16XB", "units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB"),
+    ("16Gb", "'16Gb' reads as Gbits \\(a lower-case b\\); write 16GB for bytes"),
+    ("2 Gib", "reads as Gibits .*write 2GiB for bytes"), ("8Mb", "write 8MB"),
 ])
 def test_budget_text_is_a_whole_bounded_byte_count(text, match):
     with pytest.raises(DascInputError, match=match) as e:
