@@ -103,7 +103,9 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     Per recurrent layer i: ``layer_id`` / ``recurrent_index`` match ``model.recurrent_layer_ids``;
     ``num_heads`` = H_v; ``units_per_head`` and ``n_units`` = H_v * U follow the unit kind;
     ``kept_units`` are sorted, distinct and in ``[0, n_units)`` with ``n_kept`` of them; ragged
-    ``offset`` o_{i-1} = r_0 + ... + r_{i-1} (App. B Scheme 2). Totals: L, sum n, sum r, R_max, and
+    ``offset`` o_{i-1} = r_0 + ... + r_{i-1} (App. B Scheme 2); ``n_kept`` is the number of units the
+    layer's ``horizon_histogram`` can put above ``policy.w_max`` (§4.1; a range, since the bin holding w_max
+    may hold units on both sides), so most edits of w_max are refused even when the hash was redone. Totals: L, sum n, sum r, R_max, and
     ``unit_bytes`` = :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per
     rank, ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage,
     a permutation of every layer's heads, and a storage map over the ranks' packed counts.
@@ -190,6 +192,37 @@ def _ratio(num: int, den: int) -> float:
     return (1.0 if num == 0 else math.inf) if den == 0 else num / den
 
 
+def _kept_bounds(edges: list[float], counts: list[int], w_max: int) -> tuple[int, int]:
+    """The fewest and most units with ``H_s > w_max`` (global units, §4.1) a layer's horizon histogram allows.
+
+    Bin i holds horizons in ``[edges[i], edges[i+1])``, the last ``[edges[-1], inf]``: a bin whose left
+    edge exceeds ``w_max`` holds only global units, a bin whose right edge is at most ``w_max`` only local
+    ones, and the one bin with ``edges[i] <= w_max < right`` may hold both (a horizon equal to w_max is local),
+    so the bounds differ by that bin's count: at w_max 16 the units in [16, 32) are not placed.
+    """
+    lo = hi = 0
+    for i, c in enumerate(counts):
+        right = edges[i + 1] if i + 1 < len(edges) else math.inf
+        lo += c if edges[i] > w_max else 0
+        hi += c if right > w_max else 0
+    return lo, hi
+
+
+def _check_kept_count(plan: Plan, source, f: str, lp) -> None:
+    """``n_kept`` agrees with ``policy.w_max`` and the layer's horizon histogram (a Random plan keeps the
+    same count, §5.2), so a plan whose w_max was edited after compiling is refused, even with its hash redone,
+    whenever units lie between the old and the new cutoff's bins."""
+    w_max = plan.policy.w_max
+    if w_max is None:   # no cutoff recorded
+        return
+    lo, hi = _kept_bounds(plan.horizon_bin_edges, lp.horizon_histogram, w_max)
+    if not lo <= lp.n_kept <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise DascInputError(f"{source}: plan field '{f}.n_kept' = {lp.n_kept}, expected {want} (the units of its "
+                             f"horizon_histogram above policy.w_max = {w_max}, §4.1); the plan was edited or "
+                             f"corrupted; recompile it")
+
+
 def _check_figures(plan: Plan, source, unit: UnitSpec) -> None:
     """Bytes, ratios, slots, refresh windows and histograms agree with the counts they derive from
     (the formulas of ``dasc_compile.compiler.build_plan`` / ``tp.build_tp_plan``; App. B, C.1, Eq. 6, 7)."""
@@ -204,6 +237,7 @@ def _check_figures(plan: Plan, source, unit: UnitSpec) -> None:
         _expect(source, f"{f}.bytes_conv", lp.bytes_conv, unit.conv_bytes_per_layer(1), "conv state bytes (UnitSpec)")
         _expect(source, f"{f}.horizon_histogram", (len(lp.horizon_histogram), sum(lp.horizon_histogram)),
                 (len(plan.horizon_bin_edges), lp.n_units), "one count per bin edge, n_units in all")
+        _check_kept_count(plan, source, f, lp)
         q = lp.horizon_quantiles
         if not q.min <= q.p10 <= q.p50 <= q.p90 <= q.max:
             raise DascInputError(f"{source}: plan field '{f}.horizon_quantiles' must be ordered min <= p10 <= p50 "

@@ -107,3 +107,23 @@ def test_quantiles_and_histogram():
     assert q["min"] == 1.5 and math.isinf(q["max"]) and q["p50"] == 3.0
     counts = horizon_histogram(h, [0.0, 1.0, 2.0, 4.0, 128.0])
     assert counts == [0, 1, 1, 1, 1]   # [0,1) [1,2) [2,4) [4,128) [128,inf]
+
+
+def test_kept_count_bounds_from_histogram_agree_with_selection():
+    """The plan reader's bounds on n_kept (units with H_s > w_max, §4.1) from a layer's histogram alone:
+    the bin holding w_max may hold units on both sides (a horizon equal to w_max is local), the bins above
+    it only global ones; the true count always lies inside."""
+    from dasc_compile.schema.reader import _kept_bounds
+
+    edges = [0.0, 1.0, 2.0, 4.0, 128.0]
+    h = torch.tensor([1.5, 3.0, 4.0, 100.0, 128.0, math.inf], dtype=torch.float64)
+    counts = horizon_histogram(h, edges)
+    assert counts == [0, 1, 1, 2, 2]                    # [0,1) [1,2) [2,4) [4,128) [128,inf]
+    assert _kept_bounds(edges, counts, 4) == (2, 4)     # [4,128) holds 4.0 (local) and 100 (global): unplaced
+    assert _kept_bounds(edges, counts, 3) == (4, 5)     # [2,4) holds w_max 3
+    assert _kept_bounds(edges, counts, 128) == (0, 2)   # [128,inf] holds 128 (local) and inf
+    assert _kept_bounds(edges, counts, 1000) == (0, 2)
+    assert _kept_bounds(edges, counts, 0) == (6, 6)     # [0,1) is empty, every bin above starts past 0
+    for w in (0, 1, 2, 3, 4, 50, 100, 127, 128, 1000):
+        lo, hi = _kept_bounds(edges, counts, w)
+        assert lo <= int(select_global(h, w).numel()) <= hi, w
