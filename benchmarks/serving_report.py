@@ -210,6 +210,20 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
             "rates": {rho: rho * x["mean"] for rho in rhos}}
 
 
+def refuse_to_replace(out: Path, paths: list, overwrite: bool) -> None:
+    """Refuse, before any work, to replace report files that exist (a re-run of a note's command would
+    otherwise rewrite the committed results it means to check) unless ``--overwrite`` was given.
+
+    Raises:
+        DascInputError: ``--out <out>: already holds <names> ...``.
+    """
+    there = [p.name for p in paths if p.is_file()]
+    if there and not overwrite:
+        raise DascInputError(f"--out {out}: already holds {' and '.join(there)} (an earlier report); give a new "
+                             f"{'file' if out in paths else 'folder'}, or --overwrite to replace "
+                             f"{'it' if len(there) == 1 else 'them'}")
+
+
 def write_pair(out: Path, files: dict) -> None:
     """Write ``files`` (``{name: text}``) into folder ``out`` all or none: each to a hidden temporary file first,
     then renamed into place, so a failure leaves the folder's earlier files as they were.
@@ -281,8 +295,10 @@ def main(argv: Iterable[str] | None = None) -> int:
                                description="the regime map: mean-TTFT ratio to Dense over context and load")
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--out", type=path_named("a file name such as map.png"), required=True,
-                            help="the figure to write (.png)")
+                            help="the figure to write (.png); an existing one only with --overwrite")
+            ap.add_argument("--overwrite", action="store_true", help="replace the figure --out names")
             a = ap.parse_args(argv[1:])
+            refuse_to_replace(a.out, [a.out], a.overwrite)
             regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
             return 0
@@ -309,7 +325,9 @@ def main(argv: Iterable[str] | None = None) -> int:
                    "`serving_report pooled SUMMARY.json ... [--pad N]` (per-seed ratios pooled over sessions).")
         ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
         ap.add_argument("--out", type=path_named("a folder name"), required=True,
-                        help="folder for summary.json and tables.md")
+                        help="folder for summary.json and tables.md (a folder holding either only with --overwrite)")
+        ap.add_argument("--overwrite", action="store_true",
+                        help="replace the summary.json and tables.md already in --out (e.g. a committed run's)")
         ap.add_argument("--model", required=True, type=nonempty("the served model's name"),
                         help="the served model as the tables and summary.json name it, e.g. 'Kimi-Linear-48B-A3B "
                              "(16 of 256 experts, dummy weights)'")
@@ -324,6 +342,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         if a.out.exists() and not a.out.is_dir():
             raise DascInputError(f"--out {a.out}: exists and is not a folder; give the folder for summary.json and "
                                  f"tables.md")
+        refuse_to_replace(a.out, [a.out / "summary.json", a.out / "tables.md"], a.overwrite)
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
                        baseline_run=a.baseline_run)
         if not runs:

@@ -41,7 +41,7 @@ def test_report_keeps_the_earlier_pair_when_one_file_cannot_be_written(tmp_path,
     out.mkdir()
     (out / "summary.json").write_text("old summary")
     (out / "tables.md").mkdir()                      # tables.md cannot be written: nothing may change
-    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "d", "--exclude-call", "1"]
+    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "d", "--exclude-call", "1", "--overwrite"]
     assert sr.main(argv) == 2
     _one_error(capsys, "tables.md")
     assert (out / "summary.json").read_text() == "old summary"
@@ -49,6 +49,28 @@ def test_report_keeps_the_earlier_pair_when_one_file_cannot_be_written(tmp_path,
     (out / "tables.md").rmdir()
     assert sr.main(argv) == 0
     assert json.loads((out / "summary.json").read_text())[0]["model"] == "m"
+
+
+def test_report_replaces_an_earlier_report_only_with_overwrite(tmp_path, capsys):
+    w = _work(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("committed summary")
+    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "d", "--exclude-call", "1"]
+    assert sr.main(argv) == 2
+    _one_error(capsys, f"--out {out}", "already holds summary.json", "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    assert (out / "summary.json").read_text() == "committed summary"
+    assert sr.main(argv + ["--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())[0]["model"] == "m"
+    capsys.readouterr()
+    assert sr.main(argv) == 2                         # now both files are there
+    _one_error(capsys, "summary.json and tables.md", "replace them")
+    png = tmp_path / "map.png"
+    png.write_bytes(b"committed figure")
+    assert sr.main(["map", str(out / "summary.json"), "--out", str(png)]) == 2
+    _one_error(capsys, "already holds map.png", "new file")
+    assert png.read_bytes() == b"committed figure"
 
 
 @pytest.mark.parametrize("flag", ["--model", "--decays"])
