@@ -39,7 +39,7 @@ from dasc_compile.schema import (
     usable_slots,
     with_content_hash,
 )
-from dasc_compile.selection import random_count_matched, select_global
+from dasc_compile.selection import layer_kept_sets
 
 
 def default_out_dir(model: str | Path) -> Path:
@@ -114,9 +114,13 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
         out.append(f"nothing is kept: no unit has a retention horizon above w_max = {pol.w_max} tokens (longest "
                    f"{longest:.4g}); a compressed checkpoint holds only the conv state and every hit restores a zero "
                    f"temporal state")
-    if pol.w_max == 0 and t.n_units > 0:
+    if pol.w_max == 0 and t.n_units > 0 and t.n_kept == t.n_units:
         out.append(f"w_max 0 keeps every unit (no compression): every unit with a positive retention horizon is "
                    f"global (kept {t.n_kept}/{t.n_units}, C_ckpt {t.c_ckpt:.2f}x); give --wmax W > 0 to compress")
+    elif pol.w_max == 0 and t.n_units > 0:
+        out.append(f"w_max 0 still omits {t.n_units - t.n_kept} of {t.n_units} units: their retention horizon is 0 "
+                   f"tokens (a static decay so fast it forgets within one token, e.g. from --a-s or --eps; kept "
+                   f"{t.n_kept}/{t.n_units}, C_ckpt {t.c_ckpt:.2f}x)")
     if pol.balance != "off" and pol.tp_size == 1:
         out.append(f"balance '{pol.balance}' changes nothing at TP size 1 (one rank holds every unit); pass --tp P "
                    f"to balance across P ranks")
@@ -182,12 +186,7 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
     dense_l = unit.temporal_layer_bytes(spec.num_value_heads)
     conv_l = unit.conv_bytes_per_layer(1)
 
-    kept_sets: list[torch.Tensor] = []
-    for layer_id, h in zip(spec.recurrent_layer_ids, horizons):
-        kept = select_global(h, w_max)
-        if policy.random_seed is not None:
-            kept = random_count_matched(n_l, int(kept.numel()), policy.random_seed, layer_id)
-        kept_sets.append(kept)
+    kept_sets = layer_kept_sets(spec, policy, horizons)
     offsets = ragged_offsets([int(k.numel()) for k in kept_sets])
 
     layers = []

@@ -33,3 +33,21 @@ def random_count_matched(n_units: int, n_kept: int, seed: int, layer_id: int) ->
     gen.manual_seed(int(seed) * 1_000_003 + int(layer_id))
     perm = torch.randperm(n_units, generator=gen)
     return torch.sort(perm[:n_kept]).values
+
+
+def layer_kept_sets(spec, policy, horizons: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The global (kept) units of each recurrent layer: int64 ``[r_l]`` sorted unit ids, those with
+    ``H_s > policy.w_max`` (§4.1), or for a Random plan (``policy.random_seed``) as many drawn uniformly (§5.2).
+
+    Args:
+        spec: the model's :class:`~dasc_compile.archspec.ArchSpec` (``recurrent_layer_ids``, ``n_units_per_layer``).
+        policy: the resolved :class:`~dasc_compile.policy.Policy` (``w_max``, ``random_seed``).
+        horizons: per recurrent layer, float64 ``[n_units]`` (``dasc_compile.compiler.layer_horizons``).
+    """
+    out = []
+    for layer_id, h in zip(spec.recurrent_layer_ids, horizons):
+        kept = select_global(h, policy.w_max)
+        if policy.random_seed is not None:
+            kept = random_count_matched(spec.n_units_per_layer, int(kept.numel()), policy.random_seed, layer_id)
+        out.append(kept)
+    return out

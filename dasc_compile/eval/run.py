@@ -99,8 +99,31 @@ def load_plans(paths: list, spec, tensors) -> list:
         if list(plan.model.recurrent_layer_ids) != list(spec.recurrent_layer_ids):
             raise DascInputError(f"{p}: plan's recurrent layers {plan.model.recurrent_layer_ids} are not the model's "
                                  f"{list(spec.recurrent_layer_ids)}")
+        check_kept_units(p, plan, spec, tensors)
         plans.append((str(p), plan))
     return plans
+
+
+def check_kept_units(p, plan, spec, tensors) -> None:
+    """Refuse a plan whose kept units are not the ones its own policy selects from these decay tensors (Eq. 3,
+    §4.1): an edited ``w_max`` (or a_s, eps) that the plan reader's histogram bounds cannot see, since the arms
+    would be reported under a w_max they were not made with.
+
+    Raises:
+        DascInputError: ``<plan>: plan field 'layers[i].kept_units' ...``.
+    """
+    from dasc_compile.compiler import layer_horizons
+    from dasc_compile.selection import layer_kept_sets
+
+    want = layer_kept_sets(spec, plan.policy, layer_horizons(spec, plan.policy, tensors))
+    for i, (lp, k) in enumerate(zip(plan.layers, want)):
+        k = k.tolist()
+        if list(lp.kept_units) != k:
+            diff = len(set(k) ^ set(lp.kept_units))
+            raise DascInputError(
+                f"{p}: plan field 'layers[{i}].kept_units' holds {lp.n_kept} units, but its policy (w_max "
+                f"{plan.policy.w_max}, a_s {plan.policy.a_s:g}, eps {plan.policy.eps:g}) selects {len(k)} from this "
+                f"model's decays ({diff} differ); the plan was edited; recompile it with 'dasc compile'")
 
 
 def warn_prefix_cut(prompts: list, prompts_file, prefix_len: int) -> None:

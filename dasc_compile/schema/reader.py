@@ -213,8 +213,9 @@ def _check_kept_count(plan: Plan, source, f: str, lp) -> None:
     same count, §5.2), so a plan whose w_max was edited after compiling is refused, even with its hash redone,
     whenever units lie between the old and the new cutoff's bins."""
     w_max = plan.policy.w_max
-    if w_max is None:   # no cutoff recorded
-        return
+    if w_max is None:
+        raise DascInputError(f"{source}: plan field 'policy.w_max' = None, expected the cutoff in tokens (every "
+                             f"compiled plan records it, §4.1); the plan was edited or corrupted; recompile it")
     lo, hi = _kept_bounds(plan.horizon_bin_edges, lp.horizon_histogram, w_max)
     if not lo <= lp.n_kept <= hi:
         want = str(lo) if lo == hi else f"{lo} to {hi}"

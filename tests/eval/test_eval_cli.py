@@ -316,3 +316,22 @@ def test_a_panel_with_nothing_measured_says_so():
     texts = [[t.get_text() for t in ax.texts] for ax in axes]
     plt.close(fig)
     assert texts == [[], ["not measured on these prompts"]]
+
+
+def test_plan_whose_kept_units_its_policy_does_not_select_is_refused(gdn_dir, plans, tmp_path):
+    """A plan edited and re-sealed so that every count still agrees (one kept unit swapped for an omitted one of the
+    same layer): the plan reader cannot see it, eval recomputes the selection from the model's decays (§4.1)."""
+    import shutil
+
+    from dasc_compile.schema import Plan, canonical_json, with_content_hash
+
+    p = shutil.copytree(plans[1], tmp_path / "forged.dasc")
+    raw = json.loads((p / "plan.json").read_text())
+    layer = next(lp for lp in raw["layers"] if 0 < lp["n_kept"] < lp["n_units"])
+    omitted = next(u for u in range(layer["n_units"]) if u not in layer["kept_units"])
+    layer["kept_units"] = sorted(layer["kept_units"][1:] + [omitted])
+    (p / "plan.json").write_text(canonical_json(with_content_hash(Plan.model_validate(raw))))
+    out = tmp_path / "r.json"
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", p, "--json", out))
+    assert "kept_units" in line and "w_max 16" in line and "2 differ" in line, line
+    assert not out.exists()
