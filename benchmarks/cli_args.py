@@ -18,7 +18,12 @@ from pathlib import Path
 class OneLineParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose :meth:`error` prints ``error: <message>`` alone and exits 2 (as
     ``dasc_runtime.one_line_parser``'s, which these scripts cannot import: on a device machine they run from a bare
-    checkout, where the runtime folder is not the ``dasc_runtime`` package)."""
+    checkout, where the runtime folder is not the ``dasc_runtime`` package). It takes no abbreviated flag: ``--over``
+    is refused, not read as ``--overwrite``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):          # noqa: D102 (argparse's hook)
         print(f"error: {message}", file=sys.stderr)

@@ -219,9 +219,11 @@ def refuse_to_replace(out: Path, paths: list, overwrite: bool) -> None:
     """
     there = [p.name for p in paths if p.is_file()]
     if there and not overwrite:
+        if out in paths:
+            raise DascInputError(f"--out {out}: the file exists (an earlier figure); give a new file name, or "
+                                 f"--overwrite to replace it")
         raise DascInputError(f"--out {out}: already holds {' and '.join(there)} (an earlier report); give a new "
-                             f"{'file' if out in paths else 'folder'}, or --overwrite to replace "
-                             f"{'it' if len(there) == 1 else 'them'}")
+                             f"folder, or --overwrite to replace {'it' if len(there) == 1 else 'them'}")
 
 
 def write_pair(out: Path, files: dict) -> None:

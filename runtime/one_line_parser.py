@@ -18,7 +18,12 @@ __all__ = ["OneLineParser", "int_in", "out_path"]
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose :meth:`error` prints ``error: <message>`` alone and exits 2."""
+    """``argparse.ArgumentParser`` whose :meth:`error` prints ``error: <message>`` alone and exits 2, and which
+    takes no abbreviated flag (``--over`` is not ``--overwrite``: a flag is spelled out or refused)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):          # noqa: D102 (argparse's hook)
         print(f"error: {message}", file=sys.stderr)

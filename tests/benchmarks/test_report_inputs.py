@@ -66,10 +66,14 @@ def test_report_replaces_an_earlier_report_only_with_overwrite(tmp_path, capsys)
     capsys.readouterr()
     assert sr.main(argv) == 2                         # now both files are there
     _one_error(capsys, "summary.json and tables.md", "replace them")
+    with pytest.raises(SystemExit) as e:              # an abbreviation is not the flag (argparse would take it)
+        sr.main(argv + ["--over"])
+    assert e.value.code == 2
+    _one_error(capsys, "--over")
     png = tmp_path / "map.png"
     png.write_bytes(b"committed figure")
     assert sr.main(["map", str(out / "summary.json"), "--out", str(png)]) == 2
-    _one_error(capsys, "already holds map.png", "new file")
+    _one_error(capsys, f"--out {png}: the file exists", "--overwrite")
     assert png.read_bytes() == b"committed figure"
 
 

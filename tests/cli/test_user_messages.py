@@ -12,6 +12,7 @@ import subprocess
 import os
 
 import pytest
+import torch
 
 from tests.support.clihelp import assert_one_error, dasc, dasc_proc, snapshot
 
@@ -389,3 +390,20 @@ def test_an_empty_path_is_named_as_given_not_as_the_current_folder(tmp_path, gdn
     r = dasc(*[a.format(gdn=gdn) for a in argv], cwd=tmp_path)
     assert_one_error(r, f"Invalid value for '{name}': expected a path, got")
     assert snapshot(tmp_path) == before
+
+
+def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
+    """With --a-s 1e308, head 0's static decay exp(1) * softplus(1e308 + dt_bias) overflows to -inf, so its two
+    units have horizon 0 tokens and w_max 0 omits them; head 1's (exp(0) * 1e308) stays finite and is kept. The
+    warning must not claim that every unit is kept (a fresh-user trial found it did)."""
+    from tests.support.clihelp import KDA_CONFIG, write_ckpt
+
+    ckpt = write_ckpt(tmp_path / "kda", KDA_CONFIG, {
+        "model.layers.0.self_attn.A_log": torch.tensor([1.0, 0.0]).reshape(1, 1, 2, 1),
+        "model.layers.0.self_attn.dt_bias": torch.tensor([0.3, 5.0, -3.0, 0.3])})
+    r = dasc("compile", ckpt, "--wmax", 0, "--a-s", "1e308", "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    (w,) = [w for w in _warnings(r) if "w_max 0" in w] or [r.err]
+    assert w.startswith("warning: w_max 0 still omits 2 of 4 units") and "horizon is 0 tokens" in w, w
+    assert "kept 2/4" in w, w
+    assert "keeps every unit" not in r.err
