@@ -120,10 +120,13 @@ def check_kept_units(p, plan, spec, tensors) -> None:
         k = k.tolist()
         if list(lp.kept_units) != k:
             diff = len(set(k) ^ set(lp.kept_units))
+            pol = plan.policy
+            why = ("the plan was edited, or it is a Random plan drawn by a torch whose randperm differs from this one's"
+                   if pol.random_seed is not None else "the plan was edited")
             raise DascInputError(
-                f"{p}: plan field 'layers[{i}].kept_units' holds {lp.n_kept} units, but its policy (w_max "
-                f"{plan.policy.w_max}, a_s {plan.policy.a_s:g}, eps {plan.policy.eps:g}) selects {len(k)} from this "
-                f"model's decays ({diff} differ); the plan was edited; recompile it with 'dasc compile'")
+                f"{p}: plan field 'layers[{i}].kept_units' holds {lp.n_kept} units, but its policy (w_max {pol.w_max}, "
+                f"a_s {pol.a_s}, eps {pol.eps}) selects {len(k)} from this model's decays ({diff} differ): {why}; "
+                f"recompile it with 'dasc compile'")
 
 
 def warn_prefix_cut(prompts: list, prompts_file, prefix_len: int) -> None:

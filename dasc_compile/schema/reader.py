@@ -105,15 +105,19 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     ``kept_units`` are sorted, distinct and in ``[0, n_units)`` with ``n_kept`` of them; ragged
     ``offset`` o_{i-1} = r_0 + ... + r_{i-1} (App. B Scheme 2); ``n_kept`` is the number of units the
     layer's ``horizon_histogram`` can put above ``policy.w_max`` (§4.1; a range, since the bin holding w_max
-    may hold units on both sides), so most edits of w_max are refused even when the hash was redone. Totals: L, sum n, sum r, R_max, and
-    ``unit_bytes`` = :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per
-    rank, ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage,
+    may hold units on both sides), so most edits of w_max are refused even when the hash was redone; ``w_max``
+    and ``a_s`` are set (compile always resolves them). Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
+    :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank, ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage,
     a permutation of every layer's heads, and a storage map over the ranks' packed counts.
 
     Raises:
         DascInputError: ``<source>: plan field '<path>' = <got>, expected <want> (<why>)``.
     """
     m, t, tp = plan.model, plan.totals, plan.tp
+    for name, what in (("w_max", "the cutoff in tokens, §4.1"), ("a_s", "the gate input of Eq. 2")):
+        if getattr(plan.policy, name) is None:
+            raise DascInputError(f"{source}: plan field 'policy.{name}' = None, expected {what} (every compiled plan "
+                                 f"records it); the plan was edited or corrupted; recompile it")
     try:
         unit = UnitSpec.from_plan(plan)
     except DascInputError as exc:
@@ -213,9 +217,6 @@ def _check_kept_count(plan: Plan, source, f: str, lp) -> None:
     same count, §5.2), so a plan whose w_max was edited after compiling is refused, even with its hash redone,
     whenever units lie between the old and the new cutoff's bins."""
     w_max = plan.policy.w_max
-    if w_max is None:
-        raise DascInputError(f"{source}: plan field 'policy.w_max' = None, expected the cutoff in tokens (every "
-                             f"compiled plan records it, §4.1); the plan was edited or corrupted; recompile it")
     lo, hi = _kept_bounds(plan.horizon_bin_edges, lp.horizon_histogram, w_max)
     if not lo <= lp.n_kept <= hi:
         want = str(lo) if lo == hi else f"{lo} to {hi}"

@@ -37,6 +37,20 @@ def test_subcommands_inherit_the_one_line_refusal(capsys):
         assert capsys.readouterr().err.strip().splitlines() == [expected]
 
 
+def test_no_parser_takes_an_abbreviated_flag(capsys):
+    """``--over`` must not silently mean ``--overwrite`` (argparse's default): in both twins of the parser."""
+    from dasc_runtime.one_line_parser import OneLineParser as RuntimeParser
+
+    for cls in (OneLineParser, RuntimeParser):
+        ap = cls(prog="x")
+        ap.add_argument("--overwrite", action="store_true")
+        with pytest.raises(SystemExit) as e:
+            ap.parse_args(["--over"])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == ["error: unrecognized arguments: --over"]
+        assert ap.parse_args(["--overwrite"]).overwrite
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["benchmarks.run_chat", "run", "--bogus"], "error: the following arguments are required: --trace, --seeds, --work"),
     (["benchmarks.run_chat", "nope"], "error: argument {up,run,down}: invalid choice: 'nope' (choose from "),

@@ -144,6 +144,7 @@ KDA_FORGERIES = [
     ("w_max_raised", "policy.w_max", 1024, ["'layers[0].n_kept' = 3, expected 0", "policy.w_max = 1024"]),
     ("w_max_lowered", "policy.w_max", 0, ["'layers[0].n_kept' = 3, expected 4", "policy.w_max = 0"]),
     ("w_max_null", "policy.w_max", None, ["'policy.w_max' = None"]),
+    ("a_s_null", "policy.a_s", None, ["'policy.a_s' = None"]),          # eval would compute horizons from it
     ("quantiles_nan", "layers.0.horizon_quantiles.p50", math.nan, ["'layers[0].horizon_quantiles' must be ordered"]),
     ("refresh_window", "layers.0.refresh_window", 4096, ["'layers[0].refresh_window' = 4096", "Eq. 7"]),
     ("refresh_cap", "refresh.w_replay_cap", 64, ["'refresh.w_replay_cap' = 64"]),
