@@ -393,15 +393,17 @@ def test_an_empty_path_is_named_as_given_not_as_the_current_folder(tmp_path, gdn
 
 
 def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
-    """With --a-s 1e308, head 0's static decay exp(1) * softplus(1e308 + dt_bias) overflows to -inf, so its two
-    units have horizon 0 tokens and w_max 0 omits them; head 1's (exp(0) * 1e308) stays finite and is kept. The
-    warning must not claim that every unit is kept (a fresh-user trial found it did)."""
+    """With --a-s 1e300, head 0's static decay exp(20) * softplus(1e300 + dt_bias) overflows to -inf, so its two
+    units have horizon 0 tokens and w_max 0 omits them; head 1's (exp(0) * 1e300) stays finite, horizon ~7e-300
+    tokens (a normal float: a denormal one would read as 0 once an earlier in-process test has set
+    torch.set_flush_denormal), and is kept. The warning must not claim that every unit is kept (a fresh-user
+    trial found it did)."""
     from tests.support.clihelp import KDA_CONFIG, write_ckpt
 
     ckpt = write_ckpt(tmp_path / "kda", KDA_CONFIG, {
-        "model.layers.0.self_attn.A_log": torch.tensor([1.0, 0.0]).reshape(1, 1, 2, 1),
+        "model.layers.0.self_attn.A_log": torch.tensor([20.0, 0.0]).reshape(1, 1, 2, 1),
         "model.layers.0.self_attn.dt_bias": torch.tensor([0.3, 5.0, -3.0, 0.3])})
-    r = dasc("compile", ckpt, "--wmax", 0, "--a-s", "1e308", "--out", tmp_path / "p")
+    r = dasc("compile", ckpt, "--wmax", 0, "--a-s", "1e300", "--out", tmp_path / "p")
     assert r.code == 0, r.err
     (w,) = [w for w in _warnings(r) if "w_max 0" in w] or [r.err]
     assert w.startswith("warning: w_max 0 still omits 2 of 4 units") and "horizon is 0 tokens" in w, w
