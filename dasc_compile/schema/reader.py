@@ -107,8 +107,9 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     layer's ``horizon_histogram`` can put above ``policy.w_max`` (§4.1; a range, since the bin holding w_max
     may hold units on both sides), so most edits of w_max are refused even when the hash was redone; ``w_max``
     and ``a_s`` are set (compile always resolves them). Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
-    :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank, ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage,
-    a permutation of every layer's heads, and a storage map over the ranks' packed counts.
+    :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
+    ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage, a permutation of
+    every layer's heads, and a storage map over the ranks' packed counts.
 
     Raises:
         DascInputError: ``<source>: plan field '<path>' = <got>, expected <want> (<why>)``.
