@@ -229,10 +229,27 @@ def _versions() -> dict:
 
 
 def main(argv=None) -> dict:
-    a = parse(argv)
-    signal.signal(signal.SIGTERM, _on_term)
+    """Train one session (``parse`` lists the flags); returns the saved training state.
+
+    While it runs, SIGTERM asks for a save and a stop, and denormal floats flush to zero (CPU: the decays'
+    exp() underflows through denormals, 100x slower). Both are process-wide, so both are put back on return,
+    also on a refusal or an error: the SIGTERM handler to the one before, flushing to off (PyTorch's default;
+    it has no getter). Before, an in-process caller (the tests) kept flushing, and a later test's denormal
+    horizon read as 0."""
+    before = signal.getsignal(signal.SIGTERM)
+    _STOP["signal"] = None
+    try:
+        signal.signal(signal.SIGTERM, _on_term)
+        torch.set_flush_denormal(True)
+        return _train(parse(argv))
+    finally:
+        torch.set_flush_denormal(False)
+        if before is not None:      # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, before)
+
+
+def _train(a) -> dict:
     torch.manual_seed(a.seed)
-    torch.set_flush_denormal(True)      # CPU: the decays' exp() underflows through denormals, 100x slower
     kernels = kernels_in_use(a.family)
     tok = load_tokenizer(a.data / "tokenizer")
     stream, shards = load_stream(a.data)

@@ -307,6 +307,30 @@ def test_mamba2_checkpoint_compiles_to_the_heads_the_horizon_formula_keeps(data_
     assert counts[0] > counts[-1] and 0 < counts[1] < 12, counts      # the sets differ across w_max: a real check
 
 
+def test_training_in_process_puts_back_the_process_state_it_changed(data_dir, tmp_path):
+    """main() flushes denormals to zero and takes SIGTERM while it trains; both are process-wide. They used to
+    outlive it, so a later in-process test's denormal horizon (1e-39) read as 0 and the whole suite failed where
+    the file alone passed (session 39's CI rehearsal). Checked after a run and after a refusal."""
+    import signal
+
+    from benchmarks.train.train import main
+
+    def denormal_survives() -> bool:
+        return (torch.tensor([1e-39], dtype=torch.float32) * 1.0).item() != 0.0
+
+    mine = lambda *_: None  # noqa: E731
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert denormal_survives()
+        main(_args(data_dir, tmp_path / "a", "mamba2", 1))
+        assert denormal_survives() and signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(SystemExit):
+            main(_args(data_dir, tmp_path / "b", "mamba2", 1) + ["--seq", "0"])
+        assert denormal_survives() and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 TREE_BYTES = 20 * 2 ** 20   # a working tree of fixed size: what the checkout weighs (parked or not) is not the point
 
 

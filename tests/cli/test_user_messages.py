@@ -395,8 +395,8 @@ def test_an_empty_path_is_named_as_given_not_as_the_current_folder(tmp_path, gdn
 def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
     """With --a-s 1e300, head 0's static decay exp(20) * softplus(1e300 + dt_bias) overflows to -inf, so its two
     units have horizon 0 tokens and w_max 0 omits them; head 1's (exp(0) * 1e300) stays finite, horizon ~7e-300
-    tokens (a normal float: a denormal one would read as 0 once an earlier in-process test has set
-    torch.set_flush_denormal), and is kept. The warning must not claim that every unit is kept (a fresh-user
+    tokens (a normal float: a denormal one reads as 0 wherever denormals flush to zero, as they did after an
+    in-process training test until the trainer put the flag back), and is kept. The warning must not claim that every unit is kept (a fresh-user
     trial found it did)."""
     from tests.support.clihelp import KDA_CONFIG, write_ckpt
 
