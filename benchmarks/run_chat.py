@@ -50,7 +50,7 @@ from benchmarks.chat_replay import IM_END, open_loop_spans
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser
 from benchmarks.run_order import RUN_MARGIN, closing_run_due, reserve_s, run_name, schedule
-from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
+from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, gpu_name, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
 
@@ -181,7 +181,8 @@ def cmd_up(a: argparse.Namespace) -> int:
         with open(a.work / n / "server.log", "w") as fh:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                  cwd=a.work)
-        servers[n] = {"pid": p.pid, "port": port, "launch": arms[n], "command": " ".join(cmd), "up_s": None}
+        servers[n] = {"pid": p.pid, "port": port, "launch": arms[n], "command": " ".join(cmd), "up_s": None,
+                      "gpu": gpu_name(a.gpu)}
         procs[n] = p
         started.append(n)
         log(f"{n}: launched on port {port}")

@@ -13,6 +13,7 @@ regime map (:func:`benchmarks.serving_tables.pool_points`).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Optional, Sequence
 
@@ -21,19 +22,29 @@ from dasc_compile.errors import DascInputError
 BASELINES = {"dense": "ttft_ratio_vs_dense_by_seed", "int8": "ttft_ratio_vs_int8_by_seed"}
 
 
+def short_gpu(name: str | None) -> str:
+    """A card's model from its full name ("NVIDIA H100 80GB HBM3" -> "H100"); the name itself where no model
+    token is found; "card not recorded" for None."""
+    if not name:
+        return "card not recorded"
+    m = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", name)
+    return m.group(1) if m else name
+
+
 def group_label(o: dict) -> str:
-    """``arm (protocol, replay[, N clients][, rho R])``: the series an arm object belongs to. The closed loop's
-    client count is part of it: 24 and 42 clients put different working sets on the same cache, and pooling
-    their ratios would average two conditions."""
+    """``arm (protocol, replay[, N clients][, rho R], card)``: the series an arm object belongs to. The closed
+    loop's client count is part of it: 24 and 42 clients put different working sets on the same cache, and
+    pooling their ratios would average two conditions. So is the card (``gpu``, :func:`short_gpu`): rho is a
+    fraction of one card's saturation, and a prefill's share of the work differs between cards."""
     return (f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", {o['clients']} clients" if o.get("clients") else "")
-            + (f", rho {o['rho']}" if o.get("rho") else "") + ")")
+            + (f", rho {o['rho']}" if o.get("rho") else "") + f", {short_gpu(o.get('gpu'))})")
 
 
 def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
     """Group the per-seed ratios ``key`` of every arm object in ``docs`` by (label, pad tokens, rate).
 
     Returns ``{(label, pad, rate): {"x": [initial prompt means, tokens], "seeds": {seed: [ratio, ...]}, "arm",
-    "protocol", "replay", "clients"}}`` (the label holds the client count, so each group has one); arm objects without
+    "protocol", "replay", "clients", "gpu"}}`` (the label holds the client count and the card, so each group has one); arm objects without
     ``key`` are left out.
     """
     groups: dict = {}
@@ -44,7 +55,7 @@ def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
                 continue
             g = groups.setdefault((group_label(o), o.get("pad_tokens"), o.get("rate")),
                                   {"x": [], "seeds": {}, "arm": o["arm"], "protocol": o.get("protocol"),
-                                   "replay": o.get("replay"), "clients": o.get("clients")})
+                                   "replay": o.get("replay"), "clients": o.get("clients"), "gpu": o.get("gpu")})
             g["x"].append(o["initial_prompt_mean"])
             for seed, r in per.items():
                 g["seeds"].setdefault(seed, []).append(float(r))

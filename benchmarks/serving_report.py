@@ -259,6 +259,30 @@ def write_pair(out: Path, files: dict) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def one_gpu(runs: Sequence[dict], given: str | None) -> str | None:
+    """The one card every run ran on (servers.json ``gpu``, or ``given`` for the runs whose folder records
+    none), so that no ratio pairs, and no summary pools, runs of two kinds of card; None where nothing says.
+
+    Raises:
+        DascInputError: the runs record two cards, ``given`` contradicts a recorded one, or some folders record
+            a card and others none while ``given`` is absent (the message names the cards).
+    """
+    recorded = sorted({r["gpu"] for r in runs if r.get("gpu")})
+    unrecorded = any(not r.get("gpu") for r in runs)
+    if given is not None:
+        if recorded and recorded != [given]:
+            raise DascInputError(f"--gpu {given!r}: the work folders record {', '.join(map(repr, recorded))}; a "
+                                 f"ratio pairs runs of one card: report each card's work folders apart")
+        return given
+    if len(recorded) > 1:
+        raise DascInputError(f"the runs ran on {len(recorded)} kinds of card ({', '.join(map(repr, recorded))}); "
+                             f"a ratio pairs runs of one card: report each card's work folders apart")
+    if recorded and unrecorded:
+        raise DascInputError(f"some work folders record the card {recorded[0]!r} and some none; give --gpu with "
+                             f"the card the others ran on, or report them apart")
+    return recorded[0] if recorded else None
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -299,9 +323,12 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--out", type=path_named("a file name such as map.png"), required=True,
                             help="the figure to write (.png); an existing one only with --overwrite")
             ap.add_argument("--overwrite", action="store_true", help="replace the figure --out names")
+            ap.add_argument("--unrecorded-gpu", type=nonempty("the card's name"), default=None,
+                            help="the card of summaries that record none (written before 2026-12-06), e.g. H200; "
+                                 "without it their series are labelled 'card not recorded' and kept apart")
             a = ap.parse_args(argv[1:])
             refuse_to_replace(a.out, [a.out], a.overwrite)
-            regime_map(a.summaries, a.out)
+            regime_map(a.summaries, a.out, a.unrecorded_gpu)
             print(f"wrote {a.out}")
             return 0
         if argv[:1] == ["pooled"]:
@@ -311,8 +338,11 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--pad", type=int_at_least(0), default=None,
                             help="keep one context pad (tokens), e.g. 6000")
+            ap.add_argument("--unrecorded-gpu", type=nonempty("the card's name"), default=None,
+                            help="the card of summaries that record none (written before 2026-12-06), e.g. H200; "
+                                 "without it their series are labelled 'card not recorded' and kept apart")
             a = ap.parse_args(argv[1:])
-            docs = load_summaries(a.summaries)
+            docs = load_summaries(a.summaries, a.unrecorded_gpu)
             try:
                 table = pooled_table(docs, pad=a.pad)
             except DascInputError as e:
@@ -337,6 +367,9 @@ def main(argv: Iterable[str] | None = None) -> int:
                         help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
                              "trained, init")
         add_run_exclusions(ap)
+        ap.add_argument("--gpu", type=nonempty("the card's name"), default=None,
+                        help="the card the runs ran on, for work folders whose servers.json does not record it "
+                             "(run_chat up records it since 2026-12-06), e.g. 'NVIDIA H100 80GB HBM3'")
         ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,
                         help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
                              "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")
@@ -349,6 +382,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                        baseline_run=a.baseline_run)
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
+        gpu = one_gpu(runs, a.gpu)
         rates = sorted({r["cond"][5] for r in runs if r["cond"][5] is not None})
         if a.x_sat is not None and not rates:
             raise DascInputError("--x-sat: these folders hold no open-loop run (it sets open-loop runs' rho); "
@@ -360,6 +394,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         objs = summarize(runs, model=a.model, decays=a.decays,
                          rho_of_rate={r: round(r / a.x_sat, 3) for r in rates} if rates else None,
                          baseline_run=a.baseline_run)
+        for o in objs:
+            o["gpu"] = gpu
         text = markdown(objs) + first_timed_note(runs)
         write_pair(a.out, {"summary.json": json.dumps(objs, indent=1), "tables.md": text})
         print(text)

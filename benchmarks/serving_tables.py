@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks import ckpt_account
-from benchmarks.serving_pool import group_label, pool_seed_ratios
+from benchmarks.serving_pool import group_label, pool_seed_ratios, short_gpu
 from dasc_compile.errors import DascInputError
 
 __all__ = ["LEGEND", "markdown", "pool_points", "read_json_file", "regime_map"]
@@ -57,7 +57,8 @@ def markdown(objs: Sequence[dict]) -> str:
     running / under load ("—" where arms.json predates the second)."""
     out = []
     if objs:
-        out += [f"Model: {objs[0]['model']}; decays: {objs[0]['decays']}.", "", LEGEND, ""]
+        out += [f"Model: {objs[0]['model']}; decays: {objs[0]['decays']}"
+                + (f"; GPU: {objs[0]['gpu']}." if objs[0].get("gpu") else "; GPU not recorded."), "", LEGEND, ""]
     for cond in dict.fromkeys((o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"], o["rate"])
                               for o in objs):
         rows = [o for o in objs if (o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"],
@@ -157,8 +158,11 @@ def pool_points(docs: Sequence[list]) -> list[dict]:
     return points
 
 
-def load_summaries(paths: Sequence[Path]) -> list[list]:
+def load_summaries(paths: Sequence[Path], unrecorded_gpu: str | None = None) -> list[list]:
     """Read ``summary.json`` files of this module (each a list of arm objects).
+
+    unrecorded_gpu: the card of the arm objects that name none (``gpu`` absent or null: summaries written before
+    2026-12-06), which pooling and the map otherwise label "card not recorded" and keep apart.
 
     Raises:
         DascInputError: a file is missing, not JSON, or not a list of objects (the message names it).
@@ -173,6 +177,8 @@ def load_summaries(paths: Sequence[Path]) -> list[list]:
         if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
             raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
         for o in doc:       # what pooling and the map read; older objects without ratios are left to them
+            if not o.get("gpu") and unrecorded_gpu is not None:
+                o["gpu"] = unrecorded_gpu
             if any(k in o for k in ("ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed",
                                     "ttft_ratio_vs_dense_spread")):
                 _check_arm_object(p, o)
@@ -219,11 +225,12 @@ def _check_arm_object(path, o: dict) -> None:
                                  f"(a serving_report summary.json)")
 
 
-def regime_map(summaries: Sequence[Path], out: Path) -> None:
+def regime_map(summaries: Sequence[Path], out: Path, unrecorded_gpu: str | None = None) -> None:
     """Mean-TTFT ratio to Dense (mean and range over trace seeds, pooled over the summaries by
     :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, clients, rate);
     beside it, where closed-loop summaries pair arms with SGLang's INT8 pool, the ratio to INT8 against the
-    client count (the working set). From ``summary.json`` files of this module."""
+    client count (the working set). From ``summary.json`` files of this module; ``unrecorded_gpu`` as
+    :func:`load_summaries`. Each series is one card's (its label names it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -234,14 +241,14 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
     if not out.parent.is_dir():
         raise DascInputError(f"--out {out}: folder {out.parent} does not exist")
-    docs = load_summaries(summaries)
+    docs = load_summaries(summaries, unrecorded_gpu)
     points = pool_points(docs)
     if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
     vs_int8 = [({**g, "pad": pad}, [sum(v) / len(v) for _, v in sorted(g["seeds"].items())])
                for (_, pad, _), g in pool_seed_ratios(docs, "ttft_ratio_vs_int8_by_seed").items()
                if g["protocol"] == "closed-loop-paper" and g["clients"]]
-    fig, axes = plt.subplots(1, 2 if vs_int8 else 1, figsize=(13 if vs_int8 else 8, 4.8), squeeze=False,
+    fig, axes = plt.subplots(1, 2 if vs_int8 else 1, figsize=(15 if vs_int8 else 9, 6.6), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 2]} if vs_int8 else None)
     ax = axes[0][0]
     series: dict = {}
@@ -259,14 +266,17 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
     ax.set_xlabel(f"mean initial prompt (tokens; series offset by {step:.0f} tokens each for legibility)")
     ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
-    ax.set_title("Where a cache hit shortens TTFT (dummy weights, one H200; n = trace seeds per point)", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.set_title("Where a cache hit shortens TTFT (dummy weights; one GPU, named in each label; n = trace seeds)",
+                 fontsize=10)
+    # below the axes: at ~10k tokens a dozen series stack, and a legend inside covered some of them
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if vs_int8:                     # the capacity step: the same arms against SGLang's INT8 pool, over client count
         bx = axes[0][1]
         arms: dict = {}
         for g, vals in vs_int8:     # one series per arm, replay and context pad: only the client count varies
             if g["arm"] != "dense":     # Dense / INT8 is the left panel's INT8 point turned over
-                arms.setdefault(f"{g['arm']} ({g['replay']}, pad {g['pad']})", []).append((g["clients"], vals))
+                arms.setdefault(f"{g['arm']} ({g['replay']}, pad {g['pad']}, {short_gpu(g['gpu'])})", []).append(
+                    (g["clients"], vals))
         for i, (arm, pts) in enumerate(sorted(arms.items())):
             pts.sort(key=lambda cv: cv[0])
             means = [sum(v) / len(v) for _, v in pts]
@@ -279,6 +289,6 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         bx.set_xlabel("closed-loop clients on 8 running (the working set; arms offset by 0.4)")
         bx.set_ylabel("mean TTFT / SGLang INT8 (paired by trace seed; bars: range)")
         bx.set_title("Against INT8's pool, by working set (protocol A)", fontsize=10)
-        bx.legend(fontsize=7)
+        bx.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     fig.tight_layout()
     save_figure(fig, out, f"--out {out}")

@@ -383,6 +383,40 @@ def test_server_env_carries_the_arms_env_only_and_pins_the_gpus(monkeypatch):
     assert not any(k.startswith("DASC_") for k in ss.server_env({"arm": "dense"}, [0]))
 
 
+def test_gpu_name_reads_nvidia_smi_and_is_none_without_it(tmp_path, monkeypatch):
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\n[ "$4" = 1 ] && echo "NVIDIA H200" || echo "NVIDIA H100 80GB HBM3"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(smi.parent))
+    assert (ss.gpu_name(0), ss.gpu_name(1)) == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert ss.gpu_name(0) is None
+
+
+def test_the_report_carries_the_card_and_refuses_to_pair_two(tmp_path, capsys):
+    """servers.json records each server's card (run_chat up); the summary names it, --gpu names it for folders
+    from before, and a Dense run on one card never pairs with a dasc run on another."""
+    w = _work(tmp_path)
+    servers = {"dense": {"gpu": "NVIDIA H100 80GB HBM3"}, "w16": {"gpu": "NVIDIA H100 80GB HBM3"}}
+    (w / "servers.json").write_text(json.dumps(servers))
+    assert {r["gpu"] for r in srun.collect([w], exclude_calls=[1])} == {"NVIDIA H100 80GB HBM3"}
+    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "a"), "--exclude-call", "1"]) == 0
+    assert {o["gpu"] for o in json.loads((tmp_path / "a" / "summary.json").read_text())} == {"NVIDIA H100 80GB HBM3"}
+    assert "GPU: NVIDIA H100 80GB HBM3." in (tmp_path / "a" / "tables.md").read_text()
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "b", "--gpu", "NVIDIA H200",
+                        "--exclude-call", 1)
+    assert "--gpu 'NVIDIA H200': the work folders record 'NVIDIA H100 80GB HBM3'" in err
+    servers["w16"]["gpu"] = "NVIDIA H200"
+    (w / "servers.json").write_text(json.dumps(servers))
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "c", "--exclude-call", 1)
+    assert "2 kinds of card" in err and not (tmp_path / "c").exists()
+    (w / "servers.json").write_text("{}")       # a folder from before the card was recorded
+    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "d"), "--gpu", "NVIDIA H200",
+                    "--exclude-call", "1"]) == 0
+    assert {o["gpu"] for o in json.loads((tmp_path / "d" / "summary.json").read_text())} == {"NVIDIA H200"}
+
+
 def test_log_tail_filters_and_cuts(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("a dasc: 1\nb\nc dasc: 2\n" + "d" * 900 + "\n")

@@ -19,9 +19,9 @@ def test_t_quantile_refuses_zero_df():
         t_quantile_975(0)
 
 
-def _arm(arm, dense=None, int8=None, pad=6000, clients=24):
+def _arm(arm, dense=None, int8=None, pad=6000, clients=24, gpu="NVIDIA H200"):
     return {"arm": arm, "protocol": "closed-loop-paper", "replay": "served-reply", "rho": None, "rate": None,
-            "clients": clients,
+            "clients": clients, "gpu": gpu,
             "pad_tokens": pad, "initial_prompt_mean": 10000.0, "seeds": [],
             "ttft_ratio_vs_dense_by_seed": dense, "ttft_ratio_vs_int8_by_seed": int8,
             "ttft_ratio_vs_dense_spread": {"n": len(dense or {}), "mean": 0, "min": 0, "max": 0} if dense else None}
@@ -32,7 +32,7 @@ def test_a_seed_in_two_sessions_counts_once():
     s2 = [_arm("w16", dense={"t/2": 0.68, "u/1": 0.50}, int8={"t/2": 1.10})]
     g = pool_seed_ratios([s1, s2], "ttft_ratio_vs_dense_by_seed")
     (key, val), = g.items()
-    assert key == ("w16 (closed-loop-paper, served-reply, 24 clients)", 6000, None)
+    assert key == ("w16 (closed-loop-paper, served-reply, 24 clients, H200)", 6000, None)
     assert val["seeds"] == {"t/1": [0.60], "t/2": [0.64, 0.68], "u/1": [0.50]}
     pt, = pool_points([s1, s2])
     # seeds: t/1 0.60, t/2 mean(0.64, 0.68) = 0.66, u/1 0.50 -> mean 0.58666..., n 3 (not 4)
@@ -48,6 +48,59 @@ def test_two_client_counts_are_two_conditions_not_one_pool():
     assert len(rows) == 2
     assert "24 clients" in rows[0] and "| 1.000 (0.014), n = 2" in rows[0]
     assert "42 clients" in rows[1] and "| 0.570 (0.014), n = 2" in rows[1]
+
+
+def test_two_cards_are_two_series_and_an_unrecorded_card_is_named_only_when_given(tmp_path):
+    """rho is a fraction of one card's saturation and a prefill weighs differently on each card: an H100 seed must
+    not join an H200 mean. Summaries from before the card was recorded stay apart unless --unrecorded-gpu says
+    which card they ran on."""
+    import json
+
+    from benchmarks.serving_tables import load_summaries
+
+    h200 = [_arm("w16", dense={"t/1": 0.60, "t/2": 0.64})]
+    h100 = [_arm("w16", dense={"t/3": 0.50}, gpu="NVIDIA H100 80GB HBM3")]
+    old = [_arm("w16", dense={"t/4": 0.70}, gpu=None)]
+    pts = {p["label"]: (p["n"], p["mean"]) for p in pool_points([h200, h100, old])}
+    assert pts == {"w16 (closed-loop-paper, served-reply, 24 clients, H200)": (2, pytest.approx(0.62)),
+                   "w16 (closed-loop-paper, served-reply, 24 clients, H100)": (1, pytest.approx(0.50)),
+                   "w16 (closed-loop-paper, served-reply, 24 clients, card not recorded)": (1, pytest.approx(0.70))}
+    paths = []
+    for i, doc in enumerate((h200, old)):
+        paths.append(tmp_path / f"s{i}.json")
+        paths[-1].write_text(json.dumps(doc))
+    (pt,) = pool_points(load_summaries(paths, unrecorded_gpu="NVIDIA H200"))
+    assert pt["n"] == 3 and pt["mean"] == pytest.approx((0.60 + 0.64 + 0.70) / 3)
+    assert len(pool_points(load_summaries(paths))) == 2
+
+
+@pytest.mark.parametrize("recorded, given, want", [
+    (["NVIDIA H100 80GB HBM3"] * 2, None, "NVIDIA H100 80GB HBM3"),
+    ([None, None], None, None),
+    ([None, None], "NVIDIA H200", "NVIDIA H200"),
+    (["NVIDIA H200", None], "NVIDIA H200", "NVIDIA H200"),
+    (["NVIDIA H200", "NVIDIA H100 80GB HBM3"], None, "2 kinds of card"),
+    (["NVIDIA H100 80GB HBM3"], "NVIDIA H200", "--gpu 'NVIDIA H200': the work folders record"),
+    (["NVIDIA H200", None], None, "some work folders record the card"),
+])
+def test_a_report_pairs_runs_of_one_card_only(recorded, given, want):
+    from dasc_compile.errors import DascInputError
+
+    runs = [{"gpu": g} for g in recorded]
+    if want is None or want.startswith("NVIDIA"):
+        assert serving_report.one_gpu(runs, given) == want
+    else:
+        with pytest.raises(DascInputError, match=want.replace("(", r"\(")):
+            serving_report.one_gpu(runs, given)
+
+
+@pytest.mark.parametrize("name, short", [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"),
+                                         ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA L40S", "L40S"),
+                                         ("Some Card", "Some Card"), (None, "card not recorded")])
+def test_short_gpu(name, short):
+    from benchmarks.serving_pool import short_gpu
+
+    assert short_gpu(name) == short
 
 
 def test_summarise_sd_interval_and_below_one():
