@@ -46,11 +46,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.card import gpu_name
 from benchmarks.chat_replay import IM_END, open_loop_spans
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser
 from benchmarks.run_order import RUN_MARGIN, closing_run_due, reserve_s, run_name, schedule
-from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, gpu_name, healthy, kill, log_tail, port_busy,
+from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from dasc_compile.errors import DascInputError
 
@@ -160,6 +161,8 @@ def cmd_up(a: argparse.Namespace) -> int:
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
     started = []
     procs: dict[str, subprocess.Popen] = {}
+    card = gpu_name(a.gpu)      # recorded per server: a report never pairs runs of two cards (benchmarks/card.py)
+    log(f"GPU {a.gpu}: {card or 'card not recorded (nvidia-smi gave no name)'}")
     for i, n in enumerate(names):
         s = servers.get(n)
         if s and alive(s["pid"]) and healthy(s["port"]):
@@ -182,7 +185,7 @@ def cmd_up(a: argparse.Namespace) -> int:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                  cwd=a.work)
         servers[n] = {"pid": p.pid, "port": port, "launch": arms[n], "command": " ".join(cmd), "up_s": None,
-                      "gpu": gpu_name(a.gpu)}
+                      "gpu": card}
         procs[n] = p
         started.append(n)
         log(f"{n}: launched on port {port}")

@@ -13,39 +13,30 @@ regime map (:func:`benchmarks.serving_tables.pool_points`).
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from typing import Optional, Sequence
 
+from benchmarks.card import card_label
 from dasc_compile.errors import DascInputError
 
 BASELINES = {"dense": "ttft_ratio_vs_dense_by_seed", "int8": "ttft_ratio_vs_int8_by_seed"}
 
 
-def short_gpu(name: str | None) -> str:
-    """A card's model from its full name ("NVIDIA H100 80GB HBM3" -> "H100"); the name itself where no model
-    token is found; "card not recorded" for None."""
-    if not name:
-        return "card not recorded"
-    m = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", name)
-    return m.group(1) if m else name
-
-
 def group_label(o: dict) -> str:
     """``arm (protocol, replay[, N clients][, rho R], card)``: the series an arm object belongs to. The closed
     loop's client count is part of it: 24 and 42 clients put different working sets on the same cache, and
-    pooling their ratios would average two conditions. So is the card (``gpu``, :func:`short_gpu`): rho is a
-    fraction of one card's saturation, and a prefill's share of the work differs between cards."""
+    pooling their ratios would average two conditions. So is the card (``gpu``, :func:`benchmarks.card.card_label`):
+    rho is a fraction of one card's saturation, and a prefill's share of the work differs between cards."""
     return (f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", {o['clients']} clients" if o.get("clients") else "")
-            + (f", rho {o['rho']}" if o.get("rho") else "") + f", {short_gpu(o.get('gpu'))})")
+            + (f", rho {o['rho']}" if o.get("rho") else "") + f", {card_label(o.get('gpu'))})")
 
 
 def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
     """Group the per-seed ratios ``key`` of every arm object in ``docs`` by (label, pad tokens, rate).
 
     Returns ``{(label, pad, rate): {"x": [initial prompt means, tokens], "seeds": {seed: [ratio, ...]}, "arm",
-    "protocol", "replay", "clients", "gpu"}}`` (the label holds the client count and the card, so each group has one); arm objects without
-    ``key`` are left out.
+    "protocol", "replay", "clients", "gpu"}}`` (the label holds the client count and the card, so each group has
+    one); arm objects without ``key`` are left out.
     """
     groups: dict = {}
     for doc in docs:
@@ -55,7 +46,8 @@ def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:
                 continue
             g = groups.setdefault((group_label(o), o.get("pad_tokens"), o.get("rate")),
                                   {"x": [], "seeds": {}, "arm": o["arm"], "protocol": o.get("protocol"),
-                                   "replay": o.get("replay"), "clients": o.get("clients"), "gpu": o.get("gpu")})
+                                   "replay": o.get("replay"), "clients": o.get("clients"),
+                                   "gpu": o.get("gpu")})
             g["x"].append(o["initial_prompt_mean"])
             for seed, r in per.items():
                 g["seeds"].setdefault(seed, []).append(float(r))
@@ -138,7 +130,7 @@ def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:
 
     if not rows:
         where = f" at pad {pad}" if pad is not None else ""
-        have = f" (pads present: {', '.join(map(str, sorted(pads, key=str)))})" if pads else \
+        have = f" (pads present: {', '.join(map(str, sorted(pads, key=lambda x: (x is None, x or 0))))})" if pads else \
             " (none has ttft_ratio_vs_dense_by_seed / ttft_ratio_vs_int8_by_seed: summaries written before 2026-12-02 " \
             "lack them; regenerate them with serving_report from their chat.tar.gz)"
         raise DascInputError(f"no arm with per-seed TTFT ratios{where} in the summaries given{have}")
@@ -154,8 +146,10 @@ def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:
             txt += ", n = 1"
         return txt + (f"; {len(rep)} seed(s) measured twice" if rep else "")
 
-    lines = ["| arm (protocol, replay, clients) | pad | TTFT / Dense: mean (SD), n, 95 % interval | TTFT / INT8: mean (SD), n, 95 % interval |",
+    lines = ["| arm (protocol, replay, clients, rho, card) | pad | TTFT / Dense: mean (SD), n, 95 % interval "
+             "| TTFT / INT8: mean (SD), n, 95 % interval |",
              "|---|---:|---|---|"]
-    for (lab, p, rate), r in sorted(rows.items(), key=lambda kv: (str(kv[0][1]), kv[0][0], str(kv[0][2]))):
+    for (lab, p, rate), r in sorted(rows.items(), key=lambda kv: (kv[0][1] if kv[0][1] is not None else -1, kv[0][0],
+                                                                   str(kv[0][2]))):
         lines.append(f"| {lab}{f' at rate {rate}' if rate else ''} | {p} | {cell(r.get('dense'))} | {cell(r.get('int8'))} |")
     return "\n".join(lines)

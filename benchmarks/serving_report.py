@@ -18,6 +18,7 @@ Per run: the statistics of :func:`benchmarks.serving_runs.run_stats` (that modul
 
     python -m benchmarks.serving_report WORK [WORK ...] --out benchmarks/results/RUN --model "..." --decays paper-calibrated
         [--x-sat X]    # open-loop runs: Dense's saturation throughput (`rates`), so that rho = rate / X is reported
+        [--gpu-name "NVIDIA H200"]   # folders whose servers.json records no card (before 2026-12-06)
     python -m benchmarks.serving_report map RUN1/summary.json RUN2/summary.json ... --out benchmarks/figures/regime-map.png
     python -m benchmarks.serving_report pooled RUN1/summary.json RUN2/summary.json ... --pad 6000   # seeds pooled over sessions
     python -m benchmarks.serving_report rates WORK --rho 0.5 0.7 0.9      # protocol B's offered loads
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
+from benchmarks.card import one_card
 from benchmarks.cli_args import OneLineParser, int_at_least, nonempty, number_above_zero, open_fraction, path_named
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
@@ -259,33 +261,16 @@ def write_pair(out: Path, files: dict) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def one_gpu(runs: Sequence[dict], given: str | None) -> str | None:
-    """The one card every run ran on (servers.json ``gpu``, or ``given`` for the runs whose folder records
-    none), so that no ratio pairs, and no summary pools, runs of two kinds of card; None where nothing says.
-
-    Raises:
-        DascInputError: the runs record two cards, ``given`` contradicts a recorded one, or some folders record
-            a card and others none while ``given`` is absent (the message names the cards).
-    """
-    recorded = sorted({r["gpu"] for r in runs if r.get("gpu")})
-    unrecorded = any(not r.get("gpu") for r in runs)
-    if given is not None:
-        if recorded and recorded != [given]:
-            raise DascInputError(f"--gpu {given!r}: the work folders record {', '.join(map(repr, recorded))}; a "
-                                 f"ratio pairs runs of one card: report each card's work folders apart")
-        return given
-    if len(recorded) > 1:
-        raise DascInputError(f"the runs ran on {len(recorded)} kinds of card ({', '.join(map(repr, recorded))}); "
-                             f"a ratio pairs runs of one card: report each card's work folders apart")
-    if recorded and unrecorded:
-        raise DascInputError(f"some work folders record the card {recorded[0]!r} and some none; give --gpu with "
-                             f"the card the others ran on, or report them apart")
-    return recorded[0] if recorded else None
+SUBCOMMANDS = ("rates", "map", "pooled")
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        first = argv[0] if argv else ""
+        if first and first not in SUBCOMMANDS and not first.startswith("-") and "/" not in first \
+                and not Path(first).exists():      # `pool`, `mpa`: not a folder, and no subcommand either
+            raise DascInputError(f"{first}: no such work folder, and not a subcommand ({', '.join(SUBCOMMANDS)})")
         if argv[:1] == ["rates"]:
             ap = OneLineParser(prog="python -m benchmarks.serving_report rates",
                                description="protocol B's offered rates from Dense's measured closed-loop "
@@ -299,6 +284,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                             help="keep the runs of one context pad (tokens), e.g. 6000")
             ap.add_argument("--replay", choices=("served-reply", "recorded-reply"), default=None,
                             help="keep the runs of one replay condition")
+            ap.add_argument("--gpu-name", type=nonempty("the card's name"), default=None,
+                            help="the card, for work folders whose servers.json records none")
             a = ap.parse_args(argv[1:])
             if any(not 0 < r < 1 for r in a.rho):
                 raise DascInputError(f"--rho: expected utilisations in (0, 1), got {a.rho}")
@@ -311,7 +298,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                                      + ")")
             runs = kept
             try:
-                rates = open_loop_rates(runs, a.rho)
+                rates = {**open_loop_rates(runs, a.rho), "gpu": one_card(runs, a.gpu_name)}   # X_sat is one card's
             except DascInputError as e:
                 raise DascInputError(f"{', '.join(map(str, a.works))}: {e}") from None
             print(json.dumps(rates, indent=1))
@@ -323,12 +310,9 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--out", type=path_named("a file name such as map.png"), required=True,
                             help="the figure to write (.png); an existing one only with --overwrite")
             ap.add_argument("--overwrite", action="store_true", help="replace the figure --out names")
-            ap.add_argument("--unrecorded-gpu", type=nonempty("the card's name"), default=None,
-                            help="the card of summaries that record none (written before 2026-12-06), e.g. H200; "
-                                 "without it their series are labelled 'card not recorded' and kept apart")
             a = ap.parse_args(argv[1:])
             refuse_to_replace(a.out, [a.out], a.overwrite)
-            regime_map(a.summaries, a.out, a.unrecorded_gpu)
+            regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
             return 0
         if argv[:1] == ["pooled"]:
@@ -338,11 +322,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--pad", type=int_at_least(0), default=None,
                             help="keep one context pad (tokens), e.g. 6000")
-            ap.add_argument("--unrecorded-gpu", type=nonempty("the card's name"), default=None,
-                            help="the card of summaries that record none (written before 2026-12-06), e.g. H200; "
-                                 "without it their series are labelled 'card not recorded' and kept apart")
             a = ap.parse_args(argv[1:])
-            docs = load_summaries(a.summaries, a.unrecorded_gpu)
+            docs = load_summaries(a.summaries)
             try:
                 table = pooled_table(docs, pad=a.pad)
             except DascInputError as e:
@@ -367,9 +348,9 @@ def main(argv: Iterable[str] | None = None) -> int:
                         help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
                              "trained, init")
         add_run_exclusions(ap)
-        ap.add_argument("--gpu", type=nonempty("the card's name"), default=None,
-                        help="the card the runs ran on, for work folders whose servers.json does not record it "
-                             "(run_chat up records it since 2026-12-06), e.g. 'NVIDIA H100 80GB HBM3'")
+        ap.add_argument("--gpu-name", type=nonempty("the card's name"), default=None,
+                        help="the card the runs ran on, for work folders whose servers.json records none "
+                             "(run_chat up records it from 2026-12-06), e.g. 'NVIDIA H100 80GB HBM3'")
         ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,
                         help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
                              "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")
@@ -382,7 +363,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                        baseline_run=a.baseline_run)
         if not runs:
             raise DascInputError("no successful run in " + ", ".join(map(str, a.works)))
-        gpu = one_gpu(runs, a.gpu)
+        gpu = one_card(runs, a.gpu_name)
         rates = sorted({r["cond"][5] for r in runs if r["cond"][5] is not None})
         if a.x_sat is not None and not rates:
             raise DascInputError("--x-sat: these folders hold no open-loop run (it sets open-loop runs' rho); "

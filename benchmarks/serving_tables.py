@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks import ckpt_account
-from benchmarks.serving_pool import group_label, pool_seed_ratios, short_gpu
+from benchmarks.card import card_label
+from benchmarks.serving_pool import group_label, pool_seed_ratios
 from dasc_compile.errors import DascInputError
 
 __all__ = ["LEGEND", "markdown", "pool_points", "read_json_file", "regime_map"]
@@ -158,11 +159,9 @@ def pool_points(docs: Sequence[list]) -> list[dict]:
     return points
 
 
-def load_summaries(paths: Sequence[Path], unrecorded_gpu: str | None = None) -> list[list]:
-    """Read ``summary.json`` files of this module (each a list of arm objects).
-
-    unrecorded_gpu: the card of the arm objects that name none (``gpu`` absent or null: summaries written before
-    2026-12-06), which pooling and the map otherwise label "card not recorded" and keep apart.
+def load_summaries(paths: Sequence[Path]) -> list[list]:
+    """Read ``summary.json`` files of this module (each a list of arm objects). An arm object without a ``gpu``
+    is labelled "card not recorded" by pooling and the map, and kept apart from every card's series.
 
     Raises:
         DascInputError: a file is missing, not JSON, or not a list of objects (the message names it).
@@ -177,8 +176,6 @@ def load_summaries(paths: Sequence[Path], unrecorded_gpu: str | None = None) -> 
         if not isinstance(doc, list) or not all(isinstance(o, dict) for o in doc):
             raise DascInputError(f"{p}: expected a serving_report summary.json (a list of arm objects)")
         for o in doc:       # what pooling and the map read; older objects without ratios are left to them
-            if not o.get("gpu") and unrecorded_gpu is not None:
-                o["gpu"] = unrecorded_gpu
             if any(k in o for k in ("ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed",
                                     "ttft_ratio_vs_dense_spread")):
                 _check_arm_object(p, o)
@@ -207,8 +204,9 @@ _ARM_FIELDS = {"arm": (lambda v: isinstance(v, str), "a string"),
                "clients": (lambda v: v is None or _is_int(v), "an integer or null"),
                "rate": (lambda v: v is None or _is_num(v), "a number or null"),
                "ttft_ratio_vs_dense_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)"),
-               "ttft_ratio_vs_int8_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)")}
-_OPTIONAL = {"ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed"}
+               "ttft_ratio_vs_int8_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)"),
+               "gpu": (lambda v: v is None or isinstance(v, str), "the card's name (a string) or null")}
+_OPTIONAL = {"ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed", "gpu"}
 
 
 def _check_arm_object(path, o: dict) -> None:
@@ -225,12 +223,12 @@ def _check_arm_object(path, o: dict) -> None:
                                  f"(a serving_report summary.json)")
 
 
-def regime_map(summaries: Sequence[Path], out: Path, unrecorded_gpu: str | None = None) -> None:
+def regime_map(summaries: Sequence[Path], out: Path) -> None:
     """Mean-TTFT ratio to Dense (mean and range over trace seeds, pooled over the summaries by
     :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, clients, rate);
     beside it, where closed-loop summaries pair arms with SGLang's INT8 pool, the ratio to INT8 against the
-    client count (the working set). From ``summary.json`` files of this module; ``unrecorded_gpu`` as
-    :func:`load_summaries`. Each series is one card's (its label names it)."""
+    client count (the working set). From ``summary.json`` files of this module. Each series is one card's (its
+    label names it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -241,7 +239,7 @@ def regime_map(summaries: Sequence[Path], out: Path, unrecorded_gpu: str | None 
         raise DascInputError(f"--out {out}: the regime map is a PNG image; give a file name ending in .png")
     if not out.parent.is_dir():
         raise DascInputError(f"--out {out}: folder {out.parent} does not exist")
-    docs = load_summaries(summaries, unrecorded_gpu)
+    docs = load_summaries(summaries)
     points = pool_points(docs)
     if not points:
         raise DascInputError("regime map: no arm with a Dense-paired TTFT ratio in " + ", ".join(map(str, summaries)))
@@ -275,7 +273,7 @@ def regime_map(summaries: Sequence[Path], out: Path, unrecorded_gpu: str | None 
         arms: dict = {}
         for g, vals in vs_int8:     # one series per arm, replay and context pad: only the client count varies
             if g["arm"] != "dense":     # Dense / INT8 is the left panel's INT8 point turned over
-                arms.setdefault(f"{g['arm']} ({g['replay']}, pad {g['pad']}, {short_gpu(g['gpu'])})", []).append(
+                arms.setdefault(f"{g['arm']} ({g['replay']}, pad {g['pad']}, {card_label(g['gpu'])})", []).append(
                     (g["clients"], vals))
         for i, (arm, pts) in enumerate(sorted(arms.items())):
             pts.sort(key=lambda cv: cv[0])
@@ -286,7 +284,7 @@ def regime_map(summaries: Sequence[Path], out: Path, unrecorded_gpu: str | None 
                                                                [max(v) - m for m, (_, v) in zip(means, pts)]],
                         marker="o", capsize=3, ls="none", label=f"{arm}, n={'/'.join(str(len(v)) for _, v in pts)}")
         bx.axhline(1.0, color="grey", lw=0.8)
-        bx.set_xlabel("closed-loop clients on 8 running (the working set; arms offset by 0.4)")
+        bx.set_xlabel("closed-loop clients on 8 running (the working set; offset by arm)")
         bx.set_ylabel("mean TTFT / SGLang INT8 (paired by trace seed; bars: range)")
         bx.set_title("Against INT8's pool, by working set (protocol A)", fontsize=10)
         bx.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -105,15 +104,3 @@ def log_tail(path: Path, pattern: str | None = None, n: int = 1, limit: int = 60
         lines = [ln for ln in lines if pattern in ln]
     return [ln[:limit] for ln in lines[-n:]]
 
-
-def gpu_name(index: int) -> str | None:
-    """The name ``nvidia-smi`` gives GPU ``index`` (e.g. "NVIDIA H100 80GB HBM3"), recorded beside each server
-    so that a report never pairs or pools runs from two kinds of card; None where nvidia-smi is absent or
-    fails (a CPU rehearsal)."""
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", str(index)],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    name = p.stdout.strip().splitlines()[0].strip() if p.returncode == 0 and p.stdout.strip() else ""
-    return name or None

@@ -232,20 +232,30 @@ def main(argv=None) -> dict:
     """Train one session (``parse`` lists the flags); returns the saved training state.
 
     While it runs, SIGTERM asks for a save and a stop, and denormal floats flush to zero (CPU: the decays'
-    exp() underflows through denormals, 100x slower). Both are process-wide, so both are put back on return,
-    also on a refusal or an error: the SIGTERM handler to the one before, flushing to off (PyTorch's default;
-    it has no getter). Before, an in-process caller (the tests) kept flushing, and a later test's denormal
-    horizon read as 0."""
+    exp() underflows through denormals, 100x slower). Both are process-wide, so both are put back as they were
+    on return, also on a refusal or an error. Before, an in-process caller (the tests) kept flushing, and a
+    later test's denormal horizon read as 0.
+
+    Raises:
+        SystemExit: status 2 with one line on stderr for a bad flag, data folder or resume checkpoint (``parse``,
+            ``_refuse``).
+    """
     before = signal.getsignal(signal.SIGTERM)
+    flushing = _flushing_denormals()
     _STOP["signal"] = None
     try:
         signal.signal(signal.SIGTERM, _on_term)
         torch.set_flush_denormal(True)
         return _train(parse(argv))
     finally:
-        torch.set_flush_denormal(False)
+        torch.set_flush_denormal(flushing)
         if before is not None:      # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, before)
+
+
+def _flushing_denormals() -> bool:
+    """Whether this process flushes denormal floats to zero now (PyTorch has a setter but no getter)."""
+    return (torch.tensor([1e-39], dtype=torch.float32) * 1.0).item() == 0.0
 
 
 def _train(a) -> dict:

@@ -282,6 +282,7 @@ def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkey
     from benchmarks import run_chat
 
     monkeypatch.setenv("FAKE_DIE", "1")
+    monkeypatch.setenv("PATH", f"{_fake_nvidia_smi(tmp_path).parent}{os.pathsep}{os.environ['PATH']}")
     (tmp_path / "arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
                                                      "flags": ["--max-running-requests", "4"]}]))
     (tmp_path / "config.json").write_text("{}")
@@ -293,8 +294,9 @@ def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkey
                         "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "40", "--base-port", str(_free_port()),
                         "--work", str(work)])
     assert rc == 1 and time.monotonic() - t0 < 20
-    failure = json.loads((work / "servers.json").read_text())["dense"]["failure"]
-    assert failure.startswith("exited during start-up") and "dying at start as asked" in failure
+    entry = json.loads((work / "servers.json").read_text())["dense"]
+    assert entry["failure"].startswith("exited during start-up") and "dying at start as asked" in entry["failure"]
+    assert entry["gpu"] == "NVIDIA H100 80GB HBM3"        # the card of --gpu 0, for the report (benchmarks/card.py)
 
 
 def test_up_refuses_to_reuse_a_resident_server_launched_with_other_flags(tmp_path):
@@ -383,19 +385,26 @@ def test_server_env_carries_the_arms_env_only_and_pins_the_gpus(monkeypatch):
     assert not any(k.startswith("DASC_") for k in ss.server_env({"arm": "dense"}, [0]))
 
 
-def test_gpu_name_reads_nvidia_smi_and_is_none_without_it(tmp_path, monkeypatch):
+def _fake_nvidia_smi(tmp_path) -> Path:
+    """An nvidia-smi that names GPU 1 an H200 and any other an H100."""
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()
     smi.write_text('#!/bin/sh\n[ "$4" = 1 ] && echo "NVIDIA H200" || echo "NVIDIA H100 80GB HBM3"\n')
     smi.chmod(0o755)
-    monkeypatch.setenv("PATH", str(smi.parent))
-    assert (ss.gpu_name(0), ss.gpu_name(1)) == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    return smi
+
+
+def test_gpu_name_reads_nvidia_smi_and_is_none_without_it(tmp_path, monkeypatch):
+    from benchmarks import card
+
+    monkeypatch.setenv("PATH", str(_fake_nvidia_smi(tmp_path).parent))
+    assert (card.gpu_name(0), card.gpu_name(1)) == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    assert ss.gpu_name(0) is None
+    assert card.gpu_name(0) is None
 
 
 def test_the_report_carries_the_card_and_refuses_to_pair_two(tmp_path, capsys):
-    """servers.json records each server's card (run_chat up); the summary names it, --gpu names it for folders
+    """servers.json records each server's card (run_chat up); the summary names it, --gpu-name names it for folders
     from before, and a Dense run on one card never pairs with a dasc run on another."""
     w = _work(tmp_path)
     servers = {"dense": {"gpu": "NVIDIA H100 80GB HBM3"}, "w16": {"gpu": "NVIDIA H100 80GB HBM3"}}
@@ -404,16 +413,17 @@ def test_the_report_carries_the_card_and_refuses_to_pair_two(tmp_path, capsys):
     assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "a"), "--exclude-call", "1"]) == 0
     assert {o["gpu"] for o in json.loads((tmp_path / "a" / "summary.json").read_text())} == {"NVIDIA H100 80GB HBM3"}
     assert "GPU: NVIDIA H100 80GB HBM3." in (tmp_path / "a" / "tables.md").read_text()
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "b", "--gpu", "NVIDIA H200",
-                        "--exclude-call", 1)
-    assert "--gpu 'NVIDIA H200': the work folders record 'NVIDIA H100 80GB HBM3'" in err
+    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "b",
+                        "--gpu-name", "NVIDIA H200", "--exclude-call", 1)
+    assert "--gpu-name 'NVIDIA H200': the work folders record 'NVIDIA H100 80GB HBM3'" in err
+    assert not (tmp_path / "b").exists()
     servers["w16"]["gpu"] = "NVIDIA H200"
     (w / "servers.json").write_text(json.dumps(servers))
     err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "c", "--exclude-call", 1)
     assert "2 kinds of card" in err and not (tmp_path / "c").exists()
     (w / "servers.json").write_text("{}")       # a folder from before the card was recorded
-    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "d"), "--gpu", "NVIDIA H200",
-                    "--exclude-call", "1"]) == 0
+    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "d"),
+                    "--gpu-name", "NVIDIA H200", "--exclude-call", "1"]) == 0
     assert {o["gpu"] for o in json.loads((tmp_path / "d" / "summary.json").read_text())} == {"NVIDIA H200"}
 
 

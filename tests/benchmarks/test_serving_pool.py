@@ -50,28 +50,48 @@ def test_two_client_counts_are_two_conditions_not_one_pool():
     assert "42 clients" in rows[1] and "| 0.570 (0.014), n = 2" in rows[1]
 
 
-def test_two_cards_are_two_series_and_an_unrecorded_card_is_named_only_when_given(tmp_path):
+def test_two_cards_are_two_series_and_a_summary_without_a_card_stays_apart(tmp_path, capsys):
     """rho is a fraction of one card's saturation and a prefill weighs differently on each card: an H100 seed must
-    not join an H200 mean. Summaries from before the card was recorded stay apart unless --unrecorded-gpu says
-    which card they ran on."""
+    not join an H200 mean, nor a summary that records no card; the pooled table and the map's labels name it."""
     import json
-
-    from benchmarks.serving_tables import load_summaries
 
     h200 = [_arm("w16", dense={"t/1": 0.60, "t/2": 0.64})]
     h100 = [_arm("w16", dense={"t/3": 0.50}, gpu="NVIDIA H100 80GB HBM3")]
     old = [_arm("w16", dense={"t/4": 0.70}, gpu=None)]
     pts = {p["label"]: (p["n"], p["mean"]) for p in pool_points([h200, h100, old])}
     assert pts == {"w16 (closed-loop-paper, served-reply, 24 clients, H200)": (2, pytest.approx(0.62)),
-                   "w16 (closed-loop-paper, served-reply, 24 clients, H100)": (1, pytest.approx(0.50)),
+                   "w16 (closed-loop-paper, served-reply, 24 clients, H100 80GB HBM3)": (1, pytest.approx(0.50)),
                    "w16 (closed-loop-paper, served-reply, 24 clients, card not recorded)": (1, pytest.approx(0.70))}
     paths = []
-    for i, doc in enumerate((h200, old)):
+    for i, doc in enumerate((h200, h100, old)):
         paths.append(tmp_path / f"s{i}.json")
         paths[-1].write_text(json.dumps(doc))
-    (pt,) = pool_points(load_summaries(paths, unrecorded_gpu="NVIDIA H200"))
-    assert pt["n"] == 3 and pt["mean"] == pytest.approx((0.60 + 0.64 + 0.70) / 3)
-    assert len(pool_points(load_summaries(paths))) == 2
+    assert serving_report.main(["pooled", *map(str, paths)]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| w16")]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| w16 (closed-loop-paper, served-reply, 24 clients, H100 80GB HBM3)",
+        "| w16 (closed-loop-paper, served-reply, 24 clients, H200)",
+        "| w16 (closed-loop-paper, served-reply, 24 clients, card not recorded)"]
+    assert "0.620 (0.028), n = 2" in rows[1] and "0.500, n = 1" in rows[0]
+
+
+@pytest.mark.parametrize("word", ["pool", "mpa"])
+def test_a_mistyped_subcommand_is_named_as_such(tmp_path, capsys, monkeypatch, word):
+    """`serving_report pool S` used to say "the following arguments are required: --out, --model, --decays"."""
+    monkeypatch.chdir(tmp_path)
+    assert serving_report.main([word, "s.json", "--out", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {word}: no such work folder, and not a subcommand (rates, map, pooled)"]
+
+
+def test_a_card_that_is_not_a_string_is_refused_naming_the_file_and_field(tmp_path, capsys):
+    import json
+
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps([_arm("w16", dense={"t/1": 0.6}, gpu=80)]))
+    assert serving_report.main(["pooled", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{p}: arm w16: field 'gpu' is '80'; expected the card's name" in err[0], err
 
 
 @pytest.mark.parametrize("recorded, given, want", [
@@ -79,28 +99,32 @@ def test_two_cards_are_two_series_and_an_unrecorded_card_is_named_only_when_give
     ([None, None], None, None),
     ([None, None], "NVIDIA H200", "NVIDIA H200"),
     (["NVIDIA H200", None], "NVIDIA H200", "NVIDIA H200"),
+    (["NVIDIA H200", None], "nvidia  h200", "NVIDIA H200"),       # the recorded spelling wins
     (["NVIDIA H200", "NVIDIA H100 80GB HBM3"], None, "2 kinds of card"),
-    (["NVIDIA H100 80GB HBM3"], "NVIDIA H200", "--gpu 'NVIDIA H200': the work folders record"),
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"], None, "2 kinds of card"),
+    (["NVIDIA H100 80GB HBM3"], "NVIDIA H200", "--gpu-name 'NVIDIA H200': the work folders record"),
     (["NVIDIA H200", None], None, "some work folders record the card"),
+    ([80], None, "servers.json 'gpu' is 80"),
 ])
 def test_a_report_pairs_runs_of_one_card_only(recorded, given, want):
+    from benchmarks.card import one_card
     from dasc_compile.errors import DascInputError
 
     runs = [{"gpu": g} for g in recorded]
     if want is None or want.startswith("NVIDIA"):
-        assert serving_report.one_gpu(runs, given) == want
+        assert one_card(runs, given) == want
     else:
         with pytest.raises(DascInputError, match=want.replace("(", r"\(")):
-            serving_report.one_gpu(runs, given)
+            one_card(runs, given)
 
 
-@pytest.mark.parametrize("name, short", [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"),
-                                         ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA L40S", "L40S"),
-                                         ("Some Card", "Some Card"), (None, "card not recorded")])
-def test_short_gpu(name, short):
-    from benchmarks.serving_pool import short_gpu
+@pytest.mark.parametrize("name, label", [("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"), ("NVIDIA H200", "H200"),
+                                         ("nvidia   H100  PCIe ", "H100 PCIe"), ("Some Card", "Some Card"),
+                                         (None, "card not recorded"), ("  ", "card not recorded")])
+def test_card_label(name, label):
+    from benchmarks.card import card_label
 
-    assert short_gpu(name) == short
+    assert card_label(name) == label
 
 
 def test_summarise_sd_interval_and_below_one():

@@ -327,7 +327,11 @@ def test_training_in_process_puts_back_the_process_state_it_changed(data_dir, tm
         with pytest.raises(SystemExit):
             main(_args(data_dir, tmp_path / "b", "mamba2", 1) + ["--seq", "0"])
         assert denormal_survives() and signal.getsignal(signal.SIGTERM) is mine
+        torch.set_flush_denormal(True)          # a caller that flushes keeps flushing
+        main(_args(data_dir, tmp_path / "c", "mamba2", 1))
+        assert not denormal_survives()
     finally:
+        torch.set_flush_denormal(False)
         signal.signal(signal.SIGTERM, before)
 
 

@@ -396,8 +396,8 @@ def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
     """With --a-s 1e300, head 0's static decay exp(20) * softplus(1e300 + dt_bias) overflows to -inf, so its two
     units have horizon 0 tokens and w_max 0 omits them; head 1's (exp(0) * 1e300) stays finite, horizon ~7e-300
     tokens (a normal float: a denormal one reads as 0 wherever denormals flush to zero, as they did after an
-    in-process training test until the trainer put the flag back), and is kept. The warning must not claim that every unit is kept (a fresh-user
-    trial found it did)."""
+    in-process training test until the trainer put the flag back), and is kept. The warning must not claim that
+    every unit is kept (a fresh-user trial found it did)."""
     from tests.support.clihelp import KDA_CONFIG, write_ckpt
 
     ckpt = write_ckpt(tmp_path / "kda", KDA_CONFIG, {

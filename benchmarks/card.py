@@ -1,0 +1,75 @@
+"""Which GPU a serving run ran on (issue 24): read it, name it, and keep two cards' runs apart.
+
+rho is a fraction of one card's measured saturation, and a prefill weighs differently against decode on
+each card, so a ratio never pairs, and a pool never averages, runs of two kinds of card. ``run_chat up``
+records :func:`gpu_name` beside each server in ``servers.json``; :mod:`benchmarks.serving_report` checks the
+runs with :func:`one_card` and writes the name into each arm object's ``gpu``; pooling and the regime map
+label each series with :func:`card_label`. Summaries written before 2026-12-06 had the card added from their
+run logs (session 40's note says how).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from typing import Sequence
+
+from dasc_compile.errors import DascInputError
+
+#: The series label of arm objects that record no card.
+UNRECORDED = "card not recorded"
+
+
+def gpu_name(index: int) -> str | None:
+    """The name ``nvidia-smi`` gives GPU ``index`` (e.g. "NVIDIA H100 80GB HBM3"); None where nvidia-smi is
+    absent or fails (a CPU rehearsal)."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", str(index)],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = p.stdout.strip().splitlines() if p.returncode == 0 else []
+    return (lines[0].strip() or None) if lines else None
+
+
+def card_label(name: str | None) -> str:
+    """A card's name as a label: the vendor prefix dropped, spaces collapsed ("NVIDIA H100 80GB HBM3" ->
+    "H100 80GB HBM3", so an H100 PCIe stays apart from it); :data:`UNRECORDED` for None or blank."""
+    text = re.sub(r"\s+", " ", name or "").strip()
+    return re.sub(r"^NVIDIA ", "", text, flags=re.IGNORECASE) or UNRECORDED
+
+
+def _key(name: str) -> str:
+    return card_label(name).casefold()
+
+
+def one_card(runs: Sequence[dict], given: str | None) -> str | None:
+    """The one card every run ran on: each run's ``gpu`` (servers.json), and ``given`` for the runs whose
+    folder records none; None where nothing names a card. Names compare as :func:`card_label`, ignoring case;
+    a ``given`` that matches a recorded name returns the recorded spelling.
+
+    Raises:
+        DascInputError: a run's ``gpu`` is not a string; the runs record two cards; ``given`` names another
+            card than the one recorded; or some runs record a card and others none while ``given`` is absent.
+    """
+    bad = [r["gpu"] for r in runs if r.get("gpu") is not None and not isinstance(r["gpu"], str)]
+    if bad:
+        raise DascInputError(f"servers.json 'gpu' is {bad[0]!r}: expected the card's name (a string) or null")
+    recorded: dict = {}
+    for r in runs:
+        if r.get("gpu") and r["gpu"].strip():
+            recorded.setdefault(_key(r["gpu"]), r["gpu"])
+    if len(recorded) > 1:
+        names = ", ".join(map(repr, recorded.values()))
+        raise DascInputError(f"the runs ran on {len(recorded)} kinds of card ({names}); a ratio pairs runs of one "
+                             f"card: report each card's work folders apart")
+    unrecorded = any(not (r.get("gpu") or "").strip() for r in runs)
+    if given is not None:
+        if recorded and _key(given) not in recorded:
+            raise DascInputError(f"--gpu-name {given!r}: the work folders record {next(iter(recorded.values()))!r}; "
+                                 f"expected --gpu-name to name the card of folders that record none, or leave it out")
+        return next(iter(recorded.values())) if recorded else given
+    if recorded and unrecorded:
+        raise DascInputError(f"some work folders record the card {next(iter(recorded.values()))!r} and some none; "
+                             f"give --gpu-name with the card the others ran on, or report them apart")
+    return next(iter(recorded.values()), None)
