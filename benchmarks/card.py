@@ -44,17 +44,20 @@ def _key(name: str) -> str:
 
 
 def one_card(runs: Sequence[dict], given: str | None) -> str | None:
-    """The one card every run ran on: each run's ``gpu`` (servers.json), and ``given`` for the runs whose
-    folder records none; None where nothing names a card. Names compare as :func:`card_label`, ignoring case;
-    a ``given`` that matches a recorded name returns the recorded spelling.
+    """The one card every run ran on: each run's ``gpu`` (its manifest entry, else servers.json; ``work`` names
+    its folder), and ``given`` for the runs whose folder records none; None where nothing names a card. Names
+    compare as :func:`card_label`, ignoring case; a ``given`` that matches a recorded name returns the recorded
+    spelling, any other ``given`` is returned with its spaces collapsed.
 
     Raises:
         DascInputError: a run's ``gpu`` is not a string; the runs record two cards; ``given`` names another
-            card than the one recorded; or some runs record a card and others none while ``given`` is absent.
+            card than the one recorded; or some runs record a card and others none while ``given`` is absent
+            (each message names the folders).
     """
-    bad = [r["gpu"] for r in runs if r.get("gpu") is not None and not isinstance(r["gpu"], str)]
+    bad = [r for r in runs if r.get("gpu") is not None and not isinstance(r["gpu"], str)]
     if bad:
-        raise DascInputError(f"servers.json 'gpu' is {bad[0]!r}: expected the card's name (a string) or null")
+        raise DascInputError(f"{bad[0].get('work', '?')}: a run's 'gpu' is {bad[0]['gpu']!r}: expected the card's "
+                             f"name (a string) or null")
     recorded: dict = {}
     for r in runs:
         if r.get("gpu") and r["gpu"].strip():
@@ -63,13 +66,17 @@ def one_card(runs: Sequence[dict], given: str | None) -> str | None:
         names = ", ".join(map(repr, recorded.values()))
         raise DascInputError(f"the runs ran on {len(recorded)} kinds of card ({names}); a ratio pairs runs of one "
                              f"card: report each card's work folders apart")
-    unrecorded = any(not (r.get("gpu") or "").strip() for r in runs)
+    card = next(iter(recorded.values()), None)
+    bare = sorted({str(r.get("work", "?")) for r in runs if not (r.get("gpu") or "").strip()})
     if given is not None:
-        if recorded and _key(given) not in recorded:
-            raise DascInputError(f"--gpu-name {given!r}: the work folders record {next(iter(recorded.values()))!r}; "
-                                 f"expected --gpu-name to name the card of folders that record none, or leave it out")
-        return next(iter(recorded.values())) if recorded else given
-    if recorded and unrecorded:
-        raise DascInputError(f"some work folders record the card {next(iter(recorded.values()))!r} and some none; "
-                             f"give --gpu-name with the card the others ran on, or report them apart")
-    return next(iter(recorded.values()), None)
+        if card is not None and _key(given) not in recorded:
+            if bare:
+                raise DascInputError(f"--gpu-name {given!r}: {', '.join(bare)} would then have run on another card "
+                                     f"than the {card!r} the other folders record; report each card's folders apart")
+            raise DascInputError(f"--gpu-name {given!r}: every work folder records its card ({card!r}); leave "
+                                 f"--gpu-name out")
+        return card if card is not None else re.sub(r"\s+", " ", given).strip()
+    if card is not None and bare:
+        raise DascInputError(f"{', '.join(bare)}: records no card while the other folders record {card!r}; give "
+                             f"--gpu-name with the card these ran on, or report them apart")
+    return card

@@ -299,6 +299,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             state["others_ran"] += arm != order[-1][0]
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
                                  "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens, "file": out.name,
+                                 "gpu": s.get("gpu"),    # per run: a later call may relaunch the server elsewhere
                                  "wall_s": round(dt, 1), "rc": rc, "client": tail.strip(),
                                  "dasc_counters": log_tail(server_log, "dasc", 1), "dasc_account": account})
         save_json(man_path, manifest)

@@ -298,7 +298,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                                      + ")")
             runs = kept
             try:
-                rates = {**open_loop_rates(runs, a.rho), "gpu": one_card(runs, a.gpu_name)}   # X_sat is one card's
+                card = one_card(runs, a.gpu_name)       # X_sat is one card's: never averaged over two
+                rates = {**open_loop_rates(runs, a.rho), "gpu": card}
             except DascInputError as e:
                 raise DascInputError(f"{', '.join(map(str, a.works))}: {e}") from None
             print(json.dumps(rates, indent=1))

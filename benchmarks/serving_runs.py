@@ -286,7 +286,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "role": e["role"],
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
                                  cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
-                        "launch": launch, "gpu": (servers.get(e["arm"]) or {}).get("gpu"),
+                        "launch": launch,       # the card: the run's own record, else its server's
+                        "gpu": e["gpu"] if "gpu" in e else (servers.get(e["arm"]) or {}).get("gpu"),
                         "max_running": mr, "account": e.get("dasc_account"),
                         "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
                         "records": res["records"],     # per request, for accounts that need more than run_stats

@@ -201,7 +201,8 @@ def _call(tmp_path, monkeypatch, run_s: float, *flags: str) -> dict:
     monkeypatch.setattr(rc, "server_account", lambda *_a, **_k: None)
     work = tmp_path / "work"
     work.mkdir()
-    (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
+    (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0, "gpu": f"card of {a}"}
+                                                   for a in ("dense", "dasc-nr-w16")}))
     trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
     assert rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16",
                     "--seeds", "1", *flags]) == 0
@@ -217,6 +218,7 @@ def _call(tmp_path, monkeypatch, run_s: float, *flags: str) -> dict:
 def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monkeypatch, capsys, run_s, expect):
     runs = _call(tmp_path, monkeypatch, run_s, "--first-run-s", "120", "--deadline-s", "432")["runs"]
     assert [(r["arm"], r["role"]) for r in runs] == expect
+    assert all(r["gpu"] == f"card of {r['arm']}" for r in runs)      # each run records its server's card
     if len(expect) == 1:
         assert "closing dense run skipped: no other arm ran" in capsys.readouterr().out
 
@@ -292,11 +294,11 @@ def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkey
                         "--model", str(tmp_path), "--launcher",
                         f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
                         "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "40", "--base-port", str(_free_port()),
-                        "--work", str(work)])
+                        "--work", str(work), "--gpu", "1"])
     assert rc == 1 and time.monotonic() - t0 < 20
     entry = json.loads((work / "servers.json").read_text())["dense"]
     assert entry["failure"].startswith("exited during start-up") and "dying at start as asked" in entry["failure"]
-    assert entry["gpu"] == "NVIDIA H100 80GB HBM3"        # the card of --gpu 0, for the report (benchmarks/card.py)
+    assert entry["gpu"] == "NVIDIA H200"        # the card of --gpu 1 (the fake names 0 an H100), for the report
 
 
 def test_up_refuses_to_reuse_a_resident_server_launched_with_other_flags(tmp_path):
@@ -415,7 +417,7 @@ def test_the_report_carries_the_card_and_refuses_to_pair_two(tmp_path, capsys):
     assert "GPU: NVIDIA H100 80GB HBM3." in (tmp_path / "a" / "tables.md").read_text()
     err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "b",
                         "--gpu-name", "NVIDIA H200", "--exclude-call", 1)
-    assert "--gpu-name 'NVIDIA H200': the work folders record 'NVIDIA H100 80GB HBM3'" in err
+    assert "--gpu-name 'NVIDIA H200': every work folder records its card ('NVIDIA H100 80GB HBM3')" in err
     assert not (tmp_path / "b").exists()
     servers["w16"]["gpu"] = "NVIDIA H200"
     (w / "servers.json").write_text(json.dumps(servers))
@@ -584,6 +586,26 @@ def test_open_loop_rates_come_from_the_measured_saturation_throughput():
     assert out["rates"][0.7] == pytest.approx(0.7 * 0.45) and out["saturated"]
     with pytest.raises(DascInputError, match="--rho"):
         sr.open_loop_rates(runs, [1.2])
+
+
+def test_rates_name_their_card_and_refuse_two(tmp_path, capsys):
+    """X_sat is a fraction of one card's work: `rates` reports the card, reads a run's own record before its
+    server's, and never averages two cards' throughputs."""
+    a = _work(tmp_path / "a")
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3"}
+    (a / "servers.json").write_text(json.dumps({"dense": h100, "w16": h100}))
+    assert sr.main(["rates", str(a), "--exclude-call", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"] == "NVIDIA H100 80GB HBM3"
+    b = _work(tmp_path / "b")
+    man = json.loads((b / "manifest.json").read_text())
+    for e in man["runs"]:
+        e["gpu"] = "NVIDIA H200"            # the run's own record (run_chat run) wins over servers.json's
+    (b / "manifest.json").write_text(json.dumps(man))
+    (b / "servers.json").write_text(json.dumps({"dense": h100, "w16": h100}))
+    assert {r["gpu"] for r in srun.collect([b])} == {"NVIDIA H200"}
+    assert sr.main(["rates", str(a), str(b), "--exclude-call", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 kinds of card" in err[0], err
 
 
 # ---------------------------------------------------------------- client against the stand-in server
