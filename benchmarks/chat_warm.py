@@ -34,6 +34,14 @@ FOLLOW_UPS = (12, 24, 48, 96, 200, 600)
 # them from the shared disk cache.
 MOE_SWEEP = (16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
+# Odd token counts for the decode-size keys 4 and 8: the CUDA-graph capture compiles their configs only at
+# the padded, even batch sizes 2, 4 and 8, but a prefill batch can be a later turn of a few new tokens. Two such
+# variants compiled inside timed Dense runs of session 40 (H100): the odd-count twins of key 4's and key 8's
+# configs, whose even twins the capture had compiled at start-up. Each is sent as a fresh prompt of that many
+# tokens, which SGLang's nearest-key rule maps to key 4 (5) or key 8 (7, 9, 11). Key 2 (3 tokens) stays uncovered:
+# a warm-up prompt needs at least 4 (the ChatML markers and one token).
+SMALL_ODD = (5, 7, 9, 11)
+
 # Fresh prompts of NT_BUCKET_PROMPT tokens, NT_BUCKET_GROUP of them sent at once, so that some prefill batch
 # holds two of them: 4,100 + 4,092 tokens of an 8,192-token batch (SGLang's --chunked-prefill-size default on
 # H100 / H200) in 65 + 64 = 129 chunks of 64. SGLang's GDN / KDA state kernel
@@ -55,7 +63,8 @@ def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> 
     """The warm-up's requests: ``(singles, group, chats)``, lists of ``ChatTurns`` with random token ids.
 
     singles: one never-cached prompt per ``lengths`` entry (tokens), then one per :data:`MOE_SWEEP` key
-    ``k`` at ``k`` and ``k + 1`` tokens (28 prompts, 25,918 tokens in all), each decoding 4 tokens.
+    ``k`` at ``k`` and ``k + 1`` tokens (28 prompts, 25,918 tokens in all) and one per :data:`SMALL_ODD` count,
+    each decoding 4 tokens.
     group: :data:`NT_BUCKET_GROUP` never-cached prompts of :data:`NT_BUCKET_PROMPT` tokens, to be sent at once,
     decoding 4.
     chats: ``sessions`` four-turn sessions run at once (give at least ``--max-running-requests``, so
@@ -75,7 +84,7 @@ def warm_chats(lengths: Sequence[int], vocab: int, sessions: int, seed: int) -> 
     rng = random.Random(seed)
     ids = lambda n: [rng.randrange(1000, min(vocab, 100000)) for _ in range(max(1, n))]  # noqa: E731
     close = [IM_END, NEWLINE]
-    sweep = [k + odd for k in MOE_SWEEP for odd in (0, 1)]
+    sweep = list(SMALL_ODD) + [k + odd for k in MOE_SWEEP for odd in (0, 1)]
     singles = [ChatTurns(conv=i, source_id="warm", user=[[IM_START] + ids(n - 3) + close], recorded=[close],
                          decode=[4]) for i, n in enumerate(list(lengths) + sweep)]
     group = [ChatTurns(conv=len(singles) + i, source_id="warm", user=[[IM_START] + ids(NT_BUCKET_PROMPT - 3) + close],

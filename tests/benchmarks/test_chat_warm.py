@@ -56,15 +56,20 @@ def test_the_group_reaches_the_third_nt_bucket_once_two_of_it_wait_together(arri
 
 
 def test_warm_up_sessions_cover_the_trace_follow_up_sizes_at_full_concurrency():
-    from benchmarks.chat_warm import FOLLOW_UPS, MOE_SWEEP, warm_chats
+    from benchmarks.chat_warm import FOLLOW_UPS, MOE_SWEEP, SMALL_ODD, warm_chats
 
     singles, group, chats = warm_chats([2048, 8192, 16000], 163840, sessions=8, seed=1)
     assert [len(t.user[0]) for t in singles][:3] == [2048, 8192, 16000]
     # every fused-MoE config key once at an even and once at an odd token count (Triton's divisibility
     # specialization of num_valid_tokens = M x top-k); each a fresh prompt, so M is the whole prompt
-    sweep = [len(t.user[0]) for t in singles][3:]
+    small = [len(t.user[0]) for t in singles][3:3 + len(SMALL_ODD)]
+    sweep = [len(t.user[0]) for t in singles][3 + len(SMALL_ODD):]
     assert sweep[:4] == [16, 17, 24, 25] and sweep[-2:] == [4096, 4097] and len(sweep) == 2 * len(MOE_SWEEP)
     assert {n % 2 for n in sweep} == {0, 1} and all(n % 16 == 0 for n in sweep[::2] if n != 24)
+    # the decode-size keys at an odd count: SGLang's nearest key (ties to the smaller, as min() over sorted keys)
+    keys = (1, 2, 4, 8, *MOE_SWEEP)
+    assert small == list(SMALL_ODD) and all(n % 2 for n in small)
+    assert {min(keys, key=lambda k: abs(k - n)) for n in small} == {4, 8}
     # the group: fresh prompts of one length, sent at once (its batching: the test above)
     from benchmarks.chat_warm import NT_BUCKET_GROUP, NT_BUCKET_PROMPT
 
