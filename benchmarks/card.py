@@ -32,11 +32,24 @@ def gpu_name(index: int) -> str | None:
     return (lines[0].strip() or None) if lines else None
 
 
+def _squeeze(name: str | None) -> str:
+    return re.sub(r"\s+", " ", name or "").strip()
+
+
 def card_label(name: str | None) -> str:
     """A card's name as a label: the vendor prefix dropped, spaces collapsed ("NVIDIA H100 80GB HBM3" ->
     "H100 80GB HBM3", so an H100 PCIe stays apart from it); :data:`UNRECORDED` for None or blank."""
-    text = re.sub(r"\s+", " ", name or "").strip()
-    return re.sub(r"^NVIDIA ", "", text, flags=re.IGNORECASE) or UNRECORDED
+    return re.sub(r"^NVIDIA ", "", _squeeze(name), flags=re.IGNORECASE) or UNRECORDED
+
+
+def add_gpu_name_option(ap) -> None:
+    """The ``--gpu-name`` option of every command that reads work folders and checks their card (the
+    ``given`` of :func:`one_card`)."""
+    from benchmarks.cli_args import nonempty
+
+    ap.add_argument("--gpu-name", type=nonempty("the card's name"), default=None,
+                    help="the card the runs ran on, for work folders whose servers.json records none "
+                         "(run_chat up records it from 2026-12-06), e.g. 'NVIDIA H100 80GB HBM3'")
 
 
 def _key(name: str) -> str:
@@ -75,7 +88,7 @@ def one_card(runs: Sequence[dict], given: str | None) -> str | None:
                                      f"than the {card!r} the other folders record; report each card's folders apart")
             raise DascInputError(f"--gpu-name {given!r}: every work folder records its card ({card!r}); leave "
                                  f"--gpu-name out")
-        return card if card is not None else re.sub(r"\s+", " ", given).strip()
+        return card if card is not None else _squeeze(given)
     if card is not None and bare:
         raise DascInputError(f"{', '.join(bare)}: records no card while the other folders record {card!r}; give "
                              f"--gpu-name with the card these ran on, or report them apart")

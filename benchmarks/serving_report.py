@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
-from benchmarks.card import one_card
+from benchmarks.card import add_gpu_name_option, one_card
 from benchmarks.cli_args import OneLineParser, int_at_least, nonempty, number_above_zero, open_fraction, path_named
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
@@ -284,8 +284,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                             help="keep the runs of one context pad (tokens), e.g. 6000")
             ap.add_argument("--replay", choices=("served-reply", "recorded-reply"), default=None,
                             help="keep the runs of one replay condition")
-            ap.add_argument("--gpu-name", type=nonempty("the card's name"), default=None,
-                            help="the card, for work folders whose servers.json records none")
+            add_gpu_name_option(ap)
             a = ap.parse_args(argv[1:])
             if any(not 0 < r < 1 for r in a.rho):
                 raise DascInputError(f"--rho: expected utilisations in (0, 1), got {a.rho}")
@@ -349,9 +348,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                         help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
                              "trained, init")
         add_run_exclusions(ap)
-        ap.add_argument("--gpu-name", type=nonempty("the card's name"), default=None,
-                        help="the card the runs ran on, for work folders whose servers.json records none "
-                             "(run_chat up records it from 2026-12-06), e.g. 'NVIDIA H100 80GB HBM3'")
+        add_gpu_name_option(ap)
         ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,
                         help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
                              "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")

@@ -103,4 +103,3 @@ def log_tail(path: Path, pattern: str | None = None, n: int = 1, limit: int = 60
     if pattern:
         lines = [ln for ln in lines if pattern in ln]
     return [ln[:limit] for ln in lines[-n:]]
-
