@@ -285,7 +285,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--replay", choices=("served-reply", "recorded-reply"), default=None,
                             help="keep the runs of one replay condition")
             add_gpu_name_option(ap)
-            a = ap.parse_args(argv[1:])
+            a = ap.parse_intermixed_args(argv[1:])
             if any(not 0 < r < 1 for r in a.rho):
                 raise DascInputError(f"--rho: expected utilisations in (0, 1), got {a.rho}")
             runs = collect(a.works, exclude_calls=a.exclude_call)    # its errors name their folder already
@@ -310,7 +310,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--out", type=path_named("a file name such as map.png"), required=True,
                             help="the figure to write (.png); an existing one only with --overwrite")
             ap.add_argument("--overwrite", action="store_true", help="replace the figure --out names")
-            a = ap.parse_args(argv[1:])
+            a = ap.parse_intermixed_args(argv[1:])
             refuse_to_replace(a.out, [a.out], a.overwrite)
             regime_map(a.summaries, a.out)
             print(f"wrote {a.out}")
@@ -322,7 +322,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
             ap.add_argument("--pad", type=int_at_least(0), default=None,
                             help="keep one context pad (tokens), e.g. 6000")
-            a = ap.parse_args(argv[1:])
+            a = ap.parse_intermixed_args(argv[1:])
             docs = load_summaries(a.summaries)
             try:
                 table = pooled_table(docs, pad=a.pad)
@@ -352,7 +352,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,
                         help="Dense's saturation throughput, conversations/s (`serving_report rates`): open-loop runs "
                              "are reported at rho = rate / x_sat; required when the folders hold open-loop runs")
-        a = ap.parse_args(argv)
+        a = ap.parse_intermixed_args(argv)
         if a.out.exists() and not a.out.is_dir():
             raise DascInputError(f"--out {a.out}: exists and is not a folder; give the folder for summary.json and "
                                  f"tables.md")

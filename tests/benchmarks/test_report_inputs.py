@@ -171,3 +171,17 @@ def test_ctrl_c_is_one_line(tmp_path):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "Traceback" not in err and err.strip().count("\n") == 0, err
     assert err.startswith("error: interrupted (SIGINT)"), err
+
+
+def test_summaries_may_follow_an_option(tmp_path, capsys):
+    """`pooled a.json --pad 6000 b.json`: the summary after the option is read, not refused as unrecognised
+    (argparse's plain parse stops a `+` positional at the first option)."""
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    sa = _summary(a, [_arm("w16", dense={"t/1": 0.6})])
+    sb = _summary(b, [_arm("w16", dense={"t/2": 0.8})])
+    assert sr.main(["pooled", str(sa), "--pad", "6000", str(sb)]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| w16")]
+    assert len(row) == 1 and "0.700 (0.141), n = 2" in row[0]
