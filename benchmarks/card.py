@@ -37,9 +37,10 @@ def _squeeze(name: str | None) -> str:
 
 
 def card_label(name: str | None) -> str:
-    """A card's name as a label: the vendor prefix dropped, spaces collapsed ("NVIDIA H100 80GB HBM3" ->
-    "H100 80GB HBM3", so an H100 PCIe stays apart from it); :data:`UNRECORDED` for None or blank."""
-    return re.sub(r"^NVIDIA ", "", _squeeze(name), flags=re.IGNORECASE) or UNRECORDED
+    """A card's name as a label: the vendor prefix dropped, spaces collapsed, upper case ("NVIDIA H100 80GB HBM3"
+    -> "H100 80GB HBM3", so an H100 PCIe, "H100 PCIE", stays apart from it). Upper case makes one series of a
+    card whatever case a hand-typed ``--gpu-name`` used. :data:`UNRECORDED` for None or blank."""
+    return re.sub(r"^NVIDIA ", "", _squeeze(name), flags=re.IGNORECASE).upper() or UNRECORDED
 
 
 def add_gpu_name_option(ap) -> None:

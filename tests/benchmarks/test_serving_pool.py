@@ -124,7 +124,8 @@ def test_a_report_pairs_runs_of_one_card_only(recorded, given, want):
 
 
 @pytest.mark.parametrize("name, label", [("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"), ("NVIDIA H200", "H200"),
-                                         ("nvidia   H100  PCIe ", "H100 PCIe"), ("Some Card", "Some Card"),
+                                         ("nvidia   H100  PCIe ", "H100 PCIE"), ("Some Card", "SOME CARD"),
+                                         ("nvidia h100 80gb hbm3", "H100 80GB HBM3"),
                                          (None, "card not recorded"), ("  ", "card not recorded")])
 def test_card_label(name, label):
     from benchmarks.card import card_label
