@@ -54,7 +54,7 @@ def add_gpu_name_option(ap) -> None:
 
 
 def _key(name: str) -> str:
-    return card_label(name).casefold()
+    return card_label(name)
 
 
 def one_card(runs: Sequence[dict], given: str | None) -> str | None:

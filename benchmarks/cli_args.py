@@ -4,7 +4,8 @@ argparse prints its usage block before the error; the project's rule for bad inp
 flag and what was expected (``dasc`` itself does the same through typer), so scripts parse with
 :class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`,
 :func:`fraction`, :func:`open_fraction`, :func:`nonempty`, :func:`path_named`) live here too, with the two
-refusals the training scripts share (:func:`refuse_unusable_device`, :func:`refuse_unusable_record`).
+refusals the training scripts share (:func:`refuse_unusable_device`, :func:`refuse_unusable_record`) and the
+report tools' ``--out`` rule (:func:`refuse_to_replace`).
 """
 
 from __future__ import annotations
@@ -117,3 +118,22 @@ def nonempty(what: str):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return text
     return parse
+
+
+def refuse_to_replace(out: Path, paths: list, overwrite: bool) -> None:
+    """Refuse, before any work, to replace output files that exist (a re-run of a note's command would otherwise
+    rewrite the committed results it means to check) unless ``--overwrite`` was given. ``out`` is the ``--out``
+    as given: a file (then ``paths`` is ``[out]``) or a folder whose ``paths`` are the files it would write.
+
+    Raises:
+        DascInputError: ``--out <out>: the file exists ...`` or ``--out <out>: already holds <names> ...``.
+    """
+    from dasc_compile.errors import DascInputError
+
+    there = [p.name for p in paths if Path(p).is_file()]
+    if there and not overwrite:
+        if out in paths:
+            raise DascInputError(f"--out {out}: the file exists (an earlier result); give a new file name, or "
+                                 f"--overwrite to replace it")
+        raise DascInputError(f"--out {out}: already holds {' and '.join(there)} (an earlier report); give a new "
+                             f"folder, or --overwrite to replace {'it' if len(there) == 1 else 'them'}")

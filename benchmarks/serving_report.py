@@ -35,7 +35,8 @@ from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.card import add_gpu_name_option, one_card
-from benchmarks.cli_args import OneLineParser, int_at_least, nonempty, number_above_zero, open_fraction, path_named
+from benchmarks.cli_args import (OneLineParser, int_at_least, nonempty, number_above_zero, open_fraction, path_named,
+                                 refuse_to_replace)
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
@@ -212,22 +213,6 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
             "rates": {rho: rho * x["mean"] for rho in rhos}}
 
 
-def refuse_to_replace(out: Path, paths: list, overwrite: bool) -> None:
-    """Refuse, before any work, to replace report files that exist (a re-run of a note's command would
-    otherwise rewrite the committed results it means to check) unless ``--overwrite`` was given.
-
-    Raises:
-        DascInputError: ``--out <out>: already holds <names> ...``.
-    """
-    there = [p.name for p in paths if p.is_file()]
-    if there and not overwrite:
-        if out in paths:
-            raise DascInputError(f"--out {out}: the file exists (an earlier figure); give a new file name, or "
-                                 f"--overwrite to replace it")
-        raise DascInputError(f"--out {out}: already holds {' and '.join(there)} (an earlier report); give a new "
-                             f"folder, or --overwrite to replace {'it' if len(there) == 1 else 'them'}")
-
-
 def write_pair(out: Path, files: dict) -> None:
     """Write ``files`` (``{name: text}``) into folder ``out`` all or none: each to a hidden temporary file first,
     then renamed into place, so a failure leaves the folder's earlier files as they were.
@@ -306,7 +291,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         if argv[:1] == ["map"]:
             ap = OneLineParser(prog="python -m benchmarks.serving_report map",
                                description="the regime map: mean-TTFT ratio to Dense over context and load")
-            ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
+            ap.add_argument("summaries", nargs="+", type=path_named("a summary.json file"),
+                            help="summary.json files of serving_report")
             ap.add_argument("--out", type=path_named("a file name such as map.png"), required=True,
                             help="the figure to write (.png); an existing one only with --overwrite")
             ap.add_argument("--overwrite", action="store_true", help="replace the figure --out names")
@@ -319,15 +305,29 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap = OneLineParser(prog="python -m benchmarks.serving_report pooled",
                                description="per-seed TTFT ratios to Dense and INT8 pooled over sessions "
                                            "(a seed measured twice counts once)")
-            ap.add_argument("summaries", nargs="+", type=Path, help="summary.json files of serving_report")
+            ap.add_argument("summaries", nargs="+", type=path_named("a summary.json file"),
+                            help="summary.json files of serving_report")
             ap.add_argument("--pad", type=int_at_least(0), default=None,
                             help="keep one context pad (tokens), e.g. 6000")
+            ap.add_argument("--out", type=path_named("a file name such as pooled.md"), default=None,
+                            help="also write the table to this markdown file (an existing one only with --overwrite)")
+            ap.add_argument("--overwrite", action="store_true", help="replace the file --out names")
             a = ap.parse_intermixed_args(argv[1:])
+            if a.out is not None:
+                if a.out.is_dir() or not a.out.parent.is_dir():
+                    raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
+                refuse_to_replace(a.out, [a.out], a.overwrite)
             docs = load_summaries(a.summaries)
             try:
                 table = pooled_table(docs, pad=a.pad)
             except DascInputError as e:
                 raise DascInputError(f"{', '.join(map(str, a.summaries))}: {e}") from None
+            if a.out is not None:
+                try:
+                    a.out.write_text(table + "\n")
+                except OSError as e:
+                    raise DascInputError(f"--out {a.out}: cannot write the table there "
+                                         f"({e.strerror or type(e).__name__})") from None
             print(table)
             return 0
         ap = OneLineParser(

@@ -18,7 +18,12 @@ __all__ = ["LEGEND", "markdown", "pool_points", "read_json_file", "regime_map"]
 
 
 def read_json_file(path: Path, what: str):
-    """``path``'s JSON, or one ``error:`` line naming the file and what it should be."""
+    """``path``'s JSON, or one ``error:`` line naming the file and what it should be (a missing file and a folder
+    are said so plainly, not as Python's exception)."""
+    if not Path(path).exists():
+        raise DascInputError(f"{path}: does not exist (expected the {what})")
+    if Path(path).is_dir():
+        raise DascInputError(f"{path}: is a folder, not the {what}")
     try:
         return json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -65,12 +70,12 @@ def markdown(objs: Sequence[dict]) -> str:
         rows = [o for o in objs if (o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"],
                                     o["rate"]) == cond]
         p, rep, pad, clip, c, rate = cond
-        d = next((o for o in rows if (o.get("drift") or o.get("dense_drift") or {}).get("n")), None)   # the call's baseline
+        ds = [o for o in rows if (o.get("drift") or o.get("dense_drift") or {}).get("n")]   # each call's baseline
         out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s" + (f" (rho {rows[0]['rho']})" if rows[0].get("rho") else ""))
                    + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
                      f"{rows[0]['context_max']}"
-                   + (f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"
-                      if d else "")
+                   + "".join(f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"
+                             for d in ds)
                    + ("; baseline: each seed's closing run (the one after the other arms)"
                       if rows[0].get("baseline_run") == "closing" else ""))
         out.append("")
@@ -223,6 +228,13 @@ def _check_arm_object(path, o: dict) -> None:
                                  f"(a serving_report summary.json)")
 
 
+def _marker(label: str) -> str:
+    """A series' marker by its arm (the label's first word): a square for SGLang's INT8 pool, a triangle for dasc-wr,
+    a circle for the rest, so that an arm reads the same in every colour."""
+    arm = label.split(" ", 1)[0]
+    return "s" if arm == "int8" else "^" if arm.startswith("dasc-wr") else "o"
+
+
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
     """Mean-TTFT ratio to Dense (mean and range over trace seeds, pooled over the summaries by
     :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, clients, rate);
@@ -258,14 +270,14 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         dx = (i - (len(series) - 1) / 2) * step
         ax.errorbar([pt["x"] + dx for pt in pts], [pt["mean"] for pt in pts],
                     yerr=[[pt["mean"] - pt["min"] for pt in pts], [pt["max"] - pt["mean"] for pt in pts]],
-                    marker="os^D"[i // 10 % 4], color=f"C{i % 10}", capsize=3, ls="none",   # > 10 series: new marker
+                    marker=_marker(lab), color=plt.get_cmap("tab20")(i % 20), capsize=3, ls="none",
                     label=f"{lab}, n={'/'.join(str(pt['n']) for pt in pts)}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
     ax.set_xlabel(f"mean initial prompt (tokens; series offset by {step:.0f} tokens each for legibility)")
     ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
-    ax.set_title("Where a cache hit shortens TTFT (dummy weights; one GPU, named in each label; n = trace seeds)",
-                 fontsize=10)
+    ax.set_title("Where a cache hit shortens TTFT (dummy weights; one GPU, named in each label)\n"
+                 "n = trace seeds per point, left to right; squares: SGLang INT8, triangles: dasc-wr", fontsize=9)
     # below the axes: at ~10k tokens a dozen series stack, and a legend inside covered some of them
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if vs_int8:                     # the capacity step: the same arms against SGLang's INT8 pool, over client count
@@ -282,7 +294,8 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
             # markers only: between two measured client counts nothing was run, and the step is not a line
             bx.errorbar([c + dx for c, _ in pts], means, yerr=[[m - min(v) for m, (_, v) in zip(means, pts)],
                                                                [max(v) - m for m, (_, v) in zip(means, pts)]],
-                        marker="o", capsize=3, ls="none", label=f"{arm}, n={'/'.join(str(len(v)) for _, v in pts)}")
+                        marker=_marker(arm), capsize=3, ls="none",
+                        label=f"{arm}, n={'/'.join(str(len(v)) for _, v in pts)}")
         bx.axhline(1.0, color="grey", lw=0.8)
         bx.set_xlabel("closed-loop clients on 8 running (the working set; offset by arm)")
         bx.set_ylabel("mean TTFT / SGLang INT8 (paired by trace seed; bars: range)")

@@ -52,7 +52,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.cli_args import OneLineParser, number_above_zero, path_named
+from benchmarks.cli_args import OneLineParser, open_fraction, path_named, refuse_to_replace
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from dasc_compile.errors import DascInputError
 
@@ -204,12 +204,13 @@ def main(argv=None) -> int:
     ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders (unpacked)")
     ap.add_argument("--arm", required=True, help="the arm to account for, e.g. dasc-nr-w16")
     ap.add_argument("--baseline", default="dense", help="the arm it is compared with (default dense)")
-    ap.add_argument("--target", type=number_above_zero("times the baseline's mean TTFT"), default=0.70,
-                    help="the ratio the 'lost needed' column solves for (default 0.70: the open-loop target of the "
-                         "serving benchmarks)")
+    ap.add_argument("--target", type=open_fraction, default=0.70,
+                    help="the ratio in (0, 1) the 'lost needed' column solves for (default 0.70: the open-loop target "
+                         "of the serving benchmarks)")
     add_run_exclusions(ap)
     ap.add_argument("--out", type=path_named("a file name such as account.md"), default=None,
-                    help="also write the table to this markdown file")
+                    help="also write the table to this markdown file (an existing one only with --overwrite)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the file --out names")
     try:
         a = ap.parse_args(argv)
         if not a.arm.strip() or not a.baseline.strip():
@@ -218,6 +219,8 @@ def main(argv=None) -> int:
             raise DascInputError(f"--arm {a.arm} is also the baseline; give another arm, or another --baseline")
         if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
             raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
+        if a.out is not None:
+            refuse_to_replace(a.out, [a.out], a.overwrite)
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
                        baseline_run=a.baseline_run)
         stable_pairs, unstable = pairs(runs, arm=a.arm, baseline=a.baseline)

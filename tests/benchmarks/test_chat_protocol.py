@@ -345,8 +345,9 @@ def test_up_refuses_bad_arms_model_or_plans_before_writing_or_launching(tmp_path
         assert rc == 2 and len(err) == 1 and not work.exists(), (rc, err)
         return err[0]
 
-    assert up(tmp_path / "nope.json").startswith(f"error: {tmp_path / 'nope.json'}: not a readable arms.json")
-    assert up(tmp_path).startswith(f"error: {tmp_path}: not a readable arms.json")              # a folder
+    assert up(tmp_path / "nope.json").startswith(f"error: {tmp_path / 'nope.json'}: does not exist (expected the "
+                                                 "arms.json")
+    assert up(tmp_path).startswith(f"error: {tmp_path}: is a folder, not the arms.json")          # a folder
     assert up(tmp_path / "broken.json").startswith(f"error: {tmp_path / 'broken.json'}: not a readable arms.json")
     assert up(tmp_path / "flagless.json") == (f"error: {tmp_path / 'flagless.json'}: entry 0: expected an object "
                                               "with 'arm', 'kind' and a list of string 'flags'")
@@ -519,6 +520,16 @@ def test_a_call_whose_baseline_is_int8_reports_int8s_drift_not_denses():
     md = sr.markdown(objs)
     assert "INT8 drift over a call 0.900 (n=1)" in md and "Dense drift" not in md
     assert "| E2E / INT8 |" in md and "| — | 0.625 |" in md
+
+
+def test_a_condition_measured_under_two_baselines_reports_both_drifts():
+    """Session 41: one call bracketed by Dense, a later one (same condition) by INT8; the header gave Dense's drift
+    only, and INT8's sat in summary.json alone."""
+    runs = [_run("dense", 0, 2.0, call="w#0"), _run("int8", 0, 1.5, call="w#0"), _run("dense", 0, 2.2, role="drift",
+            call="w#0"), _run("int8", 1, 1.0, call="w#1"), _run("dense", 1, 2.0, call="w#1"),
+            _run("int8", 1, 1.1, role="drift", call="w#1")]
+    md = sr.markdown(sr.summarize(runs, model="m", decays="d"))
+    assert "Dense drift over a call 1.100 (n=1); INT8 drift over a call 1.100 (n=1)" in md
 
 
 def test_seed_numbers_of_two_traces_are_different_draws():

@@ -185,3 +185,49 @@ def test_summaries_may_follow_an_option(tmp_path, capsys):
     assert sr.main(["pooled", str(sa), "--pad", "6000", str(sb)]) == 0
     row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| w16")]
     assert len(row) == 1 and "0.700 (0.141), n = 2" in row[0]
+
+
+def test_map_and_report_take_inputs_after_an_option(tmp_path, capsys):
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    sa = _summary(a, [_arm("w16", dense={"t/1": 0.6})])
+    sb = _summary(b, [_arm("w16", dense={"t/2": 0.8})])
+    png = tmp_path / "m.png"
+    assert sr.main(["map", str(sa), "--out", str(png), str(sb)]) == 0 and png.stat().st_size > 0
+    w = _work(tmp_path)                     # the main command: a work folder after --out and the other options
+    assert sr.main(["--out", str(tmp_path / "o"), "--model", "m", "--decays", "d", "--exclude-call", "1",
+                    str(w)]) == 0
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())[0]["model"] == "m"
+
+
+def test_pooled_writes_out_only_where_told(tmp_path, capsys):
+    s = _summary(tmp_path, [_arm("w16", dense={"t/1": 0.6, "t/2": 0.8})])
+    out = tmp_path / "pooled.md"
+    assert sr.main(["pooled", str(s), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert out.read_text() == printed and "0.700 (0.141), n = 2" in printed
+    assert sr.main(["pooled", str(s), "--out", str(out)]) == 2          # no silent replacement
+    _one_error(capsys, f"--out {out}: the file exists", "--overwrite")
+    assert sr.main(["pooled", str(tmp_path / "sumary.json"), "--out", str(out), "--overwrite"]) == 2
+    _one_error(capsys, "sumary.json: does not exist")
+    assert out.read_text() == printed                                    # a failed run leaves it as it was
+    assert sr.main(["pooled", str(tmp_path)]) == 2
+    _one_error(capsys, f"{tmp_path}: is a folder, not the serving_report summary.json")
+    with pytest.raises(SystemExit):
+        sr.main(["pooled", ""])
+    _one_error(capsys, "expected a summary.json file, got ''")
+
+
+def test_pooled_joins_a_card_named_in_another_case(tmp_path, capsys):
+    """A hand-typed lower-case --gpu-name (on a folder that recorded no card) and the recorded name are one card."""
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    sa = _summary(a, [_arm("w16", dense={"t/1": 0.6}, gpu="NVIDIA H100 80GB HBM3")])
+    sb = _summary(b, [_arm("w16", dense={"t/2": 0.8}, gpu="nvidia h100 80gb hbm3")])
+    assert sr.main(["pooled", str(sa), str(sb)]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| w16")]
+    assert len(rows) == 1 and "H100 80GB HBM3" in rows[0] and "n = 2" in rows[0]

@@ -129,6 +129,7 @@ def _exit_code(argv) -> int:
 @pytest.mark.parametrize("argv, needle", [
     (["--arm", "w64"], "no trace seed has both a stable dense run and a stable w64 run (arms with runs here: dense, w16)"),
     (["--arm", "w16", "--target", "0"], "--target"),
+    (["--arm", "w16", "--target", "1.5"], "expected a fraction in (0, 1)"),    # 'lost needed' would go negative
     (["--arm", "w16", "--out", "/nonexistent-folder/x.md"], "--out"),
     (["--arm", "dense"], "--arm dense is also the baseline"),
 ])
@@ -165,3 +166,15 @@ def test_cli_names_a_missing_or_packed_folder(tmp_path, capsys):
     packed.write_bytes(b"")
     assert _exit_code([str(packed), "--arm", "w16"]) == 2
     assert "unpack it first" in capsys.readouterr().err
+
+
+def test_cli_replaces_an_earlier_table_only_with_overwrite(tmp_path, capsys):
+    w = _work(tmp_path, [("dense", 1, "arm", DENSE), ("w16", 1, "arm", ARM)])
+    out = tmp_path / "account.md"
+    out.write_text("committed table")
+    assert _exit_code([str(w), "--arm", "w16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out}: the file exists") and "--overwrite" in err and err.count("\n") == 1
+    assert out.read_text() == "committed table"
+    assert ta.main([str(w), "--arm", "w16", "--out", str(out), "--overwrite"]) == 0
+    assert "| mean (n = 1) |" in out.read_text()
