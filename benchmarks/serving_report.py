@@ -262,7 +262,8 @@ def main(argv: Iterable[str] | None = None) -> int:
                                            "saturation throughput")
             ap.add_argument("works", nargs="+", type=Path, help="run_chat work folders with closed-loop Dense runs")
             ap.add_argument("--rho", type=open_fraction, nargs="+", default=[0.5, 0.7, 0.9],
-                            help="utilisations in (0, 1) (default 0.5 0.7 0.9)")
+                            help="utilisations in (0, 1) (default 0.5 0.7 0.9); it takes every number after it, "
+                                 "so put work folders before it or end it with --")
             ap.add_argument("--exclude-call", type=int_at_least(0), action="append", default=[],
                             help="leave out this call's runs (index in manifest.json 'calls'; repeatable)")
             ap.add_argument("--pad", type=int_at_least(0), default=None,
