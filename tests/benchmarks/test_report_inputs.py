@@ -173,29 +173,33 @@ def test_ctrl_c_is_one_line(tmp_path):
     assert err.startswith("error: interrupted (SIGINT)"), err
 
 
+
+def _two_summaries(tmp_path, gpu_a="NVIDIA H200", gpu_b="NVIDIA H200"):
+    """Two sessions' summary.json files of one arm: seed t/1 at 0.6 and seed t/2 at 0.8 (pooled: 0.700, SD 0.141)."""
+    paths = []
+    for name, seed, ratio, gpu in (("a", "t/1", 0.6, gpu_a), ("b", "t/2", 0.8, gpu_b)):
+        (tmp_path / name).mkdir()
+        paths.append(str(_summary(tmp_path / name, [_arm("w16", dense={seed: ratio}, gpu=gpu)])))
+    return paths
+
+
+def _w16_rows(capsys) -> list:
+    return [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| w16")]
+
+
 def test_summaries_may_follow_an_option(tmp_path, capsys):
     """`pooled a.json --pad 6000 b.json`: the summary after the option is read, not refused as unrecognised
     (argparse's plain parse stops a `+` positional at the first option)."""
-    a = tmp_path / "a"
-    b = tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    sa = _summary(a, [_arm("w16", dense={"t/1": 0.6})])
-    sb = _summary(b, [_arm("w16", dense={"t/2": 0.8})])
-    assert sr.main(["pooled", str(sa), "--pad", "6000", str(sb)]) == 0
-    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| w16")]
+    sa, sb = _two_summaries(tmp_path)
+    assert sr.main(["pooled", sa, "--pad", "6000", sb]) == 0
+    row = _w16_rows(capsys)
     assert len(row) == 1 and "0.700 (0.141), n = 2" in row[0]
 
 
 def test_map_and_report_take_inputs_after_an_option(tmp_path, capsys):
-    a = tmp_path / "a"
-    b = tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    sa = _summary(a, [_arm("w16", dense={"t/1": 0.6})])
-    sb = _summary(b, [_arm("w16", dense={"t/2": 0.8})])
+    sa, sb = _two_summaries(tmp_path)
     png = tmp_path / "m.png"
-    assert sr.main(["map", str(sa), "--out", str(png), str(sb)]) == 0 and png.stat().st_size > 0
+    assert sr.main(["map", sa, "--out", str(png), sb]) == 0 and png.stat().st_size > 0
     w = _work(tmp_path)                     # the main command: a work folder after --out and the other options
     assert sr.main(["--out", str(tmp_path / "o"), "--model", "m", "--decays", "d", "--exclude-call", "1",
                     str(w)]) == 0
@@ -222,12 +226,7 @@ def test_pooled_writes_out_only_where_told(tmp_path, capsys):
 
 def test_pooled_joins_a_card_named_in_another_case(tmp_path, capsys):
     """A hand-typed lower-case --gpu-name (on a folder that recorded no card) and the recorded name are one card."""
-    a = tmp_path / "a"
-    b = tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    sa = _summary(a, [_arm("w16", dense={"t/1": 0.6}, gpu="NVIDIA H100 80GB HBM3")])
-    sb = _summary(b, [_arm("w16", dense={"t/2": 0.8}, gpu="nvidia h100 80gb hbm3")])
-    assert sr.main(["pooled", str(sa), str(sb)]) == 0
-    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| w16")]
+    sa, sb = _two_summaries(tmp_path, gpu_a="NVIDIA H100 80GB HBM3", gpu_b="nvidia h100 80gb hbm3")
+    assert sr.main(["pooled", sa, sb]) == 0
+    rows = _w16_rows(capsys)
     assert len(rows) == 1 and "H100 80GB HBM3" in rows[0] and "n = 2" in rows[0]
