@@ -5,7 +5,7 @@ flag and what was expected (``dasc`` itself does the same through typer), so scr
 :class:`OneLineParser`, and the value checks they share (:func:`int_at_least`, :func:`number_above_zero`,
 :func:`fraction`, :func:`open_fraction`, :func:`nonempty`, :func:`path_named`) live here too, with the two
 refusals the training scripts share (:func:`refuse_unusable_device`, :func:`refuse_unusable_record`) and the
-report tools' ``--out`` rule (:func:`refuse_to_replace`).
+report tools' ``--out`` rules (:func:`refuse_to_replace`, :func:`check_out_file`, :func:`write_out_file`).
 """
 
 from __future__ import annotations
@@ -137,3 +137,31 @@ def refuse_to_replace(out: Path, paths: list, overwrite: bool) -> None:
                                  f"--overwrite to replace it")
         raise DascInputError(f"--out {out}: already holds {' and '.join(there)} (an earlier report); give a new "
                              f"folder, or --overwrite to replace {'it' if len(there) == 1 else 'them'}")
+
+
+def check_out_file(out: Path, overwrite: bool) -> None:
+    """Before any work: ``--out`` names a file in an existing folder, and an existing one is replaced only with
+    ``--overwrite`` (:func:`refuse_to_replace`).
+
+    Raises:
+        DascInputError: ``--out <out>: expected a file name in an existing folder ...`` or the refusal to replace.
+    """
+    from dasc_compile.errors import DascInputError
+
+    if out.is_dir() or not out.parent.is_dir():
+        raise DascInputError(f"--out {out}: expected a file name in an existing folder for the table")
+    refuse_to_replace(out, [out], overwrite)
+
+
+def write_out_file(out: Path, text: str) -> None:
+    """Write the table ``text`` to ``--out``.
+
+    Raises:
+        DascInputError: ``--out <out>: cannot write the table there (<why>)``.
+    """
+    from dasc_compile.errors import DascInputError
+
+    try:
+        out.write_text(text)
+    except OSError as e:
+        raise DascInputError(f"--out {out}: cannot write the table there ({e.strerror or type(e).__name__})") from None

@@ -35,8 +35,8 @@ from typing import Iterable, Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.card import add_gpu_name_option, one_card
-from benchmarks.cli_args import (OneLineParser, int_at_least, nonempty, number_above_zero, open_fraction, path_named,
-                                 refuse_to_replace)
+from benchmarks.cli_args import (OneLineParser, check_out_file, int_at_least, nonempty, number_above_zero,
+                                 open_fraction, path_named, refuse_to_replace, write_out_file)
 from benchmarks.serving_pool import pooled_table, spread
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
@@ -315,20 +315,14 @@ def main(argv: Iterable[str] | None = None) -> int:
             ap.add_argument("--overwrite", action="store_true", help="replace the file --out names")
             a = ap.parse_intermixed_args(argv[1:])
             if a.out is not None:
-                if a.out.is_dir() or not a.out.parent.is_dir():
-                    raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
-                refuse_to_replace(a.out, [a.out], a.overwrite)
+                check_out_file(a.out, a.overwrite)
             docs = load_summaries(a.summaries)
             try:
                 table = pooled_table(docs, pad=a.pad)
             except DascInputError as e:
                 raise DascInputError(f"{', '.join(map(str, a.summaries))}: {e}") from None
             if a.out is not None:
-                try:
-                    a.out.write_text(table + "\n")
-                except OSError as e:
-                    raise DascInputError(f"--out {a.out}: cannot write the table there "
-                                         f"({e.strerror or type(e).__name__})") from None
+                write_out_file(a.out, table + "\n")
             print(table)
             return 0
         ap = OneLineParser(

@@ -52,7 +52,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.cli_args import OneLineParser, open_fraction, path_named, refuse_to_replace
+from benchmarks.cli_args import OneLineParser, check_out_file, open_fraction, path_named, write_out_file
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from dasc_compile.errors import DascInputError
 
@@ -212,15 +212,13 @@ def main(argv=None) -> int:
                     help="also write the table to this markdown file (an existing one only with --overwrite)")
     ap.add_argument("--overwrite", action="store_true", help="replace the file --out names")
     try:
-        a = ap.parse_args(argv)
+        a = ap.parse_intermixed_args(argv)
         if not a.arm.strip() or not a.baseline.strip():
             raise DascInputError("--arm / --baseline: expected an arm name (e.g. dasc-nr-w16), got an empty one")
         if a.arm == a.baseline:
             raise DascInputError(f"--arm {a.arm} is also the baseline; give another arm, or another --baseline")
-        if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
-            raise DascInputError(f"--out {a.out}: expected a file name in an existing folder for the table")
         if a.out is not None:
-            refuse_to_replace(a.out, [a.out], a.overwrite)
+            check_out_file(a.out, a.overwrite)
         runs = collect(a.works, exclude_calls=a.exclude_call, exclude_runs=a.exclude_run,
                        baseline_run=a.baseline_run)
         stable_pairs, unstable = pairs(runs, arm=a.arm, baseline=a.baseline)
@@ -234,11 +232,7 @@ def main(argv=None) -> int:
         if unstable:
             text += (f"\nLeft out, a run unstable (its queue grew; not averaged): {', '.join(unstable)}.\n")
         if a.out is not None:
-            try:
-                a.out.write_text(text)
-            except OSError as e:
-                raise DascInputError(f"--out {a.out}: cannot write the table there "
-                                     f"({e.strerror or type(e).__name__})") from None
+            write_out_file(a.out, text)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
