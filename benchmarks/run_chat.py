@@ -20,7 +20,8 @@ warm):
   closing Dense run (closed loop: the longest run so far, x RUN_MARGIN; open loop: each seed's span
   expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`);
   a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
-  run is ``benchmarks/chat_replay.py`` in its own isolated process.
+  run is ``benchmarks/chat_replay.py`` in its own isolated process. A call in which no run began (the time
+  left covered none) exits with :data:`NOTHING_RAN`, so a driver can keep the servers for the next call.
 * ``down``: stop every server of ``WORK/servers.json``.
 
 Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD__LOAD__kCALL[__drift].json.gz`` (chat_replay results),
@@ -230,6 +231,11 @@ def cmd_down(a: argparse.Namespace) -> int:
     return 0
 
 
+#: ``run``'s exit status when no run began in the call (the time left covered none): not an error, but the call
+#: measured nothing, and chat_bench.sh then keeps the servers up even with DOWN=1 (a restart costs ~60-200 s).
+NOTHING_RAN = 4
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
@@ -319,7 +325,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     elif not state["others_ran"]:
         log(f"closing {order[-1][0]} run skipped: no other arm ran in this call, so it would bracket nothing")
     save_json(man_path, manifest)
-    return 0
+    return 0 if any(r["call"] == len(manifest["calls"]) - 1 for r in manifest["runs"]) else NOTHING_RAN
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,8 @@
 #   when all its arms and the closing baseline fit; an open-loop run (RATE) is assumed to take its seed's span from
 #   the arrival and think-time schedule, benchmarks/chat_replay.py open_loop_span_s, and FIRST_RUN_S is not used),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
-#   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end; 0 keeps them for the next call),
+#   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
+#   unless no run began in the call; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
 # Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log,
@@ -76,7 +77,12 @@ stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, 
 "$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
     --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
     --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}"
-[ "$DOWN" = 1 ] && "$PY" -m benchmarks.run_chat down --work "$W"
+ran=$?        # 4: no run began (benchmarks/run_chat.py NOTHING_RAN)
+if [ "$DOWN" = 1 ] && [ $ran -eq 4 ]; then
+  stamp "DOWN=1 not applied: no run began in this call, so the servers stay up for the next one (raise DEADLINE or lower FIRST_RUN_S; stop them: $PY -m benchmarks.run_chat down --work $W)"
+elif [ "$DOWN" = 1 ]; then
+  "$PY" -m benchmarks.run_chat down --work "$W"
+fi
 for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
 tar -C /tmp -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi chat
 [ -z "${LAUNCHER:-}" ] && jit_save "$OUT"

@@ -204,9 +204,11 @@ def _call(tmp_path, monkeypatch, run_s: float, *flags: str) -> dict:
     (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0, "gpu": f"card of {a}"}
                                                    for a in ("dense", "dasc-nr-w16")}))
     trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
-    assert rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16",
-                    "--seeds", "1", *flags]) == 0
-    return json.loads((work / "manifest.json").read_text())
+    code = rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16",
+                    "--seeds", "1", *flags])
+    man = json.loads((work / "manifest.json").read_text())
+    assert code == (0 if man["runs"] else rc.NOTHING_RAN)     # a call that began no run says so (chat_bench: DOWN)
+    return man
 
 
 @pytest.mark.parametrize("run_s, expect", [
