@@ -53,10 +53,6 @@ def add_gpu_name_option(ap) -> None:
                          "(run_chat up records it from 2026-12-06), e.g. 'NVIDIA H100 80GB HBM3'")
 
 
-def _key(name: str) -> str:
-    return card_label(name)
-
-
 def one_card(runs: Sequence[dict], given: str | None) -> str | None:
     """The one card every run ran on: each run's ``gpu`` (its manifest entry, else servers.json; ``work`` names
     its folder), and ``given`` for the runs whose folder records none; None where nothing names a card. Names
@@ -75,7 +71,7 @@ def one_card(runs: Sequence[dict], given: str | None) -> str | None:
     recorded: dict = {}
     for r in runs:
         if r.get("gpu") and r["gpu"].strip():
-            recorded.setdefault(_key(r["gpu"]), r["gpu"])
+            recorded.setdefault(card_label(r["gpu"]), r["gpu"])
     if len(recorded) > 1:
         names = ", ".join(map(repr, recorded.values()))
         raise DascInputError(f"the runs ran on {len(recorded)} kinds of card ({names}); a ratio pairs runs of one "
@@ -83,7 +79,7 @@ def one_card(runs: Sequence[dict], given: str | None) -> str | None:
     card = next(iter(recorded.values()), None)
     bare = sorted({str(r.get("work", "?")) for r in runs if not (r.get("gpu") or "").strip()})
     if given is not None:
-        if card is not None and _key(given) not in recorded:
+        if card is not None and card_label(given) not in recorded:
             if bare:
                 raise DascInputError(f"--gpu-name {given!r}: {', '.join(bare)} would then have run on another card "
                                      f"than the {card!r} the other folders record; report each card's folders apart")
