@@ -236,6 +236,18 @@ def cmd_down(a: argparse.Namespace) -> int:
 NOTHING_RAN = 4
 
 
+def _expect(text: str) -> tuple[str, float]:
+    """``--expect-s ARM=S``: ``(arm, seconds)``; raises argparse.ArgumentTypeError for anything else."""
+    arm, eq, sec = text.partition("=")
+    try:
+        val = float(sec) if eq and arm else None
+    except ValueError:
+        val = None
+    if val is None or not val > 0 or val == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected ARM=S with S a positive number of seconds, got {text!r}")
+    return arm, val
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
@@ -243,6 +255,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     names = a.arms or [n for n, s in servers.items() if s.get("up_s") is not None]
     if not names:
         print(f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
+        return 2
+    expect = dict(a.expect_s)
+    if set(expect) - set(names):
+        print(f"error: --expect-s {sorted(set(expect) - set(names))[0]}=...: not an arm of this call "
+              f"(the arms: {' '.join(names)})", file=sys.stderr)
         return 2
     try:
         order = schedule(names, a.seeds, baseline=a.baseline)
@@ -259,18 +276,19 @@ def cmd_run(a: argparse.Namespace) -> int:
             "expected_run_s": {str(k): round(v, 1) for k, v in span.items()} or None,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "func"}}
     manifest["calls"].append(call)
-    # others: arms other than the baseline; seed_wall: the longest run of each seed so far (s)
-    state = {"longest": a.first_run_s, "ran": 0, "others_ran": 0, "seed_wall": {}}
+    # others: arms other than the baseline; seed_wall / arm_wall: the longest run of each seed / arm so far (s)
+    state = {"longest": a.first_run_s, "ran": 0, "others_ran": 0, "seed_wall": {}, "arm_wall": {}}
     if span:
         log("open-loop runs expected from their seeds' schedules: " + ", ".join(
             f"seed {k} {v:.0f} s" for k, v in span.items()))
 
-    def run_s(seed: int) -> float:
+    def run_s(arm: str, seed: int) -> float:
         """A run's estimate (s), margin included: its seed's open-loop span (already an over-estimate) or
-        what a longer run of the seed took; in the closed loop the longest run so far times RUN_MARGIN."""
+        what a longer run of the seed took; in the closed loop the arm's longest run in this call, or the
+        given --expect-s or else the longest run so far for an arm not yet run, times RUN_MARGIN."""
         if seed in span:
             return max(span[seed], state["seed_wall"].get(seed, 0.0))
-        return state["longest"] * RUN_MARGIN
+        return state["arm_wall"].get(arm, expect.get(arm, state["longest"])) * RUN_MARGIN
 
     def do_run(idx: int, arm: str, seed: int, role: str) -> None:
         s = servers.get(arm)
@@ -301,6 +319,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         if rc in (0, 1):   # the first estimate is replaced by what a run took
             state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
             state["seed_wall"][seed] = max(state["seed_wall"].get(seed, 0.0), dt)
+            state["arm_wall"][arm] = max(state["arm_wall"].get(arm, 0.0), dt)
             state["ran"] += 1
             state["others_ran"] += arm != order[-1][0]
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
@@ -317,10 +336,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         if left() < need:
             log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (this seed's runs from "
                 f"here and the closing {order[-1][0]} run, each " + ("its seed's expected span" if span else
-                f"~{state['longest']:.0f} s x {RUN_MARGIN} margin") + ")")
+                "the arm's longest run in this call, or the longest so far, x " + f"{RUN_MARGIN} margin") + ")")
             break
         do_run(idx, arm, seed, role)
-    if closing_run_due(state["others_ran"], left(), run_s(order[-1][1])):
+    if closing_run_due(state["others_ran"], left(), run_s(*order[-1][:2])):
         do_run(len(order) - 1, *order[-1])
     elif not state["others_ran"]:
         log(f"closing {order[-1][0]} run skipped: no other arm ran in this call, so it would bracket nothing")
@@ -379,6 +398,9 @@ def main(argv=None) -> int:
     run.add_argument("--think-s", type=float, default=None, help="open loop: mean think time between turns, s")
     run.add_argument("--first-run-s", type=float, default=60.0,
                      help="closed loop: estimate of a run (s) before one has run (open-loop runs use their seed schedules)")
+    run.add_argument("--expect-s", type=_expect, action="append", default=[], metavar="ARM=S",
+                     help="closed loop: estimate of ARM's run (s) until it has run in this call, e.g. from an earlier "
+                          "call at the same pad (repeatable; other arms use the longest run so far, or --first-run-s)")
     run.add_argument("--deadline-s", type=float, default=500.0, help="no run is begun that would end after this")
     down = sub.add_parser("down", help="stop the servers")
     for p in (up, run, down):

@@ -102,12 +102,17 @@ def run_name(arm: str, seed: int, replay: str, pad: int, role: str, load: str, c
     return f"{arm}__s{seed}__{replay}__p{pad}__{load}__k{call}" + ("__drift" if role == "drift" else "")
 
 
-def reserve_s(order: Sequence[tuple[str, int, str]], idx: int, run_s: Callable[[int], float]) -> float:
-    """Seconds that must be left before run ``idx`` of ``order`` may start: :func:`runs_to_reserve`'s runs,
-    each at ``run_s(seed)`` (its estimate in seconds, margin included), the closing run at its first seed's.
+def reserve_s(order: Sequence[tuple[str, int, str]], idx: int, run_s: Callable[[str, int], float]) -> float:
+    """Seconds that must be left before run ``idx`` of ``order`` may start: the sum over
+    :func:`runs_to_reserve`'s runs (this seed's arms from ``idx`` on, then the closing baseline run of the first
+    seed) of ``run_s(arm, seed)``, each run's estimate in seconds, margin included.
 
-    A closed-loop run's estimate is one figure for every seed (the longest run so far times
-    :data:`RUN_MARGIN`); an open-loop run's follows its seed's arrival and think-time schedule
-    (:func:`benchmarks.chat_replay.open_loop_span_s`), which differs from seed to seed (142-163 s at ρ 0.9).
+    A closed-loop run's estimate is what its arm took in this call (its longest run times :data:`RUN_MARGIN`),
+    or the longest run so far for an arm not yet run: session 42 lost dasc-nr w16 from a 16k seed when the
+    closing INT8 run (58 s) was reserved at Dense's 124 s. An open-loop run's follows its seed's arrival and
+    think-time schedule (:func:`benchmarks.chat_replay.open_loop_span_s`), which differs from seed to seed
+    (142-163 s at ρ 0.9).
     """
-    return (runs_to_reserve(order, idx) - 1) * run_s(order[idx][1]) + run_s(order[-1][1])
+    seed = order[idx][1]
+    runs = [(arm, s) for arm, s, role in order[idx:-1] if s == seed and role == "arm"] + [order[-1][:2]]
+    return sum(run_s(arm, s) for arm, s in runs)

@@ -28,6 +28,8 @@
 #   FIRST_RUN_S (60: what a closed-loop run is assumed to take until one has run in this call; a seed starts only
 #   when all its arms and the closing baseline fit; an open-loop run (RATE) is assumed to take its seed's span from
 #   the arrival and think-time schedule, benchmarks/chat_replay.py open_loop_span_s, and FIRST_RUN_S is not used),
+#   EXPECT_S ("ARM=S ...": a closed-loop run's estimate for ARM until it has run in this call, e.g. "dasc-nr-w16=60"
+#   from an earlier call at the same PAD: without it an arm not yet run is reserved at the longest run so far),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
 #   unless no run began in the call; 0 keeps them for the next call),
@@ -68,6 +70,7 @@ json.dump(cfg, open(sys.argv[2], "w"), indent=1)
 EOF
 stamp "up: $UP_ARMS"
 extra=(); for f in ${SERVER_FLAGS:-}; do extra+=("--server-flag=$f"); done
+expect=(); for e in ${EXPECT_S:-}; do expect+=("--expect-s=$e"); done
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
     --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" "${extra[@]}"
 stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
@@ -76,7 +79,7 @@ LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
 "$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
     --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
-    --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}"
+    --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}"
 ran=$?        # 4: no run began (benchmarks/run_chat.py NOTHING_RAN)
 if [ "$DOWN" = 1 ] && [ $ran -eq 4 ]; then
   stamp "DOWN=1 not applied: no run began in this call, so the servers stay up for the next one (raise DEADLINE or lower FIRST_RUN_S; stop them: $PY -m benchmarks.run_chat down --work $W)"

@@ -157,7 +157,7 @@ def test_the_closing_run_needs_another_arms_run_and_the_time():
 
 def test_the_time_reserved_follows_each_seeds_estimate():
     order = schedule(["dense", "w16"], [1, 2])      # dense s1, w16 s1, (s2 in its row's order), dense s1 closing
-    est = {1: 163.0, 2: 142.0}.__getitem__
+    est = lambda arm, seed: {1: 163.0, 2: 142.0}[seed]  # noqa: E731
     # before the first run: seed 1's two runs and the closing run of seed 1
     assert reserve_s(order, 0, est) == 3 * 163.0
     # seed 2's first run: its two runs at 142 s and the closing run at seed 1's 163 s
@@ -165,7 +165,18 @@ def test_the_time_reserved_follows_each_seeds_estimate():
     assert reserve_s(order, i2, est) == 2 * 142.0 + 163.0
     assert reserve_s(order, i2 + 1, est) == 142.0 + 163.0
     # one estimate for every seed gives runs_to_reserve's count times it (the closed loop)
-    assert [reserve_s(order, i, lambda s: 10.0) for i in range(4)] == [10.0 * runs_to_reserve(order, i) for i in range(4)]
+    assert [reserve_s(order, i, lambda a, s: 10.0) for i in range(4)] == [10.0 * runs_to_reserve(order, i) for i in range(4)]
+
+
+def test_the_time_reserved_follows_each_arms_estimate():
+    # session 42's 16k call: INT8 opened (58 s), Dense took 124 s; before w16 the reservation is w16 at the
+    # longest run (not yet run) and the closing INT8 run at INT8's own time, not at Dense's
+    order = schedule(["dense", "int8", "dasc-nr-w16"], [3], baseline="int8")
+    assert [a for a, _, _ in order] == ["int8", "dense", "dasc-nr-w16", "int8"]
+    walls = {"int8": 58.0, "dense": 124.0}
+    est = lambda arm, seed: walls.get(arm, max(walls.values()))  # noqa: E731
+    assert reserve_s(order, 2, est) == 124.0 + 58.0
+    assert reserve_s(order, 1, est) == 124.0 + 124.0 + 58.0
 
 
 class _Clock:
@@ -181,9 +192,9 @@ class _Clock:
         return getattr(time, name)
 
 
-def _call(tmp_path, monkeypatch, run_s: float, *flags: str) -> dict:
+def _call(tmp_path, monkeypatch, run_s, *flags: str) -> dict:
     """One ``run_chat run`` call of Dense and dasc-nr w16 on the n8 trace, against servers that are not there:
-    each replay takes ``run_s`` of a hand-moved clock. Returns the call's manifest."""
+    each replay takes ``run_s`` (s, or ``{arm: s}``) of a hand-moved clock. Returns the call's manifest."""
     from types import SimpleNamespace
 
     import benchmarks.run_chat as rc
@@ -191,7 +202,7 @@ def _call(tmp_path, monkeypatch, run_s: float, *flags: str) -> dict:
     clock = _Clock()
 
     def client(cmd, **_kw):        # the replay client: each run takes run_s of the call's clock
-        clock.t += run_s
+        clock.t += run_s[cmd[cmd.index("--arm") + 1]] if isinstance(run_s, dict) else run_s
         return subprocess.CompletedProcess(cmd, 0, "ok", "")
 
     monkeypatch.setattr(rc, "time", clock)
@@ -223,6 +234,45 @@ def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monke
     assert all(r["gpu"] == f"card of {r['arm']}" for r in runs)      # each run records its server's card
     if len(expect) == 1:
         assert "closing dense run skipped: no other arm ran" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, expect", [
+    # session 42's 16k call: the slow arm (Dense, 124 s) ran first; w16 (55 s) not yet run is reserved at the
+    # longest run (124 x 1.15) unless its estimate is given, and then it and the closing run fit in 250 s
+    ((), [("dense", "arm")]),
+    (("--expect-s", "dasc-nr-w16=55"), [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
+    # the closing run is reserved at its own arm's time: w16 opens and closes (55 s), Dense's 124 s between
+    # leaves 81 s, enough for 55 x 1.15 but not for 124 x 1.15
+    (("--baseline", "dasc-nr-w16", "--deadline-s", "260"),
+     [("dasc-nr-w16", "arm"), ("dense", "arm"), ("dasc-nr-w16", "drift")]),
+])
+def test_each_arm_is_reserved_at_its_own_time(tmp_path, monkeypatch, flags, expect):
+    flags = ("--first-run-s", "60", "--deadline-s", str(124 + 250), *flags)
+    runs = _call(tmp_path, monkeypatch, {"dense": 124.0, "dasc-nr-w16": 55.0}, *flags)["runs"]
+    assert [(r["arm"], r["role"]) for r in runs] == expect
+
+
+@pytest.mark.parametrize("value, err", [
+    ("dasc-nr-w16", "expected ARM=S with S a positive number of seconds, got 'dasc-nr-w16'"),
+    ("dasc-nr-w16=-5", "expected ARM=S with S a positive number of seconds"),
+    ("=5", "expected ARM=S"),
+    ("int8=50", "--expect-s int8=...: not an arm of this call (the arms: dense dasc-nr-w16)"),
+])
+def test_a_bad_expected_run_time_is_refused_in_one_line(tmp_path, capsys, value, err):
+    import benchmarks.run_chat as rc
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
+    argv = ["run", "--work", str(work), "--trace", str(REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"),
+            "--arms", "dense", "dasc-nr-w16", "--seeds", "1", "--expect-s", value]
+    try:
+        code = rc.main(argv)
+    except SystemExit as e:
+        code = e.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and err in lines[0], (code, lines)
+    assert not (work / "manifest.json").exists()
 
 
 def test_an_open_loop_runs_span_follows_from_its_seeds_schedule():
