@@ -336,7 +336,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         if left() < need:
             log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (this seed's runs from "
                 f"here and the closing {order[-1][0]} run, each " + ("its seed's expected span" if span else
-                "the arm's longest run in this call, or the longest so far, x " + f"{RUN_MARGIN} margin") + ")")
+                "the arm's longest run in this call, else its --expect-s, else the longest so far, x "
+                + f"{RUN_MARGIN} margin") + ")")
             break
         do_run(idx, arm, seed, role)
     if closing_run_due(state["others_ran"], left(), run_s(*order[-1][:2])):

@@ -35,7 +35,8 @@
 #   unless no run began in the call; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
-# Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log,
+# Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log
+# (appended to: each invocation of one device call adds its part),
 # jit.tar.xz (the compile caches, when they pack within 15 MiB).
 set -uo pipefail
 T0=$(date +%s)
@@ -90,4 +91,4 @@ for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
 tar -C /tmp -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi chat
 [ -z "${LAUNCHER:-}" ] && jit_save "$OUT"
 stamp done
-} 2>&1 | tee "$OUT/run.log"
+} 2>&1 | tee -a "$OUT/run.log"   # -a: a second invocation in one device call adds to the log (session 42 lost one)
