@@ -42,6 +42,10 @@ from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
 from dasc_compile.errors import DascInputError
 
+#: ``--decays``: where a run's plans took their decay values from; a fixed list, so that a typo cannot start a
+#: series of its own in the pooled tables and the regime map.
+DECAYS = ("paper-calibrated", "init", "trained")
+
 SUMMARY_KEYS = ("arm", "model", "w_max", "decays", "regime", "rate", "decode_clip", "seeds", "mean_ttft_s",
                 "mean_ttft_ratio_vs_dense", "mean_ttft_ratio_vs_int8", "mean_e2e_ratio_vs_dense", "p95_ttft_s",
                 "hit_rate", "capacity", "capacity_under_load",
@@ -339,9 +343,10 @@ def main(argv: Iterable[str] | None = None) -> int:
         ap.add_argument("--model", required=True, type=nonempty("the served model's name"),
                         help="the served model as the tables and summary.json name it, e.g. 'Kimi-Linear-48B-A3B "
                              "(16 of 256 experts, dummy weights)'")
-        ap.add_argument("--decays", required=True, type=nonempty("where the decays came from"),
-                        help="where the plans' decays came from (summary.json 'decays'), e.g. paper-calibrated, "
-                             "trained, init")
+        ap.add_argument("--decays", required=True, choices=DECAYS,
+                        help="where the plans' decays came from (summary.json 'decays'): paper-calibrated (synthetic, "
+                             "calibrated to published statistics: plans/reference/*-calibrated), init (an "
+                             "initialisation draw), trained (read from trained weights)")
         add_run_exclusions(ap)
         add_gpu_name_option(ap)
         ap.add_argument("--x-sat", type=number_above_zero("conversations/s"), default=None,

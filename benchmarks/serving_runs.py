@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -241,6 +242,9 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     for w, man in manifests:
         srv_p = w / "servers.json"
         servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
+        if not srv_p.is_file():   # a partial copy: the report still pairs runs, but says what it cannot show
+            print(f"warning: {w}: no servers.json (run_chat up writes it): each arm's capacity shows as — and its "
+                  f"card comes only from the manifest's runs or --gpu-name", file=sys.stderr)
         # each arm's first timed run in this work folder (its server's first full load after the warm-up)
         first = {}
         for e in sorted((e for e in man["runs"] if not e.get("skipped") and e.get("rc") in (0, 1)),

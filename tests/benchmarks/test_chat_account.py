@@ -140,7 +140,7 @@ GOOD = _acct({"prompt": 4, "reply": 4}, {"reply": 2}, {"prompt": 4}, {"reply": 1
 def test_report_refuses_a_malformed_account_with_one_line(tmp_path, capsys, bad, where):
     w = _account_work(tmp_path, [GOOD, bad])
     out = tmp_path / "rep"
-    assert sr.main([str(w), "--out", str(out), "--model", "m", "--decays", "d"]) == 2
+    assert sr.main([str(w), "--out", str(out), "--model", "m", "--decays", "init"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {w / 'manifest.json'}: ") and "dasc-nr-w16 seed 1" in err[0], err
     assert where in err[0] and "expected" in err[0], err

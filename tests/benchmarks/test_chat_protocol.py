@@ -465,19 +465,19 @@ def test_the_report_carries_the_card_and_refuses_to_pair_two(tmp_path, capsys):
     servers = {"dense": {"gpu": "NVIDIA H100 80GB HBM3"}, "w16": {"gpu": "NVIDIA H100 80GB HBM3"}}
     (w / "servers.json").write_text(json.dumps(servers))
     assert {r["gpu"] for r in srun.collect([w], exclude_calls=[1])} == {"NVIDIA H100 80GB HBM3"}
-    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "a"), "--exclude-call", "1"]) == 0
+    assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "a"), "--exclude-call", "1"]) == 0
     assert {o["gpu"] for o in json.loads((tmp_path / "a" / "summary.json").read_text())} == {"NVIDIA H100 80GB HBM3"}
     assert "GPU: NVIDIA H100 80GB HBM3." in (tmp_path / "a" / "tables.md").read_text()
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "b",
+    err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "b",
                         "--gpu-name", "NVIDIA H200", "--exclude-call", 1)
     assert "--gpu-name 'NVIDIA H200': every work folder records its card ('NVIDIA H100 80GB HBM3')" in err
     assert not (tmp_path / "b").exists()
     servers["w16"]["gpu"] = "NVIDIA H200"
     (w / "servers.json").write_text(json.dumps(servers))
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "c", "--exclude-call", 1)
+    err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "c", "--exclude-call", 1)
     assert "2 kinds of card" in err and not (tmp_path / "c").exists()
     (w / "servers.json").write_text("{}")       # a folder from before the card was recorded
-    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "d"),
+    assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "d"),
                     "--gpu-name", "NVIDIA H200", "--exclude-call", "1"]) == 0
     assert {o["gpu"] for o in json.loads((tmp_path / "d" / "summary.json").read_text())} == {"NVIDIA H200"}
 
@@ -804,7 +804,22 @@ def _work(tmp_path, rate=None) -> Path:
         cr.write_json(w / "runs" / f, {"config": cfg, "records": [{**rec, "ttft_s": ttft}], "inflight": [], "wall_s": 1})
         runs.append({"call": call, "index": i, "arm": arm, "seed": 0, "role": role, "file": f, "rc": 0})
     (w / "manifest.json").write_text(json.dumps({"runs": runs, "calls": [{}, {}]}))
+    (w / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "w16")}))
     return w
+
+
+def test_a_folder_without_servers_json_is_reported_with_a_warning(tmp_path, capsys):
+    w = _work(tmp_path)
+    (w / "servers.json").unlink()
+    assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "rep"),
+                    "--exclude-call", "1"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {w}: no servers.json") and "capacity shows as —" in err[0]
+    # with it, nothing on stderr
+    _work(tmp_path / "again")
+    assert sr.main([str(tmp_path / "again" / "w"), "--model", "m", "--decays", "init", "--out",
+                    str(tmp_path / "rep2"), "--exclude-call", "1"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_report_excludes_a_call_and_lets_the_closing_run_stand_in(tmp_path):
@@ -834,7 +849,7 @@ def test_closing_baseline_pairs_each_seed_with_the_run_after_the_other_arms(tmp_
     assert "baseline: each seed" not in sr.markdown(list(opening.values()))
     # the same through both commands' flag
     from benchmarks import ttft_account
-    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "rep"), "--exclude-call", "1",
+    assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "rep"), "--exclude-call", "1",
                     "--baseline-run", "closing"]) == 0
     assert json.loads((tmp_path / "rep" / "summary.json").read_text())[1]["mean_ttft_ratio_vs_dense"] == pytest.approx(0.5)
     capsys.readouterr()
@@ -852,7 +867,7 @@ def test_closing_baseline_refuses_a_seed_without_a_closing_run(tmp_path, capsys)
     with pytest.raises(DascInputError, match="dense seed 1 .* has no closing run in its call 1"):
         srun.collect([w], exclude_runs=["w16_3.json.gz"], baseline_run="closing")
     assert len(srun.collect([w], exclude_calls=[1], baseline_run="closing")) == 2
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep", "--exclude-call", 0,
+    err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "rep", "--exclude-call", 0,
                         "--baseline-run", "closing")
     assert "no counted closing (drift) run" in err
     assert not (tmp_path / "rep").exists()
@@ -878,10 +893,10 @@ def test_report_refuses_a_seed_counted_twice(tmp_path, capsys):
     """w16 ran seed 0 in both calls: pairing took the last run silently and n counted one trace draw twice
     (it happened when pooling sessions that reused seeds)."""
     w = _work(tmp_path)
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep")
+    err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "rep")
     assert "w16 seed 0 is counted twice" in err and "w16_1.json.gz" in err and "w16_3.json.gz" in err
     assert not (tmp_path / "rep").exists()
-    assert sr.main([str(w), "--model", "m", "--decays", "d", "--out", str(tmp_path / "rep"),
+    assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "rep"),
                     "--exclude-run", "w16_3.json.gz"]) == 0
 
 
@@ -896,7 +911,7 @@ def test_report_refuses_a_result_file_two_runs_name(tmp_path, capsys):
     with pytest.raises(DascInputError, match=r"w16_1.json.gz: named by two runs .*w16 seed 0 of call 0 and w16 "
                                              r"seed 0 of call 1\): the later run wrote over"):
         srun.collect([w])
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep")
+    err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "rep")
     assert "named by two runs" in err and not (tmp_path / "rep").exists()
     assert sorted((r["arm"], r["role"], r["mean_ttft_s"]) for r in srun.collect([w], exclude_calls=[1])) == [
         ("dense", "arm", 9.0), ("dense", "drift", 2.0), ("w16", "arm", 1.0)]
@@ -934,7 +949,7 @@ def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
         ("a", "dense", "arm"), ("a", "w16", "arm"), ("b", "dense", "arm"), ("b", "dense", "drift"), ("b", "w16", "arm")]
     # in folder a the closing run stands in as the baseline; b keeps its opening run and its drift run
     assert [r["mean_ttft_s"] for r in by_path if r["work"] == str(a) and r["arm"] == "dense"] == [2.0]
-    err = _report_error(capsys, a, b, "--model", "m", "--decays", "d", "--out", tmp_path / "rep",
+    err = _report_error(capsys, a, b, "--model", "m", "--decays", "init", "--out", tmp_path / "rep",
                         "--exclude-call", "1", "--exclude-run", "dense_0.json.gz")
     assert "--exclude-run dense_0.json.gz: runs of that name are in 2 of the work folders" in err
     assert str(a / "runs" / "dense_0.json.gz") in err and str(b / "runs" / "dense_0.json.gz") in err
@@ -945,7 +960,7 @@ def test_report_excludes_a_run_by_path_from_one_folder_only(tmp_path, capsys):
     # left out the run of that name silently), is refused; a path that resolves to WORK/runs/NAME is not
     for bad in (tmp_path / "c" / "w" / "runs" / "dense_0.json.gz", a / "rnus" / "dense_0.json.gz",
                 a / "dense_0.json.gz"):
-        err = _report_error(capsys, a, "--model", "m", "--decays", "d", "--out", tmp_path / "rep", "--exclude-run", bad)
+        err = _report_error(capsys, a, "--model", "m", "--decays", "init", "--out", tmp_path / "rep", "--exclude-run", bad)
         assert f"--exclude-run {bad}: expected" in err and "WORK one of the work folders given" in err
     assert not (tmp_path / "rep").exists()
     odd = str(a / "runs" / "x" / ".." / "dense_0.json.gz")
@@ -958,7 +973,7 @@ def test_report_and_account_refuse_an_out_they_cannot_write_in_one_line(tmp_path
 
     w = _work(tmp_path)
     (tmp_path / "afile").write_text("x")
-    base = [w, "--model", "m", "--decays", "d", "--exclude-run", "w16_3.json.gz"]
+    base = [w, "--model", "m", "--decays", "init", "--exclude-run", "w16_3.json.gz"]
     assert "cannot write" in _report_error(capsys, *base, "--out", tmp_path / "afile" / "sub")   # was NotADirectoryError
     assert ttft_account.main([str(w), "--arm", "w16", "--exclude-run", "w16_3.json.gz",
                               "--out", "/proc/nope.md"]) == 2
@@ -976,7 +991,7 @@ def _report_error(capsys, *argv) -> str:
 def test_report_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, capsys):
     """Each was a traceback, or a silent report of runs the user meant to leave out."""
     w = _work(tmp_path)
-    base = [w, "--model", "m", "--decays", "d"]
+    base = [w, "--model", "m", "--decays", "init"]
     (tmp_path / "file").write_text("x")
     assert "--out" in _report_error(capsys, *base, "--out", tmp_path / "file")             # was FileExistsError
     out = tmp_path / "rep"
@@ -998,7 +1013,7 @@ def test_report_names_a_missing_run_file_a_folder_without_dense_and_a_bad_flag_i
     argparse printed its usage block before the error."""
     w = _work(tmp_path)
     (w / "runs" / "w16_3.json.gz").unlink()
-    err = _report_error(capsys, w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep")
+    err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "rep")
     assert "w16_3.json.gz" in err and "is missing" in err and "--exclude-run w16_3.json.gz" in err
     assert not (tmp_path / "rep").exists()
     w = _work(tmp_path / "second")
@@ -1017,7 +1032,7 @@ def test_open_loop_runs_are_reported_at_rho_from_the_measured_saturation_through
     """Protocol B's summary carries rho = rate / Dense's saturation throughput (issue 24 item 7); without
     --x-sat an open-loop report would have rho None, so it is refused in one line."""
     w = _work(tmp_path, rate=0.317)
-    base = [w, "--model", "m", "--decays", "d", "--out", tmp_path / "rep", "--exclude-run", "w16_3.json.gz"]
+    base = [w, "--model", "m", "--decays", "init", "--out", tmp_path / "rep", "--exclude-run", "w16_3.json.gz"]
     assert "--x-sat" in _report_error(capsys, *base)
     with pytest.raises(SystemExit) as e:
         sr.main([str(a) for a in base] + ["--x-sat", "-1"])

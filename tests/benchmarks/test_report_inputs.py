@@ -41,7 +41,7 @@ def test_report_keeps_the_earlier_pair_when_one_file_cannot_be_written(tmp_path,
     out.mkdir()
     (out / "summary.json").write_text("old summary")
     (out / "tables.md").mkdir()                      # tables.md cannot be written: nothing may change
-    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "d", "--exclude-call", "1", "--overwrite"]
+    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "init", "--exclude-call", "1", "--overwrite"]
     assert sr.main(argv) == 2
     _one_error(capsys, "tables.md")
     assert (out / "summary.json").read_text() == "old summary"
@@ -56,7 +56,7 @@ def test_report_replaces_an_earlier_report_only_with_overwrite(tmp_path, capsys)
     out = tmp_path / "out"
     out.mkdir()
     (out / "summary.json").write_text("committed summary")
-    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "d", "--exclude-call", "1"]
+    argv = [str(w), "--out", str(out), "--model", "m", "--decays", "init", "--exclude-call", "1"]
     assert sr.main(argv) == 2
     _one_error(capsys, f"--out {out}", "already holds summary.json", "--overwrite")
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
@@ -79,7 +79,7 @@ def test_report_replaces_an_earlier_report_only_with_overwrite(tmp_path, capsys)
 
 @pytest.mark.parametrize("flag", ["--model", "--decays"])
 def test_report_refuses_an_empty_name(tmp_path, capsys, flag):
-    argv = [str(_work(tmp_path)), "--out", str(tmp_path / "o"), "--model", "m", "--decays", "d"]
+    argv = [str(_work(tmp_path)), "--out", str(tmp_path / "o"), "--model", "m", "--decays", "init"]
     argv[argv.index(flag) + 1] = " "
     with pytest.raises(SystemExit) as e:              # the parser's refusal (run_guarded makes it the status)
         sr.main(argv)
@@ -89,7 +89,7 @@ def test_report_refuses_an_empty_name(tmp_path, capsys, flag):
 
 
 def test_report_refuses_x_sat_without_open_loop_runs(tmp_path, capsys):
-    assert sr.main([str(_work(tmp_path)), "--out", str(tmp_path / "o"), "--model", "m", "--decays", "d",
+    assert sr.main([str(_work(tmp_path)), "--out", str(tmp_path / "o"), "--model", "m", "--decays", "init",
                     "--exclude-call", "1", "--x-sat", "0.45"]) == 2
     _one_error(capsys, "--x-sat", "no open-loop run")
 
@@ -201,7 +201,7 @@ def test_map_and_report_take_inputs_after_an_option(tmp_path, capsys):
     png = tmp_path / "m.png"
     assert sr.main(["map", sa, "--out", str(png), sb]) == 0 and png.stat().st_size > 0
     w = _work(tmp_path)                     # the main command: a work folder after --out and the other options
-    assert sr.main(["--out", str(tmp_path / "o"), "--model", "m", "--decays", "d", "--exclude-call", "1",
+    assert sr.main(["--out", str(tmp_path / "o"), "--model", "m", "--decays", "init", "--exclude-call", "1",
                     str(w)]) == 0
     assert json.loads((tmp_path / "o" / "summary.json").read_text())[0]["model"] == "m"
 

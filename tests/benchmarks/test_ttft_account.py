@@ -76,6 +76,7 @@ def _work(tmp_path: Path, runs, name: str = "w", **cfg_changes) -> Path:
         cr.write_json(w / "runs" / f, {"config": cfg, "records": full, "inflight": [], "wall_s": 1})
         man.append({"call": 0, "index": i, "arm": arm, "seed": seed, "role": role, "file": f, "rc": 0})
     (w / "manifest.json").write_text(json.dumps({"runs": man, "calls": [{}]}))
+    (w / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in {r[0] for r in runs}}))
     return w
 
 
