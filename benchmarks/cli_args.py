@@ -44,17 +44,17 @@ def int_at_least(least: int):
     return parse
 
 
-def number_above_zero(unit: str):
-    """argparse ``type``: a finite number above 0, in ``unit`` (named in the refusal: "a number of {unit}", or
-    "a {unit}" when ``unit`` starts with "a " or "an ", e.g. "a learning rate")."""
+def number_above_zero(unit: str, *, zero: bool = False):
+    """argparse ``type``: a finite number above 0 (at least 0 with ``zero``), in ``unit`` (named in the refusal:
+    "a number of {unit}", or "a {unit}" when ``unit`` starts with "a " or "an ", e.g. "a learning rate")."""
     def parse(text: str) -> float:
         try:
             x = float(text)
         except ValueError:
             x = math.nan
-        if not (math.isfinite(x) and x > 0):
+        if not (math.isfinite(x) and (x >= 0 if zero else x > 0)):
             what = unit if unit.startswith(("a ", "an ")) else f"a number of {unit}"
-            raise argparse.ArgumentTypeError(f"expected {what} above 0, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {what} {'of at least 0' if zero else 'above 0'}, got {text!r}")
         return x
     return parse
 

@@ -15,9 +15,11 @@ warm):
   servers are recorded in ``WORK/servers.json``; a server already healthy there is kept.
 * ``run``: for each trace seed (``benchmarks/chat_trace.py``: disjoint conversation samples) run
   every arm once on a flushed cache (``/flush_cache``), the arm order a row of a Williams design
-  picked by the seed (:func:`benchmarks.run_order.schedule`); Dense opens the call and, on the call's first seed, closes it again, so the
-  drift of a call is a measured ratio. A run is not begun unless the time left covers it and the
-  closing Dense run (closed loop: the longest run so far, x RUN_MARGIN; open loop: each seed's span
+  picked by the seed (:func:`benchmarks.run_order.schedule`); the baseline arm (Dense unless
+  ``--baseline``) opens the call and, on its first seed, closes it again, so the drift of a call is a
+  measured ratio. A seed is not begun unless the time left covers its runs and the
+  closing baseline run (:class:`benchmarks.run_order.RunEstimates`: closed loop, each run at what its arm took
+  in this call, else ``--expect-s``, else the longest run so far, x RUN_MARGIN; open loop, each seed's span
   expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`);
   a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process. A call in which no run began (the time
@@ -49,11 +51,15 @@ from typing import Sequence
 
 from benchmarks.card import gpu_name
 from benchmarks.chat_replay import IM_END, open_loop_spans
+from benchmarks.chat_trace import seed_conversations
 from benchmarks.chat_warm import warm_all
-from benchmarks.cli_args import OneLineParser
-from benchmarks.run_order import RUN_MARGIN, closing_run_due, reserve_s, run_name, schedule
+from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
+from benchmarks.run_order import (RUN_MARGIN, RunEstimates, closing_run_due, expect_map, parse_expect, run_name,
+                                  schedule)
+from benchmarks.serving_arms import read_arms
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
+from benchmarks.trace_file import load_trace
 from dasc_compile.errors import DascInputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,46 +114,6 @@ def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
         if time.monotonic() > end:
             return None
         time.sleep(0.2)
-
-
-def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
-    """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
-    written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
-    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``;
-    ``model`` a folder with a ``config.json``.
-
-    Raises:
-        DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
-            broken arms.json was a traceback, and a missing model or plan folder was found only by the server).
-    """
-    from benchmarks.serving_tables import read_json_file
-
-    doc = read_json_file(arms_json, "arms.json (benchmarks.serving_arms --out)")
-    if not isinstance(doc, list) or not doc:
-        raise DascInputError(f"{arms_json}: expected a non-empty list of arms (benchmarks.serving_arms --out)")
-    arms = {}
-    for i, x in enumerate(doc):
-        if not (isinstance(x, dict) and isinstance(x.get("arm"), str) and isinstance(x.get("kind"), str)
-                and isinstance(x.get("flags"), list) and all(isinstance(f, str) for f in x["flags"])):
-            raise DascInputError(f"{arms_json}: entry {i}: expected an object with 'arm', 'kind' and a list of "
-                                 f"string 'flags'")
-        arms[x["arm"]] = x
-    if not plans.is_dir():
-        raise DascInputError(f"--plans {plans}: not a folder (the compiled plans that arms.json's {{plans}} names)")
-    if not (model / "config.json").is_file():
-        raise DascInputError(f"--model {model}: expected the served model's folder with a config.json")
-    names = list(names or arms)
-    if len(set(names)) != len(names):    # two servers for one arm: servers.json keeps one, and `down` misses the other
-        raise DascInputError(f"--arms {' '.join(names)}: an arm named twice; expected each arm once")
-    unknown = [n for n in names if n not in arms]
-    if unknown:
-        raise DascInputError(f"--arms {' '.join(unknown)}: not in {arms_json} ({', '.join(arms)})")
-    for n in names:
-        for f in arms[n]["flags"]:
-            if "{plans}" in f and not Path(f.replace("{plans}", str(plans))).exists():
-                raise DascInputError(f"{n}: its plan {f.replace('{plans}', str(plans))} does not exist "
-                                     f"(arms.json names {f}; --plans {plans})")
-    return arms, names
 
 
 def cmd_up(a: argparse.Namespace) -> int:
@@ -236,18 +202,6 @@ def cmd_down(a: argparse.Namespace) -> int:
 NOTHING_RAN = 4
 
 
-def _expect(text: str) -> tuple[str, float]:
-    """``--expect-s ARM=S``: ``(arm, seconds)``; raises argparse.ArgumentTypeError for anything else."""
-    arm, eq, sec = text.partition("=")
-    try:
-        val = float(sec) if eq and arm else None
-    except ValueError:
-        val = None
-    if val is None or not val > 0 or val == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected ARM=S with S a positive number of seconds, got {text!r}")
-    return arm, val
-
-
 def cmd_run(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
@@ -256,15 +210,15 @@ def cmd_run(a: argparse.Namespace) -> int:
     if not names:
         print(f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
         return 2
-    expect = dict(a.expect_s)
-    if set(expect) - set(names):
-        print(f"error: --expect-s {sorted(set(expect) - set(names))[0]}=...: not an arm of this call "
-              f"(the arms: {' '.join(names)})", file=sys.stderr)
-        return 2
     try:
+        expect = expect_map(a.expect_s, names, open_loop=a.rate is not None)
         order = schedule(names, a.seeds, baseline=a.baseline)
         span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
                 if a.rate is not None else {})
+        if not span:    # a seed the trace cannot hold is refused before any run, not by each run in turn
+            n_conv = len(load_trace(a.trace)[1])
+            for seed in a.seeds:
+                seed_conversations(n_conv, a.conversations_per_seed, seed, pool_seed=a.pool_seed)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -276,19 +230,12 @@ def cmd_run(a: argparse.Namespace) -> int:
             "expected_run_s": {str(k): round(v, 1) for k, v in span.items()} or None,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "func"}}
     manifest["calls"].append(call)
-    # others: arms other than the baseline; seed_wall / arm_wall: the longest run of each seed / arm so far (s)
-    state = {"longest": a.first_run_s, "ran": 0, "others_ran": 0, "seed_wall": {}, "arm_wall": {}}
+    # ran / others_ran: runs in this call, and those of arms other than the baseline
+    state = {"ran": 0, "others_ran": 0}
+    est = RunEstimates(a.first_run_s, expect, span)
     if span:
         log("open-loop runs expected from their seeds' schedules: " + ", ".join(
             f"seed {k} {v:.0f} s" for k, v in span.items()))
-
-    def run_s(arm: str, seed: int) -> float:
-        """A run's estimate (s), margin included: its seed's open-loop span (already an over-estimate) or
-        what a longer run of the seed took; in the closed loop the arm's longest run in this call, or the
-        given --expect-s or else the longest run so far for an arm not yet run, times RUN_MARGIN."""
-        if seed in span:
-            return max(span[seed], state["seed_wall"].get(seed, 0.0))
-        return state["arm_wall"].get(arm, expect.get(arm, state["longest"])) * RUN_MARGIN
 
     def do_run(idx: int, arm: str, seed: int, role: str) -> None:
         s = servers.get(arm)
@@ -316,10 +263,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             rc, tail = -9, "cut by the deadline"
         dt = time.monotonic() - t
         account = server_account(s, server_log, offset) if rc in (0, 1) else None
-        if rc in (0, 1):   # the first estimate is replaced by what a run took
-            state["longest"] = max(state["longest"] if state["ran"] else 0.0, dt)
-            state["seed_wall"][seed] = max(state["seed_wall"].get(seed, 0.0), dt)
-            state["arm_wall"][arm] = max(state["arm_wall"].get(arm, 0.0), dt)
+        if rc in (0, 1):   # the estimates follow what the runs took
+            est.record(arm, seed, dt)
             state["ran"] += 1
             state["others_ran"] += arm != order[-1][0]
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
@@ -332,20 +277,27 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     left = lambda: a.deadline_s - (time.monotonic() - t0)  # noqa: E731
     for idx, (arm, seed, role) in enumerate(order[:-1]):
-        need = reserve_s(order, idx, run_s)
+        need = est.need_s(order, idx)
         if left() < need:
             log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (this seed's runs from "
                 f"here and the closing {order[-1][0]} run, each " + ("its seed's expected span" if span else
-                "the arm's longest run in this call, else its --expect-s, else the longest so far, x "
-                + f"{RUN_MARGIN} margin") + ")")
+                "as run_order.RunEstimates expects it: its run here, else its --expect-s, else the longest "
+                f"so far, x {RUN_MARGIN} margin until the seed has begun") + ")")
             break
         do_run(idx, arm, seed, role)
-    if closing_run_due(state["others_ran"], left(), run_s(*order[-1][:2])):
+    if closing_run_due(state["others_ran"], left(), est.run_s(*order[-1][:2])):
         do_run(len(order) - 1, *order[-1])
     elif not state["others_ran"]:
         log(f"closing {order[-1][0]} run skipped: no other arm ran in this call, so it would bracket nothing")
     save_json(man_path, manifest)
     return 0 if any(r["call"] == len(manifest["calls"]) - 1 for r in manifest["runs"]) else NOTHING_RAN
+
+
+def _expect_arg(text: str) -> tuple[str, float]:
+    try:
+        return parse_expect(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:
@@ -387,22 +339,29 @@ def main(argv=None) -> int:
     run.add_argument("--trace", type=Path, required=True, help="a chat trace (benchmarks/trace_file.py)")
     run.add_argument("--seeds", type=int, nargs="+", required=True,
                      help="trace seeds: disjoint conversation samples of the trace (chat_trace.seed_conversations)")
-    run.add_argument("--conversations-per-seed", type=int, default=24, help="conversations in one seed's sample")
-    run.add_argument("--pool-seed", type=int, default=0, help="the permutation the seeds' samples are cut from")
+    run.add_argument("--conversations-per-seed", type=int_at_least(1), default=24,
+                     help="conversations in one seed's sample")
+    run.add_argument("--pool-seed", type=int_at_least(0), default=0,
+                     help="the permutation the seeds' samples are cut from")
     run.add_argument("--replay", default="served-reply", choices=REPLAYS,
                      help="what the next turn carries as the last reply (benchmarks/chat_replay.py)")
-    run.add_argument("--decode-clip", type=int, default=256, help="reply lengths clipped at this many tokens")
-    run.add_argument("--pad-tokens", type=int, default=0,
+    run.add_argument("--decode-clip", type=int_at_least(1), default=256,
+                     help="reply lengths clipped at this many tokens")
+    run.add_argument("--pad-tokens", type=int_at_least(0), default=0,
                      help="unique tokens put before each conversation (the context-length axis)")
-    run.add_argument("--clients", type=int, default=None, help="closed loop: concurrent clients (default 24)")
-    run.add_argument("--rate", type=float, default=None, help="open loop instead: conversation starts per s")
-    run.add_argument("--think-s", type=float, default=None, help="open loop: mean think time between turns, s")
-    run.add_argument("--first-run-s", type=float, default=60.0,
+    run.add_argument("--clients", type=int_at_least(1), default=None,
+                     help="closed loop: concurrent clients (default 24)")
+    run.add_argument("--rate", type=number_above_zero("conversations/s"), default=None,
+                     help="open loop instead: conversation starts per s")
+    run.add_argument("--think-s", type=number_above_zero("seconds", zero=True), default=None,
+                     help="open loop: mean think time between turns, s")
+    run.add_argument("--first-run-s", type=number_above_zero("seconds"), default=60.0,
                      help="closed loop: estimate of a run (s) before one has run (open-loop runs use their seed schedules)")
-    run.add_argument("--expect-s", type=_expect, action="append", default=[], metavar="ARM=S",
+    run.add_argument("--expect-s", type=_expect_arg, action="append", default=[], metavar="ARM=S",
                      help="closed loop: estimate of ARM's run (s) until it has run in this call, e.g. from an earlier "
                           "call at the same pad (repeatable; other arms use the longest run so far, or --first-run-s)")
-    run.add_argument("--deadline-s", type=float, default=500.0, help="no run is begun that would end after this")
+    run.add_argument("--deadline-s", type=number_above_zero("seconds"), default=500.0,
+                     help="no run is begun that would end after this")
     down = sub.add_parser("down", help="stop the servers")
     for p in (up, run, down):
         p.add_argument("--work", type=Path, required=True, help="the work folder (servers.json, runs/, manifest.json)")

@@ -3,8 +3,9 @@ must still fit before a run may start.
 
 * :func:`williams_rows` / :func:`schedule`: each seed runs every arm once, in a row of a Williams design, the
   call opened and closed by the baseline arm on its first seed (the closing run measures the call's drift);
-* :func:`runs_to_reserve` / :func:`reserve_s` / :func:`closing_run_due` with :data:`RUN_MARGIN`: a seed starts
-  only when its runs and the closing run fit the time left;
+* :func:`runs_to_reserve` / :func:`reserve_s` / :func:`closing_run_due` with :data:`RUN_MARGIN`, and
+  :class:`RunEstimates` (each run's expected seconds, ``--expect-s`` parsed by :func:`parse_expect` and checked
+  by :func:`expect_map`): a seed starts only when its runs and the closing run fit the time left;
 * :func:`run_name`: the file stem of one run's result.
 
 Split from ``benchmarks/run_chat.py``, which executes this order against the resident servers.
@@ -12,11 +13,13 @@ Split from ``benchmarks/run_chat.py``, which executes this order against the res
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["RUN_MARGIN", "closing_run_due", "reserve_s", "run_name", "runs_to_reserve", "schedule", "williams_rows"]
+__all__ = ["RUN_MARGIN", "RunEstimates", "closing_run_due", "expect_map", "parse_expect", "reserve_s", "reserved_runs",
+           "run_name", "runs_to_reserve", "schedule", "williams_rows"]
 
 
 def williams_rows(n: int) -> list[list[int]]:
@@ -65,7 +68,7 @@ def schedule(arms: Sequence[str], seeds: Sequence[int], *, baseline: str = "dens
     return out + [(baseline, seeds[0], "drift")]
 
 
-#: A run is assumed to take the longest run of the call so far times this (spare time for a slower one).
+#: A closed-loop run is reserved at its estimate (:class:`RunEstimates`) times this (spare time for a slower one).
 RUN_MARGIN = 1.15
 
 
@@ -74,21 +77,24 @@ def closing_run_due(others_ran: int, left_s: float, need_s: float) -> bool:
     call (``others_ran``: without one the closing run brackets nothing, so its ratio to the opening run is no
     drift of a comparison; session 15 spent 128 s on one after no run, session 25 164 s after a seed stopped
     past its opening Dense run) and when the time left (s) covers ``need_s``, the closing run's estimate in
-    seconds with its margin (:func:`reserve_s`'s ``run_s`` of the first seed)."""
+    seconds with its margin (:meth:`RunEstimates.run_s` of the baseline on the first seed)."""
     return others_ran > 0 and left_s >= need_s
 
 
-def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
-    """Runs that must fit in the time left before run ``idx`` of ``order`` (:func:`schedule`) may start.
+def reserved_runs(order: Sequence[tuple[str, int, str]], idx: int) -> list[tuple[str, int]]:
+    """The runs ``(arm, seed)`` that must fit in the time left before run ``idx`` of ``order`` (:func:`schedule`)
+    may start: the runs of ``idx``'s seed from ``idx`` on, then the closing baseline run (on the first seed).
 
-    They are the runs of ``idx``'s seed from ``idx`` on and the closing baseline run, so a seed is
-    started only when all its arms can run: a seed cut after its first arm leaves a run with no pair,
-    device time for nothing (session 14's protocol B call ran Dense on seed 3 and then stopped before
-    w16). Returns a count of runs (>= 2 for any ``idx`` before the closing run).
+    So a seed is started only when all its arms can run: a seed cut after its first arm leaves a run with no
+    pair, device time for nothing (session 14's protocol B call ran Dense on seed 3 and then stopped before w16).
     """
     seed = order[idx][1]
-    rest = sum(1 for _, s, role in order[idx:-1] if s == seed and role == "arm")
-    return rest + 1
+    return [(arm, s) for arm, s, role in order[idx:-1] if s == seed and role == "arm"] + [order[-1][:2]]
+
+
+def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
+    """How many runs :func:`reserved_runs` holds (>= 2 for any ``idx`` before the closing run)."""
+    return len(reserved_runs(order, idx))
 
 
 def run_name(arm: str, seed: int, replay: str, pad: int, role: str, load: str, call: int) -> str:
@@ -103,16 +109,94 @@ def run_name(arm: str, seed: int, replay: str, pad: int, role: str, load: str, c
 
 
 def reserve_s(order: Sequence[tuple[str, int, str]], idx: int, run_s: Callable[[str, int], float]) -> float:
-    """Seconds that must be left before run ``idx`` of ``order`` may start: the sum over
-    :func:`runs_to_reserve`'s runs (this seed's arms from ``idx`` on, then the closing baseline run of the first
-    seed) of ``run_s(arm, seed)``, each run's estimate in seconds, margin included.
+    """Seconds that must be left before run ``idx`` of ``order`` may start: the sum over :func:`reserved_runs`
+    (this seed's arms from ``idx`` on, then the closing baseline run of the first seed) of ``run_s(arm, seed)``,
+    each run's estimate in seconds (:meth:`RunEstimates.run_s`)."""
+    return sum(run_s(arm, s) for arm, s in reserved_runs(order, idx))
 
-    A closed-loop run's estimate is what its arm took in this call (its longest run times :data:`RUN_MARGIN`),
-    or the longest run so far for an arm not yet run: session 42 lost dasc-nr w16 from a 16k seed when the
-    closing INT8 run (58 s) was reserved at Dense's 124 s. An open-loop run's follows its seed's arrival and
-    think-time schedule (:func:`benchmarks.chat_replay.open_loop_span_s`), which differs from seed to seed
-    (142-163 s at ρ 0.9).
+
+def parse_expect(text: str) -> tuple[str, float]:
+    """One ``--expect-s ARM=S``: ``(arm, seconds)``.
+
+    Raises:
+        ValueError: not ``ARM=S`` with a non-empty ARM and S a finite number of seconds above 0.
     """
-    seed = order[idx][1]
-    runs = [(arm, s) for arm, s, role in order[idx:-1] if s == seed and role == "arm"] + [order[-1][:2]]
-    return sum(run_s(arm, s) for arm, s in runs)
+    arm, eq, sec = text.partition("=")
+    try:
+        val = float(sec) if eq and arm.strip() else math.nan
+    except ValueError:
+        val = math.nan
+    if not (val > 0 and math.isfinite(val)):
+        raise ValueError(f"expected ARM=S with S a positive number of seconds, got {text!r}")
+    return arm.strip(), val
+
+
+def expect_map(pairs: Sequence[tuple[str, float]], arms: Sequence[str], *, open_loop: bool) -> dict[str, float]:
+    """``--expect-s`` as ``{arm: seconds}``.
+
+    Raises:
+        DascInputError: an arm given twice or not among ``arms``, or any value in an open-loop call (its runs are
+            expected from their seeds' schedules).
+    """
+    out: dict[str, float] = {}
+    for arm, sec in pairs:
+        if open_loop:
+            raise DascInputError(f"--expect-s {arm}={sec:g}: only for the closed loop (open-loop runs are expected "
+                                 f"from their seeds' arrival and think-time schedules); leave it out with --rate")
+        if arm not in arms:
+            raise DascInputError(f"--expect-s {arm}={sec:g}: not an arm of this call (the arms: {' '.join(arms)})")
+        if arm in out:
+            raise DascInputError(f"--expect-s {arm}: given twice ({out[arm]:g} and {sec:g} s); give each arm once")
+        out[arm] = sec
+    return out
+
+
+class RunEstimates:
+    """What each run of one call is expected to take (s) and what must be left before a run starts.
+
+    Closed loop (``span`` empty), margin :data:`RUN_MARGIN` included unless ``margin=False``: a run of an
+    ``(arm, seed)`` already measured in this call (the closing baseline run: its opening run on the first
+    seed, the same conversations) is expected to take that again; an arm measured on other seeds its longest
+    run; an arm not yet run its ``expect`` (``--expect-s``, e.g. from an earlier call at the same pad), else the
+    longest run so far (``first_run_s`` before any). Session 42 lost dasc-nr w16 from a 16k seed when the
+    closing INT8 run (58 s) and w16 (55 s) were both reserved at Dense's 124 s.
+
+    Open loop: a seed's runs take its schedule span (``span[seed]``,
+    :func:`benchmarks.chat_replay.open_loop_span_s`: already an over-estimate, no margin; 142-163 s at ρ 0.9)
+    or a longer run of that seed.
+    """
+
+    def __init__(self, first_run_s: float, expect: dict[str, float] | None = None,
+                 span: dict[int, float] | None = None):
+        self.first_run_s, self.expect, self.span = first_run_s, dict(expect or {}), dict(span or {})
+        self.walls: dict[tuple[str, int], float] = {}      # (arm, seed) -> its run's wall time in this call (s)
+
+    def record(self, arm: str, seed: int, wall_s: float) -> None:
+        """A run of ``arm`` on ``seed`` took ``wall_s`` seconds (a seed's opening run is kept: the closing
+        baseline run repeats it)."""
+        self.walls.setdefault((arm, seed), wall_s)
+
+    def run_s(self, arm: str, seed: int, margin: bool = True) -> float:
+        """The expected seconds of one run (see the class)."""
+        seed_walls = [w for (_, s), w in self.walls.items() if s == seed]
+        if seed in self.span:
+            return max([self.span[seed], *seed_walls])
+        arm_walls = [w for (a, _), w in self.walls.items() if a == arm]
+        if (arm, seed) in self.walls:
+            est = self.walls[(arm, seed)]
+        elif arm_walls:
+            est = max(arm_walls)
+        elif arm in self.expect:
+            est = self.expect[arm]
+        else:
+            est = max(self.walls.values(), default=self.first_run_s)
+        return est * (RUN_MARGIN if margin else 1.0)
+
+    def need_s(self, order: Sequence[tuple[str, int, str]], idx: int) -> float:
+        """Seconds that must be left before run ``idx`` of ``order`` may start (:func:`reserve_s`). Once its
+        seed has begun (a run of it measured in this call) the remaining runs are reserved without the margin:
+        the margin was reserved when the seed started for exactly their spread, and a seed cut after a run
+        that was a little slower than its estimate leaves that run unpaired."""
+        seed = order[idx][1]
+        begun = any(s == seed for (_, s) in self.walls)
+        return reserve_s(order, idx, lambda a, s: self.run_s(a, s, margin=not begun))

@@ -176,6 +176,10 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
             closing (``drift``) run of the same call and seed is left out, so that run becomes the seed's
             baseline (as if each opening run were named in ``exclude_runs``).
 
+    A folder whose ``servers.json`` is missing, or lacks an arm with counted runs, is read with a one-line
+    warning on stderr: those arms' running limit (8), tracking interval (SGLang's default), capacity and card
+    come from no launch record.
+
     Raises:
         DascInputError: a folder given twice, or one none of whose runs is counted; an unreadable folder, manifest
             or result; an exclusion that matches nothing, or a bare name that matches runs in more than one folder; with
@@ -242,9 +246,6 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     for w, man in manifests:
         srv_p = w / "servers.json"
         servers = read_json_file(srv_p, "run_chat servers file") if srv_p.is_file() else {}
-        if not srv_p.is_file():   # a partial copy: the report still pairs runs, but says what it cannot show
-            print(f"warning: {w}: no servers.json (run_chat up writes it): each arm's capacity shows as — and its "
-                  f"card comes only from the manifest's runs or --gpu-name", file=sys.stderr)
         # each arm's first timed run in this work folder (its server's first full load after the warm-up)
         first = {}
         for e in sorted((e for e in man["runs"] if not e.get("skipped") and e.get("rc") in (0, 1)),
@@ -296,6 +297,13 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "account_missing": no_account, "first_timed": first.get(e["arm"]) == e.get("file"),
                         "records": res["records"],     # per request, for accounts that need more than run_stats
                         **run_stats(res, max_running=mr, track_interval=track_interval(servers.get(e["arm"])))})
+        unknown = sorted({r["arm"] for r in out if r["work"] == str(w)} - set(servers))
+        if unknown:     # a partial copy: the runs still pair, but what the servers' launch said is not known
+            where = f"{w}: no servers.json (run_chat up writes it)" if not srv_p.is_file() else \
+                f"{srv_p}: no entry for {', '.join(unknown)}"
+            print(f"warning: {where}: {', '.join(unknown)} taken as 8 running requests and SGLang's default "
+                  f"tracking interval; capacity unknown (—); the card only from the manifest's runs or --gpu-name",
+                  file=sys.stderr)
         if not any(r["work"] == str(w) for r in out):   # a folder given and then left out whole: say so, never drop it
             why = f" (--exclude-call {', '.join(map(str, exclude_calls))} applies to every folder given)" \
                 if exclude_calls else ""

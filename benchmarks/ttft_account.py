@@ -144,6 +144,9 @@ def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[
                     unstable.append(d)
     if not out:
         have = sorted({r["arm"] for r in runs})
+        if arm not in have:
+            raise DascInputError(f"--arm {arm}: no run of that arm here (arms with runs here: "
+                                 f"{', '.join(have) or 'none'})")
         why = f" ({len(unstable)} with an unstable run: {', '.join(unstable)})" if unstable else ""
         raise DascInputError(f"no trace seed has both a stable {baseline} run and a stable {arm} run{why} (arms with "
                              f"runs here: {', '.join(have) or 'none'})")

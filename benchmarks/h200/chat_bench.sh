@@ -55,6 +55,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 {
+echo "=== chat_bench $(date -u '+%F %T') UTC: ARMS='$ARMS' SEEDS='$SEEDS' PAD=$PAD CLIENTS=$CLIENTS BASELINE=$BASELINE${RATE:+ RATE=$RATE} (run.log: one such line per invocation)"
 stamp "setup ($(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || echo no GPU))"
 launcher=(); PY=python3
 if [ -n "${LAUNCHER:-}" ]; then launcher=(--launcher "$LAUNCHER"); PY=${PYTHON:-python3}   # CPU rehearsal
@@ -78,10 +79,14 @@ stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/de
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
-"$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
-    --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
-    --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}"
-ran=$?        # 4: no run began (benchmarks/run_chat.py NOTHING_RAN)
+if [ "$LEFT" -gt 0 ]; then
+  "$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
+      --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
+      --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}"
+  ran=$?      # 4: no run began (benchmarks/run_chat.py NOTHING_RAN)
+else
+  ran=4; stamp "no time left for a run (DEADLINE $DEADLINE s)"
+fi
 if [ "$DOWN" = 1 ] && [ $ran -eq 4 ]; then
   stamp "DOWN=1 not applied: no run began in this call, so the servers stay up for the next one (raise DEADLINE or lower FIRST_RUN_S; stop them: $PY -m benchmarks.run_chat down --work $W)"
 elif [ "$DOWN" = 1 ]; then

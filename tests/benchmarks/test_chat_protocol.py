@@ -194,7 +194,8 @@ class _Clock:
 
 def _call(tmp_path, monkeypatch, run_s, *flags: str) -> dict:
     """One ``run_chat run`` call of Dense and dasc-nr w16 on the n8 trace, against servers that are not there:
-    each replay takes ``run_s`` (s, or ``{arm: s}``) of a hand-moved clock. Returns the call's manifest."""
+    each replay takes ``run_s`` (s, ``{arm: s}`` or ``f(arm, seed) -> s``) of a hand-moved clock. Returns the
+    call's manifest."""
     from types import SimpleNamespace
 
     import benchmarks.run_chat as rc
@@ -202,7 +203,8 @@ def _call(tmp_path, monkeypatch, run_s, *flags: str) -> dict:
     clock = _Clock()
 
     def client(cmd, **_kw):        # the replay client: each run takes run_s of the call's clock
-        clock.t += run_s[cmd[cmd.index("--arm") + 1]] if isinstance(run_s, dict) else run_s
+        arm, seed = cmd[cmd.index("--arm") + 1], int(cmd[cmd.index("--seed") + 1])
+        clock.t += run_s(arm, seed) if callable(run_s) else run_s[arm] if isinstance(run_s, dict) else run_s
         return subprocess.CompletedProcess(cmd, 0, "ok", "")
 
     monkeypatch.setattr(rc, "time", clock)
@@ -216,7 +218,7 @@ def _call(tmp_path, monkeypatch, run_s, *flags: str) -> dict:
                                                    for a in ("dense", "dasc-nr-w16")}))
     trace = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
     code = rc.main(["run", "--work", str(work), "--trace", str(trace), "--arms", "dense", "dasc-nr-w16",
-                    "--seeds", "1", *flags])
+                    "--seeds", "1", "--conversations-per-seed", "2", *flags])    # 8 conversations: seeds 0-3
     man = json.loads((work / "manifest.json").read_text())
     assert code == (0 if man["runs"] else rc.NOTHING_RAN)     # a call that began no run says so (chat_bench: DOWN)
     return man
@@ -238,7 +240,8 @@ def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monke
 
 @pytest.mark.parametrize("flags, expect", [
     # session 42's 16k call: the slow arm (Dense, 124 s) ran first; w16 (55 s) not yet run is reserved at the
-    # longest run (124 x 1.15) unless its estimate is given, and then it and the closing run fit in 250 s
+    # longest run (124 s; the seed has begun, so without the margin) beside the closing run (124 s): 248 s of the
+    # 200 s left. Given its estimate it needs 179 s, and the closing run (124 x 1.15) still fits after it
     ((), [("dense", "arm")]),
     (("--expect-s", "dasc-nr-w16=55"), [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
     # the closing run is reserved at its own arm's time: w16 opens and closes (55 s), Dense's 124 s between
@@ -247,25 +250,73 @@ def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monke
      [("dasc-nr-w16", "arm"), ("dense", "arm"), ("dasc-nr-w16", "drift")]),
 ])
 def test_each_arm_is_reserved_at_its_own_time(tmp_path, monkeypatch, flags, expect):
-    flags = ("--first-run-s", "60", "--deadline-s", str(124 + 250), *flags)
+    flags = ("--first-run-s", "60", "--deadline-s", str(124 + 200), *flags)
     runs = _call(tmp_path, monkeypatch, {"dense": 124.0, "dasc-nr-w16": 55.0}, *flags)["runs"]
     assert [(r["arm"], r["role"]) for r in runs] == expect
 
 
-@pytest.mark.parametrize("value, err", [
-    ("dasc-nr-w16", "expected ARM=S with S a positive number of seconds, got 'dasc-nr-w16'"),
-    ("dasc-nr-w16=-5", "expected ARM=S with S a positive number of seconds"),
-    ("=5", "expected ARM=S"),
-    ("int8=50", "--expect-s int8=...: not an arm of this call (the arms: dense dasc-nr-w16)"),
+def test_a_begun_seed_is_not_cut_by_a_slightly_slower_run(tmp_path, monkeypatch):
+    # seed 2 starts with 110 s left and 109.25 s reserved (its two runs and the closing run, x 1.15); its Dense run
+    # then takes 45 s instead of seed 1's 35 s, leaving 65 s. The rest of a begun seed is reserved without the
+    # margin (25 + 35 s; with it, 69 s) and the closing run at seed 1's own Dense run (not the longest Dense run),
+    # so w16 seed 2 still runs and Dense seed 2 keeps its pair
+    def run_s(arm, seed):
+        return {"dense": 35.0 if seed == 1 else 45.0, "dasc-nr-w16": 25.0}[arm]
+    runs = _call(tmp_path, monkeypatch, run_s, "--seeds", "1", "2", "--first-run-s", "30", "--deadline-s",
+                 str(35 + 25 + 110))["runs"]
+    got = [(r["arm"], r["seed"], r["role"]) for r in runs]
+    assert ("dense", 2, "arm") in got and ("dasc-nr-w16", 2, "arm") in got, got
+
+
+def test_run_estimates_follow_the_runs_of_the_call():
+    from benchmarks.run_order import RUN_MARGIN, RunEstimates
+
+    est = RunEstimates(60.0, expect={"w16": 20.0})
+    assert est.run_s("dense", 1) == pytest.approx(60.0 * RUN_MARGIN)       # nothing ran: --first-run-s
+    assert est.run_s("w16", 1, margin=False) == 20.0                         # its --expect-s
+    est.record("dense", 1, 35.0)
+    est.record("dense", 2, 41.0)
+    est.record("dense", 1, 50.0)         # the closing run of seed 1 does not replace its opening run
+    assert est.run_s("dense", 1, margin=False) == 35.0                       # the same seed: its own run
+    assert est.run_s("dense", 3, margin=False) == 41.0                       # another seed: the arm's longest
+    assert est.run_s("int8", 1, margin=False) == 41.0                        # not run, no estimate: the longest
+    est.record("w16", 2, 30.0)
+    assert est.run_s("w16", 3, margin=False) == 30.0                         # measured beats --expect-s
+    # open loop: the seed's schedule span, or a longer run of that seed; no margin
+    ol = RunEstimates(60.0, span={1: 150.0})
+    assert ol.run_s("dense", 1) == 150.0
+    ol.record("w16", 1, 160.0)
+    assert ol.run_s("dense", 1) == 160.0
+
+
+@pytest.mark.parametrize("extra, err", [
+    (["--expect-s", "dasc-nr-w16"], "expected ARM=S with S a positive number of seconds, got 'dasc-nr-w16'"),
+    (["--expect-s", "dasc-nr-w16=-5"], "expected ARM=S with S a positive number of seconds"),
+    (["--expect-s", "dasc-nr-w16=nan"], "expected ARM=S with S a positive number of seconds"),
+    (["--expect-s", "dasc-nr-w16=inf"], "expected ARM=S with S a positive number of seconds"),
+    (["--expect-s", "=5"], "expected ARM=S"),
+    (["--expect-s", "int8=50"], "--expect-s int8=50: not an arm of this call (the arms: dense dasc-nr-w16)"),
+    (["--expect-s", "dense=60", "--expect-s", "dense=5"], "--expect-s dense: given twice (60 and 5 s)"),
+    (["--expect-s", "dense=60", "--rate", "0.3", "--think-s", "10"], "--expect-s dense=60: only for the closed loop"),
+    # not --expect-s, but refused the same way before any run: a seed the trace cannot hold (8 conversations, 4 a seed)
+    (["--seeds", "2", "--conversations-per-seed", "4"], "trace seed 2: a trace of 8 conversations holds 2 disjoint seeds"),
+    # the fresh-user trial of session 42: these ran (a NaN deadline skipped the time check and was written to the
+    # manifest as NaN)
+    (["--deadline-s", "nan"], "argument --deadline-s: expected a number of seconds above 0, got 'nan'"),
+    (["--first-run-s", "-5"], "argument --first-run-s: expected a number of seconds above 0"),
+    (["--clients", "0"], "argument --clients: expected an integer of at least 1"),
+    (["--pad-tokens", "-1"], "argument --pad-tokens: expected an integer of at least 0"),
+    (["--rate", "0", "--think-s", "1"], "argument --rate: expected a number of conversations/s above 0"),
+    (["--rate", "0.3", "--think-s", "-1"], "argument --think-s: expected a number of seconds of at least 0"),
 ])
-def test_a_bad_expected_run_time_is_refused_in_one_line(tmp_path, capsys, value, err):
+def test_a_bad_expected_run_time_is_refused_in_one_line(tmp_path, capsys, extra, err):
     import benchmarks.run_chat as rc
 
     work = tmp_path / "work"
     work.mkdir()
     (work / "servers.json").write_text(json.dumps({a: {"pid": 1, "port": 1, "up_s": 1.0} for a in ("dense", "dasc-nr-w16")}))
     argv = ["run", "--work", str(work), "--trace", str(REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"),
-            "--arms", "dense", "dasc-nr-w16", "--seeds", "1", "--expect-s", value]
+            "--arms", "dense", "dasc-nr-w16", "--seeds", "1", *extra]
     try:
         code = rc.main(argv)
     except SystemExit as e:
@@ -814,7 +865,13 @@ def test_a_folder_without_servers_json_is_reported_with_a_warning(tmp_path, caps
     assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "rep"),
                     "--exclude-call", "1"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"warning: {w}: no servers.json") and "capacity shows as —" in err[0]
+    assert len(err) == 1 and err[0].startswith(f"warning: {w}: no servers.json") and "capacity unknown" in err[0]
+    # one that lacks an arm names it
+    (w / "servers.json").write_text(json.dumps({"dense": {"pid": 1, "port": 1, "up_s": 1.0}}))
+    assert sr.main([str(w), "--model", "m", "--decays", "init", "--out", str(tmp_path / "rep1"),
+                    "--exclude-call", "1"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {w / 'servers.json'}: no entry for w16: w16 taken as 8")
     # with it, nothing on stderr
     _work(tmp_path / "again")
     assert sr.main([str(tmp_path / "again" / "w"), "--model", "m", "--decays", "init", "--out",

@@ -128,7 +128,7 @@ def _exit_code(argv) -> int:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--arm", "w64"], "no trace seed has both a stable dense run and a stable w64 run (arms with runs here: dense, w16)"),
+    (["--arm", "w64"], "--arm w64: no run of that arm here (arms with runs here: dense, w16)"),
     (["--arm", "w16", "--target", "0"], "--target"),
     (["--arm", "w16", "--target", "1.5"], "expected a fraction in (0, 1)"),    # 'lost needed' would go negative
     (["--arm", "w16", "--out", "/nonexistent-folder/x.md"], "--out"),
@@ -139,6 +139,13 @@ def test_cli_refuses_with_one_line(tmp_path, capsys, argv, needle):
     assert _exit_code([str(w), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def test_cli_refuses_an_arm_with_no_seed_in_common_with_the_baseline(tmp_path, capsys):
+    w = _work(tmp_path, [("dense", 1, "arm", DENSE), ("w16", 2, "arm", ARM)])
+    assert _exit_code([str(w), "--arm", "w16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: no trace seed has both a stable dense run and a stable w16 run (arms with runs here: dense, w16)"
 
 
 def test_cli_refuses_a_seed_counted_twice(tmp_path, capsys):
