@@ -20,7 +20,8 @@ warm):
   measured ratio. A seed is not begun unless the time left covers its runs and the
   closing baseline run (:class:`benchmarks.run_order.RunEstimates`: closed loop, each run at what its arm took
   in this call, else ``--expect-s``, else the longest run so far, x RUN_MARGIN; open loop, each seed's span
-  expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`);
+  expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`), and
+  a begun seed is finished whenever its own runs fit at the estimates it started with;
   a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process. A call in which no run began (the time
   left covered none) exits with :data:`NOTHING_RAN`, so a driver can keep the servers for the next call.
@@ -279,18 +280,22 @@ def cmd_run(a: argparse.Namespace) -> int:
     for idx, (arm, seed, role) in enumerate(order[:-1]):
         need = est.need_s(order, idx)
         if left() < need:
-            log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (this seed's runs from "
-                f"here and the closing {order[-1][0]} run, each " + ("its seed's expected span" if span else
-                "as run_order.RunEstimates expects it: its run here, else its --expect-s, else the longest "
-                f"so far, x {RUN_MARGIN} margin until the seed has begun") + ")")
+            log(f"stop before {arm} seed {seed}: {left():.0f} s left, {need:.0f} s to reserve (a seed starts only "
+                f"when its runs and the closing {order[-1][0]} run fit at their estimates, x {RUN_MARGIN} in the "
+                f"closed loop; a begun seed needs its own runs at the estimates it started with: "
+                f"run_order.RunEstimates)")
             break
         do_run(idx, arm, seed, role)
     if closing_run_due(state["others_ran"], left(), est.run_s(*order[-1][:2])):
         do_run(len(order) - 1, *order[-1])
     elif not state["others_ran"]:
         log(f"closing {order[-1][0]} run skipped: no other arm ran in this call, so it would bracket nothing")
+    else:
+        log(f"closing {order[-1][0]} run skipped: {left():.0f} s left, "
+            f"{est.run_s(*order[-1][:2]):.0f} s to reserve (the call has no drift figure)")
     save_json(man_path, manifest)
-    return 0 if any(r["call"] == len(manifest["calls"]) - 1 for r in manifest["runs"]) else NOTHING_RAN
+    began = any(r["call"] == len(manifest["calls"]) - 1 and "rc" in r for r in manifest["runs"])
+    return 0 if began else NOTHING_RAN
 
 
 def _expect_arg(text: str) -> tuple[str, float]:

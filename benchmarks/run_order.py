@@ -170,6 +170,7 @@ class RunEstimates:
                  span: dict[int, float] | None = None):
         self.first_run_s, self.expect, self.span = first_run_s, dict(expect or {}), dict(span or {})
         self.walls: dict[tuple[str, int], float] = {}      # (arm, seed) -> its run's wall time in this call (s)
+        self.kept: dict[int, dict[str, float]] = {}        # seed -> {arm: plain estimate (s) when the seed started}
 
     def record(self, arm: str, seed: int, wall_s: float) -> None:
         """A run of ``arm`` on ``seed`` took ``wall_s`` seconds (a seed's opening run is kept: the closing
@@ -193,10 +194,21 @@ class RunEstimates:
         return est * (RUN_MARGIN if margin else 1.0)
 
     def need_s(self, order: Sequence[tuple[str, int, str]], idx: int) -> float:
-        """Seconds that must be left before run ``idx`` of ``order`` may start (:func:`reserve_s`). Once its
-        seed has begun (a run of it measured in this call) the remaining runs are reserved without the margin:
-        the margin was reserved when the seed started for exactly their spread, and a seed cut after a run
-        that was a little slower than its estimate leaves that run unpaired."""
+        """Seconds that must be left before run ``idx`` of ``order`` may start.
+
+        Where a seed starts (no run of it measured in this call): :func:`reserve_s`, every reserved run (the
+        seed's and the closing run) at its estimate with the margin; the seed's runs' plain estimates are kept.
+        Once the seed has begun: only its remaining runs, at those kept estimates without the margin. A begun
+        seed is finished whenever its own runs fit, and the closing run then goes ahead only if time is left
+        (:func:`closing_run_due`): a pair is worth more than the drift figure. Before, one run a little slower
+        than its estimate, or the estimates of arms not yet run rising to it, cut the seed after that run and
+        left it unpaired (session 42's review: Dense at exactly its --expect-s raised w16's and INT8's
+        estimates from 60 to 124 s and cut the seed).
+        """
         seed = order[idx][1]
-        begun = any(s == seed for (_, s) in self.walls)
-        return reserve_s(order, idx, lambda a, s: self.run_s(a, s, margin=not begun))
+        if not any(s == seed for (_, s) in self.walls):
+            self.kept[seed] = {arm: self.run_s(arm, seed, margin=False) for arm, s, role in order[idx:-1]
+                               if s == seed and role == "arm"}
+            return reserve_s(order, idx, self.run_s)
+        kept = self.kept.get(seed, {})
+        return sum(kept.get(arm, self.run_s(arm, seed, margin=False)) for arm, _ in reserved_runs(order, idx)[:-1])

@@ -225,9 +225,10 @@ def _call(tmp_path, monkeypatch, run_s, *flags: str) -> dict:
 
 
 @pytest.mark.parametrize("run_s, expect", [
-    # session 25's call: Dense's opening run took 163 s of 432, w16 and the closing run (2 x 163 x 1.15) did not
-    # fit, and the closing Dense run must not be run either: with nothing between it brackets nothing
-    (163.0, [("dense", "arm")]),
+    # session 25's call: Dense's opening run overran (there 163 s of 432; here 330 s, so that w16 at its 120 s
+    # estimate no longer fits), and the closing Dense run must not be run either: with nothing between it
+    # brackets nothing
+    (330.0, [("dense", "arm")]),
     (50.0, [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
 ])
 def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monkeypatch, capsys, run_s, expect):
@@ -239,26 +240,26 @@ def test_run_closes_with_the_baseline_only_after_another_arm_ran(tmp_path, monke
 
 
 @pytest.mark.parametrize("flags, expect", [
-    # session 42's 16k call: the slow arm (Dense, 124 s) ran first; w16 (55 s) not yet run is reserved at the
-    # longest run (124 s; the seed has begun, so without the margin) beside the closing run (124 s): 248 s of the
-    # 200 s left. Given its estimate it needs 179 s, and the closing run (124 x 1.15) still fits after it
-    ((), [("dense", "arm")]),
-    (("--expect-s", "dasc-nr-w16=55"), [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
+    # a seed starts only when its runs and the closing run fit with the margin: with every run expected at
+    # --first-run-s 124 (Dense's length at 16k) that is 3 x 124 x 1.15 = 428 s of 400; given w16's own estimate
+    # (55 s, as session 42's EXPECT_S) it is 348 s, and all three runs fit
+    (("--first-run-s", "124"), []),
+    (("--first-run-s", "124", "--expect-s", "dasc-nr-w16=55"),
+     [("dense", "arm"), ("dasc-nr-w16", "arm"), ("dense", "drift")]),
     # the closing run is reserved at its own arm's time: w16 opens and closes (55 s), Dense's 124 s between
     # leaves 81 s, enough for 55 x 1.15 but not for 124 x 1.15
-    (("--baseline", "dasc-nr-w16", "--deadline-s", "260"),
+    (("--first-run-s", "60", "--baseline", "dasc-nr-w16", "--deadline-s", "260"),
      [("dasc-nr-w16", "arm"), ("dense", "arm"), ("dasc-nr-w16", "drift")]),
 ])
 def test_each_arm_is_reserved_at_its_own_time(tmp_path, monkeypatch, flags, expect):
-    flags = ("--first-run-s", "60", "--deadline-s", str(124 + 200), *flags)
-    runs = _call(tmp_path, monkeypatch, {"dense": 124.0, "dasc-nr-w16": 55.0}, *flags)["runs"]
+    runs = _call(tmp_path, monkeypatch, {"dense": 124.0, "dasc-nr-w16": 55.0}, "--deadline-s", "400", *flags)["runs"]
     assert [(r["arm"], r["role"]) for r in runs] == expect
 
 
 def test_a_begun_seed_is_not_cut_by_a_slightly_slower_run(tmp_path, monkeypatch):
     # seed 2 starts with 110 s left and 109.25 s reserved (its two runs and the closing run, x 1.15); its Dense run
-    # then takes 45 s instead of seed 1's 35 s, leaving 65 s. The rest of a begun seed is reserved without the
-    # margin (25 + 35 s; with it, 69 s) and the closing run at seed 1's own Dense run (not the longest Dense run),
+    # then takes 45 s instead of seed 1's 35 s, leaving 65 s. The rest of a begun seed is reserved at its kept
+    # estimate without the margin (w16 25 s; before, with the closing run at the longest Dense run x 1.15, 80.5 s),
     # so w16 seed 2 still runs and Dense seed 2 keeps its pair
     def run_s(arm, seed):
         return {"dense": 35.0 if seed == 1 else 45.0, "dasc-nr-w16": 25.0}[arm]
@@ -266,6 +267,19 @@ def test_a_begun_seed_is_not_cut_by_a_slightly_slower_run(tmp_path, monkeypatch)
                  str(35 + 25 + 110))["runs"]
     got = [(r["arm"], r["seed"], r["role"]) for r in runs]
     assert ("dense", 2, "arm") in got and ("dasc-nr-w16", 2, "arm") in got, got
+
+
+@pytest.mark.parametrize("dense_s", [60.0, 70.0])
+def test_a_begun_seed_keeps_its_estimates(tmp_path, monkeypatch, dense_s):
+    # the second review's case: w16 not yet run is estimated at the longest run so far (60 s, --first-run-s) when
+    # the seed starts (3 x 60 x 1.15 = 207 s of 207). Dense then takes 60 s (as expected) or 70 s; w16's
+    # estimate must not rise to it, and the seed finishes whenever w16's kept 60 s fit; the closing run follows
+    # only if its own 1.15 x Dense's run is left
+    runs = _call(tmp_path, monkeypatch, {"dense": dense_s, "dasc-nr-w16": 60.0}, "--first-run-s", "60",
+                 "--deadline-s", "207")["runs"]
+    got = [(r["arm"], r["role"]) for r in runs]
+    assert got[:2] == [("dense", "arm"), ("dasc-nr-w16", "arm")], got
+    assert (("dense", "drift") in got) == (207 - dense_s - 60 >= 1.15 * dense_s)
 
 
 def test_run_estimates_follow_the_runs_of_the_call():
