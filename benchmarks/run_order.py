@@ -179,18 +179,13 @@ class RunEstimates:
 
     def run_s(self, arm: str, seed: int, margin: bool = True) -> float:
         """The expected seconds of one run (see the class)."""
-        seed_walls = [w for (_, s), w in self.walls.items() if s == seed]
         if seed in self.span:
-            return max([self.span[seed], *seed_walls])
-        arm_walls = [w for (a, _), w in self.walls.items() if a == arm]
-        if (arm, seed) in self.walls:
-            est = self.walls[(arm, seed)]
-        elif arm_walls:
-            est = max(arm_walls)
-        elif arm in self.expect:
-            est = self.expect[arm]
-        else:
-            est = max(self.walls.values(), default=self.first_run_s)
+            return max([self.span[seed], *(w for (_, s), w in self.walls.items() if s == seed)])
+        est = self.walls.get((arm, seed))                   # the same run measured (the closing run's opening)
+        if est is None:
+            est = max((w for (a, _), w in self.walls.items() if a == arm), default=None)   # the arm, other seeds
+        if est is None:
+            est = self.expect.get(arm, max(self.walls.values(), default=self.first_run_s))
         return est * (RUN_MARGIN if margin else 1.0)
 
     def need_s(self, order: Sequence[tuple[str, int, str]], idx: int) -> float:
@@ -205,10 +200,9 @@ class RunEstimates:
         left it unpaired (session 42's review: Dense at exactly its --expect-s raised w16's and INT8's
         estimates from 60 to 124 s and cut the seed).
         """
-        seed = order[idx][1]
+        seed, own = order[idx][1], reserved_runs(order, idx)[:-1]
         if not any(s == seed for (_, s) in self.walls):
-            self.kept[seed] = {arm: self.run_s(arm, seed, margin=False) for arm, s, role in order[idx:-1]
-                               if s == seed and role == "arm"}
+            self.kept[seed] = {arm: self.run_s(arm, seed, margin=False) for arm, _ in own}
             return reserve_s(order, idx, self.run_s)
         kept = self.kept.get(seed, {})
-        return sum(kept.get(arm, self.run_s(arm, seed, margin=False)) for arm, _ in reserved_runs(order, idx)[:-1])
+        return sum(kept.get(arm, self.run_s(arm, seed, margin=False)) for arm, _ in own)
