@@ -23,13 +23,13 @@ FLAVOUR=${2:-lowest}
 # --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
 TRANSFORMERS_LOWEST="transformers==5.12.1"
 # --- transformers of the newest environment ---------------------------------------------------------------
-TRANSFORMERS_NEWEST="transformers==5.24.*"
+TRANSFORMERS_NEWEST="transformers==5.25.*"
 COMMON="numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp
   dill gguf partial_json_parser einops compressed-tensors sentencepiece apache-tvm-ffi==0.1.11"
 case "$FLAVOUR" in
   lowest)   MARK="$VENV/.dasc-env-v1"; SGLANG="sglang==0.5.17"
             EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1" ;;
-  --newest) MARK="$VENV/.dasc-env-newest-v1"; SGLANG="sglang==0.5.23"
+  --newest) MARK="$VENV/.dasc-env-newest-v2"; SGLANG="sglang==0.5.23"
             EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard" ;;
   *)        usage " (got '$FLAVOUR')" ;;
 esac

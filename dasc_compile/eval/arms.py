@@ -108,7 +108,7 @@ def scratch_replay(em, prefix_cache, prefix_ids: list[int] | torch.Tensor, windo
     scratch = copy.deepcopy(prefix_cache)
     crop_attention(scratch, em.attention_layer_ids, n_p - window)
     for lid in em.layer_ids:
-        reset_recurrent(scratch.layers[lid])
+        reset_recurrent(scratch.layers[lid], n_p - window)      # the window runs at positions n_p - window ..
     em.forward_rows(ids[:, n_p - window:], scratch)
     return scratch
 

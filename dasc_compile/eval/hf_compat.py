@@ -12,13 +12,15 @@ with it) and is tested at both ends of that range. What changed between the ends
 * ``DynamicCache.crop`` takes the length to keep (5.12) or minus the tokens to drop, and refuses
   linear-attention layers (5.24): :func:`crop_attention` crops only the full-attention layers.
 * The recurrence kernels are mixer attributes (5.12 GDN) or module globals that transformers replaces by
-  flash-linear-attention's when that package is installed (5.17 on): :func:`kernel_slots` finds them,
-  :func:`pin_torch_kernels` pins the pure-PyTorch ones.
+  flash-linear-attention's when that package is installed (5.17 on), and from 5.25 (with the ``kernels``
+  package) module globals that are ``nn.Module`` wrappers: :func:`kernel_slots` finds them,
+  :func:`pin_torch_kernels` pins the pure-PyTorch ones (:func:`torch_function`).
 * ``kimi_linear`` (transformers' own Kimi-Linear model, whose KDA layer dasc evaluates) exists from 5.17:
   :func:`require_transformers` refuses a KDA model below that with one line.
 * A layer's type is ``attention`` / ``mamba`` (5.12's Mamba2 hybrids) or ``full_attention`` /
   ``linear_attention``; Falcon-H1's ``hybrid`` layers hold attention KV and a Mamba2 state in one cache
-  layer: :func:`kv_layer_ids` (the layers with KV), :func:`reset_recurrent` (resets only the state).
+  layer: :func:`kv_layer_ids` (the layers with KV), :func:`reset_recurrent` (resets only the state; 5.25
+  counts tokens in linear layers too, and a cache's length is layer 0's, so it keeps that count).
 * A model without attention layers (every mixer recurrent) runs with a cache from 5.17 on, where the
   forward takes the attention masks as a dict; its own mask and position code asks the cache for the
   length it holds, which only an attention layer knows, and raises: :func:`attention_free_kwargs`,
@@ -26,7 +28,7 @@ with it) and is tested at both ends of that range. What changed between the ends
 * Mamba2 mixers (Nemotron-H, Granite-4.0-H, Falcon-H1; :mod:`dasc_compile.eval.mamba2`): 5.12 has a
   ``torch_forward`` method that runs a multi-token call from a zero state and steps one token whenever
   the cache holds a state, and chooses mamba_ssm's CUDA kernels through the module flag
-  ``is_fast_path_available``; later releases (checked: 5.24) call module-global kernels, continue a cached
+  ``is_fast_path_available``; later releases (checked: 5.24, 5.25) call module-global kernels, continue a cached
   state in the chunked scan, and clamp ``dt`` only there (the one-token update does not):
   :func:`mamba2_max_chunk`, :func:`mamba2_dt_limit`, :func:`pin_torch_kernels`. Their observed decay
   is reported through ``mixer.dasc_observe_decay``, which :func:`kernel_slots` returns.
@@ -47,6 +49,10 @@ MIN_TRANSFORMERS = (5, 12)
 MIN_TRANSFORMERS_KDA = (5, 17)
 #: Lowest transformers that runs a model without attention layers over a cache (:func:`attention_free_kwargs`).
 MIN_TRANSFORMERS_ATTENTION_FREE = (5, 17)
+#: Newest transformers dasc eval is tested on (CI's newest environment; pyproject admits none newer).
+MAX_TESTED_TRANSFORMERS = (5, 25)
+#: The transformers releases dasc eval is tested on (CI: both ends and 5.17.0), as messages name them.
+_TESTED = "5.12-5.25"
 INSTALL_HINT = "pip install 'dasc[eval]' (in a checkout: pip install -e '.[eval]', or bash scripts/setup_env.sh)"
 
 
@@ -64,8 +70,14 @@ def transformers_version() -> tuple[int, int] | None:
     return _version_tuple(transformers.__version__)
 
 
-def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str = "dasc eval") -> None:
+def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str = "dasc eval") -> str | None:
     """Refuse, in one line, a missing or too old transformers.
+
+    Returns:
+        a note (for one ``warning:`` line) when the installed release is newer than
+        :data:`MAX_TESTED_TRANSFORMERS`, else None: a newer one may change what dasc eval relies on without an
+        error (5.25 moved the cache's length into the linear layers, and dasc-wr's replay ran at wrong
+        positions until :func:`reset_recurrent` kept it).
 
     Raises:
         DascInputError: naming what needs it and the pip command that installs it.
@@ -80,6 +92,11 @@ def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str 
                  ".venv-newest --newest") if minimum > MIN_TRANSFORMERS else ""
         raise DascInputError(f"{what} needs transformers >= {want}, this environment has "
                              f"{'.'.join(map(str, have))}: pip install 'transformers>={want}'{where}")
+    if have > MAX_TESTED_TRANSFORMERS:
+        cap = f"{MAX_TESTED_TRANSFORMERS[0]}.{MAX_TESTED_TRANSFORMERS[1] + 1}"
+        return (f"transformers {'.'.join(map(str, have))} is newer than the releases {what} is tested on "
+                f"({_TESTED}); results may differ from a tested one: pip install 'transformers>=5.12,<{cap}'")
+    return None
 
 
 def cache_arg(model) -> str:
@@ -143,12 +160,21 @@ def kv_layer_ids(layer_types) -> list[int]:
     return [i for i, t in enumerate(layer_types) if t in ("attention", "full_attention", "hybrid")]
 
 
-def reset_recurrent(layer) -> None:
+def reset_recurrent(layer, seen_tokens: int) -> None:
     """Zero the recurrent and conv state of a cache layer and mark it as holding no state; a layer that
-    also holds attention KV (Falcon-H1's) keeps it (its own ``reset`` would drop the KV too)."""
+    also holds attention KV (Falcon-H1's) keeps it (its own ``reset`` would drop the KV too).
+
+    ``seen_tokens``: the tokens the cache stands at (the next call's first position). 5.25 counts tokens in
+    each linear-attention layer (``cumulative_length_linear``), its ``reset`` zeroes that count, and the
+    cache's length, from which a model numbers the next call's positions, is layer 0's, often a linear one:
+    so the count is set back to ``seen_tokens``. Earlier releases take the length from an attention layer.
+    """
     from transformers.cache_utils import LinearAttentionLayer
 
     LinearAttentionLayer.reset(layer)
+    count = getattr(layer, "cumulative_length_linear", None)
+    if count is not None:
+        count.fill_(int(seen_tokens))
 
 
 def crop_attention(cache, attention_layer_ids, keep: int) -> None:
@@ -165,7 +191,7 @@ _KERNEL_NAMES = {
     "chunk": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule", "chunk_kimi_delta_attention"),
     "step": ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule", "recurrent_kimi_delta_attention"),
 }
-_CONV_NAMES = ("causal_conv1d_fn", "causal_conv1d_update")
+_CONV_NAMES = ("causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_forward")
 _MAMBA2_NAMES = ("mamba2_chunk_scan", "mamba2_selective_state_update", "mamba2_split_conv1d_scan_combined")
 #: the mixer attribute a Mamba2 mixer reports its observed log-decay through (:mod:`dasc_compile.eval.mamba2`)
 OBSERVER = "dasc_observe_decay"
@@ -216,8 +242,30 @@ def pin_torch_kernels(mixer) -> None:
         return
     mamba2 = [(module, n) for n in _MAMBA2_NAMES if hasattr(module, n)]
     for owner, name in (mamba2 or kernel_slots(mixer)) + [(module, n) for n in _CONV_NAMES if hasattr(module, n)]:
-        fn = getattr(owner, name)
-        setattr(owner, name, getattr(fn, "__wrapped__", fn))
+        setattr(owner, name, torch_function(getattr(owner, name), name))
+
+
+def torch_function(fn, name: str = "kernel"):
+    """The pure-PyTorch function behind a kernel entry point ``fn`` of a transformers modeling module.
+
+    5.17-5.24 bind a function whose ``__wrapped__`` is the PyTorch one (the wrapper picks
+    flash-linear-attention's or mamba_ssm's kernel when installed). 5.25, with the ``kernels`` package it
+    requires, binds instead an ``nn.Module`` instance (kernels' ``Func``) whose ``forward`` calls that
+    wrapper unless ``kernelize`` swapped in a Hub kernel; it keeps the function only in its class's
+    ``forward`` closure (cell ``func``), so that is read. A plain function is returned as it is.
+
+    Raises:
+        DascInputError: ``fn`` is a module of another layout (a transformers / kernels release dasc does not
+            know), naming ``name`` and the releases dasc eval is tested on.
+    """
+    if isinstance(fn, torch.nn.Module):
+        forward = type(fn).forward
+        cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or ()))
+        if "func" not in cells or not callable(cells["func"].cell_contents):
+            raise DascInputError(f"transformers' {name} is a {type(fn).__name__} module whose PyTorch function dasc "
+                                 f"eval cannot find (tested on transformers {_TESTED}): install a tested release")
+        fn = cells["func"].cell_contents
+    return getattr(fn, "__wrapped__", fn)
 
 
 def _legacy_mamba2(mixer) -> bool:

@@ -38,6 +38,15 @@ def skip_without_kimi_linear() -> None:
         pytest.skip(f"transformers {transformers.__version__} has no kimi_linear model (needs >= 5.17)")
 
 
+def is_pure_torch(fn) -> bool:
+    """A plain function defined in a transformers modeling module, wrapping nothing: a kernel slot that
+    ``hf_compat.pin_torch_kernels`` pinned (not a fallback wrapper, not transformers 5.25's ``Func`` module)."""
+    import inspect
+
+    return (inspect.isfunction(fn) and not hasattr(fn, "__wrapped__")
+            and fn.__module__.startswith("transformers.models."))
+
+
 @pytest.fixture(scope="session")
 def kda_dir(tmp_path_factory) -> Path:
     skip_without_kimi_linear()

@@ -66,13 +66,15 @@ def test_horizon_validation_observes_the_real_gate(which, request):
     em = request.getfixturevalue(f"{which}_model")
     prefix = [(5 * i + 1) % 251 for i in range(40)]
     n = em.num_heads * em.units_per_head
+    before = {(id(o), a): getattr(o, a) for m in em.mixers.values() for o, a in kernel_slots(m)}
     with DecayRecorder(em) as rec:
+        assert all(getattr(o, a) is not before[(id(o), a)] for m in em.mixers.values() for o, a in kernel_slots(m))
         em.forward(prefix, em.new_cache())
     for lid in em.layer_ids:
         g = torch.cat(rec.g[lid], dim=1)
         assert g.shape[:2] == (1, len(prefix)) and g[0].numel() == len(prefix) * n and bool((g <= 0).all())
-    for lid, mixer in em.mixers.items():      # kernels restored
-        assert all(getattr(owner, attr).__name__ != "wrapped" for owner, attr in kernel_slots(mixer))
+    for mixer in em.mixers.values():          # the very kernels the model had are back
+        assert all(getattr(o, a) is before[(id(o), a)] for o, a in kernel_slots(mixer))
     hs = [torch.arange(1, n + 1, dtype=torch.float64) for _ in em.layer_ids]
     rows = validate_prefix(em, prefix, hs, 1e-3)
     assert [r["layer_id"] for r in rows] == em.layer_ids

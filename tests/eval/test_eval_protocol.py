@@ -9,7 +9,7 @@ import torch
 
 from dasc_compile.eval.arms import (arm_cache, keep_grids, plan_kept_units, random_kept_units, replay_window,
                                     RANDOM_SEEDS)
-from dasc_compile.eval.hf_compat import conv_state, recurrent_state, reset_recurrent
+from dasc_compile.eval.hf_compat import conv_state, recurrent_state
 from dasc_compile.schema import load_plan
 from tests.support.tiny_models import compile_for
 
@@ -81,11 +81,17 @@ def _unit_view(state, em):
 
 
 def _hand_scratch(em, window):
-    """Scratch replay built independently: run the first n_p - W tokens, zero every linear layer, run the window."""
+    """Scratch replay built independently: run the first n_p - W tokens, zero every linear layer's recurrent and
+    conv state in place, run the window. Unlike ``arms.scratch_replay`` it calls no cache ``reset`` and leaves
+    transformers' bookkeeping (token counts, previous-state flags) as the run left it, so the window runs at
+    positions n_p - W .. n_p - 1 whatever release counts tokens where (5.25 counts them in the linear layers,
+    and a reset zeroed that count: the replay's attention layers then saw positions from 0). A zero conv state
+    read as the previous one pads the window as a fresh start does; a zero recurrent state is the zero start."""
     cache = em.new_cache()
     em.forward(PREFIX[:len(PREFIX) - window], cache)
     for lid in em.layer_ids:
-        reset_recurrent(cache.layers[lid])  # zero recurrent and conv state, no previous state (attention KV kept)
+        recurrent_state(cache.layers[lid]).zero_()
+        conv_state(cache.layers[lid]).zero_()
     em.forward(PREFIX[len(PREFIX) - window:], cache)
     return cache
 
