@@ -96,7 +96,9 @@ def scratch_replay(em, prefix_cache, prefix_ids: list[int] | torch.Tensor, windo
 
     The scratch is a copy of the prefix cache whose full-attention KV is cropped to the first
     ``n_p - window`` tokens (exact, as cached) and whose linear-attention layers are reset (zero
-    recurrent and conv state, no previous state); the window's tokens are then run through the model.
+    recurrent and conv state, no previous state, the token count kept at ``n_p - window`` so the window
+    runs at its own positions: :func:`~dasc_compile.eval.hf_compat.reset_recurrent`); the window's tokens
+    are then run through the model.
     ``prefix_ids``: one prompt's ids ``[n_p]``, or int64 ``[B, n_p]``, one row per row of the cache.
 
     Returns:

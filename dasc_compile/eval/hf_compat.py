@@ -1,7 +1,7 @@
 """Every difference between the transformers releases ``dasc eval`` supports, in one place.
 
-dasc declares ``transformers>=5.12`` (SGLang 0.5.17 pins 5.12.1, so ``dasc[sglang,eval]`` must resolve
-with it) and is tested at both ends of that range. What changed between the ends, and how the rest of
+dasc declares ``transformers>=5.12,<5.26`` (SGLang 0.5.17 pins 5.12.1, so ``dasc[sglang,eval]`` must
+resolve with it; 5.25 is the newest tested) and is tested at both ends of that range. What changed between the ends, and how the rest of
 ``dasc eval`` is kept from seeing it:
 
 * The cache argument of a model's ``forward`` is ``past_key_values`` (5.12) or ``cache`` (5.24, the old
@@ -12,9 +12,11 @@ with it) and is tested at both ends of that range. What changed between the ends
 * ``DynamicCache.crop`` takes the length to keep (5.12) or minus the tokens to drop, and refuses
   linear-attention layers (5.24): :func:`crop_attention` crops only the full-attention layers.
 * The recurrence kernels are mixer attributes (5.12 GDN) or module globals that transformers replaces by
-  flash-linear-attention's when that package is installed (5.17 on), and from 5.25 (with the ``kernels``
-  package) module globals that are ``nn.Module`` wrappers: :func:`kernel_slots` finds them,
-  :func:`pin_torch_kernels` pins the pure-PyTorch ones (:func:`torch_function`).
+  flash-linear-attention's when that package is installed (5.17 on); where the ``kernels`` package is
+  installed (optional up to 5.24, required from 5.25) those globals are ``nn.Module`` wrappers:
+  :func:`kernel_slots` finds them, :func:`pin_torch_kernels` pins the pure-PyTorch ones (:func:`torch_function`).
+  5.25 also loads Hub kernels by default (``from_pretrained(use_kernels=None)``): ``models._load_hf`` passes
+  ``use_kernels=False``.
 * ``kimi_linear`` (transformers' own Kimi-Linear model, whose KDA layer dasc evaluates) exists from 5.17:
   :func:`require_transformers` refuses a KDA model below that with one line.
 * A layer's type is ``attention`` / ``mamba`` (5.12's Mamba2 hybrids) or ``full_attention`` /
@@ -53,6 +55,7 @@ MIN_TRANSFORMERS_ATTENTION_FREE = (5, 17)
 MAX_TESTED_TRANSFORMERS = (5, 25)
 #: The transformers releases dasc eval is tested on (CI: both ends and 5.17.0), as messages name them.
 _TESTED = "5.12-5.25"
+_CAP = f"{MAX_TESTED_TRANSFORMERS[0]}.{MAX_TESTED_TRANSFORMERS[1] + 1}"      # pyproject's upper bound
 INSTALL_HINT = "pip install 'dasc[eval]' (in a checkout: pip install -e '.[eval]', or bash scripts/setup_env.sh)"
 
 
@@ -93,10 +96,22 @@ def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str 
         raise DascInputError(f"{what} needs transformers >= {want}, this environment has "
                              f"{'.'.join(map(str, have))}: pip install 'transformers>={want}'{where}")
     if have > MAX_TESTED_TRANSFORMERS:
-        cap = f"{MAX_TESTED_TRANSFORMERS[0]}.{MAX_TESTED_TRANSFORMERS[1] + 1}"
         return (f"transformers {'.'.join(map(str, have))} is newer than the releases {what} is tested on "
-                f"({_TESTED}); results may differ from a tested one: pip install 'transformers>=5.12,<{cap}'")
+                f"({_TESTED}); results may differ from a tested one: pip install 'transformers>=5.12,<{_CAP}'")
     return None
+
+
+def warn_untested_transformers() -> None:
+    """:func:`require_transformers` for ``dasc eval``, whose refusal it raises, and whose note on a release
+    newer than the tested ones it prints as one ``warning:`` line on stderr (the run goes on).
+
+    Raises:
+        DascInputError: as :func:`require_transformers`.
+    """
+    if note := require_transformers():
+        from dasc_compile.console import console
+
+        console(stderr=True, highlight=False, soft_wrap=True).print(f"warning: {note}", markup=False)
 
 
 def cache_arg(model) -> str:
@@ -107,7 +122,7 @@ def cache_arg(model) -> str:
 def attention_free_kwargs(ids: torch.Tensor) -> dict:
     """Extra ``forward`` arguments for a model without attention layers, for ``ids`` (int64 ``[B, T]``):
     ``position_ids`` (no layer reads them, so their values change no output; given so that the forward does
-    not ask the cache for its length) and ``attention_mask`` as the per-layer-kind dict the forward
+    not ask the cache for its length, which raises before 5.25 and is a linear layer's count from 5.25) and ``attention_mask`` as the per-layer-kind dict the forward
     takes instead of building masks (no padding: no mask). Needs transformers >= 5.17
     (:data:`MIN_TRANSFORMERS_ATTENTION_FREE`); transformers' Qwen3-Next, Kimi-Linear and Nemotron-H forwards
     (``modeling_*.py``: ``causal_mask_mapping``)."""
@@ -165,9 +180,10 @@ def reset_recurrent(layer, seen_tokens: int) -> None:
     also holds attention KV (Falcon-H1's) keeps it (its own ``reset`` would drop the KV too).
 
     ``seen_tokens``: the tokens the cache stands at (the next call's first position). 5.25 counts tokens in
-    each linear-attention layer (``cumulative_length_linear``), its ``reset`` zeroes that count, and the
-    cache's length, from which a model numbers the next call's positions, is layer 0's, often a linear one:
-    so the count is set back to ``seen_tokens``. Earlier releases take the length from an attention layer.
+    each linear-attention layer (``cache_utils.py``: ``LinearAttentionCacheLayerMixin.cumulative_length_linear``),
+    its ``reset`` zeroes that count, and the cache's length (``DynamicCache.get_seq_length``), from which a
+    model numbers the next call's positions, is layer 0's, often a linear one: so the count is set back to
+    ``seen_tokens``. Earlier releases take the length from the first attention layer.
     """
     from transformers.cache_utils import LinearAttentionLayer
 
@@ -228,7 +244,7 @@ def pin_torch_kernels(mixer) -> None:
     Why this sets attributes on objects transformers owns: 5.12 binds the kernels to each GDN mixer at
     construction and lets a Mamba2 mixer take mamba_ssm's CUDA path when a module flag says it is
     installed; later releases bind the kernels as module globals chosen at import time (their
-    pure-PyTorch function stays reachable as ``__wrapped__``); there is no public switch in either.
+    pure-PyTorch function stays reachable, :func:`torch_function`); there is no public switch in either.
     """
     module = importlib.import_module(type(mixer).__module__)
     if "chunk_gated_delta_rule" in vars(mixer):                       # 5.12 GDN: instance attributes
@@ -248,11 +264,13 @@ def pin_torch_kernels(mixer) -> None:
 def torch_function(fn, name: str = "kernel"):
     """The pure-PyTorch function behind a kernel entry point ``fn`` of a transformers modeling module.
 
-    5.17-5.24 bind a function whose ``__wrapped__`` is the PyTorch one (the wrapper picks
-    flash-linear-attention's or mamba_ssm's kernel when installed). 5.25, with the ``kernels`` package it
-    requires, binds instead an ``nn.Module`` instance (kernels' ``Func``) whose ``forward`` calls that
-    wrapper unless ``kernelize`` swapped in a Hub kernel; it keeps the function only in its class's
-    ``forward`` closure (cell ``func``), so that is read. A plain function is returned as it is.
+    From 5.17 the entry point is a function whose ``__wrapped__`` is the PyTorch one (the wrapper picks
+    flash-linear-attention's or mamba_ssm's kernel when installed; ``integrations/hub_kernels.py``,
+    ``use_kernel_func_from_hub_with_fallback``). Where the ``kernels`` package is installed (optional up to
+    5.24, required from 5.25), ``use_kernel_forward_from_hub`` turns it into an ``nn.Module`` instance
+    (``kernels/_internals/layer/layer.py``, ``_create_func_module``: a ``Func``) whose ``forward`` calls the
+    wrapper unless ``kernelize`` swapped in a Hub kernel, and which keeps it only in its class's ``forward``
+    closure (cell ``func``), so that is read. A plain function is returned as it is.
 
     Raises:
         DascInputError: ``fn`` is a module of another layout (a transformers / kernels release dasc does not
@@ -263,7 +281,8 @@ def torch_function(fn, name: str = "kernel"):
         cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or ()))
         if "func" not in cells or not callable(cells["func"].cell_contents):
             raise DascInputError(f"transformers' {name} is a {type(fn).__name__} module whose PyTorch function dasc "
-                                 f"eval cannot find (tested on transformers {_TESTED}): install a tested release")
+                                 f"eval cannot find (tested on transformers {_TESTED}): pip install "
+                                 f"'transformers>=5.12,<{_CAP}'")
         fn = cells["func"].cell_contents
     return getattr(fn, "__wrapped__", fn)
 

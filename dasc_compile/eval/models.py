@@ -266,8 +266,10 @@ def _load_hf(path: Path, cfg: dict, dtype: torch.dtype):
 
     config = preflight(path, dtype)
     try:
+        # use_kernels=False: 5.25 loads Hub kernels (RMSNorm, RoPE, Mamba2's scan) by default, which no CPU
+        # run has and hf_compat.pin_torch_kernels does not pin (modeling_utils.py, from_pretrained)
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
-                                                           output_loading_info=True)
+                                                           output_loading_info=True, use_kernels=False)
     except DascInputError:
         raise
     except _load_errors() as exc:

@@ -196,7 +196,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
         EvalInterrupted: Ctrl-C; the prompts finished so far are in ``json_out``.
     """
     from dasc_compile.eval.arms import RANDOM_SEEDS
-    from dasc_compile.eval.hf_compat import require_transformers
+    from dasc_compile.eval.hf_compat import warn_untested_transformers
     from dasc_compile.eval.models import _read_config, load_eval_model, preflight, require_model_support
     from dasc_compile.eval.tokenizer import load_tokenizer
     from dasc_compile.eval.prompts import prompt_record, prompts_hash
@@ -210,8 +210,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
     check_device(device)
     if not plans:
         raise DascInputError("give at least one --plan DIR (or --horizons for horizon validation)")
-    if note := require_transformers():          # newer than the tested releases: said, not refused
-        ERR.print(f"warning: {note}", markup=False)
+    warn_untested_transformers()
     spec, tensors, provenance = checkpoint_decays(model)
     if sharegpt is not None:       # ShareGPT prompts are cut from text; the others' lengths are known once read
         check_context(model, prefix_len + suffix_used, "--prefix-len + --suffix-len")
@@ -351,7 +350,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
     from dasc_compile.compiler import layer_horizons, resolve_family_policy
     from dasc_compile.eval import horizons as hz
     from dasc_compile.eval.controls import init_decay_tensors
-    from dasc_compile.eval.hf_compat import require_transformers
+    from dasc_compile.eval.hf_compat import warn_untested_transformers
     from dasc_compile.eval.models import _read_config, load_eval_model, require_model_support
     from dasc_compile.eval.prompts import prompts_hash
     from dasc_compile.eval.tokenizer import load_tokenizer
@@ -359,8 +358,7 @@ def run_horizons(model: Path, plan: Optional[Path] = None, *, prompts_file: Opti
 
     check_common(prefix_len, 2, 1)
     check_device(device)
-    if note := require_transformers():          # newer than the tested releases: said, not refused
-        ERR.print(f"warning: {note}", markup=False)
+    warn_untested_transformers()
     spec, tensors, provenance = checkpoint_decays(model)
     check_context(model, prefix_len, "--prefix-len")
     policy = Policy()

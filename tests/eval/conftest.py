@@ -94,7 +94,12 @@ def falcon_model(falcon_dir):
 
 
 @pytest.fixture(scope="session")
-def qwen35_model(tmp_path_factory):
+def qwen35_dir(tmp_path_factory) -> Path:
+    return write_qwen35(tmp_path_factory.mktemp("q35") / "model")
+
+
+@pytest.fixture(scope="session")
+def qwen35_model(qwen35_dir):
     from dasc_compile.eval.models import load_eval_model
 
-    return load_eval_model(write_qwen35(tmp_path_factory.mktemp("q35") / "model"))
+    return load_eval_model(qwen35_dir)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dasc_compile.eval.arms import (arm_cache, keep_grids, plan_kept_units, random_kept_units, replay_window,
-                                    RANDOM_SEEDS)
+                                    scratch_replay, RANDOM_SEEDS)
 from dasc_compile.eval.hf_compat import conv_state, recurrent_state
 from dasc_compile.schema import load_plan
 from tests.support.tiny_models import compile_for
@@ -43,6 +43,11 @@ def mamba2_plan(mamba2_dir, tmp_path_factory):      # Nemotron-H: 6 of 8 heads k
 @pytest.fixture(scope="module")
 def falcon_plan(falcon_dir, tmp_path_factory):      # Falcon-H1: 2 of 8 heads kept, W_replay 16
     return load_plan(compile_for(falcon_dir, 16, tmp_path_factory.mktemp("p") / "f16.dasc"), verify_kernels=False)
+
+
+@pytest.fixture(scope="module")
+def qwen35_plan(qwen35_dir, tmp_path_factory):
+    return load_plan(compile_for(qwen35_dir, 16, tmp_path_factory.mktemp("p") / "q16.dasc"), verify_kernels=False)
 
 
 #: every family, and Falcon-H1, whose cache layers hold attention KV and a Mamba2 state together
@@ -96,7 +101,7 @@ def _hand_scratch(em, window):
     return cache
 
 
-@pytest.mark.parametrize("which", FAMILIES)
+@pytest.mark.parametrize("which", FAMILIES + ["qwen35"])
 def test_wr_changes_only_local_units_and_equals_hand_built_replay(which, request):
     em, plan = request.getfixturevalue(f"{which}_model"), request.getfixturevalue(f"{which}_plan")
     assert 0 < plan.totals.n_kept < plan.totals.n_units
@@ -104,6 +109,9 @@ def test_wr_changes_only_local_units_and_equals_hand_built_replay(which, request
     window = replay_window(plan, len(PREFIX))
     assert 4 <= window < len(PREFIX)
     pc = _prefix_cache(em)
+    # the replay ran at positions n_p - W .. n_p - 1: the scratch stands where the prefix does (5.25 keeps the
+    # cache's length in linear layers, which a reset zeroed: the scratch then stood at W)
+    assert int(scratch_replay(em, pc, PREFIX, window).get_seq_length()) == len(PREFIX)
     before = copy.deepcopy(pc)
     wr = arm_cache(em, pc, PREFIX, "wr", grids, window)
     hand = _hand_scratch(em, window)

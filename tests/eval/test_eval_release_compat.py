@@ -21,6 +21,7 @@ pytestmark = pytest.mark.transformers_range
 @pytest.mark.parametrize("which", ["gdn", "kda", "qwen35", "mamba2", "falcon"])
 def test_loaded_models_run_the_pure_pytorch_kernels(which, request):
     em = request.getfixturevalue(f"{which}_model")
+    assert getattr(em.model, "use_kernels", False) is False        # no Hub kernels (5.25 loads them by default)
     for mixer in em.mixers.values():
         module = importlib.import_module(type(mixer).__module__)
         slots = [] if hasattr(mixer, "torch_forward") else kernel_slots(mixer)   # 5.12 Mamba2: torch_forward
@@ -51,13 +52,14 @@ def test_torch_function_unwraps_each_layout():
         return _reference(*a, **k)
 
     assert torch_function(_reference) is _reference                                  # a plain function
-    assert torch_function(fallback_wrapper) is _reference                            # 5.17-5.24
-    assert torch_function(_kernels_like_module(fallback_wrapper)) is _reference      # 5.25 (kernels' Func)
-    assert torch_function(_kernels_like_module(_reference)) is _reference            # 5.25, no fallback package
+    assert torch_function(fallback_wrapper) is _reference                            # 5.17 on, no kernels
+    assert torch_function(_kernels_like_module(fallback_wrapper)) is _reference      # with kernels (5.25 always)
+    assert torch_function(_kernels_like_module(_reference)) is _reference            # with kernels, no fallback
 
 
 def test_torch_function_refuses_a_module_it_cannot_read():
-    with pytest.raises(DascInputError, match=r"chunk_gated_delta_rule is a Linear module .*\(tested on transformers 5\.12-5\.25\)"):
+    said = r"chunk_gated_delta_rule is a Linear module .*\(tested on transformers 5\.12-5\.25\): pip install "
+    with pytest.raises(DascInputError, match=said + r"'transformers>=5\.12,<5\.26'"):
         torch_function(torch.nn.Linear(2, 2), "chunk_gated_delta_rule")
 
 
