@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -235,6 +236,17 @@ def _marker(label: str) -> str:
     return "s" if arm == "int8" else "^" if arm.startswith("dasc-wr") else "o"
 
 
+#: Protocol A's client count (24 on 8 running); a series with more clients is drawn hollow (:func:`_face`).
+BASE_CLIENTS = 24
+
+
+def _face(label: str) -> str | None:
+    """A series' marker face: ``"none"`` (hollow) when its label names more clients than :data:`BASE_CLIENTS`
+    (a working set beyond INT8's checkpoints), else None (filled, in the series' colour)."""
+    m = re.search(r"(\d+) clients", label)
+    return "none" if m and int(m.group(1)) > BASE_CLIENTS else None
+
+
 def regime_map(summaries: Sequence[Path], out: Path) -> None:
     """Mean-TTFT ratio to Dense (mean and range over trace seeds, pooled over the summaries by
     :func:`pool_points`) against the mean initial prompt, one series per (arm, protocol, replay, clients, rate);
@@ -271,13 +283,14 @@ def regime_map(summaries: Sequence[Path], out: Path) -> None:
         ax.errorbar([pt["x"] + dx for pt in pts], [pt["mean"] for pt in pts],
                     yerr=[[pt["mean"] - pt["min"] for pt in pts], [pt["max"] - pt["mean"] for pt in pts]],
                     marker=_marker(lab), color=plt.get_cmap("tab20")(i % 20), capsize=3, ls="none",
-                    label=f"{lab}, n={'/'.join(str(pt['n']) for pt in pts)}")
+                    mfc=_face(lab), label=f"{lab}, n={'/'.join(str(pt['n']) for pt in pts)}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
     ax.set_xlabel(f"mean initial prompt (tokens; series offset by {step:.0f} tokens each for legibility)")
     ax.set_ylabel("mean TTFT / Dense (paired by trace seed; bars: range)")
     ax.set_title("Where a cache hit shortens TTFT (dummy weights; one GPU, named in each label)\n"
-                 "n = trace seeds per point, left to right; squares: SGLang INT8, triangles: dasc-wr", fontsize=9)
+                 "n = trace seeds per point, left to right; squares: SGLang INT8, triangles: dasc-wr; "
+                 f"hollow: more than {BASE_CLIENTS} clients", fontsize=9)
     # below the axes: at ~10k tokens a dozen series stack, and a legend inside covered some of them
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if vs_int8:                     # the capacity step: the same arms against SGLang's INT8 pool, over client count

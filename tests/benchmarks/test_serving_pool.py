@@ -199,3 +199,29 @@ def test_regime_map_draws_the_int8_panel_by_client_count(tmp_path, monkeypatch):
     xs, ys = line.lines[0].get_data()
     assert list(ys) == pytest.approx([1.0, 0.57]) and list(xs) == pytest.approx([24, 42])
     assert "w16-int8" in right.get_legend().get_texts()[0].get_text()
+
+
+def test_regime_map_draws_series_with_more_clients_hollow(tmp_path, monkeypatch):
+    """On the left panel a 42-client series (the working set beyond INT8's checkpoints) is hollow, a 24-client one
+    filled in its colour, so two series of one arm and card at one context stay apart."""
+    import json
+
+    import matplotlib.figure
+
+    from benchmarks.serving_tables import _face, regime_map
+
+    assert (_face("dasc-nr-w16 (closed-loop-paper, served-reply, 42 clients, H200)"), _face("x (24 clients)"),
+            _face("dasc-nr-w16 (open-loop, rho 0.7)")) == ("none", None, None)
+    drawn = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: (drawn.append(self), real(self, *a, **k)))
+    s24 = tmp_path / "s24.json"
+    s24.write_text(json.dumps([_arm("w16-int8", dense={"x1/4": 0.57})]))
+    s42 = tmp_path / "s42.json"
+    s42.write_text(json.dumps([_arm("w16-int8", dense={"x2/1": 0.69}, clients=42)]))
+    regime_map([s24, s42], tmp_path / "m.png")
+    left = drawn[0].axes[0]
+    faces = {c.get_label().split(", n=")[0]: c.lines[0].get_markerfacecolor() for c in left.containers}
+    assert len(faces) == 2
+    assert [f for lab, f in faces.items() if "42 clients" in lab] == ["none"]
+    assert [f for lab, f in faces.items() if "24 clients" in lab][0] != "none"
