@@ -1,8 +1,8 @@
 """Every difference between the transformers releases ``dasc eval`` supports, in one place.
 
 dasc declares ``transformers>=5.12,<5.26`` (SGLang 0.5.17 pins 5.12.1, so ``dasc[sglang,eval]`` must
-resolve with it; 5.25 is the newest tested) and is tested at both ends of that range. What changed between the ends, and how the rest of
-``dasc eval`` is kept from seeing it:
+resolve with it; 5.25 is the newest tested) and is tested at both ends of that range. What changed
+between the ends, and how the rest of ``dasc eval`` is kept from seeing it:
 
 * The cache argument of a model's ``forward`` is ``past_key_values`` (5.12) or ``cache`` (5.24, the old
   name deprecated): :func:`cache_arg`.
@@ -54,7 +54,7 @@ MIN_TRANSFORMERS_ATTENTION_FREE = (5, 17)
 #: Newest transformers dasc eval is tested on (CI's newest environment; pyproject admits none newer).
 MAX_TESTED_TRANSFORMERS = (5, 25)
 #: The transformers releases dasc eval is tested on (CI: both ends and 5.17.0), as messages name them.
-_TESTED = "5.12-5.25"
+_TESTED = "-".join(".".join(map(str, v)) for v in (MIN_TRANSFORMERS, MAX_TESTED_TRANSFORMERS))
 _CAP = f"{MAX_TESTED_TRANSFORMERS[0]}.{MAX_TESTED_TRANSFORMERS[1] + 1}"      # pyproject's upper bound
 INSTALL_HINT = "pip install 'dasc[eval]' (in a checkout: pip install -e '.[eval]', or bash scripts/setup_env.sh)"
 
@@ -122,10 +122,10 @@ def cache_arg(model) -> str:
 def attention_free_kwargs(ids: torch.Tensor) -> dict:
     """Extra ``forward`` arguments for a model without attention layers, for ``ids`` (int64 ``[B, T]``):
     ``position_ids`` (no layer reads them, so their values change no output; given so that the forward does
-    not ask the cache for its length, which raises before 5.25 and is a linear layer's count from 5.25) and ``attention_mask`` as the per-layer-kind dict the forward
-    takes instead of building masks (no padding: no mask). Needs transformers >= 5.17
-    (:data:`MIN_TRANSFORMERS_ATTENTION_FREE`); transformers' Qwen3-Next, Kimi-Linear and Nemotron-H forwards
-    (``modeling_*.py``: ``causal_mask_mapping``)."""
+    not ask the cache for its length, which raises before 5.25 and is a linear layer's count from 5.25) and
+    ``attention_mask`` as the per-layer-kind dict the forward takes instead of building masks (no padding:
+    no mask). Needs transformers >= 5.17 (:data:`MIN_TRANSFORMERS_ATTENTION_FREE`); transformers' Qwen3-Next,
+    Kimi-Linear and Nemotron-H forwards (``modeling_*.py``: ``causal_mask_mapping``)."""
     return {"position_ids": torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand(ids.shape[0], -1),
             "attention_mask": {"full_attention": None, "linear_attention": None}}
 
