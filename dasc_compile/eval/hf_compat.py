@@ -101,6 +101,14 @@ def require_transformers(minimum: tuple[int, int] = MIN_TRANSFORMERS, what: str 
     return None
 
 
+def library_versions() -> dict[str, str]:
+    """``{"transformers": ..., "torch": ...}``: the releases a ``dasc eval`` run used (its JSON's
+    ``protocol.versions``), so that two runs' numbers can be told apart by the libraries that made them."""
+    import transformers
+
+    return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+
 def warn_untested_transformers() -> None:
     """:func:`require_transformers` for ``dasc eval``, whose refusal it raises, and whose note on a release
     newer than the tested ones it prints as one ``warning:`` line on stderr (the run goes on).

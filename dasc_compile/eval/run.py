@@ -196,7 +196,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
         EvalInterrupted: Ctrl-C; the prompts finished so far are in ``json_out``.
     """
     from dasc_compile.eval.arms import RANDOM_SEEDS
-    from dasc_compile.eval.hf_compat import warn_untested_transformers
+    from dasc_compile.eval.hf_compat import library_versions, warn_untested_transformers
     from dasc_compile.eval.models import _read_config, load_eval_model, preflight, require_model_support
     from dasc_compile.eval.tokenizer import load_tokenizer
     from dasc_compile.eval.prompts import prompt_record, prompts_hash
@@ -270,6 +270,7 @@ def run_eval(model: Path, plans: list[Path], *, prompts_file: Optional[Path] = N
                 "n_retrieval_prompts": sum(p.answer is not None for p in done), "prompts_sha256": prompts_hash(done),
                 "prompts": [prompt_record(i, p) for i, p in enumerate(done)],
                 "device": str(em.device), "dtype": "float32", "stopped_early": len(done) < len(prompts),
+                "versions": library_versions(),
                 "wall_s": round(time.time() - t0, 3),
             },
             "plan": per_plan[0]["plan"], "arms": per_plan[0]["arms"], "plans": per_plan,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+import transformers
 from typer.testing import CliRunner
 
 from dasc_compile.cli import app
@@ -53,6 +55,7 @@ def test_eval_json_contract_and_plot(gdn_dir, plans, tmp_path, monkeypatch):
     assert doc["protocol"]["n_prompts"] == 3 and doc["protocol"]["n_retrieval_prompts"] == 1
     assert len(doc["protocol"]["prompts_sha256"]) == 64 and len(doc["plan"]["content_hash"]) == 64
     assert doc["protocol"]["random_seeds"] == [1234, 2027, 3407, 4519, 5683]
+    assert doc["protocol"]["versions"] == {"transformers": transformers.__version__, "torch": torch.__version__}
     assert png.stat().st_size > 1000
     assert out.stat().st_mode & 0o777 == 0o644
     # w_max 200's replay window covers the whole 80-token prefix: wr equals dense by construction, said once
