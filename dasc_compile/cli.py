@@ -293,6 +293,21 @@ def _size_split_in_two(argv: list[str]) -> str | None:
     return None
 
 
+def _wmax_list_hint(argv: list[str], msg: str) -> str:
+    """For click's message ``msg`` rejecting a one-value ``--wmax`` that was given a comma-separated list
+    (``dasc compile M --wmax 16,64``): a hint naming ``dasc sweep``, the command that compares several w_max
+    values; else "".
+    """
+    if "Invalid value for '--wmax'" not in msg:
+        return ""
+    values = [v for o, v in zip(argv, argv[1:]) if o == "--wmax"]
+    values += [a.split("=", 1)[1] for a in argv if a.startswith("--wmax=")]
+    if any("," in v for v in values):
+        return "; one w_max per plan: to compare several, run 'dasc sweep MODEL --wmax " + \
+            next(v for v in values if "," in v) + "'"
+    return ""
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status; never raises.
 
@@ -320,6 +335,8 @@ def run(argv: list[str] | None = None) -> int:
             msg = split or msg
             if msg:  # an empty message follows the help text that a bare `dasc` prints
                 hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
+                words = list(sys.argv[1:] if argv is None else argv)
+                hint += _wmax_list_hint(words, msg)
                 err.print(f"error: {msg}{hint}", markup=False)
             return 2
         except cx.ClickException as exc:   # other click errors (e.g. a file option that cannot be opened)
