@@ -32,7 +32,7 @@
 #   from an earlier call at the same PAD: without it an arm not yet run is reserved at the longest run so far),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
-#   unless no run began in the call; 0 keeps them for the next call),
+#   unless no run began in the call or its run settings were refused; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
 # Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log
@@ -83,12 +83,14 @@ if [ "$LEFT" -gt 0 ]; then
   "$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
       --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
       --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}"
-  ran=$?      # 4: no run began (benchmarks/run_chat.py NOTHING_RAN)
+  ran=$?      # 4: no run began (benchmarks/run_chat.py NOTHING_RAN); 2: the run's settings were refused before any run
 else
   ran=4; stamp "no time left for a run (DEADLINE $DEADLINE s)"
 fi
 if [ "$DOWN" = 1 ] && [ $ran -eq 4 ]; then
   stamp "DOWN=1 not applied: no run began in this call, so the servers stay up for the next one (raise DEADLINE or lower FIRST_RUN_S; stop them: $PY -m benchmarks.run_chat down --work $W)"
+elif [ "$DOWN" = 1 ] && [ $ran -eq 2 ]; then   # session 44: a seed the trace lacks stopped the servers, and a restart did not fit
+  stamp "DOWN=1 not applied: the run's settings were refused (above) before any run, so the servers stay up for a corrected call (stop them: $PY -m benchmarks.run_chat down --work $W)"
 elif [ "$DOWN" = 1 ]; then
   "$PY" -m benchmarks.run_chat down --work "$W"
 fi
