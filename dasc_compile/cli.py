@@ -294,18 +294,35 @@ def _size_split_in_two(argv: list[str]) -> str | None:
 
 
 def _wmax_list_hint(argv: list[str], msg: str) -> str:
-    """For click's message ``msg`` rejecting a one-value ``--wmax`` that was given a comma-separated list
-    (``dasc compile M --wmax 16,64``): a hint naming ``dasc sweep``, the command that compares several w_max
-    values; else "".
+    """For click's message ``msg`` rejecting a one-value ``--wmax`` that was given a list of w_max values
+    (``dasc compile M --wmax 16,64``, also written ``--wmax 16, 64``): a hint naming ``dasc sweep``, the command
+    that compares several, with the list as sweep reads it (:func:`dasc_compile.sweep.parse_int_list`); else "".
+    Only the last ``--wmax`` before ``--`` counts, the one click rejected.
     """
     if "Invalid value for '--wmax'" not in msg:
         return ""
-    values = [v for o, v in zip(argv, argv[1:]) if o == "--wmax"]
-    values += [a.split("=", 1)[1] for a in argv if a.startswith("--wmax=")]
-    if any("," in v for v in values):
-        return "; one w_max per plan: to compare several, run 'dasc sweep MODEL --wmax " + \
-            next(v for v in values if "," in v) + "'"
-    return ""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    value, k = None, -1
+    for i, w in enumerate(words):
+        if w == "--wmax" and i + 1 < len(words):
+            value, k = words[i + 1], i + 1
+        elif w.startswith("--wmax="):
+            value, k = w.split("=", 1)[1], i
+    if value is None or "," not in value:
+        return ""
+    while value.rstrip().endswith(",") and k + 1 < len(words):   # the shell split "16, 64" into two words
+        k += 1
+        value += words[k]
+    from dasc_compile.errors import DascInputError
+    from dasc_compile.sweep import parse_int_list
+    try:
+        values = parse_int_list(value, "--wmax", lo=1)
+    except DascInputError:
+        return ""
+    if len(values) < 2:
+        return ""
+    return ("; one w_max per plan: to compare several, run 'dasc sweep MODEL --wmax "
+            + ",".join(str(v) for v in values) + "'")
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -323,7 +340,8 @@ def run(argv: list[str] | None = None) -> int:
         from click import exceptions as cx
 
     def body() -> int:
-        swallowed = _option_swallowed_option(list(sys.argv[1:] if argv is None else argv))
+        words = list(sys.argv[1:] if argv is None else argv)
+        swallowed = _option_swallowed_option(words)
         if swallowed is not None:
             err.print(f"error: {swallowed}", markup=False)
             return 2
@@ -331,11 +349,10 @@ def run(argv: list[str] | None = None) -> int:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
         except cx.UsageError as exc:
             msg = exc.format_message()
-            split = _size_split_in_two(list(sys.argv[1:] if argv is None else argv)) if "extra argument" in msg else None
+            split = _size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
             if msg:  # an empty message follows the help text that a bare `dasc` prints
                 hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
-                words = list(sys.argv[1:] if argv is None else argv)
                 hint += _wmax_list_hint(words, msg)
                 err.print(f"error: {msg}{hint}", markup=False)
             return 2

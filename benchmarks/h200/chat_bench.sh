@@ -90,7 +90,7 @@ fi
 if [ "$DOWN" = 1 ] && [ $ran -eq 4 ]; then
   stamp "DOWN=1 not applied: no run began in this call, so the servers stay up for the next one (raise DEADLINE or lower FIRST_RUN_S; stop them: $PY -m benchmarks.run_chat down --work $W)"
 elif [ "$DOWN" = 1 ] && [ $ran -eq 2 ]; then   # session 44: a seed the trace lacks stopped the servers, and a restart did not fit
-  stamp "DOWN=1 not applied: the run's settings were refused (above) before any run, so the servers stay up for a corrected call (stop them: $PY -m benchmarks.run_chat down --work $W)"
+  stamp "DOWN=1 not applied: run_chat refused the call (above) before any run, so servers that are up stay up for a corrected call (stop them: $PY -m benchmarks.run_chat down --work $W)"
 elif [ "$DOWN" = 1 ]; then
   "$PY" -m benchmarks.run_chat down --work "$W"
 fi

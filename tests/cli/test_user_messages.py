@@ -372,16 +372,21 @@ def test_an_extra_word_that_is_no_size_unit_keeps_clicks_message(tmp_path, gdn):
     assert_one_error(r, "unexpected extra argument", "GiBs")
 
 
-@pytest.mark.parametrize("wmax", [["--wmax", "16,64"], ["--wmax=16,64"]])
+@pytest.mark.parametrize("wmax", [["--wmax", "16,64"], ["--wmax=16,64"], ["--wmax", "16,", "64"],
+                                  ["--wmax", "64,16,16"], ["--wmax", "abc", "--wmax", "16,64"]])
 def test_a_wmax_list_given_to_compile_names_sweep(tmp_path, gdn, wmax):
+    """The hint gives the list as sweep reads it (sorted, duplicates dropped, a shell-split "16, 64" joined)."""
     before = snapshot(tmp_path)
     r = dasc("compile", gdn, *wmax, "--out", tmp_path / "p", cwd=tmp_path)
-    assert_one_error(r, "'--wmax'", "dasc compile --help", "dasc sweep MODEL --wmax 16,64")
+    assert_one_error(r, "'--wmax'", "dasc compile --help", "'dasc sweep MODEL --wmax 16,64'")
     assert snapshot(tmp_path) == before
 
 
-def test_a_bad_single_wmax_gets_no_sweep_hint(tmp_path, gdn):
-    r = dasc("compile", gdn, "--wmax", "abc", "--out", tmp_path / "p")
+@pytest.mark.parametrize("wmax", [["--wmax", "abc"], ["--wmax", "16,abc"], ["--wmax", ","], ["--wmax", ",16"],
+                                  ["--wmax", "16,64", "--wmax=abc"]])
+def test_a_wmax_that_is_no_list_gets_no_sweep_hint(tmp_path, gdn, wmax):
+    """No hint where sweep would refuse the list too, or where click rejected another --wmax than the list."""
+    r = dasc("compile", gdn, *wmax, "--out", tmp_path / "p")
     assert_one_error(r, "'--wmax'")
     assert "sweep" not in r.err
 
