@@ -31,6 +31,8 @@
 #   EXPECT_S ("ARM=S ...": a closed-loop run's estimate for ARM until it has run in this call, e.g. "dasc-nr-w16=60"
 #   from an earlier call at the same PAD: without it an arm not yet run is reserved at the longest run so far),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
+#   WORK (the work folder, /tmp/chat: servers.json, runs/, the unpacked plans; kept across calls), BASE_PORT (30100:
+#   arm i of UP_ARMS listens on BASE_PORT + 10 i),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
 #   unless no run began in the call or its run settings were refused; 0 keeps them for the next call),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
@@ -40,7 +42,7 @@
 # jit.tar.xz (the compile caches, when they pack within 15 MiB).
 set -uo pipefail
 T0=$(date +%s)
-CARRY=$PWD; W=/tmp/chat
+CARRY=$PWD; W=${WORK:-/tmp/chat}
 ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"}
 UP_ARMS=$(echo ${UP_ARMS:-$ARMS})      # words, one space apart (tabs and newlines split as in ARMS)
 for arm in $ARMS; do
@@ -74,7 +76,8 @@ stamp "up: $UP_ARMS"
 extra=(); for f in ${SERVER_FLAGS:-}; do extra+=("--server-flag=$f"); done
 expect=(); for e in ${EXPECT_S:-}; do expect+=("--expect-s=$e"); done
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
-    --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" "${extra[@]}"
+    --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" \
+    --base-port "${BASE_PORT:-30100}" "${extra[@]}"
 stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
@@ -95,7 +98,7 @@ elif [ "$DOWN" = 1 ]; then
   "$PY" -m benchmarks.run_chat down --work "$W"
 fi
 for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
-tar -C /tmp -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi chat
+tar -C "$(dirname "$W")" -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi "$(basename "$W")"
 [ -z "${LAUNCHER:-}" ] && jit_save "$OUT"
 stamp done
 } 2>&1 | tee -a "$OUT/run.log"   # -a: a second invocation in one device call adds to the log (session 42 lost one)

@@ -1,10 +1,14 @@
-"""benchmarks/h200/chat_bench.sh's arms: UP_ARMS (the servers a call brings up) must hold every arm the call
-measures (ARMS); a call that would measure an arm with no server is refused before anything starts."""
+"""benchmarks/h200/chat_bench.sh's arms and servers: UP_ARMS (the servers a call brings up) must hold every arm the
+call measures (ARMS), and a call that would measure an arm with no server is refused before anything starts; DOWN=1
+stops the servers only after a call that ran (a CPU rehearsal with tests/support/fake_sglang_server.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,7 +18,7 @@ def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     out = tmp_path / "out"
     full = {**os.environ, "OUT": str(out), **env}
     return subprocess.run(["bash", "benchmarks/h200/chat_bench.sh"], cwd=REPO, env=full, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=180)
 
 
 def test_up_arms_without_a_measured_arm_is_refused_in_one_line(tmp_path):
@@ -39,3 +43,43 @@ def test_up_arms_split_by_tabs_and_newlines_like_arms(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip() == ("error: UP_ARMS 'dense dasc-nr-w16' lacks 'bogus' of ARMS: expected every measured "
                                 "arm among the servers to start")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"   # a zombie has stopped
+
+
+def test_down_keeps_servers_after_a_refused_run_and_stops_them_after_a_real_one(tmp_path):
+    """DOWN=1 with a seed the trace lacks: run_chat refuses the call before any run (exit 2) and the servers stay up
+    for a corrected call (session 44 lost three warm servers this way); the corrected call runs and stops them."""
+    work = tmp_path / "chat"
+    (work / "plans").mkdir(parents=True)
+    (work / "plans/arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
+                                                        "flags": ["--max-running-requests", "2"]}]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(WORK=str(work), BASE_PORT=str(port), ARMS="dense", MRR="2", CLIENTS="2", PER_SEED="2",
+               TRACE="benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz", CONTEXT="4096", DEADLINE="300",
+               LAUNCHER=f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}", PYTHON=sys.executable,
+               DOWN="1")
+    try:
+        refused = run(tmp_path, SEEDS="9", **env)        # 8 conversations hold seeds 0..3 of 2
+        log = (tmp_path / "out/run.log").read_text()
+        assert "holds 4 disjoint seeds of 2 (0..3)" in log and "DOWN=1 not applied: run_chat refused the call" in log
+        pid = json.loads((work / "servers.json").read_text())["dense"]["pid"]
+        assert _alive(pid), log
+        ran = run(tmp_path, SEEDS="0", **env)
+        log = (tmp_path / "out/run.log").read_text()
+        assert "dense seed 0 (arm): rc 0" in log and "dense: stopped" in log, log
+        assert not _alive(pid)
+        assert refused.returncode == ran.returncode == 0
+        names = subprocess.run(["tar", "-tzf", str(tmp_path / "out/chat.tar.gz")], capture_output=True, text=True).stdout
+        assert "chat/runs/dense__s0__" in names and "plans" not in names     # the work folder, without its plans
+    finally:
+        subprocess.run([sys.executable, "-m", "benchmarks.run_chat", "down", "--work", str(work)], cwd=REPO,
+                       capture_output=True, timeout=60)
