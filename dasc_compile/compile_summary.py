@@ -31,7 +31,7 @@ def summary_line(plan: Plan, path: Path) -> str:
     t = plan.totals
     c_temp = f"{t.c_temp_ragged:.2f}x" if math.isfinite(t.c_temp_ragged) else "inf (nothing kept)"
     return (f"wrote {Path(path) / 'plan.json'}  ({plan.model.model_type}, {t.num_recurrent_layers} {plan.model.family} "
-            f"layers, kept {t.n_kept}/{t.n_units} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
+            f"layers, kept {t.n_kept:,}/{t.n_units:,} units, C_temp {c_temp}, C_ckpt {t.c_ckpt:.2f}x"
             + (f", TP{plan.tp.tp_size} C_ckpt {plan.tp.c_ckpt_tp:.2f}x" if plan.tp.tp_size > 1 else "") + ")")
 
 

@@ -280,7 +280,7 @@ def render_report(plan: Plan, console: Console) -> None:
 
     console.print()
     console.print(_kv_table("Totals and ratios (TP = 1, per state checkpoint)", [
-        ("units", f"kept {t.n_kept} of {t.n_units} over L = {t.num_recurrent_layers} layers "
+        ("units", f"kept {t.n_kept:,} of {t.n_units:,} over L = {t.num_recurrent_layers} layers "
                   f"(R_max {t.r_max}, r_bar {t.r_mean:.2f}); unit {fmt_bytes(t.unit_bytes)}"),
         ("C_temp ragged", f"{fmt_ratio(t.c_temp_ragged)}   (sum n / sum r)"),
         ("C_temp padded", f"{fmt_ratio(t.c_temp_padded)}   (sum n / (L R_max)); layout gain "

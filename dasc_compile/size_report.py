@@ -83,9 +83,9 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     out.write(f"plan {plan_path}: {plan.model.model_type}, w_max {plan.policy.w_max}, TP {plan.tp.tp_size} "
               f"(bytes per TP rank); {short_line(plan.model.provenance)}\n")
     given = (f"budget {budget_bytes:,} B ({budget_bytes / GIB:.3f} GiB) per rank given; Dense's "
-             f"{arms[0].native_slots} + 1 native slots x {arms[0].bytes_native_slot:,} B use {b:,} B"
+             f"{arms[0].native_slots:,} + 1 native slots x {arms[0].bytes_native_slot:,} B use {b:,} B"
              if budget_bytes is not None else
-             f"budget {b:,} B ({b / GIB:.3f} GiB) per rank = Dense's {arms[0].native_slots} + 1 native slots x "
+             f"budget {b:,} B ({b / GIB:.3f} GiB) per rank = Dense's {arms[0].native_slots:,} + 1 native slots x "
              f"{arms[0].bytes_native_slot:,} B")
     out.write(f"{given}; every arm runs {counted(max_running_requests, 'request')} "
               f"({strategy}{'' if settled.overlap_schedule else ' without the overlap scheduler'}: {k} native slots "
@@ -95,8 +95,8 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     m_loaded = max(0, m - k * max_running_requests)     # Dense's cached states while R requests run
     for a in arms:
         pool = f"{a.ckpt_slots:,} x {a.bytes_ckpt_slot:,} B" if a.ckpt_slots else "-"
-        out.write(f"{a.arm:>{w}}: native {a.native_slots:>5}, pool {pool:>20}, capacity {a.capacity:>5} "
-                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>5} "
+        out.write(f"{a.arm:>{w}}: native {a.native_slots:>5,}, pool {pool:>20}, capacity {a.capacity:>5,} "
+                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>5,} "
                   f"({_times(a.capacity_under_load, m_loaded)}), C_ckpt {a.c_ckpt:.2f}, "
                   f"used {a.used_bytes / GIB:.3f} GiB\n")
         out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")

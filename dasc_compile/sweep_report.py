@@ -88,7 +88,7 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
     """Print the sweep: header, one table per TP degree, notes, the recommendation (module docstring)."""
     src, first = result.source, result.rows[0].plan
     con.print(f"dasc sweep {result.model}: {src.spec.model_type}, {len(src.spec.recurrent_layer_ids)} "
-              f"{src.spec.family} layers, {first.totals.n_units} units; {short_line(src.provenance)}", markup=False)
+              f"{src.spec.family} layers, {first.totals.n_units:,} units; {short_line(src.provenance)}", markup=False)
     s, ev = result.sizing, result.eval_doc
     arm = result.grid.base.load_policy
     both = len(result.grid.int8) > 1
@@ -97,11 +97,11 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
         title = f"TP {tp}" + (f", balance {rows[0].plan.policy.balance}" if tp > 1 else "")
         if s is not None:
             dense, int8 = result.baselines[tp]
-            used = (f" (Dense's {dense.native_slots} + 1 slots use {dense.budget_bytes:,} B)"
+            used = (f" (Dense's {dense.native_slots:,} + 1 slots use {dense.budget_bytes:,} B)"
                     if dense.budget_bytes != s.budget_bytes else "")
             title += (f"; budget {s.budget_bytes:,} B per rank{used}, R = {s.max_running_requests}: Dense capacity "
-                      f"{dense.capacity} ({dense.capacity_under_load} under load), SGLang INT8 {int8.capacity} "
-                      f"({int8.capacity_under_load} under load)")
+                      f"{dense.capacity:,} ({dense.capacity_under_load:,} under load), SGLang INT8 {int8.capacity:,} "
+                      f"({int8.capacity_under_load:,} under load)")
         t = Table(title=title, title_justify="left")
         cols = ["w_max"] + (["int8"] if both else []) + ["kept units", "kept %", "C_temp", "C_temp padded",
                                                          "layout gain", "C_ckpt"]
@@ -157,8 +157,8 @@ def render(result: SweepResult, con: Console, *, user_flags: list[str], plan_dir
         con.print(f"  TP {c['tp_size']}{', int8' if c['int8'] else ''}:", markup=False)
         int8 = result.baselines[row.plan.policy.tp_size][1] if result.sizing is not None else None
         if int8 is not None and row.arm.capacity_under_load < int8.capacity_under_load:
-            con.print(f"    note: under load this arm keeps {row.arm.capacity_under_load} cached states, fewer than "
-                      f"SGLang INT8's {int8.capacity_under_load} at the same budget", markup=False)
+            con.print(f"    note: under load this arm keeps {row.arm.capacity_under_load:,} cached states, fewer than "
+                      f"SGLang INT8's {int8.capacity_under_load:,} at the same budget", markup=False)
         con.print(f"    {c['compile']}", markup=False)
         con.print(f"    {c['sglang']}", markup=False)
 

@@ -656,3 +656,15 @@ def test_no_fit_errors_name_the_flags_to_change(kimi, capsys):
     r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "40", "--max-running-requests", "8"])
     assert r.exit_code == 2 and "no SGLang INT8 checkpoint slot fits" in r.output, r.output
     assert "or --refresh-slots" not in r.output
+
+
+def test_dasc_size_writes_every_count_with_thousands_separators(kimi):
+    """M = 2000: the slot counts read like the pool's and the budget's ("native 2,000 ... pool 5,174 x"), not
+    "capacity 5214" beside "pool 5,174" (a fresh-user trial found the two styles side by side)."""
+    r = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "2000", "--max-running-requests", "8"])
+    assert r.exit_code == 0, r.output
+    assert "Dense's 2,000 + 1 native slots" in r.output
+    line = {ln.split(":")[0].strip(): ln for ln in r.output.splitlines() if ": native" in ln}
+    assert "native 2,000," in line["dense"] and "capacity 2,000 (1.00x Dense), under load 1,960 (1.00x Dense)" in line["dense"]
+    assert "capacity 6,924 (3.46x Dense), under load 6,924 (3.53x Dense)" in line["int8"]
+    assert "--int8-mamba-ckpt-size 6924" in r.output           # flags stay as SGLang reads them
