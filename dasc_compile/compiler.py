@@ -118,9 +118,9 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
         out.append(f"w_max 0 keeps every unit (no compression): every unit with a positive retention horizon is "
                    f"global (kept {t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x); give --wmax W > 0 to compress")
     elif pol.w_max == 0 and 0 < t.n_kept and pol.random_seed is None:   # (a Random plan omits random units)
-        out.append(f"w_max 0 still omits {t.n_units - t.n_kept} of {t.n_units} units: their retention horizon is 0 "
+        out.append(f"w_max 0 still omits {t.n_units - t.n_kept:,} of {t.n_units:,} units: their retention horizon is 0 "
                    f"tokens (a static decay so fast it forgets within one token, e.g. from --a-s or --eps; kept "
-                   f"{t.n_kept}/{t.n_units}, C_ckpt {t.c_ckpt:.2f}x)")
+                   f"{t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x)")
     if pol.balance != "off" and pol.tp_size == 1:
         out.append(f"balance '{pol.balance}' changes nothing at TP size 1 (one rank holds every unit); pass --tp P "
                    f"to balance across P ranks")

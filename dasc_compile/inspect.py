@@ -151,7 +151,7 @@ def inspect_json(plan: Plan) -> dict:
 
 
 def _opt(x: Any) -> str:
-    return "-" if x is None else str(x)
+    return "-" if x is None else f"{x:,}"
 
 
 def _layer_mix(m) -> str:
@@ -256,7 +256,7 @@ def render_report(plan: Plan, console: Console) -> None:
     for i, lp in enumerate(plan.layers):
         q = lp.horizon_quantiles
         extra = [" ".join(str(row[i]) for row in loads)] if loads is not None else []
-        lt.add_row(str(lp.layer_id), str(lp.recurrent_index), str(lp.n_kept), str(lp.n_units),
+        lt.add_row(str(lp.layer_id), str(lp.recurrent_index), f"{lp.n_kept:,}", f"{lp.n_units:,}",
                    f"{100 * lp.n_kept / lp.n_units:.1f}" if lp.n_units else "-",
                    f"[{lp.offset}, {lp.offset + lp.n_kept})", fmt_tokens(q.min), fmt_tokens(q.p50),
                    fmt_tokens(q.max), str(lp.refresh_window), fmt_bytes(lp.bytes_temporal_kept),
@@ -281,7 +281,7 @@ def render_report(plan: Plan, console: Console) -> None:
     console.print()
     console.print(_kv_table("Totals and ratios (TP = 1, per state checkpoint)", [
         ("units", f"kept {t.n_kept:,} of {t.n_units:,} over L = {t.num_recurrent_layers} layers "
-                  f"(R_max {t.r_max}, r_bar {t.r_mean:.2f}); unit {fmt_bytes(t.unit_bytes)}"),
+                  f"(R_max {t.r_max:,}, r_bar {t.r_mean:,.2f}); unit {fmt_bytes(t.unit_bytes)}"),
         ("C_temp ragged", f"{fmt_ratio(t.c_temp_ragged)}   (sum n / sum r)"),
         ("C_temp padded", f"{fmt_ratio(t.c_temp_padded)}   (sum n / (L R_max)); layout gain "
                           f"{fmt_ratio(t.layout_gain)} (R_max / r_bar)"),
@@ -337,7 +337,7 @@ def _render_tp(plan: Plan, console: Console) -> None:
             if p is None:
                 cells += ["-", "-"]
             else:
-                units = str(p.n_kept) if p.n_alloc == p.n_kept else f"{p.n_kept} (alloc {p.n_alloc})"
+                units = f"{p.n_kept:,}" if p.n_alloc == p.n_kept else f"{p.n_kept:,} (alloc {p.n_alloc:,})"
                 cells += [units, fmt_bytes(p.bytes_per_slot)]
         rt.add_row(*cells)
     console.print(rt, highlight=False)
@@ -345,8 +345,8 @@ def _render_tp(plan: Plan, console: Console) -> None:
              f"{fmt_bytes(tp.bytes_dense_per_slot)} dense per rank; C_ckpt under TP {fmt_ratio(tp.c_ckpt_tp)}; "
              f"usable slots {_opt(tp.usable_slots)}"]
     if tp.storage is not None:
-        lines.append(f"storage balancing: M_remote = {tp.storage.m_remote} (units stored off their compute rank); "
-                     f"slot width {tp.storage.slot_width} units; targets {tp.storage.targets}")
+        lines.append(f"storage balancing: M_remote = {tp.storage.m_remote:,} (units stored off their compute rank); "
+                     f"slot width {tp.storage.slot_width:,} units; targets {tp.storage.targets}")
     perm = permuted_layer_ids(plan)
     if perm is not None:
         lines.append(f"compute-head permutation: {len(perm)} of {len(tp.permutation)} layers reordered")

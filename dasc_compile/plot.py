@@ -120,8 +120,8 @@ def plot_plan(plan: Plan, png_path: str | Path) -> None:
         axh.legend(loc="upper right", fontsize=8)
     t = plan.totals
     kept_pct = f" ({100 * t.n_kept / t.n_units:.1f}%)" if t.n_units else ""
-    axh.set_title(f"Retention horizons H_s of all {t.n_units} units ({t.num_recurrent_layers} layers); "
-                  f"kept {t.n_kept}{kept_pct}", fontsize=10)
+    axh.set_title(f"Retention horizons H_s of all {t.n_units:,} units ({t.num_recurrent_layers} layers); "
+                  f"kept {t.n_kept:,}{kept_pct}", fontsize=10)
     axh.set_xlabel(f"H_s, tokens (log scale; first bin [0, {right[0]:g}), last bin >= {labels[-1]}, incl. inf)")
     axh.set_ylabel("units")
     axh.yaxis.set_major_locator(MaxNLocator(integer=True))

@@ -89,14 +89,14 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
              f"{arms[0].bytes_native_slot:,} B")
     out.write(f"{given}; every arm runs {counted(max_running_requests, 'request')} "
               f"({strategy}{'' if settled.overlap_schedule else ' without the overlap scheduler'}: {k} native slots "
-              f"a request, so M' = {k * max_running_requests})\n")
+              f"a request, so M' = {k * max_running_requests:,})\n")
     w = max(len(a.arm) for a in arms)
     m = b // arms[0].bytes_native_slot - 1
     m_loaded = max(0, m - k * max_running_requests)     # Dense's cached states while R requests run
     for a in arms:
         pool = f"{a.ckpt_slots:,} x {a.bytes_ckpt_slot:,} B" if a.ckpt_slots else "-"
-        out.write(f"{a.arm:>{w}}: native {a.native_slots:>5,}, pool {pool:>20}, capacity {a.capacity:>5,} "
-                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>5,} "
+        out.write(f"{a.arm:>{w}}: native {a.native_slots:>6,}, pool {pool:>22}, capacity {a.capacity:>6,} "
+                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>6,} "
                   f"({_times(a.capacity_under_load, m_loaded)}), C_ckpt {a.c_ckpt:.2f}, "
                   f"used {a.used_bytes / GIB:.3f} GiB\n")
         out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")

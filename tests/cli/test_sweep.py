@@ -97,8 +97,23 @@ def test_text_table_matches_the_json(kimi_sweep):
     ratio = row["arm"]["capacity_under_load"] / dense["capacity_under_load"]
     assert f"{row['arm']['capacity_under_load']:,} ({ratio:.2f}x)" in line
     int8 = kimi_sweep["baselines"]["1"]["int8"]
-    assert (f"Dense capacity {dense['capacity']} ({dense['capacity_under_load']} under load), SGLang INT8 "
-            f"{int8['capacity']} ({int8['capacity_under_load']} under load)") in r.out
+    assert (f"Dense capacity {dense['capacity']:,} ({dense['capacity_under_load']:,} under load), SGLang INT8 "
+            f"{int8['capacity']:,} ({int8['capacity_under_load']:,} under load)") in r.out
+
+
+def test_counts_above_a_thousand_read_alike_in_sweep_compile_and_inspect(tmp_path):
+    """README's sweep example (8 GiB a rank, TP 8): the title's counts carry separators as the table's cells do
+    ("Dense capacity 1581" sat beside "2,155" before), and compile and inspect print the kept units alike."""
+    r = dasc("sweep", KIMI, "--wmax", "16", "--tp", "8", "--balance", "storage", "--budget", "8GiB",
+             "--max-running-requests", R)
+    assert r.code == 0, r.err
+    assert "20 kda layers, 81,920 units;" in r.out
+    assert ("(Dense's 1,581 + 1 slots use 8,585,830,400 B), R = 8: Dense capacity 1,581 (1,549 under load), "
+            "SGLang INT8 5,472 (5,472 under load)") in r.out
+    c = dasc("compile", KIMI, "--wmax", "16", "--out", tmp_path / "k.dasc", "--no-kernels")
+    assert c.code == 0 and "kept 29,233/81,920 units" in c.out, c.err
+    i = dasc("inspect", tmp_path / "k.dasc")
+    assert i.code == 0 and "kept 29,233 of 81,920 over L = 20 layers (R_max 2,286," in i.out, i.err
 
 
 def test_recommendation_notes_fewer_states_under_load_than_int8():

@@ -218,10 +218,10 @@ def test_dasc_size_prints_capacity_under_load(kimi):
                             "--pair-plan", str(kimi["w16-int8"])])
     assert r.exit_code == 0, r.output
     line = {ln.split(":")[0].strip(): ln for ln in r.output.splitlines() if ": native" in ln}
-    assert "capacity    56 (1.00x Dense), under load    16 (1.00x Dense)" in line["dense"]
-    assert "capacity    55 (0.98x Dense), under load    55 (3.44x Dense)" in line["int8"]
-    assert "capacity    81 (1.45x Dense), under load    41 (2.56x Dense)" in line["dasc-nr-w16"]
-    assert "capacity   169 (3.02x Dense), under load   129 (8.06x Dense)" in line["dasc-nr-w16-int8"]
+    assert "capacity     56 (1.00x Dense), under load     16 (1.00x Dense)" in line["dense"]
+    assert "capacity     55 (0.98x Dense), under load     55 (3.44x Dense)" in line["int8"]
+    assert "capacity     81 (1.45x Dense), under load     41 (2.56x Dense)" in line["dasc-nr-w16"]
+    assert "capacity    169 (3.02x Dense), under load    129 (8.06x Dense)" in line["dasc-nr-w16-int8"]
     assert "the M' = k*R native slots are the running requests' reservation" in r.output
     assert "2026-12-01-h200-chat-six-arms" in sizing.CAPACITY_LEGEND
     j = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "56", "--max-running-requests", "8", "--json"])
@@ -665,6 +665,7 @@ def test_dasc_size_writes_every_count_with_thousands_separators(kimi):
     assert r.exit_code == 0, r.output
     assert "Dense's 2,000 + 1 native slots" in r.output
     line = {ln.split(":")[0].strip(): ln for ln in r.output.splitlines() if ": native" in ln}
-    assert "native 2,000," in line["dense"] and "capacity 2,000 (1.00x Dense), under load 1,960 (1.00x Dense)" in line["dense"]
-    assert "capacity 6,924 (3.46x Dense), under load 6,924 (3.53x Dense)" in line["int8"]
+    assert "native  2,000," in line["dense"]
+    assert "capacity  2,000 (1.00x Dense), under load  1,960 (1.00x Dense)" in line["dense"]
+    assert "capacity  6,924 (3.46x Dense), under load  6,924 (3.53x Dense)" in line["int8"]
     assert "--int8-mamba-ckpt-size 6924" in r.output           # flags stay as SGLang reads them
