@@ -31,10 +31,12 @@
 #   EXPECT_S ("ARM=S ...": a closed-loop run's estimate for ARM until it has run in this call, e.g. "dasc-nr-w16=60"
 #   from an earlier call at the same PAD: without it an arm not yet run is reserved at the longest run so far),
 #   LAUNCHER + PYTHON (a CPU rehearsal: LAUNCHER="$PWD/.venv/bin/python $PWD/tests/support/fake_sglang_server.py"),
-#   WORK (the work folder, /tmp/chat: servers.json, runs/, the unpacked plans; kept across calls), BASE_PORT (30100:
-#   arm i of UP_ARMS listens on BASE_PORT + 10 i),
+#   CHAT_WORK (the work folder, /tmp/chat: servers.json, runs/, the unpacked plans; kept across calls; chat.tar.gz
+#   holds it under its own name), BASE_PORT (30100: arm i of UP_ARMS listens on BASE_PORT + 10 i, NCCL on
+#   BASE_PORT + 1000 + 10 i), OUT (/tmp/chat-out: the results below),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
-#   unless no run began in the call or its run settings were refused; 0 keeps them for the next call),
+#   unless no run began in the call or its run settings were refused; 0 keeps them for the next call; a refused call
+#   exits with status 2),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
 # Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log
@@ -42,7 +44,7 @@
 # jit.tar.xz (the compile caches, when they pack within 15 MiB).
 set -uo pipefail
 T0=$(date +%s)
-CARRY=$PWD; W=${WORK:-/tmp/chat}
+CARRY=$PWD; W=$(realpath -m -- "${CHAT_WORK:-/tmp/chat}")   # absolute: each server runs in its own folder under it
 ARMS=${ARMS:-"dense int8 dasc-nr-w16 dasc-nr-w64 dasc-nr-w16-int8 dasc-wr-w16"}
 UP_ARMS=$(echo ${UP_ARMS:-$ARMS})      # words, one space apart (tabs and newlines split as in ARMS)
 for arm in $ARMS; do
@@ -98,7 +100,9 @@ elif [ "$DOWN" = 1 ]; then
   "$PY" -m benchmarks.run_chat down --work "$W"
 fi
 for f in "$W"/*/server.log; do [ -f "$f" ] && gzip -c "$f" > "$f.gz"; done
-tar -C "$(dirname "$W")" -czf "$OUT/chat.tar.gz" --exclude=server.log --exclude=plans --exclude=kimi "$(basename "$W")"
+b=$(basename "$W")      # --anchored: only the work folder's own plans/ and kimi/, whatever its name
+tar -C "$(dirname "$W")" -czf "$OUT/chat.tar.gz" --exclude=server.log --anchored --exclude="$b/plans" --exclude="$b/kimi" "$b"
 [ -z "${LAUNCHER:-}" ] && jit_save "$OUT"
 stamp done
+if [ $ran -eq 2 ]; then exit 2; fi    # run_chat refused the call's run settings (the servers stay up)
 } 2>&1 | tee -a "$OUT/run.log"   # -a: a second invocation in one device call adds to the log (session 42 lost one)

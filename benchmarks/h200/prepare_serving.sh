@@ -45,7 +45,8 @@ sizes() { "$PY" -c 'import os, sys; print(sum(os.path.getsize(p) for p in sys.st
 tree=$(git ls-files -z --cached --others --exclude-standard | sizes)
 # .dev/jit (the compile caches a call returned, chat_bench.sh) travels too when it is there
 jit=(); [ -d .dev/jit ] && jit=(.dev/jit)
-carried=$(find .dev/sglang .dev/dascwhl .dev/ol "${jit[@]}" -type f -print0 | sizes)
+[ -d .dev/sglang ] || echo "note: no .dev/sglang yet (bash benchmarks/h200/prepare_carry.sh builds it for a device call; a CPU rehearsal with the fake server needs none)"
+carried=$(find .dev/dascwhl .dev/ol "${jit[@]}" $([ -d .dev/sglang ] && echo .dev/sglang) -type f -print0 | sizes)
 mib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; }
 echo "commit $COMMIT (wheel $RUNTIME_COMMIT): working tree $(mib "$tree") MiB + carried $(mib "$carried") MiB = $(mib $((tree + carried))) MiB of 64 (carry: .dev/sglang .dev/dascwhl .dev/ol${jit:+ .dev/jit})"
 ls -la .dev/dascwhl .dev/ol

@@ -11,14 +11,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+#: chat_bench.sh's settings (its header): none leaks in from the caller's shell
+SETTINGS = ("ARMS UP_ARMS BASELINE SEEDS PER_SEED CLIENTS MRR CLIP PAD REPLAY RATE THINK TRACE CONTEXT DEADLINE "
+            "FIRST_RUN_S EXPECT_S LAUNCHER PYTHON CHAT_WORK BASE_PORT OUT NUM_EXPERTS MAX_TOTAL_TOKENS DOWN "
+            "SERVER_FLAGS").split()
 
 
 def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     out = tmp_path / "out"
-    full = {**os.environ, "OUT": str(out), **env}
+    full = {**{k: v for k, v in os.environ.items() if k not in SETTINGS}, "OUT": str(out), **env}
     return subprocess.run(["bash", "benchmarks/h200/chat_bench.sh"], cwd=REPO, env=full, capture_output=True,
-                          text=True, timeout=180)
+                          text=True, timeout=120)
 
 
 def test_up_arms_without_a_measured_arm_is_refused_in_one_line(tmp_path):
@@ -53,9 +61,11 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"   # a zombie has stopped
 
 
-def test_down_keeps_servers_after_a_refused_run_and_stops_them_after_a_real_one(tmp_path):
-    """DOWN=1 with a seed the trace lacks: run_chat refuses the call before any run (exit 2) and the servers stay up
-    for a corrected call (session 44 lost three warm servers this way); the corrected call runs and stops them."""
+@pytest.mark.slow
+def test_down_stops_servers_only_after_a_call_that_ran(tmp_path):
+    """DOWN=1 with a seed the trace lacks: run_chat refuses the call before any run, the script exits 2 and the
+    servers stay up for a corrected call (session 44 lost three warm servers this way). A call with no time for its
+    seed keeps them too (exit 0: a start-only call is no error). The corrected call runs and stops them."""
     work = tmp_path / "chat"
     (work / "plans").mkdir(parents=True)
     (work / "plans/arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
@@ -63,22 +73,27 @@ def test_down_keeps_servers_after_a_refused_run_and_stops_them_after_a_real_one(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(WORK=str(work), BASE_PORT=str(port), ARMS="dense", MRR="2", CLIENTS="2", PER_SEED="2",
-               TRACE="benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz", CONTEXT="4096", DEADLINE="300",
-               LAUNCHER=f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}", PYTHON=sys.executable,
-               DOWN="1")
+    env = dict(CHAT_WORK=str(work), BASE_PORT=str(port), ARMS="dense", MRR="2", CLIENTS="2", PER_SEED="2",
+               TRACE="benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz", CONTEXT="4096", DEADLINE="90",
+               FIRST_RUN_S="1", LAUNCHER=f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
+               PYTHON=sys.executable, DOWN="1")
+    log = tmp_path / "out/run.log"
     try:
         refused = run(tmp_path, SEEDS="9", **env)        # 8 conversations hold seeds 0..3 of 2
-        log = (tmp_path / "out/run.log").read_text()
-        assert "holds 4 disjoint seeds of 2 (0..3)" in log and "DOWN=1 not applied: run_chat refused the call" in log
+        assert refused.returncode == 2, log.read_text()
+        assert "holds 4 disjoint seeds of 2 (0..3)" in log.read_text()
+        assert "DOWN=1 not applied: run_chat refused the call" in log.read_text()
         pid = json.loads((work / "servers.json").read_text())["dense"]["pid"]
-        assert _alive(pid), log
+        assert _alive(pid)
+        no_time = run(tmp_path, SEEDS="0", **{**env, "FIRST_RUN_S": "100000"})
+        assert no_time.returncode == 0 and "DOWN=1 not applied: no run began" in log.read_text()
+        assert _alive(pid)
         ran = run(tmp_path, SEEDS="0", **env)
-        log = (tmp_path / "out/run.log").read_text()
-        assert "dense seed 0 (arm): rc 0" in log and "dense: stopped" in log, log
+        assert ran.returncode == 0, log.read_text()
+        assert "dense seed 0 (arm): rc 0" in log.read_text() and "dense: stopped" in log.read_text()
         assert not _alive(pid)
-        assert refused.returncode == ran.returncode == 0
-        names = subprocess.run(["tar", "-tzf", str(tmp_path / "out/chat.tar.gz")], capture_output=True, text=True).stdout
+        names = subprocess.run(["tar", "-tzf", str(tmp_path / "out/chat.tar.gz")], capture_output=True,
+                               text=True).stdout
         assert "chat/runs/dense__s0__" in names and "plans" not in names     # the work folder, without its plans
     finally:
         subprocess.run([sys.executable, "-m", "benchmarks.run_chat", "down", "--work", str(work)], cwd=REPO,
