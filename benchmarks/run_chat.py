@@ -206,10 +206,11 @@ NOTHING_RAN = 4
 def cmd_run(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     log = lambda m: print(f"[{time.monotonic() - t0:6.0f}s] {m}", flush=True)  # noqa: E731
-    servers = load_servers(a.work)
+    servers = {} if a.check else load_servers(a.work)
     names = a.arms or [n for n, s in servers.items() if s.get("up_s") is not None]
     if not names:
-        print(f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
+        print("error: --check: expected the arms (--arms)" if a.check else
+              f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
         return 2
     try:
         expect = expect_map(a.expect_s, names, open_loop=a.rate is not None)
@@ -223,6 +224,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.check:
+        print(f"run settings accepted: {len(order)} runs, " + ", ".join(
+            f"{arm} seed {seed}" + (" (closing)" if role == "drift" else "") for arm, seed, role in order))
+        return 0
     runs_dir = a.work / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     man_path = a.work / "manifest.json"
@@ -367,6 +372,8 @@ def main(argv=None) -> int:
                           "call at the same pad (repeatable; other arms use the longest run so far, or --first-run-s)")
     run.add_argument("--deadline-s", type=number_above_zero("seconds"), default=500.0,
                      help="no run is begun that would end after this")
+    run.add_argument("--check", action="store_true", help="only check these settings against the trace and print "
+                     "the run order (exit 2 if refused): no server is needed and nothing is written")
     down = sub.add_parser("down", help="stop the servers")
     for p in (up, run, down):
         p.add_argument("--work", type=Path, required=True, help="the work folder (servers.json, runs/, manifest.json)")
@@ -388,7 +395,7 @@ def main(argv=None) -> int:
         a.think_s = 0.0 if a.think_s is None else a.think_s
         if not a.trace.is_file():
             ap.error(f"--trace {a.trace}: no such file")
-    if a.cmd in ("run", "down") and not (a.work / "servers.json").is_file():
+    if a.cmd in ("run", "down") and not getattr(a, "check", False) and not (a.work / "servers.json").is_file():
         print(f"error: --work {a.work}: no servers.json (start the servers with `run_chat up` first)", file=sys.stderr)
         return 2
     return {"up": cmd_up, "run": cmd_run, "down": cmd_down}[a.cmd](a)

@@ -35,8 +35,9 @@
 #   holds it under its own name), BASE_PORT (30100: arm i of UP_ARMS listens on BASE_PORT + 10 i, NCCL on
 #   BASE_PORT + 1000 + 10 i), OUT (/tmp/chat-out: the results below),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
-#   unless no run began in the call or its run settings were refused; 0 keeps them for the next call; a refused call
-#   exits with status 2),
+#   unless no run began in the call or its run settings were refused; 0 keeps them for the next call; run settings
+#   the trace cannot serve (a seed it lacks, a baseline not among ARMS) are refused before any server starts,
+#   exit status 2),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
 # Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log
@@ -74,20 +75,22 @@ import json, sys
 cfg = json.load(open(sys.argv[1])); cfg["num_experts"] = int(sys.argv[3])
 json.dump(cfg, open(sys.argv[2], "w"), indent=1)
 EOF
-stamp "up: $UP_ARMS"
 extra=(); for f in ${SERVER_FLAGS:-}; do extra+=("--server-flag=$f"); done
 expect=(); for e in ${EXPECT_S:-}; do expect+=("--expect-s=$e"); done
+mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
+runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" --conversations-per-seed "$PER_SEED"
+         "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
+# the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
+"$PY" -m benchmarks.run_chat run --check "${runargs[@]}" || { stamp "refused before the servers start: nothing changed"; exit 2; }
+stamp "up: $UP_ARMS"
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
     --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" \
     --base-port "${BASE_PORT:-30100}" "${extra[@]}"
 stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
-mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
 if [ "$LEFT" -gt 0 ]; then
-  "$PY" -m benchmarks.run_chat run --work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" \
-      --conversations-per-seed "$PER_SEED" "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" \
-      --replay "$REPLAY" --deadline-s "$LEFT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}"
+  "$PY" -m benchmarks.run_chat run "${runargs[@]}" --deadline-s "$LEFT"
   ran=$?      # 4: no run began (benchmarks/run_chat.py NOTHING_RAN); 2: the run's settings were refused before any run
 else
   ran=4; stamp "no time left for a run (DEADLINE $DEADLINE s)"

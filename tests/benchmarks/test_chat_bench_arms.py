@@ -1,6 +1,7 @@
 """benchmarks/h200/chat_bench.sh's arms and servers: UP_ARMS (the servers a call brings up) must hold every arm the
 call measures (ARMS), and a call that would measure an arm with no server is refused before anything starts; DOWN=1
-stops the servers only after a call that ran (a CPU rehearsal with tests/support/fake_sglang_server.py)."""
+stops the servers only after a call that ran, and run settings the trace cannot serve are refused before any server
+starts (a CPU rehearsal with tests/support/fake_sglang_server.py)."""
 
 from __future__ import annotations
 
@@ -62,10 +63,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_down_stops_servers_only_after_a_call_that_ran(tmp_path):
-    """DOWN=1 with a seed the trace lacks: run_chat refuses the call before any run, the script exits 2 and the
-    servers stay up for a corrected call (session 44 lost three warm servers this way). A call with no time for its
-    seed keeps them too (exit 0: a start-only call is no error). The corrected call runs and stops them."""
+def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(tmp_path):
+    """A seed the trace lacks is refused (exit 2) before any server starts, and later with servers up it leaves
+    them up (session 44 lost three warm servers this way; the refusal used to come after a fresh machine's ~200 s
+    start). DOWN=1 keeps them after a call with no time for its seed too (exit 0: a start-only call is no error);
+    the corrected call runs and stops them."""
     work = tmp_path / "chat"
     (work / "plans").mkdir(parents=True)
     (work / "plans/arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
@@ -79,15 +81,16 @@ def test_down_stops_servers_only_after_a_call_that_ran(tmp_path):
                PYTHON=sys.executable, DOWN="1")
     log = tmp_path / "out/run.log"
     try:
-        refused = run(tmp_path, SEEDS="9", **env)        # 8 conversations hold seeds 0..3 of 2
-        assert refused.returncode == 2, log.read_text()
+        first = run(tmp_path, SEEDS="9", **env)          # 8 conversations hold seeds 0..3 of 2
+        assert first.returncode == 2, log.read_text()
         assert "holds 4 disjoint seeds of 2 (0..3)" in log.read_text()
-        assert "DOWN=1 not applied: run_chat refused the call" in log.read_text()
-        pid = json.loads((work / "servers.json").read_text())["dense"]["pid"]
-        assert _alive(pid)
+        assert "refused before the servers start" in log.read_text() and not (work / "servers.json").exists()
         no_time = run(tmp_path, SEEDS="0", **{**env, "FIRST_RUN_S": "100000"})
         assert no_time.returncode == 0 and "DOWN=1 not applied: no run began" in log.read_text()
+        pid = json.loads((work / "servers.json").read_text())["dense"]["pid"]
         assert _alive(pid)
+        assert run(tmp_path, SEEDS="9", **env).returncode == 2
+        assert _alive(pid)                                # resident servers are left as they were
         ran = run(tmp_path, SEEDS="0", **env)
         assert ran.returncode == 0, log.read_text()
         assert "dense seed 0 (arm): rc 0" in log.read_text() and "dense: stopped" in log.read_text()

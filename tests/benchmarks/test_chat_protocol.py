@@ -340,6 +340,25 @@ def test_a_bad_expected_run_time_is_refused_in_one_line(tmp_path, capsys, extra,
     assert not (work / "manifest.json").exists()
 
 
+def test_check_prints_the_order_needs_no_server_and_writes_nothing(tmp_path, capsys):
+    """``run --check`` (chat_bench.sh runs it before starting servers): the call's order, Dense first and last, from
+    the settings alone; a seed the trace lacks is the same one-line refusal as ``run``'s."""
+    import benchmarks.run_chat as rc
+
+    work = tmp_path / "absent"
+    argv = ["run", "--check", "--work", str(work), "--trace", str(TRACE), "--arms", "dense", "dasc-nr-w16",
+            "--conversations-per-seed", "2"]
+    assert rc.main([*argv, "--seeds", "1", "2"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == ("run settings accepted: 5 runs, " + ", ".join(
+        f"{a} seed {s}" for a, s, _ in schedule(["dense", "dasc-nr-w16"], [1, 2])[:-1]) + ", dense seed 1 (closing)")
+    assert out.startswith("run settings accepted: 5 runs, dense seed 1")
+    assert rc.main([*argv, "--seeds", "4"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: trace seed 4: a trace of 8 conversations holds 4 disjoint "
+                                              "seeds of 2 (0..3)")
+    assert not work.exists()
+
+
 def test_an_open_loop_runs_span_follows_from_its_seeds_schedule():
     from benchmarks.chat_replay import OPEN_LOOP_TURN_S, arrival_offsets, open_loop_span_s, think_times
     from benchmarks.chat_trace import seed_conversations
