@@ -149,9 +149,9 @@ def _wr_budget_warning(plan: Plan, refresh_slots: Optional[int] = None) -> list[
     _, _, scratch = pool_arm_bytes(plan, "dasc", b_dense=plan.tp.bytes_dense_per_slot, scratch_slots=0,
                                    refresh_slots=b)
     left = usable_slots(max(budget - scratch, 0), per_slot)
-    return [f"pool_budget_bytes {budget} of a dasc-wr plan: the server first charges its refresh scratch slots to it, "
-            f"{counted(b, 'slot')} ({scratch} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
-            f"{counted(max(left, 0), 'usable compressed slot')}, not the {usable_slots(budget, per_slot)} recorded"
+    return [f"pool_budget_bytes {budget:,} of a dasc-wr plan: the server first charges its refresh scratch slots to it, "
+            f"{counted(b, 'slot')} ({scratch:,} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
+            f"{counted(max(left, 0), 'usable compressed slot')}, not the {usable_slots(budget, per_slot):,} recorded"
             + ("; it would refuse to start: raise the budget or lower --dasc-refresh-slots" if left < 1 else "")]
 
 

@@ -32,5 +32,6 @@ def progress_bar(con: Console, enabled: bool = True):
 
 
 def counted(n: int, noun: str) -> str:
-    """``"1 prompt"`` / ``"2 prompts"``: a count with its noun in the right number (plural: ``noun + "s"``)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """``"1 prompt"`` / ``"2 prompts"`` / ``"1,000 prompts"``: a count (thousands separated) with its noun in the
+    right number (plural: ``noun + "s"``)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -255,7 +255,7 @@ def render_report(plan: Plan, console: Console) -> None:
         lt.add_column("kept per rank", justify="left")
     for i, lp in enumerate(plan.layers):
         q = lp.horizon_quantiles
-        extra = [" ".join(str(row[i]) for row in loads)] if loads is not None else []
+        extra = [" ".join(f"{row[i]:,}" for row in loads)] if loads is not None else []
         lt.add_row(str(lp.layer_id), str(lp.recurrent_index), f"{lp.n_kept:,}", f"{lp.n_units:,}",
                    f"{100 * lp.n_kept / lp.n_units:.1f}" if lp.n_units else "-",
                    f"[{lp.offset}, {lp.offset + lp.n_kept})", fmt_tokens(q.min), fmt_tokens(q.p50),
@@ -346,7 +346,8 @@ def _render_tp(plan: Plan, console: Console) -> None:
              f"usable slots {_opt(tp.usable_slots)}"]
     if tp.storage is not None:
         lines.append(f"storage balancing: M_remote = {tp.storage.m_remote:,} (units stored off their compute rank); "
-                     f"slot width {tp.storage.slot_width:,} units; targets {tp.storage.targets}")
+                     f"slot width {tp.storage.slot_width:,} units; targets "
+                     f"{' / '.join(f'{x:,}' for x in tp.storage.targets)} (per rank)")
     perm = permuted_layer_ids(plan)
     if perm is not None:
         lines.append(f"compute-head permutation: {len(perm)} of {len(tp.permutation)} layers reordered")

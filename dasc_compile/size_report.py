@@ -93,10 +93,12 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     w = max(len(a.arm) for a in arms)
     m = b // arms[0].bytes_native_slot - 1
     m_loaded = max(0, m - k * max_running_requests)     # Dense's cached states while R requests run
-    for a in arms:
-        pool = f"{a.ckpt_slots:,} x {a.bytes_ckpt_slot:,} B" if a.ckpt_slots else "-"
-        out.write(f"{a.arm:>{w}}: native {a.native_slots:>6,}, pool {pool:>22}, capacity {a.capacity:>6,} "
-                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>6,} "
+    pools = [f"{a.ckpt_slots:,} x {a.bytes_ckpt_slot:,} B" if a.ckpt_slots else "-" for a in arms]
+    wp = max(22, *(len(p) for p in pools))                  # columns as wide as the widest row's count
+    wc = max(6, *(len(f"{n:,}") for a in arms for n in (a.native_slots, a.capacity, a.capacity_under_load)))
+    for a, pool in zip(arms, pools):
+        out.write(f"{a.arm:>{w}}: native {a.native_slots:>{wc},}, pool {pool:>{wp}}, capacity {a.capacity:>{wc},} "
+                  f"({a.capacity / m:.2f}x Dense), under load {a.capacity_under_load:>{wc},} "
                   f"({_times(a.capacity_under_load, m_loaded)}), C_ckpt {a.c_ckpt:.2f}, "
                   f"used {a.used_bytes / GIB:.3f} GiB\n")
         out.write(f"{'':>{w}}  {' '.join(a.flags)}\n")

@@ -114,6 +114,13 @@ def test_counts_above_a_thousand_read_alike_in_sweep_compile_and_inspect(tmp_pat
     assert c.code == 0 and "kept 29,233/81,920 units" in c.out, c.err
     i = dasc("inspect", tmp_path / "k.dasc")
     assert i.code == 0 and "kept 29,233 of 81,920 over L = 20 layers (R_max 2,286," in i.out, i.err
+    c = dasc("compile", KIMI, "--wmax", "16", "--tp", "8", "--balance", "storage", "--out", tmp_path / "k8.dasc",
+             "--no-kernels")
+    assert c.code == 0, c.err
+    i = dasc("inspect", tmp_path / "k8.dasc")
+    assert "storage balancing: M_remote = 1,096 (units stored off their compute rank); slot width 3,655 units; " \
+           "targets 3,654 / 3,655 / 3,654" in i.out
+    assert "3,654 (alloc 3,655)" in i.out
 
 
 def test_recommendation_notes_fewer_states_under_load_than_int8():

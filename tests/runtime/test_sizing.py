@@ -566,7 +566,7 @@ def test_compile_pool_budget_warning_charges_the_slots_dasc_size_flags(tmp_path,
                            with_kernels=False)
     (line,) = [w for w in plan_warnings(plan) if w.startswith("pool_budget_bytes")]
     left = usable_slots(max(budget - b * B_DENSE, 0), plan.tp.bottleneck_bytes_per_slot)
-    assert (f"{b} slots ({b * B_DENSE} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
+    assert (f"{b} slots ({b * B_DENSE:,} bytes) with the --dasc-refresh-slots {b} dasc size prints, leaving "
             f"{max(left, 0)} usable compressed slots") in line
     assert ("would refuse to start" in line) == refuses == (left < 1)
     r = runner.invoke(app, ["size", str(tmp_path / "p"), "--dense-slots", "56", "--max-running-requests", "8",
@@ -639,7 +639,7 @@ def test_dasc_size_pool_budget_warning_follows_its_refresh_slots(tmp_path):
     assert r.exit_code == 0, r.output
     left = usable_slots(budget - B_DENSE, plan.tp.bottleneck_bytes_per_slot)
     assert left == 15
-    assert (f"1 slot ({B_DENSE} bytes) with the --dasc-refresh-slots 1 dasc size prints, leaving 15 usable compressed "
+    assert (f"1 slot ({B_DENSE:,} bytes) with the --dasc-refresh-slots 1 dasc size prints, leaving 15 usable compressed "
             f"slots") in r.stderr and "would refuse" not in r.stderr, r.stderr
 
 
