@@ -209,7 +209,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     servers = {} if a.check else load_servers(a.work)
     names = a.arms or [n for n, s in servers.items() if s.get("up_s") is not None]
     if not names:
-        print("error: --check: expected the arms (--arms)" if a.check else
+        print("error: --arms: expected the arms to check (--check reads no servers.json)" if a.check else
               f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
         return 2
     try:

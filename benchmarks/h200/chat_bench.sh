@@ -81,11 +81,13 @@ mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-
 runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" --conversations-per-seed "$PER_SEED"
          "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
 # the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
-"$PY" -m benchmarks.run_chat run --check "${runargs[@]}" || { stamp "refused before the servers start: nothing changed"; exit 2; }
+"$PY" -m benchmarks.run_chat run --check "${runargs[@]}"; rc=$?
+[ $rc -eq 0 ] || { stamp "run settings refused (above) before any server starts; servers already up are left up"; exit $rc; }
 stamp "up: $UP_ARMS"
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
     --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" \
     --base-port "${BASE_PORT:-30100}" "${extra[@]}"
+rc=$?; [ $rc -eq 2 ] && { stamp "run_chat up refused its settings (above); servers already up are left up"; exit 2; }
 stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
@@ -97,8 +99,8 @@ else
 fi
 if [ "$DOWN" = 1 ] && [ $ran -eq 4 ]; then
   stamp "DOWN=1 not applied: no run began in this call, so the servers stay up for the next one (raise DEADLINE or lower FIRST_RUN_S; stop them: $PY -m benchmarks.run_chat down --work $W)"
-elif [ "$DOWN" = 1 ] && [ $ran -eq 2 ]; then   # session 44: a seed the trace lacks stopped the servers, and a restart did not fit
-  stamp "DOWN=1 not applied: run_chat refused the call (above) before any run, so servers that are up stay up for a corrected call (stop them: $PY -m benchmarks.run_chat down --work $W)"
+elif [ "$DOWN" = 1 ] && [ $ran -eq 2 ]; then   # what --check cannot see; session 44 lost warm servers to a refusal
+  stamp "DOWN=1 not applied: run_chat run refused the call (above) before any run, so the servers stay up for a corrected call (stop them: $PY -m benchmarks.run_chat down --work $W)"
 elif [ "$DOWN" = 1 ]; then
   "$PY" -m benchmarks.run_chat down --work "$W"
 fi

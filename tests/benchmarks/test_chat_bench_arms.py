@@ -84,13 +84,15 @@ def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(
         first = run(tmp_path, SEEDS="9", **env)          # 8 conversations hold seeds 0..3 of 2
         assert first.returncode == 2, log.read_text()
         assert "holds 4 disjoint seeds of 2 (0..3)" in log.read_text()
-        assert "refused before the servers start" in log.read_text() and not (work / "servers.json").exists()
+        assert "refused (above) before any server starts" in log.read_text() and not (work / "servers.json").exists()
         no_time = run(tmp_path, SEEDS="0", **{**env, "FIRST_RUN_S": "100000"})
         assert no_time.returncode == 0 and "DOWN=1 not applied: no run began" in log.read_text()
         pid = json.loads((work / "servers.json").read_text())["dense"]["pid"]
         assert _alive(pid)
         assert run(tmp_path, SEEDS="9", **env).returncode == 2
         assert _alive(pid)                                # resident servers are left as they were
+        assert run(tmp_path, SEEDS="0", **{**env, "ARMS": "dense int9"}).returncode == 2     # an arm arms.json lacks
+        assert "run_chat up refused its settings" in log.read_text() and _alive(pid)
         ran = run(tmp_path, SEEDS="0", **env)
         assert ran.returncode == 0, log.read_text()
         assert "dense seed 0 (arm): rc 0" in log.read_text() and "dense: stopped" in log.read_text()
