@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,10 +73,7 @@ def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(
     (work / "plans").mkdir(parents=True)
     (work / "plans/arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
                                                         "flags": ["--max-running-requests", "2"]}]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(CHAT_WORK=str(work), BASE_PORT=str(port), ARMS="dense", MRR="2", CLIENTS="2", PER_SEED="2",
+    env = dict(CHAT_WORK=str(work), BASE_PORT=str(free_port()), ARMS="dense", MRR="2", CLIENTS="2", PER_SEED="2",
                TRACE="benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz", CONTEXT="4096", DEADLINE="90",
                FIRST_RUN_S="1", LAUNCHER=f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
                PYTHON=sys.executable, DOWN="1")

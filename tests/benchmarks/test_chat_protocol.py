@@ -26,6 +26,7 @@ from benchmarks.trace_file import TraceConversation
 from benchmarks.chat_trace import chat_turns, context_pad, reusable_tokens, seed_conversations
 from benchmarks.run_order import closing_run_due, reserve_s, run_name, runs_to_reserve, schedule
 from dasc_compile.errors import DascInputError
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz"
@@ -429,7 +430,7 @@ def test_up_reports_a_server_that_exits_during_start_up_at_once(tmp_path, monkey
     rc = run_chat.main(["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path),
                         "--model", str(tmp_path), "--launcher",
                         f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
-                        "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "40", "--base-port", str(_free_port()),
+                        "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "40", "--base-port", str(free_port()),
                         "--work", str(work), "--gpu", "1"])
     assert rc == 1 and time.monotonic() - t0 < 20
     entry = json.loads((work / "servers.json").read_text())["dense"]
@@ -449,7 +450,7 @@ def test_up_refuses_to_reuse_a_resident_server_launched_with_other_flags(tmp_pat
     base = ["up", "--arms-json", str(tmp_path / "arms.json"), "--plans", str(tmp_path), "--model", str(tmp_path),
             "--launcher", f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
             "--max-running-requests", "4", "--stagger-s", "0", "--startup-deadline-s", "60",
-            "--base-port", str(_free_port()), "--work", str(work), "--warm-lengths"]
+            "--base-port", str(free_port()), "--work", str(work), "--warm-lengths"]
     try:
         assert run_chat.main(base) == 0
         assert run_chat.main(base) == 0                                   # the same flags: reused
@@ -757,15 +758,9 @@ def test_rates_name_their_card_and_refuse_two(tmp_path, capsys):
 
 # ---------------------------------------------------------------- client against the stand-in server
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def fake_server():
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen([sys.executable, str(REPO / "tests/support/fake_sglang_server.py"), "--port", str(port),
                           "--max-running-requests", "4", "--max-mamba-cache-size", "400", "--enable-metrics"],
                          env={"FAKE_TOKEN_S": "0", "FAKE_PREFILL_S_PER_TOKEN": "0", "FAKE_BASE_S": "0"})

@@ -8,7 +8,6 @@ restored state must equal the rank's own dasc-nr image (an exact reindexing, App
 from __future__ import annotations
 
 import os
-import socket
 from types import SimpleNamespace
 
 import torch
@@ -16,12 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.support.runtime_fixtures import GDN_D, compile_tiny
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def _rank(rank: int, port: int, plan_dir: str, q) -> None:
@@ -67,7 +61,7 @@ def test_storage_balanced_store_load_is_exact(tmp_path):
     assert smap.n_packed == [5, 2] and smap.targets == [4, 3] and smap.m_remote == 1 and smap.slot_width == 4
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, str(pdir), q)) for r in (0, 1)]
     for p in procs:
         p.start()

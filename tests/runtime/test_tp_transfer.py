@@ -8,8 +8,6 @@ load(store(x)) must return x exactly, and a map with M_remote = 0 must not call 
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,6 +23,7 @@ from dasc_runtime.tp_transfer import (
     store_all_ranks,
     store_all_to_all,
 )
+from tests.support.ports import free_port
 
 # per P: several rank-count vectors, including balanced (no transfer), empty ranks and one heavy rank
 CASES = {
@@ -69,12 +68,6 @@ def test_permute_coupled_tensor_segments():
     assert out[:, 0].tolist() == [2, 3, 0, 1, 7, 8, 9, 4, 5, 6]
     with pytest.raises(ValueError, match="expected size 10 on axis 0"):
         permute_coupled_tensor(torch.zeros(9), ct, [1, 0])
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _run_cases(rank: int, world: int, group, calls: dict) -> None:
@@ -127,4 +120,4 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 
 def test_all_to_all_gloo_matches_all_ranks():
-    mp.spawn(_worker, args=(4, _free_port()), nprocs=4, join=True)
+    mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)

@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def _startup(plan) -> dict:
@@ -131,7 +126,7 @@ def run_ranks(world: int, tmp, runs: list, *, timeout: float = 600) -> dict:
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, world, port, str(tmp), runs, q)) for r in range(world)]
     for p in procs:
         p.start()
