@@ -57,7 +57,7 @@ from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
 from benchmarks.run_order import (RUN_MARGIN, RunEstimates, closing_run_due, expect_map, parse_expect, run_name,
                                   schedule)
-from benchmarks.serving_arms import read_arms
+from benchmarks.serving_arms import arm_records, read_arms
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
                                       server_env)
 from benchmarks.trace_file import load_trace
@@ -213,6 +213,11 @@ def cmd_run(a: argparse.Namespace) -> int:
               f"error: --work {a.work}: no server came up there (servers.json); nothing to run", file=sys.stderr)
         return 2
     try:
+        if a.arms_json is not None:     # the arms `up` would start: refused here, before a fresh machine's ~200 s start
+            known = arm_records(a.arms_json)
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise DascInputError(f"--arms {' '.join(unknown)}: not in {a.arms_json} ({', '.join(known)})")
         expect = expect_map(a.expect_s, names, open_loop=a.rate is not None)
         order = schedule(names, a.seeds, baseline=a.baseline)
         span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
@@ -372,6 +377,8 @@ def main(argv=None) -> int:
                           "call at the same pad (repeatable; other arms use the longest run so far, or --first-run-s)")
     run.add_argument("--deadline-s", type=number_above_zero("seconds"), default=500.0,
                      help="no run is begun that would end after this")
+    run.add_argument("--arms-json", type=Path, default=None,
+                     help="arms.json of the plans (benchmarks.serving_arms --out): the arms must be among its arms")
     run.add_argument("--check", action="store_true", help="only check these settings against the trace and print "
                      "the run order (exit 2 if refused): no server is needed and nothing is written")
     down = sub.add_parser("down", help="stop the servers")

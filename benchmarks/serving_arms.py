@@ -288,15 +288,12 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
     return out
 
 
-def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
-    """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
-    written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
-    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``;
-    ``model`` a folder with a ``config.json``.
+def arm_records(arms_json: Path) -> dict:
+    """``{arm: launch record}`` of ``serving_arms``' arms.json: a non-empty list of objects, each with ``arm``,
+    ``kind`` and a list of string ``flags``.
 
     Raises:
-        DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
-            broken arms.json was a traceback, and a missing model or plan folder was found only by the server).
+        DascInputError: naming the file (or the entry) and what was expected.
     """
     from benchmarks.serving_tables import read_json_file
 
@@ -310,6 +307,20 @@ def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | 
             raise DascInputError(f"{arms_json}: entry {i}: expected an object with 'arm', 'kind' and a list of "
                                  f"string 'flags'")
         arms[x["arm"]] = x
+    return arms
+
+
+def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
+    """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
+    written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
+    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``;
+    ``model`` a folder with a ``config.json``.
+
+    Raises:
+        DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
+            broken arms.json was a traceback, and a missing model or plan folder was found only by the server).
+    """
+    arms = arm_records(arms_json)
     if not plans.is_dir():
         raise DascInputError(f"--plans {plans}: not a folder (the compiled plans that arms.json's {{plans}} names)")
     if not (model / "config.json").is_file():

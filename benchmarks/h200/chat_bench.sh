@@ -81,7 +81,7 @@ mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-
 runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" --conversations-per-seed "$PER_SEED"
          "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
 # the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
-"$PY" -m benchmarks.run_chat run --check "${runargs[@]}"; rc=$?
+"$PY" -m benchmarks.run_chat run --check --arms-json "$W/plans/arms.json" "${runargs[@]}"; rc=$?
 [ $rc -eq 0 ] || { stamp "run settings refused (above) before any server starts; servers already up are left up"; exit $rc; }
 stamp "up: $UP_ARMS"
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \

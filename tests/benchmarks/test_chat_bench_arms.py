@@ -72,7 +72,9 @@ def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(
     work = tmp_path / "chat"
     (work / "plans").mkdir(parents=True)
     (work / "plans/arms.json").write_text(json.dumps([{"arm": "dense", "kind": "dense", "capacity": 4,
-                                                        "flags": ["--max-running-requests", "2"]}]))
+                                                        "flags": ["--max-running-requests", "2"]},
+                                                       {"arm": "noplan", "kind": "dasc", "capacity": 4,
+                                                        "flags": ["--dasc-plan", "{plans}/absent"]}]))
     env = dict(CHAT_WORK=str(work), BASE_PORT=str(free_port()), ARMS="dense", MRR="2", CLIENTS="2", PER_SEED="2",
                TRACE="benchmarks/traces/sharegpt_qwen_n8_d64_s0.json.gz", CONTEXT="4096", DEADLINE="90",
                FIRST_RUN_S="1", LAUNCHER=f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}",
@@ -90,6 +92,10 @@ def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(
         assert run(tmp_path, SEEDS="9", **env).returncode == 2
         assert _alive(pid)                                # resident servers are left as they were
         assert run(tmp_path, SEEDS="0", **{**env, "ARMS": "dense int9"}).returncode == 2     # an arm arms.json lacks
+        tail = log.read_text().splitlines()[-2:]
+        assert tail[0] == f"error: --arms int9: not in {work}/plans/arms.json (dense, noplan)" and _alive(pid)
+        assert tail[1].endswith("run settings refused (above) before any server starts; servers already up are left up")
+        assert run(tmp_path, SEEDS="0", **{**env, "ARMS": "dense noplan"}).returncode == 2   # its plan is missing
         assert "run_chat up refused its settings" in log.read_text() and _alive(pid)
         ran = run(tmp_path, SEEDS="0", **env)
         assert ran.returncode == 0, log.read_text()

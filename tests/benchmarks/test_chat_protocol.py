@@ -360,6 +360,27 @@ def test_check_prints_the_order_needs_no_server_and_writes_nothing(tmp_path, cap
     assert not work.exists()
 
 
+def test_check_refuses_an_arm_the_plans_arms_json_lacks(tmp_path, capsys):
+    """``run --check --arms-json``: an arm missing from the plans' arms.json is refused before any server starts
+    (before this, ``up`` refused it only after the check had passed), naming the arm and the arms the file has."""
+    import json
+
+    import benchmarks.run_chat as rc
+
+    arms_json = tmp_path / "arms.json"
+    arms_json.write_text(json.dumps([{"arm": a, "kind": "dense", "flags": []} for a in ("dense", "int8")]))
+    argv = ["run", "--check", "--work", str(tmp_path / "absent"), "--trace", str(TRACE), "--seeds", "1",
+            "--conversations-per-seed", "2", "--arms-json", str(arms_json)]
+    assert rc.main([*argv, "--arms", "dense", "int8"]) == 0
+    capsys.readouterr()
+    assert rc.main([*argv, "--arms", "dense", "dasc-nr-w16", "int8"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --arms dasc-nr-w16: not in {arms_json} (dense, int8)"
+    arms_json.write_text("[]")
+    assert rc.main([*argv, "--arms", "dense"]) == 2
+    assert "expected a non-empty list of arms" in capsys.readouterr().err
+    assert not (tmp_path / "absent").exists()
+
+
 def test_an_open_loop_runs_span_follows_from_its_seeds_schedule():
     from benchmarks.chat_replay import OPEN_LOOP_TURN_S, arrival_offsets, open_loop_span_s, think_times
     from benchmarks.chat_trace import seed_conversations
