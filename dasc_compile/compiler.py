@@ -27,6 +27,7 @@ from dasc_compile.horizons import (
     unit_refresh_window,
 )
 from dasc_compile.accounting import compression_ratios, ragged_offsets, ratio
+from dasc_compile.plan_views import byte_count
 from dasc_compile.policy import Policy
 from dasc_compile.schema import (
     Fingerprint,
@@ -94,8 +95,9 @@ def check_servable(plan: Plan) -> None:
     per_slot = plan.tp.bottleneck_bytes_per_slot
     if budget is not None and per_slot > 0 and usable_slots(budget, per_slot) < 1:
         raise DascInputError(
-            f"policy field 'pool_budget_bytes': {budget} bytes hold no usable compressed slot (one slot is {per_slot} "
-            f"bytes on the bottleneck rank and slot 0 is reserved); expected at least {2 * per_slot} bytes")
+            f"policy field 'pool_budget_bytes': {byte_count(budget)} holds no usable compressed slot: one slot takes "
+            f"{byte_count(per_slot)} on the bottleneck rank and slot 0 is reserved; expected at least {2 * per_slot} "
+            f"bytes")
 
 
 def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[str]:

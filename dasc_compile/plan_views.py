@@ -115,6 +115,13 @@ def fmt_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
+def byte_count(n: int) -> str:
+    """A byte count in a sizing message: ``"41.41 MiB (43,417,600 bytes)"``; under 1 KiB only ``"1 byte"`` /
+    ``"512 bytes"``. A figure a user is told to pass back as a flag (``--budget N``) is printed whole instead, as the
+    flag takes it."""
+    n = int(n)
+    return f"{fmt_bytes(n)} ({n:,} bytes)" if abs(n) >= 1024 else f"{n} byte" + ("" if n == 1 else "s")
+
 def fmt_ratio(x: float) -> str:
     """A compression ratio: ``1.40x``, or ``inf`` when nothing is kept."""
     return "inf" if math.isinf(x) else f"{x:.2f}x"

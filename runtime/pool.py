@@ -31,6 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from dasc_compile.plan_views import byte_count
 from dasc_compile.schema import DascInputError, usable_slots
 from dasc_runtime.ops import CheckpointTensors, TorchOps
 from dasc_runtime.rank_layout import RankLayout
@@ -70,8 +71,8 @@ def slots_for_budget(budget_bytes: int, slot_bytes: int, what: str = "dasc pool 
     n = usable_slots(budget_bytes, slot_bytes)
     if n < 1:
         raise DascInputError(
-            f"{what} {budget_bytes} bytes holds no usable slot ({slot_bytes} bytes per slot, slot 0 reserved): "
-            f"give at least {2 * slot_bytes} bytes")
+            f"{what} {byte_count(budget_bytes)} holds no usable slot: a slot takes {byte_count(slot_bytes)} and slot "
+            f"0 is reserved; give at least {2 * slot_bytes} bytes")
     return int(n)
 
 

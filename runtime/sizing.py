@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from dasc_runtime.one_line_parser import OneLineParser
+from dasc_compile.plan_views import byte_count
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
 from dasc_runtime.size_options import settle_size_options
@@ -136,8 +137,9 @@ def matched_memory(*, dense_slots: int, native_slots: int, bytes_dense_slot: int
     c = usable_slots(max(left, 0), bytes_compressed_slot)
     if c < 1:
         raise DascInputError(
-            f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense={bytes_dense_slot}, "
-            f"b_compressed={bytes_compressed_slot}, scratch={scratch_bytes} bytes; raise --dense-slots or lower "
+            f"no compressed slot fits: M={dense_slots}, M'={native_slots}, b_dense "
+            f"{byte_count(bytes_dense_slot)}, b_compressed {byte_count(bytes_compressed_slot)}, scratch "
+            f"{byte_count(scratch_bytes)}; raise --dense-slots or lower "
             f"--native-slots" + (" (or the scratch: --refresh-slots, --scratch-slots)" if scratch_bytes else ""))
     used = (native_slots + 1) * bytes_dense_slot + (c + 1) * bytes_compressed_slot + scratch_bytes
     return MatchedMemory(dense_slots=dense_slots, native_slots=native_slots, compressed_slots=int(c),
@@ -153,8 +155,9 @@ def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
     """
     m = int(budget_bytes) // int(bytes_dense_slot) - 1
     if m < 1:
-        raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({bytes_dense_slot} bytes a slot "
-                             f"on one TP rank, one padding slot); expected at least {2 * int(bytes_dense_slot)} bytes")
+        raise DascInputError(f"--budget {byte_count(budget_bytes)} holds no dense slot: a slot takes "
+                             f"{byte_count(bytes_dense_slot)} on one TP rank, plus one padding slot; expected at least "
+                             f"{2 * int(bytes_dense_slot)} bytes")
     return m
 
 
@@ -260,8 +263,8 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
              for name in arms if name != "dense"}
     by_budget = budget_bytes is not None
     if by_budget and budget_bytes // b_dense - 1 < 1:
-        raise DascInputError(f"--budget {budget_bytes} bytes holds no dense slot ({b_dense} bytes a slot on one TP "
-                             f"rank, one padding slot); "
+        raise DascInputError(f"--budget {byte_count(budget_bytes)} holds no dense slot: a slot takes "
+                             f"{byte_count(b_dense)} on one TP rank, plus one padding slot; "
                              + smallest_fit(None, m_native, k, r, b_dense, pools.values(), by_budget=True))
     m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
@@ -269,9 +272,9 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
                 f"{'' if overlap_schedule else ' without the overlap scheduler'}")
         need = smallest_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
         if by_budget:
-            raise DascInputError(f"--budget {budget_bytes} bytes holds Dense M={m} native slots of {b_dense} bytes "
-                                 f"(+1 padding slot) on one TP rank; {runs}, so --max-running-requests {r} needs "
-                                 f"M >= {m_native} for Dense alone; {need}")
+            raise DascInputError(f"--budget {byte_count(budget_bytes)} holds Dense M={m} native slots of "
+                                 f"{byte_count(b_dense)} on one TP rank, plus one padding slot; {runs}, so "
+                                 f"--max-running-requests {r} needs M >= {m_native} for Dense alone; {need}")
         raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native} "
                              f"for Dense alone; {need}")
     common = ("--max-running-requests", str(r), "--mamba-radix-cache-strategy", strategy) + \

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from dasc_compile.plan_views import byte_count
 from dasc_compile.schema import DascInputError, usable_slots
 
 __all__ = ["GIB", "MAX_BUDGET_BYTES", "MAX_SLOTS", "check_pools_fit", "parse_bytes", "smallest_fit"]
@@ -93,14 +94,14 @@ def check_pools_fit(m: int, m_native: int, k: int, r: int, b_dense: int, pools, 
     what, b, scratch = short[0]
     room = (m - m_native) * b_dense
     if room >= scratch:
-        left = f"leave {room - scratch} bytes beside the M'={m_native} native slots" + (
-            f" and {scratch} bytes of scratch" if scratch else "")
+        left = f"leave {byte_count(room - scratch)} beside the M'={m_native} native slots" + (
+            f" and {byte_count(scratch)} of scratch" if scratch else "")
     else:                                                       # never a negative byte count
-        left = (f"leave {room} bytes beside the M'={m_native} native slots, {scratch - room} short of the {scratch} "
-                f"bytes of scratch alone")
+        left = (f"leave {byte_count(room)} beside the M'={m_native} native slots, {byte_count(scratch - room)} short "
+                f"of the {byte_count(scratch)} of scratch alone")
     hint = smallest_fit(m, m_native, k, r, b_dense, pools, by_budget=by_budget, given=given)
     if not hint.startswith("no "):      # a size that fits; else the hint already says to lower R
         # --refresh-slots only where the failing arm charges scratch and B could go lower (B > 1)
         hint += f", or lower --max-running-requests{' or --refresh-slots' if scratch > b_dense else ''}"
-    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots {left}, one {what} slot needs {b} "
-                         f"bytes (+1 reserved); {hint}")
+    raise DascInputError(f"no {what} checkpoint slot fits: Dense's M={m} slots {left}, one {what} slot needs "
+                         f"{byte_count(b)}, plus one reserved slot; {hint}")

@@ -193,7 +193,7 @@ def test_plot(tmp_path):
     (["--wmax", "16", "--eval", "retrieval:1", "--max-kl", "0.1", "--max-nll-delta", "0.1"], ["alternatives"]),
     (["--wmax", "16", "--budget", "8GiB"], ["--budget and --max-running-requests go together"]),
     (["--wmax", "16", "--budget", "lots", "--max-running-requests", "8"], ["--budget: expected a positive size"]),
-    (["--wmax", "16", "--budget", "1GiB", "--max-running-requests", "8"], ["--budget 1073741824 bytes holds Dense M=23",
+    (["--wmax", "16", "--budget", "1GiB", "--max-running-requests", "8"], ["--budget 1.00 GiB (1,073,741,824 bytes) holds Dense M=23",
                                                                           "a --budget of at least"]),
     (["--wmax", "16", "--tp", "2", "--balance", "hybrid", "--budget", "8GiB", "--max-running-requests", "8"],
      ["the dasc runtime would refuse to start: the plan uses balance=hybrid"]),

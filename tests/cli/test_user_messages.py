@@ -94,7 +94,7 @@ def test_pool_budget_with_no_usable_slot_is_refused(tmp_path, gdn, kda, budget, 
     ck = gdn if tp == 1 else kda
     before = snapshot(tmp_path)
     r = dasc("compile", ck, "--wmax", 16 if tp == 1 else 4, "--tp", tp, "--pool-budget", budget, "--out", tmp_path / "p")
-    line = assert_one_error(r, "'pool_budget_bytes'", f"{budget} bytes hold no usable compressed slot",
+    line = assert_one_error(r, "'pool_budget_bytes'", f"{budget} bytes holds no usable compressed slot",
                             "slot 0 is reserved")
     if tp == 1:
         assert "expected at least 768 bytes" in line

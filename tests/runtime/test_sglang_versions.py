@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from dasc_compile.plan_views import byte_count
 from tests.support.runtime_fixtures import SGLANG_SKIP_REASON, compile_tiny
 
 pytestmark = [pytest.mark.sglang,
@@ -147,13 +148,13 @@ def _args(plan_dir=None, **flags):
                                    "usable slot), got 0"),
     (dict(pool_slots=5), {"DASC_POOL_BYTES": "100"}, "--dasc-pool-slots and DASC_POOL_BYTES are exclusive: size the "
                                                      "pool one way"),
-    (dict(pool_bytes=1), {}, "--dasc-pool-bytes 1 bytes holds no usable slot ({b} bytes per slot, slot 0 reserved): "
-                             "give at least {b2} bytes"),
-    ({}, {"DASC_POOL_BYTES": "1"}, "DASC_POOL_BYTES 1 bytes holds no usable slot ({b} bytes per slot, slot 0 "
-                                   "reserved): give at least {b2} bytes"),
+    (dict(pool_bytes=1), {}, "--dasc-pool-bytes 1 byte holds no usable slot: a slot takes {bc} and slot 0 is "
+                             "reserved; give at least {b2} bytes"),
+    ({}, {"DASC_POOL_BYTES": "1"}, "DASC_POOL_BYTES 1 byte holds no usable slot: a slot takes {bc} and slot 0 is "
+                                   "reserved; give at least {b2} bytes"),
     # a size is read as `dasc size --budget` reads it (it took integers only): units work, and so do their refusals
-    (dict(pool_bytes="1KiB"), {}, "--dasc-pool-bytes 1024 bytes holds no usable slot ({b} bytes per slot, slot 0 "
-                                  "reserved): give at least {b2} bytes"),
+    (dict(pool_bytes="1KiB"), {}, "--dasc-pool-bytes 1.00 KiB (1,024 bytes) holds no usable slot: a slot takes {bc} "
+                                  "and slot 0 is reserved; give at least {b2} bytes"),
     (dict(pool_bytes="2 parsecs"), {}, "--dasc-pool-bytes: expected a positive size in bytes, such as 2147483648, 1e9 "
                                        "or 2GiB (units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got "
                                        "'2 parsecs'"),
@@ -168,7 +169,7 @@ def test_a_bad_dasc_setting_in_the_launcher_is_one_line_and_status_2(tmp_path, m
     plan, plan_dir, _ = compile_tiny(tmp_path)
     b = plan.tp.bottleneck_bytes_per_slot
     code, err, _, exported = _launch(_args(plan_dir, **flags), monkeypatch, capsys, **env)
-    assert code == 2 and err == ["dasc: refusing to start: " + line.format(b=b, b2=2 * b)], err
+    assert code == 2 and err == ["dasc: refusing to start: " + line.format(bc=byte_count(b), b2=2 * b)], err
     assert exported == env
 
 
@@ -314,7 +315,7 @@ def test_an_engine_with_a_plan_it_cannot_serve_is_refused_before_it_starts_and_e
     (dict(dasc_plan="{p}", disable_radix_cache=True), {},
      "dasc: refusing to start: unsupported option(s): --disable-radix-cache (dasc compresses radix-cached state "
      "checkpoints)"),
-    (dict(dasc_plan="{p}"), {"DASC_POOL_BYTES": "1"}, "DASC_POOL_BYTES 1 bytes holds no usable slot"),
+    (dict(dasc_plan="{p}"), {"DASC_POOL_BYTES": "1"}, "DASC_POOL_BYTES 1 byte holds no usable slot"),
 ])
 def test_engine_keywords_are_settled_as_the_launcher_settles_flags(tmp_path, monkeypatch, kwargs, env, line):
     """Engine(dasc_*=...) keywords: the same precedence over DASC_*, the same refusals, before the constructor runs."""
@@ -385,8 +386,8 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
          "unsupported option(s): --tp-size 4 (attention TP size 4; the plan is compiled for TP 2: launch with "
          "--tp-size 2, or compile the plan with --tp 4)"),
         (["--dasc-plan", p, "--dasc-pool-bytes", "1"], {},
-         f"--dasc-pool-bytes 1 bytes holds no usable slot ({plan.tp.bottleneck_bytes_per_slot} bytes per slot, slot 0 "
-         f"reserved): give at least {2 * plan.tp.bottleneck_bytes_per_slot} bytes"),
+         f"--dasc-pool-bytes 1 byte holds no usable slot: a slot takes {byte_count(plan.tp.bottleneck_bytes_per_slot)} "
+         f"and slot 0 is reserved; give at least {2 * plan.tp.bottleneck_bytes_per_slot} bytes"),
     ]
     served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
     cases = [{"argv": a, "env": e} for a, e, _ in refused] + [{"argv": a, "env": e} for a, e in served]

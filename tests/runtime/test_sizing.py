@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from dasc_compile.cli import app
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
+from dasc_compile.plan_views import byte_count
 from dasc_compile.policy import Policy
 from dasc_compile import size_report
 from dasc_runtime import sizing
@@ -448,15 +449,15 @@ def test_budget_hint_is_the_smallest_for_every_arm_at_once(kimi):
         return r.output.strip()
 
     fits = "a --budget of at least 303923200 bytes (0.283 GiB) fits every arm"
-    assert err("--budget", "1") == ("error: --budget 1 bytes holds no dense slot (43417600 bytes a slot on one TP "
-                                    f"rank, one padding slot); {fits}")
+    assert err("--budget", "1") == ("error: --budget 1 byte holds no dense slot: a slot takes 41.41 MiB (43,417,600 "
+                                    f"bytes) on one TP rank, plus one padding slot; {fits}")
     assert err("--budget", "86835200") == (
-        "error: --budget 86835200 bytes holds Dense M=1 native slots of 43417600 bytes (+1 padding slot) on one TP "
-        "rank; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5 for Dense alone; "
+        "error: --budget 82.81 MiB (86,835,200 bytes) holds Dense M=1 native slots of 41.41 MiB (43,417,600 bytes) on "
+        "one TP rank, plus one padding slot; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5 for Dense alone; "
         f"{fits}")
     assert err("--budget", "303923199") == (
         "error: no SGLang INT8 checkpoint slot fits: Dense's M=5 slots leave 0 bytes beside the M'=5 native slots, "
-        f"one SGLang INT8 slot needs 12288000 bytes (+1 reserved); {fits}, or lower --max-running-requests")
+        f"one SGLang INT8 slot needs 11.72 MiB (12,288,000 bytes), plus one reserved slot; {fits}, or lower --max-running-requests")
     assert err("--dense-slots", "3").endswith("needs M >= 5 for Dense alone; --dense-slots 6 or more fits every arm")
     for name, need in (("w16", 303923200), ("w16-wr", 651264000)):    # dasc-wr: 8 refresh scratch slots more
         plan = load_plan(kimi[name])
@@ -475,7 +476,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
     assert err("--budget", "1GiB").endswith(
         "needs M >= 10737418240 for Dense alone; no --budget up to 2**50 bytes runs --max-running-requests 2147483648 in every arm: "
         "lower --max-running-requests to at most 5186375 (4 with --budget 1073741824)")
-    assert err("--budget", "1").endswith("one padding slot); no --budget up to 2**50 bytes runs "
+    assert err("--budget", "1").endswith("plus one padding slot; no --budget up to 2**50 bytes runs "
                                          "--max-running-requests 2147483648 in every arm: lower --max-running-requests "
                                          "to at most 5186375")
     assert err("--dense-slots", "64").endswith("lower --max-running-requests to at most 429496729 (12 with "
@@ -601,13 +602,24 @@ def test_sizing_module_main_refuses_fewer_native_slots_than_one_request_needs(ki
     assert "--max-mamba-cache-size 5 " in capsys.readouterr().out
 
 
+
+def test_byte_counts_in_sizing_messages_read_in_units_and_whole():
+    """A refusal's byte counts: binary units first (as plan_views.fmt_bytes writes them), then the whole count with
+    thousands separated; under 1 KiB the count alone, singular at 1."""
+    assert byte_count(43417600) == "41.41 MiB (43,417,600 bytes)"      # 43417600 / 2**20 = 41.406...
+    assert byte_count(1610612736) == "1.50 GiB (1,610,612,736 bytes)"
+    assert byte_count(1024) == "1.00 KiB (1,024 bytes)"
+    assert byte_count(160 * 2**20) == "160 MiB (167,772,160 bytes)"
+    assert (byte_count(1), byte_count(0), byte_count(1023)) == ("1 byte", "0 bytes", "1023 bytes")
+
 def test_no_slot_fits_never_names_negative_bytes(kimi):
     """B = 20 scratch slots against the 16 dense slots beside M' = 40: the error said "leave -173670400 bytes"."""
     r = runner.invoke(app, ["size", str(kimi["w16-wr"]), "--dense-slots", "56", "--max-running-requests", "8",
                             "--refresh-slots", "20"])
     assert r.exit_code == 2 and len(r.output.splitlines()) == 1, r.output
-    assert (f"no dasc-wr checkpoint slot fits: Dense's M=56 slots leave {16 * B_DENSE} bytes beside the M'=40 native "
-            f"slots, {4 * B_DENSE} short of the {20 * B_DENSE} bytes of scratch alone, one dasc-wr slot needs") \
+    assert (f"no dasc-wr checkpoint slot fits: Dense's M=56 slots leave {byte_count(16 * B_DENSE)} beside the M'=40 "
+            f"native slots, {byte_count(4 * B_DENSE)} short of the {byte_count(20 * B_DENSE)} of scratch alone, one "
+            "dasc-wr slot needs") \
         in r.output, r.output
     assert not re.search(r"-[0-9]", r.output)
 
