@@ -163,3 +163,44 @@ def reusable_tokens(prompt: Sequence[int], previous: Sequence[int], *, align: in
         n += 1
     n = min(n, len(prompt) - 1)
     return n - n % align
+
+
+def turn_lengths(conv: TraceConversation, *, replay: str, decode_clip: int | None,
+                 pad_tokens: int) -> list[tuple[int, int]]:
+    """``[(prompt tokens, reply tokens)]``, one pair per turn, of ``conv`` as :class:`ChatTurns` sends it: the pad,
+    then every earlier turn's user segment and carried reply, then this turn's user segment. A served reply is
+    exactly its decode length (the client sends ``ignore_eos``) plus its closing ``<|im_end|> \\n``; a recorded
+    one is the trace's reply segment. Known before any request, so a run's settings can be checked against a
+    server's context length (``run_chat run --check --context-length``)."""
+    if replay not in REPLAYS:
+        raise DascInputError(f"--replay: expected one of {', '.join(REPLAYS)}, got {replay!r}")
+    user, recorded = conv.segments[0::2], conv.segments[1::2]
+    decode = [d if decode_clip is None else min(d, decode_clip) for d in conv.decode_tokens]
+    out, history = [], pad_tokens
+    for t, seg in enumerate(user):
+        prompt = history + len(seg)
+        out.append((prompt, decode[t]))
+        history = prompt + (decode[t] + len(recorded[t][-2:]) if replay == "served-reply" else len(recorded[t]))
+    return out
+
+
+def check_context(convs: Sequence[TraceConversation], indices: Sequence[int], *, seed: int, replay: str,
+                  decode_clip: int | None, pad_tokens: int, context_length: int) -> None:
+    """Refuse a trace seed with a turn a server of ``context_length`` tokens cannot serve: its prompt plus reply
+    over the context length (SGLang refuses the request, tokenizer_manager.py ``_validate_one_request``, and the
+    client records a failed turn in every arm; session 46 lost two turns of trace x2 seed 2 at pad 11600 so).
+
+    Raises:
+        DascInputError: naming the seed, how many turns, the longest and the settings that would fit it.
+    """
+    over = [(p + d, p, d, i, t) for i in indices
+            for t, (p, d) in enumerate(turn_lengths(convs[i], replay=replay, decode_clip=decode_clip,
+                                                    pad_tokens=pad_tokens)) if p + d > context_length or p >= context_length]
+    if over:
+        total, p, d, i, t = max(over)
+        total = max(total, p + 1)   # SGLang also refuses a prompt as long as the context, whatever the reply
+        raise DascInputError(
+            f"trace seed {seed}: {len(over)} turn{'s' if len(over) > 1 else ''} over --context-length "
+            f"{context_length:,} tokens (the longest, conversation {i} turn {t} counted from 0 as the run records count them: {p:,} prompt + {d:,} reply "
+            f"tokens); SGLang would refuse {'them' if len(over) > 1 else 'it'} in every arm: serve a context of at "
+            f"least {total:,} tokens, or lower --pad-tokens by {total - context_length:,}, or use another seed")

@@ -52,7 +52,7 @@ from typing import Sequence
 
 from benchmarks.card import gpu_name
 from benchmarks.chat_replay import IM_END, open_loop_spans
-from benchmarks.chat_trace import seed_conversations
+from benchmarks.chat_trace import check_context, seed_conversations
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
 from benchmarks.run_order import (RUN_MARGIN, RunEstimates, closing_run_due, expect_map, parse_expect, run_name,
@@ -222,10 +222,13 @@ def cmd_run(a: argparse.Namespace) -> int:
         order = schedule(names, a.seeds, baseline=a.baseline)
         span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
                 if a.rate is not None else {})
-        if not span:    # a seed the trace cannot hold is refused before any run, not by each run in turn
-            n_conv = len(load_trace(a.trace)[1])
-            for seed in a.seeds:
-                seed_conversations(n_conv, a.conversations_per_seed, seed, pool_seed=a.pool_seed)
+        if not span or a.context_length is not None:    # refused before any run, not by each run in turn
+            convs = load_trace(a.trace)[1]
+            for seed in a.seeds:    # a seed the trace cannot hold; a turn the servers' context cannot
+                idx = seed_conversations(len(convs), a.conversations_per_seed, seed, pool_seed=a.pool_seed)
+                if a.context_length is not None:
+                    check_context(convs, idx, seed=seed, replay=a.replay, decode_clip=a.decode_clip,
+                                  pad_tokens=a.pad_tokens, context_length=a.context_length)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -377,6 +380,9 @@ def main(argv=None) -> int:
                           "call at the same pad (repeatable; other arms use the longest run so far, or --first-run-s)")
     run.add_argument("--deadline-s", type=number_above_zero("seconds"), default=500.0,
                      help="no run is begun that would end after this")
+    run.add_argument("--context-length", type=int_at_least(1), default=None,
+                     help="the servers' --context-length (tokens): a seed with a turn whose prompt plus reply exceeds "
+                          "it is refused before any run")
     run.add_argument("--arms-json", type=Path, default=None,
                      help="arms.json of the plans (benchmarks.serving_arms --out): the arms must be among its arms")
     run.add_argument("--check", action="store_true", help="only check these settings against the trace and print "

@@ -79,7 +79,7 @@ extra=(); for f in ${SERVER_FLAGS:-}; do extra+=("--server-flag=$f"); done
 expect=(); for e in ${EXPECT_S:-}; do expect+=("--expect-s=$e"); done
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" --conversations-per-seed "$PER_SEED"
-         "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
+         "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --context-length "$CONTEXT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
 # the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
 "$PY" -m benchmarks.run_chat run --check --arms-json "$W/plans/arms.json" "${runargs[@]}"; rc=$?
 [ $rc -eq 0 ] || { stamp "run settings refused (above) before any server starts; servers already up are left up"; exit $rc; }

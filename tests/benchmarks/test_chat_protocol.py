@@ -78,6 +78,45 @@ def test_recorded_reply_carries_the_recorded_segment():
     assert t.decode == [2, 2]                                   # clipped
 
 
+def test_turn_lengths_are_what_the_client_sends():
+    """Hand-counted on CONV (user 3 + 2 tokens, recorded replies of 4 and 3, decode 3 and 2) with a pad of 2:
+    served-reply turn 1 = pad 2 + user 3 + served 3 + closing 2 + user 2 = 12 (the prompt of the test above);
+    recorded-reply = 2 + 3 + 4 + 2 = 11; and the same as ChatTurns builds on every turn of a real trace."""
+    from benchmarks.chat_trace import turn_lengths
+    from benchmarks.trace_file import load_trace
+
+    assert turn_lengths(CONV, replay="served-reply", decode_clip=None, pad_tokens=2) == [(5, 3), (12, 2)]
+    assert turn_lengths(CONV, replay="recorded-reply", decode_clip=2, pad_tokens=2) == [(5, 2), (11, 2)]
+    for conv in load_trace(TRACE)[1]:
+        for replay in ("served-reply", "recorded-reply"):
+            t = chat_turns(0, conv, replay=replay, decode_clip=16, pad=tuple(range(100, 107)))
+            sent = []
+            while not t.done:
+                sent.append((len(t.prompt()), t.decode[t.turn]))
+                t.advance([7] * t.decode[t.turn])         # ignore_eos: a served reply is its decode length
+            assert turn_lengths(conv, replay=replay, decode_clip=16, pad_tokens=7) == sent
+
+
+def test_a_turn_over_the_servers_context_is_refused_before_any_run(capsys):
+    """Session 46: trace x2 seed 2 at pad 11600 sent two turns (conversations 151 and 198, turn 3) over the
+    servers' 24,576 tokens, and SGLang refused them in every arm. ``run --check --context-length`` now refuses the
+    seed; at exactly the longest turn's prompt + reply (25,069 tokens) it is accepted; seed 1 always was."""
+    import benchmarks.run_chat as rc
+
+    x2 = REPO / "benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_x2.json.gz"
+    argv = ["run", "--check", "--work", str(REPO / "absent"), "--trace", str(x2), "--arms", "dense",
+            "--conversations-per-seed", "32", "--clients", "32", "--pad-tokens", "11600"]
+    assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "24576"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: trace seed 2: 2 turns over --context-length 24,576 tokens (the longest, conversation 151 turn 3 "
+        "counted from 0 as the run records count them: 24,813 prompt + 256 reply tokens); SGLang would refuse them "
+        "in every arm: serve a context of at least 25,069 tokens, or lower --pad-tokens by 493, or use another seed")
+    assert rc.main([*argv, "--seeds", "2", "--context-length", "25068"]) == 2
+    assert "1 turn over --context-length 25,068" in capsys.readouterr().err
+    assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "25069"]) == 0
+    assert rc.main([*argv, "--seeds", "1", "--context-length", "24576"]) == 0
+    assert rc.main([*argv, "--seeds", "2"]) == 0                  # no --context-length: nothing to check against
+
 def test_reuse_bound_is_the_aligned_common_prefix():
     prev = list(range(200))
     assert reusable_tokens(list(range(150)) + [7], prev) == 128   # 150 common, floor to 64
