@@ -66,6 +66,27 @@ def seed_conversations(num_conversations: int, per_seed: int, seed: int, *, pool
     return order[seed * per_seed:(seed + 1) * per_seed]
 
 
+def check_pad(pad_tokens: int) -> None:
+    """Refuse a context pad with no room for its body: 0, or >= 4 tokens (:func:`context_pad`).
+
+    Raises:
+        DascInputError: naming ``--pad-tokens``.
+    """
+    if pad_tokens < 0 or 0 < pad_tokens < 4:
+        raise DascInputError(f"--pad-tokens: expected 0 or >= 4 tokens, got {pad_tokens}")
+
+
+def clipped(decode_tokens: Sequence[int], decode_clip: int | None) -> list[int]:
+    """The decode lengths a replay asks for: each recorded length, at most ``decode_clip`` tokens (None: no clip)."""
+    return [d if decode_clip is None else min(d, decode_clip) for d in decode_tokens]
+
+
+def reply_close(reply: Sequence[int]) -> list[int]:
+    """The closing ``<|im_end|> \\n`` of a recorded reply segment (build_trace.encode_reply), which a served reply is
+    followed by in the next turn's prompt."""
+    return list(reply[-2:])
+
+
 def context_pad(source_id: str, pad_tokens: int, *, seed: int, im_start: int, im_end: int,
                 newline: int) -> tuple[int, ...]:
     """The conversation's system block of ``pad_tokens`` tokens (0: empty).
@@ -76,10 +97,9 @@ def context_pad(source_id: str, pad_tokens: int, *, seed: int, im_start: int, im
     Raises:
         DascInputError: 0 < pad_tokens < 4 (no room for the body) or pad_tokens < 0.
     """
+    check_pad(pad_tokens)
     if pad_tokens == 0:
         return ()
-    if pad_tokens < 4:
-        raise DascInputError(f"--pad-tokens: expected 0 or >= 4 tokens, got {pad_tokens}")
     rng = random.Random(f"{seed}:{source_id}")
     body = [rng.randrange(*PAD_ID_RANGE) for _ in range(pad_tokens - 3)]
     return (im_start, *body, im_end, newline)
@@ -136,8 +156,7 @@ class ChatTurns:
             output_ids: the ids the server generated for this turn (used by ``served-reply``).
         """
         reply = self.recorded[self.turn]
-        close = list(reply[-2:])     # <|im_end|> \n of the recorded reply (build_trace.encode_reply)
-        carried = (list(output_ids) + close) if self.replay == "served-reply" else list(reply)
+        carried = (list(output_ids) + reply_close(reply)) if self.replay == "served-reply" else list(reply)
         self.history = self.prompt() + self._map(carried)
         self.turn += 1
 
@@ -147,7 +166,7 @@ def chat_turns(index: int, conv: TraceConversation, *, replay: str, decode_clip:
     """A :class:`ChatTurns` for one trace conversation (replies clipped at ``decode_clip`` tokens)."""
     user = conv.segments[0::2]
     recorded = conv.segments[1::2]
-    decode = [d if decode_clip is None else min(d, decode_clip) for d in conv.decode_tokens]
+    decode = clipped(conv.decode_tokens, decode_clip)
     return ChatTurns(conv=index, source_id=conv.source_id, user=user, recorded=recorded, decode=decode,
                      pad=pad, replay=replay, vocab_size=vocab_size)
 
@@ -165,42 +184,74 @@ def reusable_tokens(prompt: Sequence[int], previous: Sequence[int], *, align: in
     return n - n % align
 
 
+
 def turn_lengths(conv: TraceConversation, *, replay: str, decode_clip: int | None,
                  pad_tokens: int) -> list[tuple[int, int]]:
     """``[(prompt tokens, reply tokens)]``, one pair per turn, of ``conv`` as :class:`ChatTurns` sends it: the pad,
     then every earlier turn's user segment and carried reply, then this turn's user segment. A served reply is
     exactly its decode length (the client sends ``ignore_eos``) plus its closing ``<|im_end|> \\n``; a recorded
     one is the trace's reply segment. Known before any request, so a run's settings can be checked against a
-    server's context length (``run_chat run --check --context-length``)."""
+    server's context length (:func:`check_seeds`).
+
+    Raises:
+        DascInputError: ``replay`` not one of :data:`REPLAYS`; ``pad_tokens`` not 0 or >= 4 (:func:`context_pad`).
+    """
     if replay not in REPLAYS:
         raise DascInputError(f"--replay: expected one of {', '.join(REPLAYS)}, got {replay!r}")
+    check_pad(pad_tokens)
     user, recorded = conv.segments[0::2], conv.segments[1::2]
-    decode = [d if decode_clip is None else min(d, decode_clip) for d in conv.decode_tokens]
+    decode = clipped(conv.decode_tokens, decode_clip)
     out, history = [], pad_tokens
     for t, seg in enumerate(user):
         prompt = history + len(seg)
         out.append((prompt, decode[t]))
-        history = prompt + (decode[t] + len(recorded[t][-2:]) if replay == "served-reply" else len(recorded[t]))
+        carried = decode[t] + len(reply_close(recorded[t])) if replay == "served-reply" else len(recorded[t])
+        history = prompt + carried
     return out
 
 
-def check_context(convs: Sequence[TraceConversation], indices: Sequence[int], *, seed: int, replay: str,
-                  decode_clip: int | None, pad_tokens: int, context_length: int) -> None:
-    """Refuse a trace seed with a turn a server of ``context_length`` tokens cannot serve: its prompt plus reply
-    over the context length (SGLang refuses the request, tokenizer_manager.py ``_validate_one_request``, and the
-    client records a failed turn in every arm; session 46 lost two turns of trace x2 seed 2 at pad 11600 so).
+#: SGLang 0.5.17 serves a turn whole only with ``prompt + reply + 2 <= context`` and ``prompt + 7 <= context``: its
+#: longest request is context - 1 tokens and its longest input 5 fewer (managers/tp_worker.py ``get_worker_info``),
+#: an input that long is aborted (managers/utils.py ``validate_input_length``) and a longer reply is cut to
+#: ``context - prompt - 2`` tokens without an error (managers/scheduler.py, ``max_new_tokens`` clipping).
+REPLY_MARGIN, PROMPT_MARGIN = 2, 7
+
+
+def check_seeds(convs: Sequence[TraceConversation], seeds: Sequence[int], *, per_seed: int, pool_seed: int,
+                replay: str, decode_clip: int | None, pad_tokens: int, context_length: int | None) -> None:
+    """Refuse trace seeds a run cannot serve as designed, before any run: a seed the trace does not hold
+    (:func:`seed_conversations`), and with ``context_length`` (the servers' ``--context-length``, tokens) a seed
+    with a turn SGLang would refuse or cut in every arm (:data:`REPLY_MARGIN`; session 46 lost two turns of trace
+    x2 seed 2 at pad 11600 so).
 
     Raises:
-        DascInputError: naming the seed, how many turns, the longest and the settings that would fit it.
+        DascInputError: one line naming every refused seed, its turns over the context and the longest (its
+            conversation and turn counted from 0, as the run records count them), then the context and the pad
+            that would serve them all.
     """
-    over = [(p + d, p, d, i, t) for i in indices
+    check_pad(pad_tokens)
+    over: dict[int, list[tuple[int, int, int, int, int]]] = {}
+    for seed in seeds:
+        idx = seed_conversations(len(convs), per_seed, seed, pool_seed=pool_seed)
+        if context_length is None:
+            continue
+        for i in idx:
             for t, (p, d) in enumerate(turn_lengths(convs[i], replay=replay, decode_clip=decode_clip,
-                                                    pad_tokens=pad_tokens)) if p + d > context_length or p >= context_length]
-    if over:
-        total, p, d, i, t = max(over)
-        total = max(total, p + 1)   # SGLang also refuses a prompt as long as the context, whatever the reply
-        raise DascInputError(
-            f"trace seed {seed}: {len(over)} turn{'s' if len(over) > 1 else ''} over --context-length "
-            f"{context_length:,} tokens (the longest, conversation {i} turn {t} counted from 0 as the run records count them: {p:,} prompt + {d:,} reply "
-            f"tokens); SGLang would refuse {'them' if len(over) > 1 else 'it'} in every arm: serve a context of at "
-            f"least {total:,} tokens, or lower --pad-tokens by {total - context_length:,}, or use another seed")
+                                                    pad_tokens=pad_tokens)):
+                need = max(p + d + REPLY_MARGIN, p + PROMPT_MARGIN)
+                if need > context_length:
+                    over.setdefault(seed, []).append((need, p, d, i, t))
+    if not over:
+        return
+    parts = []
+    for seed, turns in over.items():
+        _, p, d, i, t = max(turns)
+        parts.append(f"seed {seed}: {len(turns)} turn{'s' if len(turns) > 1 else ''}, the longest conversation {i} "
+                     f"turn {t} with {p:,} prompt + {d:,} reply tokens")
+    need = max(n for turns in over.values() for n, *_ in turns)
+    fits = pad_tokens - (need - context_length)
+    pad = (f", or --pad-tokens {'0' if fits < 4 else f'{fits} or less'}" if fits >= 0 else "")
+    raise DascInputError(
+        f"--context-length {context_length}: trace {'seeds' if len(over) > 1 else 'seed'} "
+        f"{', '.join(map(str, over))} would lose turns SGLang refuses or cuts in every arm ({'; '.join(parts)}; "
+        f"turns counted from 0); serve --context-length {need} or more{pad}, or use other seeds")

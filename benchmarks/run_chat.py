@@ -52,14 +52,14 @@ from typing import Sequence
 
 from benchmarks.card import gpu_name
 from benchmarks.chat_replay import IM_END, open_loop_spans
-from benchmarks.chat_trace import check_context, seed_conversations
+from benchmarks.chat_trace import check_seeds
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
 from benchmarks.run_order import (RUN_MARGIN, RunEstimates, closing_run_due, expect_map, parse_expect, run_name,
                                   schedule)
-from benchmarks.serving_arms import arm_records, read_arms
+from benchmarks.arms_json import arm_records, check_arm_names, read_arms
 from benchmarks.sglang_server import (COMMON_FLAGS, alive, flush, healthy, kill, log_tail, port_busy,
-                                      server_env)
+                                      server_account, server_env)
 from benchmarks.trace_file import load_trace
 from dasc_compile.errors import DascInputError
 
@@ -90,31 +90,6 @@ def server_command(a: argparse.Namespace, arm: dict, port: int) -> list[str]:
             "--context-length", str(a.context_length), "--max-running-requests", str(a.max_running_requests),
             "--cuda-graph-max-bs", str(a.max_running_requests), "--tp-size", "1", "--sleep-on-idle",
             *a.server_flag, *flags]
-
-
-def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
-    """Flush ``s``'s cache after a run and return the checkpoint account that flush logged
-    (``dasc account: {...}``, runtime/account.py: checkpoints stored / reused / evicted by origin and
-    the tier counters' changes since the flush before the run), or None: not a dasc arm, the flush was
-    refused, or no account line came within ``wait_s``. ``offset``: the log's size before the run, bytes
-    (only what was logged after it is read)."""
-    from dasc_runtime.account import ACCOUNT_TAG, parse_account_line
-
-    if s.get("launch", {}).get("kind") != "dasc" or not flush(s["port"]):
-        return None
-    end = time.monotonic() + wait_s
-    while True:
-        try:
-            with open(log, "rb") as fh:
-                fh.seek(offset)
-                lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ACCOUNT_TAG in ln]
-        except OSError:
-            lines = []
-        if lines:
-            return parse_account_line(lines[-1])
-        if time.monotonic() > end:
-            return None
-        time.sleep(0.2)
 
 
 def cmd_up(a: argparse.Namespace) -> int:
@@ -214,21 +189,14 @@ def cmd_run(a: argparse.Namespace) -> int:
         return 2
     try:
         if a.arms_json is not None:     # the arms `up` would start: refused here, before a fresh machine's ~200 s start
-            known = arm_records(a.arms_json)
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise DascInputError(f"--arms {' '.join(unknown)}: not in {a.arms_json} ({', '.join(known)})")
+            check_arm_names(names, arm_records(a.arms_json), a.arms_json)
         expect = expect_map(a.expect_s, names, open_loop=a.rate is not None)
         order = schedule(names, a.seeds, baseline=a.baseline)
         span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
                 if a.rate is not None else {})
-        if not span or a.context_length is not None:    # refused before any run, not by each run in turn
-            convs = load_trace(a.trace)[1]
-            for seed in a.seeds:    # a seed the trace cannot hold; a turn the servers' context cannot
-                idx = seed_conversations(len(convs), a.conversations_per_seed, seed, pool_seed=a.pool_seed)
-                if a.context_length is not None:
-                    check_context(convs, idx, seed=seed, replay=a.replay, decode_clip=a.decode_clip,
-                                  pad_tokens=a.pad_tokens, context_length=a.context_length)
+        check_seeds(load_trace(a.trace)[1], a.seeds, per_seed=a.conversations_per_seed, pool_seed=a.pool_seed,
+                    replay=a.replay, decode_clip=a.decode_clip, pad_tokens=a.pad_tokens,
+                    context_length=a.context_length)     # refused before any run, not by each run in turn
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

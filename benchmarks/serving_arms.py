@@ -27,7 +27,7 @@ native slots are theirs, so Dense ``M - k R``, INT8 C, dasc C (the H200 chat run
 every dasc hit from the compressed pool).
 
 CPU use (plans are compiled with ``dasc compile``; prints one line per arm, and ``--out`` writes
-the arms as JSON for ``run_chat.py``, which reads them back with :func:`read_arms`)::
+the arms as JSON for ``run_chat.py``, which reads them back with :func:`benchmarks.arms_json.read_arms`)::
 
     .venv/bin/python -m benchmarks.serving_arms --plans /tmp/plans --dense-slots 48 --max-running-requests 8
 """
@@ -286,57 +286,6 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
                              f"dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst] or "
                              f"dasc-wr-wW[-int8][-shadowfirst]")
     return out
-
-
-def arm_records(arms_json: Path) -> dict:
-    """``{arm: launch record}`` of ``serving_arms``' arms.json: a non-empty list of objects, each with ``arm``,
-    ``kind`` and a list of string ``flags``.
-
-    Raises:
-        DascInputError: naming the file (or the entry) and what was expected.
-    """
-    from benchmarks.serving_tables import read_json_file
-
-    doc = read_json_file(arms_json, "arms.json (benchmarks.serving_arms --out)")
-    if not isinstance(doc, list) or not doc:
-        raise DascInputError(f"{arms_json}: expected a non-empty list of arms (benchmarks.serving_arms --out)")
-    arms = {}
-    for i, x in enumerate(doc):
-        if not (isinstance(x, dict) and isinstance(x.get("arm"), str) and isinstance(x.get("kind"), str)
-                and isinstance(x.get("flags"), list) and all(isinstance(f, str) for f in x["flags"])):
-            raise DascInputError(f"{arms_json}: entry {i}: expected an object with 'arm', 'kind' and a list of "
-                                 f"string 'flags'")
-        arms[x["arm"]] = x
-    return arms
-
-
-def read_arms(arms_json: Path, plans: Path, model: Path, names: Sequence[str] | None) -> tuple[dict, list[str]]:
-    """``({arm: launch record}, the arms to start)`` from ``serving_arms``' arms.json, checked before anything is
-    written or started: each entry an object with ``arm``, ``kind`` and a list of string ``flags``; ``names``
-    (None: every arm) all in the file, none twice; every ``{plans}/NAME`` their flags name exists under ``plans``;
-    ``model`` a folder with a ``config.json``.
-
-    Raises:
-        DascInputError: naming the file, entry or flag and what was expected (before session 19 a missing or
-            broken arms.json was a traceback, and a missing model or plan folder was found only by the server).
-    """
-    arms = arm_records(arms_json)
-    if not plans.is_dir():
-        raise DascInputError(f"--plans {plans}: not a folder (the compiled plans that arms.json's {{plans}} names)")
-    if not (model / "config.json").is_file():
-        raise DascInputError(f"--model {model}: expected the served model's folder with a config.json")
-    names = list(names or arms)
-    if len(set(names)) != len(names):    # two servers for one arm: servers.json keeps one, and `down` misses the other
-        raise DascInputError(f"--arms {' '.join(names)}: an arm named twice; expected each arm once")
-    unknown = [n for n in names if n not in arms]
-    if unknown:
-        raise DascInputError(f"--arms {' '.join(unknown)}: not in {arms_json} ({', '.join(arms)})")
-    for n in names:
-        for f in arms[n]["flags"]:
-            if "{plans}" in f and not Path(f.replace("{plans}", str(plans))).exists():
-                raise DascInputError(f"{n}: its plan {f.replace('{plans}', str(plans))} does not exist "
-                                     f"(arms.json names {f}; --plans {plans})")
-    return arms, names
 
 
 def main(argv=None) -> int:

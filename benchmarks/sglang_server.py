@@ -103,3 +103,28 @@ def log_tail(path: Path, pattern: str | None = None, n: int = 1, limit: int = 60
     if pattern:
         lines = [ln for ln in lines if pattern in ln]
     return [ln[:limit] for ln in lines[-n:]]
+
+
+def server_account(s: dict, log: Path, offset: int, wait_s: float = 5.0):
+    """Flush ``s``'s cache after a run and return the checkpoint account that flush logged
+    (``dasc account: {...}``, runtime/account.py: checkpoints stored / reused / evicted by origin and
+    the tier counters' changes since the flush before the run), or None: not a dasc arm, the flush was
+    refused, or no account line came within ``wait_s``. ``offset``: the log's size before the run, bytes
+    (only what was logged after it is read)."""
+    from dasc_runtime.account import ACCOUNT_TAG, parse_account_line
+
+    if s.get("launch", {}).get("kind") != "dasc" or not flush(s["port"]):
+        return None
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(offset)
+                lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ACCOUNT_TAG in ln]
+        except OSError:
+            lines = []
+        if lines:
+            return parse_account_line(lines[-1])
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.2)

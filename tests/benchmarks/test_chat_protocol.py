@@ -79,14 +79,14 @@ def test_recorded_reply_carries_the_recorded_segment():
 
 
 def test_turn_lengths_are_what_the_client_sends():
-    """Hand-counted on CONV (user 3 + 2 tokens, recorded replies of 4 and 3, decode 3 and 2) with a pad of 2:
-    served-reply turn 1 = pad 2 + user 3 + served 3 + closing 2 + user 2 = 12 (the prompt of the test above);
-    recorded-reply = 2 + 3 + 4 + 2 = 11; and the same as ChatTurns builds on every turn of a real trace."""
+    """Hand-counted on CONV (user 3 + 2 tokens, recorded replies of 4 and 3, decode 3 and 2) with a pad of 4:
+    served-reply turn 1 = pad 4 + user 3 + served 3 + closing 2 + user 2 = 14 (the test above's prompt, whose pad is
+    2); recorded-reply = 4 + 3 + 4 + 2 = 13; and the same as ChatTurns builds on every turn of a real trace."""
     from benchmarks.chat_trace import turn_lengths
     from benchmarks.trace_file import load_trace
 
-    assert turn_lengths(CONV, replay="served-reply", decode_clip=None, pad_tokens=2) == [(5, 3), (12, 2)]
-    assert turn_lengths(CONV, replay="recorded-reply", decode_clip=2, pad_tokens=2) == [(5, 2), (11, 2)]
+    assert turn_lengths(CONV, replay="served-reply", decode_clip=None, pad_tokens=4) == [(7, 3), (14, 2)]
+    assert turn_lengths(CONV, replay="recorded-reply", decode_clip=2, pad_tokens=4) == [(7, 2), (13, 2)]
     for conv in load_trace(TRACE)[1]:
         for replay in ("served-reply", "recorded-reply"):
             t = chat_turns(0, conv, replay=replay, decode_clip=16, pad=tuple(range(100, 107)))
@@ -100,7 +100,8 @@ def test_turn_lengths_are_what_the_client_sends():
 def test_a_turn_over_the_servers_context_is_refused_before_any_run(capsys):
     """Session 46: trace x2 seed 2 at pad 11600 sent two turns (conversations 151 and 198, turn 3) over the
     servers' 24,576 tokens, and SGLang refused them in every arm. ``run --check --context-length`` now refuses the
-    seed; at exactly the longest turn's prompt + reply (25,069 tokens) it is accepted; seed 1 always was."""
+    seed, naming every refused seed at once. SGLang 0.5.17 also cuts a reply without an error unless prompt + reply
+    + 2 fit the context, so the longest turn (24,813 + 256) needs 25,071 tokens: at 25,070 it is still refused."""
     import benchmarks.run_chat as rc
 
     x2 = REPO / "benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_x2.json.gz"
@@ -108,14 +109,43 @@ def test_a_turn_over_the_servers_context_is_refused_before_any_run(capsys):
             "--conversations-per-seed", "32", "--clients", "32", "--pad-tokens", "11600"]
     assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "24576"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: trace seed 2: 2 turns over --context-length 24,576 tokens (the longest, conversation 151 turn 3 "
-        "counted from 0 as the run records count them: 24,813 prompt + 256 reply tokens); SGLang would refuse them "
-        "in every arm: serve a context of at least 25,069 tokens, or lower --pad-tokens by 493, or use another seed")
-    assert rc.main([*argv, "--seeds", "2", "--context-length", "25068"]) == 2
-    assert "1 turn over --context-length 25,068" in capsys.readouterr().err
-    assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "25069"]) == 0
-    assert rc.main([*argv, "--seeds", "1", "--context-length", "24576"]) == 0
+        "error: --context-length 24576: trace seed 2 would lose turns SGLang refuses or cuts in every arm (seed 2: 2 "
+        "turns, the longest conversation 151 turn 3 with 24,813 prompt + 256 reply tokens; turns counted from 0); "
+        "serve --context-length 25071 or more, or --pad-tokens 11105 or less, or use other seeds")
+    assert rc.main([*argv, "--seeds", "2", "--context-length", "25070"]) == 2
+    assert "(seed 2: 1 turn, the longest conversation 151 turn 3" in capsys.readouterr().err
+    assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "25071"]) == 0
+    assert rc.main([*argv, "--seeds", "1", "3", "--context-length", "24576"]) == 0
     assert rc.main([*argv, "--seeds", "2"]) == 0                  # no --context-length: nothing to check against
+    capsys.readouterr()
+    # every refused seed in one line; a pad hint only where a pad would serve them
+    assert rc.main([*argv, "--seeds", "0", "1", "3", "--context-length", "20000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --context-length 20000: trace seeds 0, 1, 3 would lose turns") and "; seed 1: " in err
+    argv0 = [*argv[:-1], "0"]
+    assert rc.main([*argv0, "--seeds", "1", "--context-length", "4000"]) == 2
+    err = capsys.readouterr().err
+    assert "serve --context-length 10942 or more, or use other seeds" in err and "--pad-tokens" not in err.split(";")[-1]
+
+
+def test_the_pad_hint_is_a_pad_the_client_accepts():
+    """A pad that fits the context only below 4 tokens is offered as 0 (1-3 leave no room for the body); a pad of
+    1-3 is refused by the check as by the client."""
+    from benchmarks.chat_trace import check_seeds
+
+    conv = TraceConversation(source_id="c", segments=((1,) * 10, (2,) * 4, (3,) * 5, (4,) * 3), decode_tokens=(3, 2))
+    # turn 1: prompt = pad + 10 + 3 + 2 + 5 = pad + 20, reply 2: needs pad + 27 (prompt margin 7; the reply's
+    # pad + 20 + 2 + 2 is less); turn 0 needs pad + 17
+    kw = dict(per_seed=1, pool_seed=0, replay="served-reply", decode_clip=None)
+    check_seeds([conv], [0], pad_tokens=5, context_length=32, **kw)
+    with pytest.raises(DascInputError, match=r"--context-length 35 or more, or --pad-tokens 0, or use"):
+        check_seeds([conv], [0], pad_tokens=8, context_length=29, **kw)
+    with pytest.raises(DascInputError, match=r"--context-length 34 or more, or --pad-tokens 5 or less, or use"):
+        check_seeds([conv], [0], pad_tokens=7, context_length=32, **kw)
+    with pytest.raises(DascInputError, match=r"--context-length 27 or more, or use other seeds"):
+        check_seeds([conv], [0], pad_tokens=0, context_length=20, **kw)
+    with pytest.raises(DascInputError, match=r"--pad-tokens: expected 0 or >= 4 tokens, got 2"):
+        check_seeds([conv], [0], pad_tokens=2, context_length=None, **kw)
 
 def test_reuse_bound_is_the_aligned_common_prefix():
     prev = list(range(200))
