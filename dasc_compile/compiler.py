@@ -27,7 +27,7 @@ from dasc_compile.horizons import (
     unit_refresh_window,
 )
 from dasc_compile.accounting import compression_ratios, ragged_offsets, ratio
-from dasc_compile.plan_views import byte_count
+from dasc_compile.schema.units import byte_count, flag_bytes
 from dasc_compile.policy import Policy
 from dasc_compile.schema import (
     Fingerprint,
@@ -96,8 +96,8 @@ def check_servable(plan: Plan) -> None:
     if budget is not None and per_slot > 0 and usable_slots(budget, per_slot) < 1:
         raise DascInputError(
             f"policy field 'pool_budget_bytes': {byte_count(budget)} holds no usable compressed slot: one slot takes "
-            f"{byte_count(per_slot)} on the bottleneck rank and slot 0 is reserved; expected at least {2 * per_slot} "
-            f"bytes")
+            f"{byte_count(per_slot)} on the bottleneck rank and slot 0 is reserved; expected at least "
+            f"{flag_bytes(2 * per_slot)}")
 
 
 def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[str]:

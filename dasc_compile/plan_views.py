@@ -20,6 +20,7 @@ import numpy as np
 from dasc_compile.errors import DascInputError
 from dasc_compile.provenance import provenance_kind as _note_kind
 from dasc_compile.schema import LayerPlan, Plan, RankPayload
+from dasc_compile.schema.units import byte_count, flag_bytes, fmt_bytes  # noqa: F401  (re-exported: the CLI's views)
 
 __all__ = ["by_rank", "fmt_bytes", "fmt_ratio", "fmt_tokens", "head_summary", "is_initialisation_draw",
            "kept_per_head", "permuted_layer_ids", "provenance_kind", "retained_fraction_matrix"]
@@ -104,23 +105,6 @@ def permuted_layer_ids(plan: Plan) -> list[int] | None:
         return None
     return [p.layer_id for p in plan.tp.permutation if p.head_order != sorted(p.head_order)]
 
-
-def fmt_bytes(n: int | float) -> str:
-    """Bytes in binary units with 3 significant figures: ``640 B``, ``1.50 KiB``, ``2.00 GiB``."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}" if n >= 100 else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def byte_count(n: int) -> str:
-    """A byte count in a sizing message: ``"41.41 MiB (43,417,600 bytes)"``; under 1 KiB only ``"1 byte"`` /
-    ``"512 bytes"``. A figure a user is told to pass back as a flag (``--budget N``) is printed whole instead, as the
-    flag takes it."""
-    n = int(n)
-    return f"{fmt_bytes(n)} ({n:,} bytes)" if abs(n) >= 1024 else f"{n} byte" + ("" if n == 1 else "s")
 
 def fmt_ratio(x: float) -> str:
     """A compression ratio: ``1.40x``, or ``inf`` when nothing is kept."""

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from dasc_runtime.one_line_parser import OneLineParser
-from dasc_compile.plan_views import byte_count
+from dasc_compile.schema.units import byte_count, flag_bytes
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
 from dasc_runtime.size_options import settle_size_options
@@ -156,8 +156,8 @@ def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
     m = int(budget_bytes) // int(bytes_dense_slot) - 1
     if m < 1:
         raise DascInputError(f"--budget {byte_count(budget_bytes)} holds no dense slot: a slot takes "
-                             f"{byte_count(bytes_dense_slot)} on one TP rank, plus one padding slot; expected at least "
-                             f"{2 * int(bytes_dense_slot)} bytes")
+                             f"{byte_count(bytes_dense_slot)} on one TP rank, and one padding slot is reserved; "
+                             f"expected at least {flag_bytes(2 * int(bytes_dense_slot))}")
     return m
 
 
@@ -264,7 +264,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
     by_budget = budget_bytes is not None
     if by_budget and budget_bytes // b_dense - 1 < 1:
         raise DascInputError(f"--budget {byte_count(budget_bytes)} holds no dense slot: a slot takes "
-                             f"{byte_count(b_dense)} on one TP rank, plus one padding slot; "
+                             f"{byte_count(b_dense)} on one TP rank, and one padding slot is reserved; "
                              + smallest_fit(None, m_native, k, r, b_dense, pools.values(), by_budget=True))
     m = dense_slots if dense_slots is not None else dense_slots_for_budget(budget_bytes, b_dense)
     if isinstance(m, bool) or not isinstance(m, int) or m < m_native:
@@ -273,7 +273,7 @@ def size_arms(plan, *, max_running_requests: int, dense_slots: Optional[int] = N
         need = smallest_fit(m, m_native, k, r, b_dense, pools.values(), by_budget=by_budget, given=budget_bytes)
         if by_budget:
             raise DascInputError(f"--budget {byte_count(budget_bytes)} holds Dense M={m} native slots of "
-                                 f"{byte_count(b_dense)} on one TP rank, plus one padding slot; {runs}, so "
+                                 f"{byte_count(b_dense)} on one TP rank (and one padding slot); {runs}, so "
                                  f"--max-running-requests {r} needs M >= {m_native} for Dense alone; {need}")
         raise DascInputError(f"--dense-slots {m}: {runs}, so --max-running-requests {r} needs M >= {m_native} "
                              f"for Dense alone; {need}")

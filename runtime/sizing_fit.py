@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from dasc_compile.plan_views import byte_count
+from dasc_compile.schema.units import byte_count, flag_bytes
 from dasc_compile.schema import DascInputError, usable_slots
 
 __all__ = ["GIB", "MAX_BUDGET_BYTES", "MAX_SLOTS", "check_pools_fit", "parse_bytes", "smallest_fit"]
@@ -66,7 +66,7 @@ def smallest_fit(m: Optional[int], m_native: int, k: int, r: int, b_dense: int, 
     m_min = m_native + extra
     if by_budget and (m_min + 1) * b_dense <= MAX_BUDGET_BYTES:
         need = (m_min + 1) * b_dense
-        return f"a --budget of at least {need} bytes ({need / GIB:.3f} GiB) fits every arm"
+        return f"a --budget of at least {flag_bytes(need)} fits every arm"
     if not by_budget and m_min <= MAX_SLOTS:
         return f"--dense-slots {m_min} or more fits every arm"
     m_cap = MAX_BUDGET_BYTES // b_dense - 1 if by_budget else MAX_SLOTS

@@ -6,8 +6,9 @@ whole temporal state ``[d_v, d_k]`` (``gdn_head``), one KDA column ``S[h, :, k]`
 ``gdn_head`` layout under Mamba2's names). :class:`UnitSpec` is frozen and computes, from the unit kind, the head dims, the
 state dtypes and INT8 or not, every shape and byte count that the accounting (App. C.1), the kernels
 and the runtime pool need, the way vLLM's ``MambaSpec`` computes its page bytes. It also holds the
-one dtype-bytes table (:meth:`UnitSpec.itemsize`) and the one usable-slots formula
-(:func:`usable_slots`, App. C.1: ``floor(B / b) - 1``, slot 0 reserved as in SGLang).
+one dtype-bytes table (:meth:`UnitSpec.itemsize`), the one usable-slots formula
+(:func:`usable_slots`, App. C.1: ``floor(B / b) - 1``, slot 0 reserved as in SGLang) and the one way byte counts
+are written for people (:func:`fmt_bytes`, :func:`byte_count`, :func:`flag_bytes`).
 
 Unit kinds are data (:data:`UNIT_KINDS`, one :class:`UnitKind` each); a decay family names its kind
 (``DecayFamily.unit_kind``) instead of branching on it, and code that lays units out reads the kind's
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "lookup_unit_kind", "usable_slots"]
+__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "byte_count", "flag_bytes", "fmt_bytes",
+           "lookup_unit_kind", "usable_slots"]
 
 #: Bytes per element of every dtype name a plan or policy uses (torch names without ``torch.``).
 DTYPE_ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
@@ -309,3 +311,33 @@ class UnitSpec:
         if self.unit_layout.whole_head:
             return rows.reshape(*lead, h, self.d_v, self.d_k)
         return rows.reshape(*lead, h, self.d_k, self.d_v).transpose(-1, -2)
+
+
+def fmt_bytes(n: int | float) -> str:
+    """Bytes in the largest binary unit that keeps the figure under 1024: whole bytes, else two decimals below 100
+    of the unit and whole figures from 100: ``640 B``, ``1.50 KiB``, ``41.41 MiB``, ``1000 MiB``, ``1.00 MiB`` for
+    1,048,575 bytes (1024 KiB when rounded moves up a unit)."""
+    n = float(n)
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        text = f"{n:.0f}" if abs(n) >= 99.995 else f"{n:.2f}"
+        if abs(float(text)) < 1024 or unit == "TiB":
+            return f"{text} {unit}"
+    raise AssertionError("unreachable")
+
+
+def byte_count(n: int) -> str:
+    """A byte count in a sizing message: ``"41.41 MiB (43,417,600 bytes)"``; under 1 KiB only ``"1 byte"`` /
+    ``"512 bytes"``. A figure a user is told to pass back as a flag (``--budget N``) is printed whole instead, as the
+    flag takes it."""
+    n = int(n)
+    return f"{fmt_bytes(n)} ({n:,} bytes)" if abs(n) >= 1024 else f"{n} byte" + ("" if n == 1 else "s")
+
+
+def flag_bytes(n: int) -> str:
+    """A byte count a message asks the user to pass back as a flag (``--budget N``): whole, so it pastes, then
+    in units from 1 KiB: ``"1823539200 bytes (1.70 GiB)"``, ``"768 bytes"``."""
+    n = int(n)
+    return f"{n} bytes" + (f" ({fmt_bytes(n)})" if abs(n) >= 1024 else "")

@@ -261,8 +261,8 @@ def test_size_budget_errors_name_the_budget_and_the_smallest_that_fits(tmp_path)
     assert r.exit_code == 2 and "--dense-slots" not in r.output
     assert r.output.strip() == (
         "error: --budget 1.50 GiB (1,610,612,736 bytes) holds Dense M=36 native slots of 41.41 MiB (43,417,600 bytes) on "
-        "one TP rank, plus one padding slot; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 8 needs M >= 40 for Dense alone; "
-        "a --budget of at least 1823539200 bytes (1.698 GiB) fits every arm")
+        "one TP rank (and one padding slot); SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 8 needs M >= 40 for Dense alone; "
+        "a --budget of at least 1823539200 bytes (1.70 GiB) fits every arm")
     # the smallest budget for every arm at once, not only for M' (that one failed next on the INT8 pool)
     ok = runner.invoke(app, ["size", str(path), "--budget", "1780121600", "--max-running-requests", "8", "--json"])
     assert ok.exit_code == 2 and "no SGLang INT8 checkpoint slot fits" in ok.output and "--budget of at least" in ok.output

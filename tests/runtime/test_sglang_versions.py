@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dasc_compile.plan_views import byte_count
+from dasc_compile.schema.units import byte_count, flag_bytes
 from tests.support.runtime_fixtures import SGLANG_SKIP_REASON, compile_tiny
 
 pytestmark = [pytest.mark.sglang,
@@ -149,12 +149,12 @@ def _args(plan_dir=None, **flags):
     (dict(pool_slots=5), {"DASC_POOL_BYTES": "100"}, "--dasc-pool-slots and DASC_POOL_BYTES are exclusive: size the "
                                                      "pool one way"),
     (dict(pool_bytes=1), {}, "--dasc-pool-bytes 1 byte holds no usable slot: a slot takes {bc} and slot 0 is "
-                             "reserved; give at least {b2} bytes"),
+                             "reserved; give at least {b2}"),
     ({}, {"DASC_POOL_BYTES": "1"}, "DASC_POOL_BYTES 1 byte holds no usable slot: a slot takes {bc} and slot 0 is "
-                                   "reserved; give at least {b2} bytes"),
+                                   "reserved; give at least {b2}"),
     # a size is read as `dasc size --budget` reads it (it took integers only): units work, and so do their refusals
     (dict(pool_bytes="1KiB"), {}, "--dasc-pool-bytes 1.00 KiB (1,024 bytes) holds no usable slot: a slot takes {bc} "
-                                  "and slot 0 is reserved; give at least {b2} bytes"),
+                                  "and slot 0 is reserved; give at least {b2}"),
     (dict(pool_bytes="2 parsecs"), {}, "--dasc-pool-bytes: expected a positive size in bytes, such as 2147483648, 1e9 "
                                        "or 2GiB (units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got "
                                        "'2 parsecs'"),
@@ -169,7 +169,7 @@ def test_a_bad_dasc_setting_in_the_launcher_is_one_line_and_status_2(tmp_path, m
     plan, plan_dir, _ = compile_tiny(tmp_path)
     b = plan.tp.bottleneck_bytes_per_slot
     code, err, _, exported = _launch(_args(plan_dir, **flags), monkeypatch, capsys, **env)
-    assert code == 2 and err == ["dasc: refusing to start: " + line.format(bc=byte_count(b), b2=2 * b)], err
+    assert code == 2 and err == ["dasc: refusing to start: " + line.format(bc=byte_count(b), b2=flag_bytes(2 * b))], err
     assert exported == env
 
 
@@ -387,7 +387,7 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
          "--tp-size 2, or compile the plan with --tp 4)"),
         (["--dasc-plan", p, "--dasc-pool-bytes", "1"], {},
          f"--dasc-pool-bytes 1 byte holds no usable slot: a slot takes {byte_count(plan.tp.bottleneck_bytes_per_slot)} "
-         f"and slot 0 is reserved; give at least {2 * plan.tp.bottleneck_bytes_per_slot} bytes"),
+         f"and slot 0 is reserved; give at least {flag_bytes(2 * plan.tp.bottleneck_bytes_per_slot)}"),
     ]
     served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
     cases = [{"argv": a, "env": e} for a, e, _ in refused] + [{"argv": a, "env": e} for a, e in served]

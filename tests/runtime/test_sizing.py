@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from dasc_compile.cli import app
 from dasc_compile.compiler import compile_plan
 from dasc_compile.errors import DascInputError
-from dasc_compile.plan_views import byte_count
+from dasc_compile.schema.units import byte_count, flag_bytes
 from dasc_compile.policy import Policy
 from dasc_compile import size_report
 from dasc_runtime import sizing
@@ -448,12 +448,12 @@ def test_budget_hint_is_the_smallest_for_every_arm_at_once(kimi):
         assert r.exit_code == 2
         return r.output.strip()
 
-    fits = "a --budget of at least 303923200 bytes (0.283 GiB) fits every arm"
+    fits = "a --budget of at least 303923200 bytes (290 MiB) fits every arm"
     assert err("--budget", "1") == ("error: --budget 1 byte holds no dense slot: a slot takes 41.41 MiB (43,417,600 "
-                                    f"bytes) on one TP rank, plus one padding slot; {fits}")
+                                    f"bytes) on one TP rank, and one padding slot is reserved; {fits}")
     assert err("--budget", "86835200") == (
         "error: --budget 82.81 MiB (86,835,200 bytes) holds Dense M=1 native slots of 41.41 MiB (43,417,600 bytes) on "
-        "one TP rank, plus one padding slot; SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5 for Dense alone; "
+        "one TP rank (and one padding slot); SGLang runs at most floor(M / 5) requests with extra_buffer, so --max-running-requests 1 needs M >= 5 for Dense alone; "
         f"{fits}")
     assert err("--budget", "303923199") == (
         "error: no SGLang INT8 checkpoint slot fits: Dense's M=5 slots leave 0 bytes beside the M'=5 native slots, "
@@ -476,7 +476,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
     assert err("--budget", "1GiB").endswith(
         "needs M >= 10737418240 for Dense alone; no --budget up to 2**50 bytes runs --max-running-requests 2147483648 in every arm: "
         "lower --max-running-requests to at most 5186375 (4 with --budget 1073741824)")
-    assert err("--budget", "1").endswith("plus one padding slot; no --budget up to 2**50 bytes runs "
+    assert err("--budget", "1").endswith("and one padding slot is reserved; no --budget up to 2**50 bytes runs "
                                          "--max-running-requests 2147483648 in every arm: lower --max-running-requests "
                                          "to at most 5186375")
     assert err("--dense-slots", "64").endswith("lower --max-running-requests to at most 429496729 (12 with "
@@ -611,6 +611,12 @@ def test_byte_counts_in_sizing_messages_read_in_units_and_whole():
     assert byte_count(1024) == "1.00 KiB (1,024 bytes)"
     assert byte_count(160 * 2**20) == "160 MiB (167,772,160 bytes)"
     assert (byte_count(1), byte_count(0), byte_count(1023)) == ("1 byte", "0 bytes", "1023 bytes")
+    # a unit's 1000-1023 stay in it, whole; what rounds to 1024 moves up (it printed "1e+03 MiB", "1.02e+03 KiB")
+    assert byte_count(1000 * 2**20) == "1000 MiB (1,048,576,000 bytes)"
+    assert byte_count(1048575) == "1.00 MiB (1,048,575 bytes)"
+    assert byte_count(1047552) == "1023 KiB (1,047,552 bytes)"
+    # a value to pass back as a flag: whole first, so it pastes
+    assert (flag_bytes(1823539200), flag_bytes(768)) == ("1823539200 bytes (1.70 GiB)", "768 bytes")
 
 def test_no_slot_fits_never_names_negative_bytes(kimi):
     """B = 20 scratch slots against the 16 dense slots beside M' = 40: the error said "leave -173670400 bytes"."""
