@@ -95,9 +95,9 @@ def check_servable(plan: Plan) -> None:
     per_slot = plan.tp.bottleneck_bytes_per_slot
     if budget is not None and per_slot > 0 and usable_slots(budget, per_slot) < 1:
         raise DascInputError(
-            f"policy field 'pool_budget_bytes': {byte_count(budget)} holds no usable compressed slot: one slot takes "
-            f"{byte_count(per_slot)} on the bottleneck rank and slot 0 is reserved; expected at least "
-            f"{flag_bytes(2 * per_slot)}")
+            f"policy field 'pool_budget_bytes' (--pool-budget or the --policy file): {byte_count(budget)} holds no "
+            f"usable compressed slot: one slot takes {byte_count(per_slot)} on the bottleneck rank and slot 0 is "
+            f"reserved; expected at least {flag_bytes(2 * per_slot)}")
 
 
 def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[str]:

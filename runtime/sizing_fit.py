@@ -49,7 +49,8 @@ def parse_bytes(text: str, flag: str = "--budget") -> int:
                              f"{mt.group(1)}{typed[:-1]}B for bytes")
     value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
     if value != value.to_integral_value():
-        raise DascInputError(f"{flag}: {text!r} is not a whole number of bytes")
+        raise DascInputError(f"{flag}: {text!r} is {value.normalize():f} bytes, not a whole number; give whole bytes "
+                             f"such as {int(value.to_integral_value(rounding='ROUND_CEILING'))}")
     if not 1 <= value <= MAX_BUDGET_BYTES:
         raise DascInputError(f"{flag}: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
     return int(value)

@@ -69,6 +69,10 @@ else
   jit_restore "$CARRY/.dev/jit"
 fi
 mkdir -p "$W/plans" "$W/kimi"
+if [ ! -f "$W/plans/arms.json" ] && [ ! -f "$CARRY/.dev/ol/plans.tar.xz" ]; then
+  echo "error: $CARRY/.dev/ol/plans.tar.xz: no such file (the plans and arms.json; build it with bash benchmarks/h200/prepare_serving.sh)"
+  exit 2
+fi
 [ -f "$W/plans/arms.json" ] || tar -xJf "$CARRY/.dev/ol/plans.tar.xz" -C "$W/plans" || exit 3
 "$PY" - plans/reference/kimi-linear-48b-a3b-calibrated/config.json "$W/kimi/config.json" "$NUM_EXPERTS" <<'EOF' || exit 3
 import json, sys
@@ -82,7 +86,9 @@ runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$B
          "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --context-length "$CONTEXT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
 # the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
 "$PY" -m benchmarks.run_chat run --check --arms-json "$W/plans/arms.json" "${runargs[@]}"; rc=$?
-[ $rc -eq 0 ] || { stamp "run settings refused (above) before any server starts; servers already up are left up"; exit $rc; }
+# run_chat names its own flags; this script's settings that set them
+flags_are="--arms ARMS, --seeds SEEDS, --baseline BASELINE, --trace TRACE, --conversations-per-seed PER_SEED, --clients CLIENTS, --pad-tokens PAD, --context-length CONTEXT"
+[ $rc -eq 0 ] || { stamp "run settings refused (above) before any server starts; servers already up are left up (the flags named are these settings: $flags_are)"; exit $rc; }
 stamp "up: $UP_ARMS"
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \
     --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" \

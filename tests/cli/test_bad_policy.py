@@ -147,7 +147,7 @@ def test_strict_policy_still_reads_ordinary_yaml(tmp_path, gdn, text, field, val
     (["--wmax", "16", "--eps", "1"], ["error: --eps 1: Input should be less than 1"]),
     (["--wmax", "16", "--balance", "x" * 5000], ["--balance xxx", "'balance'", "..."]),
     (["--wmax", "16", "--pool-budget", "-5"], ["--pool-budget: expected a positive size in bytes", "'-5'"]),
-    (["--wmax", "16", "--pool-budget", "1.5B"], ["--pool-budget: '1.5B' is not a whole number of bytes"]),
+    (["--wmax", "16", "--pool-budget", "1.5B"], ["--pool-budget: '1.5B' is 1.5 bytes, not a whole number; give whole bytes such as 2"]),
     (["--wmax", "-1"], ["error: --wmax -1: Input should be greater than or equal to 0 (policy field 'w_max')"]),
 ])
 def test_bad_flags(tmp_path, gdn, args, needles):

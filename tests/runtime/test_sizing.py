@@ -249,8 +249,8 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("1.5", "not a whole number of bytes"), ("1e-3", "not a whole number of bytes"),
-    ("1.3KiB", "not a whole number of bytes"), ("0", "expected a size >= 1 byte"),
+    ("1.5", "is 1.5 bytes, not a whole number; give whole bytes such as 2"), ("1e-3", "not a whole number;"),
+    ("1.3KiB", "is 1331.2 bytes, not a whole number; give whole bytes such as 1332"), ("0", "expected a size >= 1 byte"),
     (str(2 ** 50 + 1), "<= 2\\*\\*50 bytes"), ("2e15", "<= 2\\*\\*50 bytes"), ("1e999", "<= 2\\*\\*50"),
     ("1e9999", "expected a positive size"), ("8 parsecs", "expected a positive size"), ("-5", "expected a positive"),
     ("2PiB", "<= 2\\*\\*50 bytes"), ("16XB", "units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB"),
@@ -503,7 +503,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
     (["--dense-slots", "-1", "--max-running-requests", "8"], "--dense-slots: expected an integer >= 1"),
     (["--dense-slots", "99999999999999999999", "--max-running-requests", "8"], "<= 2147483648"),
     (["--budget", "1e60", "--max-running-requests", "8"], "<= 2**50 bytes"),
-    (["--budget", "0.5", "--max-running-requests", "8"], "not a whole number of bytes"),
+    (["--budget", "0.5", "--max-running-requests", "8"], "not a whole number; give whole bytes such as 1"),
 ])
 def test_dasc_size_bad_input_is_one_error_line_exit_2(kimi, args, match):
     args = [str(kimi["w64"]) if a == "W64" else a for a in args]
