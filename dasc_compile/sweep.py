@@ -184,17 +184,26 @@ def _size_rows(result: SweepResult, plan_dir: Optional[Path]) -> None:
     from dasc_runtime.sizing import size_arms
 
     s = result.sizing
+    policy = result.rows[0].plan.policy if result.rows else None
+    if s.refresh_slots is not None and policy is not None and policy.load_policy != "wr":   # one policy for all rows
+        raise DascInputError(f"--refresh-slots {s.refresh_slots}: the swept plans run no dasc-wr refresh (load policy "
+                             f"{policy.load_policy}); give --load-policy wr to sweep dasc-wr, or leave --refresh-slots "
+                             f"out")
     for row in result.rows:
-        tp = row.plan.policy.tp_size
-        settled = settle_size_options(row.plan, strategy=s.strategy, overlap_schedule=s.overlap_schedule,
-                                      refresh_slots=s.refresh_slots)
+        p = row.plan.policy
+        try:
+            settled = settle_size_options(row.plan, strategy=s.strategy, overlap_schedule=s.overlap_schedule,
+                                          refresh_slots=s.refresh_slots)
+            path = str(plan_dir / row.name) if plan_dir is not None else row.name
+            arms = size_arms(row.plan, max_running_requests=s.max_running_requests, budget_bytes=s.budget_bytes,
+                             strategy=s.strategy, overlap_schedule=s.overlap_schedule, plan_path=path,
+                             arms=("dense", "int8", "dasc-int8" if p.int8 else "dasc"),
+                             refresh_slots=s.refresh_slots)
+        except DascInputError as e:     # which point of the grid: the message alone names no w_max
+            point = f"w_max {p.w_max}" + (f", TP {p.tp_size}" if p.tp_size > 1 else "") + (", INT8" if p.int8 else "")
+            raise DascInputError(f"{point} ({row.name}): {e}") from None
         result.notes += [n for n in settled.notes if n not in result.notes]
-        path = str(plan_dir / row.name) if plan_dir is not None else row.name
-        arms = size_arms(row.plan, max_running_requests=s.max_running_requests, budget_bytes=s.budget_bytes,
-                         strategy=s.strategy, overlap_schedule=s.overlap_schedule, plan_path=path,
-                         arms=("dense", "int8", "dasc-int8" if row.plan.policy.int8 else "dasc"),
-                         refresh_slots=s.refresh_slots)
-        result.baselines.setdefault(tp, (arms[0], arms[1]))
+        result.baselines.setdefault(p.tp_size, (arms[0], arms[1]))
         row.arm = arms[2]
 
 

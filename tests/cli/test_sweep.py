@@ -200,6 +200,11 @@ def test_plot(tmp_path):
     (["--wmax", "16", "--budget", "8GiB", "--max-running-requests", "8", "--mamba-radix-cache-strategy",
       "extra_buffer_lazy"], ["the dasc runtime would refuse to start: --mamba-radix-cache-strategy extra_buffer_lazy"]),
     (["--wmax", "16", "--refresh-slots", "2"], ["--refresh-slots", "with --budget"]),
+    # an nr grid with --refresh-slots: sweep's own fix (--load-policy wr), not dasc size's advice to compile one
+    (["--wmax", "16", "--budget", "8GiB", "--max-running-requests", "8", "--refresh-slots", "2"],
+     ["--refresh-slots 2: the swept plans run no dasc-wr refresh (load policy nr); give --load-policy wr"]),
+    # a sizing refusal names the point of the grid it came from
+    (["--wmax", "4,16", "--budget", "1", "--max-running-requests", "8"], ["error: w_max 4 (", ".dasc): --budget 1 byte"]),
     # flags that act only with --eval / --budget are refused without it, never silently ignored
     (["--wmax", "16", "--prefix-len", "2048"], ["--prefix-len acts only with --eval PROMPTS"]),
     (["--wmax", "16", "--suffix-len", "8"], ["--suffix-len acts only with --eval PROMPTS"]),
