@@ -94,7 +94,7 @@ stamp "up: $UP_ARMS"
     --arms $UP_ARMS --max-running-requests "$MRR" --context-length "$CONTEXT" --max-total-tokens "$MAX_TOTAL_TOKENS" --work "$W" \
     --base-port "${BASE_PORT:-30100}" "${extra[@]}"
 rc=$?; [ $rc -eq 2 ] && { stamp "run_chat up refused its settings (above); servers already up are left up"; exit 2; }
-stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null)"
+stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null || echo 'GPU memory not read (no nvidia-smi)')"
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
 stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
 if [ "$LEFT" -gt 0 ]; then
