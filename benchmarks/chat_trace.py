@@ -76,6 +76,16 @@ def check_pad(pad_tokens: int) -> None:
         raise DascInputError(f"--pad-tokens: expected 0 or >= 4 tokens, got {pad_tokens}")
 
 
+def check_replay(replay: str) -> None:
+    """Refuse a replay not in :data:`REPLAYS`.
+
+    Raises:
+        DascInputError: naming ``--replay`` and the replays there are.
+    """
+    if replay not in REPLAYS:
+        raise DascInputError(f"--replay: expected one of {', '.join(REPLAYS)}, got {replay!r}")
+
+
 def clipped(decode_tokens: Sequence[int], decode_clip: int | None) -> list[int]:
     """The decode lengths a replay asks for: each recorded length, at most ``decode_clip`` tokens (None: no clip)."""
     return [d if decode_clip is None else min(d, decode_clip) for d in decode_tokens]
@@ -133,8 +143,7 @@ class ChatTurns:
     turn: int = 0
 
     def __post_init__(self) -> None:
-        if self.replay not in REPLAYS:
-            raise DascInputError(f"--replay: expected one of {', '.join(REPLAYS)}, got {self.replay!r}")
+        check_replay(self.replay)
         self.history = self._map(self.pad)
 
     def _map(self, ids: Sequence[int]) -> list[int]:
@@ -184,7 +193,6 @@ def reusable_tokens(prompt: Sequence[int], previous: Sequence[int], *, align: in
     return n - n % align
 
 
-
 def turn_lengths(conv: TraceConversation, *, replay: str, decode_clip: int | None,
                  pad_tokens: int) -> list[tuple[int, int]]:
     """``[(prompt tokens, reply tokens)]``, one pair per turn, of ``conv`` as :class:`ChatTurns` sends it: the pad,
@@ -196,8 +204,7 @@ def turn_lengths(conv: TraceConversation, *, replay: str, decode_clip: int | Non
     Raises:
         DascInputError: ``replay`` not one of :data:`REPLAYS`; ``pad_tokens`` not 0 or >= 4 (:func:`context_pad`).
     """
-    if replay not in REPLAYS:
-        raise DascInputError(f"--replay: expected one of {', '.join(REPLAYS)}, got {replay!r}")
+    check_replay(replay)
     check_pad(pad_tokens)
     user, recorded = conv.segments[0::2], conv.segments[1::2]
     decode = clipped(conv.decode_tokens, decode_clip)
@@ -210,10 +217,13 @@ def turn_lengths(conv: TraceConversation, *, replay: str, decode_clip: int | Non
     return out
 
 
-#: SGLang 0.5.17 serves a turn whole only with ``prompt + reply + 2 <= context`` and ``prompt + 7 <= context``: its
-#: longest request is context - 1 tokens and its longest input 5 fewer (managers/tp_worker.py ``get_worker_info``),
-#: an input that long is aborted (managers/utils.py ``validate_input_length``) and a longer reply is cut to
-#: ``context - prompt - 2`` tokens without an error (managers/scheduler.py, ``max_new_tokens`` clipping).
+#: SGLang 0.5.17 (and 0.5.23) serves a turn whole only with ``prompt + reply + 2 <= context`` and ``prompt + 7 <=
+#: context``. The tokenizer refuses a request (HTTP 400) whose prompt + reply exceed the context
+#: (managers/tokenizer_manager.py ``_validate_one_request``: session 46's failed turns); the scheduler aborts inputs
+#: of context - 6 tokens or more (managers/tp_worker.py ``get_worker_info``, managers/utils.py
+#: ``validate_input_length``) and cuts a reply to ``context - prompt - 2`` tokens without an error
+#: (managers/scheduler.py, ``max_new_tokens`` clipping). Assumed: no speculative decoding (no reserved tokens) and
+#: a KV pool larger than the context (the benchmark's 600k-900k tokens).
 REPLY_MARGIN, PROMPT_MARGIN = 2, 7
 
 
@@ -254,4 +264,5 @@ def check_seeds(convs: Sequence[TraceConversation], seeds: Sequence[int], *, per
     raise DascInputError(
         f"--context-length {context_length}: trace {'seeds' if len(over) > 1 else 'seed'} "
         f"{', '.join(map(str, over))} would lose turns SGLang refuses or cuts in every arm ({'; '.join(parts)}; "
-        f"turns counted from 0); serve --context-length {need} or more{pad}, or use other seeds")
+        f"turns counted from 0; SGLang needs prompt + reply + 2 and prompt + 7 tokens); serve --context-length {need} "
+        f"or more{pad}, or use other seeds")

@@ -349,8 +349,8 @@ def main(argv=None) -> int:
     run.add_argument("--deadline-s", type=number_above_zero("seconds"), default=500.0,
                      help="no run is begun that would end after this")
     run.add_argument("--context-length", type=int_at_least(1), default=None,
-                     help="the servers' --context-length (tokens): a seed with a turn whose prompt plus reply exceeds "
-                          "it is refused before any run")
+                     help="the servers' --context-length (tokens): a seed with a turn SGLang would refuse or cut "
+                          "(prompt + reply + 2 or prompt + 7 tokens over it) is refused before any run")
     run.add_argument("--arms-json", type=Path, default=None,
                      help="arms.json of the plans (benchmarks.serving_arms --out): the arms must be among its arms")
     run.add_argument("--check", action="store_true", help="only check these settings against the trace and print "

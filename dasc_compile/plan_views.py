@@ -20,7 +20,7 @@ import numpy as np
 from dasc_compile.errors import DascInputError
 from dasc_compile.provenance import provenance_kind as _note_kind
 from dasc_compile.schema import LayerPlan, Plan, RankPayload
-from dasc_compile.schema.units import byte_count, flag_bytes, fmt_bytes  # noqa: F401  (re-exported: the CLI's views)
+from dasc_compile.schema.units import fmt_bytes  # noqa: F401  (re-exported: the CLI's views use it from here)
 
 __all__ = ["by_rank", "fmt_bytes", "fmt_ratio", "fmt_tokens", "head_summary", "is_initialisation_draw",
            "kept_per_head", "permuted_layer_ids", "provenance_kind", "retained_fraction_matrix"]

@@ -48,11 +48,12 @@ def parse_bytes(text: str, flag: str = "--budget") -> int:
         raise DascInputError(f"{flag}: {text!r} reads as {typed[:-1]}bits (a lower-case b); write "
                              f"{mt.group(1)}{typed[:-1]}B for bytes")
     value = Decimal(mt.group(1)) * _UNITS[unit]   # exact: at most 3 exponent digits, no float rounding
-    if value != value.to_integral_value():
-        raise DascInputError(f"{flag}: {text!r} is {value.normalize():f} bytes, not a whole number; give whole bytes "
-                             f"such as {int(value.to_integral_value(rounding='ROUND_CEILING'))}")
-    if not 1 <= value <= MAX_BUDGET_BYTES:
+    whole = value.to_integral_value(rounding="ROUND_CEILING")
+    if value < 1 or whole > MAX_BUDGET_BYTES:     # first: a whole number suggested below must itself be in range
         raise DascInputError(f"{flag}: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got {text!r}")
+    if value != whole:
+        raise DascInputError(f"{flag}: {text!r} is {value.normalize():f} bytes, not a whole number; give whole bytes "
+                             f"such as {int(whole)}")
     return int(value)
 
 

@@ -84,10 +84,12 @@ expect=(); for e in ${EXPECT_S:-}; do expect+=("--expect-s=$e"); done
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" --conversations-per-seed "$PER_SEED"
          "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --context-length "$CONTEXT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
+# run_chat's refusals name its flags; the settings of this script that set them (keep beside runargs)
+flags_are="--work CHAT_WORK, --trace TRACE, --arms ARMS, --seeds SEEDS, --baseline BASELINE, --conversations-per-seed PER_SEED,"
+flags_are+=" --clients CLIENTS, --rate RATE, --think-s THINK, --decode-clip CLIP, --pad-tokens PAD, --replay REPLAY,"
+flags_are+=" --context-length CONTEXT, --first-run-s FIRST_RUN_S, --expect-s EXPECT_S, --arms-json the plans' arms.json"
 # the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
 "$PY" -m benchmarks.run_chat run --check --arms-json "$W/plans/arms.json" "${runargs[@]}"; rc=$?
-# run_chat names its own flags; this script's settings that set them
-flags_are="--arms ARMS, --seeds SEEDS, --baseline BASELINE, --trace TRACE, --conversations-per-seed PER_SEED, --clients CLIENTS, --pad-tokens PAD, --context-length CONTEXT"
 [ $rc -eq 0 ] || { stamp "run settings refused (above) before any server starts; servers already up are left up (the flags named are these settings: $flags_are)"; exit $rc; }
 stamp "up: $UP_ARMS"
 "$PY" -m benchmarks.run_chat up "${launcher[@]}" --arms-json "$W/plans/arms.json" --plans "$W/plans" --model "$W/kimi" \

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from dasc_compile.errors import DascInputError
 
-__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "byte_count", "flag_bytes", "fmt_bytes",
-           "lookup_unit_kind", "usable_slots"]
+__all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "byte_count", "flag_bytes",
+           "fmt_bytes", "lookup_unit_kind", "usable_slots"]
 
 #: Bytes per element of every dtype name a plan or policy uses (torch names without ``torch.``).
 DTYPE_ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}

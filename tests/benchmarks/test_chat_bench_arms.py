@@ -95,7 +95,7 @@ def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(
         tail = log.read_text().splitlines()[-2:]
         assert tail[0] == f"error: --arms int9: not in {work}/plans/arms.json (dense, noplan)" and _alive(pid)
         assert "run settings refused (above) before any server starts; servers already up are left up (the flags " \
-            "named are these settings: --arms ARMS, " in tail[1]
+            "named are these settings: --work CHAT_WORK, --trace TRACE, --arms ARMS, " in tail[1]
         assert run(tmp_path, SEEDS="0", **{**env, "ARMS": "dense noplan"}).returncode == 2   # its plan is missing
         assert "run_chat up refused its settings" in log.read_text() and _alive(pid)
         ran = run(tmp_path, SEEDS="0", **env)

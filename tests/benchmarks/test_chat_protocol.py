@@ -110,8 +110,9 @@ def test_a_turn_over_the_servers_context_is_refused_before_any_run(capsys):
     assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "24576"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --context-length 24576: trace seed 2 would lose turns SGLang refuses or cuts in every arm (seed 2: 2 "
-        "turns, the longest conversation 151 turn 3 with 24,813 prompt + 256 reply tokens; turns counted from 0); "
-        "serve --context-length 25071 or more, or --pad-tokens 11105 or less, or use other seeds")
+        "turns, the longest conversation 151 turn 3 with 24,813 prompt + 256 reply tokens; turns counted from 0; "
+        "SGLang needs prompt + reply + 2 and prompt + 7 tokens); serve --context-length 25071 or more, or --pad-tokens "
+        "11105 or less, or use other seeds")
     assert rc.main([*argv, "--seeds", "2", "--context-length", "25070"]) == 2
     assert "(seed 2: 1 turn, the longest conversation 151 turn 3" in capsys.readouterr().err
     assert rc.main([*argv, "--seeds", "1", "2", "--context-length", "25071"]) == 0

@@ -159,7 +159,7 @@ def _args(plan_dir=None, **flags):
                                        "or 2GiB (units B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB), got "
                                        "'2 parsecs'"),
     ({}, {"DASC_POOL_BYTES": "0"}, "DASC_POOL_BYTES: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got '0'"),
-    ({}, {"DASC_POOL_BYTES": "1e-3"}, "DASC_POOL_BYTES: '1e-3' is 0.001 bytes, not a whole number; give whole bytes such as 1"),
+    ({}, {"DASC_POOL_BYTES": "1e-3"}, "DASC_POOL_BYTES: expected a size >= 1 byte and <= 2**50 bytes (1 PiB), got '1e-3'"),
 ])
 def test_a_bad_dasc_setting_in_the_launcher_is_one_line_and_status_2(tmp_path, monkeypatch, capsys, flags, env, line):
     """`python -m sglang.launch_server ... --dasc-pool-slots -1` ended in a 25-line traceback naming the field

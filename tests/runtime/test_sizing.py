@@ -249,7 +249,11 @@ def test_budget_in_bytes_fixes_m_and_charges_denses_allocation(kimi):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("1.5", "is 1.5 bytes, not a whole number; give whole bytes such as 2"), ("1e-3", "not a whole number;"),
+    ("1.5", "is 1.5 bytes, not a whole number; give whole bytes such as 2"), ("1e-3", "expected a size >= 1 byte"),
+    ("1e-999", "expected a size >= 1 byte"),        # it printed 0.000... with a thousand zeros
+    ("1125899906842623.5", "is 1125899906842623.5 bytes, not a whole number; give whole bytes such as "
+                           "1125899906842624"),
+    ("1125899906842624.5", "<= 2\\*\\*50 bytes"),     # no whole number in range to suggest
     ("1.3KiB", "is 1331.2 bytes, not a whole number; give whole bytes such as 1332"), ("0", "expected a size >= 1 byte"),
     (str(2 ** 50 + 1), "<= 2\\*\\*50 bytes"), ("2e15", "<= 2\\*\\*50 bytes"), ("1e999", "<= 2\\*\\*50"),
     ("1e9999", "expected a positive size"), ("8 parsecs", "expected a positive size"), ("-5", "expected a positive"),
@@ -503,7 +507,7 @@ def test_running_requests_no_budget_can_hold_says_lower_them(kimi):
     (["--dense-slots", "-1", "--max-running-requests", "8"], "--dense-slots: expected an integer >= 1"),
     (["--dense-slots", "99999999999999999999", "--max-running-requests", "8"], "<= 2147483648"),
     (["--budget", "1e60", "--max-running-requests", "8"], "<= 2**50 bytes"),
-    (["--budget", "0.5", "--max-running-requests", "8"], "not a whole number; give whole bytes such as 1"),
+    (["--budget", "0.5", "--max-running-requests", "8"], "expected a size >= 1 byte"),
 ])
 def test_dasc_size_bad_input_is_one_error_line_exit_2(kimi, args, match):
     args = [str(kimi["w64"]) if a == "W64" else a for a in args]
