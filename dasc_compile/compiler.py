@@ -27,7 +27,7 @@ from dasc_compile.horizons import (
     unit_refresh_window,
 )
 from dasc_compile.accounting import compression_ratios, ragged_offsets, ratio
-from dasc_compile.schema.units import byte_count, flag_bytes
+from dasc_compile.schema.units import byte_count, flag_bytes, smallest_budget
 from dasc_compile.policy import Policy
 from dasc_compile.schema import (
     Fingerprint,
@@ -97,7 +97,7 @@ def check_servable(plan: Plan) -> None:
         raise DascInputError(
             f"policy field 'pool_budget_bytes' (--pool-budget or the --policy file): {byte_count(budget)} holds no "
             f"usable compressed slot: one slot takes {byte_count(per_slot)} on the bottleneck rank and slot 0 is "
-            f"reserved; expected at least {flag_bytes(2 * per_slot)}")
+            f"reserved; expected at least {flag_bytes(smallest_budget(per_slot))}")
 
 
 def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[str]:

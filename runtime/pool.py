@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from dasc_compile.schema.units import byte_count, flag_bytes
+from dasc_compile.schema.units import byte_count, flag_bytes, smallest_budget
 from dasc_compile.schema import DascInputError, usable_slots
 from dasc_runtime.ops import CheckpointTensors, TorchOps
 from dasc_runtime.rank_layout import RankLayout
@@ -72,7 +72,7 @@ def slots_for_budget(budget_bytes: int, slot_bytes: int, what: str = "dasc pool 
     if n < 1:
         raise DascInputError(
             f"{what} {byte_count(budget_bytes)} holds no usable slot: a slot takes {byte_count(slot_bytes)} and slot "
-            f"0 is reserved; give at least {flag_bytes(2 * slot_bytes)}")
+            f"0 is reserved; give at least {flag_bytes(smallest_budget(slot_bytes))}")
     return int(n)
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from dasc_runtime.one_line_parser import OneLineParser
-from dasc_compile.schema.units import byte_count, flag_bytes
+from dasc_compile.schema.units import byte_count, flag_bytes, smallest_budget
 from dasc_compile.schema import DascInputError, load_plan, usable_slots
 from dasc_runtime.serving_rules import DEFAULT_REFRESH_SLOTS, refresh_active
 from dasc_runtime.size_options import settle_size_options
@@ -153,11 +153,11 @@ def dense_slots_for_budget(budget_bytes: int, bytes_dense_slot: int) -> int:
     Raises:
         DascInputError: the budget holds no usable slot.
     """
-    m = int(budget_bytes) // int(bytes_dense_slot) - 1
+    m = usable_slots(budget_bytes, bytes_dense_slot)
     if m < 1:
         raise DascInputError(f"--budget {byte_count(budget_bytes)} holds no dense slot: a slot takes "
                              f"{byte_count(bytes_dense_slot)} on one TP rank, and one padding slot is reserved; "
-                             f"expected at least {flag_bytes(2 * int(bytes_dense_slot))}")
+                             f"expected at least {flag_bytes(smallest_budget(bytes_dense_slot))}")
     return m
 
 

@@ -232,6 +232,7 @@ def _check_pool_bytes(settings, options, plan, what: str) -> None:
         DascInputError: naming ``what`` (the flag or variable), the scratch charged and the smallest budget that fits.
     """
     from dasc_compile.schema import DascInputError
+    from dasc_compile.schema.units import byte_count, flag_bytes, smallest_budget
     from dasc_runtime.pool import slots_for_budget
     from dasc_runtime.serving_rules import SMALLEST_AUTO_CHUNK, served_refresh_slots
     from dasc_runtime.wr_scratch import scratch_state_bytes
@@ -241,13 +242,13 @@ def _check_pool_bytes(settings, options, plan, what: str) -> None:
     b = served_refresh_slots(plan, settings.refresh_slots, chunk if given else SMALLEST_AUTO_CHUNK)
     scratch = scratch_state_bytes(plan, b) if b else 0
     slot = int(plan.tp.bottleneck_bytes_per_slot)
-    if scratch and settings.pool_bytes - scratch < 2 * slot:
+    if scratch and settings.pool_bytes - scratch < smallest_budget(slot):
         basis = "" if given else f" at SGLang's smallest automatic prefill chunk, {SMALLEST_AUTO_CHUNK} tokens, as dasc size assumes"
         raise DascInputError(
-            f"{what} {settings.pool_bytes} bytes leaves no usable compressed slot after dasc-wr's {b} scratch "
-            f"slot{'s' if b > 1 else ''} ({scratch} bytes{basis}; a compressed slot is {slot} bytes, slot 0 "
-            f"reserved): give at least {scratch + 2 * slot} bytes, or size the pool with dasc size, which charges "
-            f"the scratch")
+            f"{what} {byte_count(settings.pool_bytes)} leaves no usable compressed slot after dasc-wr's {b} scratch "
+            f"slot{'s' if b > 1 else ''} ({byte_count(scratch)}{basis}; a compressed slot takes {byte_count(slot)} "
+            f"and slot 0 is reserved): give at least {flag_bytes(scratch + smallest_budget(slot))}, or size the pool "
+            f"with dasc size, which charges the scratch")
     slots_for_budget(settings.pool_bytes - scratch, slot, what=what)
 
 

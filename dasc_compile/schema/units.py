@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from dasc_compile.errors import DascInputError
 
 __all__ = ["DTYPE_ITEMSIZE", "STATE_DTYPES", "UNIT_KINDS", "UnitKind", "UnitSpec", "byte_count", "flag_bytes",
-           "fmt_bytes", "lookup_unit_kind", "usable_slots"]
+           "fmt_bytes", "lookup_unit_kind", "smallest_budget", "usable_slots"]
 
 #: Bytes per element of every dtype name a plan or policy uses (torch names without ``torch.``).
 DTYPE_ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
@@ -104,6 +104,17 @@ def usable_slots(budget_bytes: int | None, bytes_per_slot: int) -> int | None:
     if bytes_per_slot <= 0:
         raise ValueError(f"bytes_per_slot must be > 0, got {bytes_per_slot}")
     return max(0, int(budget_bytes) // int(bytes_per_slot) - 1)
+
+
+def smallest_budget(bytes_per_slot: int, usable: int = 1) -> int:
+    """The fewest bytes B with ``usable_slots(B, b) >= usable``: ``(usable + 1) * b`` (slot 0 is reserved padding).
+
+    Raises:
+        ValueError: ``bytes_per_slot <= 0`` or ``usable < 0``.
+    """
+    if bytes_per_slot <= 0 or usable < 0:
+        raise ValueError(f"expected bytes_per_slot > 0 and usable >= 0, got {bytes_per_slot}, {usable}")
+    return (int(usable) + 1) * int(bytes_per_slot)
 
 
 @dataclass(frozen=True)

@@ -433,8 +433,8 @@ def test_pool_bytes_that_leave_no_slot_after_wr_scratch_are_refused_at_launch(tm
         plugin.engine_kwargs_init(lambda self, **kw: started.append(kw), object(), model_path="m",
                                   dasc_plan=str(plan_dir), dasc_pool_bytes=short, **opts)
     msg = str(info.value)
-    assert msg.startswith(f"dasc_pool_bytes {short} bytes leaves no usable compressed slot after dasc-wr's {b} "
-                          f"scratch slot") and f"({scratch} bytes" in msg
+    assert msg.startswith(f"dasc_pool_bytes {byte_count(short)} leaves no usable compressed slot after dasc-wr's "
+                          f"{b} scratch slot") and f"({byte_count(scratch)}" in msg
     assert ("smallest automatic prefill chunk, 2048 tokens" in msg) == (chunk is None)
     assert f"give at least {scratch + 2 * slot} bytes" in msg and started == []
     # the smallest budget that fits passes the launch check (the constructor runs)

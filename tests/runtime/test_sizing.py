@@ -607,6 +607,19 @@ def test_sizing_module_main_refuses_fewer_native_slots_than_one_request_needs(ki
 
 
 
+def test_smallest_budget_is_the_least_that_holds_the_slots():
+    """usable_slots' inverse, which every "holds no usable slot" refusal suggests: (n + 1) b holds n usable slots
+    (slot 0 reserved), one byte less holds n - 1."""
+    from dasc_compile.schema.units import smallest_budget, usable_slots
+
+    assert smallest_budget(384) == 768 and smallest_budget(43417600, usable=40) == 41 * 43417600
+    for b in (1, 7, 384, 43417600):
+        for n in (1, 2, 55):
+            assert usable_slots(smallest_budget(b, n), b) == n and usable_slots(smallest_budget(b, n) - 1, b) == n - 1
+    with pytest.raises(ValueError):
+        smallest_budget(0)
+
+
 def test_byte_counts_in_sizing_messages_read_in_units_and_whole():
     """A refusal's byte counts: binary units first (as plan_views.fmt_bytes writes them), then the whole count with
     thousands separated; under 1 KiB the count alone, singular at 1."""
