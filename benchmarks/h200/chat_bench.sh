@@ -36,8 +36,8 @@
 #   BASE_PORT + 1000 + 10 i), OUT (/tmp/chat-out: the results below),
 #   NUM_EXPERTS (16), MAX_TOTAL_TOKENS (each server's KV cap, 600000: above a seed's working set), DOWN (1: stop the servers at the end,
 #   unless no run began in the call or its run settings were refused; 0 keeps them for the next call; run settings
-#   the trace cannot serve (a seed it lacks, a baseline not among ARMS) are refused before any server starts,
-#   exit status 2),
+#   the trace or the plans cannot serve (a seed it lacks, a baseline not among ARMS, an arm arms.json lacks, a turn
+#   over CONTEXT) are refused before any server starts, exit status 2),
 #   SERVER_FLAGS (more SGLang flags for every server, each as --flag=value, e.g. "--mamba-track-interval=64"; only
 #   servers this call starts get them: stop resident ones first, DOWN=1).
 # Results in $OUT: chat.tar.gz (the work folder: servers.json, manifest.json, runs/, server logs gzipped), run.log
