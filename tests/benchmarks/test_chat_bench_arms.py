@@ -108,3 +108,22 @@ def test_bad_run_settings_are_refused_before_servers_start_and_down_needs_a_run(
     finally:
         subprocess.run([sys.executable, "-m", "benchmarks.run_chat", "down", "--work", str(work)], cwd=REPO,
                        capture_output=True, timeout=60)
+
+
+def test_a_missing_plans_tarball_is_named_with_the_script_that_builds_it(tmp_path):
+    """A device call without the carried plans (``.dev/ol/plans.tar.xz`` in the folder the script runs in, and no
+    unpacked arms.json in the work folder) stops at once, exit 2, naming the file and prepare_serving.sh, where
+    it used to fail inside ``tar`` (session 46). Run from a folder with no ``.dev/``: the repository's own may
+    hold a tarball."""
+    here = tmp_path / "checkout"
+    here.mkdir()
+    work = tmp_path / "chat"
+    env = {**{k: v for k, v in os.environ.items() if k not in SETTINGS}, "OUT": str(tmp_path / "out"),
+           "CHAT_WORK": str(work), "LAUNCHER": f"{sys.executable} {REPO / 'tests/support/fake_sglang_server.py'}"}
+    p = subprocess.run(["bash", str(REPO / "benchmarks/h200/chat_bench.sh")], cwd=here, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    errors = [line for line in p.stdout.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {here}/.dev/ol/plans.tar.xz: no such file (the plans and arms.json; build it with "
+                      "bash benchmarks/h200/prepare_serving.sh)"]
+    assert not (work / "plans/arms.json").exists() and not p.stderr     # nothing unpacked, no tar error
