@@ -17,6 +17,7 @@ from typing import Optional
 
 from dasc_compile.console import counted
 from dasc_compile.schema import DascInputError, load_plan
+from dasc_compile.schema.units import fmt_bytes
 from dasc_runtime.sizing import (CAPACITY_LEGEND, _check_count, GIB, compressed_bytes_per_slot, size_arms,
                                  slots_per_running_request)
 from dasc_runtime.sizing_fit import parse_bytes
@@ -82,10 +83,10 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
     b = arms[0].budget_bytes
     out.write(f"plan {plan_path}: {plan.model.model_type}, w_max {plan.policy.w_max}, TP {plan.tp.tp_size} "
               f"(bytes per TP rank); {short_line(plan.model.provenance)}\n")
-    given = (f"budget {budget_bytes:,} B ({budget_bytes / GIB:.3f} GiB) per rank given; Dense's "
+    given = (f"budget {budget_bytes:,} B ({fmt_bytes(budget_bytes)}) per rank given; Dense's "
              f"{arms[0].native_slots:,} + 1 native slots x {arms[0].bytes_native_slot:,} B use {b:,} B"
              if budget_bytes is not None else
-             f"budget {b:,} B ({b / GIB:.3f} GiB) per rank = Dense's {arms[0].native_slots:,} + 1 native slots x "
+             f"budget {b:,} B ({fmt_bytes(b)}) per rank = Dense's {arms[0].native_slots:,} + 1 native slots x "
              f"{arms[0].bytes_native_slot:,} B")
     out.write(f"{given}; every arm runs {counted(max_running_requests, 'request')} "
               f"({strategy}{'' if settled.overlap_schedule else ' without the overlap scheduler'}: {k} native slots "
