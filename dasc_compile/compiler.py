@@ -24,9 +24,9 @@ from dasc_compile.horizons import (
     horizon_quantiles,
     retention_horizon,
     static_log_decay,
-    unit_refresh_window,
 )
 from dasc_compile.accounting import compression_ratios, ragged_offsets, ratio
+from dasc_compile.schema.cutoff import layer_refresh_window
 from dasc_compile.schema.units import byte_count, flag_bytes, smallest_budget
 from dasc_compile.policy import Policy
 from dasc_compile.schema import (
@@ -197,9 +197,10 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
     for i, (layer_id, h, kept) in enumerate(zip(spec.recurrent_layer_ids, horizons, kept_sets)):
         local = torch.ones(n_l, dtype=torch.bool)
         local[kept] = False
-        local_h = h[local]
-        # Eq. 7: W_u is monotone in H_s, so the layer's max is at its longest local horizon
-        w_layer = unit_refresh_window(float(local_h.max()), w_max) if local_h.numel() else 0
+        # the bounds of the units actually omitted / kept (a Random plan's too); None for an empty set
+        local_max = float(h[local].max()) if bool(local.any()) else None
+        global_min = float(h[kept].min()) if kept.numel() else None
+        w_layer = layer_refresh_window(local_max, w_max)   # Eq. 7, at the longest local horizon
         w_cap = max(w_cap, w_layer)
         layers.append(LayerPlan(
             layer_id=layer_id,
@@ -213,6 +214,8 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
             kept_units=kept.tolist(),               # int64 tensor -> Python ints
             horizon_quantiles=stats[i][0],
             horizon_histogram=stats[i][1],
+            horizon_local_max=local_max,
+            horizon_global_min=global_min,
             refresh_window=w_layer,
             bytes_temporal_dense=dense_l,
             bytes_temporal_kept=int(kept.numel()) * ub,

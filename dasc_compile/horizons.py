@@ -8,6 +8,11 @@ import torch
 
 from dasc_compile.families import load_all
 from dasc_compile.families.base import FAMILIES
+# Eq. 7's windows live in the plan's schema package, whose reader checks them (the runtime imports only that package)
+from dasc_compile.schema.cutoff import next_pow2, unit_refresh_window
+
+__all__ = ["HORIZON_BIN_EDGES", "horizon_histogram", "horizon_quantiles", "next_pow2", "replay_window",
+           "retention_horizon", "static_log_decay", "unit_refresh_window"]
 
 #: Histogram bin edges for horizons, tokens: [0, 1, 2, 4, ..., 2^20]; the last bin also holds inf.
 HORIZON_BIN_EDGES: list[float] = [0.0] + [float(2**i) for i in range(0, 21)]
@@ -44,21 +49,6 @@ def retention_horizon(g: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     """
     g = g.to(torch.float64)
     return torch.where(g < 0, math.log(eps) / g, torch.full_like(g, math.inf))
-
-
-def next_pow2(x: float) -> int:
-    """2^ceil(log2 x) for x > 0; 0 (and negatives) map to 4, as in Eq. 7's definition."""
-    if not x > 0:
-        return 4
-    if math.isinf(x):
-        return 1 << 62
-    return 1 << max(0, math.ceil(math.log2(x)))
-
-
-def unit_refresh_window(h: float, w_max: int) -> int:
-    """W_u = clamp(next_pow2(H_s(u)), 4, W_max) (Eq. 7), tokens. Requires w_max >= 4 for the clamp
-    to be non-empty; for w_max < 4 the result is w_max (the upper bound wins)."""
-    return min(max(next_pow2(h), 4), w_max)
 
 
 def replay_window(local_horizons: torch.Tensor, w_max: int, n_p: int | None = None) -> int:

@@ -106,8 +106,9 @@ def load_plans(paths: list, spec, tensors) -> list:
 
 def check_kept_units(p, plan, spec, tensors) -> None:
     """Refuse a plan whose kept units are not the ones its own policy selects from these decay tensors (Eq. 3,
-    §4.1): an edited ``w_max`` (or a_s, eps) that the plan reader's histogram bounds cannot see, since the arms
-    would be reported under a w_max they were not made with.
+    §4.1): an edited ``a_s`` or ``eps``, or kept units swapped with every count kept, that the plan reader cannot
+    see (it checks ``w_max`` only against the horizons the plan records: ``dasc_compile.schema.cutoff``), since the
+    arms would be reported under a policy they were not made with.
 
     Raises:
         DascInputError: ``<plan>: plan field 'layers[i].kept_units' ...``.

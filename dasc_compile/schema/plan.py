@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dasc_compile.policy import Policy
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 PLAN_FILENAME = "plan.json"
 
 #: ``ModelInfo.unit_kind``: the names of :data:`dasc_compile.schema.units.UNIT_KINDS`.
@@ -87,7 +87,14 @@ class HorizonQuantiles(_Frozen):
 
 
 class LayerPlan(_Frozen):
-    """One recurrent layer: selection, ragged placement and bytes (paper §4.1, App. B Scheme 2)."""
+    """One recurrent layer: selection, ragged placement and bytes (paper §4.1, App. B Scheme 2).
+
+    ``horizon_local_max`` / ``horizon_global_min``: the largest retention horizon H_s (Eq. 3, tokens) among the
+    layer's omitted (local) units and the smallest among its kept (global) units; null when that set is empty,
+    the string ``"Infinity"`` for a unit that never decays (as in ``horizon_quantiles``). A horizon selection has
+    ``horizon_local_max <= policy.w_max < horizon_global_min`` (§4.1: a horizon equal to w_max is local); a Random
+    plan (§5.2) records the same two figures of the units it drew, in either order.
+    """
 
     layer_id: int                           # model layer index (0-indexed)
     recurrent_index: int                    # l - 1: position among recurrent layers
@@ -100,7 +107,9 @@ class LayerPlan(_Frozen):
     kept_units: list[int]                   # sorted flat unit ids (len == n_kept)
     horizon_quantiles: HorizonQuantiles
     horizon_histogram: list[int]            # counts over Plan.horizon_bin_edges (last bin: inf)
-    refresh_window: int                     # max_{u local in layer} W_u (Eq. 7), 0 if none omitted
+    horizon_local_max: Optional[float]      # max H_s over omitted units (tokens); None if none omitted
+    horizon_global_min: Optional[float]     # min H_s over kept units (tokens, inf allowed); None if none kept
+    refresh_window: int                     # max_{u local} W_u = W(horizon_local_max) (Eq. 7), 0 if none omitted
     bytes_temporal_dense: int               # per state checkpoint, TP=1
     bytes_temporal_kept: int
     bytes_conv: int

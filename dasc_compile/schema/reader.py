@@ -3,7 +3,8 @@
 :func:`load_plan` is what ``dasc inspect`` and the runtime (``dasc_runtime.pool_install``, ``dasc_runtime.sizing``) use. After the
 pydantic validation it checks what the types cannot: the content hash, the plan's internal
 consistency (:func:`check_plan`: ragged offsets against kept counts, unit ids in range, totals and
-per-rank counts, unit bytes against :class:`~dasc_compile.schema.units.UnitSpec`) and, when the plan
+per-rank counts, unit bytes against :class:`~dasc_compile.schema.units.UnitSpec`, each layer's selection
+against ``policy.w_max``: :mod:`~dasc_compile.schema.cutoff`) and, when the plan
 records a kernel module, that the file is beside ``plan.json`` with the recorded sha256
 (:func:`check_kernel_file`). Every problem is one :class:`DascInputError` line naming the file and
 the field.
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema.canonical import compute_content_hash
+from dasc_compile.schema.cutoff import check_layer_cutoff
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
 from dasc_compile.schema.units import UnitSpec, usable_slots
 
@@ -103,10 +105,12 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     Per recurrent layer i: ``layer_id`` / ``recurrent_index`` match ``model.recurrent_layer_ids``;
     ``num_heads`` = H_v; ``units_per_head`` and ``n_units`` = H_v * U follow the unit kind;
     ``kept_units`` are sorted, distinct and in ``[0, n_units)`` with ``n_kept`` of them; ragged
-    ``offset`` o_{i-1} = r_0 + ... + r_{i-1} (App. B Scheme 2); ``n_kept`` is the number of units the
-    layer's ``horizon_histogram`` can put above ``policy.w_max`` (§4.1; a range, since the bin holding w_max
-    may hold units on both sides), so most edits of w_max are refused even when the hash was redone; ``w_max``
-    and ``a_s`` are set (compile always resolves them). Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
+    ``offset`` o_{i-1} = r_0 + ... + r_{i-1} (App. B Scheme 2); ``n_kept``, the horizon bounds and
+    ``refresh_window`` agree with the layer's horizon record and ``policy.w_max``
+    (:func:`~dasc_compile.schema.cutoff.check_layer_cutoff`: a horizon selection has ``horizon_local_max <= w_max <
+    horizon_global_min``, §4.1), so an edit of w_max that changes what it selects is refused even when the hash was
+    redone; ``w_max`` and ``a_s`` are set (compile always resolves them); ``selection`` is ``random`` iff
+    ``policy.random_seed`` is set. Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
     :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
     ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage, a permutation of
     every layer's heads, and a storage map over the ranks' packed counts.
@@ -119,6 +123,8 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
         if getattr(plan.policy, name) is None:
             raise DascInputError(f"{source}: plan field 'policy.{name}' = None, expected {what} (every compiled plan "
                                  f"records it); the plan was edited or corrupted; recompile it")
+    _expect(source, "selection", plan.selection, "horizon" if plan.policy.random_seed is None else "random",
+            "'random' iff policy.random_seed is set, §5.2")
     try:
         unit = UnitSpec.from_plan(plan)
     except DascInputError as exc:
@@ -197,35 +203,6 @@ def _ratio(num: int, den: int) -> float:
     return (1.0 if num == 0 else math.inf) if den == 0 else num / den
 
 
-def _kept_bounds(edges: list[float], counts: list[int], w_max: int) -> tuple[int, int]:
-    """The fewest and most units with ``H_s > w_max`` (global units, §4.1) a layer's horizon histogram allows.
-
-    Bin i holds horizons in ``[edges[i], edges[i+1])``, the last ``[edges[-1], inf]``: a bin whose left
-    edge exceeds ``w_max`` holds only global units, a bin whose right edge is at most ``w_max`` only local
-    ones, and the one bin with ``edges[i] <= w_max < right`` may hold both (a horizon equal to w_max is local),
-    so the bounds differ by that bin's count: at w_max 16 the units in [16, 32) are not placed.
-    """
-    lo = hi = 0
-    for i, c in enumerate(counts):
-        right = edges[i + 1] if i + 1 < len(edges) else math.inf
-        lo += c if edges[i] > w_max else 0
-        hi += c if right > w_max else 0
-    return lo, hi
-
-
-def _check_kept_count(plan: Plan, source, f: str, lp) -> None:
-    """``n_kept`` agrees with ``policy.w_max`` and the layer's horizon histogram (a Random plan keeps the
-    same count, §5.2), so a plan whose w_max was edited after compiling is refused, even with its hash redone,
-    whenever units lie between the old and the new cutoff's bins."""
-    w_max = plan.policy.w_max
-    lo, hi = _kept_bounds(plan.horizon_bin_edges, lp.horizon_histogram, w_max)
-    if not lo <= lp.n_kept <= hi:
-        want = str(lo) if lo == hi else f"{lo} to {hi}"
-        raise DascInputError(f"{source}: plan field '{f}.n_kept' = {lp.n_kept}, expected {want} (the units of its "
-                             f"horizon_histogram above policy.w_max = {w_max}, §4.1); the plan was edited or "
-                             f"corrupted; recompile it")
-
-
 def _check_figures(plan: Plan, source, unit: UnitSpec) -> None:
     """Bytes, ratios, slots, refresh windows and histograms agree with the counts they derive from
     (the formulas of ``dasc_compile.compiler.build_plan`` / ``tp.build_tp_plan``; App. B, C.1, Eq. 6, 7)."""
@@ -240,14 +217,7 @@ def _check_figures(plan: Plan, source, unit: UnitSpec) -> None:
         _expect(source, f"{f}.bytes_conv", lp.bytes_conv, unit.conv_bytes_per_layer(1), "conv state bytes (UnitSpec)")
         _expect(source, f"{f}.horizon_histogram", (len(lp.horizon_histogram), sum(lp.horizon_histogram)),
                 (len(plan.horizon_bin_edges), lp.n_units), "one count per bin edge, n_units in all")
-        _check_kept_count(plan, source, f, lp)
-        q = lp.horizon_quantiles
-        if not q.min <= q.p10 <= q.p50 <= q.p90 <= q.max:
-            raise DascInputError(f"{source}: plan field '{f}.horizon_quantiles' must be ordered min <= p10 <= p50 "
-                                 f"<= p90 <= max (and not NaN)")
-        if lp.refresh_window > (pol.w_max or 0) or (lp.n_kept == lp.n_units and lp.refresh_window != 0):
-            raise DascInputError(f"{source}: plan field '{f}.refresh_window' = {lp.refresh_window} must be at most "
-                                 f"w_max and 0 when no unit is omitted (Eq. 7)")
+        check_layer_cutoff(plan, source, f, lp)     # n_kept, horizon bounds and refresh_window against w_max
     dense_t = sum(lp.bytes_temporal_dense for lp in plan.layers)
     kept_t = sum(lp.bytes_temporal_kept for lp in plan.layers)
     conv = sum(lp.bytes_conv for lp in plan.layers)

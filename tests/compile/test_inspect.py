@@ -60,11 +60,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _layer(layer_id, rec, family, heads, per_head, kept, offset, horizons, w, dense, ub, conv):
     h = torch.tensor(horizons, dtype=torch.float64)
+    local = [x for u, x in enumerate(horizons) if u not in kept]
     return LayerPlan(
         layer_id=layer_id, recurrent_index=rec, family=family, num_heads=heads, units_per_head=per_head,
         n_units=heads * per_head, n_kept=len(kept), offset=offset, kept_units=kept,
         horizon_quantiles=HorizonQuantiles(**horizon_quantiles(h)),
-        horizon_histogram=horizon_histogram(h, HORIZON_BIN_EDGES), refresh_window=w,
+        horizon_histogram=horizon_histogram(h, HORIZON_BIN_EDGES),
+        horizon_local_max=max(local, default=None), horizon_global_min=min((horizons[u] for u in kept), default=None),
+        refresh_window=w,
         bytes_temporal_dense=dense, bytes_temporal_kept=len(kept) * ub, bytes_conv=conv)
 
 

@@ -113,7 +113,7 @@ def test_kept_count_bounds_from_histogram_agree_with_selection():
     """The plan reader's bounds on n_kept (units with H_s > w_max, §4.1) from a layer's histogram alone:
     the bin holding w_max may hold units on both sides (a horizon equal to w_max is local), the bins above
     it only global ones; the true count always lies inside."""
-    from dasc_compile.schema.reader import _kept_bounds
+    from dasc_compile.schema.cutoff import kept_bounds as _kept_bounds
 
     edges = [0.0, 1.0, 2.0, 4.0, 128.0]
     h = torch.tensor([1.5, 3.0, 4.0, 100.0, 128.0, math.inf], dtype=torch.float64)

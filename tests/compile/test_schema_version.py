@@ -24,6 +24,7 @@ KNOWN_SCHEMAS = {
     1: "2ba1be31f4eed1d91cf9763dfc89fd2cc93a240fa29654eca973c20023b34af4",
     2: "3b3879d900dd79b4b749068131d0317459770a89c668eccba215135bb971b499",   # KernelModule.source_sha256
     3: "a4b46a1d4e5f28ea24155337b89b93d8d7a3152e3a0377e46e8d438bcdac19e3",   # mamba2: family, unit kind, conv_groups, served decay
+    4: "305763305ba8ef97d430dd65575bb39754efaee5e7017d1d530a8da4d88d34ea",   # LayerPlan horizon_local_max, horizon_global_min
 }
 
 
