@@ -92,6 +92,8 @@ def inspect_json(plan: Plan) -> dict:
             "refresh_window": lp.refresh_window,
             "horizon_quantiles": lp.horizon_quantiles.model_dump(),
             "horizon_histogram": list(lp.horizon_histogram),
+            "horizon_local_max": lp.horizon_local_max,
+            "horizon_global_min": lp.horizon_global_min,
             "bytes_temporal_dense": lp.bytes_temporal_dense,
             "bytes_temporal_kept": lp.bytes_temporal_kept,
             "bytes_conv": lp.bytes_conv,
