@@ -69,7 +69,8 @@ def compile_cmd(
 ) -> None:
     """Compile a dasc plan from a checkpoint's decay tensors."""
     from dasc_compile.artifact import recover_out
-    from dasc_compile.compiler import compile_plan, default_out_dir, plan_warnings
+    from dasc_compile.compiler import compile_plan, default_out_dir
+    from dasc_compile.plan_checks import plan_warnings
     from dasc_compile.policy import POLICY_FLAGS, resolve_policy
 
     try:

@@ -198,7 +198,7 @@ def render_report(plan: Plan, console: Console) -> None:
     """Print the human report of ``plan`` to ``console`` (rich tables; nothing is returned).
 
     Sections: header and provenance (a red panel when the decay values are an initialisation
-    draw, not trained), the warnings ``dasc compile`` gave (``compiler.plan_warnings``: nothing kept,
+    draw, not trained), the warnings ``dasc compile`` gave (``plan_checks.plan_warnings``: nothing kept,
     w_max 0, ...), policy and fingerprint, per-layer table (r_l / n_l, ragged offsets
     [o_{l-1}, o_l), H_s quantiles, W per layer, bytes), layer-head summary (App. A.1), totals and
     ratios (Eq. 6), refresh window (Eq. 7), per-rank payloads (App. B.1, Fig. 9) and kernels.
@@ -226,7 +226,7 @@ def render_report(plan: Plan, console: Console) -> None:
             title=f"[bold yellow]{escape(figure_label(m.provenance) or '')}[/bold yellow]", border_style="yellow"))
     else:
         console.print(f"[bold]provenance:[/bold] {escape(m.provenance)}", highlight=False)
-    from dasc_compile.compiler import plan_warnings      # here, not at the top: compiler imports torch
+    from dasc_compile.plan_checks import plan_warnings
 
     for w in plan_warnings(plan):
         console.print(f"[bold yellow]warning:[/bold yellow] {escape(w)}", highlight=False)

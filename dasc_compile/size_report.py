@@ -5,7 +5,7 @@ and under load, :mod:`dasc_runtime.sizing`) and SGLang flags at equal state memo
 The sizing itself is :mod:`dasc_runtime.sizing` (one place), and what the server would refuse is
 :func:`dasc_runtime.size_options.settle_size_options` (the function the server's own start-up checks
 call); this module only reads the command's inputs and prints what they computed, with the plan's
-warnings (:func:`dasc_compile.compiler.plan_warnings`) and the flags the rules added.
+warnings (:func:`dasc_compile.plan_checks.plan_warnings`) and the flags the rules added.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def size_command(plan_path: str, *, max_running_requests: Optional[int], dense_s
             the dasc runtime refuses (B given for a plan that runs no refresh, B < 1,
             ``extra_buffer_lazy``, ``balance: hybrid``, ...), one line.
     """
-    from dasc_compile.compiler import plan_warnings
+    from dasc_compile.plan_checks import plan_warnings
     from dasc_compile.provenance import short_line
     from dasc_runtime.size_options import settle_size_options
 

@@ -160,7 +160,8 @@ def run_sweep(model: Path, grid: SweepGrid, *, config: Optional[Path] = None, si
     """
     import time
 
-    from dasc_compile.compiler import plan_from_source, plan_warnings, read_decay_source
+    from dasc_compile.compiler import plan_from_source, read_decay_source
+    from dasc_compile.plan_checks import plan_warnings
 
     t0 = time.perf_counter()
     policies = grid.policies()                     # bad values before any reading

@@ -302,7 +302,7 @@ def test_a_plan_of_other_state_dtypes_gets_the_server_setting_that_matches(tmp_p
 def test_a_wr_pool_budget_is_warned_with_what_the_server_builds(tmp_path):
     """`compile --pool-budget 300MiB` of a dasc-wr plan printed 50 usable slots and the server refused it (its 8
     scratch slots take 347 MB of the budget first); at 1 GiB inspect said 173, the server built 117."""
-    from dasc_compile.compiler import plan_warnings
+    from dasc_compile.plan_checks import plan_warnings
     from dasc_compile.schema import usable_slots
 
     plan, _, _ = compile_tiny(tmp_path / "probe", load_policy="wr")

@@ -564,7 +564,7 @@ def test_compile_pool_budget_warning_charges_the_slots_dasc_size_flags(tmp_path,
     """``dasc compile --load-policy wr --pool-budget``: the warning charges the B scratch slots ``dasc size`` flags
     for the plan (capped by the prefill chunk), so its usable slots and its refusal agree with what a server started
     from ``dasc size``'s flags builds."""
-    from dasc_compile.compiler import plan_warnings
+    from dasc_compile.plan_checks import plan_warnings
     from dasc_compile.schema import usable_slots
 
     plan, _ = compile_plan(KIMI, Policy(w_max=w_max, load_policy="wr", pool_budget_bytes=budget), tmp_path / "p",
