@@ -15,8 +15,8 @@ from pathlib import Path
 
 from dasc_compile.schema.plan import SCHEMA_VERSION, Plan
 
-__all__ = ["SCHEMA_PATH", "canonical_json", "compute_content_hash", "decay_sha256", "json_schema", "schema_text",
-           "with_content_hash"]
+__all__ = ["SCHEMA_PATH", "canonical_difference", "canonical_json", "compute_content_hash", "decay_sha256",
+           "json_schema", "schema_text", "with_content_hash"]
 
 #: The committed JSON schema of :class:`Plan` (``python -m dasc_compile.schema --write`` regenerates it).
 SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
@@ -32,6 +32,35 @@ def compute_content_hash(plan: Plan) -> str:
     """sha256 hex of the canonical JSON of ``plan`` with ``content_hash`` blanked."""
     blank = plan.model_copy(update={"content_hash": ""})
     return hashlib.sha256(canonical_json(blank).encode()).hexdigest()
+
+
+def canonical_difference(plan: Plan, raw: object) -> tuple[str, object, object] | None:
+    """Where ``raw`` (the parsed ``plan.json``) differs from the plan as dasc writes it, or None.
+
+    :func:`compute_content_hash` hashes the validated plan, and validation converts types (``"16"`` and ``16.0``
+    read as the integer 16, ``0`` as false), so a plan edited only in a value's JSON type would pass the hash; this
+    compares the JSON values and their types, key order and layout aside (a plan re-indented by a JSON tool is
+    the same plan). Returns ``(path, raw value, written value)`` of the first difference, path as the reader names
+    fields (``policy.w_max``, ``layers[0].n_kept``; a missing value is ``None``).
+    """
+    def walk(a, b, path):
+        if isinstance(b, dict):
+            if not isinstance(a, dict):
+                return path, a, b
+            for k in [*b, *(k for k in a if k not in b)]:        # the written order, then keys dasc never writes
+                at = f"{path}.{k}" if path else k
+                if k not in a or k not in b:
+                    return at, a.get(k), b.get(k)
+                if d := walk(a[k], b[k], at):
+                    return d
+            return None
+        if isinstance(b, list):
+            if not isinstance(a, list) or len(a) != len(b):
+                return path, a, b
+            return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := walk(x, y, f"{path}[{i}]"))), None)
+        return None if type(a) is type(b) and a == b else (path, a, b)
+
+    return walk(raw, json.loads(canonical_json(plan)), "")
 
 
 def with_content_hash(plan: Plan) -> Plan:

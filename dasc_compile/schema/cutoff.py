@@ -19,7 +19,7 @@ from typing import Optional
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema.plan import LayerPlan, Plan
 
-__all__ = ["check_layer_cutoff", "kept_bounds", "layer_refresh_window", "next_pow2", "unit_refresh_window"]
+__all__ = ["check_layer_cutoff", "check_w_max", "kept_bounds", "layer_refresh_window", "next_pow2", "unit_refresh_window"]
 
 
 def next_pow2(x: float) -> int:
@@ -80,9 +80,8 @@ def check_layer_cutoff(plan: Plan, source: str | Path, f: str, lp: LayerPlan) ->
     keeps the same count, §5.2); ``horizon_quantiles`` is ordered; ``horizon_local_max`` is None iff no unit is
     omitted and ``horizon_global_min`` None iff none is kept; each bound lies within the quantiles' min and max
     (equal to max, resp. min, when the other set is empty) and in a histogram bin that holds units; for a horizon
-    selection (not Random: it draws its units at random, §5.2) ``horizon_local_max <= w_max < horizon_global_min``,
-    which an edit of w_max inside one histogram bin breaks as soon as the edit crosses a unit's horizon;
-    ``refresh_window`` is :func:`layer_refresh_window` (Eq. 7).
+    ``refresh_window`` is :func:`layer_refresh_window` (Eq. 7). ``policy.w_max`` against every layer's bounds at
+    once: :func:`check_w_max`.
 
     Raises:
         DascInputError: ``<source>: plan field '<path>' = <got>, expected <want> (<why>); ...``.
@@ -118,12 +117,50 @@ def check_layer_cutoff(plan: Plan, source: str | Path, f: str, lp: LayerPlan) ->
             _refuse(source, field, v, "a horizon in a bin of its horizon_histogram that holds units",
                     "it falls in no bin" if i is None
                     else f"it falls in the bin from {edges[i]!r} tokens, which holds none")
-    if plan.policy.random_seed is None and not ((local is None or local <= w_max) and (glob is None or w_max < glob)):
-        cond = ("" if local is None else f"{local!r} <= ") + "w_max" + ("" if glob is None else f" < {glob!r}")
-        _refuse(source, "policy.w_max", w_max, cond,
-                f"{f}.horizon_local_max <= w_max < {f}.horizon_global_min: the cutoff its kept units were selected "
-                f"under, a horizon equal to w_max being local, §4.1")
     want = layer_refresh_window(local, w_max)
     if lp.refresh_window != want:
         _refuse(source, f"{f}.refresh_window", lp.refresh_window, repr(want),
                 "clamp(next_pow2(horizon_local_max), 4, w_max), 0 when no unit is omitted, Eq. 7")
+
+
+def check_w_max(plan: Plan, source: str | Path) -> None:
+    """``policy.w_max`` of a horizon selection lies between every layer's bounds (§4.1): at least the longest
+    omitted horizon of any layer (a horizon equal to w_max is local) and below the shortest kept one. An edit of w_max
+    inside one histogram bin breaks this as soon as it crosses a unit's horizon; an edit that crosses none and
+    leaves every refresh window (Eq. 7) as recorded selects the same plan and is accepted. A Random plan (§5.2)
+    draws its units at random, so its bounds do not order around w_max and only its kept count
+    (:func:`check_layer_cutoff`) is checked.
+
+    Raises:
+        DascInputError: ``<source>: plan field 'policy.w_max' = W, expected an integer from A to B (...)``: the
+            cutoffs that select the recorded units and give the recorded refresh windows, and the layers that bound
+            them.
+    """
+    if plan.policy.random_seed is not None:
+        return
+    w = plan.policy.w_max
+    local = [(lp.horizon_local_max, i) for i, lp in enumerate(plan.layers) if lp.horizon_local_max is not None]
+    glob = [(lp.horizon_global_min, i) for i, lp in enumerate(plan.layers) if lp.horizon_global_min is not None]
+    lo, lo_i = max(local) if local else (None, None)
+    hi, hi_i = min(glob) if glob else (None, None)
+    if (lo is None or lo <= w) and (hi is None or w < hi):
+        return
+    first = 0 if lo is None else (None if math.isinf(lo) else math.ceil(lo))      # w >= lo
+    last = math.inf if hi is None or math.isinf(hi) else math.ceil(hi) - 1         # w < hi
+    # Eq. 7 as recorded: a window below its unclamped value was clamped to w_max itself; one at it needs w_max >= it
+    unclamped = [(lp.refresh_window, unit_refresh_window(lp.horizon_local_max, 1 << 62)) for lp in plan.layers
+                 if lp.horizon_local_max is not None and not math.isinf(lp.horizon_local_max)]
+    exact = {r for r, e in unclamped if r < e}
+    if first is not None:
+        first = max([first] + [e for r, e in unclamped if r == e])
+        if exact:
+            x = exact.pop()
+            first, last = (x, x) if not exact and first <= x <= last else (None, None)
+    if first is None or first > last:
+        want = "no integer: its layers' bounds and refresh windows exclude every cutoff"
+    else:
+        want = f"an integer from {first} to {last}" if last != math.inf else f"an integer of at least {first}"
+    bounds = ", ".join(x for x in (lo is not None and f"layers[{lo_i}].horizon_local_max {lo!r} <= w_max",
+                                   hi is not None and f"w_max < layers[{hi_i}].horizon_global_min {hi!r}") if x)
+    _refuse(source, "policy.w_max", w, want, f"the cutoffs that select its kept units, {bounds}, a horizon equal to "
+            f"w_max being local, §4.1, and give its refresh windows, Eq. 7")

@@ -22,8 +22,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.schema.canonical import compute_content_hash
-from dasc_compile.schema.cutoff import check_layer_cutoff
+from dasc_compile.schema.canonical import canonical_difference, compute_content_hash
+from dasc_compile.schema.cutoff import check_layer_cutoff, check_w_max
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
 from dasc_compile.schema.units import UnitSpec, usable_slots
 
@@ -87,6 +87,11 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
         raise DascInputError(
             f"{p}: content_hash does not match the plan's content (stored {plan.content_hash[:12] or 'empty'}..., "
             f"computed {want[:12]}...): the plan was edited or corrupted; recompile it")
+    if (diff := canonical_difference(plan, raw)) is not None:
+        where, got, wrote = diff
+        raise DascInputError(f"{p}: plan field '{where}' = {json.dumps(got)}, expected {json.dumps(wrote)} as dasc "
+                             f"writes it (validation reads both alike, the content hash cannot tell them apart): the "
+                             f"plan was edited or corrupted; recompile it")
     check_plan(plan, p)
     if verify_kernels:
         check_kernel_file(plan, p.parent)
@@ -107,9 +112,10 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     ``kept_units`` are sorted, distinct and in ``[0, n_units)`` with ``n_kept`` of them; ragged
     ``offset`` o_{i-1} = r_0 + ... + r_{i-1} (App. B Scheme 2); ``n_kept``, the horizon bounds and
     ``refresh_window`` agree with the layer's horizon record and ``policy.w_max``
-    (:func:`~dasc_compile.schema.cutoff.check_layer_cutoff`: a horizon selection has ``horizon_local_max <= w_max <
-    horizon_global_min``, §4.1), so an edit of w_max that changes what it selects is refused even when the hash was
-    redone; ``w_max`` and ``a_s`` are set (compile always resolves them); ``selection`` is ``random`` iff
+    (:func:`~dasc_compile.schema.cutoff.check_layer_cutoff`; :func:`~dasc_compile.schema.cutoff.check_w_max`: a
+    horizon selection has ``horizon_local_max <= w_max < horizon_global_min`` in every layer, §4.1), so an edit of
+    w_max that changes what it selects is refused even when the hash was redone (not for a Random plan, whose
+    units are drawn at random: only its kept count is checked against the histogram); ``w_max`` and ``a_s`` are set (compile always resolves them); ``selection`` is ``random`` iff
     ``policy.random_seed`` is set. Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
     :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
     ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage, a permutation of
@@ -123,7 +129,7 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
         if getattr(plan.policy, name) is None:
             raise DascInputError(f"{source}: plan field 'policy.{name}' = None, expected {what} (every compiled plan "
                                  f"records it); the plan was edited or corrupted; recompile it")
-    _expect(source, "selection", plan.selection, "horizon" if plan.policy.random_seed is None else "random",
+    _expect(source, "selection", plan.selection, plan.policy.selection,
             "'random' iff policy.random_seed is set, §5.2")
     try:
         unit = UnitSpec.from_plan(plan)
@@ -218,6 +224,7 @@ def _check_figures(plan: Plan, source, unit: UnitSpec) -> None:
         _expect(source, f"{f}.horizon_histogram", (len(lp.horizon_histogram), sum(lp.horizon_histogram)),
                 (len(plan.horizon_bin_edges), lp.n_units), "one count per bin edge, n_units in all")
         check_layer_cutoff(plan, source, f, lp)     # n_kept, horizon bounds and refresh_window against w_max
+    check_w_max(plan, source)                       # w_max between every layer's horizon bounds
     dense_t = sum(lp.bytes_temporal_dense for lp in plan.layers)
     kept_t = sum(lp.bytes_temporal_kept for lp in plan.layers)
     conv = sum(lp.bytes_conv for lp in plan.layers)

@@ -10,6 +10,7 @@ kept: horizon_local_max null, horizon_global_min 99.66, refresh window 0.
 
 w_max 16 -> 20 stays in the bin [16, 32) that holds 19.93, so the histogram's kept-count bounds allow it; the
 bounds do not (20 >= 19.93 would keep head 2 no more). w_max 17 .. 19 select the same heads and are accepted.
+Also here, as the other edit a redone hash cannot see: a value edited only in its JSON type ("16" for 16).
 """
 
 from __future__ import annotations
@@ -111,14 +112,28 @@ def test_w_max_edited_inside_one_histogram_bin_is_refused(compiled, tmp_path):
     with pytest.raises(DascInputError) as e:
         load_plan(p)
     l0 = plan.layers[0]
+    # 16 to 19: w_max >= 16 keeps layer 0's Eq. 7 window at next_pow2(9.97) = 16, and w_max < 19.93 its selection
     assert str(e.value) == (
-        f"{p / 'plan.json'}: plan field 'policy.w_max' = 20, expected {l0.horizon_local_max!r} <= w_max < "
-        f"{l0.horizon_global_min!r} (layers[0].horizon_local_max <= w_max < layers[0].horizon_global_min: the cutoff "
-        f"its kept units were selected under, a horizon equal to w_max being local, §4.1); the plan was edited or "
-        f"corrupted; recompile it")
+        f"{p / 'plan.json'}: plan field 'policy.w_max' = 20, expected an integer from 16 to 19 (the cutoffs that "
+        f"select its kept units, layers[0].horizon_local_max {l0.horizon_local_max!r} <= w_max, w_max < "
+        f"layers[0].horizon_global_min {l0.horizon_global_min!r}, a horizon equal to w_max being local, §4.1, and "
+        f"give its refresh windows, Eq. 7); the plan was edited or corrupted; recompile it")
     # the commands that read plans (and the runtime, through the same load_plan) refuse it in one line
     assert_one_error(dasc("inspect", p), "'policy.w_max' = 20", "horizon_global_min")
     assert_one_error(dasc("size", p, "--budget", "1GiB", "--max-running-requests", 8), "'policy.w_max' = 20")
+
+
+@pytest.mark.parametrize("w_max, accepted", [(15, False), (16, True), (17, True), (19, True), (20, False)])
+def test_the_range_the_refusal_names_is_exactly_what_is_accepted(compiled, tmp_path, w_max, accepted):
+    """The refusal above names 16 to 19: each is accepted, and its neighbours are refused (15 by its Eq. 7 window,
+    clamp(16, 4, 15) = 15 against the recorded 16; 20 by the selection)."""
+    p = _forged(compiled[1], tmp_path / "w.dasc", _set_w_max(w_max))
+    if accepted:
+        assert load_plan(p).policy.w_max == w_max
+    else:
+        with pytest.raises(DascInputError, match=r"'layers\[0\].refresh_window' = 16, expected 15" if w_max == 15
+                           else r"'policy.w_max' = 20, expected an integer from 16 to 19"):
+            load_plan(p)
 
 
 @pytest.mark.parametrize("w_max", [17, 18, 19])
@@ -154,7 +169,9 @@ def _layer_field(i: int, name: str, value):
                                     "horizon_histogram that holds units (it falls in the bin from 32.0 tokens, which "
                                     "holds none)"),
     (0, "horizon_local_max", 5.0, "'layers[0].horizon_local_max' = 5.0, expected a horizon in a bin"),
-    (0, "horizon_local_max", 17.0, "'policy.w_max' = 16, expected 17.0 <= w_max < 19.93"),
+    (0, "horizon_local_max", 17.0, "'policy.w_max' = 16, expected no integer: its layers' bounds and refresh windows "
+                                   "exclude every cutoff (the cutoffs that select its kept units, "
+                                   "layers[0].horizon_local_max 17.0 <= w_max, w_max < layers[0].horizon_global_min 19.93"),
     (0, "horizon_global_min", None, "'layers[0].horizon_global_min' = None, expected a horizon in tokens"),
     (1, "horizon_local_max", 99.0, "'layers[1].horizon_local_max' = 99.0, expected null"),
     (1, "horizon_global_min", 120.0, "'layers[1].horizon_global_min' = 120.0, expected 99.65"),
@@ -173,3 +190,32 @@ def test_edited_refresh_window_names_eq7(compiled, tmp_path):
     with pytest.raises(DascInputError, match=r"'layers\[0\].refresh_window' = 8, expected 16 \(clamp\(next_pow2"
                                              r"\(horizon_local_max\), 4, w_max\), 0 when no unit is omitted, Eq. 7\)"):
         load_plan(p)
+
+
+@pytest.mark.parametrize("field, value, shown, written", [
+    (("policy", "w_max"), "16", '"16"', "16"),
+    (("policy", "w_max"), 16.0, "16.0", "16"),
+    (("policy", "int8"), 0, "0", "false"),
+    (("layers", 0, "n_kept"), "2", '"2"', "2"),
+])
+def test_a_value_edited_only_in_its_json_type_is_refused(compiled, tmp_path, field, value, shown, written):
+    """Validation reads "16", 16.0 and 16 alike (and 0 as false), so the content hash of the validated plan cannot
+    see such an edit; the reader compares the file with the plan as dasc writes it. Re-indenting is no edit."""
+    dst = tmp_path / "typed.dasc"
+    shutil.copytree(compiled[1], dst)
+    raw = json.loads((dst / "plan.json").read_text())
+    (dst / "plan.json").write_text(json.dumps(raw, indent=2))         # a JSON tool's layout: the same plan
+    assert load_plan(dst) == compiled[0]
+    *parents, key = field
+    node = raw
+    for k in parents:
+        node = node[k]
+    assert json.dumps(node[key]) == written
+    node[key] = value
+    (dst / "plan.json").write_text(json.dumps(raw, indent=2))
+    where = ".".join(str(k) for k in parents).replace(".0", "[0]") + f".{key}"
+    with pytest.raises(DascInputError) as e:
+        load_plan(dst)
+    assert str(e.value) == (f"{dst / 'plan.json'}: plan field '{where}' = {shown}, expected {written} as dasc writes "
+                            f"it (validation reads both alike, the content hash cannot tell them apart): the plan was "
+                            f"edited or corrupted; recompile it")
