@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -206,7 +205,7 @@ def build_plan(spec: ArchSpec, policy: Policy, horizons: list[torch.Tensor], *, 
         model=model,
         fingerprint=fingerprint,
         policy=policy,
-        selection="random" if policy.random_seed is not None else "horizon",
+        selection=policy.selection,
         horizon_bin_edges=list(HORIZON_BIN_EDGES),
         layers=layers,
         totals=totals,

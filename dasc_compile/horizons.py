@@ -9,7 +9,7 @@ import torch
 from dasc_compile.families import load_all
 from dasc_compile.families.base import FAMILIES
 # Eq. 7's windows live in the plan's schema package, whose reader checks them (the runtime imports only that package)
-from dasc_compile.schema.cutoff import next_pow2, unit_refresh_window
+from dasc_compile.schema.cutoff import layer_refresh_window, next_pow2, unit_refresh_window
 
 __all__ = ["HORIZON_BIN_EDGES", "horizon_histogram", "horizon_quantiles", "next_pow2", "replay_window",
            "retention_horizon", "static_log_decay", "unit_refresh_window"]
@@ -59,10 +59,7 @@ def replay_window(local_horizons: torch.Tensor, w_max: int, n_p: int | None = No
         w_max: cutoff, tokens.
         n_p: cached prefix length in tokens (None: the cap before the prefix bound).
     """
-    if local_horizons.numel() == 0:
-        return 0
-    # W_u is monotone in H_s, so the max is reached at the largest local horizon.
-    w = unit_refresh_window(float(local_horizons.max()), w_max)
+    w = layer_refresh_window(float(local_horizons.max()) if local_horizons.numel() else None, w_max)
     return w if n_p is None else min(n_p, w)
 
 

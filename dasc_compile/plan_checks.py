@@ -48,8 +48,9 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
                    f"{longest:.4g}); a compressed checkpoint holds only the conv state and every hit restores a zero "
                    f"temporal state")
     if pol.w_max == 0 and t.n_units > 0 and t.n_kept == t.n_units:
-        out.append(f"w_max 0 keeps every unit (no compression): every unit with a positive retention horizon is "
-                   f"global (kept {t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x); give --wmax W > 0 to compress")
+        how = "INT8 storage alone" if pol.int8 else "no compression"
+        out.append(f"w_max 0 keeps every unit ({how}): every unit with a positive retention horizon is global (kept "
+                   f"{t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x); give --wmax W > 0 to omit short-horizon units")
     elif pol.w_max == 0 and 0 < t.n_kept and pol.random_seed is None:   # (a Random plan omits random units)
         out.append(f"w_max 0 still omits {t.n_units - t.n_kept:,} of {t.n_units:,} units: their retention horizon is 0 "
                    f"tokens (a static decay so fast it forgets within one token, e.g. from --a-s or --eps; kept "

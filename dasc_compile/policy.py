@@ -65,6 +65,12 @@ class Policy(BaseModel):
     pool_budget_bytes: Optional[int] = Field(default=None, gt=0, le=2**50)
 
 
+    @property
+    def selection(self) -> Literal["horizon", "random"]:
+        """The plan's ``selection``: ``random`` when ``random_seed`` draws a count-matched Random mask (§5.2), else
+        ``horizon`` (global iff H_s > w_max, §4.1)."""
+        return "random" if self.random_seed is not None else "horizon"
+
     # Bounds checked by validators rather than Field(le=...): the class (and its docstring) is part of
     # the published plan schema, which these input checks must not change.
     @field_validator("random_seed")

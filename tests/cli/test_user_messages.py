@@ -152,6 +152,9 @@ def test_w_max_0_keeps_every_unit_and_says_so(tmp_path, gdn):
     assert w.startswith("warning: w_max 0 keeps every unit (no compression)") and "kept 4/4" in w, w
     assert "kept 4/4 units" in r.out and "C_ckpt 1.00x" in r.out
     assert dasc("compile", gdn, "--wmax", 1, "--out", tmp_path / "q").err == ""   # w_max 1 is not warned about
+    r = dasc("compile", gdn, "--wmax", 0, "--int8", "--out", tmp_path / "i")     # INT8 compresses what it keeps
+    (w,) = _warnings(r)
+    assert w.startswith("warning: w_max 0 keeps every unit (INT8 storage alone)") and "no compression" not in w, w
 
 
 def test_policy_file_of_another_family_is_warned_about(tmp_path, gdn, kda):

@@ -224,6 +224,8 @@ def test_dasc_size_prints_capacity_under_load(kimi):
     assert "capacity     81 (1.45x Dense), under load     41 (2.56x Dense)" in line["dasc-nr-w16"]
     assert "capacity    169 (3.02x Dense), under load    129 (8.06x Dense)" in line["dasc-nr-w16-int8"]
     assert "the M' = k*R native slots are the running requests' reservation" in r.output
+    # the budget in the units and precision of the sizing refusals (schema.units.fmt_bytes): 57 x 43,417,600 B
+    assert "budget 2,474,803,200 B (2.30 GiB) per rank = Dense's 56 + 1 native slots x 43,417,600 B" in r.output
     assert "2026-12-01-h200-chat-six-arms" in sizing.CAPACITY_LEGEND
     j = runner.invoke(app, ["size", str(kimi["w16"]), "--dense-slots", "56", "--max-running-requests", "8", "--json"])
     got = {a["arm"]: (a["capacity"], a["capacity_under_load"]) for a in json.loads(j.output)}
