@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dasc_compile.schema.plan import SCHEMA_VERSION, Plan
 
-__all__ = ["SCHEMA_PATH", "canonical_difference", "canonical_json", "compute_content_hash", "decay_sha256",
+__all__ = ["MISSING", "SCHEMA_PATH", "canonical_difference", "canonical_json", "compute_content_hash", "decay_sha256",
            "json_schema", "schema_text", "with_content_hash"]
 
 #: The committed JSON schema of :class:`Plan` (``python -m dasc_compile.schema --write`` regenerates it).
@@ -34,33 +34,48 @@ def compute_content_hash(plan: Plan) -> str:
     return hashlib.sha256(canonical_json(blank).encode()).hexdigest()
 
 
+#: :func:`canonical_difference`'s stand-in for a key the file lacks (or holds and dasc never writes)
+MISSING = object()
+
+
 def canonical_difference(plan: Plan, raw: object) -> tuple[str, object, object] | None:
     """Where ``raw`` (the parsed ``plan.json``) differs from the plan as dasc writes it, or None.
 
     :func:`compute_content_hash` hashes the validated plan, and validation converts types (``"16"`` and ``16.0``
     read as the integer 16, ``0`` as false), so a plan edited only in a value's JSON type would pass the hash; this
-    compares the JSON values and their types, key order and layout aside (a plan re-indented by a JSON tool is
-    the same plan). Returns ``(path, raw value, written value)`` of the first difference, path as the reader names
-    fields (``policy.w_max``, ``layers[0].n_kept``; a missing value is ``None``).
+    compares the JSON values and their types, layout aside (a plan re-indented by a JSON tool is the same plan;
+    a whole number where dasc wrote a float, as jq writes ``-5.0``, is the same value too). Returns ``(path, raw
+    value, written value)`` of the first difference, path as the reader names fields (``policy.w_max``,
+    ``layers[0].n_kept``), :data:`MISSING` for a key one side lacks.
     """
-    def walk(a, b, path):
+    def walk(a, b):             # (keys innermost first, a, b) of the first difference; paths built only then
         if isinstance(b, dict):
             if not isinstance(a, dict):
-                return path, a, b
+                return [], a, b
             for k in [*b, *(k for k in a if k not in b)]:        # the written order, then keys dasc never writes
-                at = f"{path}.{k}" if path else k
                 if k not in a or k not in b:
-                    return at, a.get(k), b.get(k)
-                if d := walk(a[k], b[k], at):
+                    return [k], a.get(k, MISSING), b.get(k, MISSING)
+                if d := walk(a[k], b[k]):
+                    d[0].append(k)
                     return d
             return None
         if isinstance(b, list):
             if not isinstance(a, list) or len(a) != len(b):
-                return path, a, b
-            return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := walk(x, y, f"{path}[{i}]"))), None)
-        return None if type(a) is type(b) and a == b else (path, a, b)
+                return [], a, b
+            for i, (x, y) in enumerate(zip(a, b)):
+                if d := walk(x, y):
+                    d[0].append(i)
+                    return d
+            return None
+        same = type(a) is type(b) or (type(b) is float and type(a) is int)
+        return None if same and a == b else ([], a, b)
 
-    return walk(raw, json.loads(canonical_json(plan)), "")
+    d = walk(raw, json.loads(canonical_json(plan)))
+    if d is None:
+        return None
+    keys, a, b = d
+    path = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in reversed(keys)).lstrip(".")
+    return path, a, b
 
 
 def with_content_hash(plan: Plan) -> Plan:

@@ -159,7 +159,8 @@ def check_w_max(plan: Plan, source: str | Path) -> None:
     if first is None or first > last:
         want = "no integer: its layers' bounds and refresh windows exclude every cutoff"
     else:
-        want = f"an integer from {first} to {last}" if last != math.inf else f"an integer of at least {first}"
+        want = (f"{first}" if first == last else f"an integer from {first} to {last}" if last != math.inf
+                else f"an integer of at least {first}")
     bounds = ", ".join(x for x in (lo is not None and f"layers[{lo_i}].horizon_local_max {lo!r} <= w_max",
                                    hi is not None and f"w_max < layers[{hi_i}].horizon_global_min {hi!r}") if x)
     _refuse(source, "policy.w_max", w, want, f"the cutoffs that select its kept units, {bounds}, a horizon equal to "

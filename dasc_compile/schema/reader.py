@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from dasc_compile.errors import DascInputError
-from dasc_compile.schema.canonical import canonical_difference, compute_content_hash
+from dasc_compile.schema.canonical import MISSING, canonical_difference, compute_content_hash
 from dasc_compile.schema.cutoff import check_layer_cutoff, check_w_max
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
 from dasc_compile.schema.units import UnitSpec, usable_slots
@@ -89,9 +89,11 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
             f"computed {want[:12]}...): the plan was edited or corrupted; recompile it")
     if (diff := canonical_difference(plan, raw)) is not None:
         where, got, wrote = diff
-        raise DascInputError(f"{p}: plan field '{where}' = {json.dumps(got)}, expected {json.dumps(wrote)} as dasc "
-                             f"writes it (validation reads both alike, the content hash cannot tell them apart): the "
-                             f"plan was edited or corrupted; recompile it")
+        got = "missing" if got is MISSING else f"= {json.dumps(got)}"
+        wrote = "no such field" if wrote is MISSING else json.dumps(wrote)
+        raise DascInputError(f"{p}: plan field '{where}' {got}, expected {wrote} as dasc writes it (validation reads "
+                             f"both alike, the content hash cannot tell them apart): the plan was edited or corrupted; "
+                             f"recompile it")
     check_plan(plan, p)
     if verify_kernels:
         check_kernel_file(plan, p.parent)

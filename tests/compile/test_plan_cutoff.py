@@ -219,3 +219,32 @@ def test_a_value_edited_only_in_its_json_type_is_refused(compiled, tmp_path, fie
     assert str(e.value) == (f"{dst / 'plan.json'}: plan field '{where}' = {shown}, expected {written} as dasc writes "
                             f"it (validation reads both alike, the content hash cannot tell them apart): the plan was "
                             f"edited or corrupted; recompile it")
+
+
+def test_json_tool_forms_are_the_same_plan_and_a_missing_key_is_named(compiled, tmp_path):
+    """jq writes dasc's -5.0 as -5: a whole number where dasc wrote a float is the same value (the reverse, 16.0
+    for an integer, is refused above). A key the file lacks is named as missing, not shown as null."""
+    dst = tmp_path / "jq.dasc"
+    shutil.copytree(compiled[1], dst)
+    raw = json.loads((dst / "plan.json").read_text())
+    assert raw["policy"]["safe_gate_lower_bound"] == -5.0 and isinstance(raw["policy"]["safe_gate_lower_bound"], float)
+    raw["policy"]["safe_gate_lower_bound"] = -5
+    (dst / "plan.json").write_text(json.dumps(raw, indent=1))
+    assert load_plan(dst) == compiled[0]
+    del raw["tp"]["m_remote"]           # its default is what dasc writes, so the hash alone passes it
+    (dst / "plan.json").write_text(json.dumps(raw))
+    with pytest.raises(DascInputError) as e:
+        load_plan(dst)
+    assert str(e.value).startswith(f"{dst / 'plan.json'}: plan field 'tp.m_remote' missing, expected 0 as dasc "
+                                   f"writes it"), str(e.value)
+
+
+def test_a_single_cutoff_is_named_as_one_value(tmp_path):
+    """The calibrated Kimi-Linear reference at w_max 16 has a local horizon of 15.9998 (layer 9) and a kept one of
+    16.0004 (layer 6): 16 is the only cutoff that selects its units, and the refusal says so."""
+    from tests.support.clihelp import ROOT
+
+    src = compile_plan(ROOT / "plans/reference/kimi-linear-48b-a3b-calibrated", Policy(w_max=16), tmp_path / "k")[1]
+    with pytest.raises(DascInputError, match=r"plan field 'policy.w_max' = 17, expected 16 \(the cutoffs that select "
+                                             r"its kept units, layers\[9\].horizon_local_max 15.99"):
+        load_plan(_forged(src, tmp_path / "k17", _set_w_max(17)))
