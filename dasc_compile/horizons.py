@@ -9,10 +9,10 @@ import torch
 from dasc_compile.families import load_all
 from dasc_compile.families.base import FAMILIES
 # Eq. 7's windows live in the plan's schema package, whose reader checks them (the runtime imports only that package)
-from dasc_compile.schema.cutoff import layer_refresh_window, next_pow2, unit_refresh_window
+from dasc_compile.schema.cutoff import layer_refresh_window
 
-__all__ = ["HORIZON_BIN_EDGES", "horizon_histogram", "horizon_quantiles", "next_pow2", "replay_window",
-           "retention_horizon", "static_log_decay", "unit_refresh_window"]
+__all__ = ["HORIZON_BIN_EDGES", "horizon_histogram", "horizon_quantiles", "replay_window", "retention_horizon",
+           "static_log_decay"]
 
 #: Histogram bin edges for horizons, tokens: [0, 1, 2, 4, ..., 2^20]; the last bin also holds inf.
 HORIZON_BIN_EDGES: list[float] = [0.0] + [float(2**i) for i in range(0, 21)]

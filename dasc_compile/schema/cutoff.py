@@ -79,7 +79,7 @@ def check_layer_cutoff(plan: Plan, source: str | Path, f: str, lp: LayerPlan) ->
     In order: ``n_kept`` is a count the horizon histogram allows above w_max (:func:`kept_bounds`; a Random plan
     keeps the same count, §5.2); ``horizon_quantiles`` is ordered; ``horizon_local_max`` is None iff no unit is
     omitted and ``horizon_global_min`` None iff none is kept; each bound lies within the quantiles' min and max
-    (equal to max, resp. min, when the other set is empty) and in a histogram bin that holds units; for a horizon
+    (equal to max, resp. min, when the other set is empty) and in a histogram bin that holds units;
     ``refresh_window`` is :func:`layer_refresh_window` (Eq. 7). ``policy.w_max`` against every layer's bounds at
     once: :func:`check_w_max`.
 

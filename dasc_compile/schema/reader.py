@@ -117,8 +117,8 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     (:func:`~dasc_compile.schema.cutoff.check_layer_cutoff`; :func:`~dasc_compile.schema.cutoff.check_w_max`: a
     horizon selection has ``horizon_local_max <= w_max < horizon_global_min`` in every layer, §4.1), so an edit of
     w_max that changes what it selects is refused even when the hash was redone (not for a Random plan, whose
-    units are drawn at random: only its kept count is checked against the histogram); ``w_max`` and ``a_s`` are set (compile always resolves them); ``selection`` is ``random`` iff
-    ``policy.random_seed`` is set. Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
+    units are drawn at random: only its kept count is checked against the histogram); ``w_max`` and ``a_s`` are
+    set (compile always resolves them); ``selection`` is ``random`` iff ``policy.random_seed`` is set. Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
     :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
     ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage, a permutation of
     every layer's heads, and a storage map over the ranks' packed counts.

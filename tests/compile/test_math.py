@@ -8,12 +8,11 @@ import torch
 from dasc_compile.horizons import (
     horizon_histogram,
     horizon_quantiles,
-    next_pow2,
     replay_window,
     retention_horizon,
     static_log_decay,
-    unit_refresh_window,
 )
+from dasc_compile.schema.cutoff import next_pow2, unit_refresh_window
 from dasc_compile.accounting import compression_ratios, ragged_offsets
 from dasc_compile.schema import usable_slots
 from dasc_compile.selection import random_count_matched, select_global
