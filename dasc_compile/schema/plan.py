@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dasc_compile.policy import Policy
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 PLAN_FILENAME = "plan.json"
 
 #: ``ModelInfo.unit_kind``: the names of :data:`dasc_compile.schema.units.UNIT_KINDS`.
@@ -328,8 +328,16 @@ class KernelModule(_Frozen):
     file: str                               # file name inside the plan directory
     key: str                                # hash of (template sources, constants, dasc, triton versions)
     ops: list[str]
-    constants: dict[str, int | str | bool]
+    constants: dict[str, int | str | bool] = Field(
+        description="the kernels' specialisation constants, written in key order: their order carries no meaning, so "
+                    "a plan whose keys a JSON tool sorted hashes as the plan dasc wrote")
     source_sha256: str                      # sha256 of the rendered file's UTF-8 bytes: an edited file is refused
+
+    @field_validator("constants")
+    @classmethod
+    def _key_order(cls, constants: dict) -> dict:
+        """Key order is not content: the canonical JSON (and so the content hash) sees the keys sorted."""
+        return dict(sorted(constants.items()))
 
 
 class Plan(_Frozen):

@@ -248,3 +248,26 @@ def test_a_single_cutoff_is_named_as_one_value(tmp_path):
     with pytest.raises(DascInputError, match=r"plan field 'policy.w_max' = 17, expected 16 \(the cutoffs that select "
                                              r"its kept units, layers\[9\].horizon_local_max 15.99"):
         load_plan(_forged(src, tmp_path / "k17", _set_w_max(17)))
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_kernel_constants_in_any_key_order_are_the_same_plan(compiled, tmp_path, order):
+    """jq -S and json.tool --sort-keys rewrite every object's keys in sorted order, kernels.constants too; their order
+    carries no meaning, so such a rewrite (or any other key order) is the plan dasc wrote. Schema 4 hashed them in the
+    compiler's order, and a sorted rewrite failed the content hash."""
+    dst = tmp_path / f"{order}.dasc"
+    shutil.copytree(compiled[1], dst)
+    raw = json.loads((dst / "plan.json").read_text())
+    consts = raw["kernels"]["constants"]
+    assert len(consts) > 10 and list(consts) == sorted(consts)       # dasc writes them sorted
+    if order == "sorted":
+        (dst / "plan.json").write_text(json.dumps(raw, indent=2, sort_keys=True))
+    else:
+        raw["kernels"]["constants"] = dict(reversed(consts.items()))
+        (dst / "plan.json").write_text(json.dumps(raw))
+    assert load_plan(dst) == compiled[0]
+    raw = json.loads((dst / "plan.json").read_text())
+    raw["kernels"]["constants"]["DK"] += 1                            # a value edit is still one
+    (dst / "plan.json").write_text(json.dumps(raw))
+    with pytest.raises(DascInputError, match="content_hash|edited"):
+        load_plan(dst)

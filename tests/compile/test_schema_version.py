@@ -25,6 +25,7 @@ KNOWN_SCHEMAS = {
     2: "3b3879d900dd79b4b749068131d0317459770a89c668eccba215135bb971b499",   # KernelModule.source_sha256
     3: "a4b46a1d4e5f28ea24155337b89b93d8d7a3152e3a0377e46e8d438bcdac19e3",   # mamba2: family, unit kind, conv_groups, served decay
     4: "305763305ba8ef97d430dd65575bb39754efaee5e7017d1d530a8da4d88d34ea",   # LayerPlan horizon_local_max, horizon_global_min
+    5: "e9446821e6228a04cd76ab30c817198d74457ae18f685561e9fcc307edb980f7",   # KernelModule.constants in key order
 }
 
 
