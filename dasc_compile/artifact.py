@@ -40,7 +40,7 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
     A dasc plan is a JSON object with an integer ``schema_version`` and a 64-hex ``content_hash``,
     and the sha256 of its bytes with that hash value blanked (``"content_hash":""``) equals the hash:
     the canonical form dasc writes (:func:`dasc_compile.schema.compute_content_hash`). A plan of this
-    schema version in another layout (re-indented by a JSON tool) counts too when its content hashes to
+    schema version in another layout (re-indented or key-sorted by a JSON tool) counts too when its content hashes to
     the stored hash, as :func:`dasc_compile.schema.load_plan` checks it.
 
     Returns:

@@ -266,7 +266,7 @@ def test_out_that_is_not_an_earlier_dasc_plan_is_refused_and_kept(tmp_path, gdn,
 
 
 @pytest.mark.parametrize("kind", ["earlier_plan", "earlier_plan_with_pycache", "no_kernels_plan", "empty_dir",
-                                  "pretty_printed_plan"])
+                                  "pretty_printed_plan", "key_sorted_plan"])
 def test_earlier_plan_or_empty_dir_is_replaced(tmp_path, gdn, kind):
     from dasc_compile.schema import load_plan
 
@@ -284,6 +284,10 @@ def test_earlier_plan_or_empty_dir_is_replaced(tmp_path, gdn, kind):
         if kind == "pretty_printed_plan":   # issue 22: inspect reads a re-indented plan, so compile replaces it too
             pj = out / "plan.json"
             pj.write_text(json.dumps(json.loads(pj.read_text()), indent=2))
+            assert dasc("inspect", out).code == 0
+        if kind == "key_sorted_plan":       # jq -S / json.tool --sort-keys: kernels.constants sorted too (schema 5)
+            pj = out / "plan.json"
+            pj.write_text(json.dumps(json.loads(pj.read_text()), indent=1, sort_keys=True))
             assert dasc("inspect", out).code == 0
     r = dasc("compile", gdn, "--wmax", 4, "--out", out)
     assert r.code == 0, r.err
