@@ -72,7 +72,7 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
 
 
 def _same_content(obj: dict) -> bool:
-    """Whether a plan of this schema version, written in another layout (pretty-printed, keys spaced), has
+    """Whether a plan of this schema version, written in another layout (pretty-printed, keys spaced or sorted), has
     the content its hash was computed from: the test ``dasc inspect`` applies (``load_plan``), so a plan
     the reader accepts is never called edited here."""
     from pydantic import ValidationError

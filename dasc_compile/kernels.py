@@ -38,6 +38,9 @@ BASE_OPS = ("pack", "load", "refresh_copy")
 INT8_OPS = ("pack_int8", "load_int8")
 DEFAULT_TILE = 4096          # elements per program: 16 KiB of FP32, 16 per thread at 8 warps
 DEFAULT_NUM_WARPS = 8
+#: Constants a dasc version chooses for speed (tiles, warps); every other constant follows from the plan's model
+#: and policy (:func:`kernel_constants`), which the plan reader checks.
+TILE_CONSTANTS = ("BLOCK_V", "BLOCK_K", "Q_BLOCK_V", "Q_BLOCK_K", "BLOCK_C", "NUM_WARPS")
 
 
 def _template_dir() -> Path:

@@ -118,10 +118,12 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     horizon selection has ``horizon_local_max <= w_max < horizon_global_min`` in every layer, §4.1), so an edit of
     w_max that changes what it selects is refused even when the hash was redone (not for a Random plan, whose
     units are drawn at random: only its kept count is checked against the histogram); ``w_max`` and ``a_s`` are
-    set (compile always resolves them); ``selection`` is ``random`` iff ``policy.random_seed`` is set. Totals: L, sum n, sum r, R_max, and ``unit_bytes`` =
-    :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
+    set (compile always resolves them); ``selection`` is ``random`` iff ``policy.random_seed`` is set. Totals: L,
+    sum n, sum r, R_max, and ``unit_bytes`` = :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
     ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage, a permutation of
-    every layer's heads, and a storage map over the ranks' packed counts.
+    every layer's heads, and a storage map over the ranks' packed counts. Kernels: the ``kernels.constants`` the
+    model and policy decide are :func:`~dasc_compile.kernels.kernel_constants`' (tile choices aside), and
+    ``kernels.ops`` the host wrappers of those constants.
 
     Raises:
         DascInputError: ``<source>: plan field '<path>' = <got>, expected <want> (<why>)``.
@@ -173,6 +175,23 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     _expect(source, "totals.unit_bytes", t.unit_bytes, unit.unit_bytes, "bytes of one kept unit (UnitSpec)")
     _check_tp(plan, source, kept)
     _check_figures(plan, source, unit)
+    _check_kernels(plan, source)
+
+
+def _check_kernels(plan: Plan, source) -> None:
+    """``kernels.constants`` that follow from the model and policy equal what the compiler renders the kernels with
+    (:func:`dasc_compile.kernels.kernel_constants`; the tile choices, ``TILE_CONSTANTS``, may differ between dasc
+    versions), and ``kernels.ops`` are the module's host wrappers for those constants."""
+    if plan.kernels is None:
+        return
+    from dasc_compile.kernels import TILE_CONSTANTS, kernel_constants, kernel_ops
+
+    got = plan.kernels.constants
+    for name, want in kernel_constants(plan).items():
+        if name not in TILE_CONSTANTS:
+            _expect(source, f"kernels.constants.{name}", got.get(name), want,
+                    "what the plan's model and policy give its kernels; the plan was edited or corrupted")
+    _expect(source, "kernels.ops", plan.kernels.ops, kernel_ops(got), "the host wrappers of these constants")
 
 
 def _check_tp(plan: Plan, source, kept: list[int]) -> None:

@@ -68,6 +68,30 @@ def test_inconsistent_plan_names_file_and_field(kimi_tp2, tmp_path, field, edit)
     assert msg.startswith(f"{pj}: plan field '{field}'") and "\n" not in msg
 
 
+@pytest.mark.parametrize("name, value, want", [("DK", 129, 128), ("HEADS", 32, 16), ("INT8", True, False),
+                                               ("UNIT_KIND", "gdn_head", "kda_column"), ("CONV0_COLS", 1, 6144)])
+def test_kernel_constants_the_plan_decides_are_checked(kimi_tp2, tmp_path, name, value, want):
+    """A forged ``kernels.constants`` entry (hash redone) that the model and policy decide is refused by value: the
+    Kimi-Linear reference at TP 2 has d_k 128, 16 of 32 heads per rank, no INT8, conv (K-1, 3*H*d / P) =
+    (3, 6144); a tile choice of another dasc version is not the plan's to decide and is accepted."""
+    plan = kimi_tp2[0]
+    assert plan.kernels.constants[name] == want
+    path = _copy(kimi_tp2[1], tmp_path / "p")
+    pj = _rewrite(path, lambda r: r["kernels"]["constants"].update({name: value}))
+    with pytest.raises(DascInputError) as e:
+        load_plan(path, verify_kernels=False)
+    assert str(e.value) == (f"{pj}: plan field 'kernels.constants.{name}' = {value!r}, expected {want!r} (what the "
+                            f"plan's model and policy give its kernels; the plan was edited or corrupted)")
+    tiles = _copy(kimi_tp2[1], tmp_path / "t")
+    _rewrite(tiles, lambda r: r["kernels"]["constants"].update(NUM_WARPS=4, BLOCK_V=1))
+    assert load_plan(tiles, verify_kernels=False).kernels.constants["NUM_WARPS"] == 4
+    ops = _copy(kimi_tp2[1], tmp_path / "o")
+    _rewrite(ops, lambda r: r["kernels"]["ops"].append("pack_int8"))
+    with pytest.raises(DascInputError, match=r"plan field 'kernels.ops' = \['pack', 'load', 'refresh_copy', "
+                                             r"'pack_int8'\], expected \['pack', 'load', 'refresh_copy'\]"):
+        load_plan(ops, verify_kernels=False)
+
+
 def test_offsets_are_checked_against_kept_counts_by_value(kimi_tp2, tmp_path):
     path = _copy(kimi_tp2[1], tmp_path / "p")
     _rewrite(path, lambda r: r["layers"][1].update(offset=0))
