@@ -27,7 +27,7 @@ from dasc_compile.schema.cutoff import check_layer_cutoff, check_w_max
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
 from dasc_compile.schema.units import UnitSpec, usable_slots
 
-__all__ = ["check_kernel_file", "check_plan", "load_plan", "plan_json_path"]
+__all__ = ["DuplicateKeyError", "check_kernel_file", "check_plan", "load_plan", "loads_plan_json", "plan_json_path"]
 
 
 def plan_json_path(path: str | Path) -> Path:
@@ -59,9 +59,15 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
         if Path(path).is_dir() and (Path(path) / "config.json").is_file():
             raise DascInputError(f"{p.parent}: a model checkpoint, not a dasc plan; compile one first: "
                                  f"dasc compile {p.parent} --wmax W --out PLAN")
+        if p.exists():
+            raise DascInputError(f"{p}: not a regular file (a dasc plan is the file {PLAN_FILENAME})")
         raise DascInputError(f"{p}: dasc plan not found (pass the plan directory or its {PLAN_FILENAME})")
     try:
-        raw = json.loads(p.read_text())
+        raw = loads_plan_json(p.read_text())
+    except DuplicateKeyError as exc:
+        raise DascInputError(f"{p}: key '{exc.key}' appears twice in one JSON object; dasc writes each key once and "
+                             f"the content hash sees only the last: the plan was edited or corrupted; "
+                             f"recompile it") from None
     except (OSError, ValueError) as exc:
         raise DascInputError(f"{p}: not a readable JSON plan ({str(exc)[:160]})") from None
     except RecursionError:
@@ -103,6 +109,33 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
 def _expect(source, field: str, got, want, why: str) -> None:
     if got != want:
         raise DascInputError(f"{source}: plan field '{field}' = {got!r}, expected {want!r} ({why})")
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object of a plan file names one key twice (:func:`loads_plan_json`)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"key {key!r} appears twice in one JSON object")
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKeyError(k)
+        out[k] = v
+    return out
+
+
+def loads_plan_json(text: str | bytes) -> object:
+    """``json.loads`` that refuses a key given twice in one object: Python keeps the last value, so an edit written
+    before it (``"w_max": 999, "w_max": 16``) would pass the content hash unseen.
+
+    Raises:
+        DuplicateKeyError: (a ``ValueError``) naming the key; ``ValueError`` / ``RecursionError`` as ``json.loads``.
+    """
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:

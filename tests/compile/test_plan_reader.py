@@ -122,3 +122,35 @@ def test_inspect_reports_a_missing_kernel_file_as_one_error_line(kimi_tp2, tmp_p
     assert r.exit_code == 2
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path / plan.kernels.file}: kernel module recorded")
+
+
+@pytest.mark.parametrize("old, new, key", [('"w_max":64', '"w_max":999,"w_max":64', "w_max"),
+                                           ('"offset":0', '"offset":0,"offset":0', "offset")])
+def test_a_key_given_twice_is_refused(kimi_tp2, tmp_path, old, new, key):
+    """Python's JSON keeps a repeated key's last value, so an edit written before it would pass the content hash;
+    the reader refuses the repeat itself, the same value twice too, and dasc compile will not replace such a file."""
+    path = _copy(kimi_tp2[1], tmp_path / "p")
+    pj = path / "plan.json"
+    text = pj.read_text()
+    assert text.count(old) >= 1
+    pj.write_text(text.replace(old, new, 1))
+    with pytest.raises(DascInputError) as e:
+        load_plan(path)
+    assert str(e.value) == (f"{pj}: key '{key}' appears twice in one JSON object; dasc writes each key once and the "
+                            f"content hash sees only the last: the plan was edited or corrupted; recompile it")
+    from dasc_compile.artifact import is_dasc_plan_file
+
+    assert is_dasc_plan_file(pj) == (False, f"key '{key}' appears twice in one JSON object (edited since dasc wrote "
+                                            f"it)")
+    pj.write_text(text)
+    assert load_plan(path) == kimi_tp2[0] and is_dasc_plan_file(pj) == (True, "")
+
+
+def test_a_plan_json_that_is_not_a_file_is_named_so(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "plan.json")           # exists, but is no file to read (a directory is read as holding one)
+    with pytest.raises(DascInputError, match=r"plan.json: not a regular file \(a dasc plan is the file plan.json\)$"):
+        load_plan(tmp_path / "plan.json")
+    with pytest.raises(DascInputError, match=r"dasc plan not found"):
+        load_plan(tmp_path / "nothing" / "plan.json")
