@@ -1,13 +1,13 @@
 """The one plan reader of compiler and runtime (DESIGN.md "Plan artifact"): read, validate, verify.
 
-:func:`load_plan` is what ``dasc inspect`` and the runtime (``dasc_runtime.pool_install``, ``dasc_runtime.sizing``) use. After the
-pydantic validation it checks what the types cannot: the content hash, the plan's internal
+:func:`load_plan` is what ``dasc inspect`` and the runtime (``dasc_runtime.pool_install``, ``dasc_runtime.sizing``)
+use. After the pydantic validation it checks what the types cannot: the content hash, the plan's internal
 consistency (:func:`check_plan`: ragged offsets against kept counts, unit ids in range, totals and
 per-rank counts, unit bytes against :class:`~dasc_compile.schema.units.UnitSpec`, each layer's selection
 against ``policy.w_max``: :mod:`~dasc_compile.schema.cutoff`) and, when the plan
 records a kernel module, that the file is beside ``plan.json`` with the recorded sha256
-(:func:`check_kernel_file`). Every problem is one :class:`DascInputError` line naming the file and
-the field.
+(:func:`check_kernel_file`). Key order and indentation are not content; a key given twice in one object is
+refused (:func:`loads_plan_json`). Every problem is one :class:`DascInputError` line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -152,11 +152,11 @@ def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:
     w_max that changes what it selects is refused even when the hash was redone (not for a Random plan, whose
     units are drawn at random: only its kept count is checked against the histogram); ``w_max`` and ``a_s`` are
     set (compile always resolves them); ``selection`` is ``random`` iff ``policy.random_seed`` is set. Totals: L,
-    sum n, sum r, R_max, and ``unit_bytes`` = :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's, H_v / P heads per rank,
-    ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per stage, a permutation of
-    every layer's heads, and a storage map over the ranks' packed counts. Kernels: the ``kernels.constants`` the
-    model and policy decide are :func:`~dasc_compile.kernels.kernel_constants`' (tile choices aside), and
-    ``kernels.ops`` the host wrappers of those constants.
+    sum n, sum r, R_max, and ``unit_bytes`` = :attr:`UnitSpec.unit_bytes`. TP: ``tp_size`` is the policy's,
+    H_v / P heads per rank, ``kept_per_rank_layer`` is ``[P][L]`` with column sums r_l, one payload per rank per
+    stage, a permutation of every layer's heads, and a storage map over the ranks' packed counts. Kernels: the
+    ``kernels.constants`` the model and policy decide are :func:`~dasc_compile.kernels.kernel_constants`' (tile
+    choices aside), and ``kernels.ops`` the host wrappers of those constants.
 
     Raises:
         DascInputError: ``<source>: plan field '<path>' = <got>, expected <want> (<why>)``.
