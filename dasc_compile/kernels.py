@@ -28,7 +28,7 @@ import jinja2
 
 import dasc_compile
 from dasc_compile.errors import DascInputError
-from dasc_compile.schema import KernelModule, Plan
+from dasc_compile.schema.plan import KernelModule, Plan
 from dasc_compile.schema.units import STATE_DTYPES, UNIT_KINDS, UnitSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
