@@ -8,7 +8,6 @@ Things a user should know about a valid plan are ``warning: ...`` lines on stder
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -237,95 +236,6 @@ from dasc_compile.sweep_command import sweep_cmd  # noqa: E402
 app.command("sweep")(sweep_cmd)
 
 
-def _option_swallowed_option(argv: list[str]) -> str | None:
-    """The usage error for an option that takes a value but is followed by another option of the same command
-    (``dasc compile M --wmax --out X``: click would take ``--out`` as the w_max and report a bad integer, or,
-    for a text option, silently use the next word as the path: ``--out -q`` wrote the plan to a folder named
-    ``-q``), or None. "Another option" is one of the command's own option names, ``--help``, either of those in
-    the ``--name=value`` form, or the ``--`` separator; any other word (a negative number, a file named ``-x``)
-    is left to the parser. A command line asking for ``--help`` or ``--version`` is left to click, which
-    answers those first.
-    """
-    from typer.main import get_command
-
-    if not isinstance(app, typer.Typer):        # a test's stand-in for the app: nothing to look up
-        return None
-    group = get_command(app)
-    sub = next((a for a in argv if not a.startswith("-")), None)
-    command = getattr(group, "commands", {}).get(sub) if sub is not None else None
-    if command is None:
-        return None
-    takes_value, names = set(), {"--help"}
-    for param in command.params:
-        opts = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
-        if not any(o.startswith("-") for o in opts):
-            continue                                          # a positional argument
-        names.update(opts)
-        if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
-            takes_value.update(getattr(param, "opts", []))
-    rest = argv[argv.index(sub) + 1:]
-    rest = rest[:rest.index("--") + 1] if "--" in rest else rest      # after '--' every word is an argument
-    swallowed = [(a, b) for a, b in zip(rest, rest[1:])
-                 if a in takes_value and (b == "--" or b.split("=", 1)[0] in names)]
-    if not swallowed:
-        return None
-    if all(b != "--help" for _, b in swallowed) and {"--help", "--version"} & set(argv[:argv.index(sub)] + rest):
-        return None                     # click answers a --help / --version before it reads any value
-    a, b = swallowed[0]
-    return (f"option '{a}' needs a value, but the next word is "
-            + ("the '--' separator" if b == "--" else f"the option '{b}'")
-            + f" (write '{a} VALUE ...'; see 'dasc {sub} --help')")
-
-
-_SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
-_SIZE_OPTIONS = ("--budget", "--pool-budget")          # the options that take a size in bytes (size_report.parse_bytes)
-
-
-def _size_split_in_two(argv: list[str]) -> str | None:
-    """For a click "unexpected extra argument" error: the option whose size was written as two words
-    (``--budget 16 GiB``: the shell passes ``GiB`` as a word of its own, which click then reports without naming
-    ``--budget``), as a message naming the option and the spelling it takes, or None when no word after a
-    ``--option NUMBER`` pair is a byte unit (B, KB, KiB, ..., PiB).
-    """
-    for opt, num, unit in zip(argv, argv[1:], argv[2:]):
-        if opt in _SIZE_OPTIONS and re.fullmatch(r"[0-9.eE+]+", num) and _SIZE_UNIT.match(unit):
-            return (f"option '{opt}' got '{num}' and '{unit}' as two words: write '{opt} {num}{unit}' "
-                    f"(or quote it: {opt} '{num} {unit}')")
-    return None
-
-
-def _wmax_list_hint(argv: list[str], msg: str) -> str:
-    """For click's message ``msg`` rejecting a one-value ``--wmax`` that was given a list of w_max values
-    (``dasc compile M --wmax 16,64``, also written ``--wmax 16, 64``): a hint naming ``dasc sweep``, the command
-    that compares several, with the list as sweep reads it (:func:`dasc_compile.sweep.parse_int_list`); else "".
-    Only the last ``--wmax`` before ``--`` counts, the one click rejected.
-    """
-    if "Invalid value for '--wmax'" not in msg:
-        return ""
-    words = argv[:argv.index("--")] if "--" in argv else argv
-    value, k = None, -1
-    for i, w in enumerate(words):
-        if w == "--wmax" and i + 1 < len(words):
-            value, k = words[i + 1], i + 1
-        elif w.startswith("--wmax="):
-            value, k = w.split("=", 1)[1], i
-    if value is None or "," not in value:
-        return ""
-    while value.rstrip().endswith(",") and k + 1 < len(words):   # the shell split "16, 64" into two words
-        k += 1
-        value += words[k]
-    from dasc_compile.errors import DascInputError
-    from dasc_compile.sweep import parse_int_list
-    try:
-        values = parse_int_list(value, "--wmax", lo=1)
-    except DascInputError:
-        return ""
-    if len(values) < 2:
-        return ""
-    return ("; one w_max per plan: to compare several, run 'dasc sweep MODEL --wmax "
-            + ",".join(str(v) for v in values) + "'")
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status; never raises.
 
@@ -341,20 +251,25 @@ def run(argv: list[str] | None = None) -> int:
         from click import exceptions as cx
 
     def body() -> int:
+        from typer.main import get_command
+
+        from dasc_compile import cli_argv
+
         words = list(sys.argv[1:] if argv is None else argv)
-        swallowed = _option_swallowed_option(words)
-        if swallowed is not None:
-            err.print(f"error: {swallowed}", markup=False)
+        group = get_command(app) if isinstance(app, typer.Typer) else None   # None: a test's stand-in for the app
+        before = cli_argv.option_swallowed_option(group, words) or cli_argv.loose_integer(group, words)
+        if before is not None:
+            err.print(f"error: {before}", markup=False)
             return 2
         try:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
         except cx.UsageError as exc:
             msg = exc.format_message()
-            split = _size_split_in_two(words) if "extra argument" in msg else None
+            split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
             if msg:  # an empty message follows the help text that a bare `dasc` prints
                 hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
-                hint += _wmax_list_hint(words, msg)
+                hint += cli_argv.wmax_list_hint(words, msg)
                 err.print(f"error: {msg}{hint}", markup=False)
             return 2
         except cx.ClickException as exc:   # other click errors (e.g. a file option that cannot be opened)

@@ -28,19 +28,28 @@ MAX_POINTS = 512
 
 
 def parse_int_list(text: str, flag: str, *, lo: int = 0) -> tuple[int, ...]:
-    """``"4,16,64"`` -> ``(4, 16, 64)``: sorted, duplicates dropped.
+    """``"4,16,64"`` -> ``(4, 16, 64)``, sorted; spaces around a value are allowed (``"16, 64"``).
 
     Raises:
-        DascInputError: not comma-separated integers >= ``lo``, naming ``flag``.
+        DascInputError: not comma-separated whole numbers >= ``lo`` in decimal digits (``1_6`` and ``+16``, which
+            Python's ``int()`` reads as 16, are refused), or a value given twice (``16,16``: a typo that would
+            otherwise shrink the grid without a word), naming ``flag``.
     """
     parts = [p.strip() for p in str(text).split(",")]
-    try:
-        vals = sorted({int(p, 10) for p in parts})
-    except ValueError:
-        raise DascInputError(f"{flag} {text}: expected comma-separated whole numbers such as 4,16,64,128,512") from None
+    text = text if len(str(text)) <= 80 else f"{str(text)[:40]}... ({len(str(text))} characters)"   # one short line
+    if not all(p.isascii() and p.isdigit() or p.startswith("-") and p[1:].isascii() and p[1:].isdigit()
+               for p in parts):
+        raise DascInputError(f"{flag} {text}: expected comma-separated whole numbers such as 4,16,64,128,512")
+    if any(len(p) > 19 for p in parts):     # past any w_max or TP degree, and past int()'s digit limit
+        raise DascInputError(f"{flag} {text}: expected whole numbers of at most 19 digits")
+    vals = [int(p, 10) for p in parts]
     if any(v < lo for v in vals):
         raise DascInputError(f"{flag} {text}: expected whole numbers >= {lo}, got {min(vals)}")
-    return tuple(vals)
+    twice = sorted({v for v in vals if vals.count(v) > 1})
+    if twice:
+        raise DascInputError(f"{flag} {text}: {', '.join(map(str, twice))} given more than once; expected each "
+                             f"value once")
+    return tuple(sorted(vals))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -223,6 +223,12 @@ def test_plot(tmp_path):
                                       "sharegpt:N or retrieval:N"]),
     (["--wmax", "16", "--eval", "retrieval:1"], ["kimi"]),   # decay-only (or transformers < 5.17): eval cannot run it
     (["--wmax", "16", "--plot", "s.jpg"], ["--plot writes a PNG"]),
+    # a value given twice was dropped without a word (the grid shrank); 1_6 and +16 were read as 16 by int()
+    (["--wmax", "4,16,16"], ["--wmax 4,16,16: 16 given more than once; expected each value once"]),
+    (["--wmax", "16", "--tp", "1,2,1"], ["--tp 1,2,1: 1 given more than once"]),
+    (["--wmax", "1_6"], ["--wmax 1_6: expected comma-separated whole numbers"]),
+    (["--wmax", "4,+16"], ["--wmax 4,+16: expected comma-separated whole numbers"]),
+    (["--wmax", "9" * 5000], ["--wmax 9999", "(5000 characters)", "at most 19 digits"]),
 ])
 def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, args, needles):
     before = snapshot(tmp_path)

@@ -378,7 +378,7 @@ def test_an_extra_word_that_is_no_size_unit_keeps_clicks_message(tmp_path, gdn):
 @pytest.mark.parametrize("wmax", [["--wmax", "16,64"], ["--wmax=16,64"], ["--wmax", "16,", "64"],
                                   ["--wmax", "64,16,16"], ["--wmax", "abc", "--wmax", "16,64"]])
 def test_a_wmax_list_given_to_compile_names_sweep(tmp_path, gdn, wmax):
-    """The hint gives the list as sweep reads it (sorted, duplicates dropped, a shell-split "16, 64" joined)."""
+    """The hint gives the list as sweep takes it (sorted, each value once, a shell-split "16, 64" joined)."""
     before = snapshot(tmp_path)
     r = dasc("compile", gdn, *wmax, "--out", tmp_path / "p", cwd=tmp_path)
     assert_one_error(r, "'--wmax'", "dasc compile --help", "'dasc sweep MODEL --wmax 16,64'")
@@ -431,3 +431,28 @@ def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
     assert w.startswith("warning: w_max 0 still omits 2 of 4 units") and "horizon is 0 tokens" in w, w
     assert "kept 2/4" in w, w
     assert "keeps every unit" not in r.err
+
+
+@pytest.mark.parametrize("cmd, args, opt, value", [
+    ("compile", ["--wmax", "1_6"], "--wmax", "1_6"),           # int() reads 1_6 as 16: a typo served as a plan
+    ("compile", ["--wmax=+16"], "--wmax", "+16"),
+    ("compile", ["--wmax", "16", "--random-seed", " 3"], "--random-seed", " 3"),
+    ("compile", ["--wmax", "16", "--tp", "0_2"], "--tp", "0_2"),
+    ("size", ["--max-running-requests", "0_8"], "--max-running-requests", "0_8"),
+    ("reference", ["--seed", "1_0"], "--seed", "1_0"),
+])
+def test_an_integer_not_written_in_digits_is_named(tmp_path, gdn, cmd, args, opt, value):
+    target = {"compile": [gdn, "--out", tmp_path / "p"], "size": [tmp_path / "plan"],
+              "reference": ["kimi-linear-48b-a3b", "--out", tmp_path / "r"]}[cmd]
+    before = snapshot(tmp_path)
+    r = dasc(cmd, *target, *args, cwd=tmp_path)
+    assert_one_error(r, f"option '{opt}': {value!r} is not written as a whole number in decimal digits",
+                     f"'{opt} 16'", f"dasc {cmd} --help")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("wmax, code", [("016", 0), ("abc", 2), ("-5", 2)])
+def test_digits_pass_and_other_bad_integers_keep_their_own_message(tmp_path, gdn, wmax, code):
+    r = dasc("compile", gdn, "--wmax", wmax, "--out", tmp_path / "p")
+    assert r.code == code, r.err
+    assert "decimal digits" not in r.err                 # 016 is 16 in digits; abc and -5 are named by click / w_max
