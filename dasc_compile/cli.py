@@ -257,7 +257,8 @@ def run(argv: list[str] | None = None) -> int:
 
         words = list(sys.argv[1:] if argv is None else argv)
         group = get_command(app) if isinstance(app, typer.Typer) else None   # None: a test's stand-in for the app
-        before = cli_argv.option_swallowed_option(group, words) or cli_argv.loose_integer(group, words)
+        before = (cli_argv.option_swallowed_option(group, words) or cli_argv.repeated_option(group, words)
+                  or cli_argv.loose_integer(group, words))
         if before is not None:
             err.print(f"error: {before}", markup=False)
             return 2

@@ -5,6 +5,8 @@ click reads some command lines in ways a user does not mean, and this module nam
 - an option that takes a value followed by another option (``--wmax --out X``): :func:`option_swallowed_option`;
 - an integer option given a number click's ``int()`` reads but no one types as one (``--wmax 1_6``, ``+16``,
   `` 16``): :func:`loose_integer`;
+- a one-value option given twice (``--wmax 16 ... --wmax 64``), of which click keeps the last without a word:
+  :func:`repeated_option`;
 - a size written as two words (``--budget 16 GiB``): :func:`size_split_in_two`;
 - a list of w_max values given to ``dasc compile``: :func:`wmax_list_hint` names ``dasc sweep``.
 
@@ -123,6 +125,43 @@ def loose_integer(group: Any, argv: list[str]) -> str | None:
             continue                   # no number at all: click's own message names the option and the value
         return (f"option '{opt}': {value!r} is not written as a whole number in decimal digits; expected e.g. "
                 f"'{opt} 16' (see 'dasc {sub} --help')")
+    return None
+
+
+def repeated_option(group: Any, argv: list[str]) -> str | None:
+    """The usage error for an option that takes one value given more than once (``dasc compile M --wmax 16 --out P
+    --wmax 64``: click keeps the last value without a word, so an edited command line can compile another plan
+    than the one its first flag names), or None. Options that take several values (``dasc eval --plan A --plan
+    B``) and flags are left alone; so is a command line asking for ``--help`` or ``--version``.
+    """
+    sub, command = _subcommand(group, argv)
+    if command is None:
+        return None
+    rest = _words_after(argv, sub)
+    if {"--help", "--version"} & set(argv[:argv.index(sub)] + rest):
+        return None
+    one_value = {}
+    for param in command.params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False) or getattr(param, "multiple", False):
+            continue
+        for o in getattr(param, "opts", []):
+            if o.startswith("-"):
+                one_value[o] = param.name
+    seen: dict[str, tuple[str, str]] = {}
+    i = 0
+    while i < len(rest) and rest[i] != "--":
+        word = rest[i]
+        opt, value = (word.split("=", 1) if "=" in word and word.split("=", 1)[0] in one_value else (word, None))
+        if opt in one_value:
+            if value is None:
+                value = rest[i + 1] if i + 1 < len(rest) else ""
+                i += 1                                              # the value word is no option
+            first = seen.get(one_value[opt])
+            if first is not None:
+                return (f"option '{opt}' given twice ({first[1]!r}, then {value!r}); click would keep the last "
+                        f"without a word: give it once (see 'dasc {sub} --help')")
+            seen[one_value[opt]] = (opt, value)
+        i += 1
     return None
 
 
