@@ -132,10 +132,25 @@ def loads_plan_json(text: str | bytes) -> object:
     """``json.loads`` that refuses a key given twice in one object: Python keeps the last value, so an edit written
     before it (``"w_max": 999, "w_max": 16``) would pass the content hash unseen.
 
+    An integer literal longer than :data:`MAX_INT_DIGITS` digits is refused before Python converts it (past 4,300
+    digits Python's own message names ``sys.set_int_max_str_digits``, which is no advice for a plan file).
+
     Raises:
-        DuplicateKeyError: (a ``ValueError``) naming the key; ``ValueError`` / ``RecursionError`` as ``json.loads``.
+        DuplicateKeyError: (a ``ValueError``) naming the key; ``ValueError`` for an over-long integer, and as
+            ``json.loads``; ``RecursionError`` as ``json.loads``.
     """
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_plan_int)
+
+
+#: The most digits an integer of a plan may have: every field fits 64 bits (at most 20 digits with a sign).
+MAX_INT_DIGITS = 20
+
+
+def _plan_int(literal: str) -> int:
+    digits = len(literal.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits; no plan field holds more than {MAX_INT_DIGITS}")
+    return int(literal)
 
 
 def check_plan(plan: Plan, source: str | Path = PLAN_FILENAME) -> None:

@@ -154,3 +154,17 @@ def test_a_plan_json_that_is_not_a_file_is_named_so(tmp_path):
         load_plan(tmp_path / "plan.json")
     with pytest.raises(DascInputError, match=r"dasc plan not found"):
         load_plan(tmp_path / "nothing" / "plan.json")
+
+
+@pytest.mark.parametrize("digits, refused", [(20, False), (21, True), (5000, True)])
+def test_an_over_long_integer_is_named_by_its_digits(kimi_tp2, tmp_path, digits, refused):
+    """Past 4,300 digits Python's own message named sys.set_int_max_str_digits; the reader counts the digits
+    first. Twenty digits still parse (and fail the plan's own checks, not the JSON reading)."""
+    path = _copy(kimi_tp2[1], tmp_path / "p")
+    pj = path / "plan.json"
+    pj.write_text(pj.read_text().replace('"w_max":64', '"w_max":' + "1" * digits, 1))
+    with pytest.raises(DascInputError) as e:
+        load_plan(path)
+    msg = f"{pj}: not a readable JSON plan (an integer of {digits} digits; no plan field holds more than 20)"
+    assert (str(e.value) == msg) is refused
+    assert "set_int_max_str_digits" not in str(e.value)
