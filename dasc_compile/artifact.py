@@ -19,7 +19,7 @@ from pathlib import Path
 from dasc_compile import atomic
 from dasc_compile.errors import DascInputError
 from dasc_compile.schema import PLAN_FILENAME, Plan, canonical_json
-from dasc_compile.schema.reader import DuplicateKeyError, loads_plan_json
+from dasc_compile.schema.reader import DuplicateKeyError, OverLongIntegerError, loads_plan_json
 
 __all__ = ["KERNEL_FILE_PATTERN", "check_replaceable", "is_dasc_plan_file", "prepare_out", "recover_out",
            "write_plan_dir"]
@@ -60,6 +60,8 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
         obj = loads_plan_json(raw)
     except DuplicateKeyError as exc:
         return False, f"{exc} (edited since dasc wrote it)"
+    except OverLongIntegerError as exc:
+        return False, str(exc)
     except (ValueError, RecursionError):
         return False, "not JSON"
     if not isinstance(obj, dict) or type(obj.get("schema_version")) is not int or "content_hash" not in obj:

@@ -3,8 +3,8 @@
 click reads some command lines in ways a user does not mean, and this module names them in one line instead:
 
 - an option that takes a value followed by another option (``--wmax --out X``): :func:`option_swallowed_option`;
-- an integer option given a number click's ``int()`` reads but no one types as one (``--wmax 1_6``, ``+16``,
-  `` 16``): :func:`loose_integer`;
+- a number option given a value the parser reads but no one types as that number (``--wmax 1_6``, ``+16``,
+  `` 16``, ``16.0``; ``--eps 1_0e-4``): :func:`loose_integer`;
 - a one-value option given twice (``--wmax 16 ... --wmax 64``), of which click keeps the last without a word:
   :func:`repeated_option`;
 - a size written as two words (``--budget 16 GiB``): :func:`size_split_in_two`;
@@ -21,9 +21,8 @@ import re
 import typing
 from typing import Any, Optional
 
-#: How an integer option's value must be written: decimal digits, an optional leading minus (a negative value is
-#: left to the option's own range check, which names what it expects).
 INTEGER_WORD = re.compile(r"-?[0-9]+")
+FLOAT_WORD = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 _SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
 _SIZE_OPTIONS = ("--budget", "--pool-budget")          # the options that take a size in bytes (size_report.parse_bytes)
@@ -48,83 +47,113 @@ def _option_names(param: Any) -> list[str]:
     return [o for o in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])] if o.startswith("-")]
 
 
+def _value_options(command: Any) -> dict[str, Any]:
+    """The option names of ``command`` that take a value (not flags), each mapped to its parameter."""
+    out = {}
+    for param in command.params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        out.update((o, param) for o in getattr(param, "opts", []) if o.startswith("-"))
+    return out
+
+
+def _scan(command: Any, rest: list[str]) -> tuple[list[tuple[str, Optional[str]]], list[str]]:
+    """``rest`` (the words after the subcommand) read as click reads them: the ``(option, value)`` pairs of the
+    options that take a value (``--opt VALUE`` or ``--opt=VALUE``; value None when ``--opt`` is the last word),
+    and the free words, i.e. every word that is no such option or its value. Stops at ``--``."""
+    takes = _value_options(command)
+    pairs, free, i = [], [], 0
+    while i < len(rest) and rest[i] != "--":
+        word = rest[i]
+        head, eq, tail = word.partition("=")
+        if eq and head in takes:
+            pairs.append((head, tail))
+        elif word in takes:
+            pairs.append((word, rest[i + 1] if i + 1 < len(rest) else None))
+            i += 1                                      # the value word is no option, whatever it looks like
+        else:
+            free.append(word)
+        i += 1
+    return pairs, free
+
+
+def _answered_first(argv: list[str], sub: str, command: Any) -> bool:
+    """Whether click answers ``--help`` or ``--version`` before it reads any value: ``--help`` or ``--version``
+    before the subcommand, or ``--help`` after it as a word of its own (not the value of an option)."""
+    if {"--help", "--version"} & set(argv[:argv.index(sub)]):
+        return True
+    return "--help" in _scan(command, _words_after(argv, sub))[1]
+
+
 def option_swallowed_option(group: Any, argv: list[str]) -> str | None:
     """The usage error for an option that takes a value but is followed by another option of the same command
     (``dasc compile M --wmax --out X``: click would take ``--out`` as the w_max and report a bad integer, or,
     for a text option, silently use the next word as the path: ``--out -q`` wrote the plan to a folder named
-    ``-q``), or None. "Another option" is one of the command's own option names, ``--help``, either of those in
-    the ``--name=value`` form, or the ``--`` separator; any other word (a negative number, a file named ``-x``)
-    is left to the parser. A command line asking for ``--help`` or ``--version`` is left to click, which
-    answers those first.
+    ``-q``), or None. "Another option" is one of the command's own option names, ``--help``, ``--version``
+    (the root command's, which click would take as the value here), any of those in the ``--name=value`` form,
+    or the ``--`` separator; any other word (a negative number, a file named ``-x``) is left to the parser. A
+    command line asking for ``--help`` or ``--version`` (:func:`_answered_first`) is left to click.
     """
     sub, command = _subcommand(group, argv)
-    if command is None:
+    if command is None or _answered_first(argv, sub, command):
         return None
-    takes_value, names = set(), {"--help"}
-    for param in command.params:
-        opts = _option_names(param)
-        if not opts:
-            continue                                          # a positional argument
-        names.update(opts)
-        if not getattr(param, "is_flag", False) and not getattr(param, "count", False):
-            takes_value.update(o for o in getattr(param, "opts", []) if o.startswith("-"))
+    names = {"--help", "--version"}.union(*(_option_names(p) for p in command.params))
+    takes_value = set(_value_options(command))
     rest = _words_after(argv, sub)
     swallowed = [(a, b) for a, b in zip(rest, rest[1:])
                  if a in takes_value and (b == "--" or b.split("=", 1)[0] in names)]
     if not swallowed:
         return None
-    if all(b != "--help" for _, b in swallowed) and {"--help", "--version"} & set(argv[:argv.index(sub)] + rest):
-        return None                     # click answers a --help / --version before it reads any value
     a, b = swallowed[0]
     return (f"option '{a}' needs a value, but the next word is "
             + ("the '--' separator" if b == "--" else f"the option '{b}'")
             + f" (write '{a} VALUE ...'; see 'dasc {sub} --help')")
 
 
-def _integer_options(command: Any) -> set[str]:
-    """The option names of ``command`` whose value is an ``int`` (annotated ``int`` or ``Optional[int]`` on the
-    typer function), read from the annotations because typer releases differ in what type object they give
-    click's parameters."""
+def _number_options(command: Any) -> dict[str, type]:
+    """The option names of ``command`` whose value is an ``int`` or a ``float`` (annotated so, or ``Optional``
+    of it, on the typer function), mapped to that type. Read from the annotations because typer releases differ
+    in what type object they give click's parameters (and in whether ``16.0`` passes as an int)."""
     try:
         hints = typing.get_type_hints(command.callback)
-    except Exception:      # noqa: BLE001 - an unresolvable annotation: no integer option is checked
-        return set()
-    out = set()
+    except Exception:      # noqa: BLE001 - an unresolvable annotation: no number option is checked
+        return {}
+    out = {}
     for param in command.params:
         hint = hints.get(getattr(param, "name", None))
-        if hint is int or (typing.get_origin(hint) is typing.Union and set(typing.get_args(hint)) == {int, type(None)}):
-            out.update(o for o in getattr(param, "opts", []) if o.startswith("--"))
+        if typing.get_origin(hint) is typing.Union and len(typing.get_args(hint)) == 2 \
+                and type(None) in typing.get_args(hint):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if hint in (int, float):
+            out.update((o, hint) for o in getattr(param, "opts", []) if o.startswith("--"))
     return out
 
 
+#: How a number option's value must be written (decimal digits, an optional leading minus: a negative value is
+#: left to the option's own range check, which names what it expects), with an example for the message.
+_NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
+                 float: (FLOAT_WORD, "a decimal number (digits, an optional point and exponent)", "0.001")}
+
+
 def loose_integer(group: Any, argv: list[str]) -> str | None:
-    """The usage error for an integer option given a number written other than in decimal digits
-    (``--wmax 1_6``, ``--wmax +16``, ``--tp ' 2'``), which click's ``int()`` would read silently (``1_6`` as 16:
-    a typo served as a plan), or None. A value that is no number at all is left to click, which names it;
-    ``--help`` or ``--version`` on the command line is left to click too.
+    """The usage error for a number option given a value that holds digits but is not written as that number is
+    (``--wmax 1_6``, ``+16``, ``' 16'``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a float), which the
+    parser would read silently (``1_6`` as 16: a typo served as a plan), or None. A value with no digit at all
+    (``abc``, ``nan``) or holding a comma (a list, :func:`wmax_list_hint`) is left to click, which names it; so is
+    a command line asking for ``--help`` or ``--version``.
     """
     sub, command = _subcommand(group, argv)
-    if command is None:
+    if command is None or _answered_first(argv, sub, command):
         return None
-    rest = _words_after(argv, sub)
-    if {"--help", "--version"} & set(argv[:argv.index(sub)] + rest):
-        return None
-    ints = _integer_options(command)
-    for i, word in enumerate(rest):
-        if "=" in word and word.split("=", 1)[0] in ints:
-            opt, value = word.split("=", 1)
-        elif word in ints and i + 1 < len(rest):
-            opt, value = word, rest[i + 1]
-        else:
+    numbers = _number_options(command)
+    for opt, value in _scan(command, _words_after(argv, sub))[0]:
+        if opt not in numbers or value is None:
             continue
-        if INTEGER_WORD.fullmatch(value):
-            continue
-        try:
-            int(value)
-        except ValueError:
-            continue                   # no number at all: click's own message names the option and the value
-        return (f"option '{opt}': {value!r} is not written as a whole number in decimal digits; expected e.g. "
-                f"'{opt} 16' (see 'dasc {sub} --help')")
+        word, what, example = _NUMBER_WORDS[numbers[opt]]
+        if word.fullmatch(value) or not any(ch.isdigit() for ch in value) or "," in value:
+            continue               # a list (--wmax 16,64) is click's to refuse, with the sweep hint (wmax_list_hint)
+        return (f"option '{opt}': {value!r} is not written as {what}; expected e.g. '{opt} {example}' "
+                f"(see 'dasc {sub} --help')")
     return None
 
 
@@ -132,36 +161,22 @@ def repeated_option(group: Any, argv: list[str]) -> str | None:
     """The usage error for an option that takes one value given more than once (``dasc compile M --wmax 16 --out P
     --wmax 64``: click keeps the last value without a word, so an edited command line can compile another plan
     than the one its first flag names), or None. Options that take several values (``dasc eval --plan A --plan
-    B``) and flags are left alone; so is a command line asking for ``--help`` or ``--version``.
+    B``) and flags are left alone; so is an occurrence with no value or an empty one (click names that), and a
+    command line asking for ``--help`` or ``--version``.
     """
     sub, command = _subcommand(group, argv)
-    if command is None:
+    if command is None or _answered_first(argv, sub, command):
         return None
-    rest = _words_after(argv, sub)
-    if {"--help", "--version"} & set(argv[:argv.index(sub)] + rest):
-        return None
-    one_value = {}
-    for param in command.params:
-        if getattr(param, "is_flag", False) or getattr(param, "count", False) or getattr(param, "multiple", False):
+    takes = _value_options(command)
+    seen: dict[str, str] = {}
+    for opt, value in _scan(command, _words_after(argv, sub))[0]:
+        param = takes[opt]
+        if getattr(param, "multiple", False) or not value:
             continue
-        for o in getattr(param, "opts", []):
-            if o.startswith("-"):
-                one_value[o] = param.name
-    seen: dict[str, tuple[str, str]] = {}
-    i = 0
-    while i < len(rest) and rest[i] != "--":
-        word = rest[i]
-        opt, value = (word.split("=", 1) if "=" in word and word.split("=", 1)[0] in one_value else (word, None))
-        if opt in one_value:
-            if value is None:
-                value = rest[i + 1] if i + 1 < len(rest) else ""
-                i += 1                                              # the value word is no option
-            first = seen.get(one_value[opt])
-            if first is not None:
-                return (f"option '{opt}' given twice ({first[1]!r}, then {value!r}); click would keep the last "
-                        f"without a word: give it once (see 'dasc {sub} --help')")
-            seen[one_value[opt]] = (opt, value)
-        i += 1
+        if param.name in seen:
+            return (f"option '{opt}' given twice ({seen[param.name]!r}, then {value!r}); click would keep the last "
+                    f"without a word: give it once (see 'dasc {sub} --help')")
+        seen[param.name] = value
     return None
 
 

@@ -27,7 +27,7 @@ from dasc_compile.schema.cutoff import check_layer_cutoff, check_w_max
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
 from dasc_compile.schema.units import UnitSpec, usable_slots
 
-__all__ = ["DuplicateKeyError", "check_kernel_file", "check_plan", "load_plan", "loads_plan_json", "plan_json_path"]
+__all__ = ["DuplicateKeyError", "OverLongIntegerError", "check_kernel_file", "check_plan", "load_plan", "loads_plan_json", "plan_json_path"]
 
 
 def plan_json_path(path: str | Path) -> Path:
@@ -119,6 +119,14 @@ class DuplicateKeyError(ValueError):
         self.key = key
 
 
+class OverLongIntegerError(ValueError):
+    """An integer literal of a plan file has more digits than any plan field holds (:func:`loads_plan_json`)."""
+
+    def __init__(self, digits: int):
+        super().__init__(f"an integer of {digits} digits; no plan field holds more than {MAX_INT_DIGITS}")
+        self.digits = digits
+
+
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     out: dict = {}
     for k, v in pairs:
@@ -136,8 +144,9 @@ def loads_plan_json(text: str | bytes) -> object:
     digits Python's own message names ``sys.set_int_max_str_digits``, which is no advice for a plan file).
 
     Raises:
-        DuplicateKeyError: (a ``ValueError``) naming the key; ``ValueError`` for an over-long integer, and as
-            ``json.loads``; ``RecursionError`` as ``json.loads``.
+        DuplicateKeyError: (a ``ValueError``) naming the key.
+        OverLongIntegerError: (a ``ValueError``) naming the integer's digit count.
+        ValueError, RecursionError: as ``json.loads``.
     """
     return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_plan_int)
 
@@ -149,7 +158,7 @@ MAX_INT_DIGITS = 20
 def _plan_int(literal: str) -> int:
     digits = len(literal.lstrip("-"))
     if digits > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {digits} digits; no plan field holds more than {MAX_INT_DIGITS}")
+        raise OverLongIntegerError(digits)
     return int(literal)
 
 

@@ -328,6 +328,7 @@ def test_a_plan_where_a_checkpoint_goes_and_back(tmp_path):
     (["--wmax", "16", "--out", "--help"], "--out", "--help"),   # click takes --help as the path here
     (["--wmax", "16", "--out", "--tp=2"], "--out", "--tp=2"),   # the --name=value form is an option too
     (["--wmax", "16", "--out", "--", "-q"], "--out", "'--' separator"),
+    (["--wmax", "16", "--out", "--version"], "--out", "--version"),   # the root's option: click took it as the path
 ])
 def test_an_option_followed_by_another_option_is_named(tmp_path, gdn, args, first, second):
     args = [str(tmp_path / a) if a == "P" else a for a in args]
@@ -439,6 +440,8 @@ def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
     ("compile", ["--wmax", "16", "--tp", "0_2"], "--tp", "0_2"),
     ("size", ["--max-running-requests", "0_8"], "--max-running-requests", "0_8"),
     ("reference", ["--seed", "1_0"], "--seed", "1_0"),
+    ("compile", ["--wmax", "1_6.0"], "--wmax", "1_6.0"),      # the typer of the time reads 16.0 as an int via pydantic
+    ("compile", ["--wmax=16.0"], "--wmax", "16.0"),
 ])
 def test_an_integer_not_written_in_digits_is_named(tmp_path, gdn, cmd, args, opt, value):
     target = {"compile": [gdn, "--out", tmp_path / "p"], "size": [tmp_path / "plan"],
@@ -476,3 +479,17 @@ def test_options_that_take_several_values_and_flags_may_repeat(tmp_path, gdn):
     assert r.code == 0, r.err
     r = dasc("eval", gdn, "--plan", tmp_path / "p", "--plan", tmp_path / "p", "--horizons", "--json", tmp_path / "h")
     assert "given twice" not in r.err
+
+
+def test_a_float_written_with_an_underscore_is_named(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--eps", "1_0e-4", "--out", tmp_path / "p")
+    assert_one_error(r, "option '--eps': '1_0e-4' is not written as a decimal number", "'--eps 0.001'")
+    assert not (tmp_path / "p").exists()
+    assert dasc("compile", gdn, "--wmax", "16", "--eps", "1e-4", "--a-s", "-.5", "--out", tmp_path / "q").code == 0
+
+
+@pytest.mark.parametrize("args", [["--wmax", "16", "--out", "P", "--wmax"], ["--wmax=16", "--wmax="]])
+def test_a_repeat_without_a_value_is_left_to_click(tmp_path, gdn, args):
+    r = dasc("compile", gdn, *[str(tmp_path / a) if a == "P" else a for a in args])
+    line = assert_one_error(r)
+    assert "given twice" not in line

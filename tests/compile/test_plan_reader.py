@@ -168,3 +168,7 @@ def test_an_over_long_integer_is_named_by_its_digits(kimi_tp2, tmp_path, digits,
     msg = f"{pj}: not a readable JSON plan (an integer of {digits} digits; no plan field holds more than 20)"
     assert (str(e.value) == msg) is refused
     assert "set_int_max_str_digits" not in str(e.value)
+    from dasc_compile.artifact import is_dasc_plan_file      # what dasc compile --out says of such a file
+
+    why = is_dasc_plan_file(pj)[1]
+    assert (why == f"an integer of {digits} digits; no plan field holds more than 20") is refused
