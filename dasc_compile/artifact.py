@@ -61,7 +61,7 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
     except DuplicateKeyError as exc:
         return False, f"{exc} (edited since dasc wrote it)"
     except OverLongIntegerError as exc:
-        return False, str(exc)
+        return False, f"{exc} (edited since dasc wrote it)"
     except (ValueError, RecursionError):
         return False, "not JSON"
     if not isinstance(obj, dict) or type(obj.get("schema_version")) is not int or "content_hash" not in obj:

@@ -258,7 +258,7 @@ def run(argv: list[str] | None = None) -> int:
         words = list(sys.argv[1:] if argv is None else argv)
         group = get_command(app) if isinstance(app, typer.Typer) else None   # None: a test's stand-in for the app
         before = (cli_argv.option_swallowed_option(group, words) or cli_argv.repeated_option(group, words)
-                  or cli_argv.loose_integer(group, words))
+                  or cli_argv.loose_number(group, words))
         if before is not None:
             err.print(f"error: {before}", markup=False)
             return 2

@@ -4,7 +4,7 @@ click reads some command lines in ways a user does not mean, and this module nam
 
 - an option that takes a value followed by another option (``--wmax --out X``): :func:`option_swallowed_option`;
 - a number option given a value the parser reads but no one types as that number (``--wmax 1_6``, ``+16``,
-  `` 16``, ``16.0``; ``--eps 1_0e-4``): :func:`loose_integer`;
+  `` 16``, ``16.0``; ``--eps 1_0e-4``): :func:`loose_number`;
 - a one-value option given twice (``--wmax 16 ... --wmax 64``), of which click keeps the last without a word:
   :func:`repeated_option`;
 - a size written as two words (``--budget 16 GiB``): :func:`size_split_in_two`;
@@ -18,10 +18,12 @@ prints the message as ``error: ...`` with exit status 2.
 from __future__ import annotations
 
 import re
+import types
 import typing
 from typing import Any, Optional
 
-INTEGER_WORD = re.compile(r"-?[0-9]+")
+from dasc_compile.sweep import WHOLE_NUMBER as INTEGER_WORD   # one rule for how a whole number is written
+
 FLOAT_WORD = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 _SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
@@ -111,19 +113,20 @@ def option_swallowed_option(group: Any, argv: list[str]) -> str | None:
 
 
 def _number_options(command: Any) -> dict[str, type]:
-    """The option names of ``command`` whose value is an ``int`` or a ``float`` (annotated so, or ``Optional``
-    of it, on the typer function), mapped to that type. Read from the annotations because typer releases differ
-    in what type object they give click's parameters (and in whether ``16.0`` passes as an int)."""
-    try:
-        hints = typing.get_type_hints(command.callback)
-    except Exception:      # noqa: BLE001 - an unresolvable annotation: no number option is checked
-        return {}
+    """The option names of ``command`` whose value is an ``int`` or a ``float`` (annotated so, or ``Optional`` of
+    it, in either spelling, on the typer function), mapped to that type. Read from the annotations because typer
+    releases differ in what type object they give click's parameters (and in whether ``16.0`` passes as an int).
+
+    Raises:
+        NameError: an annotation of the command that cannot be resolved (a defect of dasc, caught by the tests).
+    """
+    hints = typing.get_type_hints(command.callback)
     out = {}
     for param in command.params:
         hint = hints.get(getattr(param, "name", None))
-        if typing.get_origin(hint) is typing.Union and len(typing.get_args(hint)) == 2 \
-                and type(None) in typing.get_args(hint):
-            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = args[0] if len(args) == 1 else None
         if hint in (int, float):
             out.update((o, hint) for o in getattr(param, "opts", []) if o.startswith("--"))
     return out
@@ -135,7 +138,7 @@ _NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
                  float: (FLOAT_WORD, "a decimal number (digits, an optional point and exponent)", "0.001")}
 
 
-def loose_integer(group: Any, argv: list[str]) -> str | None:
+def loose_number(group: Any, argv: list[str]) -> str | None:
     """The usage error for a number option given a value that holds digits but is not written as that number is
     (``--wmax 1_6``, ``+16``, ``' 16'``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a float), which the
     parser would read silently (``1_6`` as 16: a typo served as a plan), or None. A value with no digit at all
@@ -158,25 +161,34 @@ def loose_integer(group: Any, argv: list[str]) -> str | None:
 
 
 def repeated_option(group: Any, argv: list[str]) -> str | None:
-    """The usage error for an option that takes one value given more than once (``dasc compile M --wmax 16 --out P
-    --wmax 64``: click keeps the last value without a word, so an edited command line can compile another plan
-    than the one its first flag names), or None. Options that take several values (``dasc eval --plan A --plan
-    B``) and flags are left alone; so is an occurrence with no value or an empty one (click names that), and a
-    command line asking for ``--help`` or ``--version``.
+    """The usage error for an option that takes one value given twice with different values (``dasc compile M
+    --wmax 16 --out P --wmax 64``), or a flag given both ways (``--int8 ... --no-int8``), of which click keeps the
+    last without a word, so an edited command line can compile another plan than its first flag says; or None.
+    Options that take several values (``dasc eval --plan A --plan B``), a value repeated as it was, an occurrence
+    with no value or an empty one (click names that), and a command line asking for ``--help`` or ``--version``
+    are left alone.
     """
     sub, command = _subcommand(group, argv)
     if command is None or _answered_first(argv, sub, command):
         return None
     takes = _value_options(command)
+    pairs, free = _scan(command, _words_after(argv, sub))
     seen: dict[str, str] = {}
-    for opt, value in _scan(command, _words_after(argv, sub))[0]:
+    for opt, value in pairs:
         param = takes[opt]
         if getattr(param, "multiple", False) or not value:
             continue
-        if param.name in seen:
-            return (f"option '{opt}' given twice ({seen[param.name]!r}, then {value!r}); click would keep the last "
-                    f"without a word: give it once (see 'dasc {sub} --help')")
+        if seen.get(param.name, value) != value:
+            return (f"option '{opt}' given twice ({seen[param.name]!r}, then {value!r}); only the last would count: "
+                    f"give it once (see 'dasc {sub} --help')")
         seen[param.name] = value
+    for param in command.params:          # a boolean flag pair such as --int8/--no-int8, given both ways
+        on, off = list(getattr(param, "opts", [])), list(getattr(param, "secondary_opts", []))
+        if off and any(w in on for w in free) and any(w in off for w in free):
+            first = next(w for w in free if w in on + off)
+            last = next(w for w in reversed(free) if w in on + off)
+            return (f"options '{first}' and '{last}' both given; only the last would count: give one "
+                    f"(see 'dasc {sub} --help')")
     return None
 
 

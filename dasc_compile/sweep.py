@@ -11,6 +11,7 @@ Rendering is :mod:`dasc_compile.sweep_report`; the command is :mod:`dasc_compile
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -27,28 +28,37 @@ QUALITY_METRICS = {"kl": "--max-kl", "nll_delta": "--max-nll-delta"}
 MAX_POINTS = 512
 
 
+#: How a whole number is written on the command line: decimal digits, an optional leading minus (``1_6``, ``+16``,
+#: ``16.0``, which Python or pydantic read as 16, are not). Also :mod:`dasc_compile.cli_argv`'s rule.
+WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+#: The most characters a listed value may have: past any w_max or TP degree, and short of int()'s digit limit.
+MAX_LISTED_CHARS = 19
+
+
 def parse_int_list(text: str, flag: str, *, lo: int = 0) -> tuple[int, ...]:
     """``"4,16,64"`` -> ``(4, 16, 64)``, sorted; spaces around a value are allowed (``"16, 64"``).
 
     Raises:
-        DascInputError: not comma-separated whole numbers >= ``lo`` in decimal digits (``1_6`` and ``+16``, which
-            Python's ``int()`` reads as 16, are refused), or a value given twice (``16,16``: a typo that would
-            otherwise shrink the grid without a word), naming ``flag``.
+        DascInputError: naming ``flag`` and the offending value: not comma-separated whole numbers
+            (:data:`WHOLE_NUMBER`, at most :data:`MAX_LISTED_CHARS` characters) >= ``lo``, or a value given twice
+            (``16,16``: a typo that would otherwise shrink the grid without a word).
     """
     parts = [p.strip() for p in str(text).split(",")]
-    text = text if len(str(text)) <= 80 else f"{str(text)[:40]}... ({len(str(text))} characters)"   # one short line
-    if not all(p.isascii() and p.isdigit() or p.startswith("-") and p[1:].isascii() and p[1:].isdigit()
-               for p in parts):
-        raise DascInputError(f"{flag} {text}: expected comma-separated whole numbers such as 4,16,64,128,512")
-    if any(len(p) > 19 for p in parts):     # past any w_max or TP degree, and past int()'s digit limit
-        raise DascInputError(f"{flag} {text}: expected whole numbers of at most 19 digits")
+    shown = text if len(str(text)) <= 80 else f"{str(text)[:40]}... ({len(str(text))} characters)"  # one short line
+    for p in parts:
+        if not WHOLE_NUMBER.fullmatch(p) or len(p) > MAX_LISTED_CHARS:
+            bad = p if len(p) <= 40 else f"{p[:20]}... ({len(p)} characters)"
+            raise DascInputError(f"{flag} {shown}: {bad!r} is not a whole number of at most {MAX_LISTED_CHARS} "
+                                 f"decimal digits; expected comma-separated values such as 4,16,64,128,512")
     vals = [int(p, 10) for p in parts]
     if any(v < lo for v in vals):
-        raise DascInputError(f"{flag} {text}: expected whole numbers >= {lo}, got {min(vals)}")
-    twice = sorted({v for v in vals if vals.count(v) > 1})
-    if twice:
-        raise DascInputError(f"{flag} {text}: {', '.join(map(str, twice))} given more than once; expected each "
-                             f"value once")
+        raise DascInputError(f"{flag} {shown}: expected whole numbers >= {lo}, got {min(vals)}")
+    if len(set(vals)) < len(vals):
+        seen, twice = set(), set()
+        for v in vals:
+            (twice if v in seen else seen).add(v)
+        raise DascInputError(f"{flag} {shown}: {', '.join(map(str, sorted(twice)))} given more than once; expected "
+                             f"each value once")
     return tuple(sorted(vals))
 
 

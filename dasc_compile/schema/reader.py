@@ -27,7 +27,8 @@ from dasc_compile.schema.cutoff import check_layer_cutoff, check_w_max
 from dasc_compile.schema.plan import PLAN_FILENAME, SCHEMA_VERSION, Plan
 from dasc_compile.schema.units import UnitSpec, usable_slots
 
-__all__ = ["DuplicateKeyError", "OverLongIntegerError", "check_kernel_file", "check_plan", "load_plan", "loads_plan_json", "plan_json_path"]
+__all__ = ["DuplicateKeyError", "OverLongIntegerError", "check_kernel_file", "check_plan", "load_plan", "loads_plan_json",
+           "plan_json_path"]
 
 
 def plan_json_path(path: str | Path) -> Path:
@@ -151,7 +152,7 @@ def loads_plan_json(text: str | bytes) -> object:
     return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_plan_int)
 
 
-#: The most digits an integer of a plan may have: every field fits 64 bits (at most 20 digits with a sign).
+#: The most digits (sign aside) an integer of a plan may have: every field fits 64 bits (at most 20 digits).
 MAX_INT_DIGITS = 20
 
 

@@ -7,6 +7,7 @@ budget that holds no usable slot is refused instead: the runtime would refuse th
 from __future__ import annotations
 
 import json
+from typing import Optional
 import subprocess
 
 import os
@@ -493,3 +494,53 @@ def test_a_repeat_without_a_value_is_left_to_click(tmp_path, gdn, args):
     r = dasc("compile", gdn, *[str(tmp_path / a) if a == "P" else a for a in args])
     line = assert_one_error(r)
     assert "given twice" not in line
+
+
+@pytest.mark.parametrize("args", [["--wmax", "1_6", "--help"], ["--wmax", "16", "--wmax", "64", "--help"],
+                                  ["--help", "--int8", "--no-int8"]])
+def test_help_is_answered_before_the_number_and_repeat_checks(tmp_path, gdn, args):
+    r = dasc("compile", gdn, *args, "--out", tmp_path / "p")
+    assert r.code == 0 and "Usage" in r.out and not r.err
+    assert not (tmp_path / "p").exists()
+
+
+def test_words_after_the_separator_are_arguments_not_repeats(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--out", tmp_path / "p", "--", "--wmax", "64")
+    line = assert_one_error(r)
+    assert "given twice" not in line and "extra argument" in line
+
+
+def test_a_value_repeated_as_it_was_is_no_conflict(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--wmax=16", "--out", tmp_path / "p", "-q")
+    assert r.code == 0, r.err
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["policy"]["w_max"] == 16
+
+
+@pytest.mark.parametrize("flags", [["--int8", "--no-int8"], ["--no-int8", "--int8"]])
+def test_a_flag_given_both_ways_is_named(tmp_path, gdn, flags):
+    before = snapshot(tmp_path)
+    r = dasc("compile", gdn, "--wmax", "16", *flags, "--out", tmp_path / "p", cwd=tmp_path)
+    assert_one_error(r, f"options '{flags[0]}' and '{flags[1]}' both given", "dasc compile --help")
+    assert snapshot(tmp_path) == before
+
+
+def test_number_options_are_found_in_either_optional_spelling():
+    """A new option annotated ``int | None`` rather than ``Optional[int]`` must be checked too."""
+    import typer
+    from typer.main import get_command
+
+    from dasc_compile.cli_argv import _number_options
+
+    demo = typer.Typer()
+
+    @demo.command()
+    def one(a: Optional[int] = typer.Option(None, "--a"), b: "int | None" = typer.Option(None, "--b"),
+            c: float = typer.Option(0.0, "--c"), d: Optional[str] = typer.Option(None, "--d")) -> None:
+        """one"""
+
+    @demo.command()
+    def two() -> None:
+        """two"""
+
+    found = _number_options(get_command(demo).commands["one"])
+    assert found == {"--a": int, "--b": int, "--c": float}
