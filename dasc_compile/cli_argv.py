@@ -4,7 +4,7 @@ click reads some command lines in ways a user does not mean, and this module nam
 
 - an option that takes a value followed by another option (``--wmax --out X``): :func:`option_swallowed_option`;
 - a number option given a value the parser reads but no one types as that number (``--wmax 1_6``, ``+16``,
-  `` 16``, ``16.0``; ``--eps 1_0e-4``): :func:`loose_number`;
+  ``16.0``; ``--eps 1_0e-4``): :func:`loose_number`;
 - a one-value option given twice (``--wmax 16 ... --wmax 64``), of which click keeps the last without a word:
   :func:`repeated_option`;
 - a size written as two words (``--budget 16 GiB``): :func:`size_split_in_two`;
@@ -140,8 +140,9 @@ _NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
 
 def loose_number(group: Any, argv: list[str]) -> str | None:
     """The usage error for a number option given a value that holds digits but is not written as that number is
-    (``--wmax 1_6``, ``+16``, ``' 16'``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a float), which the
-    parser would read silently (``1_6`` as 16: a typo served as a plan), or None. A value with no digit at all
+    (``--wmax 1_6``, ``+16``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a float), which the
+    parser would read silently (``1_6`` as 16: a typo served as a plan), or None. Spaces around the value are
+    allowed, as ``dasc sweep``'s lists allow them. A value with no digit at all
     (``abc``, ``nan``) or holding a comma (a list, :func:`wmax_list_hint`) is left to click, which names it; so is
     a command line asking for ``--help`` or ``--version``.
     """
@@ -153,7 +154,7 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
         if opt not in numbers or value is None:
             continue
         word, what, example = _NUMBER_WORDS[numbers[opt]]
-        if word.fullmatch(value) or not any(ch.isdigit() for ch in value) or "," in value:
+        if word.fullmatch(value.strip()) or not any(ch.isdigit() for ch in value) or "," in value:
             continue               # a list (--wmax 16,64) is click's to refuse, with the sweep hint (wmax_list_hint)
         return (f"option '{opt}': {value!r} is not written as {what}; expected e.g. '{opt} {example}' "
                 f"(see 'dasc {sub} --help')")

@@ -45,7 +45,7 @@ from dasc_compile.selection import layer_kept_sets
 def default_out_dir(model: str | Path) -> Path:
     """``<model dir name>.dasc`` in the current directory (the dir holding a file or index)."""
     p = Path(model)
-    name = p.name if p.is_dir() else p.parent.resolve().name
+    name = p.resolve().name if p.is_dir() else p.parent.resolve().name     # resolve: '.' and '..' have no name
     return Path(f"{name or 'model'}.dasc")
 
 

@@ -105,7 +105,12 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
     hint = ""
     if isinstance(got, bool) and first["type"] == "literal_error":
         hint = " (quote the value: a bare true/false is a boolean)"
-    return f"{source}: policy field '{loc}': {first['msg']} (got {short_repr(got)}{hint})"
+    return f"{source}: policy field '{loc}': {_msg(first)} (got {short_repr(got)}{hint})"
+
+
+def _msg(error: dict) -> str:
+    """pydantic's message of one error, without the "Value error, " it puts before a validator's own words."""
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def load_policy_file(path: str | Path) -> dict[str, Any]:
@@ -163,6 +168,6 @@ def resolve_policy(path: str | Path | None = None, *, flags: Optional[dict[str, 
         if flags and field in given and field in flags:
             v = given[field]        # a whole float as typed (--eps 0), not as parsed (0.0)
             shown = str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 1e16 else str(v)
-            raise DascInputError(f"{flags[field]} {short_text(shown, 80)}: {first['msg']} (policy field "
+            raise DascInputError(f"{flags[field]} {short_text(shown, 80)}: {_msg(first)} (policy field "
                                  f"'{field}')") from None
         raise DascInputError(_format_validation_error("command-line flags", exc)) from None

@@ -46,10 +46,12 @@ def parse_int_list(text: str, flag: str, *, lo: int = 0) -> tuple[int, ...]:
     parts = [p.strip() for p in str(text).split(",")]
     shown = text if len(str(text)) <= 80 else f"{str(text)[:40]}... ({len(str(text))} characters)"  # one short line
     for p in parts:
-        if not WHOLE_NUMBER.fullmatch(p) or len(p) > MAX_LISTED_CHARS:
-            bad = p if len(p) <= 40 else f"{p[:20]}... ({len(p)} characters)"
-            raise DascInputError(f"{flag} {shown}: {bad!r} is not a whole number of at most {MAX_LISTED_CHARS} "
-                                 f"decimal digits; expected comma-separated values such as 4,16,64,128,512")
+        bad = p if len(p) <= 40 else f"{p[:20]}... ({len(p)} characters)"
+        if not WHOLE_NUMBER.fullmatch(p):
+            raise DascInputError(f"{flag} {shown}: {bad!r} is not a whole number in decimal digits; expected "
+                                 f"comma-separated values such as 4,16,64,128,512")
+        if len(p) > MAX_LISTED_CHARS:
+            raise DascInputError(f"{flag} {shown}: {bad!r} is too large (more than {MAX_LISTED_CHARS} characters)")
     vals = [int(p, 10) for p in parts]
     if any(v < lo for v in vals):
         raise DascInputError(f"{flag} {shown}: expected whole numbers >= {lo}, got {min(vals)}")

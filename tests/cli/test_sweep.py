@@ -184,7 +184,7 @@ def test_plot(tmp_path):
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--wmax", "4,x"], ["--wmax 4,x: 'x' is not a whole number", "expected comma-separated values"]),
+    (["--wmax", "4,x"], ["--wmax 4,x: 'x' is not a whole number in decimal digits", "expected comma-separated values"]),
     (["--wmax", "-1"], ["--wmax -1: expected whole numbers >= 0"]),
     (["--wmax", "16", "--tp", "0"], ["--tp 0: expected whole numbers >= 1"]),
     (["--wmax", "16", "--tp", "3"], ["tp_size", "3"]),
@@ -227,11 +227,11 @@ def test_plot(tmp_path):
     # a value given twice was dropped without a word (the grid shrank); 1_6 and +16 were read as 16 by int()
     (["--wmax", "4,16,16"], ["--wmax 4,16,16: 16 given more than once; expected each value once"]),
     (["--wmax", "16", "--tp", "1,2,1"], ["--tp 1,2,1: 1 given more than once"]),
-    (["--wmax", "1_6"], ["--wmax 1_6: '1_6' is not a whole number of at most 19 decimal digits"]),
+    (["--wmax", "1_6"], ["--wmax 1_6: '1_6' is not a whole number in decimal digits"]),
     (["--wmax", "4,+16"], ["--wmax 4,+16: '+16' is not a whole number"]),
     (["--wmax", "4,16.0"], ["--wmax 4,16.0: '16.0' is not a whole number"]),
-    (["--wmax", "9" * 5000], ["--wmax 9999", "(5000 characters): '9999", "is not a whole number of at most 19"]),
-    (["--wmax", "4," + "1" * 20], ["'11111111111111111111' is not a whole number of at most 19 decimal digits"]),
+    (["--wmax", "9" * 5000], ["--wmax 9999", "(5000 characters): '9999", "is too large (more than 19 characters)"]),
+    (["--wmax", "4," + "1" * 20], ["'11111111111111111111' is too large (more than 19 characters)"]),
 ])
 def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, args, needles):
     before = snapshot(tmp_path)
@@ -244,7 +244,7 @@ def test_a_listed_value_of_19_digits_is_read_and_one_of_20_is_not():
     from dasc_compile.sweep import parse_int_list
 
     assert parse_int_list("4," + "9" * 19, "--wmax") == (4, 10**19 - 1)       # range checks name it later
-    with pytest.raises(DascInputError, match=r"'9{20}' is not a whole number of at most 19 decimal digits"):
+    with pytest.raises(DascInputError, match=r"'9{20}' is too large \(more than 19 characters\)"):
         parse_int_list("4," + "9" * 20, "--wmax")
 
 

@@ -437,7 +437,7 @@ def test_w_max_0_that_still_omits_units_says_how_many(tmp_path):
 @pytest.mark.parametrize("cmd, args, opt, value", [
     ("compile", ["--wmax", "1_6"], "--wmax", "1_6"),           # int() reads 1_6 as 16: a typo served as a plan
     ("compile", ["--wmax=+16"], "--wmax", "+16"),
-    ("compile", ["--wmax", "16", "--random-seed", " 3"], "--random-seed", " 3"),
+    ("compile", ["--wmax", "16", "--random-seed", "3.0"], "--random-seed", "3.0"),
     ("compile", ["--wmax", "16", "--tp", "0_2"], "--tp", "0_2"),
     ("size", ["--max-running-requests", "0_8"], "--max-running-requests", "0_8"),
     ("reference", ["--seed", "1_0"], "--seed", "1_0"),
@@ -454,11 +454,12 @@ def test_an_integer_not_written_in_digits_is_named(tmp_path, gdn, cmd, args, opt
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("wmax, code", [("016", 0), ("abc", 2), ("-5", 2)])
+@pytest.mark.parametrize("wmax, code", [("016", 0), (" 16 ", 0), ("abc", 2), ("-5", 2)])
 def test_digits_pass_and_other_bad_integers_keep_their_own_message(tmp_path, gdn, wmax, code):
     r = dasc("compile", gdn, "--wmax", wmax, "--out", tmp_path / "p")
     assert r.code == code, r.err
-    assert "decimal digits" not in r.err                 # 016 is 16 in digits; abc and -5 are named by click / w_max
+    assert "decimal digits" not in r.err    # 016 and ' 16 ' are 16 in digits (as sweep reads them); abc and -5 are
+    #                                         named by click / w_max
 
 
 @pytest.mark.parametrize("cmd, args, opt, first, second", [
@@ -544,3 +545,18 @@ def test_number_options_are_found_in_either_optional_spelling():
 
     found = _number_options(get_command(demo).commands["one"])
     assert found == {"--a": int, "--b": int, "--c": float}
+
+
+def test_a_validators_own_words_carry_no_pydantic_prefix(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--random-seed", "9" * 20, "--out", tmp_path / "p")
+    line = assert_one_error(r, f"--random-seed {'9' * 20}: Input should be less than or equal to")
+    assert "Value error" not in line
+
+
+def test_the_default_plan_name_of_the_current_folder_is_its_name(tmp_path):
+    from tests.support.clihelp import GDN_CONFIG, gdn_tensors, write_ckpt
+
+    model = write_ckpt(tmp_path / "my gdn", GDN_CONFIG, gdn_tensors())
+    r = dasc("compile", ".", "--wmax", "16", "-q", cwd=model)
+    assert r.code == 0, r.err
+    assert (model / "my gdn.dasc" / "plan.json").is_file() and not (model / "model.dasc").exists()
