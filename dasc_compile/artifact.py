@@ -58,9 +58,7 @@ def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
         return False, f"unreadable ({exc.strerror or exc})"
     try:
         obj = loads_plan_json(raw)
-    except DuplicateKeyError as exc:
-        return False, f"{exc} (edited since dasc wrote it)"
-    except OverLongIntegerError as exc:
+    except (DuplicateKeyError, OverLongIntegerError) as exc:
         return False, f"{exc} (edited since dasc wrote it)"
     except (ValueError, RecursionError):
         return False, "not JSON"

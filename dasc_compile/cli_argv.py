@@ -5,8 +5,8 @@ click reads some command lines in ways a user does not mean, and this module nam
 - an option that takes a value followed by another option (``--wmax --out X``): :func:`option_swallowed_option`;
 - a number option given a value the parser reads but no one types as that number (``--wmax 1_6``, ``+16``,
   ``16.0``; ``--eps 1_0e-4``): :func:`loose_number`;
-- a one-value option given twice (``--wmax 16 ... --wmax 64``), of which click keeps the last without a word:
-  :func:`repeated_option`;
+- a one-value option given twice with different values (``--wmax 16 ... --wmax 64``), or a flag given both ways
+  (``--int8 ... --no-int8``), of which click keeps the last without a word: :func:`repeated_option`;
 - a size written as two words (``--budget 16 GiB``): :func:`size_split_in_two`;
 - a list of w_max values given to ``dasc compile``: :func:`wmax_list_hint` names ``dasc sweep``.
 
