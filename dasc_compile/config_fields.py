@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dasc_compile.errors import DascInputError, short_repr, short_text
+from dasc_compile.errors import DascInputError, pydantic_message, short_repr, short_text
 
 __all__ = ["ConfigFields", "ConvKernel", "HeadCount", "HeadDim", "LayerKindFields", "LayerNumber", "MAX_HEADS",
            "MAX_HEAD_DIM", "MAX_LAYERS", "NegativeBound", "RootFields", "validate_config"]
@@ -105,7 +105,7 @@ def validate_config(model: type[ConfigFields], cfg: dict, source: str, prefix: s
         if kind == "missing":
             raise DascInputError(f"{source}: config field '{loc}' is missing") from None
         if kind == "value_error":   # a cross-field check (model validator): its message names the field
-            msg = short_text(first["msg"].removeprefix("Value error, "))
+            msg = short_text(pydantic_message(first))
             where = f"config field '{loc}': " if first["loc"] else ""
             raise DascInputError(f"{source}: {where}{msg}") from None
         msg = "Input should be a JSON object" if kind in ("model_type", "dict_type") else first["msg"]

@@ -44,3 +44,9 @@ def short_repr(value, limit: int = ECHO_CHARS) -> str:
 def short_text(text: str, limit: int = ECHO_CHARS) -> str:
     """``text`` cut to ``limit`` characters; ``...`` marks a cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def pydantic_message(error: dict) -> str:
+    """The message of one pydantic error (``ValidationError.errors()`` item), without the "Value error, " pydantic
+    puts before a validator's own words."""
+    return str(error["msg"]).removeprefix("Value error, ")

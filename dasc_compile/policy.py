@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dasc_compile.errors import DascInputError, short_repr, short_text
+from dasc_compile.errors import DascInputError, pydantic_message, short_repr, short_text
 from dasc_compile.strict_yaml import load_yaml_file
 
 FamilyName = Literal["gdn", "kda", "kda_safe_gate", "mamba2"]
@@ -105,12 +105,7 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
     hint = ""
     if isinstance(got, bool) and first["type"] == "literal_error":
         hint = " (quote the value: a bare true/false is a boolean)"
-    return f"{source}: policy field '{loc}': {_msg(first)} (got {short_repr(got)}{hint})"
-
-
-def _msg(error: dict) -> str:
-    """pydantic's message of one error, without the "Value error, " it puts before a validator's own words."""
-    return str(error["msg"]).removeprefix("Value error, ")
+    return f"{source}: policy field '{loc}': {pydantic_message(first)} (got {short_repr(got)}{hint})"
 
 
 def load_policy_file(path: str | Path) -> dict[str, Any]:
@@ -168,6 +163,6 @@ def resolve_policy(path: str | Path | None = None, *, flags: Optional[dict[str, 
         if flags and field in given and field in flags:
             v = given[field]        # a whole float as typed (--eps 0), not as parsed (0.0)
             shown = str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 1e16 else str(v)
-            raise DascInputError(f"{flags[field]} {short_text(shown, 80)}: {_msg(first)} (policy field "
+            raise DascInputError(f"{flags[field]} {short_text(shown, 80)}: {pydantic_message(first)} (policy field "
                                  f"'{field}')") from None
         raise DascInputError(_format_validation_error("command-line flags", exc)) from None
