@@ -56,7 +56,7 @@ from dasc_compile.calibrated_targets import (
     trained_decays_dir,
 )
 from dasc_compile.checkpoint import PROVENANCE_KEY
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import MAX_SEED, DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.horizons import retention_horizon, static_log_decay
 from dasc_compile.accounting import conv_bytes_per_layer, dense_temporal_bytes_per_layer, unit_bytes
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m dasc_compile.calibrated", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help=f"one of {', '.join(CALIBRATED_NAMES)}, or 'bundled'")
     ap.add_argument("--out", required=True, type=out_path)
-    ap.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    ap.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     args = ap.parse_args(argv)
     try:
         paths = (write_bundled_calibrated(args.out, args.seed) if args.model == "bundled"

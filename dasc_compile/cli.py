@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from dasc_compile.console import console
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import DascInputError, check_seed
 from dasc_compile.userfiles import path_text
 
 ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
@@ -165,8 +165,7 @@ def reference_cmd(
     from dasc_compile.atomic import write_new_dir
 
     try:
-        if not 0 <= seed <= MAX_REFERENCE_SEED:
-            raise DascInputError(f"--seed {seed}: expected an integer in [0, {MAX_REFERENCE_SEED}] (torch.Generator seeds are 64-bit)")
+        check_seed("--seed", seed)
         if name not in calibrated.CALIBRATED_NAMES and name not in refckpt.MODEL_NAMES:
             raise DascInputError(f"reference model {name!r} is unknown; expected one of "
                                  f"{list(refckpt.MODEL_NAMES) + list(calibrated.CALIBRATED_NAMES)}")
@@ -194,9 +193,6 @@ def _full_size_note(name: str) -> str:
             f"all but the decay tensors sparse holes (a few MB on a file system with sparse files: ext4, xfs, "
             f"btrfs, tmpfs); a copy or archive that does not keep holes writes all {gb:,.0f} GB")
 
-
-#: Largest ``dasc reference --seed`` (torch.Generator.manual_seed takes 64-bit seeds).
-MAX_REFERENCE_SEED = 2**63 - 1
 
 
 @app.command("size")

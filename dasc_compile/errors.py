@@ -50,3 +50,18 @@ def pydantic_message(error: dict) -> str:
     """The message of one pydantic error (``ValidationError.errors()`` item), without the "Value error, " pydantic
     puts before a validator's own words."""
     return str(error["msg"]).removeprefix("Value error, ")
+
+
+#: Largest seed a command takes (``--seed``, ``--init-seed``): torch.Generator.manual_seed takes 64-bit seeds.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(flag: str, value: int | None) -> None:
+    """Refuse a seed outside ``[0, MAX_SEED]``, naming ``flag``; ``None`` (not given) passes.
+
+    Raises:
+        DascInputError: ``value`` is negative or above ``MAX_SEED`` (torch would refuse it later with an overflow
+            that reads as a model problem, or take a negative seed as a different 64-bit one).
+    """
+    if value is not None and not 0 <= value <= MAX_SEED:
+        raise DascInputError(f"{flag} {value}: expected an integer in [0, {MAX_SEED}] (torch.Generator seeds are 64-bit)")

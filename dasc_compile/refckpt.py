@@ -49,7 +49,7 @@ import torch
 
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTES, PROVENANCE_KEY
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import MAX_SEED, DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
 
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_NAMES)}, or 'all'")
     ap.add_argument("--out", required=True, type=out_path, help="output directory")
     ap.add_argument("--full-size", action="store_true", help="every real tensor, sparse on disk, sharded with an index")
-    ap.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the initialisation draw (default 0)")
+    ap.add_argument("--seed", type=int_in(0, MAX_SEED), default=0, help="seed of the initialisation draw (default 0)")
     ap.add_argument("--shard-bytes", type=int_in(1, 2**50), default=5_000_000_000,
                     help="tensor bytes per shard for --full-size")
     args = ap.parse_args(argv)

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from dasc_compile.cli_exit import note_pending, note_written
 from dasc_compile.console import console, counted
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import DascInputError, check_seed
 from dasc_compile.userfiles import path_text
 from dasc_compile.plan_views import fmt_quality
 from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
@@ -232,6 +232,8 @@ def eval_cmd(
         if plot is not None and horizons:
             raise DascInputError("--plot draws quality against w_max and has no --horizons figure; "
                                  "use --json for the Table 1(b) values")
+        check_seed("--seed", seed)
+        check_seed("--init-seed", init_seed)
         if sharegpt_offset < 0:
             raise DascInputError(f"--sharegpt-offset {sharegpt_offset}: give a conversation index of 0 or more")
         given = given_options(ctx)

@@ -87,6 +87,15 @@ def test_interrupted_run_keeps_the_finished_prompts(gdn_dir, tmp_path, monkeypat
     assert doc["protocol"]["complete"] is False and doc["arms"]["nr"]["n_prompts"] == 2
 
 
+@pytest.mark.parametrize("flag,value", [("--init-seed", 2**64), ("--init-seed", -1), ("--seed", -1), ("--seed", 2**63)])
+def test_a_seed_outside_64_bits_is_refused_by_its_flag(gdn_dir, tmp_path, flag, value):
+    """`--init-seed 18446744073709551616` read as "transformers cannot load this checkpoint (Overflow ...)", and
+    negative seeds were taken as other 64-bit seeds; both are named by their flag now, before the model loads."""
+    plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
+    line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "nr,untrained", flag, value))
+    assert line == f"error: {flag} {value}: expected an integer in [0, {2**63 - 1}] (torch.Generator seeds are 64-bit)"
+
+
 def test_controls_without_an_initial_state_are_refused(gdn_dir, tmp_path):
     plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "nr,init"))
