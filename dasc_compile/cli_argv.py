@@ -26,6 +26,8 @@ from dasc_compile.sweep import WHOLE_NUMBER as INTEGER_WORD   # one rule for how
 
 FLOAT_WORD = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
+_NON_FINITE = re.compile(r"(?i)[-+]?(?:inf|infinity|nan)")   # float words click reads; the policy names them
+
 _SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
 _SIZE_OPTIONS = ("--budget", "--pool-budget")          # the options that take a size in bytes (size_report.parse_bytes)
 
@@ -139,12 +141,12 @@ _NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
 
 
 def loose_number(group: Any, argv: list[str]) -> str | None:
-    """The usage error for a number option given a value that holds digits but is not written as that number is
-    (``--wmax 1_6``, ``+16``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a float), which the
-    parser would read silently (``1_6`` as 16: a typo served as a plan), or None. Spaces around the value are
-    allowed, as ``dasc sweep``'s lists allow them. A value with no digit at all
-    (``abc``, ``nan``) or holding a comma (a list, :func:`wmax_list_hint`) is left to click, which names it; so is
-    a command line asking for ``--help`` or ``--version``.
+    """The usage error for a number option given a value not written as that number is, or None: digits the
+    parser would read silently (``--wmax 1_6``, ``+16``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a
+    float; ``1_6`` as 16 is a typo served as a plan), and a value with no digit or an empty one (``--wmax abc``),
+    which click refuses without echoing it. Spaces around the value are allowed, as ``dasc sweep``'s lists allow
+    them. Left to click: ``inf`` or ``nan`` for a float (the policy names them: not finite), a value holding a
+    comma (a list, :func:`wmax_list_hint`), and a command line asking for ``--help`` or ``--version``.
     """
     sub, command = _subcommand(group, argv)
     if command is None or _answered_first(argv, sub, command):
@@ -154,9 +156,11 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
         if opt not in numbers or value is None:
             continue
         word, what, example = _NUMBER_WORDS[numbers[opt]]
-        if word.fullmatch(value.strip()) or not any(ch.isdigit() for ch in value) or "," in value:
+        text = value.strip()
+        if word.fullmatch(text) or "," in value or (numbers[opt] is float and _NON_FINITE.fullmatch(text)):
             continue               # a list (--wmax 16,64) is click's to refuse, with the sweep hint (wmax_list_hint)
-        return (f"option '{opt}': {value!r} is not written as {what}; expected e.g. '{opt} {example}' "
+        written = "written as " if any(ch.isdigit() for ch in value) else ""
+        return (f"option '{opt}': {value!r} is not {written}{what}; expected e.g. '{opt} {example}' "
                 f"(see 'dasc {sub} --help')")
     return None
 

@@ -454,12 +454,33 @@ def test_an_integer_not_written_in_digits_is_named(tmp_path, gdn, cmd, args, opt
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("wmax, code", [("016", 0), (" 16 ", 0), ("abc", 2), ("-5", 2)])
+@pytest.mark.parametrize("wmax, code", [("016", 0), (" 16 ", 0), ("-5", 2)])
 def test_digits_pass_and_other_bad_integers_keep_their_own_message(tmp_path, gdn, wmax, code):
     r = dasc("compile", gdn, "--wmax", wmax, "--out", tmp_path / "p")
     assert r.code == code, r.err
-    assert "decimal digits" not in r.err    # 016 and ' 16 ' are 16 in digits (as sweep reads them); abc and -5 are
-    #                                         named by click / w_max
+    assert "decimal digits" not in r.err    # 016 and ' 16 ' are 16 in digits (as sweep reads them); -5 is named by
+    #                                         the w_max check
+
+
+@pytest.mark.parametrize("opt, value, what, example", [
+    ("--wmax", "abc", "a whole number in decimal digits", "16"),
+    ("--wmax", "", "a whole number in decimal digits", "16"),
+    ("--wmax", "-", "a whole number in decimal digits", "16"),
+    ("--eps", "abc", "a decimal number (digits, an optional point and exponent)", "0.001"),
+])
+def test_a_value_with_no_digit_is_named_with_the_value(tmp_path, gdn, opt, value, what, example):
+    """`--wmax abc` got click's 'Input should be a valid integer', which does not echo what was typed."""
+    args = [opt, value] if opt == "--wmax" else ["--wmax", "16", opt, value]
+    before = snapshot(tmp_path)
+    r = dasc("compile", gdn, *args, "--out", tmp_path / "p")
+    assert_one_error(r, f"option '{opt}': {value!r} is not {what}; expected e.g. '{opt} {example}' "
+                        f"(see 'dasc compile --help')")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_non_finite_float_is_left_to_the_policy_which_names_it(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--a-s", "-inf", "--out", tmp_path / "p")
+    assert_one_error(r, "error: --a-s -inf: Input should be a finite number (policy field 'a_s')")
 
 
 @pytest.mark.parametrize("cmd, args, opt, first, second", [
