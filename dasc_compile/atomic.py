@@ -200,8 +200,19 @@ def write_new_dir(out: Path, write) -> None:
             raise DascInputError(f"{out}: --out must be a new or empty directory")
         tmp = staging_dir(out)
     except OSError as exc:
-        raise DascInputError(f"{out}: cannot create the directory ({exc.strerror or exc})") from None
+        blocker = _file_in_the_way(out)
+        why = f"{blocker} is a file, not a directory" if blocker is not None else exc.strerror or exc
+        raise DascInputError(f"{out}: cannot create the directory ({why})") from None
     fill_and_place(tmp, out, write, lambda why: f"{out}: cannot write ({why}); nothing was written")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first folder of ``path`` above it that exists as something other than a directory (``notes.txt`` of
+    ``notes.txt/x``), or None; mkdir's own word for it is "File exists"."""
+    for p in reversed(path.parents):
+        if os.path.lexists(p) and not p.is_dir():
+            return p
+    return None
 
 
 def fill_and_place(tmp: Path, out: Path, write, message) -> None:

@@ -150,7 +150,10 @@ def test_file_in_place_of_the_parent_directory(tmp_path, gdn):
     (tmp_path / "afile").write_text("not a directory")
     before = snapshot(tmp_path)
     assert_one_error(_compile(gdn, tmp_path / "afile" / "plan"), "afile/plan")
-    assert_one_error(dasc("reference", "qwen3.5-27b", "--out", tmp_path / "afile" / "ref"), "afile/ref")
+    # reference and sweep name the file in the way (mkdir's own word was "File exists")
+    want = f"cannot create the directory ({tmp_path / 'afile'} is a file, not a directory)"
+    assert_one_error(dasc("reference", "qwen3.5-27b", "--out", tmp_path / "afile" / "ref" / "x"), "afile/ref/x", want)
+    assert_one_error(dasc("sweep", gdn, "--wmax", "16,64", "--out", tmp_path / "afile" / "s"), "afile/s", want)
     assert snapshot(tmp_path) == before
 
 
