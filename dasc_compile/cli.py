@@ -264,7 +264,10 @@ def run(argv: list[str] | None = None) -> int:
             msg = exc.format_message()
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
-            if msg:  # an empty message follows the help text that a bare `dasc` prints
+            if not msg:  # a bare `dasc`: click printed the help on stdout; say why the status is 2
+                names = f"; choose one of {', '.join(sorted(group.commands))}" if group is not None else ""
+                err.print(f"error: no command given{names} (see 'dasc --help')", markup=False)
+            else:
                 hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
                 hint += cli_argv.wmax_list_hint(words, msg)
                 err.print(f"error: {msg}{hint}", markup=False)

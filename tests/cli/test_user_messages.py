@@ -581,3 +581,11 @@ def test_the_default_plan_name_of_the_current_folder_is_its_name(tmp_path):
     r = dasc("compile", ".", "--wmax", "16", "-q", cwd=model)
     assert r.code == 0, r.err
     assert (model / "my gdn.dasc" / "plan.json").is_file() and not (model / "model.dasc").exists()
+
+
+def test_a_bare_dasc_prints_the_help_and_says_why_it_exits_2(tmp_path):
+    """A bare `dasc` printed its help and exited 2 with nothing on stderr: a script saw a failure with no line."""
+    r = dasc(cwd=tmp_path)
+    assert "compile" in r.out and "Usage" in r.out
+    assert_one_error(r, "error: no command given; choose one of compile, eval, inspect, reference, size, sweep "
+                        "(see 'dasc --help')")
