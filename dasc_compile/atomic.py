@@ -183,6 +183,26 @@ def replace_dir(new: Path, dest: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def check_new_dir(out: Path) -> None:
+    """Refuse now what :func:`write_new_dir` would refuse of ``out``'s path, creating nothing: ``dasc sweep --out``
+    asks before its sweep and ``--eval`` run, so that a bad path does not cost them.
+
+    Raises:
+        DascInputError: ``out`` exists and is not an empty directory, or a folder above it is not a directory
+            (a file, a broken symbolic link), or it cannot be read.
+    """
+    from dasc_compile.errors import DascInputError
+
+    try:
+        if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
+            raise DascInputError(f"{out}: --out must be a new or empty directory")
+    except OSError as exc:
+        raise DascInputError(f"{out}: cannot use this --out path ({exc.strerror or exc})") from None
+    blocker = _not_a_folder(out)
+    if blocker is not None:
+        raise DascInputError(f"{out}: cannot create the directory ({blocker})")
+
+
 def write_new_dir(out: Path, write) -> None:
     """Run ``write(tmp)`` into a temporary sibling of ``out``, then move it to ``out`` (new or empty):
     ``dasc reference`` and ``dasc sweep --out``.
@@ -191,27 +211,30 @@ def write_new_dir(out: Path, write) -> None:
     half the plans of a sweep).
 
     Raises:
-        DascInputError: ``out`` exists and is not an empty directory, or cannot be written.
+        DascInputError: ``out`` exists and is not an empty directory (:func:`check_new_dir`), or cannot be
+            written.
     """
     from dasc_compile.errors import DascInputError
 
+    check_new_dir(out)
     try:
-        if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
-            raise DascInputError(f"{out}: --out must be a new or empty directory")
         tmp = staging_dir(out)
     except OSError as exc:
-        blocker = _file_in_the_way(out)
-        why = f"{blocker} is a file, not a directory" if blocker is not None else exc.strerror or exc
-        raise DascInputError(f"{out}: cannot create the directory ({why})") from None
+        raise DascInputError(f"{out}: cannot create the directory ({_not_a_folder(out) or exc.strerror or exc})") \
+            from None
     fill_and_place(tmp, out, write, lambda why: f"{out}: cannot write ({why}); nothing was written")
 
 
-def _file_in_the_way(path: Path) -> Path | None:
-    """The first folder of ``path`` above it that exists as something other than a directory (``notes.txt`` of
-    ``notes.txt/x``), or None; mkdir's own word for it is "File exists"."""
+def _not_a_folder(path: Path) -> str | None:
+    """Why the first folder above ``path`` that exists as something other than a directory cannot hold it
+    (``notes.txt is a file, not a directory`` for ``notes.txt/x``), or None; mkdir's own word for each is
+    "File exists"."""
     for p in reversed(path.parents):
-        if os.path.lexists(p) and not p.is_dir():
-            return p
+        if not os.path.lexists(p) or p.is_dir():
+            continue
+        if not p.exists():          # a link to nothing, or a loop of links
+            return f"{p} is a symbolic link that leads to no directory"
+        return f"{p} is a file, not a directory" if p.is_file() else f"{p} is not a directory"
     return None
 
 

@@ -98,6 +98,7 @@ def sweep_cmd(
 ) -> None:
     """Choose w_max: compile the plans of a w_max x TP x INT8 grid in memory and compare them."""
     from dasc_compile import sweep as sw
+    from dasc_compile.atomic import check_new_dir
     from dasc_compile.policy import POLICY_FLAGS, resolve_policy
 
     user_flags = _user_flags(policy, config, a_s, eps, load_policy, balance)
@@ -106,6 +107,8 @@ def sweep_cmd(
         _check_flags(quality, eval_prompts, budget, max_running_requests, plot)
         _check_companions(eval_prompts, budget, prefix_len=prefix_len, suffix_len=suffix_len, device=device,
                           strategy=strategy, no_overlap=no_overlap)
+        if out is not None:
+            check_new_dir(out)      # before the sweep and --eval run, which a bad --out would otherwise cost
         base = resolve_policy(policy, flags=POLICY_FLAGS, a_s=a_s, eps=eps, load_policy=load_policy, balance=balance)
         grid = sw.SweepGrid(w_max=sw.parse_int_list(wmax, "--wmax"),
                             tp=sw.parse_int_list(tp, "--tp", lo=1) if tp is not None else (base.tp_size,),

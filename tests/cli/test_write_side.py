@@ -157,6 +157,35 @@ def test_file_in_place_of_the_parent_directory(tmp_path, gdn):
     assert snapshot(tmp_path) == before
 
 
+def test_a_broken_link_above_out_is_named_as_one(tmp_path, gdn):
+    """A dangling link or a loop of links above --out was called "a file" (reference, sweep)."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    before = snapshot(tmp_path)
+    for link in ("dangling", "loop"):
+        want = f"cannot create the directory ({tmp_path / link} is a symbolic link that leads to no directory)"
+        assert_one_error(dasc("reference", "qwen3.5-27b", "--out", tmp_path / link / "ref"), want)
+        assert_one_error(dasc("sweep", gdn, "--wmax", "16,64", "--out", tmp_path / link / "s"), want)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["file_above", "non_empty"])
+def test_sweep_refuses_its_out_before_the_sweep_runs(tmp_path, gdn, monkeypatch, kind):
+    """`dasc sweep --out` was checked only after the sweep and its --eval had run, so a bad path cost them."""
+    from dasc_compile import sweep
+
+    def no_sweep(*a, **k):
+        raise AssertionError("the sweep ran before --out was checked")
+
+    monkeypatch.setattr(sweep, "run_sweep", no_sweep)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep").write_text("x")
+    out = tmp_path / "afile" / "s" if kind == "file_above" else tmp_path / "full"
+    want = "is a file, not a directory" if kind == "file_above" else "--out must be a new or empty directory"
+    assert_one_error(dasc("sweep", gdn, "--wmax", "16,64", "--out", out), str(out), want)
+
+
 # ----------------------------------------------------------------------------- odd --out paths
 
 
