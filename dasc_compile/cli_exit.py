@@ -373,7 +373,9 @@ def run_guarded(body: Callable[[], int]) -> int:
             _say(f"error: internal error ({type(exc).__name__}{': ' + msg if msg else ''}); this is a bug in dasc "
                  f"(rerun with DASC_TRACEBACK=1 and report it)")
             rc = 1
-        if guard.error is not None and rc == 0:
+        if guard.error is not None and rc == 0:   # the failed write's error was swallowed on its way up (click's
+            #                                         own probe of stdout, under `dasc --version`): say it here
+            _say(f"error: cannot write to standard output ({guard.error.strerror or guard.error}){_written_note()}")
             rc = 2
         return rc
     finally:

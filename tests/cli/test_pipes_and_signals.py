@@ -89,6 +89,19 @@ def test_full_stdout_is_one_line_status_2(tmp_path, plan, gdn):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["--version"], ["--help"], []])
+def test_full_stdout_under_version_and_help_is_said(args):
+    """`dasc --version > /dev/full` exited 2 with nothing on stderr: click's own probe of stdout swallowed the
+    failed write, and the status alone said something went wrong."""
+    with open("/dev/full", "w") as full:
+        r = dasc_proc(*args, stdout=full, stderr=subprocess.PIPE)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, r.stderr
+    assert lines[0] == "error: cannot write to standard output (No space left on device)", r.stderr
+    assert len(lines) == 1, r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_full_stdout_leaves_every_file_written_and_named(tmp_path, plan, gdn):
     """A fresh user's `sweep --out D --plot P.png > /dev/full` said D was written and never wrote P.png, and
     `inspect --plot P.png > /dev/full` wrote P.png without saying so: files come first, and the line names them."""
