@@ -264,7 +264,8 @@ def run(argv: list[str] | None = None) -> int:
             msg = exc.format_message()
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
-            if not msg:  # a bare `dasc`: click printed the help on stdout; say why the status is 2
+            if not msg or (msg == "Missing command." and exc.ctx is not None and exc.ctx.parent is None):
+                # a bare `dasc` (click printed the help on stdout) or `dasc --`: say why the status is 2
                 names = f"; choose one of {', '.join(sorted(group.commands))}" if group is not None else ""
                 err.print(f"error: no command given{names} (see 'dasc --help')", markup=False)
             else:

@@ -26,6 +26,7 @@ from dasc_compile.sweep import WHOLE_NUMBER as INTEGER_WORD   # one rule for how
 
 FLOAT_WORD = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
+_MAX_INT_DIGITS = 4000      # Python refuses int() of more than 4,300 digits; no option of dasc needs a tenth of these
 _NON_FINITE = re.compile(r"(?i)[-+]?(?:inf|infinity|nan)")   # float words click reads; the policy names them
 
 _SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
@@ -145,8 +146,9 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
     parser would read silently (``--wmax 1_6``, ``+16``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a
     float; ``1_6`` as 16 is a typo served as a plan), and a value with no digit or an empty one (``--wmax abc``),
     which click refuses without echoing it. Spaces around the value are allowed, as ``dasc sweep``'s lists allow
-    them. Left to click: ``inf`` or ``nan`` for a float (the policy names them: not finite), a value holding a
-    comma (a list, :func:`wmax_list_hint`), and a command line asking for ``--help`` or ``--version``.
+    them. So is a whole number of thousands of digits, which ``int()`` refuses without the option's name. Left to
+    click: ``inf`` or ``nan`` for a float (the policy names them: not finite), a list of whole numbers
+    (``--wmax 16,64``: :func:`wmax_list_hint`), and a command line asking for ``--help`` or ``--version``.
     """
     sub, command = _subcommand(group, argv)
     if command is None or _answered_first(argv, sub, command):
@@ -157,7 +159,15 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
             continue
         word, what, example = _NUMBER_WORDS[numbers[opt]]
         text = value.strip()
-        if word.fullmatch(text) or "," in value or (numbers[opt] is float and _NON_FINITE.fullmatch(text)):
+        if word.fullmatch(text):
+            if numbers[opt] is int and len(text.lstrip("-")) > _MAX_INT_DIGITS:      # click: "exceeded maximum size"
+                return (f"option '{opt}': a whole number of {len(text.lstrip('-')):,} digits is far too large "
+                        f"(see 'dasc {sub} --help')")
+            continue
+        if numbers[opt] is float and _NON_FINITE.fullmatch(text):
+            continue
+        parts = [x.strip() for x in value.split(",")]
+        if numbers[opt] is int and len(parts) > 1 and any(parts) and all(not x or word.fullmatch(x) for x in parts):
             continue               # a list (--wmax 16,64) is click's to refuse, with the sweep hint (wmax_list_hint)
         written = "written as " if any(ch.isdigit() for ch in value) else ""
         return (f"option '{opt}': {value!r} is not {written}{what}; expected e.g. '{opt} {example}' "

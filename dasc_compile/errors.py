@@ -64,4 +64,5 @@ def check_seed(flag: str, value: int | None) -> None:
             that reads as a model problem, or take a negative seed as a different 64-bit one).
     """
     if value is not None and not 0 <= value <= MAX_SEED:
-        raise DascInputError(f"{flag} {value}: expected an integer in [0, {MAX_SEED}] (torch.Generator seeds are 64-bit)")
+        raise DascInputError(f"{flag} {value}: expected an integer in [0, {MAX_SEED}] "
+                             f"(torch.Generator seeds are 64-bit)")

@@ -589,3 +589,29 @@ def test_a_bare_dasc_prints_the_help_and_says_why_it_exits_2(tmp_path):
     assert "compile" in r.out and "Usage" in r.out
     assert_one_error(r, "error: no command given; choose one of compile, eval, inspect, reference, size, sweep "
                         "(see 'dasc --help')")
+
+
+@pytest.mark.parametrize("opt, value, written, what", [
+    ("--wmax", "16,x", "written as ", "a whole number in decimal digits"),
+    ("--wmax", "abc,def", "", "a whole number in decimal digits"),
+    ("--eps", "1,5", "written as ", "a decimal number (digits, an optional point and exponent)"),   # decimal comma
+])
+def test_a_comma_that_is_not_a_list_of_numbers_is_named_with_the_value(tmp_path, gdn, opt, value, written, what):
+    """Only a list of whole numbers (`--wmax 16,64`, or `16,` of a shell-split `16, 64`) is left to click and its
+    `dasc sweep` hint; `16,x` and a decimal comma got click's line without the value."""
+    args = [opt, value] if opt == "--wmax" else ["--wmax", "16", opt, value]
+    r = dasc("compile", gdn, *args, "--out", tmp_path / "p")
+    assert_one_error(r, f"option '{opt}': {value!r} is not {written}{what}")
+    r = dasc("compile", gdn, "--wmax", "16,64", "--out", tmp_path / "p")
+    assert_one_error(r, "run 'dasc sweep MODEL --wmax 16,64'")
+
+
+def test_a_whole_number_of_thousands_of_digits_is_named_by_its_option(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "9" * 5000, "--out", tmp_path / "p")
+    assert_one_error(r, "error: option '--wmax': a whole number of 5,000 digits is far too large "
+                        "(see 'dasc compile --help')")
+
+
+def test_dasc_double_dash_alone_is_a_missing_command(tmp_path):
+    assert_one_error(dasc("--", cwd=tmp_path), "error: no command given; choose one of compile, eval, inspect, "
+                                                 "reference, size, sweep (see 'dasc --help')")
