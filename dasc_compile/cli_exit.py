@@ -44,7 +44,7 @@ import threading
 import traceback
 from typing import Callable
 
-from dasc_compile.errors import DascInputError, short_text
+from dasc_compile.errors import DascInputError, one_line, short_text
 
 __all__ = ["Interrupted", "StdoutGuard", "finish", "hold_signals", "note_pending", "note_written", "run_guarded"]
 
@@ -177,7 +177,7 @@ class StdoutGuard:
 
 def _say(line: str) -> None:
     try:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(one_line(line) + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass

@@ -46,6 +46,12 @@ def short_text(text: str, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks written as ``\\n`` / ``\\r``, so that an error naming a path that holds one
+    (``$'notes\\nv2'``) stays the one ``error:`` line a script reads."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def pydantic_message(error: dict) -> str:
     """The message of one pydantic error (``ValidationError.errors()`` item), without the "Value error, " pydantic
     puts before a validator's own words."""

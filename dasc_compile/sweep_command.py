@@ -18,7 +18,7 @@ import typer
 
 from dasc_compile.cli_exit import note_pending
 from dasc_compile.console import console
-from dasc_compile.errors import DascInputError
+from dasc_compile.errors import DascInputError, one_line
 from dasc_compile.userfiles import path_text
 from dasc_compile.eval.run import EvalInterrupted
 
@@ -125,10 +125,10 @@ def sweep_cmd(
         if out is not None:
             sw.write_plans(result, out)
     except DascInputError as exc:
-        _err.print(f"error: {exc}", markup=False)
+        _err.print(f"error: {one_line(str(exc))}", markup=False)
         raise typer.Exit(code=2)
     except EvalInterrupted as exc:     # Ctrl-C / SIGTERM during --eval: plans are written after it, so none were
-        _err.print(f"error: {exc}; nothing written", markup=False)
+        _err.print(f"error: {one_line(str(exc))}; nothing written", markup=False)
         raise typer.Exit(code=exc.exit_code)
     from dasc_compile.sweep_report import plot_sweep, render, sweep_json
 
@@ -155,7 +155,7 @@ def sweep_cmd(
     if plot is not None and failed is None:
         said.print(f"wrote {plot}", markup=False)     # stdout as inspect and eval, unless --json holds it
     if failed is not None:
-        _err.print(f"error: {failed}", markup=False)
+        _err.print(f"error: {one_line(str(failed))}", markup=False)
         raise typer.Exit(code=2)
 
 

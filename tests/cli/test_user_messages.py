@@ -615,3 +615,14 @@ def test_a_whole_number_of_thousands_of_digits_is_named_by_its_option(tmp_path, 
 def test_dasc_double_dash_alone_is_a_missing_command(tmp_path):
     assert_one_error(dasc("--", cwd=tmp_path), "error: no command given; choose one of compile, eval, inspect, "
                                                  "reference, size, sweep (see 'dasc --help')")
+
+
+def test_a_path_holding_a_line_break_stays_one_error_line(tmp_path, gdn):
+    """A path with a newline gave a two- or three-line error (the path was printed as it is)."""
+    odd = tmp_path / "nl\nfile"
+    odd.write_text("x")
+    shown = str(odd).replace("\n", "\\n")
+    assert_one_error(dasc("reference", "qwen3.5-27b", "--out", odd / "x"),
+                     f"error: {shown}/x: cannot create the directory ({shown} is a file, not a directory)")
+    assert_one_error(dasc("inspect", tmp_path / "no\nplan"), f"error: {tmp_path}/no\\nplan: dasc plan not found")
+    assert_one_error(dasc("compile", gdn, "--wmax", "16", "--out", odd / "x"), f"error: {shown}/x: ")
