@@ -30,8 +30,6 @@ _PYCACHE_PATTERN = "dasc_kernels_*.pyc"
 #: Largest plan.json read when recognising an earlier plan, bytes (real plans are well under 10 MB).
 MAX_PLAN_BYTES = 256 * 2**20
 _HASH_FIELD = re.compile(rb'"content_hash"\s*:\s*"([0-9a-f]{64})"')
-#: Room kept in a file name for the temporary suffixes (``.<name>.tmp-<pid>-XXXXXXXX``), bytes.
-_NAME_ROOM = 32
 
 
 def is_dasc_plan_file(path: Path) -> tuple[bool, str]:
@@ -108,15 +106,7 @@ def _resolve_out(out: Path) -> Path:
         DascInputError: a dangling link, a link to a non-directory, an unusable path (name too
             long, a file in place of a parent directory, permissions, a link loop).
     """
-    name_max = 255
-    try:
-        name_max = os.pathconf(out.parent if str(out.parent) else ".", "PC_NAME_MAX")
-    except (OSError, ValueError):
-        pass
-    n = len(os.fsencode(out.name))
-    if n + _NAME_ROOM > name_max:
-        raise DascInputError(f"{_show(out)}: --out name is {n} bytes long; expected at most {name_max - _NAME_ROOM} "
-                             f"(the file system allows {name_max}, dasc adds a temporary suffix)")
+    atomic.check_name_room(out, _show(out))
     try:
         if out.is_symlink():
             target = Path(os.path.realpath(out))
@@ -133,7 +123,8 @@ def _resolve_out(out: Path) -> Path:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise DascInputError(f"{_show(out)}: cannot use this --out path ({exc.strerror or exc})") from None
+        raise DascInputError(f"{_show(out)}: cannot use this --out path "
+                             f"({atomic.not_a_folder(out) or exc.strerror or exc})") from None
     return out
 
 
@@ -234,7 +225,8 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
     try:
         tmp = atomic.staging_dir(out)
     except OSError as exc:
-        raise DascInputError(f"{_show(out)}: cannot create the plan directory ({exc.strerror or exc})") from None
+        raise DascInputError(f"{_show(out)}: cannot create the plan directory "
+                             f"({atomic.not_a_folder(out) or exc.strerror or exc})") from None
 
     def write(d: Path) -> None:
         for name, text in [*(files or {}).items(), (PLAN_FILENAME, canonical_json(plan))]:

@@ -24,11 +24,13 @@ import errno
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["aside_dirs", "fill_and_place", "recover", "replace_dir", "signals_held", "staging_dir", "write_new_dir"]
+__all__ = ["NAME_ROOM", "aside_dirs", "check_name_room", "check_new_dir", "fill_and_place", "not_a_folder",
+           "recover", "replace_dir", "signals_held", "staging_dir", "write_new_dir"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -183,22 +185,51 @@ def replace_dir(new: Path, dest: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def check_new_dir(out: Path) -> None:
-    """Refuse now what :func:`write_new_dir` would refuse of ``out``'s path, creating nothing: ``dasc sweep --out``
-    asks before its sweep and ``--eval`` run, so that a bad path does not cost them.
+#: Room kept in a file name for the temporary suffixes (``.<name>.tmp-<pid>-XXXXXXXX``), bytes.
+NAME_ROOM = 32
+
+
+def check_name_room(out: Path, show: str | None = None) -> None:
+    """Refuse an ``--out`` name too long to take the temporary suffixes (:data:`NAME_ROOM`) on its file system.
 
     Raises:
-        DascInputError: ``out`` exists and is not an empty directory, or a folder above it is not a directory
-            (a file, a broken symbolic link), or it cannot be read.
+        DascInputError: the name is longer than the file system's ``PC_NAME_MAX`` (255 where unknown) less
+            :data:`NAME_ROOM` bytes; ``show`` is how ``out`` is named (default ``str(out)``).
     """
     from dasc_compile.errors import DascInputError
 
+    name_max = 255
+    try:
+        name_max = os.pathconf(out.parent if str(out.parent) else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        pass
+    n = len(os.fsencode(out.name))
+    if n + NAME_ROOM > name_max:
+        raise DascInputError(f"{show or out}: --out name is {n} bytes long; expected at most "
+                             f"{name_max - NAME_ROOM} (the file system allows {name_max}, dasc adds a temporary "
+                             f"suffix)")
+
+
+def check_new_dir(out: Path) -> None:
+    """Refuse now, creating nothing, what :func:`write_new_dir` would refuse of ``out``'s path itself: an
+    existing non-empty ``out`` or one that is not a directory, a name too long (:func:`check_name_room`), a folder
+    above it that is not a directory (:func:`not_a_folder`). ``dasc sweep --out`` asks before its sweep and
+    ``--eval`` run, so that such a path does not cost them. A parent that cannot be written is found only when
+    :func:`write_new_dir` creates its staging directory.
+
+    Raises:
+        DascInputError: one of the above, or the path cannot be read.
+    """
+    from dasc_compile.errors import DascInputError
+
+    check_name_room(out)
     try:
         if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
             raise DascInputError(f"{out}: --out must be a new or empty directory")
     except OSError as exc:
-        raise DascInputError(f"{out}: cannot use this --out path ({exc.strerror or exc})") from None
-    blocker = _not_a_folder(out)
+        raise DascInputError(f"{out}: cannot use this --out path ({not_a_folder(out) or exc.strerror or exc})") \
+            from None
+    blocker = not_a_folder(out)
     if blocker is not None:
         raise DascInputError(f"{out}: cannot create the directory ({blocker})")
 
@@ -220,21 +251,26 @@ def write_new_dir(out: Path, write) -> None:
     try:
         tmp = staging_dir(out)
     except OSError as exc:
-        raise DascInputError(f"{out}: cannot create the directory ({_not_a_folder(out) or exc.strerror or exc})") \
+        raise DascInputError(f"{out}: cannot create the directory ({not_a_folder(out) or exc.strerror or exc})") \
             from None
     fill_and_place(tmp, out, write, lambda why: f"{out}: cannot write ({why}); nothing was written")
 
 
-def _not_a_folder(path: Path) -> str | None:
+def not_a_folder(path: Path) -> str | None:
     """Why the first folder above ``path`` that exists as something other than a directory cannot hold it
-    (``notes.txt is a file, not a directory`` for ``notes.txt/x``), or None; mkdir's own word for each is
-    "File exists"."""
+    (``notes.txt is a file, not a directory`` for ``notes.txt/x``; a symbolic link that leads to no directory), or
+    None: mkdir's own word for each is "File exists", and lstat's "Not a directory" names neither. A folder that
+    cannot be examined (permissions) ends the search with None, leaving the system's reason to the caller."""
     for p in reversed(path.parents):
-        if not os.path.lexists(p) or p.is_dir():
+        try:
+            st = os.lstat(p)
+        except OSError:             # missing (then nothing above blocks), or not to be examined
+            return None
+        if stat.S_ISDIR(st.st_mode) or os.path.isdir(p):
             continue
-        if not p.exists():          # a link to nothing, or a loop of links
+        if stat.S_ISLNK(st.st_mode) and not os.path.exists(p):   # a link to nothing, or a loop of links
             return f"{p} is a symbolic link that leads to no directory"
-        return f"{p} is a file, not a directory" if p.is_file() else f"{p} is not a directory"
+        return f"{p} is a file, not a directory" if os.path.isfile(p) else f"{p} is not a directory"
     return None
 
 

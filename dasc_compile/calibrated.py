@@ -56,7 +56,7 @@ from dasc_compile.calibrated_targets import (
     trained_decays_dir,
 )
 from dasc_compile.checkpoint import PROVENANCE_KEY
-from dasc_compile.errors import MAX_SEED, DascInputError
+from dasc_compile.errors import MAX_SEED, DascInputError, error_line
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.horizons import retention_horizon, static_log_decay
 from dasc_compile.accounting import conv_bytes_per_layer, dense_temporal_bytes_per_layer, unit_bytes
@@ -352,10 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         paths = (write_bundled_calibrated(args.out, args.seed) if args.model == "bundled"
                  else [write_calibrated(args.model, args.out, args.seed)])
     except DascInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(str(exc)), file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: --out {args.out}: cannot write there ({exc.strerror or exc})", file=sys.stderr)
+        print(error_line(f"--out {args.out}: cannot write there ({exc.strerror or exc})"), file=sys.stderr)
         return 2
     for p in paths:
         print(f"wrote {p}")

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from dasc_compile.console import console
-from dasc_compile.errors import DascInputError, check_seed, one_line
+from dasc_compile.errors import DascInputError, check_seed, error_line
 from dasc_compile.userfiles import path_text
 
 ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
@@ -26,7 +26,7 @@ err = console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"error: {one_line(str(exc))}", markup=False)
+    err.print(error_line(str(exc)), markup=False)
     raise typer.Exit(code=2)
 
 
@@ -256,7 +256,7 @@ def run(argv: list[str] | None = None) -> int:
         before = (cli_argv.option_swallowed_option(group, words) or cli_argv.repeated_option(group, words)
                   or cli_argv.loose_number(group, words))
         if before is not None:
-            err.print(f"error: {one_line(before)}", markup=False)
+            err.print(error_line(before), markup=False)
             return 2
         try:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
@@ -264,17 +264,19 @@ def run(argv: list[str] | None = None) -> int:
             msg = exc.format_message()
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
-            if not msg or (msg == "Missing command." and exc.ctx is not None and exc.ctx.parent is None):
-                # a bare `dasc` (click printed the help on stdout) or `dasc --`: say why the status is 2
+            no_args = isinstance(exc, getattr(cx, "NoArgsIsHelpError", ()))    # click >= 8.2: a bare `dasc`
+            if no_args or (msg == "Missing command." and exc.ctx is not None and exc.ctx.parent is None):
+                if no_args and msg:     # the help as text (typer's rich help prints itself and leaves it empty)
+                    typer.echo(msg)
                 names = f"; choose one of {', '.join(sorted(group.commands))}" if group is not None else ""
-                err.print(f"error: no command given{names} (see 'dasc --help')", markup=False)
+                err.print(error_line(f"no command given{names} (see 'dasc --help')"), markup=False)
             else:
                 hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
                 hint += cli_argv.wmax_list_hint(words, msg)
-                err.print(one_line(f"error: {msg}{hint}"), markup=False)
+                err.print(error_line(f"{msg}{hint}"), markup=False)
             return 2
         except cx.ClickException as exc:   # other click errors (e.g. a file option that cannot be opened)
-            err.print(f"error: {one_line(exc.format_message())}", markup=False)
+            err.print(error_line(exc.format_message()), markup=False)
             return exc.exit_code or 2
         return rc if isinstance(rc, int) else 0
 

@@ -4,7 +4,8 @@ click reads some command lines in ways a user does not mean, and this module nam
 
 - an option that takes a value followed by another option (``--wmax --out X``): :func:`option_swallowed_option`;
 - a number option given a value the parser reads but no one types as that number (``--wmax 1_6``, ``+16``,
-  ``16.0``; ``--eps 1_0e-4``): :func:`loose_number`;
+  ``16.0``; ``--eps 1_0e-4``), or one click refuses without echoing it (no digit, a comma, too many digits):
+  :func:`loose_number`;
 - a one-value option given twice with different values (``--wmax 16 ... --wmax 64``), or a flag given both ways
   (``--int8 ... --no-int8``), of which click keeps the last without a word: :func:`repeated_option`;
 - a size written as two words (``--budget 16 GiB``): :func:`size_split_in_two`;
@@ -18,6 +19,7 @@ prints the message as ``error: ...`` with exit status 2.
 from __future__ import annotations
 
 import re
+import sys
 import types
 import typing
 from typing import Any, Optional
@@ -26,7 +28,6 @@ from dasc_compile.sweep import WHOLE_NUMBER as INTEGER_WORD   # one rule for how
 
 FLOAT_WORD = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
-_MAX_INT_DIGITS = 4000      # Python refuses int() of more than 4,300 digits; no option of dasc needs a tenth of these
 _NON_FINITE = re.compile(r"(?i)[-+]?(?:inf|infinity|nan)")   # float words click reads; the policy names them
 
 _SIZE_UNIT = re.compile(r"(?i)^[kmgtp]?i?b$")
@@ -142,14 +143,23 @@ _NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
 
 
 def loose_number(group: Any, argv: list[str]) -> str | None:
-    """The usage error for a number option given a value not written as that number is, or None: digits the
-    parser would read silently (``--wmax 1_6``, ``+16``, ``16.0`` or ``1_6.0`` for an integer; ``1_0e-4`` for a
-    float; ``1_6`` as 16 is a typo served as a plan), and a value with no digit or an empty one (``--wmax abc``),
-    which click refuses without echoing it. Spaces around the value are allowed, as ``dasc sweep``'s lists allow
-    them. So is a whole number of thousands of digits, which ``int()`` refuses without the option's name. Left to
-    click: ``inf`` or ``nan`` for a float (the policy names them: not finite), a list of whole numbers
-    (``--wmax 16,64``: :func:`wmax_list_hint`), and a command line asking for ``--help`` or ``--version``.
+    """The usage error for a number option given a value not written as that number is, or None. Refused, with
+    the value (cut to :data:`~dasc_compile.errors.ECHO_CHARS`):
+
+    - digits the parser would read silently: ``--wmax 1_6``, ``+16``, ``16.0`` or ``1_6.0`` for an integer,
+      ``1_0e-4`` for a float (``1_6`` read as 16 is a typo served as a plan);
+    - a value with no digit, an empty one, or one holding a comma (``--wmax abc``, ``--eps 1,5``, ``--tp 1,2``),
+      which click refuses without echoing it;
+    - a whole number longer than Python's ``int()`` reads (``sys.get_int_max_str_digits``), which it refuses
+      without the option's name.
+
+    Allowed: spaces around the value, as ``dasc sweep``'s lists allow them. Left to click: ``inf`` or ``nan`` for
+    a float (the policy names them: not finite), a ``--wmax`` list that :func:`wmax_list_hint` turns into a
+    ``dasc sweep`` command (``--wmax 16,64``, ``--wmax 16, 64``), and a command line asking for ``--help`` or
+    ``--version``.
     """
+    from dasc_compile.errors import short_repr
+
     sub, command = _subcommand(group, argv)
     if command is None or _answered_first(argv, sub, command):
         return None
@@ -158,20 +168,24 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
         if opt not in numbers or value is None:
             continue
         word, what, example = _NUMBER_WORDS[numbers[opt]]
+        expected = f"expected e.g. '{opt} {example}' (see 'dasc {sub} --help')"
         text = value.strip()
+        limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
         if word.fullmatch(text):
-            if numbers[opt] is int and len(text.lstrip("-")) > _MAX_INT_DIGITS:      # click: "exceeded maximum size"
-                return (f"option '{opt}': a whole number of {len(text.lstrip('-')):,} digits is far too large "
-                        f"(see 'dasc {sub} --help')")
+            digits = len(text.lstrip("-"))
+            if numbers[opt] is int and limit and digits > limit:       # click: "exceeded maximum size"
+                return f"option '{opt}': a whole number written with {digits:,} digits, more than Python reads " \
+                       f"({limit:,}); {expected}"
             continue
         if numbers[opt] is float and _NON_FINITE.fullmatch(text):
             continue
+        if "," in value and opt == "--wmax" and wmax_list_hint(argv, "Invalid value for '--wmax'"):
+            continue               # a list of w_max values: click's line with the sweep hint
         parts = [x.strip() for x in value.split(",")]
-        if numbers[opt] is int and len(parts) > 1 and any(parts) and all(not x or word.fullmatch(x) for x in parts):
-            continue               # a list (--wmax 16,64) is click's to refuse, with the sweep hint (wmax_list_hint)
+        if numbers[opt] is int and len(parts) > 1 and all(word.fullmatch(x) for x in parts):
+            return f"option '{opt}': {short_repr(value)} is a list, not one whole number; {expected}"
         written = "written as " if any(ch.isdigit() for ch in value) else ""
-        return (f"option '{opt}': {value!r} is not {written}{what}; expected e.g. '{opt} {example}' "
-                f"(see 'dasc {sub} --help')")
+        return f"option '{opt}': {short_repr(value)} is not {written}{what}; {expected}"
     return None
 
 

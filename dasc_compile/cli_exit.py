@@ -147,7 +147,7 @@ class StdoutGuard:
         self.error = exc
         self._silence()
         if first:
-            raise _StdoutError(f"cannot write to standard output ({exc.strerror or exc})") from None
+            raise _StdoutError(_stdout_failure(exc)) from None
         return None
 
     def write(self, text):
@@ -173,6 +173,11 @@ class StdoutGuard:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def _stdout_failure(exc: OSError) -> str:
+    """What the error line says of a write to stdout that failed with ``exc`` (a full disk, ``/dev/full``)."""
+    return f"cannot write to standard output ({exc.strerror or exc})"
 
 
 def _say(line: str) -> None:
@@ -375,7 +380,7 @@ def run_guarded(body: Callable[[], int]) -> int:
             rc = 1
         if guard.error is not None and rc == 0:   # the failed write's error was swallowed on its way up (click's
             #                                         own probe of stdout, under `dasc --version`): say it here
-            _say(f"error: cannot write to standard output ({guard.error.strerror or guard.error}){_written_note()}")
+            _say(f"error: {_stdout_failure(guard.error)}{_written_note()}")
             rc = 2
         return rc
     finally:

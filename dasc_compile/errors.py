@@ -46,10 +46,21 @@ def short_text(text: str, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: The characters ``str.splitlines`` breaks a line at (so does a terminal or a script reading the ``error:`` line).
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_ESCAPED_BREAKS = str.maketrans({c: c.encode("unicode_escape").decode("ascii") for c in _LINE_BREAKS})
+
+
 def one_line(text: str) -> str:
-    """``text`` with its line breaks written as ``\\n`` / ``\\r``, so that an error naming a path that holds one
-    (``$'notes\\nv2'``) stays the one ``error:`` line a script reads."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """``text`` with every line break written as its escape (``\\n``, ``\\r``, ``\\x0b``, ``\\u2028``, ...),
+    so that a message naming a path that holds one (``$'notes\\nv2'``) stays one line. A backslash already in the
+    text is left as it is."""
+    return text.translate(_ESCAPED_BREAKS)
+
+
+def error_line(message: str) -> str:
+    """``error: <message>`` as one line (:func:`one_line`): what every ``dasc`` command prints for bad input."""
+    return "error: " + one_line(message)
 
 
 def pydantic_message(error: dict) -> str:

@@ -49,7 +49,7 @@ import torch
 
 from dasc_compile.arch import ArchSpec, arch_from_config
 from dasc_compile.checkpoint import DECAY_DTYPES, DEFAULT_INDEX_NAME, DTYPE_BYTES, PROVENANCE_KEY
-from dasc_compile.errors import MAX_SEED, DascInputError
+from dasc_compile.errors import MAX_SEED, DascInputError, error_line
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.refckpt_formats import MODEL_NAMES, REFERENCE_CONFIGS, Param, parameter_table, resolve_config
 
@@ -306,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                 write_decay_only(n, out, seed=args.seed)
             print(f"wrote {out}")
     except DascInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(str(exc)), file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: --out {args.out}: cannot write there ({exc.strerror or exc})", file=sys.stderr)
+        print(error_line(f"--out {args.out}: cannot write there ({exc.strerror or exc})"), file=sys.stderr)
         return 2
     return 0
 

@@ -18,7 +18,7 @@ import typer
 
 from dasc_compile.cli_exit import note_pending
 from dasc_compile.console import console
-from dasc_compile.errors import DascInputError, one_line
+from dasc_compile.errors import DascInputError, error_line
 from dasc_compile.userfiles import path_text
 from dasc_compile.eval.run import EvalInterrupted
 
@@ -107,14 +107,14 @@ def sweep_cmd(
         _check_flags(quality, eval_prompts, budget, max_running_requests, plot)
         _check_companions(eval_prompts, budget, prefix_len=prefix_len, suffix_len=suffix_len, device=device,
                           strategy=strategy, no_overlap=no_overlap)
-        if out is not None:
-            check_new_dir(out)      # before the sweep and --eval run, which a bad --out would otherwise cost
         base = resolve_policy(policy, flags=POLICY_FLAGS, a_s=a_s, eps=eps, load_policy=load_policy, balance=balance)
         grid = sw.SweepGrid(w_max=sw.parse_int_list(wmax, "--wmax"),
                             tp=sw.parse_int_list(tp, "--tp", lo=1) if tp is not None else (base.tp_size,),
                             int8=_int8_settings(int8, bool(base.int8)), base=base)
         sizing = _sizing(budget, max_running_requests, strategy or "extra_buffer", not no_overlap, refresh_slots)
         eval_kw = _eval_sources(eval_prompts) if eval_prompts is not None else None
+        if out is not None:
+            check_new_dir(out)      # before the sweep and --eval run, which a bad --out would otherwise cost
         result = sw.run_sweep(model, grid, config=config, sizing=sizing, plan_dir=out)
         if eval_kw is not None:
             sw.evaluate(result, prefix_len=512 if prefix_len is None else prefix_len,
@@ -125,10 +125,10 @@ def sweep_cmd(
         if out is not None:
             sw.write_plans(result, out)
     except DascInputError as exc:
-        _err.print(f"error: {one_line(str(exc))}", markup=False)
+        _err.print(error_line(str(exc)), markup=False)
         raise typer.Exit(code=2)
     except EvalInterrupted as exc:     # Ctrl-C / SIGTERM during --eval: plans are written after it, so none were
-        _err.print(f"error: {one_line(str(exc))}; nothing written", markup=False)
+        _err.print(error_line(f"{exc}; nothing written"), markup=False)
         raise typer.Exit(code=exc.exit_code)
     from dasc_compile.sweep_report import plot_sweep, render, sweep_json
 
@@ -155,7 +155,7 @@ def sweep_cmd(
     if plot is not None and failed is None:
         said.print(f"wrote {plot}", markup=False)     # stdout as inspect and eval, unless --json holds it
     if failed is not None:
-        _err.print(f"error: {one_line(str(failed))}", markup=False)
+        _err.print(error_line(str(failed)), markup=False)
         raise typer.Exit(code=2)
 
 

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from dasc_compile.cli_exit import note_pending, note_written
 from dasc_compile.console import console, counted
-from dasc_compile.errors import DascInputError, check_seed, one_line
+from dasc_compile.errors import DascInputError, check_seed, error_line
 from dasc_compile.userfiles import path_text
 from dasc_compile.plan_views import fmt_quality
 from dasc_compile.userfiles import check_output_folder, refuse_foreign_output
@@ -263,11 +263,11 @@ def eval_cmd(
                            suffix_len=suffix_len, gen_tokens=gen_tokens, device=device, seed=seed,
                            init_from=init_from, init_seed=init_seed, json_out=json_out)
     except DascInputError as exc:
-        ERR.print(f"error: {one_line(str(exc))}", markup=False)
+        ERR.print(error_line(str(exc)), markup=False)
         raise typer.Exit(code=2)
     except EvalInterrupted as exc:
         kept = f"; the {exc.done} finished are in {exc.json_out}" if exc.json_out else ""
-        ERR.print(one_line(f"error: {exc}{kept}"), markup=False)
+        ERR.print(error_line(f"{exc}{kept}"), markup=False)
         raise typer.Exit(code=exc.exit_code)
     # Files before the summary, so that a stdout that fails or a Ctrl-C during the tables leaves every file whole
     # and the error line names them (cli_exit.note_written); a file that cannot be written is reported after the
@@ -293,5 +293,5 @@ def eval_cmd(
     for path in wrote:
         con.print(f"wrote {path}", markup=False)
     if failed is not None:
-        ERR.print(f"error: {one_line(str(failed))}", markup=False)
+        ERR.print(error_line(str(failed)), markup=False)
         raise typer.Exit(code=2)

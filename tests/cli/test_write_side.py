@@ -169,6 +169,27 @@ def test_a_broken_link_above_out_is_named_as_one(tmp_path, gdn):
     assert snapshot(tmp_path) == before
 
 
+def test_a_folder_above_out_that_cannot_be_examined_leaves_the_system_reason(tmp_path, monkeypatch):
+    """A link into a folder the user may not enter made the lookup of the folders above --out raise
+    PermissionError (a traceback) where the system's one-line reason stood before."""
+    import os as os_module
+
+    from dasc_compile import atomic
+
+    blocked = tmp_path / "lnk"
+    real_lstat = os_module.lstat
+
+    def lstat(p, *a, **k):
+        if str(p) == str(blocked):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_lstat(p, *a, **k)
+
+    monkeypatch.setattr(atomic.os, "lstat", lstat)
+    assert atomic.not_a_folder(blocked / "x" / "y") is None
+    (tmp_path / "afile").write_text("x")
+    assert atomic.not_a_folder(tmp_path / "afile" / "y") == f"{tmp_path / 'afile'} is a file, not a directory"
+
+
 @pytest.mark.parametrize("kind", ["file_above", "non_empty"])
 def test_sweep_refuses_its_out_before_the_sweep_runs(tmp_path, gdn, monkeypatch, kind):
     """`dasc sweep --out` was checked only after the sweep and its --eval had run, so a bad path cost them."""

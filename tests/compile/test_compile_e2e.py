@@ -182,7 +182,7 @@ def test_out_dir_holding_other_files_is_refused_and_kept(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--wmax", "abc"], "Invalid value for '--wmax'"),
+    (["--wmax", "abc"], "option '--wmax': 'abc' is not a whole number"),
     (["--wmax", "16", "--bogus"], "No such option: --bogus"),
     (["--wmax", "99999999999999999999"], "policy field 'w_max'"),
     (["--wmax", "16", "--a-s", "nan"], "--a-s nan: Input should be a finite number (policy field 'a_s')"),

@@ -96,6 +96,16 @@ def test_a_seed_outside_64_bits_is_refused_by_its_flag(gdn_dir, tmp_path, flag, 
     assert line == f"error: {flag} {value}: expected an integer in [0, {2**63 - 1}] (torch.Generator seeds are 64-bit)"
 
 
+def test_the_seed_bounds_are_inclusive():
+    from dasc_compile.errors import MAX_SEED, DascInputError, check_seed
+
+    for ok in (None, 0, MAX_SEED):
+        check_seed("--seed", ok)
+    for bad in (-1, MAX_SEED + 1):
+        with pytest.raises(DascInputError, match=f"^--init-seed {bad}: expected an integer in"):
+            check_seed("--init-seed", bad)
+
+
 def test_controls_without_an_initial_state_are_refused(gdn_dir, tmp_path):
     plan = compile_for(gdn_dir, 16, tmp_path / "p.dasc")
     line = _one_error_line(_cli("eval", gdn_dir, "--plan", plan, "--arms", "nr,init"))
