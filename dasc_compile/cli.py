@@ -52,7 +52,7 @@ def compile_cmd(
     policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields.", parser=path_text),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Plan directory to write (default: <model>.dasc).", parser=path_text),
+    out: Optional[Path] = typer.Option(None, "--out", help="Plan directory to write (default: <model name>.dasc in the current folder).", parser=path_text),
     config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file.", parser=path_text),
     a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),

@@ -175,6 +175,18 @@ class StdoutGuard:
         return getattr(self._stream, name)
 
 
+def _last_resort_line(exc: Exception) -> str:
+    """The one line for an exception nothing else caught: a package missing from the environment (an install that
+    lacks a dependency dasc declares, such as matplotlib or jinja2), else an internal error, a bug in dasc."""
+    missing = (getattr(exc, "name", None) or "").split(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
+    if missing and not missing.startswith("dasc"):      # dasc's own module missing is a bug, not an install
+        return (f"error: the Python package '{missing}' is missing from this environment; reinstall dasc with its "
+                f"dependencies (pip install dasc; in a checkout: bash scripts/setup_env.sh)")
+    msg = short_text(str(exc).splitlines()[0] if str(exc) else "", 300)
+    return (f"error: internal error ({type(exc).__name__}{': ' + msg if msg else ''}); this is a bug in dasc "
+            f"(rerun with DASC_TRACEBACK=1 and report it)")
+
+
 def _stdout_failure(exc: OSError) -> str:
     """What the error line says of a write to stdout that failed with ``exc`` (a full disk, ``/dev/full``)."""
     return f"cannot write to standard output ({exc.strerror or exc})"
@@ -374,9 +386,7 @@ def run_guarded(body: Callable[[], int]) -> int:
         except Exception as exc:   # last resort: one line, never a traceback
             if os.environ.get("DASC_TRACEBACK"):
                 traceback.print_exc()
-            msg = short_text(str(exc).splitlines()[0] if str(exc) else "", 300)
-            _say(f"error: internal error ({type(exc).__name__}{': ' + msg if msg else ''}); this is a bug in dasc "
-                 f"(rerun with DASC_TRACEBACK=1 and report it)")
+            _say(_last_resort_line(exc))
             rc = 1
         if guard.error is not None and rc == 0:   # the failed write's error was swallowed on its way up (click's
             #                                         own probe of stdout, under `dasc --version`): say it here

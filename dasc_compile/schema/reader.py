@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import stat
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def load_plan(path: str | Path, *, verify_kernels: bool = True) -> Plan:
     if not p.is_file():
         if Path(path).is_dir() and (Path(path) / "config.json").is_file():
             raise DascInputError(f"{p.parent}: a model checkpoint, not a dasc plan; compile one first: "
-                                 f"dasc compile {p.parent} --wmax W --out PLAN")
+                                 f"dasc compile {shlex.quote(str(p.parent))} --wmax W --out PLAN")
         if p.exists():
             raise DascInputError(f"{p}: not a regular file (a dasc plan is the file {PLAN_FILENAME})")
         raise DascInputError(f"{p}: dasc plan not found (pass the plan directory or its {PLAN_FILENAME})")

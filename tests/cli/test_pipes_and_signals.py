@@ -141,6 +141,24 @@ def test_internal_error_is_one_line_status_1(tmp_path, gdn, monkeypatch):
     assert r.code == 1 and "Traceback" in r.err   # asked for
 
 
+@pytest.mark.parametrize("name, said", [
+    ("matplotlib", "error: the Python package 'matplotlib' is missing from this environment; reinstall dasc with "
+                   "its dependencies (pip install dasc; in a checkout: bash scripts/setup_env.sh)"),
+    ("dasc_compile.gone", "error: internal error (ModuleNotFoundError: No module named 'dasc_compile.gone')"),
+])
+def test_a_package_missing_from_the_install_is_not_called_a_bug(tmp_path, gdn, monkeypatch, name, said):
+    """A fresh user without matplotlib (or jinja2) read 'internal error ... a bug in dasc'; dasc's own module
+    missing stays an internal error."""
+    import dasc_compile.compiler as comp
+
+    def missing(*_a, **_k):
+        raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+
+    monkeypatch.setattr(comp, "layer_horizons", missing)
+    assert_one_error(dasc("compile", gdn, "--wmax", 16, "--out", tmp_path / "p"), said, code=1)
+    assert not (tmp_path / "p").exists()
+
+
 def test_input_error_outside_a_command_is_status_2(monkeypatch):
     import dasc_compile.cli as cli
     from dasc_compile.errors import DascInputError

@@ -319,6 +319,11 @@ def test_a_plan_where_a_checkpoint_goes_and_back(tmp_path):
                      "a model checkpoint, not a dasc plan; compile one first: dasc compile")
     assert_one_error(dasc("size", plan, "--budget", "16GiB", "--max-running-requests", "16", "--refresh-slots", "-1"),
                      "--refresh-slots: expected an integer >= 1")
+    # the command it suggests can be pasted into a shell: a path with a space is quoted
+    spaced = tmp_path / "my models" / "kimi ref"
+    spaced.parent.mkdir()
+    spaced.symlink_to(kimi)
+    assert_one_error(dasc("inspect", spaced), f"compile one first: dasc compile '{spaced}' --wmax W --out PLAN")
 
 
 @pytest.mark.parametrize("args, first, second", [
