@@ -266,7 +266,7 @@ def not_a_folder(path: Path) -> str | None:
             st = os.lstat(p)
         except OSError:             # missing (then nothing above blocks), or not to be examined
             return None
-        if stat.S_ISDIR(st.st_mode) or os.path.isdir(p):
+        if os.path.isdir(p):        # a directory, or a link to one
             continue
         if stat.S_ISLNK(st.st_mode) and not os.path.exists(p):   # a link to nothing, or a loop of links
             return f"{p} is a symbolic link that leads to no directory"

@@ -194,7 +194,6 @@ def _full_size_note(name: str) -> str:
             f"btrfs, tmpfs); a copy or archive that does not keep holes writes all {gb:,.0f} GB")
 
 
-
 @app.command("size")
 def size_cmd(
     plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory.", parser=path_text),

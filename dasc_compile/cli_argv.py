@@ -164,13 +164,13 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
     if command is None or _answered_first(argv, sub, command):
         return None
     numbers = _number_options(command)
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0   # 0: no limit
     for opt, value in _scan(command, _words_after(argv, sub))[0]:
         if opt not in numbers or value is None:
             continue
         word, what, example = _NUMBER_WORDS[numbers[opt]]
         expected = f"expected e.g. '{opt} {example}' (see 'dasc {sub} --help')"
         text = value.strip()
-        limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
         if word.fullmatch(text):
             digits = len(text.lstrip("-"))
             if numbers[opt] is int and limit and digits > limit:       # click: "exceeded maximum size"
