@@ -21,14 +21,20 @@ def progress_bar(con: Console, enabled: bool = True):
     """A transient :class:`rich.progress.Progress` on ``con`` (stderr), drawn only when its stream is a terminal:
     piped or redirected, rich still writes an empty line when the bar stops, which then stood before the
     command's ``error:`` line or alone in a log. The stream itself is asked, not rich's ``is_terminal``, which
-    ``FORCE_COLOR`` (set by many CI systems) turns true for a file: the log then held the bar's frames."""
+    ``FORCE_COLOR`` (set by many CI systems) turns true for a file: the log then held the bar's frames.
+    A bar that is not drawn is never started or stopped (a context that only hands it over): before rich 14.3,
+    stopping a disabled bar still wrote that empty line."""
+    from contextlib import nullcontext
+
     from rich.progress import Progress
 
     try:
         tty = con.file.isatty()
     except (AttributeError, ValueError, OSError):
         tty = False
-    return Progress(console=con, transient=True, disable=not (enabled and tty and con.is_terminal))
+    drawn = enabled and tty and con.is_terminal
+    bar = Progress(console=con, transient=True, disable=not drawn)
+    return bar if drawn else nullcontext(bar)
 
 
 def counted(n: int, noun: str) -> str:
