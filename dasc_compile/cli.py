@@ -21,7 +21,8 @@ from dasc_compile.userfiles import path_text
 ROOT_HELP = ("Decay-Aware State Compression for hybrid linear-attention models: compile a plan from a "
              "checkpoint's decay tensors, choose w_max (sweep), inspect it, size the serving arms (size), "
              "measure its quality cost (eval), write reference checkpoints (reference).")
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=ROOT_HELP)
+# Help texts are rich markup (``\[`` for a literal bracket): said here, as typer before 0.20 printed them raw
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=ROOT_HELP, rich_markup_mode="rich")
 err = console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -47,7 +48,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 @app.command("compile")
 def compile_cmd(
-    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
+    model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
     wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept)."),
     policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields.", parser=path_text),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
@@ -151,7 +152,7 @@ def inspect_cmd(
 
 @app.command("reference")
 def reference_cmd(
-    name: str = typer.Argument(..., help="Initialisation draw: qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b | "
+    name: str = typer.Argument(..., metavar="NAME", help="Initialisation draw: qwen3-next-80b-a3b | kimi-linear-48b-a3b | qwen3.5-27b | "
                                "nemotron-h-8b-base-8k | granite-4.0-h-tiny | falcon-h1-0.5b. "
                                "Calibrated to the paper's published figures: kimi-linear-48b-a3b-calibrated | "
                                "qwen3-next-80b-a3b-calibrated | kimi-k3-calibrated | qwen3.5-27b-calibrated."),

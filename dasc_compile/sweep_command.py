@@ -62,7 +62,7 @@ def _int8_settings(text: Optional[str], default: bool) -> tuple[bool, ...]:
 
 
 def sweep_cmd(
-    model: Path = typer.Argument(..., help="A .safetensors file, a directory (config.json + shards) or an index.", parser=path_text),
+    model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or an index.", parser=path_text),
     wmax: str = typer.Option(..., "--wmax", help="w_max values in tokens, comma-separated, e.g. 4,16,64,128,512."),
     tp: Optional[str] = typer.Option(None, "--tp", help="TP degrees, comma-separated (default: the policy's, 1)."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),

