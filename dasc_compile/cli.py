@@ -241,9 +241,9 @@ def run(argv: list[str] | None = None) -> int:
     """
     from dasc_compile.cli_exit import run_guarded
 
-    try:  # recent typer releases vendor click as typer._click
+    try:  # typer >= 0.26 vendors click as typer._click
         from typer._click import exceptions as cx
-    except ImportError:  # pragma: no cover - older typer on plain click
+    except ImportError:  # older typer (>= 0.16, pyproject's floor) runs on plain click (>= 8.2)
         from click import exceptions as cx
 
     def body() -> int:
@@ -264,7 +264,7 @@ def run(argv: list[str] | None = None) -> int:
             msg = exc.format_message()
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
-            no_args = isinstance(exc, getattr(cx, "NoArgsIsHelpError", ()))    # click >= 8.2: a bare `dasc`
+            no_args = isinstance(exc, cx.NoArgsIsHelpError)    # a bare `dasc`
             if no_args or (msg == "Missing command." and exc.ctx is not None and exc.ctx.parent is None):
                 if no_args and msg:     # the help as text (typer's rich help prints itself and leaves it empty)
                     typer.echo(msg)

@@ -1,0 +1,56 @@
+"""pyproject's dependency floors and scripts/floors.txt, the pins the lowest environment installs, say the same.
+
+Dependencies are ranges tested at both ends: scripts/setup_env.sh installs scripts/floors.txt into the lowest
+environment (README's test command runs the whole suite there) and the newest releases into the newest one. A
+floor raised or lowered in one file and not the other would leave the range's lower end untested, so every
+runtime dependency's ``>=`` bound must have its ``==`` line in floors.txt, and floors.txt nothing else. torch is
+the one exception: only torch 2.14.1 installs here (the release with a matching torchvision), so its floor
+cannot be tested and floors.txt does not name it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+UNTESTED = {"torch"}    # its floor cannot be installed here (see the module docstring)
+
+
+def _floors_of_pyproject() -> dict[str, str]:
+    """Each runtime dependency's name -> the version of its ``>=`` bound ("" when it has none)."""
+    tomllib = pytest.importorskip("tomllib")     # Python >= 3.11's standard library
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    out = {}
+    for line in deps:
+        req = Requirement(line)
+        lows = [s.version for s in req.specifier if s.operator == ">="]
+        out[canonicalize_name(req.name)] = lows[0] if len(lows) == 1 else ""
+    return out
+
+
+def _pins_of_floors_txt() -> dict[str, str]:
+    """Each ``name==version`` line of scripts/floors.txt (comments and blank lines skipped) as name -> version."""
+    out = {}
+    for raw in (ROOT / "scripts" / "floors.txt").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"scripts/floors.txt: {raw!r} is no 'name==version' pin"
+            out[canonicalize_name(req.name)] = spec.version
+    return out
+
+
+def test_every_floor_is_pinned_in_floors_txt_and_nothing_else():
+    floors, pins = _floors_of_pyproject(), _pins_of_floors_txt()
+    unbounded = sorted(name for name, low in floors.items() if not low)
+    assert not unbounded, f"pyproject dependencies without one '>=' floor: {unbounded}"
+    tested = {name: low for name, low in floors.items() if name not in UNTESTED}
+    differ = {name: (tested.get(name), pins.get(name)) for name in sorted(tested.keys() | pins.keys())
+              if tested.get(name) != pins.get(name)}
+    assert not differ, ("scripts/floors.txt and pyproject's floors differ (name: (pyproject, floors.txt)): "
+                        f"{differ}; raise or lower a floor in both files")
