@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create (or reuse) a virtual environment with dasc, its test tools and SGLang's cache classes, all on a CPU.
 #
-#   bash scripts/setup_env.sh [VENV_DIR]              lowest: SGLang 0.5.17, transformers at dasc's lowest pin
-#   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, the newest transformers
+#   bash scripts/setup_env.sh [VENV_DIR]              lowest: SGLang 0.5.17, transformers at dasc's lowest pin,
+#                                                     dasc's other dependencies at their floors (scripts/floors.txt)
+#   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, the newest transformers and the
+#                                                     newest release of every other dependency
 #
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
 # README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs
@@ -24,13 +26,17 @@ FLAVOUR=${2:-lowest}
 TRANSFORMERS_LOWEST="transformers==5.12.1"
 # --- transformers of the newest environment ---------------------------------------------------------------
 TRANSFORMERS_NEWEST="transformers==5.25.*"
+# --- dasc's dependency floors (pyproject's lower bounds, as pip constraints) for the lowest environment ----------
+FLOORS="$ROOT/scripts/floors.txt"
 COMMON="numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp
   dill gguf partial_json_parser einops compressed-tensors sentencepiece apache-tvm-ffi==0.1.11"
 case "$FLAVOUR" in
-  lowest)   MARK="$VENV/.dasc-env-v1"; SGLANG="sglang==0.5.17"
-            EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1" ;;
+  lowest)   MARK="$VENV/.dasc-env-v2"; SGLANG="sglang==0.5.17"
+            EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1"
+            PINS=(-c "$FLOORS") ;;
   --newest) MARK="$VENV/.dasc-env-newest-v2"; SGLANG="sglang==0.5.23"
-            EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard" ;;
+            EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard"
+            PINS=() ;;
   *)        usage " (got '$FLAVOUR')" ;;
 esac
 if [ ! -f "$MARK" ]; then
@@ -39,9 +45,10 @@ if [ ! -f "$MARK" ]; then
   $P install -q torch==2.14.1 torchvision==0.29.1
   $P install -q --no-deps "$SGLANG"
   # shellcheck disable=SC2086
-  $P install -q -c <(echo torch==2.14.1) $COMMON $EXTRA
+  $P install -q -c <(echo torch==2.14.1) "${PINS[@]}" $COMMON $EXTRA
   touch "$MARK"
 fi
-# dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts)
-"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) -e "$ROOT[test,eval]"
+# dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts);
+# the floors again, so a floor raised in scripts/floors.txt reaches an existing lowest environment too
+"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) "${PINS[@]}" -e "$ROOT[test,eval]"
 echo "environment ready: $VENV ($FLAVOUR)"
