@@ -243,7 +243,7 @@ def run(argv: list[str] | None = None) -> int:
 
     try:  # typer >= 0.26 vendors click as typer._click
         from typer._click import exceptions as cx
-    except ImportError:  # older typer (>= 0.16, pyproject's floor) runs on plain click (>= 8.2)
+    except ImportError:  # older typer (>= 0.16, pyproject's floor) runs on plain click (>= 8.3)
         from click import exceptions as cx
 
     def body() -> int:

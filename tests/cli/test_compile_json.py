@@ -50,3 +50,13 @@ def test_json_keys_are_documented(tmp_path, kda):
     doc = _strict(dasc("compile", kda, "--wmax", 4, "--out", tmp_path / "p", "--json").out)
     keys = set(doc) | set(doc["model"]) | set(doc["tp"]) | set(doc["refresh"]) | set(doc["provenance"])
     assert not sorted(k for k in keys if f"`{k}`" not in text), "undocumented dasc compile --json keys"
+
+
+def test_a_two_way_flag_left_out_keeps_the_policy_files_value(tmp_path, gdn):
+    """click 8.2.1-8.2.2 under typer < 0.26 handed `--int8/--no-int8`'s unset default (None) to dasc as False, so a policy
+    file's `int8: true` was dropped without a word (found at the dependency floors); a flag given still wins."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("w_max: 16\nint8: true\n")
+    for i, (flags, int8) in enumerate([([], True), (["--no-int8"], False), (["--int8"], True)]):
+        r = dasc("compile", gdn, "--policy", policy, *flags, "--out", tmp_path / f"p{i}", "--json")
+        assert r.code == 0 and _strict(r.out)["policy"]["int8"] is int8, (flags, r.err)
