@@ -7,8 +7,8 @@
 #                                                     newest release of every other dependency
 #
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
-# README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs
-# the version-sensitive tests there.
+# README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs the
+# version-sensitive tests there, and the tests of dasc's other dependencies at their newest releases.
 #
 # Why these pins: SGLang imports torchvision at module level; torch 2.14.1 + torchvision 0.29.1 load together on
 # a CPU (the CPU-only torch 2.13.0 wheel has no matching torchvision) and lie on this machine's disk. SGLang
@@ -33,7 +33,14 @@ COMMON="numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
 case "$FLAVOUR" in
   lowest)   MARK="$VENV/.dasc-env-v2"; SGLANG="sglang==0.5.17"
             EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1"
-            PINS=(-c "$FLOORS") ;;
+            PINS=(-c "$FLOORS")
+            # the floors of numpy, matplotlib and PyYAML ship no wheels past Python 3.11: on a newer Python the
+            # environment takes their newest releases and says so (CI tests the floors on Python 3.11)
+            if ! python3 -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
+              echo "note: $(python3 -V): dasc's dependency floors (scripts/floors.txt) have no wheels for it;" \
+                   "this environment gets their newest releases (CI tests the floors on Python 3.11)" >&2
+              PINS=()
+            fi ;;
   --newest) MARK="$VENV/.dasc-env-newest-v2"; SGLANG="sglang==0.5.23"
             EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard"
             PINS=() ;;
@@ -45,10 +52,10 @@ if [ ! -f "$MARK" ]; then
   $P install -q torch==2.14.1 torchvision==0.29.1
   $P install -q --no-deps "$SGLANG"
   # shellcheck disable=SC2086
-  $P install -q -c <(echo torch==2.14.1) "${PINS[@]}" $COMMON $EXTRA
+  $P install -q -c <(echo torch==2.14.1) ${PINS[@]+"${PINS[@]}"} $COMMON $EXTRA
   touch "$MARK"
 fi
 # dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts);
 # the floors again, so a floor raised in scripts/floors.txt reaches an existing lowest environment too
-"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) "${PINS[@]}" -e "$ROOT[test,eval]"
+"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) ${PINS[@]+"${PINS[@]}"} -e "$ROOT[test,eval]"
 echo "environment ready: $VENV ($FLAVOUR)"

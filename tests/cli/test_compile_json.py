@@ -53,7 +53,7 @@ def test_json_keys_are_documented(tmp_path, kda):
 
 
 def test_a_two_way_flag_left_out_keeps_the_policy_files_value(tmp_path, gdn):
-    """click 8.2.1-8.2.2 under typer < 0.26 handed `--int8/--no-int8`'s unset default (None) to dasc as False, so a policy
+    """click 8.2.2 (yanked for it) under typer < 0.26 handed `--int8/--no-int8`'s unset default (None) to dasc as False, so a policy
     file's `int8: true` was dropped without a word (found at the dependency floors); a flag given still wins."""
     policy = tmp_path / "p.yaml"
     policy.write_text("w_max: 16\nint8: true\n")
