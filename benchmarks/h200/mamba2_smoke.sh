@@ -92,12 +92,12 @@ if want mismatch; then
   # 0.3 (the later flag wins) leaves room for the case beside it should it start by mistake; it is then stopped
   # at once and the case fails.
   stamp "mismatch: the W_max=16 plan on weights it was not compiled from (must refuse to start; background)"
-  rm -f /tmp/mamba2-mismatch.pid /tmp/mamba2-mismatch.runner
+  rm -f "$OUT/mismatch.pid" "$OUT/mismatch.runner"
   ( bash "$DEV/run_sglang.sh" "$DEV/site.tar.xz" /tmp/nemo 31004 "${COMMON[@]}" --mem-fraction-static 0.3 \
-        --dasc-plan /tmp/plan-w16.dasc > /tmp/mamba2-mismatch.pid 2>/dev/null &
-    echo $! > /tmp/mamba2-mismatch.runner; wait $!; rc=$?
+        --dasc-plan /tmp/plan-w16.dasc > "$OUT/mismatch.pid" 2>/dev/null &
+    echo $! > "$OUT/mismatch.runner"; wait $!; rc=$?
     if [ $rc -eq 0 ]; then
-      echo "MISMATCH NOT REFUSED (server started): stopping it"; kill -TERM -- -"$(cat /tmp/mamba2-mismatch.pid)"
+      echo "MISMATCH NOT REFUSED (server started): stopping it"; kill -TERM -- -"$(cat "$OUT/mismatch.pid")"
     fi
     echo "$rc" > "$OUT/start_mismatch.rc" ) &
   MISMATCH_JOB=$!
@@ -116,7 +116,7 @@ if want mismatch; then   # its start result; wait for it at most until DEADLINE 
     grep -m3 -E "dasc: refusing to start" "$OUT/server_31004.log" | cut -c1-500
   else
     echo "--- mismatch: still starting at $(( $(date +%s) - T0 )) s: its start-up wait is stopped"
-    kill -TERM "$(cat /tmp/mamba2-mismatch.runner 2>/dev/null)" "$MISMATCH_JOB" 2>/dev/null
+    kill -TERM "$(cat "$OUT/mismatch.runner" 2>/dev/null)" "$MISMATCH_JOB" 2>/dev/null
   fi
 fi
 

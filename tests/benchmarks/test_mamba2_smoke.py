@@ -291,3 +291,6 @@ def test_script_server_phase_judges_with_fake_servers(tmp_path, fail, status, fa
     assert p.returncode == status, p.stdout + p.stderr
     assert [l.split()[0] for l in p.stdout.splitlines() if l.split()[1:2] == ["FAILED:"]] == failed, p.stdout
     assert p.stdout.splitlines()[-2].startswith("mamba2 smoke: ")
+    # the background mismatch case keeps its pid files under $OUT, not at fixed paths a later run would share
+    assert (out / "mismatch.runner").is_file() and (out / "mismatch.pid").is_file()
+    assert "/tmp/mamba2-mismatch" not in script
