@@ -451,3 +451,22 @@ def test_the_default_plan_name_of_the_current_folder_is_its_name(tmp_path):
     r = dasc("compile", ".", "--wmax", "16", "-q", cwd=model)
     assert r.code == 0, r.err
     assert (model / "my gdn.dasc" / "plan.json").is_file() and not (model / "model.dasc").exists()
+
+
+@pytest.mark.parametrize("args, option", [(["reference", "kimi-linear-48b-a3b"], "--out"),
+                                          (["sweep", "{G}"], "--wmax")])
+def test_a_missing_required_option_is_named(tmp_path, gdn, args, option):
+    # typer 0.16-0.17 on click 8.3 passed a missing required option as None: `dasc reference NAME` without --out
+    # ended in an internal error, `dasc sweep MODEL` without --wmax in "--wmax None: 'None' is not a whole number"
+    args = [str(gdn) if a == "{G}" else a for a in args]
+    before = snapshot(tmp_path)
+    r = dasc(*args, cwd=tmp_path)
+    line = assert_one_error(r, f"Missing option '{option}'", f"dasc {args[0]} --help")
+    assert "None" not in line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_missing_model_is_named_before_a_missing_wmax(tmp_path):
+    r = dasc("compile", tmp_path / "nothing-here", cwd=tmp_path)
+    assert_one_error(r, "nothing-here: model path does not exist")
+    assert not any(tmp_path.iterdir())
