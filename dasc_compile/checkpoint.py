@@ -225,6 +225,19 @@ def _provenance(files: set[Path]) -> str:
     return "; ".join(notes) if notes else TRAINED_PROVENANCE
 
 
+def require_model_path(model: str | Path) -> Path:
+    """``model`` as a Path, checked to exist (before any other setting is judged: the path is the first argument).
+
+    Raises:
+        DascInputError: nothing at ``model``.
+    """
+    path = Path(model)
+    if not path.exists():
+        raise DascInputError(f"{path}: model path does not exist; expected a .safetensors file, a checkpoint "
+                             f"directory or a {DEFAULT_INDEX_NAME}")
+    return path
+
+
 def open_checkpoint(model: str | Path, config: str | Path | None = None) -> CheckpointSource:
     """Locate a checkpoint's config and tensor files; read headers / the index, no tensor data.
 
@@ -238,10 +251,7 @@ def open_checkpoint(model: str | Path, config: str | Path | None = None) -> Chec
         DascInputError: missing path / config / shard, bad JSON, corrupt or truncated safetensors
             header (of a file that is read), directory without safetensors files.
     """
-    path = Path(model)
-    if not path.exists():
-        raise DascInputError(f"{path}: model path does not exist; expected a .safetensors file, a checkpoint "
-                             f"directory or a {DEFAULT_INDEX_NAME}")
+    path = require_model_path(model)
     index: Path | None = None
     if path.is_dir():
         root = path

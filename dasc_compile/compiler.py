@@ -14,6 +14,7 @@ from dasc_compile import __version__
 from dasc_compile.arch import ArchSpec, arch_from_config, check_against_tensors, text_config
 from dasc_compile.artifact import prepare_out, write_plan_dir
 from dasc_compile.checkpoint import (config_fingerprint, decay_fingerprint, open_checkpoint, read_decay_tensors,
+                                     require_model_path,
                                      refuse_one_shard_of_several)
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
@@ -322,6 +323,7 @@ def compile_plan(model: str | Path, policy: Policy, out_dir: str | Path | None =
     Raises:
         DascInputError: any bad input (file, tensor, config field, policy value); nothing is written.
     """
+    require_model_path(model)   # the first argument first: a missing path is named before a missing --wmax
     if policy.w_max is None:
         raise DascInputError("w_max is not set: pass --wmax N or set 'w_max' in the policy file")
     out = Path(out_dir) if out_dir is not None else default_out_dir(model)
