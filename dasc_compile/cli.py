@@ -271,8 +271,7 @@ def run(argv: list[str] | None = None) -> int:
                 names = f"; choose one of {', '.join(sorted(group.commands))}" if group is not None else ""
                 err.print(error_line(f"no command given{names} (see 'dasc --help')"), markup=False)
             else:
-                hint = f" (see 'dasc {exc.ctx.info_name} --help')" if exc.ctx is not None and exc.ctx.parent else ""
-                hint += cli_argv.wmax_list_hint(words, msg)
+                hint = cli_argv.help_hint(group, words, exc.ctx) + cli_argv.wmax_list_hint(words, msg)
                 err.print(error_line(f"{msg}{hint}"), markup=False)
             return 2
         except cx.ClickException as exc:   # other click errors (e.g. a file option that cannot be opened)

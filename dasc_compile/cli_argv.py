@@ -234,6 +234,16 @@ def size_split_in_two(argv: list[str]) -> str | None:
     return None
 
 
+def help_hint(group: Any, argv: list[str], ctx: Any) -> str:
+    """`` (see 'dasc CMD --help')`` for a usage error: CMD from click's context ``ctx`` when it names a
+    subcommand, else the subcommand word in ``argv`` (click gives an option's parse errors, such as ``--wmax``
+    without its value, no context); `` (see 'dasc --help')`` when neither names a known command."""
+    if ctx is not None and ctx.parent is not None:
+        return f" (see 'dasc {ctx.info_name} --help')"
+    sub, command = _subcommand(group, argv) if ctx is None else (None, None)
+    return f" (see 'dasc {sub} --help')" if command is not None else " (see 'dasc --help')"
+
+
 def wmax_list_hint(argv: list[str], msg: str) -> str:
     """For click's message ``msg`` rejecting a one-value ``--wmax`` that was given a list of w_max values
     (``dasc compile M --wmax 16,64``, also written ``--wmax 16, 64``): a hint naming ``dasc sweep``, the command

@@ -470,3 +470,13 @@ def test_a_missing_model_is_named_before_a_missing_wmax(tmp_path):
     r = dasc("compile", tmp_path / "nothing-here", cwd=tmp_path)
     assert_one_error(r, "nothing-here: model path does not exist")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, message, hint", [
+    (["compile", "M", "--wmax"], "Option '--wmax' requires an argument.", "(see 'dasc compile --help')"),
+    (["help"], "No such command 'help'.", "(see 'dasc --help')"),
+    (["bogus", "--wmax"], "No such command 'bogus'.", "(see 'dasc --help')"),
+])
+def test_every_usage_error_points_at_the_help_that_answers_it(tmp_path, args, message, hint):
+    # click gives an option's parse errors no context: the hint was missing from them and from the root's errors
+    assert_one_error(dasc(*args, cwd=tmp_path), f"{message} {hint}")
