@@ -226,7 +226,7 @@ def _provenance(files: set[Path]) -> str:
 
 
 def require_model_path(model: str | Path) -> Path:
-    """``model`` as a Path, checked to exist (before any other setting is judged: the path is the first argument).
+    """``model`` as a Path, checked to exist (``compile_plan`` checks it before ``w_max``: the first argument first).
 
     Raises:
         DascInputError: nothing at ``model``.

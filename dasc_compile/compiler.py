@@ -14,8 +14,7 @@ from dasc_compile import __version__
 from dasc_compile.arch import ArchSpec, arch_from_config, check_against_tensors, text_config
 from dasc_compile.artifact import prepare_out, write_plan_dir
 from dasc_compile.checkpoint import (config_fingerprint, decay_fingerprint, open_checkpoint, read_decay_tensors,
-                                     require_model_path,
-                                     refuse_one_shard_of_several)
+                                     refuse_one_shard_of_several, require_model_path)
 from dasc_compile.errors import DascInputError
 from dasc_compile.families.base import FAMILIES
 from dasc_compile.horizons import (

@@ -41,7 +41,8 @@
 #   DASC_SMOKE_RUNS="dasc_wr16" bash benchmarks/h200/mamba2_smoke.sh      # the dasc-wr run, in its own call
 # A served case not started by DASC_SMOKE_DEADLINE seconds (default 450) is skipped and FAILED, so that the
 # summary prints inside the 600 s device limit.
-# Evidence goes to stdout; server logs, client JSON and start records (start_LABEL.rc) to $OUT.
+# Evidence goes to stdout; server logs, client JSON, start records (start_LABEL.rc) and the mismatch case's pid files
+# (mismatch.pid, mismatch.runner) to $OUT.
 set -uo pipefail
 export OUT=${OUT:-/tmp/dasc-mamba2-smoke}
 mkdir -p "$OUT"
