@@ -49,7 +49,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command("compile")
 def compile_cmd(
     model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
-    wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept)."),
+    wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept); required unless the policy file sets w_max."),
     policy: Optional[Path] = typer.Option(None, "--policy", metavar="FILE", help="YAML policy file; flags override its fields.", parser=path_text),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
