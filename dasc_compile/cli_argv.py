@@ -238,9 +238,9 @@ def help_hint(group: Any, argv: list[str], ctx: Any) -> str:
     """`` (see 'dasc CMD --help')`` for a usage error: CMD from click's context ``ctx`` when it names a
     subcommand, else the subcommand word in ``argv`` (click gives an option's parse errors, such as ``--wmax``
     without its value, no context); `` (see 'dasc --help')`` when neither names a known command."""
-    if ctx is not None and ctx.parent is not None:
-        return f" (see 'dasc {ctx.info_name} --help')"
-    sub, command = _subcommand(group, argv) if ctx is None else (None, None)
+    if ctx is not None:
+        return f" (see 'dasc {ctx.info_name} --help')" if ctx.parent is not None else " (see 'dasc --help')"
+    sub, command = _subcommand(group, argv)
     return f" (see 'dasc {sub} --help')" if command is not None else " (see 'dasc --help')"
 
 
