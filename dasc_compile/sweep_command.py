@@ -63,7 +63,8 @@ def _int8_settings(text: Optional[str], default: bool) -> tuple[bool, ...]:
 
 def sweep_cmd(
     model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or an index.", parser=path_text),
-    wmax: str = typer.Option(..., "--wmax", help="w_max values in tokens, comma-separated, e.g. 4,16,64,128,512."),
+    wmax: Optional[str] = typer.Option(None, "--wmax", show_default=False,
+                                       help="w_max values in tokens, comma-separated, e.g. 4,16,64,128,512 (required)."),
     tp: Optional[str] = typer.Option(None, "--tp", help="TP degrees, comma-separated (default: the policy's, 1)."),
     balance: Optional[str] = typer.Option(None, "--balance", help="TP placement: off | storage | hybrid."),
     int8: Optional[str] = typer.Option(None, "--int8", help="Kept units stored as INT8: off | on | both."),
@@ -99,10 +100,15 @@ def sweep_cmd(
     """Choose w_max: compile the plans of a w_max x TP x INT8 grid in memory and compare them."""
     from dasc_compile import sweep as sw
     from dasc_compile.atomic import check_new_dir
+    from dasc_compile.checkpoint import require_model_path
     from dasc_compile.policy import POLICY_FLAGS, resolve_policy
 
     user_flags = _user_flags(policy, config, a_s, eps, load_policy, balance)
     try:
+        require_model_path(model)   # the first argument first, then the one required option (as dasc compile)
+        if wmax is None:
+            raise DascInputError("Missing option '--wmax': the w_max values to compare, in tokens, e.g. "
+                                 "--wmax 4,16,64 (see 'dasc sweep --help')")
         quality = [(m, v) for m, v in (("kl", max_kl), ("nll_delta", max_nll)) if v is not None]
         _check_flags(quality, eval_prompts, budget, max_running_requests, plot)
         _check_companions(eval_prompts, budget, prefix_len=prefix_len, suffix_len=suffix_len, device=device,

@@ -466,8 +466,9 @@ def test_a_missing_required_option_is_named(tmp_path, gdn, args, option):
     assert snapshot(tmp_path) == before
 
 
-def test_a_missing_model_is_named_before_a_missing_wmax(tmp_path):
-    r = dasc("compile", tmp_path / "nothing-here", cwd=tmp_path)
+@pytest.mark.parametrize("command", ["compile", "sweep"])
+def test_a_missing_model_is_named_before_a_missing_wmax(tmp_path, command):
+    r = dasc(command, tmp_path / "nothing-here", cwd=tmp_path)
     assert_one_error(r, "nothing-here: model path does not exist")
     assert not any(tmp_path.iterdir())
 
