@@ -13,7 +13,9 @@ and dasc pool slots, checkpoint capacity) lives in :mod:`dasc_runtime.sizing`, t
   instead of ordering the current stream after them), for an A/B of that synchronisation.
   A ``-shadowfirst`` suffix (any dasc arm, nr or wr) runs it with ``DASC_EVICT_SHADOWED_FIRST=1``:
   checkpoints whose descendant on the radix path is cached are evicted before the plain LRU
-  (:mod:`dasc_runtime.tier_operations`), for an A/B of that eviction rule against its twin.
+  (:mod:`dasc_runtime.tier_operations`), for an A/B of that eviction rule against its twin. A dasc arm
+  without it runs with ``DASC_EVICT_SHADOWED_FIRST=0``, App. B.2's one LRU, as every dasc arm measured
+  before the rule became the runtime's default (session 53) did.
 * ``dasc-wr-wW`` (and ``...-int8``): dasc-wr (paper §4.2, Eq. 7), a plan compiled with
   ``load_policy: wr`` (plan directory ``wW[-int8]-wr-tp{P}-off``). Its B refresh scratch slots
   (``--dasc-refresh-slots B``, :mod:`dasc_runtime.wr_scratch`) are native slots, charged to the arm
@@ -53,7 +55,7 @@ class ArmSpec:
     and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``);
     ``reclaim_wait``: the runtime's ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``, dasc arms only);
     ``load_policy``: the plan's ``load_policy``, ``nr`` (zero-fill) or ``wr`` (suffix refresh, dasc
-    arms only); ``shadowed_first``: the runtime's ``DASC_EVICT_SHADOWED_FIRST=1`` (dasc arms only).
+    arms only); ``shadowed_first``: the runtime's ``DASC_EVICT_SHADOWED_FIRST``, 1 or 0 (dasc arms only).
 
     Raises:
         DascInputError: a field outside these values, ``w_max`` on a non-dasc arm (or missing on a
@@ -155,7 +157,7 @@ class ArmLaunch:
         refresh_slots: dasc-wr's scratch slots B (``--dasc-refresh-slots``; 0 on other arms), inside
             used_bytes.
         env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``,
-            ``DASC_EVICT_SHADOWED_FIRST`` for ``-shadowfirst``).
+            ``DASC_EVICT_SHADOWED_FIRST``: 1 for ``-shadowfirst``, else 0, on every dasc arm).
         capacity: checkpoint capacity (slots) with no request running; capacity_under_load: with R
             running (slots), see the module docstring.
         budget_bytes / used_bytes: per-rank state memory; used <= budget.
@@ -252,8 +254,8 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
     flags = list(sz.flags)
     n_wr = int(flags[flags.index("--dasc-refresh-slots") + 1]) if "--dasc-refresh-slots" in flags else 0
     env = {"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {}
-    if arm.shadowed_first:
-        env["DASC_EVICT_SHADOWED_FIRST"] = "1"
+    # set both ways: the runtime's default changed (off, then on), and an arm's name keeps what it measured
+    env["DASC_EVICT_SHADOWED_FIRST"] = "1" if arm.shadowed_first else "0"
     return ArmLaunch(plan=name, w_max=arm.w_max, balance=arm.balance, kept_fraction=kept / total_units,
                      load_policy=arm.load_policy, refresh_slots=n_wr, env=env, **common)
 

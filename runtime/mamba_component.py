@@ -59,7 +59,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
         account: :class:`~dasc_runtime.account.CheckpointAccount` (origin of each checkpoint, reuse,
         evictions; logged and restarted at every flush).
         book: :class:`TierBook`. demotions: :class:`~dasc_runtime.demotion.DemotionEngine`.
-        shadows: :class:`ShadowCounts` (on with ``DASC_EVICT_SHADOWED_FIRST``; see
+        shadows: :class:`ShadowCounts` (on unless ``DASC_EVICT_SHADOWED_FIRST=0``; see
         :mod:`dasc_runtime.tier_operations`).
         epoch: cache calls completed (one :meth:`maintain` each).
     Raises:
@@ -78,9 +78,10 @@ class DascMambaComponent(TierOperations, MambaComponent):
         self.account = CheckpointAccount()
         self.book = TierBook()
         self.shadows = ShadowCounts(self.component_type, on=evict_shadowed_first())
-        if self.shadows.on:   # a departure from App. B.2's one LRU: say so in the server log
-            logger.info("dasc: DASC_EVICT_SHADOWED_FIRST=1: checkpoints with a cached descendant are evicted "
-                        "before the LRU order")
+        # dasc's default departs from App. B.2's one LRU: say in the server log which order evicts
+        logger.info("dasc: eviction: %s", "checkpoints with a cached descendant and no fork before it go before "
+                    "the LRU order (DASC_EVICT_SHADOWED_FIRST=0: the LRU alone)" if self.shadows.on else
+                    "the LRU order alone, App. B.2 (DASC_EVICT_SHADOWED_FIRST=0)")
         self.demotions = DemotionEngine(cache=cache, dpool=dpool, book=self.book, counters=self.counters,
                                         component_type=self.component_type)
         self.epoch = 0
@@ -150,7 +151,7 @@ class DascMambaComponent(TierOperations, MambaComponent):
         None means dense spill, or in compressed-only mode that every compressed checkpoint is
         locked by running requests (App. B.2 backpressure: the caller does not cache the state).
         Compressed-only mode evicts the oldest unlocked compressed checkpoints to make room
-        (:meth:`_victim`: shadowed ones first with ``DASC_EVICT_SHADOWED_FIRST``).
+        (:meth:`_victim`: shadowed ones first unless ``DASC_EVICT_SHADOWED_FIRST=0``).
         """
         if not self.policy.compressed_tier:
             return None
@@ -343,8 +344,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
         reclamation": first commit pending demotions (waiting for their packs, see
         :meth:`DemotionEngine.commit_ready`); then compressed space free -> demote the oldest
         eligible dense node now; else evict the oldest eligible node (a compressed one only while a
-        dense node remains to be demoted into its slot; :meth:`_victim`: shadowed ones first with
-        ``DASC_EVICT_SHADOWED_FIRST``). The walk loops until the request is met,
+        dense node remains to be demoted into its slot; :meth:`_victim`: shadowed ones first unless
+        ``DASC_EVICT_SHADOWED_FIRST=0``). The walk loops until the request is met,
         so both releases' drivers fit: 0.5.17 stops at the first None, 0.5.23 calls again after a
         step that made progress (the next call then returns None with none). 0.5.23's
         ``cache_actions`` collect the cascade's actions, applied by SGLang after the call.

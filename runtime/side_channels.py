@@ -43,7 +43,7 @@ node origin         ``ComponentData.metadata            the same dict: the origi
                     ["dasc_origin"]``, ``["dasc_reused"]``  whether it was ever a copy-on-write source
                                                         (:mod:`dasc_runtime.account`; SGLang's nodes keep
                                                         no such history).
-cached below        ``ComponentData.metadata            the same dict, only with ``DASC_EVICT_SHADOWED_FIRST``:
+cached below        ``ComponentData.metadata            the same dict, while the shadowed-first rule is on:
                     ["dasc_below"]``                    how many checkpoints the node's descendants hold
                                                         (:class:`dasc_runtime.tiers.ShadowCounts`; SGLang's
                                                         nodes know their children, not what they cache).

@@ -11,10 +11,11 @@ demotion, the watermark step after every cache call (App. B.2 "Pressure-driven r
 
 Which checkpoint goes (:meth:`TierOperations._victim`, every eviction dasc chooses: the reclamation
 walk, the watermark step, room in a compressed-only pool). App. B.2 fixes one global LRU over both
-tiers: the oldest eligible checkpoint goes. ``DASC_EVICT_SHADOWED_FIRST=1`` (off by default,
-:func:`evict_shadowed_first`) puts one priority class in front of that LRU: first the oldest
-eligible *shadowed* checkpoint (a descendant node holds a checkpoint, either tier:
-:class:`dasc_runtime.tiers.ShadowCounts`), and only when none is left the plain LRU. Why: a hit
+tiers: the oldest eligible checkpoint goes. dasc's default (:func:`evict_shadowed_first`;
+``DASC_EVICT_SHADOWED_FIRST=0`` restores App. B.2's one LRU) puts one priority class in front of that
+LRU: first the oldest eligible *shadowed* checkpoint (a descendant node holds a checkpoint, either
+tier, and no fork of the tree comes before the nearest one: :meth:`dasc_runtime.tiers.ShadowCounts.shadowed`),
+and only when none is left the plain LRU. Why: a hit
 takes the deepest cached checkpoint of its path, so a shadowed one pays off only once its
 descendant is gone, or for a request that leaves the tree between the two. The H200 chat runs'
 checkpoint account (``benchmarks/notes/2026-12-01-h200-six-arms-account.md``, "Why") showed each turn
@@ -28,13 +29,20 @@ rule bets, on the account's figures, that such hits are rare. Cost while on (CPU
 one thread): ~0.12 us per ancestor for each state stored or evicted (1.4 us at path depth 10, 8 us
 at 50), and a victim search of ~0.4 us per cached node it passes (the whole LRU when no eligible
 node is shadowed: 26 us over 64 nodes, 0.2 ms over 512) against ~1 us for the plain LRU's first
-eligible node; off, one attribute test per call.
+eligible node; off, one attribute test per call. The fork test adds, for each candidate with a cached
+descendant, a walk down to the nearest one (the split nodes between two checkpoints of one path: a few).
 
 Measured (H200, protocol A, chat clients that send the served reply back;
 ``benchmarks/notes/2026-12-03-h200-s21-shadowfirst-recorded-reply.md``): mean TTFT 0.958x the plain LRU's
 (SD 0.030, n = 4 trace seeds, p ~ 0.07; 7 of 7 pairs with dasc-nr and dasc-wr below 1, three of them holding
-a server's first timed run), 0 of 504 later turns lost against 18 of 360 (nr) and 29 of 144 (wr). It stays off by default: App. B.2 keeps one recency order
-("rather than define a second eviction policy"). With clients that rewrite the reply (the benchmark's
+a server's first timed run), 0 of 504 later turns lost against 18 of 360 (nr) and 29 of 144 (wr). At 16k on an
+H100 (``benchmarks/notes/2026-12-07-h100-s53-16k-shadowfirst-seeds.md``): 0.839x the plain LRU's mean TTFT
+(SD 0.058, n = 6 seeds, all below 1) and 0.835x SGLang's INT8 pool, 0 of 432 later turns lost against 56.
+That met the rule fixed before those seeds, so it is the default; App. B.2 keeps one recency order ("rather
+than define a second eviction policy"), which ``DASC_EVICT_SHADOWED_FIRST=0`` restores. The fork test came
+with the default (no GPU run has measured it; the benchmark's conversations share no prefix, so its paths
+have no forks to test): without it a checkpoint inside a prefix many conversations share, the one a new
+conversation restores, would be the first to go once any of them cached a later one. With clients that rewrite the reply (the benchmark's
 recorded-reply replay) the reusable checkpoint is the prompt-end one a reply-end checkpoint shadows, so the
 rule was expected to cost hits there; measured (``benchmarks/notes/2026-12-04-h200-s24-recorded-reply.md``,
 n = 2 seeds, one run order) it gained them instead: 17 of 144 later turns hit against 4, mean TTFT 0.948x the
@@ -55,15 +63,16 @@ __all__ = ["TierOperations", "evict_shadowed_first"]
 
 def evict_shadowed_first() -> bool:
     """``DASC_EVICT_SHADOWED_FIRST``: evict shadowed checkpoints before the plain LRU (see the module
-    docstring). ``1`` / ``true`` / ``yes`` / ``on`` or ``0`` / ``false`` / ``no`` / ``off`` / unset (the
-    default, App. B.2's one LRU); read once, when the component is built.
+    docstring). ``1`` / ``true`` / ``yes`` / ``on`` / unset or empty (the default since session 53) or
+    ``0`` / ``false`` / ``no`` / ``off`` (App. B.2's one LRU); read once, when the component is built.
 
     Raises:
         DascInputError: any other value.
     """
     from dasc_runtime.settings import parse_bool
 
-    return parse_bool("DASC_EVICT_SHADOWED_FIRST", os.environ.get("DASC_EVICT_SHADOWED_FIRST"))
+    raw = os.environ.get("DASC_EVICT_SHADOWED_FIRST")
+    return True if raw is None or not raw.strip() else parse_bool("DASC_EVICT_SHADOWED_FIRST", raw)
 
 
 class TierOperations:
@@ -114,7 +123,7 @@ class TierOperations:
 
     def _victim(self, tier: Optional[str]):
         """The eligible node of ``tier`` (any when None) to evict next, or None: the oldest shadowed one
-        while ``DASC_EVICT_SHADOWED_FIRST`` is on, else (and when none is shadowed) the oldest one."""
+        while the rule is on (unless ``DASC_EVICT_SHADOWED_FIRST=0``), else (and when none is shadowed) the oldest one."""
         if self.shadows.on:
             x = self._oldest(tier, where=self.shadows.shadowed)
             if x is not None:

@@ -144,9 +144,9 @@ class ShadowCounts:
     """Per tree node, how many checkpoints (either tier) its descendants hold; for the shadowed-first
     eviction rule (:func:`dasc_runtime.tier_operations.evict_shadowed_first`), kept only while it is on.
 
-    A node whose count is > 0 is *shadowed*: a hit takes the deepest cached checkpoint of its path,
-    so the node's own checkpoint serves only requests that leave the tree between it and that
-    descendant. The count lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`)
+    A node whose count is > 0 is *shadowed* unless a fork comes before its nearest cached descendant
+    (:meth:`shadowed`): a hit takes the deepest cached checkpoint of its path, so the node's own
+    checkpoint serves only requests that leave the tree between it and that descendant. The count lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`)
     and changes when a state enters or leaves a node (one walk up the node's ancestors, root
     excluded) and when SGLang splits a node (the new node above it takes the child's count plus
     the child's own state). Demotion changes a tier, not the count. Host only; per insert or
@@ -180,5 +180,17 @@ class ShadowCounts:
             set_cached_below(new_parent.component_data[self.ct], cached_below(cd) + (cd.value is not None))
 
     def shadowed(self, node) -> bool:
-        """True when a descendant of ``node`` holds a checkpoint (False whenever the rule is off)."""
-        return self.on and cached_below(node.component_data[self.ct]) > 0
+        """True when a descendant of ``node`` holds a checkpoint and the nearest one lies on a single chain
+        below it: the walk down from ``node`` meets a cached node before any fork (a node of two or more
+        children). A node at or above such a fork is the deepest checkpoint of every request that left the
+        tree at the fork (conversations that share a system prompt, then diverge), so it is not shadowed.
+        False whenever the rule is off. O(nodes between ``node`` and that checkpoint) when the count is > 0.
+        """
+        if not (self.on and cached_below(node.component_data[self.ct]) > 0):
+            return False
+        x = node
+        while len(x.children) == 1:
+            (x,) = x.children.values()
+            if x.component_data[self.ct].value is not None:
+                return True
+        return False        # a fork first (a count > 0 means the node has children)

@@ -284,7 +284,8 @@ def test_hostwait_arm_same_memory_as_its_stream_twin_and_sets_the_env(kimi_plans
     """-hostwait changes only the server's DASC_RECLAIM_WAIT; flags, slots and bytes are the twin's."""
     stream, host = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
                     for a in sa.parse_arms(["dasc-nr-w128", "dasc-nr-w128-hostwait"]))
-    assert stream.env == {} and host.env == {"DASC_RECLAIM_WAIT": "host"}
+    assert stream.env == {"DASC_EVICT_SHADOWED_FIRST": "0"}
+    assert host.env == {"DASC_RECLAIM_WAIT": "host", "DASC_EVICT_SHADOWED_FIRST": "0"}
     assert (host.flags, host.capacity, host.used_bytes) == (stream.flags, stream.capacity, stream.used_bytes)
 
 
@@ -296,7 +297,8 @@ def test_shadowfirst_arm_same_memory_as_its_twin_and_sets_the_env(kimi_plans):
                              {"DASC_RECLAIM_WAIT": "host", "DASC_EVICT_SHADOWED_FIRST": "1"})):
         plain, shadow = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
                          for a in sa.parse_arms([twin, name]))
-        assert plain.env == {} and shadow.env == env
+        # the plain twin says 0: the runtime's default is the rule (since session 53), the arm's name the LRU
+        assert plain.env == {"DASC_EVICT_SHADOWED_FIRST": "0"} and shadow.env == env
         assert (shadow.flags, shadow.capacity, shadow.used_bytes) == (plain.flags, plain.capacity, plain.used_bytes)
     (wr,) = sa.parse_arms(["dasc-wr-w16-int8-shadowfirst"])
     assert (wr.load_policy, wr.w_max, wr.int8, wr.shadowed_first, wr.reclaim_wait) == ("wr", 16, True, True, "stream")

@@ -372,8 +372,10 @@ def test_compressed_only_pool_full_evicts_shadowed_checkpoints_first(tmp_path, s
     path's shadowed checkpoints c1, r1, c2 go first, oldest first, and U and the path's reply-end r2 stay."""
     with caplog.at_level(logging.INFO, logger="dasc_runtime.mamba_component"):
         sim = _sim(tmp_path, compressed_slots=5, compressed_only=True, shadowed_first=shadowed_first)
-    # the departure from App. B.2's one LRU is said in the server log, and only when it is on
-    assert any("DASC_EVICT_SHADOWED_FIRST=1" in r.getMessage() for r in caplog.records) is shadowed_first
+    # the server log says which order evicts: the departure from App. B.2's one LRU, or that LRU alone
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dasc: eviction: ")]
+    assert len(said) == 1 and ("cached descendant and no fork" in said[0]) is shadowed_first
+    assert ("the LRU order alone, App. B.2" in said[0]) is not shadowed_first
     u, (c1, r1, c2, r2) = _chat(sim)
     assert sim.dpool.available_size() == 0
     evicted = []
@@ -448,15 +450,55 @@ def test_watermark_step_evicts_a_shadowed_checkpoint_first(tmp_path, shadowed_fi
 
 
 def test_evict_shadowed_first_setting(monkeypatch):
-    """DASC_EVICT_SHADOWED_FIRST: off unless set to 1 / true / yes / on; any other value is refused."""
+    """DASC_EVICT_SHADOWED_FIRST: on unless set to 0 / false / no / off (the default since the 16k seeds of
+    session 53); unset and empty are the default; any other value is refused."""
     from dasc_compile.schema import DascInputError
     from dasc_runtime.tier_operations import evict_shadowed_first
 
     monkeypatch.delenv("DASC_EVICT_SHADOWED_FIRST", raising=False)
-    assert evict_shadowed_first() is False
-    for raw, want in (("1", True), (" On ", True), ("true", True), ("0", False), ("off", False), ("", False)):
+    assert evict_shadowed_first() is True
+    for raw, want in (("1", True), (" On ", True), ("true", True), ("", True), (" ", True), ("0", False),
+                      ("off", False), (" No", False)):
         monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", raw)
         assert evict_shadowed_first() is want
     monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", "2")
     with pytest.raises(DascInputError, match="DASC_EVICT_SHADOWED_FIRST: expected 1 / true / yes / on or 0 / false / no / off, got '2'"):
         evict_shadowed_first()
+
+
+SHARED = [71, 72, 73, 74, 75, 76, 77, 78]          # a prefix two conversations share (a system prompt)
+
+
+def test_a_checkpoint_above_a_fork_is_not_shadowed(tmp_path):
+    """Conversations 1 and 2 share SHARED; conversation 1's chunk checkpoint c sits inside it (6 tokens), and
+    the two diverge after it (8 tokens: a fork node with no state). c has two cached descendants (r1, r2), but
+    a new conversation that shares the prefix restores c, so the rule must not take it first; the chain-only
+    chunk c3 of an unrelated conversation goes instead. With c counted as shadowed (counts alone) it was the
+    rule's first victim (the oldest shadowed node), and conversation 4 would have missed."""
+    from dasc_runtime.side_channels import cached_below
+
+    sim = _sim(tmp_path, compressed_slots=5, compressed_only=True, shadowed_first=True)
+    sim.rng.randint = lambda a, b: 6 if b > 10 else (a + b) // 2    # chunk split: 6 tokens into SHARED
+    _run(sim, SHARED + [81, 82, 83, 84, 85, 86, 87, 88], chunked=True)
+    c = _node_of(sim, SHARED[:6])
+    r1 = _node_of(sim, sim.request_tokens(SHARED + [81, 82, 83, 84, 85, 86, 87, 88]))
+    _run(sim, SHARED + [91, 92, 93])                  # restores c, splits the tree at SHARED's end
+    r2 = _node_of(sim, sim.request_tokens(SHARED + [91, 92, 93]))
+    fork = _node_of(sim, SHARED)
+    assert fork is not None and fork.component_data[sim.MAMBA].value is None and len(fork.children) == 2
+    _run(sim, SEQ_X, chunked=True)                    # an unrelated conversation: chunk c3, reply r3 on one chain
+    r3 = _node_of(sim, sim.request_tokens(SEQ_X))
+    c3 = r3.parent
+    assert c3.component_data[sim.MAMBA].value is not None and c3.component_data[sim.MAMBA].metadata["dasc_origin"] == "chunk"
+    assert _cached(sim, [c, r1, r2, c3, r3]) == [True] * 5 and sim.dpool.available_size() == 0
+    assert cached_below(c.component_data[sim.MAMBA]) == 2                    # counted, yet not shadowed:
+    assert [sim.comp.shadows.shadowed(n) for n in (c, r1, r2, c3, r3)] == [False, False, False, True, False]
+    lru = sim.lru_ids()
+    assert lru.index(c.id) < lru.index(c3.id)        # c is the older: a count-only rule would take it
+    _run(sim, SEQ_D)                                  # the pool is full: one checkpoint goes
+    assert _cached(sim, [c, r1, r2, c3, r3]) == [True, True, True, False, True]
+    assert sim.comp.counters.evictions_shadowed == 1
+    restored = sim.stats["restore_compressed"]
+    _run(sim, SHARED + [95, 96])                      # a new conversation on the shared prefix restores c
+    assert sim.stats["restore_compressed"] == restored + 1
+    sim.check(12, content=True)
