@@ -29,10 +29,17 @@ def server_env(arm: dict, gpus: Sequence[int]) -> dict[str, str]:
 
     The launching shell's ``DASC_*`` settings never reach a server: an A/B knob exported there would
     otherwise turn on in the control arm too (and ``DASC_PLAN`` would put a plan into Dense), so the
-    comparison would silently compare the knob with itself."""
+    comparison would silently compare the knob with itself.
+
+    A dasc arm whose ``env`` lacks ``DASC_EVICT_SHADOWED_FIRST`` (an arms JSON written before the runtime made
+    the rule its default, session 53, when a plain arm meant App. B.2's LRU) gets ``0``: a newer wheel would
+    otherwise run the rule under the plain arm's name."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}
-    return {**inherited, **arm.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
-            "PYTHONUNBUFFERED": "1"}
+    env = dict(arm.get("env", {}))
+    if (arm.get("kind") == "dasc" or str(arm.get("arm", "")).startswith("dasc-")) \
+            and "DASC_EVICT_SHADOWED_FIRST" not in env:
+        env["DASC_EVICT_SHADOWED_FIRST"] = "0"
+    return {**inherited, **env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "PYTHONUNBUFFERED": "1"}
 
 
 def healthy(port: int) -> bool:

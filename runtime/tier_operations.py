@@ -24,8 +24,9 @@ prompt-end and 56-77 % reply-end checkpoints, and the LRU evicting reply-end che
 (dasc-wr w16: 34 of 160, turns that then missed) while it still held their shadowed ancestors.
 The rule changes only which eligible checkpoint goes: locked, pending and staged nodes are never
 taken, and it reads only the tree, so every TP rank picks the same victim. A shadowed checkpoint
-still serves a request that leaves the tree between it and its descendant (a fork below it); the
-rule bets, on the account's figures, that such hits are rare. Cost while on (CPU micro-benchmark,
+still serves a request that leaves the tree between it and its descendant where no fork exists yet
+(a fork that exists, before the descendant, makes it not shadowed); the rule bets, on the account's
+figures, that such hits are rare. Cost while on (CPU micro-benchmark,
 one thread): ~0.12 us per ancestor for each state stored or evicted (1.4 us at path depth 10, 8 us
 at 50), and a victim search of ~0.4 us per cached node it passes (the whole LRU when no eligible
 node is shadowed: 26 us over 64 nodes, 0.2 ms over 512) against ~1 us for the plain LRU's first

@@ -5,7 +5,9 @@
 # that commit's code, and arms.json from its serving_arms: dense int8 dasc-nr-w16 dasc-nr-w16-int8
 # dasc-nr-w64 dasc-wr-w16, and the twins dasc-nr-w16-shadowfirst dasc-nr-w16-int8-shadowfirst
 # dasc-wr-w16-shadowfirst (the same plans
-# with DASC_EVICT_SHADOWED_FIRST=1, for an A/B of that eviction rule; RUNTIME_COMMIT must have it); a
+# with DASC_EVICT_SHADOWED_FIRST=1, for an A/B of that eviction rule; RUNTIME_COMMIT must have it; the
+# plain dasc arms run with it 0, App. B.2's LRU, even on a wheel whose default is the rule: serving_arms
+# writes 0, and sglang_server.server_env sets 0 for an older arms.json that has no value); a
 # COMMIT whose serving_arms has no dasc-wr arms gets the first five, one without -shadowfirst no twins).
 # Usage (repo root, CPU machine): bash benchmarks/h200/prepare_serving.sh [COMMIT] (default HEAD)
 # Settings (env): DENSE_SLOTS (56), MRR (8), REFRESH_SLOTS (dasc-wr's scratch slots B, charged to its

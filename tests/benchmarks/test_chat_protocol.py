@@ -611,7 +611,9 @@ def test_server_env_carries_the_arms_env_only_and_pins_the_gpus(monkeypatch):
     monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", "1")
     monkeypatch.setenv("DASC_PLAN", "/tmp/some-plan")
     twin = {"arm": "dasc-nr-w16-shadowfirst", "env": {"DASC_EVICT_SHADOWED_FIRST": "1"}}
-    assert "DASC_EVICT_SHADOWED_FIRST" not in ss.server_env({"arm": "dasc-nr-w16", "env": {}}, [0])
+    # a plain dasc arm of an arms JSON written before the rule became the runtime's default keeps the LRU
+    assert ss.server_env({"arm": "dasc-nr-w16", "env": {}}, [0])["DASC_EVICT_SHADOWED_FIRST"] == "0"
+    assert ss.server_env({"arm": "w16", "kind": "dasc"}, [0])["DASC_EVICT_SHADOWED_FIRST"] == "0"
     assert ss.server_env(twin, [0])["DASC_EVICT_SHADOWED_FIRST"] == "1"
     assert not any(k.startswith("DASC_") for k in ss.server_env({"arm": "dense"}, [0]))
 
