@@ -201,7 +201,7 @@ def size_cmd(
     max_running_requests: Optional[int] = typer.Option(None, "--max-running-requests", help="R: running requests of every arm (required)."),
     dense_slots: Optional[int] = typer.Option(None, "--dense-slots", help="M: the Dense arm's native slots (or give --budget)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="State budget per TP rank, e.g. 2147483648 or 2GiB (fixes M)."),
-    strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy", help="extra_buffer | extra_buffer_lazy | no_buffer."),
+    strategy: str = typer.Option("extra_buffer", "--mamba-radix-cache-strategy", help="extra_buffer (default) | no_buffer (extra_buffer_lazy: the dasc runtime refuses it)."),
     no_overlap: bool = typer.Option(False, "--disable-overlap-schedule", help="Size for SGLang without its overlap scheduler."),
     pair_plan: Optional[str] = typer.Option(None, "--pair-plan", help="The same plan compiled with the other --int8 setting (same w_max, load policy, TP size and balance)."),
     as_json: bool = typer.Option(False, "--json", help="Print the arms as one JSON list."),

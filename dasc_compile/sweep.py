@@ -45,6 +45,8 @@ def parse_int_list(text: str, flag: str, *, lo: int = 0) -> tuple[int, ...]:
     """
     parts = [p.strip() for p in str(text).split(",")]
     shown = text if len(str(text)) <= 80 else f"{str(text)[:40]}... ({len(str(text))} characters)"  # one short line
+    if not str(text).strip():
+        raise DascInputError(f"{flag} is empty; expected comma-separated whole numbers such as 4,16,64,128,512")
     for p in parts:
         bad = p if len(p) <= 40 else f"{p[:20]}... ({len(p)} characters)"
         if not WHOLE_NUMBER.fullmatch(p):

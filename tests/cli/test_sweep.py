@@ -228,6 +228,8 @@ def test_plot(tmp_path):
     (["--wmax", "4,16,16"], ["--wmax 4,16,16: 16 given more than once; expected each value once"]),
     (["--wmax", "16", "--tp", "1,2,1"], ["--tp 1,2,1: 1 given more than once"]),
     (["--wmax", "1_6"], ["--wmax 1_6: '1_6' is not a whole number in decimal digits"]),
+    (["--wmax", ""], ["--wmax is empty; expected comma-separated whole numbers"]),    # was "--wmax : ''"
+    (["--wmax", "16", "--tp", " "], ["--tp is empty"]),
     (["--wmax", "4,+16"], ["--wmax 4,+16: '+16' is not a whole number"]),
     (["--wmax", "4,16.0"], ["--wmax 4,16.0: '16.0' is not a whole number"]),
     (["--wmax", "9" * 5000], ["--wmax 9999", "(5000 characters): '9999", "is too large (more than 19 characters)"]),
