@@ -24,8 +24,8 @@ COMMON_FLAGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"
 def server_env(arm: dict, gpus: Sequence[int]) -> dict[str, str]:
     """Environment of an arm's server: this process's without any ``DASC_*`` variable, the arm's ``env``
     (``serving_arms``: e.g. ``DASC_RECLAIM_WAIT=host`` for a ``-hostwait`` arm,
-    ``DASC_EVICT_SHADOWED_FIRST=1`` for a ``-shadowfirst`` one, ``=0`` for other dasc arms), then ``CUDA_VISIBLE_DEVICES`` = ``gpus``
-    and unbuffered Python output (these two always win).
+    ``DASC_EVICT_SHADOWED_FIRST=1`` for a ``-shadowfirst`` one, ``=0`` for other dasc arms), then
+    ``CUDA_VISIBLE_DEVICES`` = ``gpus`` and unbuffered Python output (these two always win).
 
     The launching shell's ``DASC_*`` settings never reach a server: an A/B knob exported there would
     otherwise turn on in the control arm too (and ``DASC_PLAN`` would put a plan into Dense), so the

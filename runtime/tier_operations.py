@@ -43,11 +43,14 @@ That met the rule fixed before those seeds, so it is the default; App. B.2 keeps
 than define a second eviction policy"), which ``DASC_EVICT_SHADOWED_FIRST=0`` restores. The fork test came
 with the default (no GPU run has measured it; the benchmark's conversations share no prefix, so its paths
 have no forks to test): without it a checkpoint inside a prefix many conversations share, the one a new
-conversation restores, would be the first to go once any of them cached a later one. With clients that rewrite the reply (the benchmark's
-recorded-reply replay) the reusable checkpoint is the prompt-end one a reply-end checkpoint shadows, so the
-rule was expected to cost hits there; measured (``benchmarks/notes/2026-12-04-h200-s24-recorded-reply.md``,
-n = 2 seeds, one run order) it gained them instead: 17 of 144 later turns hit against 4, mean TTFT 0.948x the
-plain LRU's, as its evictions went to the shadowed chunk-boundary checkpoints first.
+conversation restores, would be the first to go once any of them cached a later one.
+
+With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
+prompt-end one a reply-end checkpoint shadows, so the count-only rule was expected to cost hits there; measured
+(``benchmarks/notes/2026-12-04-h200-s24-recorded-reply.md``, n = 2 seeds, one run order) it gained them
+instead: 17 of 144 later turns hit against 4, mean TTFT 0.948x the plain LRU's, as its evictions went to the
+shadowed chunk-boundary checkpoints first. With the fork test, such a prompt-end checkpoint stops being
+shadowed once a next turn has forked there (not measured).
 """
 
 from __future__ import annotations
@@ -124,7 +127,8 @@ class TierOperations:
 
     def _victim(self, tier: Optional[str]):
         """The eligible node of ``tier`` (any when None) to evict next, or None: the oldest shadowed one
-        while the rule is on (unless ``DASC_EVICT_SHADOWED_FIRST=0``), else (and when none is shadowed) the oldest one."""
+        while the rule is on (unless ``DASC_EVICT_SHADOWED_FIRST=0``), else (and when none is shadowed)
+        the oldest one."""
         if self.shadows.on:
             x = self._oldest(tier, where=self.shadows.shadowed)
             if x is not None:

@@ -146,10 +146,10 @@ class ShadowCounts:
 
     A node whose count is > 0 is *shadowed* unless a fork comes before its nearest cached descendant
     (:meth:`shadowed`): a hit takes the deepest cached checkpoint of its path, so the node's own
-    checkpoint serves only requests that leave the tree between it and that descendant. The count lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`)
-    and changes when a state enters or leaves a node (one walk up the node's ancestors, root
-    excluded) and when SGLang splits a node (the new node above it takes the child's count plus
-    the child's own state). Demotion changes a tier, not the count. Host only; per insert or
+    checkpoint serves only requests that leave the tree between it and that descendant. The count
+    lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`) and changes when
+    a state enters or leaves a node (one walk up the node's ancestors, root excluded) and when SGLang
+    splits a node (the new node above it takes the child's count plus the child's own state). Demotion changes a tier, not the count. Host only; per insert or
     eviction O(depth of the node) while on, nothing while off.
     """
 
