@@ -149,8 +149,9 @@ class ShadowCounts:
     checkpoint serves only requests that leave the tree between it and that descendant. The count
     lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`) and changes when
     a state enters or leaves a node (one walk up the node's ancestors, root excluded) and when SGLang
-    splits a node (the new node above it takes the child's count plus the child's own state). Demotion changes a tier, not the count. Host only; per insert or
-    eviction O(depth of the node) while on, nothing while off.
+    splits a node (the new node above it takes the child's count plus the child's own state).
+    Demotion changes a tier, not the count. Host only; per insert or eviction O(depth of the node)
+    while on, nothing while off.
     """
 
     def __init__(self, component_type, on: bool) -> None:
