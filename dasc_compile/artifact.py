@@ -225,7 +225,8 @@ def write_plan_dir(plan: Plan, out_dir: str | Path, files: dict[str, str] | None
     try:
         tmp = atomic.staging_dir(out)
     except OSError as exc:
-        raise DascInputError(f"{_show(out)}: cannot create the plan directory "
+        what = "replace the plan in this directory" if (out / PLAN_FILENAME).is_file() else "create the plan directory"
+        raise DascInputError(f"{_show(out)}: cannot {what} "
                              f"({atomic.not_a_folder(out) or exc.strerror or exc})") from None
 
     def write(d: Path) -> None:

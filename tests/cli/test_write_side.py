@@ -140,6 +140,15 @@ def test_compile_onto_read_only_mount(ro_fs, gdn):
     assert list(ro_fs.iterdir()) == []
 
 
+def test_compile_over_a_plan_on_a_read_only_mount_says_replace(ro_fs, gdn):
+    # the plan is there (written through the mount's writable source): "cannot create the plan directory" misled
+    assert _compile(gdn, ro_fs.parent / "ro-src" / "plan").code == 0
+    before = snapshot(ro_fs)
+    r = _compile(gdn, ro_fs / "plan")
+    assert_one_error(r, f"{ro_fs / 'plan'}: cannot replace the plan in this directory (Read-only file system)")
+    assert snapshot(ro_fs) == before
+
+
 def test_reference_onto_read_only_mount(ro_fs):
     r = dasc("reference", "kimi-linear-48b-a3b", "--out", ro_fs / "ref")
     assert_one_error(r, str(ro_fs / "ref"), "Read-only file system")
