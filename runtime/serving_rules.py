@@ -153,6 +153,10 @@ _option("streaming_session", "enable_streaming_session", "--enable-streaming-ses
 _option("disaggregation", "disaggregation_mode", "--disaggregation-mode {v} (PD disaggregation is not supported)",
         "prefill/decode transfer sends SGLang's native state layout, not compressed slots.",
         test=lambda v: v not in (None, "null"))
+_option("device", "device", "--device {v} (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
+        "unset or pass cuda)", "the compressed pool is allocated on the CUDA device and its pack / load kernels are "
+        "Triton kernels built for CUDA GPUs; no other device backend is tested.",
+        test=lambda v: v is not None and str(v).split(":")[0] != "cuda")
 _option("pipeline_parallel", "pp_size", "--pp-size {v} (pipeline parallelism is not supported)",
         "the plan's layers and ranks are laid out for one pipeline stage.", test=lambda v: (v or 1) > 1)
 _option("extra_buffer_lazy", "mamba_radix_cache_strategy", "--mamba-radix-cache-strategy extra_buffer_lazy (use "
@@ -273,6 +277,8 @@ def _wr_dp(c: _Ctx):
 #: ``dasc size`` nor ``dasc sweep`` can decide them: ``module.function -> what it compares``.
 STARTUP_ONLY: dict[str, str] = {
     "sglang_api.check_version": "the installed SGLang release against the tested ones (docs/sglang-versions.md)",
+    "startup_checks.check_cuda_visible": "a CUDA GPU is visible to the launching process when --device is left unset "
+                                         "(SGLang would pick another backend, or stop with its own traceback)",
     "verify.check_model_type": "the served model_type / architectures against the plan's",
     "verify.check_state": "SGLang's state shapes, dtypes, TP size and recurrent layer ids against the plan's",
     "verify.check_fingerprint": "the decay tensors of the loaded weights against the plan's fingerprint "

@@ -61,6 +61,7 @@ EXAMPLES = {
     "streaming_session": dict(server=dict(enable_streaming_session=True), size=("never", "--enable-streaming-session")),
     "disaggregation": dict(server=dict(disaggregation_mode="prefill"), size=("never", "--disaggregation-mode")),
     "pipeline_parallel": dict(server=dict(pp_size=2), size=("never", "--pp-size")),
+    "device": dict(server=dict(device="cpu"), size=("never", "--device")),
     "extra_buffer_lazy": dict(server=dict(mamba_radix_cache_strategy="extra_buffer_lazy"),
                               size=("refuse", ["--mamba-radix-cache-strategy", "extra_buffer_lazy"])),
     "mixed_chunk": dict(server=dict(enable_mixed_chunk=True), size=("never", "--enable-mixed-chunk")),

@@ -388,8 +388,16 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
         (["--dasc-plan", p, "--dasc-pool-bytes", "1"], {},
          f"--dasc-pool-bytes 1 byte holds no usable slot: a slot takes {byte_count(plan.tp.bottleneck_bytes_per_slot)} "
          f"and slot 0 is reserved; give at least {flag_bytes(2 * plan.tp.bottleneck_bytes_per_slot)}"),
+        (["--dasc-plan", p, "--device", "cpu"], {},
+         "unsupported option(s): --device cpu (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
+         "unset or pass cuda)"),
+        # last of the refused: the probe keeps a variable that is not DASC_* for the cases after it
+        (["--dasc-plan", p], {"CUDA_VISIBLE_DEVICES": ""},
+         "no CUDA GPU is visible to this process (CUDA_VISIBLE_DEVICES=''): the dasc pool and its Triton kernels run "
+         "on CUDA GPUs (on a machine without one, dasc size checks the plan and prints the flags)"),
     ]
-    served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
+    # a served launch names --device cuda: with it unset the probe's CPU-only machine is refused (the case above)
+    served = [(["--dasc-plan", p, "--device", "cuda"], {"DASC_POOL_SLOTS": "7"}), ([], {})]
     cases = [{"argv": a, "env": e} for a, e, _ in refused] + [{"argv": a, "env": e} for a, e in served]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}
