@@ -2,19 +2,21 @@
 # Create (or reuse) a virtual environment with dasc, its test tools and SGLang's cache classes, all on a CPU.
 #
 #   bash scripts/setup_env.sh [VENV_DIR]              lowest: SGLang 0.5.17, transformers at dasc's lowest pin,
-#                                                     dasc's other dependencies at their floors (scripts/floors.txt)
-#   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, the newest transformers and the
-#                                                     newest release of every other dependency
+#                                                     torch 2.9.1 and dasc's other dependencies at their floors
+#                                                     (scripts/floors.txt)
+#   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, torch 2.14.1, the newest transformers
+#                                                     and the newest release of every other dependency
 #
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
 # README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs the
 # version-sensitive tests there, and the tests of dasc's other dependencies at their newest releases.
 #
-# Why these pins: SGLang imports torchvision at module level; torch 2.14.1 + torchvision 0.29.1 load together on
-# a CPU (the CPU-only torch 2.13.0 wheel has no matching torchvision) and lie on this machine's disk. SGLang
-# 0.5.17 pins torch 2.11 and 0.5.23 torch 2.14.1 for their GPU kernels; both are installed with --no-deps plus
-# only what their cache code (and 0.5.23's Engine, where dasc's keyword hook sits) imports, and their cache
-# classes run on torch 2.14.1. triton comes with torch and runs dasc's kernels on CPU under TRITON_INTERPRET=1.
+# Why these pins: SGLang imports torchvision at module level, so torch comes with its matching torchvision:
+# 2.9.1 + 0.24.1 (dasc's torch floor; PyPI's CUDA build, ~6.7 GB with its CUDA wheels, runs on a CPU) in the lowest
+# environment, 2.14.1 + 0.29.1 (what 0.5.23 pins; on this machine's disk) in the newest. SGLang 0.5.17 pins torch
+# 2.11 and 0.5.23 torch 2.14.1 for their GPU kernels; both are installed with --no-deps plus only what their cache
+# code (and 0.5.23's Engine, where dasc's keyword hook sits) imports, and their cache classes run on either torch.
+# triton comes with torch (3.5 with 2.9.1) and runs dasc's kernels on CPU under TRITON_INTERPRET=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 usage() { echo "usage: bash scripts/setup_env.sh [VENV_DIR] [--newest]$1" >&2; exit 2; }
@@ -31,7 +33,7 @@ FLOORS="$ROOT/scripts/floors.txt"
 COMMON="numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp
   dill gguf partial_json_parser einops compressed-tensors sentencepiece apache-tvm-ffi==0.1.11"
 case "$FLAVOUR" in
-  lowest)   MARK="$VENV/.dasc-env-v2"; SGLANG="sglang==0.5.17"
+  lowest)   MARK="$VENV/.dasc-env-v3"; SGLANG="sglang==0.5.17"; TORCH="torch==2.9.1 torchvision==0.24.1"
             EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1"
             PINS=(-c "$FLOORS")
             # the floors of numpy, matplotlib and PyYAML ship no wheels past Python 3.11: on a newer Python the
@@ -41,7 +43,7 @@ case "$FLAVOUR" in
                    "this environment gets their newest releases (CI tests the floors on Python 3.11)" >&2
               PINS=()
             fi ;;
-  --newest) MARK="$VENV/.dasc-env-newest-v2"; SGLANG="sglang==0.5.23"
+  --newest) MARK="$VENV/.dasc-env-newest-v2"; SGLANG="sglang==0.5.23"; TORCH="torch==2.14.1 torchvision==0.29.1"
             EXTRA="$TRANSFORMERS_NEWEST openai==2.8.0 xgrammar==0.2.7 fastapi uvicorn uvloop setproctitle zstandard"
             PINS=() ;;
   *)        usage " (got '$FLAVOUR')" ;;
@@ -49,15 +51,16 @@ esac
 if [ ! -f "$MARK" ]; then
   python3 -m venv "$VENV"
   P="$VENV/bin/python -m pip"
-  $P install -q torch==2.14.1 torchvision==0.29.1
+  # shellcheck disable=SC2086
+  $P install -q $TORCH
   $P install -q --no-deps "$SGLANG"
   # shellcheck disable=SC2086
-  $P install -q -c <(echo torch==2.14.1) ${PINS[@]+"${PINS[@]}"} $COMMON $EXTRA
+  $P install -q -c <(echo "${TORCH%% *}") ${PINS[@]+"${PINS[@]}"} $COMMON $EXTRA
   touch "$MARK"
 fi
 # dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts);
 # the floors again, so a floor raised in scripts/floors.txt reaches an existing lowest environment too
-"$VENV/bin/python" -m pip install -q -c <(echo torch==2.14.1) ${PINS[@]+"${PINS[@]}"} -e "$ROOT[test,eval]"
+"$VENV/bin/python" -m pip install -q -c <(echo "${TORCH%% *}") ${PINS[@]+"${PINS[@]}"} -e "$ROOT[test,eval]"
 echo "note: a pip dependency-resolver ERROR block above is expected (SGLang is installed without its serving" \
      "dependencies; README, Quick start): this script's exit status is what counts" >&2
 echo "environment ready: $VENV ($FLAVOUR)"

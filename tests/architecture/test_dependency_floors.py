@@ -3,9 +3,8 @@
 Dependencies are ranges tested at both ends: scripts/setup_env.sh installs scripts/floors.txt into the lowest
 environment (README's test command runs the whole suite there) and the newest releases into the newest one. A
 floor raised or lowered in one file and not the other would leave the range's lower end untested, so every
-runtime dependency's ``>=`` bound must have its ``==`` line in floors.txt, and floors.txt nothing else. torch is
-the one exception: only torch 2.14.1 installs here (the release with a matching torchvision), so its floor
-cannot be tested and floors.txt does not name it.
+runtime dependency's ``>=`` bound must have its ``==`` line in floors.txt, and floors.txt nothing else (torch
+included: the lowest environment installs torch 2.9.1 with torchvision 0.24.1, its matching release).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-UNTESTED = {"torch"}    # its floor cannot be installed here (see the module docstring)
 
 
 def _floors_of_pyproject() -> dict[str, str]:
@@ -49,8 +47,7 @@ def test_every_floor_is_pinned_in_floors_txt_and_nothing_else():
     floors, pins = _floors_of_pyproject(), _pins_of_floors_txt()
     unbounded = sorted(name for name, low in floors.items() if not low)
     assert not unbounded, f"pyproject dependencies without one '>=' floor: {unbounded}"
-    tested = {name: low for name, low in floors.items() if name not in UNTESTED}
-    differ = {name: (tested.get(name), pins.get(name)) for name in sorted(tested.keys() | pins.keys())
-              if tested.get(name) != pins.get(name)}
+    differ = {name: (floors.get(name), pins.get(name)) for name in sorted(floors.keys() | pins.keys())
+              if floors.get(name) != pins.get(name)}
     assert not differ, ("scripts/floors.txt and pyproject's floors differ (name: (pyproject, floors.txt)): "
                         f"{differ}; raise or lower a floor in both files")
