@@ -230,7 +230,8 @@ def check_cuda_visible(options) -> None:
     ``device`` serving rule's.
 
     Raises:
-        DascRefusal: ``--device`` unset and ``torch.cuda.is_available()`` False, naming ``CUDA_VISIBLE_DEVICES`` when set.
+        DascRefusal: ``--device`` unset and ``torch.cuda.is_available()`` False; the line adds ``CUDA_VISIBLE_DEVICES``
+            when it is set (one possible cause beside the driver and a CPU-only torch build, which it also names).
     """
     import os
 
@@ -243,9 +244,10 @@ def check_cuda_visible(options) -> None:
     if torch.cuda.is_available():
         return
     mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    seen = f"CUDA_VISIBLE_DEVICES={mask!r}" if mask is not None else "torch.cuda.is_available() is False"
+    seen = "torch.cuda.is_available() is False" + (f"; CUDA_VISIBLE_DEVICES={mask!r}" if mask is not None else "")
     raise DascRefusal(f"no CUDA GPU is visible to this process ({seen}): the dasc pool and its Triton kernels run on "
-                      f"CUDA GPUs (on a machine without one, dasc size checks the plan and prints the flags)")
+                      f"CUDA GPUs; check the GPU driver, that torch is a CUDA build and CUDA_VISIBLE_DEVICES (on a "
+                      f"machine without a GPU, dasc size checks the plan and prints the flags)")
 
 
 def _check_pool_bytes(settings, options, plan, what: str) -> None:

@@ -359,6 +359,8 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     import sys
     from pathlib import Path
 
+    import torch
+
     plan, plan_dir, ckpt = compile_tiny(tmp_path)
     _, plan2, _ = compile_tiny(tmp_path, tp_size=2)
     p = str(plan_dir)
@@ -391,12 +393,15 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
         (["--dasc-plan", p, "--device", "cpu"], {},
          "unsupported option(s): --device cpu (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
          "unset or pass cuda)"),
-        # last of the refused: the probe keeps a variable that is not DASC_* for the cases after it
-        (["--dasc-plan", p], {"CUDA_VISIBLE_DEVICES": ""},
-         "no CUDA GPU is visible to this process (CUDA_VISIBLE_DEVICES=''): the dasc pool and its Triton kernels run "
-         "on CUDA GPUs (on a machine without one, dasc size checks the plan and prints the flags)"),
     ]
-    # a served launch names --device cuda: with it unset the probe's CPU-only machine is refused (the case above)
+    if not torch.cuda.is_available():   # the probe's process, with this one's environment, sees no GPU either
+        mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+        refused.append((["--dasc-plan", p], {}, "no CUDA GPU is visible to this process (torch.cuda.is_available() is "
+                        "False" + (f"; CUDA_VISIBLE_DEVICES={mask!r}" if mask is not None else "") + "): the dasc pool "
+                        "and its Triton kernels run on CUDA GPUs; check the GPU driver, that torch is a CUDA build and "
+                        "CUDA_VISIBLE_DEVICES (on a machine without a GPU, dasc size checks the plan and prints the "
+                        "flags)"))
+    # a served launch names --device cuda: with it unset a machine without a GPU is refused (the case above)
     served = [(["--dasc-plan", p, "--device", "cuda"], {"DASC_POOL_SLOTS": "7"}), ([], {})]
     cases = [{"argv": a, "env": e} for a, e, _ in refused] + [{"argv": a, "env": e} for a, e in served]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
