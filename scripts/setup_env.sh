@@ -15,7 +15,8 @@
 # 2.9.1 + 0.24.1 (dasc's torch floor; PyPI's CUDA build, ~6.7 GB with its CUDA wheels, runs on a CPU) in the lowest
 # environment, 2.14.1 + 0.29.1 (what 0.5.23 pins; on this machine's disk) in the newest. SGLang 0.5.17 pins torch
 # 2.11 and 0.5.23 torch 2.14.1 for their GPU kernels; both are installed with --no-deps plus only what their cache
-# code (and 0.5.23's Engine, where dasc's keyword hook sits) imports, and their cache classes run on either torch.
+# code (and 0.5.23's Engine, where dasc's keyword hook sits) imports; 0.5.17's cache classes run here on 2.9.1,
+# 0.5.23's on 2.14.1.
 # triton comes with torch (3.5 with 2.9.1) and runs dasc's kernels on CPU under TRITON_INTERPRET=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,14 +34,17 @@ FLOORS="$ROOT/scripts/floors.txt"
 COMMON="numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp
   dill gguf partial_json_parser einops compressed-tensors sentencepiece apache-tvm-ffi==0.1.11"
 case "$FLAVOUR" in
-  lowest)   MARK="$VENV/.dasc-env-v3"; SGLANG="sglang==0.5.17"; TORCH="torch==2.9.1 torchvision==0.24.1"
+  lowest)   MARK="$VENV/.dasc-env-v3"; SGLANG="sglang==0.5.17"
+            # torch's floor from floors.txt (one place), with the torchvision release built for it
+            TORCH="$(grep -m1 '^torch==' "$FLOORS") torchvision==0.24.1"
             EXTRA="$TRANSFORMERS_LOWEST openai==2.6.1 xgrammar==0.2.1"
             PINS=(-c "$FLOORS")
             # the floors of numpy, matplotlib and PyYAML ship no wheels past Python 3.11: on a newer Python the
-            # environment takes their newest releases and says so (CI tests the floors on Python 3.11)
+            # environment takes the newest releases of dasc's other dependencies and says so (torch stays at its
+            # floor, which has wheels there; CI tests the floors on Python 3.11)
             if ! python3 -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
               echo "note: $(python3 -V): dasc's dependency floors (scripts/floors.txt) have no wheels for it;" \
-                   "this environment gets their newest releases (CI tests the floors on Python 3.11)" >&2
+                   "this environment gets their newest releases, torch's floor aside (CI tests the floors on Python 3.11)" >&2
               PINS=()
             fi ;;
   --newest) MARK="$VENV/.dasc-env-newest-v2"; SGLANG="sglang==0.5.23"; TORCH="torch==2.14.1 torchvision==0.29.1"
@@ -49,7 +53,9 @@ case "$FLAVOUR" in
   *)        usage " (got '$FLAVOUR')" ;;
 esac
 if [ ! -f "$MARK" ]; then
-  python3 -m venv "$VENV"
+  # an environment an older version of this script built (its marker has another version) is rebuilt from empty,
+  # so no wheel of the torch it held (its CUDA libraries: GBs) stays beside the new one
+  if compgen -G "$VENV/.dasc-env-*" > /dev/null; then python3 -m venv --clear "$VENV"; else python3 -m venv "$VENV"; fi
   P="$VENV/bin/python -m pip"
   # shellcheck disable=SC2086
   $P install -q $TORCH
