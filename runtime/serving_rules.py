@@ -277,8 +277,6 @@ def _wr_dp(c: _Ctx):
 #: ``dasc size`` nor ``dasc sweep`` can decide them: ``module.function -> what it compares``.
 STARTUP_ONLY: dict[str, str] = {
     "sglang_api.check_version": "the installed SGLang release against the tested ones (docs/sglang-versions.md)",
-    "startup_checks.check_cuda_visible": "a CUDA GPU is visible to the launching process when --device is left unset "
-                                         "(SGLang would pick another backend, or stop with its own traceback)",
     "verify.check_model_type": "the served model_type / architectures against the plan's",
     "verify.check_state": "SGLang's state shapes, dtypes, TP size and recurrent layer ids against the plan's",
     "verify.check_fingerprint": "the decay tensors of the loaded weights against the plan's fingerprint "

@@ -191,8 +191,7 @@ def check_launch(settings, options, source=None):
         the plan.
     Raises:
         DascRefusal: an untested SGLang release; a plan for another model type; one line listing every serving rule
-            that applies (``unsupported option(s): ...`` first, then plan and dasc-wr refusals); no CUDA GPU visible
-            with ``--device`` unset (:func:`check_cuda_visible`, last).
+            that applies (``unsupported option(s): ...`` first, then plan and dasc-wr refusals).
         DascInputError: a knob or the plan does not read; a ``--dasc-pool-bytes`` budget that holds no usable slot of
             the plan's bottleneck rank once dasc-wr's scratch slots are charged (:func:`_check_pool_bytes`; exactly
             at start-up, once SGLang's prefill chunk is known).
@@ -218,36 +217,7 @@ def check_launch(settings, options, source=None):
         raise DascRefusal("; ".join(parts))
     if settings.pool_bytes is not None:
         _check_pool_bytes(settings, options, plan, (source or {}).get("pool_bytes", "--dasc-pool-bytes"))
-    check_cuda_visible(options)
     return plan
-
-
-def check_cuda_visible(options) -> None:
-    """With ``--device`` unset SGLang picks the first backend it finds (``get_device``: CUDA, then XPU, NPU, ...) and
-    without any stops in its own traceback ("No accelerator ... is available"); the dasc pool and its Triton kernels run
-    on CUDA only. Checked last in the launching process, so a plan or an option that is wrong is named first even on a
-    machine without a GPU (where ``dasc size`` checks the same plan and flags). An explicit ``--device`` is the
-    ``device`` serving rule's.
-
-    Raises:
-        DascRefusal: ``--device`` unset and ``torch.cuda.is_available()`` False; the line adds ``CUDA_VISIBLE_DEVICES``
-            when it is set (one possible cause beside the driver and a CPU-only torch build, which it also names).
-    """
-    import os
-
-    from dasc_runtime.verify import DascRefusal
-
-    if getattr(options, "device", None) is not None:
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    seen = "torch.cuda.is_available() is False" + (f"; CUDA_VISIBLE_DEVICES={mask!r}" if mask is not None else "")
-    raise DascRefusal(f"no CUDA GPU is visible to this process ({seen}): the dasc pool and its Triton kernels run on "
-                      f"CUDA GPUs; check the GPU driver, that torch is a CUDA build and CUDA_VISIBLE_DEVICES (on a "
-                      f"machine without a GPU, dasc size checks the plan and prints the flags)")
 
 
 def _check_pool_bytes(settings, options, plan, what: str) -> None:

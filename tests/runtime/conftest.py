@@ -32,24 +32,6 @@ def _nothing_installed():
     INSTALLED.reset()
 
 
-@pytest.fixture(autouse=True)
-def real_cuda_check(monkeypatch):
-    """These tests run where no CUDA GPU is visible (CI), while the launch checks they drive end with
-    ``startup_checks.check_cuda_visible``, which refuses such a machine: in this process it passes, as on a GPU host.
-    The fixture's value is the real check, for the tests of that check (``monkeypatch.setattr`` it back). Probes run
-    in their own processes keep the real check and pass ``--device cuda`` where a launch must get past it."""
-    from tests.support.runtime_fixtures import SGLANG_SKIP_REASON
-
-    if SGLANG_SKIP_REASON:
-        yield None
-        return
-    from dasc_runtime import startup_checks
-
-    real = startup_checks.check_cuda_visible
-    monkeypatch.setattr(startup_checks, "check_cuda_visible", lambda options: None)
-    yield real
-
-
 #: the cross-rank agreement runs (tests/support/runtime_tp_sim.py): 3 gloo ranks, one start-up for both runs
 AGREEMENT_CFG = dict(mamba_size=10, compressed_slots=5, watermark=4)
 AGREEMENT_SEED, AGREEMENT_OPS = 201, 1000

@@ -359,8 +359,6 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     import sys
     from pathlib import Path
 
-    import torch
-
     plan, plan_dir, ckpt = compile_tiny(tmp_path)
     _, plan2, _ = compile_tiny(tmp_path, tp_size=2)
     p = str(plan_dir)
@@ -394,15 +392,7 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
          "unsupported option(s): --device cpu (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
          "unset or pass cuda)"),
     ]
-    if not torch.cuda.is_available():   # the probe's process, with this one's environment, sees no GPU either
-        mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-        refused.append((["--dasc-plan", p], {}, "no CUDA GPU is visible to this process (torch.cuda.is_available() is "
-                        "False" + (f"; CUDA_VISIBLE_DEVICES={mask!r}" if mask is not None else "") + "): the dasc pool "
-                        "and its Triton kernels run on CUDA GPUs; check the GPU driver, that torch is a CUDA build and "
-                        "CUDA_VISIBLE_DEVICES (on a machine without a GPU, dasc size checks the plan and prints the "
-                        "flags)"))
-    # a served launch names --device cuda: with it unset a machine without a GPU is refused (the case above)
-    served = [(["--dasc-plan", p, "--device", "cuda"], {"DASC_POOL_SLOTS": "7"}), ([], {})]
+    served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
     cases = [{"argv": a, "env": e} for a, e, _ in refused] + [{"argv": a, "env": e} for a, e in served]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}

@@ -73,43 +73,6 @@ def test_several_unserved_options_are_named_in_one_line():
         check_server_args(SimpleNamespace(enable_mixed_chunk=True, enable_memory_saver=True))
 
 
-def test_a_launch_where_no_cuda_gpu_is_visible_is_refused_last_in_one_line(tmp_path, monkeypatch, real_cuda_check):
-    """On a machine without a GPU a valid plan used to reach SGLang's own "No accelerator ... is available" traceback
-    (its device detection, with --device unset). The launcher now refuses it in one line, after the plan and the
-    options (a wrong plan or option is named first, as on a GPU host); an explicit --device is the device rule's."""
-    from dasc_runtime import startup_checks
-    from dasc_runtime.settings import DascSettings
-    from dasc_runtime.verify import DascRefusal
-
-    monkeypatch.setattr(startup_checks, "check_cuda_visible", real_cuda_check)
-    plan, plan_dir, _ = compile_tiny(tmp_path)
-    settings = DascSettings(plan=str(plan_dir))
-    visible = {"now": False}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible["now"])
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    tail = ": the dasc pool and its Triton kernels run on CUDA GPUs; check the GPU driver, that torch is a CUDA build " \
-           "and CUDA_VISIBLE_DEVICES (on a machine without a GPU, dasc size checks the plan and prints the flags)"
-    with pytest.raises(DascRefusal) as info:
-        startup_checks.check_launch(settings, SimpleNamespace(model_path=None))
-    assert str(info.value) == ("dasc: refusing to start: no CUDA GPU is visible to this process "
-                               "(torch.cuda.is_available() is False)" + tail)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(DascRefusal) as info:
-        startup_checks.check_launch(settings, SimpleNamespace())
-    assert str(info.value) == ("dasc: refusing to start: no CUDA GPU is visible to this process "
-                               "(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES='')" + tail)
-    with pytest.raises(DascRefusal) as info:                           # an option the runtime refuses comes first
-        startup_checks.check_launch(settings, SimpleNamespace(disable_radix_cache=True))
-    assert str(info.value).startswith(PREFIX + "--disable-radix-cache")
-    # --device cuda named: the launch goes on (SGLang's own checks of that device follow)
-    assert startup_checks.check_launch(settings, SimpleNamespace(device="cuda")).model.model_type == \
-        plan.model.model_type
-    with pytest.raises(DascRefusal, match=r"^dasc: refusing to start: unsupported option\(s\): --device cpu "):
-        startup_checks.check_launch(settings, SimpleNamespace(device="cpu"))
-    visible["now"] = True
-    assert startup_checks.check_launch(settings, SimpleNamespace()).model.model_type == plan.model.model_type
-
-
 # ---------------------------------------------------------------- item 9: storage balancing x overlap
 
 def test_storage_plan_at_tp2_needs_overlap_scheduling_off(tmp_path):
