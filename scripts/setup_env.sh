@@ -12,7 +12,7 @@
 # version-sensitive tests there, and the tests of dasc's other dependencies at their newest releases.
 #
 # Why these pins: SGLang imports torchvision at module level, so torch comes with its matching torchvision:
-# 2.9.1 + 0.24.1 (dasc's torch floor; PyPI's CUDA build, ~6.7 GB with its CUDA wheels, runs on a CPU) in the lowest
+# 2.9.1 + 0.24.1 (dasc's torch floor; PyPI's CUDA build, ~7.6 GB of venv with its CUDA wheels, runs on a CPU) in the lowest
 # environment, 2.14.1 + 0.29.1 (what 0.5.23 pins; on this machine's disk) in the newest. SGLang 0.5.17 pins torch
 # 2.11 and 0.5.23 torch 2.14.1 for their GPU kernels; both are installed with --no-deps plus only what their cache
 # code (and 0.5.23's Engine, where dasc's keyword hook sits) imports; 0.5.17's cache classes run here on 2.9.1,
