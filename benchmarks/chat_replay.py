@@ -17,7 +17,8 @@ Requests are ``/generate`` with ``input_ids``, ``max_new_tokens`` (the recorded 
 clipped) and ``ignore_eos``, streamed (SGLang 0.5.17 ``http_server.py``; ``--skip-tokenizer-init``
 servers send cumulative ``output_ids``). Per request the record holds TTFT and E2E (client
 clock, s), ``cached_tokens``, the turn's reuse bound (:func:`benchmarks.chat_trace.reusable_tokens`
-against the previous request of the session), and, when the server runs ``--enable-metrics``,
+against the previous request of the session, and against the conversations already started through a
+shared prefix, ``--shared-prefix-tokens``), and, when the server runs ``--enable-metrics``,
 SGLang's own ``queue_time`` (s in the waiting queue) and prefill time (``prefill_finished_time -
 forward_entry_time``, s) from the last event's ``meta_info``
 (``observability/req_time_stats.py``). A sampler records the requests in flight every
@@ -50,8 +51,9 @@ from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from benchmarks.trace_file import load_trace
-from benchmarks.chat_trace import (REPLAYS, ChatTurns, chat_turns, context_pad, reusable_tokens,
-                                   seed_conversations)
+from benchmarks.chat_trace import (REPLAYS, ChatTurns, aligned, chat_turns, context_pad,
+                                   reusable_tokens, seed_conversations, shared_prefixes)
+from benchmarks.turn_account import turn_class
 from dasc_compile.errors import DascInputError
 from benchmarks.cli_args import OneLineParser, path_named
 
@@ -65,7 +67,11 @@ class TurnRecord:
     """One request; times in s (``start_s``/``end_s`` from the replay's start), lengths in tokens.
 
     ``reuse_bound``: tokens of this prompt a cache holding every state of the session's previous
-    request could serve (0 on turn 0). ``prev_prompt_tokens``: that request's prompt length.
+    request and of every request sent before it could serve (on turn 0 only ``shared_tokens``).
+    ``shared_tokens``: the part of it another conversation of the seed, started before this request,
+    shares (:func:`benchmarks.chat_trace.shared_prefixes`, aligned as the bound): a hit no longer than it
+    did not need this conversation's own checkpoint. ``prev_prompt_tokens``: the previous request's prompt
+    length.
     ``queue_s`` / ``prefill_s``: SGLang's request metrics (NaN without ``--enable-metrics``).
     """
 
@@ -75,6 +81,7 @@ class TurnRecord:
     prompt_tokens: int
     max_new_tokens: int
     reuse_bound: int = 0
+    shared_tokens: int = 0
     prev_prompt_tokens: int = 0
     start_s: float = math.nan
     end_s: float = math.nan
@@ -150,6 +157,10 @@ class Replay:
         u = urlsplit(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.sessions, self.timeout_s, self.think_s, self.seed = sessions, timeout_s, think_s, seed
+        # tokens each conversation's first prompt shares with each other's, before any turn advances
+        self.shared = shared_prefixes([x.prompt() for x in sessions])
+        self.position = {x.conv: i for i, x in enumerate(sessions)}
+        self.started: list[int] = []      # positions of the conversations whose first request was sent
         self.records: list[TurnRecord] = []
         self.inflight = 0
         self.samples: list[list[float]] = []
@@ -161,13 +172,18 @@ class Replay:
         previous: list[int] = []          # the previous request's prompt + reply, as the server holds it
         prev_prompt = 0
         pauses = iter(think_times(self.seed, s.conv, self.think_s))
+        me = self.position[s.conv]
         while not s.done:
             ids = s.prompt()
+            with self.lock:
+                shared = aligned(max((self.shared[me][j] for j in self.started if j != me), default=0), len(ids))
+                if s.turn == 0:
+                    self.started.append(me)
+                self.inflight += 1
+            own = reusable_tokens(ids, previous) if previous else 0
             rec = TurnRecord(conv=s.conv, turn=s.turn, source_id=s.source_id, prompt_tokens=len(ids),
                              max_new_tokens=s.decode[s.turn], prev_prompt_tokens=prev_prompt,
-                             reuse_bound=reusable_tokens(ids, previous) if previous else 0)
-            with self.lock:
-                self.inflight += 1
+                             reuse_bound=max(own, shared), shared_tokens=shared)
             out = generate(self.host, self.port, ids, s.decode[s.turn], timeout_s=self.timeout_s, rec=rec, t0=self.t0)
             with self.lock:
                 self.inflight -= 1
@@ -293,11 +309,12 @@ def run_open(r: Replay, rate: float) -> None:
 
 
 def build_sessions(convs, indices: Sequence[int], *, seed: int, replay: str, decode_clip: int | None,
-                   pad_tokens: int, vocab_size: int | None) -> list[ChatTurns]:
-    """The seed's sessions, in the seed's order (see :mod:`benchmarks.chat_trace`)."""
+                   pad_tokens: int, vocab_size: int | None, shared_tokens: int = 0) -> list[ChatTurns]:
+    """The seed's sessions, in the seed's order (see :mod:`benchmarks.chat_trace`; ``shared_tokens`` of each
+    pad the same in every conversation)."""
     return [chat_turns(i, convs[i], replay=replay, decode_clip=decode_clip, vocab_size=vocab_size,
                        pad=context_pad(convs[i].source_id, pad_tokens, seed=seed, im_start=IM_START,
-                                       im_end=IM_END, newline=NEWLINE))
+                                       im_end=IM_END, newline=NEWLINE, shared_tokens=shared_tokens))
             for i in indices]
 
 
@@ -328,6 +345,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--replay", default="served-reply", help=f"one of {', '.join(REPLAYS)}")
     ap.add_argument("--decode-clip", type=int, default=None, help="reply clip in tokens (paper: 1024)")
     ap.add_argument("--pad-tokens", type=int, default=0, help="context pad per conversation (tokens)")
+    ap.add_argument("--shared-prefix-tokens", type=int, default=0,
+                    help="tokens at the start of the pad that every conversation of the seed shares (a system "
+                         "prompt; 0 to --pad-tokens)")
     ap.add_argument("--vocab-size", type=int, default=None, help="served model's vocab (ids >= it wrap)")
     ap.add_argument("--clients", type=int, default=None, help="closed loop: sessions at once")
     ap.add_argument("--rate", type=float, default=None, help="open loop: conversation starts per s")
@@ -366,7 +386,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         header, convs = load_trace(a.trace)
         indices = seed_conversations(len(convs), a.conversations_per_seed, a.seed, pool_seed=a.pool_seed)
         sessions = build_sessions(convs, indices, seed=a.seed, replay=a.replay, decode_clip=a.decode_clip,
-                                  pad_tokens=a.pad_tokens, vocab_size=a.vocab_size)
+                                  pad_tokens=a.pad_tokens, vocab_size=a.vocab_size,
+                                  shared_tokens=a.shared_prefix_tokens)
     except DascInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -387,7 +408,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     write_json(a.out, {"format": RESULT_FORMAT, "version": RESULT_VERSION, "config": config,
                        "records": [asdict(x) for x in r.records], "inflight": r.samples, "wall_s": wall})
     failed = sum(not x.success for x in r.records)
-    hits = sum(x.cached_tokens > 0 for x in r.records if x.turn > 0)
+    hits = sum(turn_class(asdict(x)) == "hit" for x in r.records if x.success)
     later = sum(x.turn > 0 for x in r.records)
     print(f"{a.arm} seed {a.seed}: {len(r.records)} requests ({failed} failed) in {wall:.1f} s; "
           f"later turns hit {hits}/{later}", flush=True)

@@ -10,7 +10,12 @@ A **context pad** of ``pad_tokens`` tokens places a conversation at a longer con
 changing its turns: a ChatML system block ``<|im_start|> ids <|im_end|> \\n`` whose ids are
 drawn per conversation (seeded by the trace seed and the conversation's ShareGPT id), so no two
 conversations share a prefix through it. With it the regime map moves along context length
-(initial prompts around 4k, 8k, 16k tokens) on the same conversations.
+(initial prompts around 4k, 8k, 16k tokens) on the same conversations. A **shared prefix** of
+``shared_tokens`` makes the block's first tokens the same for every conversation of a seed (a
+system prompt all sessions send): the radix tree then forks where the block stops being shared,
+and a checkpoint inside the shared part can serve any conversation's first turn
+(:func:`shared_prefixes` gives each conversation's bound; :func:`benchmarks.turn_account.turn_class`
+counts a later turn that found only the shared part as lost).
 
 The **replay** decides what turn ``k + 1`` carries of turn ``k``'s reply (:class:`ChatTurns`):
 
@@ -76,6 +81,17 @@ def check_pad(pad_tokens: int) -> None:
         raise DascInputError(f"--pad-tokens: expected 0 or >= 4 tokens, got {pad_tokens}")
 
 
+def check_shared(shared_tokens: int, pad_tokens: int) -> None:
+    """Refuse a shared prefix longer than the context pad it is part of (:func:`context_pad`).
+
+    Raises:
+        DascInputError: naming ``--shared-prefix-tokens``.
+    """
+    if not 0 <= shared_tokens <= pad_tokens:
+        raise DascInputError(f"--shared-prefix-tokens: expected 0 to --pad-tokens ({pad_tokens}) tokens, the "
+                             f"part of the context pad every conversation of a seed shares, got {shared_tokens}")
+
+
 def check_replay(replay: str) -> None:
     """Refuse a replay not in :data:`REPLAYS`.
 
@@ -98,21 +114,54 @@ def reply_close(reply: Sequence[int]) -> list[int]:
 
 
 def context_pad(source_id: str, pad_tokens: int, *, seed: int, im_start: int, im_end: int,
-                newline: int) -> tuple[int, ...]:
+                newline: int, shared_tokens: int = 0) -> tuple[int, ...]:
     """The conversation's system block of ``pad_tokens`` tokens (0: empty).
 
     ``pad_tokens`` counts the whole block, markers included (>= 4 when not 0); the body ids are
-    uniform in :data:`PAD_ID_RANGE` from ``random.Random(f"{seed}:{source_id}")``.
+    uniform in :data:`PAD_ID_RANGE`. Block position ``i`` (0 is ``<|im_start|>``) takes its id from
+    ``random.Random(f"{seed}:shared")`` when ``i < shared_tokens`` (the same in every conversation of
+    the seed) and from ``random.Random(f"{seed}:{source_id}")`` otherwise, so ``shared_tokens`` 0 gives
+    the unshared block of earlier runs unchanged and ``pad_tokens`` shares all of it.
 
     Raises:
-        DascInputError: 0 < pad_tokens < 4 (no room for the body) or pad_tokens < 0.
+        DascInputError: 0 < pad_tokens < 4 (no room for the body) or pad_tokens < 0; shared_tokens
+            outside [0, pad_tokens].
     """
     check_pad(pad_tokens)
+    check_shared(shared_tokens, pad_tokens)
     if pad_tokens == 0:
         return ()
-    rng = random.Random(f"{seed}:{source_id}")
-    body = [rng.randrange(*PAD_ID_RANGE) for _ in range(pad_tokens - 3)]
+    own, shared = random.Random(f"{seed}:{source_id}"), random.Random(f"{seed}:shared")
+    n_shared = max(0, min(shared_tokens - 1, pad_tokens - 3))       # body positions 1 .. shared_tokens - 1
+    body = [shared.randrange(*PAD_ID_RANGE) for _ in range(n_shared)]
+    body += [own.randrange(*PAD_ID_RANGE) for _ in range(pad_tokens - 3 - n_shared)]
     return (im_start, *body, im_end, newline)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences (tokens)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_prefixes(first_prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``out[i][j]``: tokens conversation ``i``'s first prompt shares with conversation ``j``'s (0 on the diagonal).
+
+    Every later prompt of a conversation starts with its first prompt, so a later turn of ``i`` shares
+    ``min(out[i][j], its length)`` tokens with anything ``j`` sent (unless ``i``'s first prompt is a prefix of
+    ``j``'s, which a seed of distinct ShareGPT conversations does not hold). Quadratic in the conversations of
+    a seed (24-42) and linear in the shared part: well under a second at 16k-token pads.
+    """
+    n = len(first_prompts)
+    out = [[0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            out[i][j] = out[j][i] = common_prefix(first_prompts[i], first_prompts[j])
+    return out
 
 
 @dataclass
@@ -184,12 +233,13 @@ def reusable_tokens(prompt: Sequence[int], previous: Sequence[int], *, align: in
     """Tokens of ``prompt`` a cache holding every state of ``previous`` could serve (a turn's
     reuse bound): the common prefix, rounded down to ``align`` (checkpoint granularity) and at
     most ``len(prompt) - 1`` (the last prompt token is always computed)."""
-    n = 0
-    for a, b in zip(prompt, previous):
-        if a != b:
-            break
-        n += 1
-    n = min(n, len(prompt) - 1)
+    return aligned(common_prefix(prompt, previous), len(prompt), align=align)
+
+
+def aligned(common: int, prompt_tokens: int, *, align: int = CHECKPOINT_ALIGN) -> int:
+    """A common prefix of ``common`` tokens as the tokens a checkpoint could serve of a ``prompt_tokens``-token
+    prompt: at most ``prompt_tokens - 1``, rounded down to ``align``."""
+    n = max(0, min(common, prompt_tokens - 1))
     return n - n % align
 
 

@@ -52,7 +52,7 @@ from typing import Sequence
 
 from benchmarks.card import gpu_name
 from benchmarks.chat_replay import IM_END, open_loop_spans
-from benchmarks.chat_trace import check_seeds
+from benchmarks.chat_trace import check_seeds, check_shared
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
 from benchmarks.run_order import (RUN_MARGIN, RunEstimates, closing_run_due, expect_map, parse_expect, run_name,
@@ -194,6 +194,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         order = schedule(names, a.seeds, baseline=a.baseline)
         span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
                 if a.rate is not None else {})
+        check_shared(a.shared_prefix_tokens, a.pad_tokens)
         check_seeds(load_trace(a.trace)[1], a.seeds, per_seed=a.conversations_per_seed, pool_seed=a.pool_seed,
                     replay=a.replay, decode_clip=a.decode_clip, pad_tokens=a.pad_tokens,
                     context_length=a.context_length)     # refused before any run, not by each run in turn
@@ -229,12 +230,14 @@ def cmd_run(a: argparse.Namespace) -> int:
         server_log = a.work / arm / "server.log"
         offset = server_log.stat().st_size if server_log.is_file() else 0
         load = f"c{a.clients}" if a.rate is None else f"r{a.rate:g}"
-        stem = run_name(arm, seed, a.replay, a.pad_tokens, role, load, len(manifest["calls"]) - 1)
+        stem = run_name(arm, seed, a.replay, a.pad_tokens, role, load, len(manifest["calls"]) - 1,
+                        shared=a.shared_prefix_tokens)
         out = runs_dir / f"{stem}.json.gz"
         cmd = [*CLIENT, "--trace", str(a.trace.resolve()), "--url", f"http://127.0.0.1:{s['port']}", "--arm", arm,
                "--seed", str(seed), "--conversations-per-seed", str(a.conversations_per_seed),
                "--pool-seed", str(a.pool_seed), "--replay", a.replay, "--decode-clip", str(a.decode_clip),
-               "--pad-tokens", str(a.pad_tokens), "--vocab-size", str(a.vocab_size), "--out", str(out.resolve())]
+               "--pad-tokens", str(a.pad_tokens), "--shared-prefix-tokens", str(a.shared_prefix_tokens),
+               "--vocab-size", str(a.vocab_size), "--out", str(out.resolve())]
         cmd += ["--clients", str(a.clients)] if a.rate is None else ["--rate", str(a.rate), "--think-s", str(a.think_s)]
         t = time.monotonic()
         try:
@@ -250,7 +253,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             state["ran"] += 1
             state["others_ran"] += arm != order[-1][0]
         manifest["runs"].append({"call": len(manifest["calls"]) - 1, "index": idx, "arm": arm, "seed": seed,
-                                 "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens, "file": out.name,
+                                 "role": role, "replay": a.replay, "pad_tokens": a.pad_tokens,
+                                 "shared_prefix_tokens": a.shared_prefix_tokens, "file": out.name,
                                  "gpu": s.get("gpu"),    # per run: a later call may relaunch the server elsewhere
                                  "wall_s": round(dt, 1), "rc": rc, "client": tail.strip(),
                                  "dasc_counters": log_tail(server_log, "dasc", 1), "dasc_account": account})
@@ -334,7 +338,11 @@ def main(argv=None) -> int:
     run.add_argument("--decode-clip", type=int_at_least(1), default=256,
                      help="reply lengths clipped at this many tokens")
     run.add_argument("--pad-tokens", type=int_at_least(0), default=0,
-                     help="unique tokens put before each conversation (the context-length axis)")
+                     help="tokens put before each conversation (the context-length axis): unique to it unless "
+                          "--shared-prefix-tokens")
+    run.add_argument("--shared-prefix-tokens", type=int_at_least(0), default=0,
+                     help="the first tokens of that pad, the same in every conversation of a seed (a shared system "
+                          "prompt: at most --pad-tokens; default 0, none shared)")
     run.add_argument("--clients", type=int_at_least(1), default=None,
                      help="closed loop: concurrent clients (default 24)")
     run.add_argument("--rate", type=number_above_zero("conversations/s"), default=None,

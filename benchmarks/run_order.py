@@ -97,15 +97,17 @@ def runs_to_reserve(order: Sequence[tuple[str, int, str]], idx: int) -> int:
     return len(reserved_runs(order, idx))
 
 
-def run_name(arm: str, seed: int, replay: str, pad: int, role: str, load: str, call: int) -> str:
-    """File stem of one run's result: ``ARM__sSEED__REPLAY__pPAD__LOAD__kCALL[__drift]``.
+def run_name(arm: str, seed: int, replay: str, pad: int, role: str, load: str, call: int, shared: int = 0) -> str:
+    """File stem of one run's result: ``ARM__sSEED__REPLAY__pPAD[shSHARED]__LOAD__kCALL[__drift]`` (``shSHARED``
+    only with a shared system prompt of ``shared`` tokens, so earlier names stay as they were).
 
     ``load`` is ``c<clients>`` (closed loop) or ``r<rate>`` (open loop, conversations/s) and ``call``
     the index of the call in the work folder's manifest.json. Both are in the name because a work
     folder outlives a call on a warm machine: before they were, a closed-loop saturation run of seed 4
     wrote over the open-loop Dense run of seed 4 that an earlier call had left there (session 36).
     """
-    return f"{arm}__s{seed}__{replay}__p{pad}__{load}__k{call}" + ("__drift" if role == "drift" else "")
+    return (f"{arm}__s{seed}__{replay}__p{pad}" + (f"sh{shared}" if shared else "") + f"__{load}__k{call}"
+            + ("__drift" if role == "drift" else ""))
 
 
 def reserve_s(order: Sequence[tuple[str, int, str]], idx: int, run_s: Callable[[str, int], float]) -> float:

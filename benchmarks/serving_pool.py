@@ -26,9 +26,12 @@ def group_label(o: dict) -> str:
     """``arm (protocol, replay[, N clients][, rho R], card)``: the series an arm object belongs to. The closed
     loop's client count is part of it: 24 and 42 clients put different working sets on the same cache, and
     pooling their ratios would average two conditions. So is the card (``gpu``, :func:`benchmarks.card.card_label`):
-    rho is a fraction of one card's saturation, and a prefill's share of the work differs between cards."""
+    rho is a fraction of one card's saturation, and a prefill's share of the work differs between cards. So is a
+    shared system prompt (``shared_prefix_tokens``): first turns can hit there."""
     return (f"{o['arm']} ({o['protocol']}, {o['replay']}" + (f", {o['clients']} clients" if o.get("clients") else "")
-            + (f", rho {o['rho']}" if o.get("rho") else "") + f", {card_label(o.get('gpu'))})")
+            + (f", rho {o['rho']}" if o.get("rho") else "")
+            + (f", {o['shared_prefix_tokens']} shared" if o.get("shared_prefix_tokens") else "")
+            + f", {card_label(o.get('gpu'))})")
 
 
 def pool_seed_ratios(docs: Sequence[list], key: str) -> dict:

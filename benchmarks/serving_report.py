@@ -111,7 +111,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                 first = [x for x in rs_ if x["call"] == r["call"] and x["arm"] == r["arm"] and x["draw"] == r["draw"]]
                 if first:
                     drift.setdefault(r["arm"], []).append(r["mean_ttft_s"] / first[0]["mean_ttft_s"])
-        protocol, replay, pad, clip, clients, rate, per_seed = cond
+        protocol, replay, pad, clip, clients, rate, per_seed, shared = cond
         for arm in sorted({r["arm"] for r in rs_}, key=lambda a: (a != "dense", a != "int8", a)):
             mine = sorted((r for r in rs_ if r["arm"] == arm), key=lambda r: (r["trace"], r["seed"]))
             one_trace = len({r["trace"] for r in mine}) == 1
@@ -138,7 +138,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
             rt_d, rt_i, re_d = ratios("dense", "mean_ttft_s"), ratios("int8", "mean_ttft_s"), ratios("dense", "mean_e2e_s")
             re_i = ratios("int8", "mean_e2e_s")
             o = {"arm": arm, "model": model, "w_max": _w_max(arm), "decays": decays,
-                 "regime": f"pad{pad}", "rate": rate, "decode_clip": clip, "seeds": [r["seed"] if one_trace else r["draw"] for r in mine],
+                 "regime": f"pad{pad}" + (f"-shared{shared}" if shared else ""), "rate": rate, "decode_clip": clip, "seeds": [r["seed"] if one_trace else r["draw"] for r in mine],
                  "traces": sorted({r["trace"] for r in mine}),
                  "mean_ttft_s": s("mean_ttft_s")["mean"],
                  "mean_ttft_ratio_vs_dense": spread(rt_d)["mean"] if arm != "dense" else None,
@@ -160,7 +160,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "replay": replay, "reuse_bound": s("reuse_bound")["mean"], "ttft_hit_s": s("ttft_hit_s")["mean"],
                  "ttft_miss_s": s("ttft_miss_s")["mean"], "prefill_tokens_saved": s("prefill_tokens_saved")["mean"],
                  # beyond the keys: spreads over seeds, the hit account, what each run was
-                 "pad_tokens": pad, "conversations_per_seed": per_seed,
+                 "pad_tokens": pad, "shared_prefix_tokens": shared, "conversations_per_seed": per_seed,
                  "initial_prompt_mean": s("initial_prompt_mean")["mean"],
                  "context_max": max(r["context_max"] for r in mine),
                  "ttft_ratio_vs_dense_spread": spread(rt_d) if arm != "dense" else None,
@@ -170,7 +170,8 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "ttft_ratio_vs_dense_by_seed": by_seed("dense"), "ttft_ratio_vs_int8_by_seed": by_seed("int8"),
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost",
-                                                                         "lost_reply_stored", "lost_prompt_only")},
+                                                                         "lost_reply_stored", "lost_prompt_only",
+                                                                         "first_shared_hits", "lost_shared_hit")},
                  "away_median_s": {k: _median([g for r in mine for g in r[f"away_{k}_s"]])
                                         for k in ("lost", "hit")},
                  "server_account": ckpt_account.aggregate((r.get("account") for r in mine),

@@ -10,9 +10,12 @@ Per run (``chat_replay`` records, successful requests):
   ``reuse_bound`` = sum(reuse bound) / sum(prompt tokens) (what a cache holding every state could
   serve); ``prefill_tokens_saved`` = sum(cached);
 * ``ttft_hit_s`` / ``ttft_miss_s``: mean TTFT of later turns (turn > 0) with / without a hit;
-* the hit account of later turns: ``reply_end`` (cached beyond the previous prompt: the checkpoint
-  stored at the end of the served reply), ``prompt_end`` (a hit no longer than the previous prompt),
-  ``lost`` (no hit although the bound was > 0: evicted before the turn came back);
+* the hit account of later turns (:func:`benchmarks.turn_account.turn_class`): ``reply_end`` (cached beyond
+  the previous prompt: the checkpoint stored at the end of the served reply), ``prompt_end`` (a hit of its own
+  no longer than the previous prompt), ``lost`` (nothing beyond the shared part of the prompt although the
+  bound was beyond it: evicted before the turn came back); with a shared system prompt also
+  ``first_shared_hits`` (first turns served from another conversation's checkpoint in the shared part) and
+  ``lost_shared_hit`` (lost turns that still found the shared part);
 * ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
   the last third of the run exceed those over the middle third by more than half and by more than
@@ -43,7 +46,7 @@ from benchmarks.chat_replay import read_json
 from benchmarks.cli_args import int_at_least
 from benchmarks.serving_pool import pctl
 from benchmarks.serving_tables import read_json_file
-from benchmarks.turn_account import SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval
+from benchmarks.turn_account import SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval, turn_class
 from dasc_compile.errors import DascInputError
 
 
@@ -86,6 +89,7 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
     # prompt + reply - 1 in prev_prompt_tokens)
     prompt_of = {(r["conv"], r["turn"]): r["prompt_tokens"] for r in result["records"]}
     prev = {id(r): prompt_of.get((r["conv"], r["turn"] - 1), 0) for r in later}
+    cls = {id(r): turn_class(r) for r in later}
     prompt = sum(r["prompt_tokens"] for r in recs)
     cached = sum(r["cached_tokens"] for r in recs)
     inflight, stable = stability(result.get("inflight") or [], max_running)
@@ -100,12 +104,14 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
         "hit_rate": cached / prompt if prompt else math.nan,
         "reuse_bound": sum(r["reuse_bound"] for r in recs) / prompt if prompt else math.nan,
         "prefill_tokens_saved": cached, "prompt_tokens": prompt,
-        "ttft_hit_s": nanmean([r["ttft_s"] for r in later if r["cached_tokens"] > 0]),
-        "ttft_miss_s": nanmean([r["ttft_s"] for r in later if r["cached_tokens"] == 0]),
+        "ttft_hit_s": nanmean([r["ttft_s"] for r in later if cls[id(r)] == "hit"]),
+        "ttft_miss_s": nanmean([r["ttft_s"] for r in later if cls[id(r)] != "hit"]),
         "later_turns": len(later),
-        "reply_end": sum(r["cached_tokens"] > prev[id(r)] for r in later),
-        "prompt_end": sum(0 < r["cached_tokens"] <= prev[id(r)] for r in later),
-        "lost": sum(r["cached_tokens"] == 0 and r["reuse_bound"] > 0 for r in later),
+        "reply_end": sum(cls[id(r)] == "hit" and r["cached_tokens"] > prev[id(r)] for r in later),
+        "prompt_end": sum(cls[id(r)] == "hit" and r["cached_tokens"] <= prev[id(r)] for r in later),
+        "lost": sum(cls[id(r)] == "lost" for r in later),
+        "first_shared_hits": sum(r["turn"] == 0 and r["cached_tokens"] > 0 for r in recs),
+        "lost_shared_hit": sum(cls[id(r)] == "lost" and r["cached_tokens"] > 0 for r in later),
         "queue_s": nanmean([r["queue_s"] for r in recs]), "prefill_s": nanmean([r["prefill_s"] for r in recs]),
         "initial_prompt_mean": nanmean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),
         "context_max": max((r["prompt_tokens"] + r["completion_tokens"] for r in recs), default=0),
@@ -290,7 +296,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                         "file": str(w / "runs" / e.get("file", "")),
                         "role": e["role"],
                         "cond": (cfg["protocol"], cfg["replay"], cfg["pad_tokens"], cfg["decode_clip"],
-                                 cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"]),
+                                 cfg.get("clients"), cfg.get("rate"), cfg["conversations_per_seed"],
+                                 cfg.get("shared_prefix_tokens") or 0),     # runs before 2026-12-07: none shared
                         "launch": launch,       # the card: the run's own record, else its server's
                         "gpu": e["gpu"] if "gpu" in e else (servers.get(e["arm"]) or {}).get("gpu"),
                         "max_running": mr, "account": e.get("dasc_account"),

@@ -66,13 +66,16 @@ def markdown(objs: Sequence[dict]) -> str:
     if objs:
         out += [f"Model: {objs[0]['model']}; decays: {objs[0]['decays']}"
                 + (f"; GPU: {objs[0]['gpu']}." if objs[0].get("gpu") else "; GPU not recorded."), "", LEGEND, ""]
-    for cond in dict.fromkeys((o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"], o["rate"])
-                              for o in objs):
-        rows = [o for o in objs if (o["protocol"], o["replay"], o["pad_tokens"], o["reply_clip"], o["clients"],
-                                    o["rate"]) == cond]
-        p, rep, pad, clip, c, rate = cond
+    def key(o: dict) -> tuple:
+        return (o["protocol"], o["replay"], o["pad_tokens"], o.get("shared_prefix_tokens") or 0, o["reply_clip"],
+                o["clients"], o["rate"])
+
+    for cond in dict.fromkeys(key(o) for o in objs):
+        rows = [o for o in objs if key(o) == cond]
+        p, rep, pad, shared, clip, c, rate = cond
         ds = [o for o in rows if (o.get("drift") or o.get("dense_drift") or {}).get("n")]   # each call's baseline
-        out.append(f"### {p}, {rep}, pad {pad}, reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s" + (f" (rho {rows[0]['rho']})" if rows[0].get("rho") else ""))
+        out.append(f"### {p}, {rep}, pad {pad}" + (f" (first {shared} shared)" if shared else "")
+                   + f", reply clip {clip}, " + (f"{c} clients" if c else f"rate {rate}/s" + (f" (rho {rows[0]['rho']})" if rows[0].get("rho") else ""))
                    + f"; initial prompt mean {_f(rows[0]['initial_prompt_mean'], 0)} tokens, context max "
                      f"{rows[0]['context_max']}"
                    + "".join(f"; {_arm_label(d['arm'])} drift over a call {_f(_drift(d)['mean'])} (n={_drift(d)['n']})"
@@ -94,6 +97,8 @@ def markdown(objs: Sequence[dict]) -> str:
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")
         out.append("")
+        if shared:
+            out += [shared_line(rows), ""]
         if any(o.get("live_conversations_max") for o in rows):
             out += ["Live conversations (first request to last reply, think time included; the working set the "
                     "cached states must cover): " + "; ".join(
@@ -110,6 +115,15 @@ def markdown(objs: Sequence[dict]) -> str:
                                    + "; left out of the means and ratios)") for o in rows) + ".", ""]
         out.extend(ckpt_account.markdown_rows(rows))
     return "\n".join(out)
+
+
+def shared_line(rows: Sequence[dict]) -> str:
+    """One line per condition with a shared system prompt: first turns served from another conversation's
+    checkpoint in the shared part, and lost later turns that found only that part (counted lost,
+    :func:`benchmarks.turn_account.turn_class`)."""
+    return ("Shared system prompt: first turns served from the shared part / lost later turns that found only the "
+            "shared part: " + "; ".join(f"{o['arm']} {_n(o['hit_account'].get('first_shared_hits'))} / "
+                                        f"{_n(o['hit_account'].get('lost_shared_hit'))}" for o in rows) + ".")
 
 
 def lost_turns_line(rows: Sequence[dict]) -> str:
@@ -207,12 +221,13 @@ _ARM_FIELDS = {"arm": (lambda v: isinstance(v, str), "a string"),
                "replay": (lambda v: isinstance(v, str), "a string"),
                "initial_prompt_mean": (_is_num, "a number"),
                "pad_tokens": (_is_int, "an integer"),
+               "shared_prefix_tokens": (_is_int, "an integer"),
                "clients": (lambda v: v is None or _is_int(v), "an integer or null"),
                "rate": (lambda v: v is None or _is_num(v), "a number or null"),
                "ttft_ratio_vs_dense_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)"),
                "ttft_ratio_vs_int8_by_seed": (_is_ratios, "null or an object of per-seed ratios (numbers)"),
                "gpu": (lambda v: v is None or isinstance(v, str), "the card's name (a string) or null")}
-_OPTIONAL = {"ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed", "gpu"}
+_OPTIONAL = {"ttft_ratio_vs_dense_by_seed", "ttft_ratio_vs_int8_by_seed", "gpu", "shared_prefix_tokens"}
 
 
 def _check_arm_object(path, o: dict) -> None:

@@ -4,10 +4,14 @@ capacity").
 
 Each successful request of a run falls in one class (``chat_replay`` records):
 
-* ``first``: turn 0, which no arm can hit (the conversation's first prompt);
-* ``hit``: a later turn served with cached tokens (``cached_tokens > 0``);
-* ``lost``: a later turn with no hit although its reuse bound was above 0 (its checkpoint was evicted);
-* ``fresh``: a later turn with nothing to reuse (reuse bound 0).
+* ``first``: turn 0 (the conversation's first prompt: no arm holds it, though with a shared system prompt an
+  arm may serve the shared part);
+* ``hit``: a later turn served from its own conversation's checkpoint (``cached_tokens`` beyond the shared part
+  of the prompt, ``shared_tokens``: beyond 0 without a shared prefix);
+* ``lost``: a later turn with no such hit although its reuse bound was beyond the shared part (its checkpoint
+  was evicted);
+* ``fresh``: a later turn with nothing of its own to reuse.
+The rule is :func:`benchmarks.turn_account.turn_class`.
 
 A run's mean TTFT is ``T = sum_c w_c t_c`` (``w_c``: the class's share of the run's requests, ``t_c``: its
 mean TTFT, s). For the baseline run D and the arm's run X of one seed, exactly::
@@ -54,18 +58,16 @@ from typing import Sequence
 
 from benchmarks.cli_args import OneLineParser, check_out_file, open_fraction, path_named, write_out_file
 from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
+from benchmarks.turn_account import turn_class
 from dasc_compile.errors import DascInputError
 
 CLASSES = ("first", "hit", "lost", "fresh")
 
 
 def classify(record: dict) -> str:
-    """The class of one successful ``chat_replay`` record (module docstring)."""
-    if record["turn"] == 0:
-        return "first"
-    if record["cached_tokens"] > 0:
-        return "hit"
-    return "lost" if record["reuse_bound"] > 0 else "fresh"
+    """The class of one successful ``chat_replay`` record (module docstring;
+    :func:`benchmarks.turn_account.turn_class`)."""
+    return turn_class(record)
 
 
 def class_means(records: Sequence[dict]) -> dict:
@@ -155,11 +157,11 @@ def pairs(runs: Sequence[dict], *, arm: str, baseline: str) -> tuple[list[tuple[
 
 def condition_label(cond: tuple) -> str:
     """A condition key of :func:`benchmarks.serving_runs.collect` (protocol, replay, pad, clip, clients, rate,
-    conversations per seed) as the heading of its table, e.g. 'closed-loop-paper, recorded-reply, pad 6000, reply
+    conversations per seed, shared prefix tokens) as the heading of its table, e.g. 'closed-loop-paper, recorded-reply, pad 6000, reply
     clip 256, 24 clients'."""
-    protocol, replay, pad, clip, clients, rate, _ = cond
-    return f"{protocol}, {replay}, pad {pad}, reply clip {clip}, " + (f"{clients} clients" if clients
-                                                                      else f"rate {rate}/s")
+    protocol, replay, pad, clip, clients, rate, _, shared = cond
+    return (f"{protocol}, {replay}, pad {pad}" + (f" (first {shared} shared)" if shared else "")
+            + f", reply clip {clip}, " + (f"{clients} clients" if clients else f"rate {rate}/s"))
 
 
 def _f(x, nd=3) -> str:

@@ -13,6 +13,25 @@ from typing import Sequence
 from dasc_compile.errors import DascInputError
 
 
+def turn_class(record: dict) -> str:
+    """The class of one successful ``chat_replay`` record, the one rule every report counts hits by:
+
+    * ``first``: a conversation's first turn (turn 0), whatever it hit;
+    * ``hit``: a later turn that hit beyond ``shared_tokens``, the part of its prompt another conversation
+      already sent (a shared system prompt; 0 in runs without one, and in records written before the field
+      existed): it found its own conversation's checkpoint;
+    * ``lost``: a later turn that found no more than the shared part although its reuse bound was beyond it
+      (its own checkpoint was evicted before it came back; a hit on the shared block alone counts here);
+    * ``fresh``: a later turn with nothing of its own to reuse (bound within the shared part).
+    """
+    if record["turn"] == 0:
+        return "first"
+    shared = record.get("shared_tokens", 0)
+    if record["cached_tokens"] > shared:
+        return "hit"
+    return "lost" if record["reuse_bound"] > shared else "fresh"
+
+
 def live_conversations(records: Sequence[dict]) -> tuple[float, int]:
     """(time-average, peak) number of *live* conversations in a run: a conversation is live from its first
     request's ``start_s`` to its last request's ``end_s`` (s from the run's start), think time included.
@@ -84,8 +103,7 @@ def lost_turns(records: Sequence[dict], interval: int = SGLANG_TRACK_INTERVAL) -
     A finished request leaves a reply-end checkpoint only when its reply crossed a multiple of ``interval``
     (tokens, the server's ``--mamba-track-interval``): prompt ``P`` and reply ``L`` tokens leave one at
     ``floor((P + L) / interval) * interval`` when that is past ``P`` (on the committed runs every hit beyond the
-    previous prompt matched exactly that length). A turn is lost when it hit nothing although its bound was
-    > 0 (as :func:`run_stats`).
+    previous prompt matched exactly that length). A turn is lost as :func:`turn_class` says.
 
     Args:
         records: a run's ``chat_replay`` records, in any order (successful ones are read; a lost turn whose
@@ -103,11 +121,12 @@ def lost_turns(records: Sequence[dict], interval: int = SGLANG_TRACK_INTERVAL) -
         if r["turn"] == 0:
             continue
         p = prev.get((r["conv"], r["turn"] - 1))
-        lost = r["cached_tokens"] == 0 and r["reuse_bound"] > 0
+        cls = turn_class(r)
+        lost = cls == "lost"
         if lost:
             reply = p is not None and (p["prompt_tokens"] + p["completion_tokens"]) // interval > p["prompt_tokens"] // interval
             out["lost_reply_stored" if reply else "lost_prompt_only"] += 1
-        if p is not None and _finite(r.get("start_s")) and _finite(p.get("end_s")) and (lost or r["cached_tokens"] > 0):
+        if p is not None and _finite(r.get("start_s")) and _finite(p.get("end_s")) and cls in ("lost", "hit"):
             queue = r.get("queue_s") if _finite(r.get("queue_s")) else 0.0
             out["away_lost_s" if lost else "away_hit_s"].append(r["start_s"] + queue - p["end_s"])
     return out

@@ -23,6 +23,7 @@
 #   will measure, e.g. protocol B's, whose runs leave no room for a start in the call),
 #   BASELINE (dense: the arm that opens the call's first seed and closes the call, so its drift is measured; one of ARMS),
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
+#   SHARED (0: the first SHARED tokens of the pad are the same in every conversation of a seed, a shared system prompt),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
 #   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
 #   FIRST_RUN_S (60: what a closed-loop run is assumed to take until one has run in this call; a seed starts only
@@ -53,14 +54,14 @@ for arm in $ARMS; do
 done
 export OUT=${OUT:-/tmp/chat-out}; mkdir -p "$OUT"
 SEEDS=${SEEDS:-0}; PER_SEED=${PER_SEED:-24}; CLIENTS=${CLIENTS:-24}; MRR=${MRR:-8}; CLIP=${CLIP:-256}
-PAD=${PAD:-0}; REPLAY=${REPLAY:-served-reply}; CONTEXT=${CONTEXT:-24576}; DEADLINE=${DEADLINE:-570}
+PAD=${PAD:-0}; SHARED=${SHARED:-0}; REPLAY=${REPLAY:-served-reply}; CONTEXT=${CONTEXT:-24576}; DEADLINE=${DEADLINE:-570}
 NUM_EXPERTS=${NUM_EXPERTS:-16}; DOWN=${DOWN:-1}; MAX_TOTAL_TOKENS=${MAX_TOTAL_TOKENS:-600000}; BASELINE=${BASELINE:-dense}
 TRACE=${TRACE:-benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_s0.json.gz}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stamp() { echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
 {
-echo "=== chat_bench $(date -u '+%F %T') UTC: ARMS='$ARMS' SEEDS='$SEEDS' PAD=$PAD CLIENTS=$CLIENTS BASELINE=$BASELINE${RATE:+ RATE=$RATE} (run.log: one such line per invocation)"
+echo "=== chat_bench $(date -u '+%F %T') UTC: ARMS='$ARMS' SEEDS='$SEEDS' PAD=$PAD SHARED=$SHARED CLIENTS=$CLIENTS BASELINE=$BASELINE${RATE:+ RATE=$RATE} (run.log: one such line per invocation)"
 stamp "setup ($(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || echo no GPU))"
 launcher=(); PY=python3
 if [ -n "${LAUNCHER:-}" ]; then launcher=(--launcher "$LAUNCHER"); PY=${PYTHON:-python3}   # CPU rehearsal
@@ -83,10 +84,10 @@ extra=(); for f in ${SERVER_FLAGS:-}; do extra+=("--server-flag=$f"); done
 expect=(); for e in ${EXPECT_S:-}; do expect+=("--expect-s=$e"); done
 mode=(--clients "$CLIENTS"); [ -n "${RATE:-}" ] && mode=(--rate "$RATE" --think-s "${THINK:-0}")
 runargs=(--work "$W" --trace "$TRACE" --arms $ARMS --seeds $SEEDS --baseline "$BASELINE" --conversations-per-seed "$PER_SEED"
-         "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --replay "$REPLAY" --context-length "$CONTEXT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
+         "${mode[@]}" --decode-clip "$CLIP" --pad-tokens "$PAD" --shared-prefix-tokens "$SHARED" --replay "$REPLAY" --context-length "$CONTEXT" --first-run-s "${FIRST_RUN_S:-60}" "${expect[@]}")
 # run_chat's refusals name its flags; the settings of this script that set them (keep beside runargs)
 flags_are="--work CHAT_WORK, --trace TRACE, --arms ARMS, --seeds SEEDS, --baseline BASELINE, --conversations-per-seed PER_SEED,"
-flags_are+=" --clients CLIENTS, --rate RATE, --think-s THINK, --decode-clip CLIP, --pad-tokens PAD, --replay REPLAY,"
+flags_are+=" --clients CLIENTS, --rate RATE, --think-s THINK, --decode-clip CLIP, --pad-tokens PAD, --shared-prefix-tokens SHARED, --replay REPLAY,"
 flags_are+=" --context-length CONTEXT, --first-run-s FIRST_RUN_S, --expect-s EXPECT_S, --arms-json the plans' arms.json"
 # the run settings against the trace before any server starts (a fresh machine's start costs ~200 s)
 "$PY" -m benchmarks.run_chat run --check --arms-json "$W/plans/arms.json" "${runargs[@]}"; rc=$?
@@ -98,7 +99,7 @@ stamp "up: $UP_ARMS"
 rc=$?; [ $rc -eq 2 ] && { stamp "run_chat up refused its settings (above); servers already up are left up"; exit 2; }
 stamp "servers: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null || echo 'GPU memory not read (no nvidia-smi)')"
 LEFT=$(( DEADLINE - ($(date +%s) - T0) - 25 ))
-stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD, $REPLAY; $LEFT s left"
+stamp "run: seeds $SEEDS, $PER_SEED conversations each, ${mode[*]}, clip $CLIP, pad $PAD (shared $SHARED), $REPLAY; $LEFT s left"
 if [ "$LEFT" -gt 0 ]; then
   "$PY" -m benchmarks.run_chat run "${runargs[@]}" --deadline-s "$LEFT"
   ran=$?      # 4: no run began (benchmarks/run_chat.py NOTHING_RAN); 2: the run's settings were refused before any run

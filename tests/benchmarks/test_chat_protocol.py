@@ -670,13 +670,13 @@ def test_log_tail_filters_and_cuts(tmp_path):
 
 # ---------------------------------------------------------------- report
 
-def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-loop-paper", "served-reply", 0, 256, 24, None, 24),
+def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-loop-paper", "served-reply", 0, 256, 24, None, 24, 0),
          trace="t.json.gz"):
     return {"arm": arm, "seed": seed, "role": role, "call": call, "cond": cond, "launch": None, "max_running": 8,
             "trace": trace, "draw": f"{trace.removesuffix('.json.gz')}/{seed}",
             "mean_ttft_s": ttft, "p95_ttft_s": ttft, "mean_e2e_s": 2 * ttft, "hit_rate": 0.5, "reuse_bound": 0.7,
             "prefill_tokens_saved": 10, "ttft_hit_s": ttft, "ttft_miss_s": ttft, "later_turns": 3, "reply_end": 1,
-            "prompt_end": 1, "lost": 1, "lost_reply_stored": 1, "lost_prompt_only": 0, "away_lost_s": [20.0 + seed],
+            "prompt_end": 1, "lost": 1, "lost_reply_stored": 1, "lost_prompt_only": 0, "first_shared_hits": 0, "lost_shared_hit": 0, "away_lost_s": [20.0 + seed],
             "away_hit_s": [2.0, 4.0 + seed], "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
             "context_max": 9000, "inflight_mean": 20.0, "inflight_arrivals_mean": 21.0, "inflight_max": 30, "stable": True, "wall_s": wall, "failed": 0, "requests": 4}
 
@@ -707,7 +707,7 @@ def test_live_conversations_by_hand():
 def test_unstable_runs_are_reported_not_averaged():
     """Issue 24 item 2: a run whose open-loop queue grew is reported as unstable, not averaged. Seed 1's
     Dense run grew: the w16 ratio pairs seed 0 only, Dense's mean TTFT is seed 0's, and both say which seed."""
-    ol = ("open-loop", "served-reply", 0, 256, None, 0.4, 24)
+    ol = ("open-loop", "served-reply", 0, 256, None, 0.4, 24, 0)
     runs = [_run("dense", 0, 2.0, cond=ol), {**_run("dense", 1, 40.0, cond=ol), "stable": False},
             _run("w16", 0, 1.0, cond=ol), _run("w16", 1, 3.0, cond=ol)]
     dense, w16 = sr.summarize(runs, model="m", decays="d")

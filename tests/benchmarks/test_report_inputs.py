@@ -121,8 +121,8 @@ def test_map_refuses_an_out_it_cannot_write(tmp_path, capsys):
 
 
 def test_rates_never_pools_two_conditions():
-    pad0 = ("closed-loop-paper", "served-reply", 0, 256, 24, None, 24)
-    pad6k = ("closed-loop-paper", "served-reply", 6000, 256, 24, None, 24)
+    pad0 = ("closed-loop-paper", "served-reply", 0, 256, 24, None, 24, 0)
+    pad6k = ("closed-loop-paper", "served-reply", 6000, 256, 24, None, 24, 0)
     runs = [_run("dense", 0, 2.0, wall=48.0, cond=pad0), _run("dense", 1, 2.0, wall=60.0, cond=pad6k)]
     with pytest.raises(sr.DascInputError, match=r"2 conditions .*pad 0.*pad 6000.*--pad"):
         sr.open_loop_rates(runs, [0.5])

@@ -1,0 +1,138 @@
+"""A shared system prompt in the serving benchmark (issue 24): the pad's first tokens shared by a seed's
+conversations, each request's shared bound, and the one rule by which every report counts a later turn that
+found only the shared part as lost (benchmarks/turn_account.turn_class)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmarks import chat_replay as cr
+from benchmarks import serving_report as sr
+from benchmarks import serving_runs as srun
+from benchmarks.chat_trace import common_prefix, context_pad, shared_prefixes
+from benchmarks.run_order import run_name
+from benchmarks.serving_pool import group_label
+from benchmarks.turn_account import lost_turns, turn_class
+from dasc_compile.errors import DascInputError
+from tests.benchmarks.test_chat_protocol import REPO, TRACE, _run, fake_server  # noqa: F401 (a fixture)
+
+IDS = dict(im_start=1, im_end=2, newline=3)
+
+
+def test_context_pad_shares_exactly_its_first_tokens():
+    a = context_pad("conv-a", 200, seed=4, shared_tokens=70, **IDS)
+    b = context_pad("conv-b", 200, seed=4, shared_tokens=70, **IDS)
+    assert len(a) == len(b) == 200 and a[0] == 1 and a[-2:] == (2, 3)
+    assert common_prefix(a, b) == 70                       # positions 0..69 shared, 70 drawn per conversation
+    # no shared prefix: the body is the conversation's own draw, as in every run before the option existed
+    own = random.Random("4:conv-a")
+    assert context_pad("conv-a", 200, seed=4, **IDS)[1:-2] == tuple(own.randrange(1000, 100000) for _ in range(197))
+    assert common_prefix(context_pad("conv-a", 200, seed=4, **IDS), context_pad("conv-b", 200, seed=4, **IDS)) == 1
+    # the whole block shared; another seed shares another block
+    assert context_pad("conv-a", 200, seed=4, shared_tokens=200, **IDS) == \
+        context_pad("conv-b", 200, seed=4, shared_tokens=200, **IDS)
+    assert common_prefix(context_pad("conv-a", 200, seed=5, shared_tokens=200, **IDS), a) == 1
+
+
+@pytest.mark.parametrize("shared", [-1, 201])
+def test_a_shared_prefix_outside_the_pad_is_refused(shared):
+    with pytest.raises(DascInputError, match=r"--shared-prefix-tokens: expected 0 to --pad-tokens \(200\)"):
+        context_pad("c", 200, seed=0, shared_tokens=shared, **IDS)
+
+
+def test_shared_prefixes_are_the_pairwise_common_prefixes():
+    m = shared_prefixes([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 9], [7]])
+    assert m == [[0, 2, 3, 0], [2, 0, 2, 0], [3, 2, 0, 0], [0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("rec, cls", [
+    (dict(turn=0, cached_tokens=640, reuse_bound=640, shared_tokens=640), "first"),
+    (dict(turn=1, cached_tokens=640, reuse_bound=4096, shared_tokens=640), "lost"),    # only the shared block
+    (dict(turn=1, cached_tokens=0, reuse_bound=4096, shared_tokens=640), "lost"),
+    (dict(turn=1, cached_tokens=704, reuse_bound=4096, shared_tokens=640), "hit"),     # its own checkpoint
+    (dict(turn=1, cached_tokens=640, reuse_bound=640, shared_tokens=640), "fresh"),    # nothing of its own
+    (dict(turn=2, cached_tokens=64, reuse_bound=4096), "hit"),                         # records before the field
+    (dict(turn=2, cached_tokens=0, reuse_bound=4096), "lost"),
+    (dict(turn=2, cached_tokens=0, reuse_bound=0), "fresh"),
+])
+def test_turn_class_counts_a_shared_only_hit_as_lost(rec, cls):
+    assert turn_class(rec) == cls
+
+
+def _rec(conv, turn, prompt, cached, bound, shared, *, reply=64):
+    return dict(conv=conv, turn=turn, source_id=str(conv), prompt_tokens=prompt, max_new_tokens=reply,
+                reuse_bound=bound, shared_tokens=shared, prev_prompt_tokens=0, start_s=float(turn), end_s=turn + 0.5,
+                ttft_s=1.0 + turn, e2e_s=2.0, cached_tokens=cached, completion_tokens=reply, queue_s=0.0,
+                prefill_s=0.1, success=True, error="")
+
+
+def test_run_stats_count_hits_beyond_the_shared_part():
+    recs = [_rec(0, 0, 1000, 0, 0, 0), _rec(0, 1, 1200, 1088, 1088, 640),           # reply end (> prompt 1000)
+            _rec(0, 2, 1400, 640, 1280, 640),                                     # shared part only: lost
+            _rec(1, 0, 1000, 640, 640, 640), _rec(1, 1, 1200, 960, 1088, 640),    # first turn on the shared part;
+            _rec(2, 0, 900, 0, 640, 640), _rec(2, 1, 1100, 0, 960, 640)]          # a prompt-end hit; a lost turn
+    st = srun.run_stats({"records": recs, "config": {"protocol": "closed-loop-paper"}, "inflight": [], "wall_s": 9.0},
+                        max_running=8)
+    assert (st["reply_end"], st["prompt_end"], st["lost"]) == (1, 1, 2)
+    assert st["first_shared_hits"] == 1 and st["lost_shared_hit"] == 1
+    assert st["ttft_hit_s"] == pytest.approx(2.0) and st["ttft_miss_s"] == pytest.approx(2.5)   # turns 1 / 2 and 1
+    lt = lost_turns(recs)
+    assert lt["lost_reply_stored"] + lt["lost_prompt_only"] == 2 and len(lt["away_hit_s"]) == 2
+
+
+def test_the_run_name_and_the_series_carry_the_shared_prefix():
+    assert run_name("dense", 3, "served-reply", 3600, "arm", "c24", 0) == "dense__s3__served-reply__p3600__c24__k0"
+    assert run_name("dense", 3, "served-reply", 3600, "drift", "c24", 1, shared=2048) == \
+        "dense__s3__served-reply__p3600sh2048__c24__k1__drift"
+    o = {"arm": "w16", "protocol": "closed-loop-paper", "replay": "served-reply", "clients": 24, "gpu": "NVIDIA H100"}
+    assert "shared" not in group_label(o) and "2048 shared" in group_label({**o, "shared_prefix_tokens": 2048})
+
+
+def test_the_report_keeps_shared_runs_apart_and_says_what_they_hit():
+    plain, shared = ("closed-loop-paper", "served-reply", 3600, 256, 24, None, 24, 0), \
+        ("closed-loop-paper", "served-reply", 3600, 256, 24, None, 24, 2048)
+    runs = [_run("dense", 0, 2.0, cond=plain), _run("w16", 0, 1.0, cond=plain),
+            {**_run("dense", 0, 3.0, cond=shared), "first_shared_hits": 20, "lost_shared_hit": 5},
+            {**_run("w16", 0, 1.5, cond=shared), "first_shared_hits": 21, "lost_shared_hit": 0}]
+    objs = sr.summarize(runs, model="m", decays="d")
+    assert sorted((o["arm"], o["shared_prefix_tokens"], o["regime"]) for o in objs) == [
+        ("dense", 0, "pad3600"), ("dense", 2048, "pad3600-shared2048"), ("w16", 0, "pad3600"),
+        ("w16", 2048, "pad3600-shared2048")]
+    assert {o["mean_ttft_ratio_vs_dense"] for o in objs if o["arm"] == "w16"} == {0.5}     # paired within each
+    text = sr.markdown(objs)
+    assert "pad 3600 (first 2048 shared), reply clip 256" in text
+    assert ("Shared system prompt: first turns served from the shared part / lost later turns that found only the "
+            "shared part: dense 20 / 5; w16 21 / 0.") in text
+
+
+def test_the_client_records_each_request_s_shared_bound(fake_server, tmp_path):  # noqa: F811
+    out = tmp_path / "shared.json.gz"
+    assert cr.main(["--trace", str(TRACE), "--url", f"http://127.0.0.1:{fake_server}", "--arm", "dense", "--seed", "1",
+                    "--conversations-per-seed", "4", "--clients", "2", "--decode-clip", "16", "--pad-tokens", "300",
+                    "--shared-prefix-tokens", "200", "--out", str(out)]) == 0
+    recs = cr.read_json(out)["records"]
+    first = sorted((r["start_s"], r["shared_tokens"], r["reuse_bound"]) for r in recs if r["turn"] == 0)
+    # the first conversation sent has nothing before it; every later one shares 200 tokens, 192 on the 64 grid
+    assert [s for _, s, _ in first] == [0, 192, 192, 192] and all(b == s for _, s, b in first)
+    assert all(r["shared_tokens"] == 192 and r["reuse_bound"] >= 192 for r in recs if r["turn"] > 0)
+    assert all(r["cached_tokens"] <= r["reuse_bound"] for r in recs)
+    # two clients: the two conversations started second wait for a slot, and the stand-in cache holds the shared
+    # block by then
+    assert sum(r["cached_tokens"] > 0 for r in recs if r["turn"] == 0) >= 2
+    assert cr.main(["--trace", str(TRACE), "--url", "http://127.0.0.1:9", "--arm", "x", "--seed", "1",
+                    "--conversations-per-seed", "4", "--clients", "2", "--pad-tokens", "300",
+                    "--shared-prefix-tokens", "301", "--out", str(tmp_path / "o.json")]) == 2
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_run_chat_refuses_a_shared_prefix_longer_than_the_pad(tmp_path, capsys):
+    import benchmarks.run_chat as rc
+    argv = ["run", "--check", "--work", str(tmp_path / "absent"), "--trace", str(TRACE), "--arms", "dense",
+            "--seeds", "1", "--conversations-per-seed", "2", "--pad-tokens", "300"]
+    assert rc.main([*argv, "--shared-prefix-tokens", "300"]) == 0
+    capsys.readouterr()
+    assert rc.main([*argv, "--shared-prefix-tokens", "301"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --shared-prefix-tokens: expected 0 to --pad-tokens (300)"), err
