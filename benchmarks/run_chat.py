@@ -20,7 +20,7 @@ warm):
   measured ratio. A seed is not begun unless the time left covers its runs and the
   closing baseline run (:class:`benchmarks.run_order.RunEstimates`: closed loop, each run at what its arm took
   in this call, else ``--expect-s``, else the longest run so far, x RUN_MARGIN; open loop, each seed's span
-  expected from its arrival and think-time schedule, :func:`benchmarks.chat_replay.open_loop_spans`), and
+  expected from its arrival and think-time schedule, :func:`benchmarks.arrivals.open_loop_spans`), and
   a begun seed is finished whenever its own runs fit at the estimates it started with;
   a call in which no other arm ran closes with none (:func:`benchmarks.run_order.closing_run_due`). Each
   run is ``benchmarks/chat_replay.py`` in its own isolated process. A call in which no run began (the time
@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.card import gpu_name
-from benchmarks.chat_replay import IM_END, open_loop_spans
+from benchmarks.arrivals import open_loop_spans
+from benchmarks.chat_replay import IM_END
 from benchmarks.chat_trace import check_seeds, check_shared
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero

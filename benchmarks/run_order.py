@@ -164,7 +164,7 @@ class RunEstimates:
     closing INT8 run (58 s) and w16 (55 s) were both reserved at Dense's 124 s.
 
     Open loop: a seed's runs take its schedule span (``span[seed]``,
-    :func:`benchmarks.chat_replay.open_loop_span_s`: already an over-estimate, no margin; 142-163 s at ρ 0.9)
+    :func:`benchmarks.arrivals.open_loop_span_s`: already an over-estimate, no margin; 142-163 s at ρ 0.9)
     or a longer run of that seed.
     """
 

@@ -452,7 +452,7 @@ def test_check_refuses_an_arm_the_plans_arms_json_lacks(tmp_path, capsys):
 
 
 def test_an_open_loop_runs_span_follows_from_its_seeds_schedule():
-    from benchmarks.chat_replay import OPEN_LOOP_TURN_S, arrival_offsets, open_loop_span_s, think_times
+    from benchmarks.arrivals import OPEN_LOOP_TURN_S, arrival_offsets, open_loop_span_s, think_times
     from benchmarks.chat_trace import seed_conversations
     from benchmarks.trace_file import load_trace
 
