@@ -68,8 +68,8 @@ class TurnRecord:
     """One request; times in s (``start_s``/``end_s`` from the replay's start), lengths in tokens.
 
     ``reuse_bound``: tokens of this prompt a cache holding every state of the session's previous
-    request and of every request sent before it could serve (on turn 0 only ``shared_tokens``).
-    ``shared_tokens``: the part of it another conversation of the seed, started before this request,
+    request and of every request sent before this one ended could serve (on turn 0 only ``shared_tokens``).
+    ``shared_tokens``: the part of it another conversation of the seed, started before this request ended,
     shares (:func:`benchmarks.chat_trace.shared_prefixes`, aligned as the bound): a hit no longer than it
     did not need this conversation's own checkpoint. ``prev_prompt_tokens``: the previous request's prompt
     length.
@@ -177,16 +177,18 @@ class Replay:
         while not s.done:
             ids = s.prompt()
             with self.lock:
-                shared = aligned(max((self.shared[me][j] for j in self.started if j != me), default=0), len(ids))
                 if s.turn == 0:
                     self.started.append(me)
                 self.inflight += 1
-            own = reusable_tokens(ids, previous) if previous else 0
             rec = TurnRecord(conv=s.conv, turn=s.turn, source_id=s.source_id, prompt_tokens=len(ids),
-                             max_new_tokens=s.decode[s.turn], prev_prompt_tokens=prev_prompt,
-                             reuse_bound=max(own, shared), shared_tokens=shared)
+                             max_new_tokens=s.decode[s.turn], prev_prompt_tokens=prev_prompt)
             out = generate(self.host, self.port, ids, s.decode[s.turn], timeout_s=self.timeout_s, rec=rec, t0=self.t0)
             with self.lock:
+                # against every conversation started before this request ended: requests reach the server in
+                # their own order, so one sent later may still have been cached first
+                rec.shared_tokens = aligned(max((self.shared[me][j] for j in self.started if j != me), default=0),
+                                            len(ids))
+                rec.reuse_bound = max(reusable_tokens(ids, previous) if previous else 0, rec.shared_tokens)
                 self.inflight -= 1
                 self.records.append(rec)
             if not rec.success:

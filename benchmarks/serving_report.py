@@ -171,7 +171,8 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "mean_ttft_spread": s("mean_ttft_s"), "mean_e2e_spread": s("mean_e2e_s"),
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost",
                                                                          "lost_reply_stored", "lost_prompt_only",
-                                                                         "first_shared_hits", "lost_shared_hit")},
+                                                                         "first_shared_hits", "first_turns_mid",
+                                                                         "first_shared_hits_mid", "lost_shared_hit")},
                  "away_median_s": {k: _median([g for r in mine for g in r[f"away_{k}_s"]])
                                         for k in ("lost", "hit")},
                  "server_account": ckpt_account.aggregate((r.get("account") for r in mine),

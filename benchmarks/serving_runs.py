@@ -14,8 +14,10 @@ Per run (``chat_replay`` records, successful requests):
   the previous prompt: the checkpoint stored at the end of the served reply), ``prompt_end`` (a hit of its own
   no longer than the previous prompt), ``lost`` (nothing beyond the shared part of the prompt although the
   bound was beyond it: evicted before the turn came back); with a shared system prompt also
-  ``first_shared_hits`` (first turns served from another conversation's checkpoint in the shared part) and
-  ``lost_shared_hit`` (lost turns that still found the shared part);
+  ``first_shared_hits`` (first turns served from another conversation's checkpoint in the shared part),
+  ``first_turns_mid`` / ``first_shared_hits_mid`` (the same for the first turns a closed loop sends after its
+  first ``clients`` conversations, by start time: sent while the cache is under pressure; 0 in the open loop)
+  and ``lost_shared_hit`` (lost turns that still found the shared part);
 * ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
   the last third of the run exceed those over the middle third by more than half and by more than
@@ -90,6 +92,8 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
     prompt_of = {(r["conv"], r["turn"]): r["prompt_tokens"] for r in result["records"]}
     prev = {id(r): prompt_of.get((r["conv"], r["turn"] - 1), 0) for r in later}
     cls = {id(r): turn_class(r) for r in later}
+    clients = result["config"].get("clients") or 0      # closed loop: the conversations sent at the start
+    mid = sorted((r for r in recs if r["turn"] == 0), key=lambda r: r["start_s"])[clients:] if clients else []
     prompt = sum(r["prompt_tokens"] for r in recs)
     cached = sum(r["cached_tokens"] for r in recs)
     inflight, stable = stability(result.get("inflight") or [], max_running)
@@ -111,6 +115,7 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
         "prompt_end": sum(cls[id(r)] == "hit" and r["cached_tokens"] <= prev[id(r)] for r in later),
         "lost": sum(cls[id(r)] == "lost" for r in later),
         "first_shared_hits": sum(r["turn"] == 0 and r["cached_tokens"] > 0 for r in recs),
+        "first_turns_mid": len(mid), "first_shared_hits_mid": sum(r["cached_tokens"] > 0 for r in mid),
         "lost_shared_hit": sum(cls[id(r)] == "lost" and r["cached_tokens"] > 0 for r in later),
         "queue_s": nanmean([r["queue_s"] for r in recs]), "prefill_s": nanmean([r["prefill_s"] for r in recs]),
         "initial_prompt_mean": nanmean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),

@@ -121,9 +121,13 @@ def shared_line(rows: Sequence[dict]) -> str:
     """One line per condition with a shared system prompt: first turns served from another conversation's
     checkpoint in the shared part, and lost later turns that found only that part (counted lost,
     :func:`benchmarks.turn_account.turn_class`)."""
-    return ("Shared system prompt: first turns served from the shared part / lost later turns that found only the "
-            "shared part: " + "; ".join(f"{o['arm']} {_n(o['hit_account'].get('first_shared_hits'))} / "
-                                        f"{_n(o['hit_account'].get('lost_shared_hit'))}" for o in rows) + ".")
+    def mid(ha: dict) -> str:
+        return f" (sent mid-run {_n(ha.get('first_shared_hits_mid'))} of {_n(ha.get('first_turns_mid'))})" \
+            if ha.get("first_turns_mid") else ""
+    return ("Shared system prompt: first turns served from the shared part (of those a closed loop sends after its "
+            "first clients' conversations) / lost later turns that found only the shared part: " + "; ".join(
+                f"{o['arm']} {_n(o['hit_account'].get('first_shared_hits'))}{mid(o['hit_account'])} / "
+                f"{_n(o['hit_account'].get('lost_shared_hit'))}" for o in rows) + ".")
 
 
 def lost_turns_line(rows: Sequence[dict]) -> str:
