@@ -17,8 +17,8 @@ Requests are ``/generate`` with ``input_ids``, ``max_new_tokens`` (the recorded 
 clipped) and ``ignore_eos``, streamed (SGLang 0.5.17 ``http_server.py``; ``--skip-tokenizer-init``
 servers send cumulative ``output_ids``). Per request the record holds TTFT and E2E (client
 clock, s), ``cached_tokens``, the turn's reuse bound (:func:`benchmarks.chat_trace.reusable_tokens`
-against the previous request of the session, and against the conversations already started through a
-shared prefix, ``--shared-prefix-tokens``), and, when the server runs ``--enable-metrics``,
+against the previous request of the session, and the part of the prompt the seed's other conversations
+started before it ended share: a shared system prompt, ``--shared-prefix-tokens``), and, when the server runs ``--enable-metrics``,
 SGLang's own ``queue_time`` (s in the waiting queue) and prefill time (``prefill_finished_time -
 forward_entry_time``, s) from the last event's ``meta_info``
 (``observability/req_time_stats.py``). A sampler records the requests in flight every
@@ -50,7 +50,7 @@ from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
 from benchmarks.trace_file import load_trace
-from benchmarks.chat_trace import (REPLAYS, ChatTurns, aligned, chat_turns, context_pad,
+from benchmarks.chat_trace import (REPLAYS, ChatTurns, aligned, chat_turns, check_duplicates, context_pad,
                                    reusable_tokens, seed_conversations, shared_prefixes)
 from benchmarks.arrivals import (OPEN_LOOP_TURN_S, arrival_offsets, open_loop_span_s,  # noqa: F401 (re-exported)
                                  open_loop_spans, think_times)
@@ -67,8 +67,10 @@ IM_START, IM_END, NEWLINE = 151644, 151645, 198   # Qwen ChatML ids (benchmarks/
 class TurnRecord:
     """One request; times in s (``start_s``/``end_s`` from the replay's start), lengths in tokens.
 
-    ``reuse_bound``: tokens of this prompt a cache holding every state of the session's previous
-    request and of every request sent before this one ended could serve (on turn 0 only ``shared_tokens``).
+    ``reuse_bound``: tokens of this prompt a cache holding every state of the session's previous request
+    and of the first prompts of the seed's other conversations started before this request ended could serve
+    (on turn 0 only ``shared_tokens``; seeds whose conversations begin alike beyond an equal pad are refused,
+    :func:`benchmarks.chat_trace.check_duplicates`, so no other conversation holds more of it).
     ``shared_tokens``: the part of it another conversation of the seed, started before this request ended,
     shares (:func:`benchmarks.chat_trace.shared_prefixes`, aligned as the bound): a hit no longer than it
     did not need this conversation's own checkpoint. ``prev_prompt_tokens``: the previous request's prompt
@@ -317,6 +319,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             raise DascInputError(f"--out {a.out}: is a folder; give the result file's name (.json or .json.gz)")
         header, convs = load_trace(a.trace)
         indices = seed_conversations(len(convs), a.conversations_per_seed, a.seed, pool_seed=a.pool_seed)
+        check_duplicates(convs, [a.seed], per_seed=a.conversations_per_seed, pool_seed=a.pool_seed,
+                         pad_tokens=a.pad_tokens, shared_tokens=a.shared_prefix_tokens)
         sessions = build_sessions(convs, indices, seed=a.seed, replay=a.replay, decode_clip=a.decode_clip,
                                   pad_tokens=a.pad_tokens, vocab_size=a.vocab_size,
                                   shared_tokens=a.shared_prefix_tokens)

@@ -121,7 +121,8 @@ def context_pad(source_id: str, pad_tokens: int, *, seed: int, im_start: int, im
     uniform in :data:`PAD_ID_RANGE`. Block position ``i`` (0 is ``<|im_start|>``) takes its id from
     ``random.Random(f"{seed}:shared")`` when ``i < shared_tokens`` (the same in every conversation of
     the seed) and from ``random.Random(f"{seed}:{source_id}")`` otherwise, so ``shared_tokens`` 0 gives
-    the unshared block of earlier runs unchanged and ``pad_tokens`` shares all of it.
+    the unshared block of earlier runs unchanged, and ``pad_tokens - 2`` or more shares all of it (the closing
+    markers are the same in every block).
 
     Raises:
         DascInputError: 0 < pad_tokens < 4 (no room for the body) or pad_tokens < 0; shared_tokens
@@ -265,6 +266,36 @@ def turn_lengths(conv: TraceConversation, *, replay: str, decode_clip: int | Non
         carried = decode[t] + len(reply_close(recorded[t])) if replay == "served-reply" else len(recorded[t])
         history = prompt + carried
     return out
+
+
+def check_duplicates(convs: Sequence[TraceConversation], seeds: Sequence[int], *, per_seed: int, pool_seed: int,
+                     pad_tokens: int, shared_tokens: int = 0, align: int = CHECKPOINT_ALIGN) -> None:
+    """Refuse a seed holding two conversations that begin alike when every conversation's pad is the same
+    (``pad_tokens`` 0, or a shared prefix covering the whole pad): ShareGPT holds near-duplicates (trace x1:
+    conversations 150 and 152 are the same, 45 and 106 share three turns), and with equal pads one would hit the
+    other's checkpoints, beyond its own reuse bound, as if they were its own. Two first user segments that agree
+    on ``align`` tokens or more count as alike. Distinct pads keep them apart, so nothing is checked then.
+
+    Raises:
+        DascInputError: naming each such seed and its pairs of conversations (trace indices).
+    """
+    check_pad(pad_tokens)
+    body = pad_tokens - 3                       # the pad's body, markers aside (context_pad)
+    if pad_tokens and shared_tokens - 1 < body:
+        return
+    bad = []
+    for seed in seeds:
+        idx = seed_conversations(len(convs), per_seed, seed, pool_seed=pool_seed)
+        pairs = [f"{a} and {b}" for i, a in enumerate(idx) for b in idx[i + 1:]
+                 if common_prefix(convs[a].segments[0], convs[b].segments[0]) >= align]
+        if pairs:
+            bad.append(f"{seed} ({'; '.join(pairs)})")
+    if bad:
+        why = "--pad-tokens 0" if not pad_tokens else f"--shared-prefix-tokens {shared_tokens} shares the whole pad"
+        raise DascInputError(
+            f"trace {'seeds' if len(bad) > 1 else 'seed'} {', '.join(bad)}: conversations that begin with the same "
+            f"{align}+ tokens (duplicates in the trace); with every pad the same ({why}) one would hit the other's "
+            f"checkpoints as its own: use other seeds, or a shared prefix shorter than the pad")
 
 
 #: SGLang 0.5.17 (and 0.5.23) serves a turn whole only with ``prompt + reply + 2 <= context`` and ``prompt + 7 <=

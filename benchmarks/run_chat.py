@@ -27,7 +27,8 @@ warm):
   left covered none) exits with :data:`NOTHING_RAN`, so a driver can keep the servers for the next call.
 * ``down``: stop every server of ``WORK/servers.json``.
 
-Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD__LOAD__kCALL[__drift].json.gz`` (chat_replay results),
+Outputs under ``WORK``: ``runs/ARM__sSEED__REPLAY__pPAD[shSHARED]__LOAD__kCALL[__drift].json.gz`` (chat_replay results;
+:func:`benchmarks.run_order.run_name`),
 ``manifest.json`` (one entry per run: order, role, arm, seed, wall, rc, the server's last dasc
 counter line and, for dasc arms, the run's checkpoint account (runtime/account.py; a flush after
 the run logs it); the settings), ``ARM/server.log``.
@@ -53,7 +54,7 @@ from typing import Sequence
 from benchmarks.card import gpu_name
 from benchmarks.arrivals import open_loop_spans
 from benchmarks.chat_replay import IM_END
-from benchmarks.chat_trace import check_seeds, check_shared
+from benchmarks.chat_trace import check_duplicates, check_seeds, check_shared
 from benchmarks.chat_warm import warm_all
 from benchmarks.cli_args import OneLineParser, int_at_least, number_above_zero
 from benchmarks.run_order import (RUN_MARGIN, RunEstimates, closing_run_due, expect_map, parse_expect, run_name,
@@ -196,7 +197,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         span = (open_loop_spans(a.trace, a.seeds, a.conversations_per_seed, a.pool_seed, a.rate, a.think_s)
                 if a.rate is not None else {})
         check_shared(a.shared_prefix_tokens, a.pad_tokens)
-        check_seeds(load_trace(a.trace)[1], a.seeds, per_seed=a.conversations_per_seed, pool_seed=a.pool_seed,
+        convs = load_trace(a.trace)[1]
+        check_duplicates(convs, a.seeds, per_seed=a.conversations_per_seed, pool_seed=a.pool_seed,
+                         pad_tokens=a.pad_tokens, shared_tokens=a.shared_prefix_tokens)
+        check_seeds(convs, a.seeds, per_seed=a.conversations_per_seed, pool_seed=a.pool_seed,
                     replay=a.replay, decode_clip=a.decode_clip, pad_tokens=a.pad_tokens,
                     context_length=a.context_length)     # refused before any run, not by each run in turn
     except DascInputError as e:

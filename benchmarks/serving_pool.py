@@ -149,7 +149,7 @@ def pooled_table(docs: Sequence[list], pad: Optional[int] = None) -> str:
             txt += ", n = 1"
         return txt + (f"; {len(rep)} seed(s) measured twice" if rep else "")
 
-    lines = ["| arm (protocol, replay, clients, rho, card) | pad | TTFT / Dense: mean (SD), n, 95 % interval "
+    lines = ["| arm (protocol, replay, clients, rho, shared prefix, card) | pad | TTFT / Dense: mean (SD), n, 95 % interval "
              "| TTFT / INT8: mean (SD), n, 95 % interval |",
              "|---|---:|---|---|"]
     for (lab, p, rate), r in sorted(rows.items(), key=lambda kv: (kv[0][1] if kv[0][1] is not None else -1, kv[0][0],

@@ -1,6 +1,6 @@
 """Tables, ``summary.json`` and the regime map from ``benchmarks/run_chat.py`` runs (issue 24 item 7).
 
-A **condition** is (protocol, replay, context pad, reply clip, clients or rate); within it each
+A **condition** is (protocol, replay, context pad and its shared prefix, reply clip, clients or rate); within it each
 arm has one run per trace seed. A statistic is computed within one run (one seed) and then summarised
 over seeds: mean, SD, range and P95 (linear interpolation between order statistics, as numpy's
 default) of the per-seed values. Ratios to Dense (and to SGLang's INT8 arm) are paired by seed:
@@ -200,8 +200,9 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
         slots in every run), "rates": {rho: rate}}``.
     Raises:
         DascInputError: no closed-loop baseline run, a rho outside (0, 1), or baseline runs of more than one
-            condition (replay, pad, clip, clients, conversations per seed): one throughput per condition, never
-            pooled across them; the message lists them so that ``--pad`` / ``--replay`` can pick one.
+            condition (replay, pad, clip, clients, conversations per seed, shared prefix): one throughput per
+            condition, never pooled across them; the message lists them so that ``--pad`` / ``--replay`` can pick
+            one (runs that differ only in their shared prefix: give the folders of one).
     """
     if any(not 0 < r < 1 for r in rhos):
         raise DascInputError(f"--rho: expected utilisations in (0, 1), got {list(rhos)}")
@@ -211,7 +212,8 @@ def open_loop_rates(runs: Sequence[dict], rhos: Sequence[float], *, baseline: st
     conds = sorted({r["cond"] for r in base}, key=str)
     if len(conds) > 1:
         raise DascInputError(f"{baseline} ran closed loop under {len(conds)} conditions ("
-                             + "; ".join(f"{c[1]}, pad {c[2]}, clip {c[3]}, {c[4]} clients" for c in conds)
+                             + "; ".join(f"{c[1]}, pad {c[2]}" + (f" (first {c[7]} shared)" if c[7] else "")
+                                         + f", clip {c[3]}, {c[4]} clients" for c in conds)
                              + "): give --pad and/or --replay to pick one")
     runs_by_draw(base)      # refuses a seed counted twice (a folder given twice, or a seed re-run)
     x = spread([r["cond"][6] / r["wall_s"] for r in base])

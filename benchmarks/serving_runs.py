@@ -14,7 +14,8 @@ Per run (``chat_replay`` records, successful requests):
   the previous prompt: the checkpoint stored at the end of the served reply), ``prompt_end`` (a hit of its own
   no longer than the previous prompt), ``lost`` (nothing beyond the shared part of the prompt although the
   bound was beyond it: evicted before the turn came back); with a shared system prompt also
-  ``first_shared_hits`` (first turns served from another conversation's checkpoint in the shared part),
+  ``first_shared_hits`` (first turns served from another conversation's checkpoint in the shared part: any
+  hit of a first turn, which :func:`~benchmarks.turn_account.turn_class` classes as ``first``),
   ``first_turns_mid`` / ``first_shared_hits_mid`` (the same for the first turns a closed loop sends after its
   first ``clients`` conversations, by start time: sent while the cache is under pressure; 0 in the open loop)
   and ``lost_shared_hit`` (lost turns that still found the shared part);

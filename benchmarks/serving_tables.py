@@ -97,8 +97,9 @@ def markdown(objs: Sequence[dict]) -> str:
                        f"{_f(o['queue_s'])} / {_f(o['prefill_s'])} | {ha['later_turns']}: {ha['reply_end']} / "
                        f"{ha['prompt_end']} / {ha['lost']} | {_n(o['capacity'])} / {_n(o.get('capacity_under_load'))} |")
         out.append("")
-        if shared:
-            out += [shared_line(rows), ""]
+        if shared:      # what changes in the legend's terms
+            out += [shared_line(rows) + " With a shared prefix the bound counts the shared part another "
+                    "conversation started before; a later turn that hit no more than it is lost.", ""]
         if any(o.get("live_conversations_max") for o in rows):
             out += ["Live conversations (first request to last reply, think time included; the working set the "
                     "cached states must cover): " + "; ".join(

@@ -21,7 +21,8 @@ mean TTFT, s). For the baseline run D and the arm's run X of one seed, exactly::
 
 with ``tbar``, ``wbar`` the two runs' averages. Where a class is empty in one run its mean is taken from the
 other run (its weight there is 0, so the identity still holds). Divided by ``T_D`` the terms add up to
-``ratio - 1``. The ``first`` cost term is first-use slowness and noise (both arms miss there); ``hit`` is the
+``ratio - 1``. The ``first`` cost term is first-use slowness and noise (both arms miss there, but for a shared
+system prompt's block, which either may serve); ``hit`` is the
 cost of serving a hit (dasc: restoring a compressed checkpoint; queue wait shows in every class); ``lost``
 the cost of a miss.
 
@@ -43,7 +44,8 @@ Two counterfactuals, from the baseline's own per-class costs:
         [--exclude-call N] [--exclude-run FILE] [--out account.md]
 
 WORK: unpacked ``run_chat`` work folders (as for ``benchmarks.serving_report``, whose run selection and
-exclusions this reuses). Runs of more than one condition (replay, pad, clients or rate) give one table per
+exclusions this reuses). Runs of more than one condition (replay, pad and its shared prefix, clients or rate) give
+one table per
 condition, headed by it, each with its own mean. Refusals: one line ``error: ...``, exit 2, nothing written.
 """
 

@@ -11,7 +11,8 @@ import pytest
 from benchmarks import chat_replay as cr
 from benchmarks import serving_report as sr
 from benchmarks import serving_runs as srun
-from benchmarks.chat_trace import common_prefix, context_pad, shared_prefixes
+from benchmarks.chat_trace import check_duplicates, common_prefix, context_pad, seed_conversations, shared_prefixes
+from benchmarks.trace_file import load_trace
 from benchmarks.run_order import run_name
 from benchmarks.serving_pool import group_label
 from benchmarks.turn_account import lost_turns, turn_class
@@ -118,11 +119,13 @@ def test_the_client_records_each_request_s_shared_bound(fake_server, tmp_path): 
                     "--conversations-per-seed", "4", "--clients", "2", "--decode-clip", "16", "--pad-tokens", "300",
                     "--shared-prefix-tokens", "200", "--out", str(out)]) == 0
     recs = cr.read_json(out)["records"]
-    first = sorted((r["start_s"], r["shared_tokens"], r["reuse_bound"]) for r in recs if r["turn"] == 0)
     # 200 shared tokens are 192 on the 64 grid; the bound is taken when a request ends, against every conversation
-    # started by then (the first conversation's first turn may end before another starts: 0 then)
-    assert {r["shared_tokens"] for r in recs} <= {0, 192} and all(b == s for _, s, b in first)
-    assert [s for _, s, _ in first[2:]] == [192, 192]     # the two started after a conversation ended
+    # started by then (the first conversations' early turns may end before another starts: 0 then). Two clients
+    # take the seed's conversations in order, so the third and fourth start after one of the first two ended.
+    later_started = seed_conversations(8, 4, 1)[2:]
+    assert {r["shared_tokens"] for r in recs} <= {0, 192}
+    assert all(r["shared_tokens"] == 192 for r in recs if r["conv"] in later_started)
+    assert all(r["reuse_bound"] == r["shared_tokens"] for r in recs if r["turn"] == 0)
     assert all(r["reuse_bound"] >= r["shared_tokens"] for r in recs)
     assert all(r["cached_tokens"] <= r["reuse_bound"] for r in recs)       # an upper bound, whatever the order
     # two clients: the two conversations started second wait for a slot, and the stand-in cache holds the shared
@@ -143,3 +146,29 @@ def test_run_chat_refuses_a_shared_prefix_longer_than_the_pad(tmp_path, capsys):
     assert rc.main([*argv, "--shared-prefix-tokens", "301"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --shared-prefix-tokens: expected 0 to --pad-tokens (300)"), err
+
+
+def test_seeds_with_duplicate_conversations_are_refused_when_every_pad_is_the_same(tmp_path, capsys):
+    """Trace x1 holds near-duplicates (150 and 152 the same, 45 and 106 three turns alike): with equal pads one
+    would hit the other's checkpoints as its own. Seeds 1 and 6 of 24 hold them; seed 2 does not."""
+    x1 = REPO / "benchmarks/traces/sharegpt_qwen_n256_d1024_min4k_x1.json.gz"
+    _, convs = load_trace(x1)
+    kw = dict(per_seed=24, pool_seed=0)
+    with pytest.raises(DascInputError) as e:
+        check_duplicates(convs, [1, 2, 6], pad_tokens=11600, shared_tokens=11600, **kw)
+    assert str(e.value) == (
+        "trace seeds 1 (106 and 45), 6 (152 and 150): conversations that begin with the same 64+ tokens "
+        "(duplicates in the trace); with every pad the same (--shared-prefix-tokens 11600 shares the whole pad) one "
+        "would hit the other's checkpoints as its own: use other seeds, or a shared prefix shorter than the pad")
+    with pytest.raises(DascInputError, match=r"seed 6 \(152 and 150\).*\(--pad-tokens 0\)"):
+        check_duplicates(convs, [6], pad_tokens=0, **kw)
+    check_duplicates(convs, [2], pad_tokens=11600, shared_tokens=11600, **kw)     # no duplicate there
+    check_duplicates(convs, [1, 6], pad_tokens=11600, shared_tokens=11597, **kw)  # one body token its own
+    check_duplicates(convs, [1, 6], pad_tokens=11600, **kw)                       # pads drawn per conversation
+    import benchmarks.run_chat as rc
+    argv = ["run", "--check", "--work", str(tmp_path / "absent"), "--trace", str(x1), "--arms", "dense", "--seeds",
+            "6", "--conversations-per-seed", "24", "--pad-tokens", "11600"]
+    assert rc.main([*argv, "--shared-prefix-tokens", "11600"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: trace seed 6 (152 and 150)"), err
+    assert rc.main([*argv, "--shared-prefix-tokens", "8192"]) == 0
