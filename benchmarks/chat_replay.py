@@ -281,7 +281,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--pad-tokens", type=int, default=0, help="context pad per conversation (tokens)")
     ap.add_argument("--shared-prefix-tokens", type=int, default=0,
                     help="tokens at the start of the pad that every conversation of the seed shares (a system "
-                         "prompt; 0 to --pad-tokens)")
+                         "prompt; 0 to --pad-tokens; from --pad-tokens - 2 on, the whole pad)")
     ap.add_argument("--vocab-size", type=int, default=None, help="served model's vocab (ids >= it wrap)")
     ap.add_argument("--clients", type=int, default=None, help="closed loop: sessions at once")
     ap.add_argument("--rate", type=float, default=None, help="open loop: conversation starts per s")

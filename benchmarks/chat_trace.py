@@ -291,11 +291,16 @@ def check_duplicates(convs: Sequence[TraceConversation], seeds: Sequence[int], *
         if pairs:
             bad.append(f"{seed} ({'; '.join(pairs)})")
     if bad:
-        why = "--pad-tokens 0" if not pad_tokens else f"--shared-prefix-tokens {shared_tokens} shares the whole pad"
+        if not pad_tokens:
+            why, fix = "--pad-tokens 0", "a --pad-tokens of 4 or more"
+        else:
+            why = (f"--shared-prefix-tokens {shared_tokens} shares the whole pad: from --pad-tokens - 2 "
+                   f"({pad_tokens - 2}) on, the closing markers are shared too")
+            fix = f"--shared-prefix-tokens {pad_tokens - 3} or less"
         raise DascInputError(
-            f"trace {'seeds' if len(bad) > 1 else 'seed'} {', '.join(bad)}: conversations that begin with the same "
-            f"{align}+ tokens (duplicates in the trace); with every pad the same ({why}) one would hit the other's "
-            f"checkpoints as its own: use other seeds, or a shared prefix shorter than the pad")
+            f"--seeds: trace {'seeds' if len(bad) > 1 else 'seed'} {', '.join(bad)}: conversations that begin with "
+            f"the same {align}+ tokens (duplicates in the trace); with every pad the same ({why}) one would hit the "
+            f"other's checkpoints as its own: use other seeds, or {fix}")
 
 
 #: SGLang 0.5.17 (and 0.5.23) serves a turn whole only with ``prompt + reply + 2 <= context`` and ``prompt + 7 <=

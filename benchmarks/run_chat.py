@@ -347,7 +347,8 @@ def main(argv=None) -> int:
                           "--shared-prefix-tokens")
     run.add_argument("--shared-prefix-tokens", type=int_at_least(0), default=0,
                      help="the first tokens of that pad, the same in every conversation of a seed (a shared system "
-                          "prompt: at most --pad-tokens; default 0, none shared)")
+                          "prompt: at most --pad-tokens; from --pad-tokens - 2 on the whole pad is shared, and seeds "
+                          "holding near-duplicate conversations are then refused; default 0, none shared)")
     run.add_argument("--clients", type=int_at_least(1), default=None,
                      help="closed loop: concurrent clients (default 24)")
     run.add_argument("--rate", type=number_above_zero("conversations/s"), default=None,

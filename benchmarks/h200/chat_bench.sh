@@ -23,7 +23,8 @@
 #   will measure, e.g. protocol B's, whose runs leave no room for a start in the call),
 #   BASELINE (dense: the arm that opens the call's first seed and closes the call, so its drift is measured; one of ARMS),
 #   SEEDS ("0"), PER_SEED (24 conversations), CLIENTS (24), MRR (8), CLIP (256), PAD (0: context pad tokens),
-#   SHARED (0: the first SHARED tokens of the pad are the same in every conversation of a seed, a shared system prompt),
+#   SHARED (0: the first SHARED tokens of the pad are the same in every conversation of a seed, a shared system prompt;
+#   PAD - 2 or more shares the whole pad, and seeds holding near-duplicate conversations are then refused),
 #   REPLAY (served-reply), RATE (unset: closed loop; else open loop at RATE conversations/s with THINK s),
 #   TRACE (default the long-prompt trace), CONTEXT (24576), DEADLINE (s from the script's start, 570),
 #   FIRST_RUN_S (60: what a closed-loop run is assumed to take until one has run in this call; a seed starts only

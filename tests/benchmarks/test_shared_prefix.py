@@ -157,10 +157,13 @@ def test_seeds_with_duplicate_conversations_are_refused_when_every_pad_is_the_sa
     with pytest.raises(DascInputError) as e:
         check_duplicates(convs, [1, 2, 6], pad_tokens=11600, shared_tokens=11600, **kw)
     assert str(e.value) == (
-        "trace seeds 1 (106 and 45), 6 (152 and 150): conversations that begin with the same 64+ tokens "
-        "(duplicates in the trace); with every pad the same (--shared-prefix-tokens 11600 shares the whole pad) one "
-        "would hit the other's checkpoints as its own: use other seeds, or a shared prefix shorter than the pad")
-    with pytest.raises(DascInputError, match=r"seed 6 \(152 and 150\).*\(--pad-tokens 0\)"):
+        "--seeds: trace seeds 1 (106 and 45), 6 (152 and 150): conversations that begin with the same 64+ tokens "
+        "(duplicates in the trace); with every pad the same (--shared-prefix-tokens 11600 shares the whole pad: from "
+        "--pad-tokens - 2 (11598) on, the closing markers are shared too) one would hit the other's checkpoints as "
+        "its own: use other seeds, or --shared-prefix-tokens 11597 or less")
+    with pytest.raises(DascInputError, match="--shared-prefix-tokens 11598 shares the whole pad"):
+        check_duplicates(convs, [1], pad_tokens=11600, shared_tokens=11598, **kw)
+    with pytest.raises(DascInputError, match=r"seed 6 \(152 and 150\).*\(--pad-tokens 0\).*a --pad-tokens of 4 or more"):
         check_duplicates(convs, [6], pad_tokens=0, **kw)
     check_duplicates(convs, [2], pad_tokens=11600, shared_tokens=11600, **kw)     # no duplicate there
     check_duplicates(convs, [1, 6], pad_tokens=11600, shared_tokens=11597, **kw)  # one body token its own
@@ -170,5 +173,5 @@ def test_seeds_with_duplicate_conversations_are_refused_when_every_pad_is_the_sa
             "6", "--conversations-per-seed", "24", "--pad-tokens", "11600"]
     assert rc.main([*argv, "--shared-prefix-tokens", "11600"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: trace seed 6 (152 and 150)"), err
+    assert len(err) == 1 and err[0].startswith("error: --seeds: trace seed 6 (152 and 150)"), err
     assert rc.main([*argv, "--shared-prefix-tokens", "8192"]) == 0
