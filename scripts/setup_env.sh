@@ -63,10 +63,12 @@ if [ ! -f "$MARK" ]; then
   # shellcheck disable=SC2086
   $P install -q -c <(echo "${TORCH%% *}") ${PINS[@]+"${PINS[@]}"} $COMMON $EXTRA
   touch "$MARK"
+  BUILT=1
 fi
 # dasc itself (editable, so a checkout's edits are live) with its test tools and dasc eval's extras (ShareGPT prompts);
 # the floors again, so a floor raised in scripts/floors.txt reaches an existing lowest environment too
 "$VENV/bin/python" -m pip install -q -c <(echo "${TORCH%% *}") ${PINS[@]+"${PINS[@]}"} -e "$ROOT[test,eval]"
-echo "note: a pip dependency-resolver ERROR block above is expected (SGLang is installed without its serving" \
-     "dependencies; README, Quick start): this script's exit status is what counts" >&2
+# pip prints its resolver's ERROR block while it builds the environment, not on a later run over a built one
+[ -z "${BUILT:-}" ] || echo "note: a pip dependency-resolver ERROR block above is expected (SGLang is installed" \
+     "without its serving dependencies; README, Quick start): this script's exit status is what counts" >&2
 echo "environment ready: $VENV ($FLAVOUR)"
