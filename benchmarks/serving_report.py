@@ -38,7 +38,8 @@ from benchmarks.card import add_gpu_name_option, one_card
 from benchmarks.cli_args import (OneLineParser, check_out_file, int_at_least, nonempty, number_above_zero,
                                  open_fraction, path_named, refuse_to_replace, write_out_file)
 from benchmarks.serving_pool import pooled_table, spread
-from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
+from benchmarks.run_exclusions import add_run_exclusions
+from benchmarks.serving_runs import collect, runs_by_draw
 from benchmarks.serving_tables import first_timed_note, load_summaries, markdown, regime_map
 from dasc_compile.errors import DascInputError
 

@@ -1,7 +1,7 @@
 """Reading ``benchmarks/run_chat.py`` work folders: one record per run, with its statistics (issue 24 item 7).
 
 :func:`collect` reads the folders' manifests and result files (leaving out the calls and runs a report
-excludes, :func:`add_run_exclusions`), :func:`run_stats` computes one run's statistics, :func:`runs_by_draw`
+excludes, :mod:`benchmarks.run_exclusions`), :func:`run_stats` computes one run's statistics, :func:`runs_by_draw`
 pairs runs by trace draw. :mod:`benchmarks.serving_report` summarises the records over seeds,
 :mod:`benchmarks.ttft_account` decomposes their TTFT ratios.
 
@@ -46,7 +46,7 @@ from typing import Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.chat_replay import read_json
-from benchmarks.cli_args import int_at_least
+from benchmarks.run_exclusions import exclusion_key, run_path
 from benchmarks.serving_pool import pctl
 from benchmarks.serving_tables import read_json_file
 from benchmarks.turn_account import SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval, turn_class
@@ -128,48 +128,6 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
     }
 
 
-def add_run_exclusions(ap) -> None:
-    """The ``--exclude-call`` / ``--exclude-run`` options of every command that reads work folders through
-    :func:`collect` (this module, :mod:`benchmarks.ttft_account`)."""
-    ap.add_argument("--exclude-call", type=int_at_least(0), action="append", default=[],
-                    help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "
-                         "given; repeatable), e.g. 0 for the call that started the servers")
-    ap.add_argument("--exclude-run", action="append", default=[],
-                    help="leave out this result file: its name under runs/ (when one work folder given holds a "
-                         "run of that name) or its path WORK/runs/NAME, WORK one of the folders given, relative paths "
-                         "from the current folder (e.g. /tmp/pb/chat/runs/dense__s3__served-reply__p6000__r0.2264__k1.json.gz); "
-                         "repeatable. An excluded opening baseline run is replaced by the call's closing run of the "
-                         "same seed")
-    ap.add_argument("--baseline-run", choices=("opening", "closing"), default="opening",
-                    help="which of the baseline arm's two runs of a seed in one call is the seed's baseline: "
-                         "opening (default: the call's first run, which pays what the warm-up left, e.g. compiles) "
-                         "or closing (the drift run after the other arms; every counted baseline run must have one, "
-                         "and the calls then have no drift figure). Report both when they differ")
-
-
-def _run_path(work: Path, name) -> str:
-    """The key of one work folder's result file ``name`` for ``--exclude-run WORK/runs/NAME``."""
-    return str((Path(work) / "runs" / str(name)).resolve())
-
-
-def _exclusion_key(value: str, works: Sequence[Path]) -> str:
-    """An ``--exclude-run`` value as :func:`collect` matches it: a bare name as given, a path as the
-    :func:`_run_path` of its folder's run.
-
-    Raises:
-        DascInputError: a path that is not ``WORK/runs/NAME`` with WORK one of ``works`` (a typo in the
-            middle part would otherwise leave out the run of that name in WORK silently).
-    """
-    if "/" not in value:
-        return value
-    p = Path(value).resolve()
-    roots = {str(Path(w).resolve()) for w in works}
-    if p.parent.name != "runs" or str(p.parent.parent) not in roots:
-        raise DascInputError(f"--exclude-run {value}: expected a file name under runs/ or WORK/runs/NAME with WORK "
-                             f"one of the work folders given ({', '.join(map(str, works))})")
-    return str(p)
-
-
 def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude_runs: Sequence[str] = (),
             baseline_run: str = "opening") -> list[dict]:
     """Every successful run of the given ``run_chat`` work folders: one dict per run with its
@@ -227,8 +185,8 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
     calls = {i for _, man in manifests for i in range(len(man.get("calls") or ()))} \
         | {e.get("call") for _, man in manifests for e in man["runs"]}
     files = {e.get("file") for _, man in manifests for e in man["runs"]} \
-        | {_run_path(w, e.get("file")) for w, man in manifests for e in man["runs"]}
-    given = {_exclusion_key(f, works): f for f in exclude_runs}
+        | {run_path(w, e.get("file")) for w, man in manifests for e in man["runs"]}
+    given = {exclusion_key(f, works): f for f in exclude_runs}
     exclude_runs = list(given)
     for c in exclude_calls:
         if c not in calls:
@@ -246,7 +204,7 @@ def collect(works: Sequence[Path], *, exclude_calls: Sequence[int] = (), exclude
                                  f"given; name the one to leave out as WORK/runs/NAME ("
                                  f"{', '.join(str(Path(w) / 'runs' / f) for w in holders)})")
     named = {str(w): {e.get("file") for e in man["runs"]        # each folder's runs --exclude-run names
-                      if e.get("file") in exclude_runs or _run_path(w, e.get("file")) in exclude_runs}
+                      if e.get("file") in exclude_runs or run_path(w, e.get("file")) in exclude_runs}
              for w, man in manifests}
     baseline_arms = set()      # --baseline-run closing: the arms with a counted closing run in any folder
     if baseline_run == "closing":

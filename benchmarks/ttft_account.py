@@ -59,7 +59,8 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.cli_args import OneLineParser, check_out_file, open_fraction, path_named, write_out_file
-from benchmarks.serving_runs import add_run_exclusions, collect, runs_by_draw
+from benchmarks.run_exclusions import add_run_exclusions
+from benchmarks.serving_runs import collect, runs_by_draw
 from benchmarks.turn_account import turn_class
 from dasc_compile.errors import DascInputError
 
