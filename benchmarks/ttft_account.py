@@ -67,12 +67,6 @@ from dasc_compile.errors import DascInputError
 CLASSES = ("first", "hit", "lost", "fresh")
 
 
-def classify(record: dict) -> str:
-    """The class of one successful ``chat_replay`` record (module docstring;
-    :func:`benchmarks.turn_account.turn_class`)."""
-    return turn_class(record)
-
-
 def class_means(records: Sequence[dict]) -> dict:
     """``{class: (count, mean TTFT s or nan)}`` over the successful records, ``"n"``: their number, and
     ``"queue_s"`` / ``"prefill_s"``: the mean of SGLang's request metrics over them (nan unless every record
@@ -80,7 +74,7 @@ def class_means(records: Sequence[dict]) -> dict:
     ok = [r for r in records if r["success"]]
     out: dict = {"n": len(ok)}
     for c in CLASSES:
-        t = [r["ttft_s"] for r in ok if classify(r) == c]
+        t = [r["ttft_s"] for r in ok if turn_class(r) == c]
         out[c] = (len(t), statistics.fmean(t) if t else math.nan)
     for k in ("queue_s", "prefill_s"):      # SGLang's request metrics; nan where the server sent none
         v = [r[k] for r in ok if isinstance(r.get(k), (int, float)) and not math.isnan(r[k])]

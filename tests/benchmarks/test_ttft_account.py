@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import chat_replay as cr
 from benchmarks import ttft_account as ta
+from benchmarks.turn_account import turn_class
 
 
 def rec(turn, ttft, cached=0, bound=0, success=True):
@@ -25,7 +26,7 @@ ARM = [rec(0, 0.4), rec(0, 0.4)] + [rec(1, 0.12, 50, 60)] * 4
 
 
 def test_classes_follow_turn_hit_and_bound():
-    assert [ta.classify(r) for r in (rec(0, 1, 9, 9), rec(1, 1, 5, 9), rec(1, 1, 0, 9), rec(1, 1, 0, 0))] == [
+    assert [turn_class(r) for r in (rec(0, 1, 9, 9), rec(1, 1, 5, 9), rec(1, 1, 0, 9), rec(1, 1, 0, 0))] == [
         "first", "hit", "lost", "fresh"]
     m = ta.class_means(DENSE + [rec(1, 9.0, 0, 60, success=False)])   # a failed request is no class
     assert m["n"] == 6 and m["lost"] == (2, pytest.approx(0.5)) and m["fresh"][0] == 0
