@@ -18,6 +18,7 @@ prints the message as ``error: ...`` with exit status 2.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import types
@@ -151,7 +152,8 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
     - a value with no digit, an empty one, or one holding a comma (``--wmax abc``, ``--eps 1,5``, ``--tp 1,2``),
       which click refuses without echoing it;
     - a whole number longer than Python's ``int()`` reads (``sys.get_int_max_str_digits``), which it refuses
-      without the option's name.
+      without the option's name; a float written in digits beyond the float range (``--a-s 1e400``), which
+      would be read, and then refused, as infinity.
 
     Allowed: spaces around the value, as ``dasc sweep``'s lists allow them. Left to click: ``inf`` or ``nan`` for
     a float (the policy names them: not finite), a ``--wmax`` list that :func:`wmax_list_hint` turns into a
@@ -176,6 +178,9 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
             if numbers[opt] is int and limit and digits > limit:       # click: "exceeded maximum size"
                 return f"option '{opt}': a whole number written with {digits:,} digits, more than Python reads " \
                        f"({limit:,}); {expected}"
+            if numbers[opt] is float and math.isinf(float(text)):             # 1e400 would read as inf
+                return f"option '{opt}': {short_repr(value)} is beyond the range of a float (it would read as " \
+                       f"infinity); {expected}"
             continue
         if numbers[opt] is float and _NON_FINITE.fullmatch(text):
             continue

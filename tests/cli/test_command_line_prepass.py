@@ -61,6 +61,20 @@ def test_a_non_finite_float_is_left_to_the_policy_which_names_it(tmp_path, gdn):
     assert_one_error(r, "error: --a-s -inf: Input should be a finite number (policy field 'a_s')")
 
 
+@pytest.mark.parametrize("value", ["1e400", "-1E+400", " 2e308 "])
+def test_a_float_beyond_its_range_is_named_as_typed(tmp_path, gdn, value):
+    """`--a-s 1e400` was refused as `--a-s inf`: a value the user never typed."""
+    before = snapshot(tmp_path)
+    r = dasc("compile", gdn, "--wmax", "16", "--a-s", value, "--out", tmp_path / "p")
+    assert_one_error(r, f"option '--a-s': {value!r} is beyond the range of a float (it would read as infinity)")
+    assert snapshot(tmp_path) == before
+
+
+def test_the_largest_float_still_passes_the_prepass(tmp_path, gdn):
+    r = dasc("compile", gdn, "--wmax", "16", "--eps", "1.7e308", "--out", tmp_path / "p")
+    assert "range of a float" not in r.err and "Input should be less than 1" in r.err, r.err   # the policy's range
+
+
 @pytest.mark.parametrize("cmd, args, opt, first, second", [
     ("compile", ["--wmax", "16", "--wmax=64"], "--wmax", "16", "64"),
     ("compile", ["--wmax", "16", "--out", "A", "--out", "B"], "--out", "A", "B"),
