@@ -15,7 +15,9 @@ and dasc pool slots, checkpoint capacity) lives in :mod:`dasc_runtime.sizing`, t
   checkpoints whose descendant on the radix path is cached are evicted before the plain LRU
   (:mod:`dasc_runtime.tier_operations`), for an A/B of that eviction rule against its twin. A dasc arm
   without it runs with ``DASC_EVICT_SHADOWED_FIRST=0``, App. B.2's one LRU, as every dasc arm measured
-  before the rule became the runtime's default (session 53) did.
+  before the rule became the runtime's default (session 53) did. A ``-nofork`` suffix (with
+  ``-shadowfirst`` only) adds ``DASC_EVICT_FORK_TEST=0``: the same rule without its fork test, the control
+  that measures what sparing a shared prefix's checkpoint saves.
 * ``dasc-wr-wW`` (and ``...-int8``): dasc-wr (paper §4.2, Eq. 7), a plan compiled with
   ``load_policy: wr`` (plan directory ``wW[-int8]-wr-tp{P}-off``). Its B refresh scratch slots
   (``--dasc-refresh-slots B``, :mod:`dasc_runtime.wr_scratch`) are native slots, charged to the arm
@@ -55,11 +57,13 @@ class ArmSpec:
     and ``int8``); ``balance``: the plan's TP storage mode (``off`` | ``storage``);
     ``reclaim_wait``: the runtime's ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``, dasc arms only);
     ``load_policy``: the plan's ``load_policy``, ``nr`` (zero-fill) or ``wr`` (suffix refresh, dasc
-    arms only); ``shadowed_first``: the runtime's ``DASC_EVICT_SHADOWED_FIRST``, 1 or 0 (dasc arms only).
+    arms only); ``shadowed_first``: the runtime's ``DASC_EVICT_SHADOWED_FIRST``, 1 or 0 (dasc arms only);
+    ``fork_test``: False sets ``DASC_EVICT_FORK_TEST=0`` (with ``shadowed_first`` only).
 
     Raises:
         DascInputError: a field outside these values, ``w_max`` on a non-dasc arm (or missing on a
-            dasc arm), ``host``, ``wr`` or ``shadowed_first`` on a non-dasc arm.
+            dasc arm), ``host``, ``wr`` or ``shadowed_first`` on a non-dasc arm, ``fork_test`` False without
+            ``shadowed_first``.
     """
 
     name: str
@@ -70,6 +74,7 @@ class ArmSpec:
     reclaim_wait: str = "stream"
     load_policy: str = "nr"
     shadowed_first: bool = False
+    fork_test: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in ("dense", "int8", "dasc"):
@@ -84,6 +89,9 @@ class ArmSpec:
                                  f"got {self.load_policy!r} on a {self.kind} arm")
         if self.shadowed_first and self.kind != "dasc":
             raise DascInputError(f"arm {self.name!r}: shadowed_first is for dasc arms, not a {self.kind} arm")
+        if not self.fork_test and not self.shadowed_first:
+            raise DascInputError(f"arm {self.name!r}: the fork test belongs to the shadowed-first rule: -nofork "
+                                 f"needs -shadowfirst")
 
 
 # paper §5.3: Dense, SGLang INT8, dasc-nr at four w_max, dasc-nr + INT8
@@ -157,7 +165,8 @@ class ArmLaunch:
         refresh_slots: dasc-wr's scratch slots B (``--dasc-refresh-slots``; 0 on other arms), inside
             used_bytes.
         env: extra environment variables of the arm's server (``DASC_RECLAIM_WAIT`` for ``-hostwait``,
-            ``DASC_EVICT_SHADOWED_FIRST``: 1 for ``-shadowfirst``, else 0, on every dasc arm).
+            ``DASC_EVICT_SHADOWED_FIRST``: 1 for ``-shadowfirst``, else 0, on every dasc arm;
+            ``DASC_EVICT_FORK_TEST=0`` for ``-nofork``).
         capacity: checkpoint capacity (slots) with no request running; capacity_under_load: with R
             running (slots), see the module docstring.
         budget_bytes / used_bytes: per-rank state memory; used <= budget.
@@ -256,13 +265,16 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
     env = {"DASC_RECLAIM_WAIT": "host"} if arm.reclaim_wait == "host" else {}
     # set both ways: the runtime's default changed (off, then on), and an arm's name keeps what it measured
     env["DASC_EVICT_SHADOWED_FIRST"] = "1" if arm.shadowed_first else "0"
+    if not arm.fork_test:
+        env["DASC_EVICT_FORK_TEST"] = "0"
     return ArmLaunch(plan=name, w_max=arm.w_max, balance=arm.balance, kept_fraction=kept / total_units,
                      load_policy=arm.load_policy, refresh_slots=n_wr, env=env, **common)
 
 
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
-    """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst]`` for any W
-    (ASCII digits; suffixes in any order, each at most once), or ``dasc-wr-wW[-int8][-shadowfirst]``.
+    """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst[-nofork]]`` for
+    any W (ASCII digits; suffixes in any order, each at most once), or
+    ``dasc-wr-wW[-int8][-shadowfirst[-nofork]]`` (``-nofork`` only beside ``-shadowfirst``).
 
     Raises:
         DascInputError: a name of neither form (one line naming it).
@@ -277,16 +289,17 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
         if len(parts) >= 3 and parts[0] == "dasc" and parts[1] in ("nr", "wr") and parts[2].startswith("w") \
                 and parts[2][1:].isascii() and parts[2][1:].isdigit():
             rest = parts[3:]
-            allowed = {"int8", "storage", "hostwait", "shadowfirst"} if parts[1] == "nr" else {"int8", "shadowfirst"}
-            if set(rest) <= allowed and len(set(rest)) == len(rest):
+            allowed = {"int8", "storage", "hostwait", "shadowfirst", "nofork"} if parts[1] == "nr" \
+                else {"int8", "shadowfirst", "nofork"}
+            if set(rest) <= allowed and len(set(rest)) == len(rest) and ("nofork" not in rest or "shadowfirst" in rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
                                    balance="storage" if "storage" in rest else "off",
                                    reclaim_wait="host" if "hostwait" in rest else "stream", load_policy=parts[1],
-                                   shadowed_first="shadowfirst" in rest))
+                                   shadowed_first="shadowfirst" in rest, fork_test="nofork" not in rest))
                 continue
         raise DascInputError(f"arm {n!r}: expected one of {sorted(known)}, "
-                             f"dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst] or "
-                             f"dasc-wr-wW[-int8][-shadowfirst]")
+                             f"dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst[-nofork]] or "
+                             f"dasc-wr-wW[-int8][-shadowfirst[-nofork]] (-nofork only with -shadowfirst)")
     return out
 
 
@@ -302,8 +315,8 @@ def main(argv=None) -> int:
                     help="SGLang's --mamba-radix-cache-strategy (extra_buffer | extra_buffer_lazy | no_buffer)")
     ap.add_argument("--tp", type=int, default=1, help="TP degree P the plans were compiled for (>= 1)")
     ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS],
-                    help="arm names: dense, int8, dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst] or "
-                         "dasc-wr-wW[-int8][-shadowfirst] "
+                    help="arm names: dense, int8, dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst[-nofork]] or "
+                         "dasc-wr-wW[-int8][-shadowfirst[-nofork]] "
                          f"(default: {' '.join(a.name for a in DEFAULT_ARMS)})")
     ap.add_argument("--refresh-slots", type=int, default=None,
                     help="dasc-wr arms: scratch slots B (--dasc-refresh-slots, charged to the arm; default: the "

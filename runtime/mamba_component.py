@@ -37,7 +37,7 @@ from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import (attach_component, insert_origin, insert_tier, mark_reused, mark_staged,
                                        pop_node_history, set_insert_origin, set_insert_tier, set_node_origin,
                                        tier_policy_of)
-from dasc_runtime.tier_operations import TierOperations, evict_shadowed_first
+from dasc_runtime.tier_operations import TierOperations, evict_fork_test, evict_shadowed_first
 from dasc_runtime.tiers import COMPRESSED, DENSE, ShadowCounts, TierBook, TierCounters, TierPolicy
 
 __all__ = ["DascMambaComponent"]
@@ -59,8 +59,8 @@ class DascMambaComponent(TierOperations, MambaComponent):
         account: :class:`~dasc_runtime.account.CheckpointAccount` (origin of each checkpoint, reuse,
         evictions; logged and restarted at every flush).
         book: :class:`TierBook`. demotions: :class:`~dasc_runtime.demotion.DemotionEngine`.
-        shadows: :class:`ShadowCounts` (on unless ``DASC_EVICT_SHADOWED_FIRST=0``; see
-        :mod:`dasc_runtime.tier_operations`).
+        shadows: :class:`ShadowCounts` (on unless ``DASC_EVICT_SHADOWED_FIRST=0``; its fork test on unless
+        ``DASC_EVICT_FORK_TEST=0``; see :mod:`dasc_runtime.tier_operations`).
         epoch: cache calls completed (one :meth:`maintain` each).
     Raises:
         RuntimeError: the request pool holds no dasc pool.
@@ -77,11 +77,14 @@ class DascMambaComponent(TierOperations, MambaComponent):
         self.counters = TierCounters()
         self.account = CheckpointAccount()
         self.book = TierBook()
-        self.shadows = ShadowCounts(self.component_type, on=evict_shadowed_first())
+        self.shadows = ShadowCounts(self.component_type, on=evict_shadowed_first(), fork_test=evict_fork_test())
         # dasc's default departs from App. B.2's one LRU: say in the server log which order evicts
-        logger.info("dasc: eviction: %s", "checkpoints with a cached descendant and no fork before it go before "
-                    "the LRU order (DASC_EVICT_SHADOWED_FIRST=0: the LRU alone)" if self.shadows.on else
-                    "the LRU order alone, App. B.2 (DASC_EVICT_SHADOWED_FIRST=0)")
+        logger.info("dasc: eviction: %s", (
+            "the LRU order alone, App. B.2 (DASC_EVICT_SHADOWED_FIRST=0)" if not self.shadows.on else
+            "checkpoints with a cached descendant and no fork before it go before the LRU order "
+            "(DASC_EVICT_SHADOWED_FIRST=0: the LRU alone)" if self.shadows.fork_test else
+            "checkpoints with a cached descendant go before the LRU order, forks not tested (the A/B control "
+            "DASC_EVICT_FORK_TEST=0)"))
         self.demotions = DemotionEngine(cache=cache, dpool=dpool, book=self.book, counters=self.counters,
                                         component_type=self.component_type)
         self.epoch = 0

@@ -31,10 +31,11 @@ process, any setting without a plan (``--dasc-pool-slots needs --dasc-plan (or D
                                                        request rows and native Mamba slots; default 8)
    ======================  ==========================  =========================================
 
-Two more knobs are environment-only, for A/B runs of one runtime choice (read where they act, checked
+Three more knobs are environment-only, for A/B runs of one runtime choice (read where they act, checked
 at start-up by :func:`dasc_runtime.startup_checks.check_env_knobs`): ``DASC_RECLAIM_WAIT`` (``stream`` | ``host``,
-:func:`dasc_runtime.demotion.reclaim_wait_mode`) and ``DASC_EVICT_SHADOWED_FIRST`` (yes, the default / no,
-:func:`dasc_runtime.tier_operations.evict_shadowed_first`). The diagnostics ``DASC_LOG_RESTORES``,
+:func:`dasc_runtime.demotion.reclaim_wait_mode`), ``DASC_EVICT_SHADOWED_FIRST`` (yes, the default / no,
+:func:`dasc_runtime.tier_operations.evict_shadowed_first`) and ``DASC_EVICT_FORK_TEST`` (yes, the default / no: that
+rule without its fork test, a control; :func:`dasc_runtime.tier_operations.evict_fork_test`). The diagnostics ``DASC_LOG_RESTORES``,
 ``DASC_WR_CHECK`` (yes / no) and ``DASC_WR_DUMP_MAX`` (a count) are read once at import, where a bad value
 falls back to the default (:func:`env_setting`), and checked strictly by the same start-up check.
 """

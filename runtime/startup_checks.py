@@ -140,15 +140,16 @@ def check_env_knobs() -> None:
     scheduler: parsed here, at start-up, so a typo is refused before the model loads.
 
     Raises:
-        DascInputError: a value ``DASC_RECLAIM_WAIT``, ``DASC_EVICT_SHADOWED_FIRST`` or a diagnostic variable
-            (``settings.DIAGNOSTIC_ENV``) does not take.
+        DascInputError: a value ``DASC_RECLAIM_WAIT``, ``DASC_EVICT_SHADOWED_FIRST``, ``DASC_EVICT_FORK_TEST`` or a
+            diagnostic variable (``settings.DIAGNOSTIC_ENV``) does not take; the fork test off with its rule off.
     """
     from dasc_runtime.demotion import reclaim_wait_mode
     from dasc_runtime.settings import DIAGNOSTIC_ENV, env_setting
-    from dasc_runtime.tier_operations import evict_shadowed_first
+    from dasc_runtime.tier_operations import evict_fork_test, evict_shadowed_first
 
     reclaim_wait_mode()
     evict_shadowed_first()
+    evict_fork_test()
     for name in DIAGNOSTIC_ENV:
         env_setting(name, strict=True)
 

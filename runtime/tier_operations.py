@@ -41,9 +41,13 @@ H100 (``benchmarks/notes/2026-12-07-h100-s53-16k-shadowfirst-seeds.md``): 0.839x
 (SD 0.058, n = 6 seeds, all below 1) and 0.835x SGLang's INT8 pool, 0 of 432 later turns lost against 56.
 That met the rule fixed before those seeds, so it is the default; App. B.2 keeps one recency order ("rather
 than define a second eviction policy"), which ``DASC_EVICT_SHADOWED_FIRST=0`` restores. The fork test came
-with the default (no GPU run has measured it; the benchmark's conversations share no prefix, so its paths
-have no forks to test): without it a checkpoint inside a prefix many conversations share, the one a new
-conversation restores, would be the first to go once any of them cached a later one.
+with the default: without it a checkpoint inside a prefix many conversations share, the one a new
+conversation restores, would be the first to go once any of them cached a later one. With an 11.6k-token
+system prompt every conversation shares (16k contexts, one H100, n = 2 seeds,
+``benchmarks/notes/2026-12-07-h100-s56-shared-prefix.md``) the default kept that checkpoint through the run
+(every first turn sent mid-run found it) and ran 0.93x the plain LRU; the LRU kept it too all but once, so
+what the test saves is not measured. ``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the
+rule without it, for that measurement.
 
 With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
 prompt-end one a reply-end checkpoint shadows, so the count-only rule was expected to cost hits there; measured
@@ -62,7 +66,7 @@ from dasc_runtime.sglang_api import api
 from dasc_runtime.side_channels import is_staged
 from dasc_runtime.tiers import COMPRESSED, DENSE, TierPolicy
 
-__all__ = ["TierOperations", "evict_shadowed_first"]
+__all__ = ["TierOperations", "evict_shadowed_first", "evict_fork_test"]
 
 
 def evict_shadowed_first() -> bool:
@@ -77,6 +81,30 @@ def evict_shadowed_first() -> bool:
 
     raw = os.environ.get("DASC_EVICT_SHADOWED_FIRST")
     return True if raw is None or not raw.strip() else parse_bool("DASC_EVICT_SHADOWED_FIRST", raw)
+
+
+def evict_fork_test() -> bool:
+    """``DASC_EVICT_FORK_TEST``: whether the shadowed-first rule spares a checkpoint above a fork of the tree
+    (the default: unset, empty, ``1`` / ``true`` / ``yes`` / ``on``). ``0`` / ``false`` / ``no`` / ``off`` is an
+    A/B control only: every checkpoint with a cached descendant counts as shadowed, so the one a shared system
+    prompt's new conversations restore goes first once any of them cached a later one (what the fork test is
+    there to prevent; a serving run with it off measures what the test saves). Read once, when the component is
+    built.
+
+    Raises:
+        DascInputError: any other value; ``0`` while ``DASC_EVICT_SHADOWED_FIRST`` is off (the test belongs to
+            that rule, so it would change nothing).
+    """
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.settings import parse_bool
+
+    raw = os.environ.get("DASC_EVICT_FORK_TEST")
+    on = True if raw is None or not raw.strip() else parse_bool("DASC_EVICT_FORK_TEST", raw)
+    if not on and not evict_shadowed_first():
+        raise DascInputError(f"DASC_EVICT_FORK_TEST={raw.strip()}: the fork test belongs to the shadowed-first rule, "
+                             f"which DASC_EVICT_SHADOWED_FIRST={os.environ['DASC_EVICT_SHADOWED_FIRST'].strip()} "
+                             f"turns off; unset one of them")
+    return on
 
 
 class TierOperations:

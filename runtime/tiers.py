@@ -154,9 +154,10 @@ class ShadowCounts:
     while on, nothing while off.
     """
 
-    def __init__(self, component_type, on: bool) -> None:
+    def __init__(self, component_type, on: bool, fork_test: bool = True) -> None:
         self.ct = component_type
         self.on = on
+        self.fork_test = fork_test      # False only for the A/B control DASC_EVICT_FORK_TEST=0 (count alone)
 
     def _add(self, node, delta: int) -> None:
         p = node.parent
@@ -186,9 +187,13 @@ class ShadowCounts:
         children). A node at or above such a fork is the deepest checkpoint of every request that left the
         tree at the fork (conversations that share a system prompt, then diverge), so it is not shadowed.
         False whenever the rule is off. O(nodes between ``node`` and that checkpoint) when the count is > 0.
+        Without the fork test (``fork_test`` False: ``DASC_EVICT_FORK_TEST=0``, an A/B control only) any
+        node with a cached descendant is shadowed, a node above a fork included.
         """
         if not (self.on and cached_below(node.component_data[self.ct]) > 0):
             return False
+        if not self.fork_test:
+            return True
         x = node
         while len(x.children) == 1:
             (x,) = x.children.values()

@@ -5,7 +5,9 @@
 # that commit's code, and arms.json from its serving_arms: dense int8 dasc-nr-w16 dasc-nr-w16-int8
 # dasc-nr-w64 dasc-wr-w16, and the twins dasc-nr-w16-shadowfirst dasc-nr-w16-int8-shadowfirst
 # dasc-wr-w16-shadowfirst (the same plans
-# with DASC_EVICT_SHADOWED_FIRST=1, for an A/B of that eviction rule; RUNTIME_COMMIT must have it; the
+# with DASC_EVICT_SHADOWED_FIRST=1, for an A/B of that eviction rule; RUNTIME_COMMIT must have it; and
+# dasc-nr-w16-shadowfirst-nofork, the rule without its fork test, where COMMIT's serving_arms has -nofork:
+# added only when RUNTIME_COMMIT's runtime reads DASC_EVICT_FORK_TEST (an older one would run it as the default); the
 # plain dasc arms run with it 0, App. B.2's LRU, even on a wheel whose default is the rule: serving_arms
 # writes 0, and sglang_server.server_env sets 0 for an older arms.json that has no value); a
 # COMMIT whose serving_arms has no dasc-wr arms gets the first five, one without -shadowfirst no twins).
@@ -32,6 +34,7 @@ rm -f .dev/dascwhl/*.whl && mv "$tmpw"/dasc-*.whl .dev/dascwhl/ && rm -rf "$tmpw
 P=$B/ol-plans; mkdir -p "$P"; printf 'int8: true\n' > "$B/int8.yaml"; printf 'load_policy: wr\n' > "$B/wr.yaml"
 wr=(); grep -q 'dasc-wr-w' "$B/benchmarks/serving_arms.py" && wr=(dasc-wr-w16)
 shadow=(); grep -q 'shadowfirst' "$B/benchmarks/serving_arms.py" && shadow=(dasc-nr-w16-shadowfirst dasc-nr-w16-int8-shadowfirst "${wr[@]/%/-shadowfirst}")
+grep -q 'nofork' "$B/benchmarks/serving_arms.py" && grep -q DASC_EVICT_FORK_TEST "$W/runtime/tier_operations.py" && shadow+=(dasc-nr-w16-shadowfirst-nofork)
 REF=plans/reference/kimi-linear-48b-a3b-calibrated
 (cd "$B" && "$PY" cli.py compile "$REF" --wmax 16 --out "$P/w16-tp1-off" -q \
     && "$PY" cli.py compile "$REF" --wmax 16 --policy "$B/int8.yaml" --out "$P/w16-int8-tp1-off" -q \

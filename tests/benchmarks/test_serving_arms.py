@@ -305,12 +305,26 @@ def test_shadowfirst_arm_same_memory_as_its_twin_and_sets_the_env(kimi_plans):
     assert not any(a.shadowed_first for a in sa.parse_arms([a.name for a in sa.DEFAULT_ARMS]))
 
 
+def test_nofork_arm_adds_only_the_fork_test_control(kimi_plans):
+    """-nofork (beside -shadowfirst) adds DASC_EVICT_FORK_TEST=0 to the shadowed-first twin's environment and
+    changes nothing else; no other arm sets that variable."""
+    rule, control = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
+                     for a in sa.parse_arms(["dasc-nr-w128-shadowfirst", "dasc-nr-w128-nofork-shadowfirst"]))
+    assert rule.env == {"DASC_EVICT_SHADOWED_FIRST": "1"}
+    assert control.env == {"DASC_EVICT_SHADOWED_FIRST": "1", "DASC_EVICT_FORK_TEST": "0"}
+    assert (control.flags, control.capacity, control.used_bytes) == (rule.flags, rule.capacity, rule.used_bytes)
+    (wr,) = sa.parse_arms(["dasc-wr-w16-shadowfirst-nofork"])
+    assert (wr.load_policy, wr.shadowed_first, wr.fork_test) == ("wr", True, False)
+    assert all(a.fork_test for a in sa.parse_arms([a.name for a in sa.DEFAULT_ARMS] + ["dasc-nr-w16-shadowfirst"]))
+
+
 @pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
                                   "dasc-xr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
                                   "dasc-nr-w64-hostwait-hostwait", "int8-hostwait", "dasc-wr-w64-storage",
                                   "dasc-wr-w64-hostwait", "dasc-wr-w64-int8-int8", "dasc-wr-wx", "dasc-wr",
                                   "dense-shadowfirst", "int8-shadowfirst", "dasc-nr-w64-shadowfirst-shadowfirst",
-                                  "dasc-wr-w64-shadowfirst-storage"])
+                                  "dasc-wr-w64-shadowfirst-storage", "dasc-nr-w64-nofork", "dasc-wr-w16-nofork",
+                                  "dense-nofork", "dasc-nr-w64-shadowfirst-nofork-nofork"])
 def test_parse_arms_rejects(name):
     msg = _one_line_error(lambda: sa.parse_arms(["dense", name]), "expected one of")
     assert repr(name) in msg
@@ -323,6 +337,7 @@ def test_parse_arms_rejects(name):
     (dict(name="x", kind="dense", reclaim_wait="host"), "'host' on a dasc arm, got 'host' on a dense arm"),
     (dict(name="x", kind="dasc", w_max=64, reclaim_wait="spin"), "got 'spin'"),
     (dict(name="x", kind="dense", load_policy="wr"), "'wr' on a dasc arm, got 'wr' on a dense arm"),
+    (dict(name="x", kind="dasc", w_max=64, fork_test=False), "-nofork needs -shadowfirst"),
     (dict(name="x", kind="dasc", w_max=64, load_policy="xr"), "got 'xr' on a dasc arm"),
     (dict(name="x", kind="int8", shadowed_first=True), "shadowed_first is for dasc arms, not a int8 arm"),
 ])

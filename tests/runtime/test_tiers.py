@@ -502,3 +502,55 @@ def test_a_checkpoint_above_a_fork_is_not_shadowed(tmp_path):
     _run(sim, SHARED + [95, 96])                      # a new conversation on the shared prefix restores c
     assert sim.stats["restore_compressed"] == restored + 1
     sim.check(12, content=True)
+
+
+def test_without_the_fork_test_the_shared_checkpoint_goes_first(tmp_path, monkeypatch):
+    """The control DASC_EVICT_FORK_TEST=0 on the case above: c (inside the shared prefix, two cached
+    descendants past the fork) counts as shadowed and, the oldest such, is the first to go; a new conversation
+    on the shared prefix then finds no compressed checkpoint to restore. The default keeps c (test above)."""
+    monkeypatch.setenv("DASC_EVICT_FORK_TEST", "0")
+    sim = _sim(tmp_path, compressed_slots=5, compressed_only=True, shadowed_first=True)
+    assert sim.comp.shadows.on and not sim.comp.shadows.fork_test
+    sim.rng.randint = lambda a, b: 6 if b > 10 else (a + b) // 2
+    _run(sim, SHARED + [81, 82, 83, 84, 85, 86, 87, 88], chunked=True)
+    c = _node_of(sim, SHARED[:6])
+    r1 = _node_of(sim, sim.request_tokens(SHARED + [81, 82, 83, 84, 85, 86, 87, 88]))
+    _run(sim, SHARED + [91, 92, 93])
+    r2 = _node_of(sim, sim.request_tokens(SHARED + [91, 92, 93]))
+    _run(sim, SEQ_X, chunked=True)
+    r3 = _node_of(sim, sim.request_tokens(SEQ_X))
+    c3 = r3.parent
+    assert _cached(sim, [c, r1, r2, c3, r3]) == [True] * 5 and sim.dpool.available_size() == 0
+    assert [sim.comp.shadows.shadowed(n) for n in (c, r1, r2, c3, r3)] == [True, False, False, True, False]
+    _run(sim, SEQ_D)
+    assert _cached(sim, [c, r1, r2, c3, r3]) == [False, True, True, True, True]
+    assert sim.comp.counters.evictions_shadowed == 1
+    restored = sim.stats["restore_compressed"]
+    _run(sim, SHARED + [95, 96])
+    assert sim.stats["restore_compressed"] == restored
+    sim.check(13, content=True)
+
+
+def test_evict_fork_test_setting(monkeypatch):
+    """DASC_EVICT_FORK_TEST: on unless 0 / false / no / off; off with the shadowed-first rule off is refused
+    (the test is that rule's), and so is any other value."""
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime.tier_operations import evict_fork_test
+
+    monkeypatch.delenv("DASC_EVICT_SHADOWED_FIRST", raising=False)
+    monkeypatch.delenv("DASC_EVICT_FORK_TEST", raising=False)
+    assert evict_fork_test() is True
+    for raw, want in (("1", True), ("", True), (" yes", True), ("0", False), ("Off ", False)):
+        monkeypatch.setenv("DASC_EVICT_FORK_TEST", raw)
+        assert evict_fork_test() is want
+    monkeypatch.setenv("DASC_EVICT_FORK_TEST", "sometimes")
+    with pytest.raises(DascInputError, match="DASC_EVICT_FORK_TEST: expected 1 / true / yes / on or 0 / false / no / off, got 'sometimes'"):
+        evict_fork_test()
+    monkeypatch.setenv("DASC_EVICT_SHADOWED_FIRST", "0")
+    monkeypatch.setenv("DASC_EVICT_FORK_TEST", "1")
+    assert evict_fork_test() is True                 # on is the default: nothing to refuse
+    monkeypatch.setenv("DASC_EVICT_FORK_TEST", " 0")
+    with pytest.raises(DascInputError) as err:
+        evict_fork_test()
+    assert str(err.value) == ("DASC_EVICT_FORK_TEST=0: the fork test belongs to the shadowed-first rule, which "
+                              "DASC_EVICT_SHADOWED_FIRST=0 turns off; unset one of them")

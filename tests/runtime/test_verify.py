@@ -206,6 +206,7 @@ def test_yes_no_settings_refuse_what_they_do_not_take(monkeypatch):
 @pytest.mark.parametrize("var, bad, needle", [
     ("DASC_EVICT_SHADOWED_FIRST", "2", "DASC_EVICT_SHADOWED_FIRST: expected 1 / true / yes / on or 0 / false / no / off, got '2'"),
     ("DASC_RECLAIM_WAIT", "sometimes", "DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'sometimes'"),
+    ("DASC_EVICT_FORK_TEST", "2", "DASC_EVICT_FORK_TEST: expected 1 / true / yes / on or 0 / false / no / off, got '2'"),
 ])
 def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_the_cache(tmp_path, monkeypatch, var, bad,
                                                                                        needle):
@@ -215,7 +216,7 @@ def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_th
 
     from dasc_runtime import launcher
 
-    for v in ("DASC_EVICT_SHADOWED_FIRST", "DASC_RECLAIM_WAIT"):
+    for v in ("DASC_EVICT_SHADOWED_FIRST", "DASC_RECLAIM_WAIT", "DASC_EVICT_FORK_TEST"):
         monkeypatch.delenv(v, raising=False)
     _, plan_dir, _ = compile_tiny(tmp_path)
     monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items() if not k.startswith("DASC_")})
@@ -223,7 +224,8 @@ def test_env_only_knobs_are_refused_at_start_up_not_when_the_scheduler_builds_th
     with pytest.raises(DascInputError) as err:
         launcher.settle({"plan": str(plan_dir)}, {}, SimpleNamespace())
     assert str(err.value) == needle and "DASC_PLAN" not in os.environ
-    monkeypatch.setitem(os.environ, var, {"DASC_EVICT_SHADOWED_FIRST": "on", "DASC_RECLAIM_WAIT": "host"}[var])
+    monkeypatch.setitem(os.environ, var, {"DASC_EVICT_SHADOWED_FIRST": "on", "DASC_RECLAIM_WAIT": "host",
+                                          "DASC_EVICT_FORK_TEST": "off"}[var])
     assert launcher.settle({"plan": str(plan_dir)}, {}, SimpleNamespace()).plan == str(plan_dir)
     assert os.environ["DASC_PLAN"] == str(plan_dir)
 

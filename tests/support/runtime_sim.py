@@ -548,8 +548,8 @@ class Sim:
     def _check_shadows(self, step):
         """With the shadowed-first rule every node's count of cached descendants (ShadowCounts) equals a
         recount of the tree, and ``shadows.shadowed(node)`` is exactly "a cached node lies below it with no
-        fork between" (each node between has one child); without it no node carries a count and none is
-        shadowed."""
+        fork between" (each node between has one child; with ``DASC_EVICT_FORK_TEST=0``: "a cached node lies
+        below it"); without it no node carries a count and none is shadowed."""
         below = {}
 
         def recount(n):                     # cached checkpoints strictly below n (iterative post-order)
@@ -582,8 +582,11 @@ class Sim:
                 chain_above.add(a.id)
                 a = a.parent
         for n in self.nodes():
-            want = self.comp.shadows.on and n.id in chain_above
-            assert want <= (below[n.id] > 0)
+            if self.comp.shadows.fork_test:
+                want = self.comp.shadows.on and n.id in chain_above
+                assert want <= (below[n.id] > 0)
+            else:                   # the control DASC_EVICT_FORK_TEST=0: any cached descendant shadows
+                want = self.comp.shadows.on and below[n.id] > 0
             assert self.comp.shadows.shadowed(n) == want, \
                 f"step {step}: node {n.id} shadowed() {self.comp.shadows.shadowed(n)}, recount {below[n.id]}, " \
                 f"on a chain above a cached node: {n.id in chain_above}"
