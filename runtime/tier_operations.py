@@ -45,8 +45,8 @@ with the default: without it a checkpoint inside a prefix many conversations sha
 conversation restores, would be the first to go once any of them cached a later one. With an 11.6k-token
 system prompt every conversation shares (16k contexts, one H100, n = 2 seeds,
 ``benchmarks/notes/2026-12-07-h100-s56-shared-prefix.md``) the default kept that checkpoint through the run
-(every first turn sent mid-run found it) and ran 0.93x the plain LRU; the LRU kept it too all but once, so
-what the test saves is not measured. ``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the
+(every first turn sent mid-run found it) and ran 0.93x the plain LRU, which let it go at least twice a seed;
+what the test itself saves is not measured. ``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the
 rule without it, for that measurement.
 
 With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
