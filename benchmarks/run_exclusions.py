@@ -13,7 +13,7 @@ __all__ = ["add_run_exclusions", "run_path", "exclusion_key"]
 
 
 def add_run_exclusions(ap) -> None:
-    """The ``--exclude-call`` / ``--exclude-run`` options of every command that reads work folders through
+    """The ``--exclude-call`` / ``--exclude-run`` / ``--baseline-run`` options of every command that reads work folders through
     :func:`benchmarks.serving_runs.collect` (:mod:`benchmarks.serving_report`, :mod:`benchmarks.ttft_account`)."""
     ap.add_argument("--exclude-call", type=int_at_least(0), action="append", default=[],
                     help="leave out this call's runs (its index in manifest.json 'calls', in every work folder "

@@ -153,7 +153,8 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
       which click refuses without echoing it;
     - a whole number longer than Python's ``int()`` reads (``sys.get_int_max_str_digits``), which it refuses
       without the option's name; a float written in digits beyond the float range (``--a-s 1e400``), which
-      would be read, and then refused, as infinity.
+      would be read, and then refused, as infinity, or below its smallest value (``--a-s 1e-400``), which would
+      be read as 0.
 
     Allowed: spaces around the value, as ``dasc sweep``'s lists allow them. Left to click: ``inf`` or ``nan`` for
     a float (the policy names them: not finite), a ``--wmax`` list that :func:`wmax_list_hint` turns into a
@@ -181,6 +182,9 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
             if numbers[opt] is float and math.isinf(float(text)):             # 1e400 would read as inf
                 return f"option '{opt}': {short_repr(value)} is beyond the range of a float (it would read as " \
                        f"infinity); {expected}"
+            if numbers[opt] is float and float(text) == 0 and any(d in "123456789" for d in re.split("[eE]", text)[0]):
+                return f"option '{opt}': {short_repr(value)} is below the smallest float (it would read as 0); " \
+                       f"{expected}"                                      # 1e-400
             continue
         if numbers[opt] is float and _NON_FINITE.fullmatch(text):
             continue

@@ -70,6 +70,21 @@ def test_a_float_beyond_its_range_is_named_as_typed(tmp_path, gdn, value):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("opt, value", [("--a-s", "1e-400"), ("--eps", "-2.5E-999"), ("--a-s", " .1e-330 ")])
+def test_a_float_below_its_smallest_value_is_named_as_typed(tmp_path, gdn, opt, value):
+    """`--a-s 1e-400` compiled silently with a_s = 0, and `--eps 1e-400` was refused as `--eps 0`."""
+    before = snapshot(tmp_path)
+    r = dasc("compile", gdn, "--wmax", "16", opt, value, "--out", tmp_path / "p")
+    assert_one_error(r, f"option '{opt}': {value!r} is below the smallest float (it would read as 0)")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("value", ["0e-999", "-0", "0.000"])
+def test_a_zero_written_as_zero_passes_the_prepass(tmp_path, gdn, value):
+    r = dasc("compile", gdn, "--wmax", "16", "--eps", value, "--out", tmp_path / "p")
+    assert "smallest float" not in r.err and "Input should be greater than 0" in r.err, r.err   # the policy's range
+
+
 def test_the_largest_float_still_passes_the_prepass(tmp_path, gdn):
     r = dasc("compile", gdn, "--wmax", "16", "--eps", "1.7e308", "--out", tmp_path / "p")
     assert "range of a float" not in r.err and "Input should be less than 1" in r.err, r.err   # the policy's range
