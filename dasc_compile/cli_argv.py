@@ -143,6 +143,10 @@ _NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
                  float: (FLOAT_WORD, "a decimal number (digits, an optional point and exponent)", "0.001")}
 
 
+#: An option whose values look unlike the generic example (a_s is a gate input, negative for the families' defaults).
+_EXAMPLES = {"--a-s": "-0.3"}
+
+
 def loose_number(group: Any, argv: list[str]) -> str | None:
     """The usage error for a number option given a value not written as that number is, or None. Refused, with
     the value (cut to :data:`~dasc_compile.errors.ECHO_CHARS`):
@@ -172,6 +176,7 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
         if opt not in numbers or value is None:
             continue
         word, what, example = _NUMBER_WORDS[numbers[opt]]
+        example = _EXAMPLES.get(opt, example)
         expected = f"expected e.g. '{opt} {example}' (see 'dasc {sub} --help')"
         text = value.strip()
         if word.fullmatch(text):

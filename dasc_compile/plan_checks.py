@@ -36,7 +36,8 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
     ``refresh_slots``: the B a ``dasc size --refresh-slots`` run sizes for (None: the default), for the
     ``pool_budget_bytes`` line of a dasc-wr plan.
 
-    Nothing kept (every hit restores a zero temporal state); w_max 0 (everything kept); a balance mode at TP size 1 (it changes
+    Nothing kept (every hit restores a zero temporal state); w_max 0 (everything kept); everything kept at a
+    positive w_max (no compression); a balance mode at TP size 1 (it changes
     nothing); plan features this dasc's runtime refuses to serve (hybrid balancing: ``dasc_runtime.verify.
     check_plan_supported``; ``tests/cli/test_user_messages.py`` keeps the two in step).
     """
@@ -55,6 +56,11 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
         out.append(f"w_max 0 still omits {t.n_units - t.n_kept:,} of {t.n_units:,} units: their retention horizon is 0 "
                    f"tokens (a static decay so fast it forgets within one token, e.g. from --a-s or --eps; kept "
                    f"{t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x)")
+    elif pol.w_max > 0 and t.n_units > 0 and t.n_kept == t.n_units:
+        shortest = min(lp.horizon_quantiles.min for lp in plan.layers)
+        out.append(f"every unit is kept (no compression{', INT8 storage alone' if pol.int8 else ''}): no retention "
+                   f"horizon is at or below w_max = {pol.w_max} tokens (shortest {shortest:.4g} tokens; --eps and --a-s "
+                   f"set how long horizons are), C_ckpt {t.c_ckpt:.2f}x")
     if pol.balance != "off" and pol.tp_size == 1:
         out.append(f"balance '{pol.balance}' changes nothing at TP size 1 (one rank holds every unit); pass --tp P "
                    f"to balance across P ranks")

@@ -79,13 +79,13 @@ def test_full_stdout_is_one_line_status_2(tmp_path, plan, gdn):
     assert lines[0] == "error: cannot write to standard output (No space left on device)"
     # compile does its work (the plan is written whole), then reports that its summary could not be printed
     with open("/dev/full", "w") as full:
-        r = dasc_proc("compile", gdn, "--wmax", 4, "--out", tmp_path / "p2", stdout=full, stderr=subprocess.PIPE)
+        r = dasc_proc("compile", gdn, "--wmax", 12, "--out", tmp_path / "p2", stdout=full, stderr=subprocess.PIPE)
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: cannot write to standard output (No space left on device); {tmp_path / 'p2'} was written "
         f"completely, only the summary was not printed"), r.stderr
     from dasc_compile.schema import load_plan
 
-    assert load_plan(tmp_path / "p2").policy.w_max == 4
+    assert load_plan(tmp_path / "p2").policy.w_max == 12
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -114,7 +114,7 @@ def test_full_stdout_leaves_every_file_written_and_named(tmp_path, plan, gdn):
     assert png.stat().st_size > 10_000
     out, png = tmp_path / "plans", tmp_path / "s.png"
     with open("/dev/full", "w") as full:
-        r = dasc_proc("sweep", gdn, "--wmax", "4,16", "--out", out, "--plot", png, stdout=full,
+        r = dasc_proc("sweep", gdn, "--wmax", "12,16", "--out", out, "--plot", png, stdout=full,
                       stderr=subprocess.PIPE)
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: cannot write to standard output (No space left on device); {out} and {png} were written "
@@ -197,7 +197,7 @@ def test_signal_while_writing_leaves_nothing_half_written(tmp_path, gdn, monkeyp
         assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
         old = _plan_files(out)
     _kill_self_when_called(monkeypatch, art, "canonical_json", sig)   # while the staging dir is being filled
-    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    r = dasc("compile", gdn, "--wmax", 12, "--out", out)
     assert_one_error(r, f"interrupted ({signal.Signals(sig).name})", code=code)
     if existing:
         assert _plan_files(out) == old
@@ -218,9 +218,9 @@ def test_sigint_during_the_swap_is_held_until_the_new_plan_is_in_place(tmp_path,
         _kill_self_when_called(monkeypatch, atomic.os, "rename", times=1)   # right before the first rename
     else:
         _kill_self_when_called(monkeypatch, atomic, "_exchange")
-    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    r = dasc("compile", gdn, "--wmax", 12, "--out", out)
     assert_one_error(r, "interrupted (SIGINT)", code=130)
-    assert load_plan(out).policy.w_max == 4            # the swap completed before the signal was taken
+    assert load_plan(out).policy.w_max == 12            # the swap completed before the signal was taken
     assert _leftovers(tmp_path, "plan") == []
 
 
@@ -241,7 +241,7 @@ def test_failure_of_the_second_rename_puts_the_old_plan_back(tmp_path, gdn, monk
         return real(a, b)
 
     monkeypatch.setattr(atomic.os, "rename", flaky)
-    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    r = dasc("compile", gdn, "--wmax", 12, "--out", out)
     assert_one_error(r, str(out), "cannot write the plan (No space left on device)")
     assert _plan_files(out) == old
     assert _leftovers(tmp_path, "plan") == []
@@ -272,7 +272,7 @@ def test_crash_between_renames_is_recovered_by_the_next_compile(tmp_path, gdn):
     assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
     old = _plan_files(out)
     r = subprocess.run([sys.executable, "-c", CRASH_BETWEEN_RENAMES.format(root=str(ROOT)), "compile", str(gdn),
-                        "--wmax", "4", "--out", str(out)], capture_output=True, text=True, timeout=120)
+                        "--wmax", "12", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 137, r.stderr
     assert not out.exists()                          # the window the fallback cannot close by itself...
     left = _leftovers(tmp_path, "plan")          # the old plan aside, and the dead process's staging dir
@@ -283,9 +283,9 @@ def test_crash_between_renames_is_recovered_by_the_next_compile(tmp_path, gdn):
     r = dasc("compile", gdn, "--policy", tmp_path / "missing.yaml", "--out", out)
     assert r.code == 2
     assert load_plan(out).policy.w_max == 16 or _plan_files(out) == old
-    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    r = dasc("compile", gdn, "--wmax", 12, "--out", out)
     assert r.code == 0, r.err
-    assert load_plan(out).policy.w_max == 4 and _leftovers(tmp_path, "plan") == []
+    assert load_plan(out).policy.w_max == 12 and _leftovers(tmp_path, "plan") == []
 
 
 # ----------------------------------------------------------------------------- a real Ctrl-C
@@ -313,7 +313,7 @@ def test_real_ctrl_c_leaves_the_old_or_the_new_plan(tmp_path, gdn):
     rng = random.Random(13)
     seen = set()
     for delay in (0.0, rng.uniform(0.05, 0.4), rng.uniform(0.4, 1.5)):
-        p = subprocess.Popen([sys.executable, str(CLI), "compile", str(gdn), "--wmax", "4", "--out", str(out)],
+        p = subprocess.Popen([sys.executable, str(CLI), "compile", str(gdn), "--wmax", "12", "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if _wait_for_torch(p.pid):
             time.sleep(delay)
@@ -322,18 +322,18 @@ def test_real_ctrl_c_leaves_the_old_or_the_new_plan(tmp_path, gdn):
             assert p.wait(timeout=120) is not None, "the compile never imported torch"
         stdout, stderr = p.communicate(timeout=120)
         assert "Traceback" not in stderr, stderr
-        w = load_plan(out).policy.w_max           # old (16) or new (4): never neither, never a torn plan
-        assert w in (16, 4)
+        w = load_plan(out).policy.w_max           # old (16) or new (12): never neither, never a torn plan
+        assert w in (16, 12)
         if p.returncode == 130:
             # the signal may land before the plan is in place (old plan, plain line) or after it
             # (new plan, and the line says so: CI on 2026-12-03 hit the second case)
             late = f"error: interrupted (SIGINT); {out} was written completely, only the summary was not printed"
-            assert stderr.strip() == (late if w == 4 else "error: interrupted (SIGINT)"), (w, stderr)
+            assert stderr.strip() == (late if w == 12 else "error: interrupted (SIGINT)"), (w, stderr)
         else:
-            assert p.returncode == 0 and stderr == "" and "wrote" in stdout and w == 4, (p.returncode, stderr)
+            assert p.returncode == 0 and stderr == "" and "wrote" in stdout and w == 12, (p.returncode, stderr)
         seen.add((p.returncode, w))
         assert _leftovers(tmp_path, "plan") == []
-        if w == 4:   # put the old plan back for the next round
+        if w == 12:   # put the old plan back for the next round
             assert dasc("compile", gdn, "--wmax", 16, "--out", out).code == 0
     print("outcomes (status, w_max at --out):", sorted(seen))
 
@@ -352,9 +352,9 @@ def test_a_signal_right_after_the_plan_is_moved_into_place_says_it_is_complete(t
 
     monkeypatch.setattr(atomic, "replace_dir", moved_then_interrupted)
     out = tmp_path / "plan"
-    r = dasc("compile", gdn, "--wmax", 4, "--out", out)
+    r = dasc("compile", gdn, "--wmax", 12, "--out", out)
     assert_one_error(r, f"interrupted (SIGINT); {out} was written completely", code=130)
-    assert load_plan(out).policy.w_max == 4
+    assert load_plan(out).policy.w_max == 12
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -514,7 +514,7 @@ def test_ctrl_c_after_the_command_finished_does_not_kill_it(tmp_path, gdn, entry
         mod, fn = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["dasc"].split(":")
         cmd = [sys.executable, "-c", f"import sys; sys.argv[0] = 'dasc'; from {mod} import {fn}; {fn}()"]
     for delay in (0.02, 0.08, 0.15):
-        p = subprocess.Popen([*cmd, "compile", str(gdn), "--wmax", "4", "--out", str(tmp_path / "plan")],
+        p = subprocess.Popen([*cmd, "compile", str(gdn), "--wmax", "12", "--out", str(tmp_path / "plan")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         assert p.stdout.readline().startswith("wrote ")
         time.sleep(delay)
@@ -532,7 +532,7 @@ def test_a_signal_during_sweep_out_names_no_plan_of_the_removed_staging_folder(t
 
     _kill_self_when_called(monkeypatch, compiler, "write_plan", times=2)     # the first plan is in staging
     out = tmp_path / "sw"
-    r = dasc("sweep", gdn, "--wmax", "4,16,64", "--out", out)
+    r = dasc("sweep", gdn, "--wmax", "12,16,64", "--out", out)
     line = assert_one_error(r, "interrupted (SIGINT)", code=130)
     assert "written" not in line and ".tmp" not in line
     assert not out.exists() and _leftovers(tmp_path, "sw") == []

@@ -145,13 +145,29 @@ def test_budget_refusal_matches_the_runtime_sizing(tmp_path, gdn):
         assert (r.code == 0) == runtime_ok, (budget, r.err)
 
 
+def test_a_positive_w_max_that_keeps_every_unit_says_so(tmp_path, gdn):
+    """--eps 1e-300 stretches every retention horizon far past w_max 16: the plan compresses nothing, which a fresh
+    user got with exit 0 and no word (only w_max 0 was warned about)."""
+    r = dasc("compile", gdn, "--wmax", 16, "--eps", "1e-300", "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    (w,) = _warnings(r)
+    assert w.startswith("warning: every unit is kept (no compression): no retention horizon is at or below "
+                        "w_max = 16 tokens (shortest "), w
+    assert "C_ckpt 1.00x" in w and "kept 4/4 units" in r.out
+    r = dasc("compile", gdn, "--wmax", 16, "--eps", "1e-300", "--int8", "--out", tmp_path / "i")
+    (w,) = _warnings(r)
+    assert w.startswith("warning: every unit is kept (no compression, INT8 storage alone)"), w
+    assert _warnings(dasc("compile", gdn, "--wmax", 16, "--out", tmp_path / "q")) == []   # the default eps omits units
+
+
 def test_w_max_0_keeps_every_unit_and_says_so(tmp_path, gdn):
     r = dasc("compile", gdn, "--wmax", 0, "--out", tmp_path / "p")
     assert r.code == 0, r.err
     (w,) = _warnings(r)
     assert w.startswith("warning: w_max 0 keeps every unit (no compression)") and "kept 4/4" in w, w
     assert "kept 4/4 units" in r.out and "C_ckpt 1.00x" in r.out
-    assert dasc("compile", gdn, "--wmax", 1, "--out", tmp_path / "q").err == ""   # w_max 1 is not warned about
+    w1 = dasc("compile", gdn, "--wmax", 1, "--out", tmp_path / "q").err   # w_max 1: every horizon is longer (~10
+    assert "w_max 0" not in w1 and w1.startswith("warning: every unit is kept (no compression)")   # tokens) too
     r = dasc("compile", gdn, "--wmax", 0, "--int8", "--out", tmp_path / "i")     # INT8 compresses what it keeps
     (w,) = _warnings(r)
     assert w.startswith("warning: w_max 0 keeps every unit (INT8 storage alone)") and "no compression" not in w, w
