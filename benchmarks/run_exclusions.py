@@ -25,7 +25,8 @@ def add_run_exclusions(ap) -> None:
                          "repeatable. An excluded opening baseline run is replaced by the call's closing run of the "
                          "same seed")
     ap.add_argument("--baseline-run", choices=("opening", "closing"), default="opening",
-                    help="which of the baseline arm's two runs of a seed in one call is the seed's baseline: "
+                    help="which of the bracketing arm's two runs of a seed in one call counts for that seed (the arm that "
+                         "opened and closed each call, chat_bench's BASELINE; not a report's --baseline): "
                          "opening (default: the call's first run, which pays what the warm-up left, e.g. compiles) "
                          "or closing (the drift run after the other arms; every counted baseline run must have one, "
                          "and the calls then have no drift figure). Report both when they differ")

@@ -304,7 +304,8 @@ def _opening_runs_with_a_closing_run(w: Path, man: dict, exclude_calls: Sequence
         if e["role"] != "arm" or e["arm"] not in baseline_arms or not _counted(e, exclude_calls, left_out):
             continue
         if (e["call"], e["arm"], e["seed"]) not in closing:
-            raise DascInputError(f"--baseline-run closing: {e['arm']} seed {e['seed']} ({w / 'runs' / e.get('file', '')}) "
+            raise DascInputError(f"--baseline-run closing: {e['arm']} (the arm that bracketed its calls, chat_bench's "
+                                 f"BASELINE) seed {e['seed']} ({w / 'runs' / e.get('file', '')}) "
                                  f"has no closing run in its call {e['call']}; leave it out with --exclude-run, or "
                                  f"use --baseline-run opening")
         out.add(e.get("file"))

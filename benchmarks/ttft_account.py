@@ -197,8 +197,8 @@ def main(argv=None) -> int:
         description="Split each trace seed's mean-TTFT ratio (arm / baseline) exactly into terms, as shares of the "
                     "baseline's mean TTFT.",
         epilog="Columns: capacity = the change in which later turns each arm kept (hit or lost); cost first / hit / "
-               "lost = the change in what a\nrequest of that class cost (first turns miss in every arm: first-use "
-               "slowness and noise; hit: serving a hit, e.g. a\ndasc restore); queue / prefill / other = the same "
+               "lost = the change in what a\nrequest of that class cost (first turns miss in every arm, but for a shared "
+               "system prompt's block: first-use\nslowness and noise; hit: serving a hit, e.g. a dasc restore); queue / prefill / other = the same "
                "difference split by SGLang's request metrics; capacity only = the ratio\nif the arm's per-request "
                "costs equalled the baseline's; lost needed = how many later turns the baseline would have to\nlose, "
                "at its own costs, for the pair to reach --target. The terms of each split add up to ratio - 1. "

@@ -1042,7 +1042,7 @@ def test_closing_baseline_refuses_a_seed_without_a_closing_run(tmp_path, capsys)
     man["runs"].append({"call": 1, "index": 4, "arm": "dense", "seed": 1, "role": "arm", "file": "dense_4.json.gz", "rc": 0})
     (w / "manifest.json").write_text(json.dumps(man))
     (w / "runs" / "dense_4.json.gz").write_bytes((w / "runs" / "dense_0.json.gz").read_bytes())
-    with pytest.raises(DascInputError, match="dense seed 1 .* has no closing run in its call 1"):
+    with pytest.raises(DascInputError, match=r"dense \(the arm that bracketed its calls, chat_bench.s BASELINE\) seed 1 .* has no closing run in its call 1"):
         srun.collect([w], exclude_runs=["w16_3.json.gz"], baseline_run="closing")
     assert len(srun.collect([w], exclude_calls=[1], baseline_run="closing")) == 2
     err = _report_error(capsys, w, "--model", "m", "--decays", "init", "--out", tmp_path / "rep", "--exclude-call", 0,
