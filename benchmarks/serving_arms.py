@@ -291,7 +291,10 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             rest = parts[3:]
             allowed = {"int8", "storage", "hostwait", "shadowfirst", "nofork"} if parts[1] == "nr" \
                 else {"int8", "shadowfirst", "nofork"}
-            if set(rest) <= allowed and len(set(rest)) == len(rest) and ("nofork" not in rest or "shadowfirst" in rest):
+            if set(rest) <= allowed and len(set(rest)) == len(rest) and "nofork" in rest and "shadowfirst" not in rest:
+                raise DascInputError(f"arm {n!r}: -nofork (the fork test's control) needs -shadowfirst: the fork test "
+                                     f"belongs to the shadowed-first rule, e.g. {n.replace('-nofork', '')}-shadowfirst-nofork")
+            if set(rest) <= allowed and len(set(rest)) == len(rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
                                    balance="storage" if "storage" in rest else "off",
                                    reclaim_wait="host" if "hostwait" in rest else "stream", load_policy=parts[1],

@@ -318,13 +318,20 @@ def test_nofork_arm_adds_only_the_fork_test_control(kimi_plans):
     assert all(a.fork_test for a in sa.parse_arms([a.name for a in sa.DEFAULT_ARMS] + ["dasc-nr-w16-shadowfirst"]))
 
 
+@pytest.mark.parametrize("name, fix", [("dasc-nr-w64-nofork", "dasc-nr-w64-shadowfirst-nofork"),
+                                       ("dasc-wr-w16-int8-nofork", "dasc-wr-w16-int8-shadowfirst-nofork")])
+def test_nofork_without_shadowfirst_is_named(name, fix):
+    msg = _one_line_error(lambda: sa.parse_arms([name]), r"-nofork \(the fork test's control\) needs -shadowfirst")
+    assert msg.endswith(f"e.g. {fix}"), msg
+
+
 @pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
                                   "dasc-xr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
                                   "dasc-nr-w64-hostwait-hostwait", "int8-hostwait", "dasc-wr-w64-storage",
                                   "dasc-wr-w64-hostwait", "dasc-wr-w64-int8-int8", "dasc-wr-wx", "dasc-wr",
                                   "dense-shadowfirst", "int8-shadowfirst", "dasc-nr-w64-shadowfirst-shadowfirst",
-                                  "dasc-wr-w64-shadowfirst-storage", "dasc-nr-w64-nofork", "dasc-wr-w16-nofork",
-                                  "dense-nofork", "dasc-nr-w64-shadowfirst-nofork-nofork"])
+                                  "dasc-wr-w64-shadowfirst-storage", "dense-nofork",
+                                  "dasc-nr-w64-shadowfirst-nofork-nofork"])
 def test_parse_arms_rejects(name):
     msg = _one_line_error(lambda: sa.parse_arms(["dense", name]), "expected one of")
     assert repr(name) in msg
