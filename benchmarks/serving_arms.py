@@ -277,7 +277,8 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
     ``dasc-wr-wW[-int8][-shadowfirst[-nofork]]`` (``-nofork`` only beside ``-shadowfirst``).
 
     Raises:
-        DascInputError: a name of neither form (one line naming it).
+        DascInputError: a name of neither form (one line naming it); ``-nofork`` without ``-shadowfirst`` (naming
+            the name that works).
     """
     known = {a.name: a for a in DEFAULT_ARMS}
     out = []

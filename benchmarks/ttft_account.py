@@ -22,7 +22,7 @@ mean TTFT, s). For the baseline run D and the arm's run X of one seed, exactly::
 with ``tbar``, ``wbar`` the two runs' averages. Where a class is empty in one run its mean is taken from the
 other run (its weight there is 0, so the identity still holds). Divided by ``T_D`` the terms add up to
 ``ratio - 1``. The ``first`` cost term is first-use slowness and noise (both arms miss there, but for a shared
-system prompt's block, which either may serve); ``hit`` is the
+system prompt's block, which either may serve: then it also holds whether the block was served); ``hit`` is the
 cost of serving a hit (dasc: restoring a compressed checkpoint; queue wait shows in every class); ``lost``
 the cost of a miss.
 
@@ -197,8 +197,8 @@ def main(argv=None) -> int:
         description="Split each trace seed's mean-TTFT ratio (arm / baseline) exactly into terms, as shares of the "
                     "baseline's mean TTFT.",
         epilog="Columns: capacity = the change in which later turns each arm kept (hit or lost); cost first / hit / "
-               "lost = the change in what a\nrequest of that class cost (first turns miss in every arm, but for a shared "
-               "system prompt's block: first-use\nslowness and noise; hit: serving a hit, e.g. a dasc restore); queue / prefill / other = the same "
+               "lost = the change in what a\nrequest of that class cost (first: first-use slowness and noise, and with a shared "
+               "system prompt whether\nits block was served; hit: serving a hit, e.g. a dasc restore); queue / prefill / other = the same "
                "difference split by SGLang's request metrics; capacity only = the ratio\nif the arm's per-request "
                "costs equalled the baseline's; lost needed = how many later turns the baseline would have to\nlose, "
                "at its own costs, for the pair to reach --target. The terms of each split add up to ratio - 1. "

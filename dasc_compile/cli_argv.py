@@ -143,7 +143,7 @@ _NUMBER_WORDS = {int: (INTEGER_WORD, "a whole number in decimal digits", "16"),
                  float: (FLOAT_WORD, "a decimal number (digits, an optional point and exponent)", "0.001")}
 
 
-#: An option whose values look unlike the generic example (a_s is a gate input, negative for the families' defaults).
+#: An option whose values look unlike the generic example (a_s is a gate input; -0.3 is the GDN / KDA default).
 _EXAMPLES = {"--a-s": "-0.3"}
 
 

@@ -58,7 +58,8 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
                    f"{t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x)")
     elif pol.w_max > 0 and t.n_units > 0 and t.n_kept == t.n_units:
         shortest = min(lp.horizon_quantiles.min for lp in plan.layers)
-        out.append(f"every unit is kept (no compression{', INT8 storage alone' if pol.int8 else ''}): no retention "
+        how = "INT8 storage alone" if pol.int8 else "no compression"
+        out.append(f"every unit is kept ({how}): no retention "
                    f"horizon is at or below w_max = {pol.w_max} tokens (shortest {shortest:.4g} tokens; --eps and --a-s "
                    f"set how long horizons are), C_ckpt {t.c_ckpt:.2f}x")
     if pol.balance != "off" and pol.tp_size == 1:

@@ -144,7 +144,8 @@ class ShadowCounts:
     """Per tree node, how many checkpoints (either tier) its descendants hold; for the shadowed-first
     eviction rule (:func:`dasc_runtime.tier_operations.evict_shadowed_first`), kept only while it is on.
 
-    A node whose count is > 0 is *shadowed* unless a fork comes before its nearest cached descendant
+    A node whose count is > 0 is *shadowed* unless a fork comes before its nearest cached descendant (the
+    fork test; without it, ``fork_test`` False, the ``DASC_EVICT_FORK_TEST=0`` control, any count > 0 shadows)
     (:meth:`shadowed`): a hit takes the deepest cached checkpoint of its path, so the node's own
     checkpoint serves only requests that leave the tree between it and that descendant. The count
     lives in the node's metadata (:func:`~dasc_runtime.side_channels.cached_below`) and changes when
