@@ -173,6 +173,7 @@ def summarize(runs: Sequence[dict], *, model: str, decays: str, rho_of_rate: dic
                  "hit_account": {k: sum(r[k] for r in mine) for k in ("later_turns", "reply_end", "prompt_end", "lost",
                                                                          "lost_reply_stored", "lost_prompt_only",
                                                                          "first_shared_hits", "first_turns_mid",
+                                                                         "first_shared_whole", "first_shared_whole_mid",
                                                                          "first_shared_hits_mid", "lost_shared_hit")},
                  "away_median_s": {k: _median([g for r in mine for g in r[f"away_{k}_s"]])
                                         for k in ("lost", "hit")},

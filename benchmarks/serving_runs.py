@@ -17,7 +17,9 @@ Per run (``chat_replay`` records, successful requests):
   ``first_shared_hits`` (first turns served from another conversation's checkpoint in the shared part: any
   hit of a first turn, which :func:`~benchmarks.turn_account.turn_class` classes as ``first``),
   ``first_turns_mid`` / ``first_shared_hits_mid`` (the same for the first turns a closed loop sends after its
-  first ``clients`` conversations, by start time: sent while the cache is under pressure; 0 in the open loop)
+  first ``clients`` conversations, by start time: sent while the cache is under pressure; 0 in the open loop),
+  ``first_shared_whole`` / ``first_shared_whole_mid`` (of those, the first turns that hit the whole shared
+  part: :func:`~benchmarks.turn_account.whole_shared_hit`)
   and ``lost_shared_hit`` (lost turns that still found the shared part);
 * ``queue_s`` / ``prefill_s``: SGLang's request metrics (means), when the server sent them;
 * ``inflight_mean`` and ``stable``: the open loop is *unstable* when the requests in flight over
@@ -49,7 +51,8 @@ from benchmarks.chat_replay import read_json
 from benchmarks.run_exclusions import exclusion_key, run_path
 from benchmarks.serving_pool import pctl
 from benchmarks.serving_tables import read_json_file
-from benchmarks.turn_account import SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval, turn_class
+from benchmarks.turn_account import (SGLANG_TRACK_INTERVAL, live_conversations, lost_turns, track_interval, turn_class,
+                                     whole_shared_hit)
 from dasc_compile.errors import DascInputError
 
 
@@ -117,6 +120,8 @@ def run_stats(result: dict, *, max_running: int, track_interval: int = SGLANG_TR
         "lost": sum(cls[id(r)] == "lost" for r in later),
         "first_shared_hits": sum(r["turn"] == 0 and r["cached_tokens"] > 0 for r in recs),
         "first_turns_mid": len(mid), "first_shared_hits_mid": sum(r["cached_tokens"] > 0 for r in mid),
+        "first_shared_whole": sum(r["turn"] == 0 and whole_shared_hit(r) for r in recs),
+        "first_shared_whole_mid": sum(whole_shared_hit(r) for r in mid),
         "lost_shared_hit": sum(cls[id(r)] == "lost" and r["cached_tokens"] > 0 for r in later),
         "queue_s": nanmean([r["queue_s"] for r in recs]), "prefill_s": nanmean([r["prefill_s"] for r in recs]),
         "initial_prompt_mean": nanmean([r["prompt_tokens"] for r in recs if r["turn"] == 0]),

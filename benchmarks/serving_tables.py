@@ -125,10 +125,17 @@ def shared_line(rows: Sequence[dict]) -> str:
     def mid(ha: dict) -> str:
         return f" (sent mid-run {_n(ha.get('first_shared_hits_mid'))} of {_n(ha.get('first_turns_mid'))})" \
             if ha.get("first_turns_mid") else ""
+
+    def whole(ha: dict) -> str:        # reports written before the count existed have none
+        if ha.get("first_shared_whole") is None:
+            return ""
+        tail = f", mid-run {_n(ha.get('first_shared_whole_mid'))}" if ha.get("first_turns_mid") else ""
+        return f" [the whole part {_n(ha.get('first_shared_whole'))}{tail}]"
     return ("Shared system prompt: first turns served from the shared part (of those a closed loop sends after its "
-            "first clients' conversations) / lost later turns that found only the shared part: " + "; ".join(
-                f"{o['arm']} {_n(o['hit_account'].get('first_shared_hits'))}{mid(o['hit_account'])} / "
-                f"{_n(o['hit_account'].get('lost_shared_hit'))}" for o in rows) + ".")
+            "first clients' conversations) [of them, served the whole shared part, to SGLang's 64-token cache "
+            "chunk] / lost later turns that found only the shared part: " + "; ".join(
+                f"{o['arm']} {_n(o['hit_account'].get('first_shared_hits'))}{mid(o['hit_account'])}"
+                f"{whole(o['hit_account'])} / {_n(o['hit_account'].get('lost_shared_hit'))}" for o in rows) + ".")
 
 
 def lost_turns_line(rows: Sequence[dict]) -> str:

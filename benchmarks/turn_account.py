@@ -32,6 +32,20 @@ def turn_class(record: dict) -> str:
     return "lost" if record["reuse_bound"] > shared else "fresh"
 
 
+# SGLang's Mamba cache chunk for the models served here (server_args.py ``mamba_cache_chunk_size``: the model
+# config's ``mamba_chunk_size``, else FLA's chunk of 64 tokens, or the page size if larger): the positions
+# where a prefill caches a state, its branching point included, are multiples of it.
+SGLANG_MAMBA_CACHE_CHUNK = 64
+
+
+def whole_shared_hit(record: dict, chunk: int = SGLANG_MAMBA_CACHE_CHUNK) -> bool:
+    """True when a record hit the whole shared part of its prompt, as far as the server can cache it: at least
+    ``shared_tokens`` rounded down to a multiple of ``chunk`` tokens (a positive number). A first turn that hit
+    less found only a state cached inside the shared part (a chunk end, an earlier branching point)."""
+    whole = record.get("shared_tokens", 0) // chunk * chunk
+    return whole > 0 and record["cached_tokens"] >= whole
+
+
 def live_conversations(records: Sequence[dict]) -> tuple[float, int]:
     """(time-average, peak) number of *live* conversations in a run: a conversation is live from its first
     request's ``start_s`` to its last request's ``end_s`` (s from the run's start), think time included.

@@ -676,7 +676,7 @@ def _run(arm, seed, ttft, *, role="arm", call="w#0", wall=10.0, cond=("closed-lo
             "trace": trace, "draw": f"{trace.removesuffix('.json.gz')}/{seed}",
             "mean_ttft_s": ttft, "p95_ttft_s": ttft, "mean_e2e_s": 2 * ttft, "hit_rate": 0.5, "reuse_bound": 0.7,
             "prefill_tokens_saved": 10, "ttft_hit_s": ttft, "ttft_miss_s": ttft, "later_turns": 3, "reply_end": 1,
-            "prompt_end": 1, "lost": 1, "lost_reply_stored": 1, "lost_prompt_only": 0, "first_shared_hits": 0, "first_turns_mid": 0, "first_shared_hits_mid": 0, "lost_shared_hit": 0, "away_lost_s": [20.0 + seed],
+            "prompt_end": 1, "lost": 1, "lost_reply_stored": 1, "lost_prompt_only": 0, "first_shared_hits": 0, "first_turns_mid": 0, "first_shared_hits_mid": 0, "first_shared_whole": 0, "first_shared_whole_mid": 0, "lost_shared_hit": 0, "away_lost_s": [20.0 + seed],
             "away_hit_s": [2.0, 4.0 + seed], "queue_s": 0.1, "prefill_s": 0.2, "initial_prompt_mean": 4000.0,
             "context_max": 9000, "inflight_mean": 20.0, "inflight_arrivals_mean": 21.0, "inflight_max": 30, "stable": True, "wall_s": wall, "failed": 0, "requests": 4}
 

@@ -80,6 +80,8 @@ def test_run_stats_count_hits_beyond_the_shared_part():
     assert st["first_shared_hits"] == 1 and st["lost_shared_hit"] == 1
     # one client: conversations 1 and 2 start after the first (start_s 0 for every first turn here: by order)
     assert st["first_turns_mid"] == 2 and st["first_shared_hits_mid"] == 1
+    # 640 shared tokens are 640 on the 64-token grid: conversation 1's first turn hit all of them
+    assert st["first_shared_whole"] == 1 and st["first_shared_whole_mid"] == 1
     assert st["ttft_hit_s"] == pytest.approx(2.0) and st["ttft_miss_s"] == pytest.approx(2.5)   # turns 1 / 2 and 1
     lt = lost_turns(recs)
     assert lt["lost_reply_stored"] + lt["lost_prompt_only"] == 2 and len(lt["away_hit_s"]) == 2
@@ -98,9 +100,9 @@ def test_the_report_keeps_shared_runs_apart_and_says_what_they_hit():
         ("closed-loop-paper", "served-reply", 3600, 256, 24, None, 24, 2048)
     runs = [_run("dense", 0, 2.0, cond=plain), _run("w16", 0, 1.0, cond=plain),
             {**_run("dense", 0, 3.0, cond=shared), "first_shared_hits": 20, "first_turns_mid": 12,
-             "first_shared_hits_mid": 7, "lost_shared_hit": 5},
+             "first_shared_hits_mid": 7, "first_shared_whole": 18, "first_shared_whole_mid": 5, "lost_shared_hit": 5},
             {**_run("w16", 0, 1.5, cond=shared), "first_shared_hits": 21, "first_turns_mid": 12,
-             "first_shared_hits_mid": 12, "lost_shared_hit": 0}]
+             "first_shared_hits_mid": 12, "first_shared_whole": 21, "first_shared_whole_mid": 12, "lost_shared_hit": 0}]
     objs = sr.summarize(runs, model="m", decays="d")
     assert sorted((o["arm"], o["shared_prefix_tokens"], o["regime"]) for o in objs) == [
         ("dense", 0, "pad3600"), ("dense", 2048, "pad3600-shared2048"), ("w16", 0, "pad3600"),
@@ -109,8 +111,9 @@ def test_the_report_keeps_shared_runs_apart_and_says_what_they_hit():
     text = sr.markdown(objs)
     assert "pad 3600 (first 2048 shared), reply clip 256" in text
     assert ("first turns served from the shared part (of those a closed loop sends after its first clients' "
-            "conversations) / lost later turns that found only the shared part: dense 20 (sent mid-run 7 of 12) / 5; "
-            "w16 21 (sent mid-run 12 of 12) / 0.") in text
+            "conversations) [of them, served the whole shared part, to SGLang's 64-token cache chunk] / lost later "
+            "turns that found only the shared part: dense 20 (sent mid-run 7 of 12) [the whole part 18, mid-run 5] / 5; "
+            "w16 21 (sent mid-run 12 of 12) [the whole part 21, mid-run 12] / 0.") in text
 
 
 def test_the_client_records_each_request_s_shared_bound(fake_server, tmp_path):  # noqa: F811
@@ -175,3 +178,13 @@ def test_seeds_with_duplicate_conversations_are_refused_when_every_pad_is_the_sa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --seeds: trace seed 6 (152 and 150)"), err
     assert rc.main([*argv, "--shared-prefix-tokens", "8192"]) == 0
+
+
+@pytest.mark.parametrize("shared, cached, want", [
+    (11584, 11584, True), (11600, 11584, True),      # 11,600 shared tokens are 11,584 on the 64-token grid
+    (11584, 8192, False), (11584, 0, False),          # a chunk-end state inside the part; nothing
+    (40, 0, False), (40, 40, False), (0, 0, False)])  # under one cache chunk nothing is cacheable as "whole"
+def test_whole_shared_hit_rounds_the_part_down_to_the_cache_chunk(shared, cached, want):
+    from benchmarks.turn_account import whole_shared_hit
+
+    assert whole_shared_hit({"turn": 0, "shared_tokens": shared, "cached_tokens": cached}) is want
