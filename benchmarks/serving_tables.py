@@ -12,6 +12,7 @@ from typing import Sequence
 
 from benchmarks import ckpt_account
 from benchmarks.card import card_label
+from benchmarks.chat_trace import CHECKPOINT_ALIGN
 from benchmarks.serving_pool import group_label, pool_seed_ratios
 from dasc_compile.errors import DascInputError
 
@@ -132,8 +133,8 @@ def shared_line(rows: Sequence[dict]) -> str:
         tail = f", mid-run {_n(ha.get('first_shared_whole_mid'))}" if ha.get("first_turns_mid") else ""
         return f" [the whole part {_n(ha.get('first_shared_whole'))}{tail}]"
     return ("Shared system prompt: first turns served from the shared part (of those a closed loop sends after its "
-            "first clients' conversations) [of them, served the whole shared part, to SGLang's 64-token cache "
-            "chunk] / lost later turns that found only the shared part: " + "; ".join(
+            f"first clients' conversations) [of them, served the whole shared part, to SGLang's {CHECKPOINT_ALIGN}-token "
+            "cache chunk] / lost later turns that found only the shared part: " + "; ".join(
                 f"{o['arm']} {_n(o['hit_account'].get('first_shared_hits'))}{mid(o['hit_account'])}"
                 f"{whole(o['hit_account'])} / {_n(o['hit_account'].get('lost_shared_hit'))}" for o in rows) + ".")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from benchmarks.chat_trace import CHECKPOINT_ALIGN
 from dasc_compile.errors import DascInputError
 
 
@@ -32,16 +33,12 @@ def turn_class(record: dict) -> str:
     return "lost" if record["reuse_bound"] > shared else "fresh"
 
 
-# SGLang's Mamba cache chunk for the models served here (server_args.py ``mamba_cache_chunk_size``: the model
-# config's ``mamba_chunk_size``, else FLA's chunk of 64 tokens, or the page size if larger): the positions
-# where a prefill caches a state, its branching point included, are multiples of it.
-SGLANG_MAMBA_CACHE_CHUNK = 64
-
-
-def whole_shared_hit(record: dict, chunk: int = SGLANG_MAMBA_CACHE_CHUNK) -> bool:
+def whole_shared_hit(record: dict, chunk: int = CHECKPOINT_ALIGN) -> bool:
     """True when a record hit the whole shared part of its prompt, as far as the server can cache it: at least
-    ``shared_tokens`` rounded down to a multiple of ``chunk`` tokens (a positive number). A first turn that hit
-    less found only a state cached inside the shared part (a chunk end, an earlier branching point)."""
+    ``shared_tokens`` rounded down to a multiple of ``chunk`` tokens (a positive number; the checkpoint grid,
+    SGLang's Mamba cache chunk: server_args.py ``mamba_cache_chunk_size``, where a prefill caches a state, its
+    branching point included). A first turn that hit less found only a state cached inside the shared part (a
+    chunk end, an earlier branching point)."""
     whole = record.get("shared_tokens", 0) // chunk * chunk
     return whole > 0 and record["cached_tokens"] >= whole
 

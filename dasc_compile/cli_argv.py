@@ -184,10 +184,11 @@ def loose_number(group: Any, argv: list[str]) -> str | None:
             if numbers[opt] is int and limit and digits > limit:       # click: "exceeded maximum size"
                 return f"option '{opt}': a whole number written with {digits:,} digits, more than Python reads " \
                        f"({limit:,}); {expected}"
-            if numbers[opt] is float and math.isinf(float(text)):             # 1e400 would read as inf
+            read = float(text) if numbers[opt] is float else None
+            if read is not None and math.isinf(read):                         # 1e400 would read as inf
                 return f"option '{opt}': {short_repr(value)} is beyond the range of a float (it would read as " \
                        f"infinity); {expected}"
-            if numbers[opt] is float and float(text) == 0 and any(d in "123456789" for d in re.split("[eE]", text)[0]):
+            if read == 0 and any(d in "123456789" for d in re.split("[eE]", text)[0]):
                 return f"option '{opt}': {short_repr(value)} is below the smallest float (it would read as 0); " \
                        f"{expected}"                                      # 1e-400
             continue

@@ -48,8 +48,8 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
         out.append(f"nothing is kept: no unit has a retention horizon above w_max = {pol.w_max} tokens (longest "
                    f"{longest:.4g}); a compressed checkpoint holds only the conv state and every hit restores a zero "
                    f"temporal state")
+    how = "INT8 storage alone" if pol.int8 else "no compression"      # what keeping every unit still saves
     if pol.w_max == 0 and t.n_units > 0 and t.n_kept == t.n_units:
-        how = "INT8 storage alone" if pol.int8 else "no compression"
         out.append(f"w_max 0 keeps every unit ({how}): every unit with a positive retention horizon is global (kept "
                    f"{t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x); give --wmax W > 0 to omit short-horizon units")
     elif pol.w_max == 0 and 0 < t.n_kept and pol.random_seed is None:   # (a Random plan omits random units)
@@ -58,7 +58,6 @@ def plan_warnings(plan: Plan, *, refresh_slots: Optional[int] = None) -> list[st
                    f"{t.n_kept:,}/{t.n_units:,}, C_ckpt {t.c_ckpt:.2f}x)")
     elif pol.w_max > 0 and t.n_units > 0 and t.n_kept == t.n_units:
         shortest = min(lp.horizon_quantiles.min for lp in plan.layers)
-        how = "INT8 storage alone" if pol.int8 else "no compression"
         out.append(f"every unit is kept ({how}): no retention "
                    f"horizon is at or below w_max = {pol.w_max} tokens (shortest {shortest:.4g} tokens; --eps and --a-s "
                    f"set how long horizons are), C_ckpt {t.c_ckpt:.2f}x")

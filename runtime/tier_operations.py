@@ -77,10 +77,16 @@ def evict_shadowed_first() -> bool:
     Raises:
         DascInputError: any other value.
     """
+    return _on_unless_off("DASC_EVICT_SHADOWED_FIRST")
+
+
+def _on_unless_off(name: str) -> bool:
+    """An eviction variable that is on unless set to an off value (unset or empty: on); other values refused
+    (``settings.parse_bool``)."""
     from dasc_runtime.settings import parse_bool
 
-    raw = os.environ.get("DASC_EVICT_SHADOWED_FIRST")
-    return True if raw is None or not raw.strip() else parse_bool("DASC_EVICT_SHADOWED_FIRST", raw)
+    raw = os.environ.get(name)
+    return True if raw is None or not raw.strip() else parse_bool(name, raw)
 
 
 def evict_fork_test() -> bool:
@@ -96,12 +102,10 @@ def evict_fork_test() -> bool:
             that rule, so it would change nothing).
     """
     from dasc_compile.schema import DascInputError
-    from dasc_runtime.settings import parse_bool
 
-    raw = os.environ.get("DASC_EVICT_FORK_TEST")
-    on = True if raw is None or not raw.strip() else parse_bool("DASC_EVICT_FORK_TEST", raw)
+    on = _on_unless_off("DASC_EVICT_FORK_TEST")
     if not on and not evict_shadowed_first():
-        raise DascInputError(f"DASC_EVICT_FORK_TEST={raw.strip()}: the fork test belongs to the shadowed-first rule, "
+        raise DascInputError(f"DASC_EVICT_FORK_TEST={os.environ['DASC_EVICT_FORK_TEST'].strip()}: the fork test belongs to the shadowed-first rule, "
                              f"which DASC_EVICT_SHADOWED_FIRST={os.environ['DASC_EVICT_SHADOWED_FIRST'].strip()} "
                              f"turns off; unset one of them")
     return on
