@@ -281,6 +281,8 @@ STARTUP_ONLY: dict[str, str] = {
     "verify.check_state": "SGLang's state shapes, dtypes, TP size and recurrent layer ids against the plan's",
     "verify.check_fingerprint": "the decay tensors of the loaded weights against the plan's fingerprint "
                                 "(--dasc-dummy-decay-ok only with --load-format dummy)",
+    "startup_checks.check_gpu_visible": "the launching machine has a CUDA GPU (a machine property, not an option: "
+                                        "dasc size, which prints flags for another machine, does not check it)",
     "startup_checks.check_hooks": "every SGLang hook dasc registered is in place",
     "startup_checks.check_component": "the radix cache SGLang built drives the state with dasc's component",
     "plugin.after_init_mamba_pool": "the arguments SGLang passes its state pool (page-major layout, ReplaySSM, "

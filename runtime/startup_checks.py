@@ -20,7 +20,10 @@ hooks), before SGLang builds its ``ServerArgs`` and before any weights load, :fu
 * :func:`check_env_knobs`: the environment-only A/B and diagnostic knobs parse;
 * :func:`check_plan_early`: the plan (from ``--dasc-plan`` or ``DASC_PLAN``) reads, and it is for the model's type;
 * every rule of :func:`dasc_runtime.serving_rules.serving_refusals` that the options as given and the plan decide
-  (all but the served context length's), and a ``--dasc-pool-bytes`` that holds no slot of the plan.
+  (all but the served context length's), and a ``--dasc-pool-bytes`` that holds no slot of the plan;
+* :func:`check_gpu_visible`: last, once the plan and the options pass, that this machine has a CUDA GPU, so that a
+  valid plan launched on a CPU machine stops in one line rather than in SGLang's device detection, after the
+  launcher, with a traceback ("No accelerator ... is available").
 
 The refused server options (item 11) and their reasons are the serving rules; the scheduler checks them again
 on the options SGLang resolved (:func:`dasc_runtime.verify.check_server_args`).
@@ -28,6 +31,7 @@ on the options SGLang resolved (:func:`dasc_runtime.verify.check_server_args`).
 
 from __future__ import annotations
 
+import os
 import pkgutil
 from typing import Iterable
 
@@ -218,7 +222,36 @@ def check_launch(settings, options, source=None):
         raise DascRefusal("; ".join(parts))
     if settings.pool_bytes is not None:
         _check_pool_bytes(settings, options, plan, (source or {}).get("pool_bytes", "--dasc-pool-bytes"))
+    check_gpu_visible()
     return plan
+
+
+def cuda_visible() -> bool:
+    """Whether torch sees a CUDA GPU in this process (``torch.cuda.is_available()``; False when torch has no CUDA
+    build or ``CUDA_VISIBLE_DEVICES`` hides every card)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def check_gpu_visible() -> None:
+    """The launch needs a CUDA GPU: the compressed pool is allocated on it and its pack / load kernels are Triton
+    kernels built for it (``--device`` other than cuda is a serving rule, ``serving_rules``' ``device``). Run last in
+    :func:`check_launch`, so that on a CPU machine every refusal the plan and the options earn comes first.
+
+    Raises:
+        DascRefusal: no CUDA GPU is visible to this process; the line names ``CUDA_VISIBLE_DEVICES`` when it is set
+            and says how to check the plan and its flags without a GPU (``dasc size``).
+    """
+    from dasc_runtime.verify import DascRefusal
+
+    if cuda_visible():
+        return
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""
+    raise DascRefusal(f"no CUDA GPU is visible to this process{where}: the dasc pool and its Triton kernels run on "
+                      f"CUDA GPUs; on a machine without one, check the plan and its server flags with "
+                      f"`dasc size PLAN --max-running-requests R --budget BYTES`")
 
 
 def _check_pool_bytes(settings, options, plan, what: str) -> None:

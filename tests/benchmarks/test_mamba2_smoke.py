@@ -83,6 +83,8 @@ from sglang.srt.plugins import load_plugins
 load_plugins()                                         # as sglang.launch_server does: the --dasc-* flags
 import sglang.srt.server_args as S
 S.is_cuda = lambda: True                               # the CPU stands in for the H200 here (extra_buffer's check)
+from tests.support.runtime_fixtures import as_on_a_gpu_machine
+as_on_a_gpu_machine()                                  # and for dasc's launch check of a CUDA GPU
 argv = json.loads(sys.argv[1])
 res = {}
 try:

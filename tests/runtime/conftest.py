@@ -1,5 +1,5 @@
-"""Runtime tests (``tests/runtime/``): each test starts and ends with nothing installed in this process
-(the helpers are :mod:`tests.support`)."""
+"""Runtime tests (``tests/runtime/``): each test starts and ends with nothing installed in this process, and its
+launches see a CUDA GPU (``runtime_fixtures.as_on_a_gpu_machine``; the helpers are :mod:`tests.support`)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,14 @@ def _nothing_installed():
     if SGLANG_SKIP_REASON:
         yield
         return
+    from dasc_runtime import startup_checks
     from dasc_runtime.installed import INSTALLED
+    from tests.support.runtime_fixtures import as_on_a_gpu_machine
 
     INSTALLED.reset()
+    machine = as_on_a_gpu_machine()       # launches here run as on a GPU machine (test_startup_checks tests both)
     yield
+    startup_checks.cuda_visible = machine
     INSTALLED.reset()
 
 

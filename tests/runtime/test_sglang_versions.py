@@ -391,11 +391,17 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
         (["--dasc-plan", p, "--device", "cpu"], {},
          "unsupported option(s): --device cpu (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
          "unset or pass cuda)"),
+        (["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"},      # a valid launch on a machine without a GPU (gpu: False)
+         "no CUDA GPU is visible to this process: the dasc pool and its Triton kernels run on CUDA GPUs; on a machine "
+         "without one, check the plan and its server flags with `dasc size PLAN --max-running-requests R --budget "
+         "BYTES`"),
     ]
     served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
-    cases = [{"argv": a, "env": e} for a, e, _ in refused] + [{"argv": a, "env": e} for a, e in served]
+    # every case but the one above runs as on a GPU machine: their refusals come first, and a valid launch passes
+    cases = [{"argv": a, "env": e, "gpu": i != len(refused) - 1} for i, (a, e, _) in enumerate(refused)] + \
+        [{"argv": a, "env": e, "gpu": True} for a, e in served]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_") and k != "CUDA_VISIBLE_DEVICES"}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run([sys.executable, "-m", "tests.support.launcher_probe", str(tmp_path / "cases.json")],
                           capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).resolve().parents[2])

@@ -164,6 +164,43 @@ def test_every_hook_target_exists_in_this_sglang():
     assert set(update_targets(api())) <= set(targets) and len(update_targets(api())) >= 4
 
 
+def test_a_valid_launch_on_a_machine_without_a_gpu_stops_in_one_line_after_every_other_refusal(tmp_path,
+                                                                                              monkeypatch):
+    """A valid plan launched on a CPU machine got past the launcher and stopped in SGLang's device detection with a
+    traceback ("No accelerator ... is available"). The launch now refuses it in one line, naming the variable that
+    can hide the cards; on a GPU machine the same launch passes; an option refusal still comes first, so flags can
+    be checked anywhere."""
+    from dasc_compile.schema import DascInputError
+    from dasc_runtime import launcher, startup_checks
+    from tests.support.runtime_fixtures import as_on_a_gpu_machine
+
+    _, plan_dir, _ = compile_tiny(tmp_path)
+    monkeypatch.setattr("os.environ", {k: v for k, v in os.environ.items()
+                                       if not k.startswith("DASC_") and k != "CUDA_VISIBLE_DEVICES"})
+    opts = SimpleNamespace(model_path="m")
+
+    def launch(**extra):
+        return launcher.settle({"plan": str(plan_dir)}, launcher._KWARG_NAMES, SimpleNamespace(**vars(opts), **extra))
+
+    as_on_a_gpu_machine(False)
+    line = ("dasc: refusing to start: no CUDA GPU is visible to this process: the dasc pool and its Triton kernels run on CUDA GPUs; on a "
+            "machine without one, check the plan and its server flags with `dasc size PLAN --max-running-requests R "
+            "--budget BYTES`")
+    with pytest.raises(DascInputError) as info:
+        launch()
+    assert str(info.value) == line
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    with pytest.raises(DascInputError) as info:
+        launch()
+    assert str(info.value) == line.replace("process:", "process (CUDA_VISIBLE_DEVICES=''):")
+    with pytest.raises(DascInputError, match=r"^dasc: refusing to start: unsupported option\(s\): --enable-mixed-chunk"):
+        launch(enable_mixed_chunk=True)
+    assert "DASC_PLAN" not in os.environ                              # a refused launch exports nothing
+    assert startup_checks.cuda_visible() is False
+    as_on_a_gpu_machine(True)
+    assert launch().plan == str(plan_dir) and os.environ["DASC_PLAN"] == str(plan_dir)  # a GPU machine serves it
+
+
 def test_check_component_refuses_sglangs_own_component_and_a_missing_pool(tmp_path):
     from tests.support.runtime_sim import Sim
 

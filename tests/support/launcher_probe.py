@@ -5,7 +5,9 @@ starts the server) on each case, with the dasc hooks applied by SGLang's ``HookR
 Usage (from the repository root): python -m tests.support.launcher_probe CASES.json
 CASES.json: ``[{"argv": [...], "env": {"DASC_...": "..."}}, ...]``. Prints one ``RESULT {json}`` line: per case
 ``{"code": exit status or 0, "stderr": everything written to stderr while SGLang parsed, "settings": the dasc
-settings recorded on the ServerArgs (or None)}``. Every ``DASC_*`` variable is cleared before each case.
+settings recorded on the ServerArgs (or None)}``. Every ``DASC_*`` variable is cleared before each case. A case's
+optional ``"gpu": true / false`` stands for the machine having a CUDA GPU or not (``startup_checks.cuda_visible``,
+the launch's last check), so that the cases give the same results on a CPU machine and on a GPU one.
 """
 
 from __future__ import annotations
@@ -26,13 +28,18 @@ def main(cases_path: str) -> list:
     load_plugins()                                   # what launch_server's __main__ does first
     from sglang.srt.server_args import prepare_server_args
 
+    from dasc_runtime import startup_checks
     from dasc_runtime.side_channels import settings_of
+
+    machine = startup_checks.cuda_visible
 
     out = []
     for case in json.loads(open(cases_path).read()):
         for k in [k for k in os.environ if k.startswith("DASC_")]:
             del os.environ[k]
         os.environ.update(case.get("env", {}))
+        gpu = case.get("gpu")
+        startup_checks.cuda_visible = machine if gpu is None else (lambda gpu=bool(gpu): gpu)
         err = io.StringIO()
         code, settings = 0, None
         with contextlib.redirect_stderr(err):

@@ -27,6 +27,17 @@ try:  # the runtime tests need SGLang's cache classes (a tested release: dasc_ru
 except Exception as exc:  # pragma: no cover - depends on the environment
     SGLANG_SKIP_REASON = f"sglang cannot be imported ({type(exc).__name__}: {exc})"
 
+def as_on_a_gpu_machine(visible: bool = True):
+    """Make this process's launches see a CUDA GPU (``visible``) or none: the launch's last check,
+    ``startup_checks.cuda_visible``, is a property of the machine, and the runtime tests launch SGLang's option
+    parsing and cache classes on CPU machines. Returns the function replaced (to put back)."""
+    from dasc_runtime import startup_checks
+
+    replaced = startup_checks.cuda_visible
+    startup_checks.cuda_visible = lambda: visible
+    return replaced
+
+
 GDN_HEADS, GDN_KEY_HEADS, GDN_D = 4, 2, 16
 GDN_LINEAR, GDN_FULL = [0, 1, 2], [3]
 # per recurrent layer: a = exp(A_log); H_s = ln(1e3) / (a * softplus(-0.3 + 1)) = 6.26 / a tokens

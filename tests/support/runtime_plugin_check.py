@@ -32,6 +32,9 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     load_plugins()                                            # what launch_server / Engine / schedulers do
+    from tests.support.runtime_fixtures import as_on_a_gpu_machine
+
+    as_on_a_gpu_machine()                                     # its launches run as on a GPU machine
     from dasc_runtime.plugin import hooks
 
     S = steps()
