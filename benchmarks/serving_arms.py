@@ -271,14 +271,18 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
                      load_policy=arm.load_policy, refresh_slots=n_wr, env=env, **common)
 
 
+#: The order of a dasc arm's name suffixes (:func:`parse_arms`).
+SUFFIX_ORDER = ("int8", "storage", "hostwait", "shadowfirst", "nofork")
+
+
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
     """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst[-nofork]]`` for
-    any W (ASCII digits; suffixes in any order, each at most once), or
+    any W (ASCII digits; each suffix at most once, in that order, so that one arm has one name in every table), or
     ``dasc-wr-wW[-int8][-shadowfirst[-nofork]]`` (``-nofork`` only beside ``-shadowfirst``).
 
     Raises:
-        DascInputError: a name of neither form (one line naming it); ``-nofork`` without ``-shadowfirst`` (naming
-            the name that works).
+        DascInputError: a name of neither form (one line naming it); ``-nofork`` without ``-shadowfirst``, or the
+            suffixes in another order (naming the name that works).
     """
     known = {a.name: a for a in DEFAULT_ARMS}
     out = []
@@ -295,6 +299,10 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             if set(rest) <= allowed and len(set(rest)) == len(rest) and "nofork" in rest and "shadowfirst" not in rest:
                 raise DascInputError(f"arm {n!r}: -nofork (the fork test's control) needs -shadowfirst: the fork test "
                                      f"belongs to the shadowed-first rule, e.g. {n.replace('-nofork', '')}-shadowfirst-nofork")
+            if set(rest) <= allowed and len(set(rest)) == len(rest) and rest != sorted(rest, key=SUFFIX_ORDER.index):
+                name = "-".join(parts[:3] + sorted(rest, key=SUFFIX_ORDER.index))
+                raise DascInputError(f"arm {n!r}: the suffixes go in the order "
+                                     f"{' '.join('-' + x for x in SUFFIX_ORDER)} (one arm, one name): {name}")
             if set(rest) <= allowed and len(set(rest)) == len(rest):
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
                                    balance="storage" if "storage" in rest else "off",

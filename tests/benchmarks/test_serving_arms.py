@@ -293,7 +293,7 @@ def test_shadowfirst_arm_same_memory_as_its_twin_and_sets_the_env(kimi_plans):
     """-shadowfirst changes only the server's DASC_EVICT_SHADOWED_FIRST (nr and wr arms, with -hostwait too);
     flags, slots and bytes are the twin's."""
     for twin, name, env in (("dasc-nr-w128", "dasc-nr-w128-shadowfirst", {"DASC_EVICT_SHADOWED_FIRST": "1"}),
-                            ("dasc-nr-w128", "dasc-nr-w128-shadowfirst-hostwait",
+                            ("dasc-nr-w128", "dasc-nr-w128-hostwait-shadowfirst",
                              {"DASC_RECLAIM_WAIT": "host", "DASC_EVICT_SHADOWED_FIRST": "1"})):
         plain, shadow = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
                          for a in sa.parse_arms([twin, name]))
@@ -309,7 +309,7 @@ def test_nofork_arm_adds_only_the_fork_test_control(kimi_plans):
     """-nofork (beside -shadowfirst) adds DASC_EVICT_FORK_TEST=0 to the shadowed-first twin's environment and
     changes nothing else; no other arm sets that variable."""
     rule, control = (sa.arm_launch(a, plans=kimi_plans, dense_slots=48, max_running_requests=8)
-                     for a in sa.parse_arms(["dasc-nr-w128-shadowfirst", "dasc-nr-w128-nofork-shadowfirst"]))
+                     for a in sa.parse_arms(["dasc-nr-w128-shadowfirst", "dasc-nr-w128-shadowfirst-nofork"]))
     assert rule.env == {"DASC_EVICT_SHADOWED_FIRST": "1"}
     assert control.env == {"DASC_EVICT_SHADOWED_FIRST": "1", "DASC_EVICT_FORK_TEST": "0"}
     assert (control.flags, control.capacity, control.used_bytes) == (rule.flags, rule.capacity, rule.used_bytes)
@@ -323,6 +323,18 @@ def test_nofork_arm_adds_only_the_fork_test_control(kimi_plans):
 def test_nofork_without_shadowfirst_is_named(name, fix):
     msg = _one_line_error(lambda: sa.parse_arms([name]), r"-nofork \(the fork test's control\) needs -shadowfirst")
     assert msg.endswith(f"e.g. {fix}"), msg
+
+
+@pytest.mark.parametrize("name, fix", [("dasc-nr-w128-nofork-shadowfirst", "dasc-nr-w128-shadowfirst-nofork"),
+                                       ("dasc-nr-w16-shadowfirst-int8", "dasc-nr-w16-int8-shadowfirst"),
+                                       ("dasc-nr-w64-hostwait-storage-int8", "dasc-nr-w64-int8-storage-hostwait"),
+                                       ("dasc-wr-w16-shadowfirst-int8", "dasc-wr-w16-int8-shadowfirst")])
+def test_suffixes_out_of_order_are_refused_with_the_one_name(name, fix):
+    """Suffixes were accepted in any order, so two names could mean one arm (two rows of one arm in a table)."""
+    msg = _one_line_error(lambda: sa.parse_arms(["dense", name]), "the suffixes go in the order -int8 -storage "
+                          "-hostwait -shadowfirst -nofork")
+    assert repr(name) in msg and msg.endswith(f"(one arm, one name): {fix}"), msg
+    assert [a.name for a in sa.parse_arms([fix])] == [fix]
 
 
 @pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
