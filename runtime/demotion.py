@@ -131,9 +131,10 @@ def reclaim_wait_mode() -> str:
     Raises:
         DascInputError: any other value.
     """
-    mode = os.environ.get("DASC_RECLAIM_WAIT", "stream").strip().lower() or "stream"
-    if mode not in ("stream", "host"):
-        raise DascInputError(f"DASC_RECLAIM_WAIT: expected 'stream' or 'host', got {mode!r}")
+    raw = os.environ.get("DASC_RECLAIM_WAIT", "stream")
+    mode = raw.strip().lower() or "stream"
+    if mode not in ("stream", "host"):           # the value as set, as the yes / no variables' refusals echo it
+        raise DascInputError(f"DASC_RECLAIM_WAIT: expected 'stream' or 'host', got {raw!r}")
     return mode
 
 

@@ -269,6 +269,9 @@ def test_reclaim_wait_mode_and_order_after(monkeypatch):
     monkeypatch.setenv("DASC_RECLAIM_WAIT", "spin")
     with pytest.raises(DascInputError, match="DASC_RECLAIM_WAIT: expected 'stream' or 'host', got 'spin'"):
         reclaim_wait_mode()
+    monkeypatch.setenv("DASC_RECLAIM_WAIT", " Spin")             # echoed as set, as the yes / no variables are
+    with pytest.raises(DascInputError, match="DASC_RECLAIM_WAIT: expected 'stream' or 'host', got ' Spin'$"):
+        reclaim_wait_mode()
     for mode in ("stream", "host"):
         order_after(_DoneEvent(), mode, CudaStreams("cpu"))          # a CPU record: synchronized, no stream
         dev = SimDevice(random.Random(0))
