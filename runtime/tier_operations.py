@@ -45,9 +45,12 @@ with the default: without it a checkpoint inside a prefix many conversations sha
 conversation restores, would be the first to go once any of them cached a later one. With an 11.6k-token
 system prompt every conversation shares (16k contexts, one H100, n = 2 seeds,
 ``benchmarks/notes/2026-12-07-h100-s56-shared-prefix.md``) the default kept that checkpoint through the run
-(every first turn sent mid-run found it) and ran 0.93x the plain LRU, which let it go at least twice a seed;
-what the test itself saves is not measured. ``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the
-rule without it, for that measurement.
+(every first turn sent mid-run found it) and ran 0.93x the plain LRU, which let it go at least twice a seed.
+``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the rule without the test; in the same setting
+(n = 3 seeds, ``benchmarks/notes/2026-12-07-h100-s57-fork-test-control.md``) it lost the shared checkpoint once a seed
+(7 of 8 first turns sent mid-run found it, against 8 of 8) and ran 1.029x the default's mean TTFT (1.005-1.049, of
+the order of the call's drift): the test keeps the shared checkpoint, but most of the gain over the LRU is the
+shadowed-first class's.
 
 With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
 prompt-end one a reply-end checkpoint shadows, so the count-only rule was expected to cost hits there; measured
