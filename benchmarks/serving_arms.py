@@ -297,8 +297,9 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             allowed = {"int8", "storage", "hostwait", "shadowfirst", "nofork"} if parts[1] == "nr" \
                 else {"int8", "shadowfirst", "nofork"}
             if set(rest) <= allowed and len(set(rest)) == len(rest) and "nofork" in rest and "shadowfirst" not in rest:
+                fix = "-".join(parts[:3] + sorted(rest + ["shadowfirst"], key=SUFFIX_ORDER.index))
                 raise DascInputError(f"arm {n!r}: -nofork (the fork test's control) needs -shadowfirst: the fork test "
-                                     f"belongs to the shadowed-first rule, e.g. {n.replace('-nofork', '')}-shadowfirst-nofork")
+                                     f"belongs to the shadowed-first rule, e.g. {fix}")
             if set(rest) <= allowed and len(set(rest)) == len(rest) and rest != sorted(rest, key=SUFFIX_ORDER.index):
                 name = "-".join(parts[:3] + sorted(rest, key=SUFFIX_ORDER.index))
                 raise DascInputError(f"arm {n!r}: the suffixes go in the order "

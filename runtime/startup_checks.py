@@ -227,8 +227,9 @@ def check_launch(settings, options, source=None):
 
 
 def cuda_visible() -> bool:
-    """Whether torch sees a CUDA GPU in this process (``torch.cuda.is_available()``; False when torch has no CUDA
-    build or ``CUDA_VISIBLE_DEVICES`` hides every card)."""
+    """Whether torch sees a GPU through ``torch.cuda`` in this process (``torch.cuda.is_available()``): False on a CPU
+    machine, with a CPU-only torch build, or when ``CUDA_VISIBLE_DEVICES`` hides every card; True on a ROCm build
+    with an AMD card too (its devices appear as ``torch.cuda``; dasc's kernels are not tested there)."""
     import torch
 
     return bool(torch.cuda.is_available())

@@ -49,8 +49,8 @@ system prompt every conversation shares (16k contexts, one H100, n = 2 seeds,
 ``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the rule without the test; in the same setting
 (n = 3 seeds, ``benchmarks/notes/2026-12-07-h100-s57-fork-test-control.md``) it lost the shared checkpoint once a seed
 (7 of 8 first turns sent mid-run found it, against 8 of 8) and ran 1.029x the default's mean TTFT (1.005-1.049, of
-the order of the call's drift): the test keeps the shared checkpoint, but most of the gain over the LRU is the
-shadowed-first class's.
+the order of the call's drift): the test keeps the shared checkpoint, and set beside the LRU's 0.931x it would be
+about 3 of the default's ~7 points over the LRU (an estimate across two series on different seeds).
 
 With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
 prompt-end one a reply-end checkpoint shadows, so the count-only rule was expected to cost hits there; measured

@@ -319,10 +319,14 @@ def test_nofork_arm_adds_only_the_fork_test_control(kimi_plans):
 
 
 @pytest.mark.parametrize("name, fix", [("dasc-nr-w64-nofork", "dasc-nr-w64-shadowfirst-nofork"),
-                                       ("dasc-wr-w16-int8-nofork", "dasc-wr-w16-int8-shadowfirst-nofork")])
+                                       ("dasc-wr-w16-int8-nofork", "dasc-wr-w16-int8-shadowfirst-nofork"),
+                                       ("dasc-nr-w64-hostwait-int8-nofork", "dasc-nr-w64-int8-hostwait-shadowfirst-nofork"),
+                                       ("dasc-nr-w64-nofork-storage", "dasc-nr-w64-storage-shadowfirst-nofork")])
 def test_nofork_without_shadowfirst_is_named(name, fix):
+    """The name suggested is one parse_arms takes (suffixes in their order)."""
     msg = _one_line_error(lambda: sa.parse_arms([name]), r"-nofork \(the fork test's control\) needs -shadowfirst")
     assert msg.endswith(f"e.g. {fix}"), msg
+    assert [a.name for a in sa.parse_arms([fix])] == [fix]
 
 
 @pytest.mark.parametrize("name, fix", [("dasc-nr-w128-nofork-shadowfirst", "dasc-nr-w128-shadowfirst-nofork"),

@@ -391,18 +391,19 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
         (["--dasc-plan", p, "--device", "cpu"], {},
          "unsupported option(s): --device cpu (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
          "unset or pass cuda)"),
-        (["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"},      # a valid launch on a machine without a GPU (gpu: False)
-         "no CUDA GPU is visible to this process: the dasc pool and its Triton kernels run on CUDA GPUs; on a machine "
-         "without one, check the plan and its server flags with `dasc size PLAN --max-running-requests R --budget "
-         "BYTES`"),
+        # a valid launch where torch sees no GPU (the probe runs with CUDA_VISIBLE_DEVICES='': no stand-in)
+        (["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"},
+         "no CUDA GPU is visible to this process (CUDA_VISIBLE_DEVICES=''): the dasc pool and its Triton kernels run "
+         "on CUDA GPUs; on a machine without one, check the plan and its server flags with `dasc size PLAN "
+         "--max-running-requests R --budget BYTES`"),
     ]
     served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
     # every case but the one above runs as on a GPU machine: their refusals come first, and a valid launch passes
-    cases = [{"argv": a, "env": e, "gpu": i != len(refused) - 1} for i, (a, e, _) in enumerate(refused)] + \
-        [{"argv": a, "env": e, "gpu": True} for a, e in served]
+    cases = [{"argv": a, "env": e, **({"gpu": True} if i != len(refused) - 1 else {})}
+             for i, (a, e, _) in enumerate(refused)] + [{"argv": a, "env": e, "gpu": True} for a, e in served]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_") and k != "CUDA_VISIBLE_DEVICES"}
-    env["OMP_NUM_THREADS"] = "1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASC_")}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")      # no card, on a GPU machine too
     proc = subprocess.run([sys.executable, "-m", "tests.support.launcher_probe", str(tmp_path / "cases.json")],
                           capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).resolve().parents[2])
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -554,6 +555,8 @@ def launch(cls, server_args, *args, **kwargs):       # stands in for the subproc
 
 
 Engine._launch_subprocesses = launch                   # dasc's hook wraps this when the first Engine loads the plugins
+import dasc_runtime.startup_checks as checks
+checks.cuda_visible = lambda: True                     # the CPU stands in for a GPU machine (the launch's last check)
 for kw in json.loads(sys.argv[1]):
     try:
         Engine(model_path="x", **kw)
