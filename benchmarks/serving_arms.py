@@ -119,20 +119,18 @@ def arm_plan_dir(arm: ArmSpec, plans: Path | str, tp: int = 1) -> Path:
 
 def compile_hint(arm: ArmSpec, tp: int, out: Path | str) -> str:
     """The ``dasc compile`` command line (a string) that writes the plan a dasc ``arm`` needs to
-    ``out``: ``--balance storage`` for a storage arm, ``--policy INT8.yaml`` for an INT8 arm
-    (``--policy WR.yaml`` for a dasc-wr arm, INT8 or not), with a note after the command saying
-    what that policy file holds (``load_policy: wr``, ``int8: true``: :class:`dasc_compile.policy.Policy`).
+    ``out``: ``--balance storage`` for a storage arm, ``--int8`` for an INT8 arm, ``--load-policy wr`` for a
+    dasc-wr arm (the flags README's quick start uses; they set the policy fields of
+    :class:`dasc_compile.policy.Policy`).
 
     Raises:
         DascInputError: ``arm`` is not a dasc arm (Dense and INT8 need no plan of their own).
     """
     if arm.kind != "dasc":
         raise DascInputError(f"arm {arm.name!r}: only dasc arms are compiled from a plan, not {arm.kind!r}")
-    keys = ([("load_policy", "wr")] if arm.load_policy == "wr" else []) + ([("int8", "true")] if arm.int8 else [])
-    file = "WR.yaml" if arm.load_policy == "wr" else "INT8.yaml"
-    extra = (" --balance storage" if arm.balance == "storage" else "") + (f" --policy {file}" if keys else "")
-    note = f"; {file} holds " + " and ".join(f"'{k}: {v}'" for k, v in keys) if keys else ""
-    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}{note}"
+    extra = (" --balance storage" if arm.balance == "storage" else "") + (" --int8" if arm.int8 else "") + \
+        (" --load-policy wr" if arm.load_policy == "wr" else "")
+    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}"
 
 
 def check_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
@@ -280,11 +278,17 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
     any W (ASCII digits; each suffix at most once, in that order, so that one arm has one name in every table), or
     ``dasc-wr-wW[-int8][-shadowfirst[-nofork]]`` (``-nofork`` only beside ``-shadowfirst``).
 
+    A plain dasc arm (no ``-shadowfirst``) runs App. B.2's single LRU (``DASC_EVICT_SHADOWED_FIRST=0``), although
+    the runtime's default is the shadowed-first rule: arm names keep what earlier rows measured.
+
     Raises:
         DascInputError: a name of neither form (one line naming it); ``-nofork`` without ``-shadowfirst``, or the
-            suffixes in another order (naming the name that works).
+            suffixes in another order (naming the name that works); a name given twice.
     """
     known = {a.name: a for a in DEFAULT_ARMS}
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise DascInputError(f"arm {twice[0]!r} is named twice: each arm runs once (one server)")
     out = []
     for n in names:
         if n in known:
@@ -325,11 +329,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-running-requests", type=int, required=True,
                     help="R: every arm runs R requests; the non-Dense arms keep k * R native slots")
     ap.add_argument("--strategy", default="extra_buffer",
-                    help="SGLang's --mamba-radix-cache-strategy (extra_buffer | extra_buffer_lazy | no_buffer)")
+                    help="SGLang's --mamba-radix-cache-strategy (extra_buffer | no_buffer; extra_buffer_lazy only "
+                         "for Dense and INT8 arms: dasc refuses it)")
     ap.add_argument("--tp", type=int, default=1, help="TP degree P the plans were compiled for (>= 1)")
     ap.add_argument("--arms", nargs="+", default=[a.name for a in DEFAULT_ARMS],
                     help="arm names: dense, int8, dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst[-nofork]] or "
-                         "dasc-wr-wW[-int8][-shadowfirst[-nofork]] "
+                         "dasc-wr-wW[-int8][-shadowfirst[-nofork]], suffixes in that order; a dasc arm without "
+                         "-shadowfirst runs App. B.2's single LRU (DASC_EVICT_SHADOWED_FIRST=0), not the runtime's "
+                         "default shadowed-first rule "
                          f"(default: {' '.join(a.name for a in DEFAULT_ARMS)})")
     ap.add_argument("--refresh-slots", type=int, default=None,
                     help="dasc-wr arms: scratch slots B (--dasc-refresh-slots, charged to the arm; default: the "

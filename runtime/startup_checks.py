@@ -20,7 +20,9 @@ hooks), before SGLang builds its ``ServerArgs`` and before any weights load, :fu
 * :func:`check_env_knobs`: the environment-only A/B and diagnostic knobs parse;
 * :func:`check_plan_early`: the plan (from ``--dasc-plan`` or ``DASC_PLAN``) reads, and it is for the model's type;
 * every rule of :func:`dasc_runtime.serving_rules.serving_refusals` that the options as given and the plan decide
-  (all but the served context length's), and a ``--dasc-pool-bytes`` that holds no slot of the plan;
+  (all but the served context length's), ``--dasc-dummy-decay-ok`` with a load format other than ``dummy``
+  (``verify.dummy_decay_refusal``; it was refused only once the weights had loaded), and a ``--dasc-pool-bytes``
+  that holds no slot of the plan;
 * :func:`check_gpu_visible`: last, once the plan and the options pass, that this machine has a CUDA GPU, so that a
   valid plan launched on a CPU machine stops in one line rather than in SGLang's device detection, after the
   launcher, with a traceback ("No accelerator ... is available").
@@ -204,7 +206,7 @@ def check_launch(settings, options, source=None):
     from dasc_compile.schema import DascInputError
     from dasc_runtime.serving_rules import serving_refusals
     from dasc_runtime.sglang_api import check_version, installed_version
-    from dasc_runtime.verify import DascRefusal
+    from dasc_runtime.verify import DascRefusal, dummy_decay_refusal
 
     check_version(installed_version())
     check_env_knobs()
@@ -216,8 +218,9 @@ def check_launch(settings, options, source=None):
         raise DascInputError(f"{(source or {}).get('plan', '--dasc-plan')}: {exc}") from None
     bad = serving_refusals(options, plan, refresh_slots=settings.refresh_slots)      # no context length yet
     opts = [r.text for r in bad if r.scope == "option"]
+    dummy = dummy_decay_refusal(settings.dummy_decay_ok, getattr(options, "load_format", None))
     parts = (["unsupported option(s): " + "; ".join(opts)] if opts else []) + \
-        [r.text for r in bad if r.scope != "option"]
+        [r.text for r in bad if r.scope != "option"] + ([dummy] if dummy else [])
     if parts:
         raise DascRefusal("; ".join(parts))
     if settings.pool_bytes is not None:

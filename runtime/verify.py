@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -104,6 +104,17 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
                           f"(shapes {[tuple(s) for s in conv_shapes]} x {len(layer_ids)} layers)")
 
 
+def dummy_decay_refusal(dummy_decay_ok: bool, load_format) -> Optional[str]:
+    """The refusal of ``--dasc-dummy-decay-ok`` with real weights (a load format other than ``dummy``; None or unset
+    reads as SGLang's ``auto``), or None. Checked at launch (``startup_checks.check_launch``, the format as given)
+    and again when the weights are loaded (:func:`check_fingerprint`, the format SGLang used)."""
+    fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
+    if dummy_decay_ok and fmt != "dummy":
+        return (f"--dasc-dummy-decay-ok needs --load-format dummy (got {fmt or 'auto'!r}): real weights must match "
+                f"the plan's decay fingerprint")
+    return None
+
+
 def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *, dummy_decay_ok: bool = False,
                       load_format="") -> dict:
     """Compare the served decay tensors' fingerprint with the plan's (see :mod:`dasc_runtime.fingerprint`).
@@ -131,10 +142,9 @@ def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *,
     """
     from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint, match_served_values
 
-    fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
-    if dummy_decay_ok and fmt != "dummy":
-        raise DascRefusal(f"--dasc-dummy-decay-ok needs --load-format dummy (got {fmt or 'auto'!r}): real "
-                          "weights must match the plan's decay fingerprint")
+    line = dummy_decay_refusal(dummy_decay_ok, load_format)
+    if line:
+        raise DascRefusal(line)
     form = plan.fingerprint.served          # Mamba2: compared by value (SGLang serves A = -exp(A_log))
     hit = match_served_values(form, served) if form is not None else \
         match_decay_fingerprint(plan.fingerprint.decay_sha256, served)

@@ -329,6 +329,10 @@ def test_nofork_without_shadowfirst_is_named(name, fix):
     assert [a.name for a in sa.parse_arms([fix])] == [fix]
 
 
+def test_an_arm_named_twice_is_refused():
+    _one_line_error(lambda: sa.parse_arms(["dense", "dasc-nr-w16", "dense"]), "arm 'dense' is named twice")
+
+
 @pytest.mark.parametrize("name, fix", [("dasc-nr-w128-nofork-shadowfirst", "dasc-nr-w128-shadowfirst-nofork"),
                                        ("dasc-nr-w16-shadowfirst-int8", "dasc-nr-w16-int8-shadowfirst"),
                                        ("dasc-nr-w64-hostwait-storage-int8", "dasc-nr-w64-int8-storage-hostwait"),
@@ -398,14 +402,13 @@ def test_main_writes_arms_json(kimi_plans, tmp_path, capsys):
 def test_compile_hints_name_the_policy_and_balance():
     (a, b) = sa.parse_arms(["dasc-nr-w64-int8-storage", "dasc-nr-w16"])
     assert sa.compile_hint(a, 2, "/p/w64-int8-tp2-storage") == (
-        "dasc compile MODEL --wmax 64 --tp 2 --balance storage --policy INT8.yaml --out /p/w64-int8-tp2-storage"
-        "; INT8.yaml holds 'int8: true'")
+        "dasc compile MODEL --wmax 64 --tp 2 --balance storage --int8 --out /p/w64-int8-tp2-storage")
     assert sa.compile_hint(b, 1, "/p/x") == "dasc compile MODEL --wmax 16 --tp 1 --out /p/x"
     _one_line_error(lambda: sa.compile_hint(sa.DEFAULT_ARMS[1], 1, "/p/x"), "only dasc arms are compiled")
 
 
 def test_check_plans_names_every_missing_plan_sorted_by_w_max(tmp_path):
-    specs = sa.parse_arms(["dense", "dasc-nr-w512", "dasc-nr-w64", "dasc-nr-w128-int8", "dasc-nr-w64"])
+    specs = sa.parse_arms(["dense", "dasc-nr-w512", "dasc-nr-w64", "dasc-nr-w128-int8", "dasc-nr-w64-shadowfirst"])  # two arms, one plan
     msg = _one_line_error(lambda: sa.check_plans(specs, tmp_path), "no plan.json for ")
     assert "w64-tp1-off, w128-int8-tp1-off, w512-tp1-off (compile each: dasc compile MODEL --wmax 64 " in msg
     for name in ("w64-tp1-off", "w128-int8-tp1-off"):
@@ -473,19 +476,25 @@ def test_plan_names_of_wr_arms_and_nr_names_unchanged():
                                                                   "w16-tp1-off"]
 
 
-def test_wr_compile_hints_name_policy_keys_that_compile_a_wr_plan(tmp_path):
-    from dasc_compile.policy import resolve_policy
+def test_wr_compile_hints_are_command_lines_that_compile_a_wr_plan(tmp_path):
+    """The hint is a dasc compile command line whose flags dasc compile has (it named a policy file to write by
+    hand, while README compiles with --int8); run on the Kimi-Linear reference checkpoint, it writes the wr / INT8
+    plan."""
+    import shlex
+
+    from dasc_compile.schema import load_plan
+    from tests.support.cli_runner import cli
 
     a, b = sa.parse_arms(["dasc-wr-w16", "dasc-wr-w64-int8"])
-    assert sa.compile_hint(a, 1, "/p/w16-wr-tp1-off") == (
-        "dasc compile MODEL --wmax 16 --tp 1 --policy WR.yaml --out /p/w16-wr-tp1-off; WR.yaml holds 'load_policy: wr'")
-    hint = sa.compile_hint(b, 1, "/p/w64-int8-wr-tp1-off")
-    assert hint == ("dasc compile MODEL --wmax 64 --tp 1 --policy WR.yaml --out /p/w64-int8-wr-tp1-off"
-                    "; WR.yaml holds 'load_policy: wr' and 'int8: true'")
-    # the file the note describes is a policy dasc reads: those are its keys and spellings
-    keys = re.findall(r"'([a-z_0-9]+: [a-z0-9]+)'", hint.split(";")[1])
-    (tmp_path / "WR.yaml").write_text("".join(k + "\n" for k in keys))
-    pol = resolve_policy(tmp_path / "WR.yaml", w_max=64)
+    assert sa.compile_hint(a, 1, "/p/w16-wr-tp1-off") == \
+        "dasc compile MODEL --wmax 16 --tp 1 --load-policy wr --out /p/w16-wr-tp1-off"
+    out = tmp_path / "w64-int8-wr-tp1-off"
+    hint = sa.compile_hint(b, 1, out)
+    assert hint == f"dasc compile MODEL --wmax 64 --tp 1 --int8 --load-policy wr --out {out}"
+    argv = shlex.split(hint)[1:]
+    res = cli(*argv[:1], KIMI, *argv[2:])                     # compile MODEL -> compile <the Kimi reference>
+    assert res.exit_code == 0, res.output
+    pol = load_plan(out).policy
     assert (pol.load_policy, pol.int8, pol.w_max) == ("wr", True, 64)
 
 
@@ -521,7 +530,7 @@ def test_wr_arm_needs_a_wr_plan(wr_plans, tmp_path):
     shutil.copytree(wr_plans / "w16-tp1-off", d / "w16-wr-tp1-off")      # a dasc-nr plan under the wr name
     msg = _one_line_error(lambda: sa.arm_launch(sa.parse_arms(["dasc-wr-w16"])[0], plans=d, dense_slots=56,
                                                 max_running_requests=R), "plan has load_policy=nr")
-    assert "needs load_policy=wr" in msg and "--policy WR.yaml" in msg
+    assert "needs load_policy=wr" in msg and "--load-policy wr" in msg
     shutil.copytree(wr_plans / "w16-wr-tp1-off", d / "w16-tp1-off")      # and the reverse
     _one_line_error(lambda: sa.arm_launch(sa.parse_arms(["dasc-nr-w16"])[0], plans=d, dense_slots=56,
                                           max_running_requests=R), "plan has load_policy=wr, arm 'dasc-nr-w16'")

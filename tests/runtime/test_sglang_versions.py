@@ -391,13 +391,20 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
         (["--dasc-plan", p, "--device", "cpu"], {},
          "unsupported option(s): --device cpu (the dasc pool and its Triton kernels run on CUDA GPUs: leave --device "
          "unset or pass cuda)"),
+        (["--dasc-plan", p, "--dasc-dummy-decay-ok"], {},    # refused before the weights load, not after
+         "--dasc-dummy-decay-ok needs --load-format dummy (got 'auto'): real weights must match the plan's decay "
+         "fingerprint"),
+        (["--dasc-plan", p, "--load-format", "safetensors"], {"DASC_DUMMY_DECAY_OK": "1"},
+         "--dasc-dummy-decay-ok needs --load-format dummy (got 'safetensors'): real weights must match the plan's "
+         "decay fingerprint"),
         # a valid launch where torch sees no GPU (the probe runs with CUDA_VISIBLE_DEVICES='': no stand-in)
         (["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"},
          "no CUDA GPU is visible to this process (CUDA_VISIBLE_DEVICES=''): the dasc pool and its Triton kernels run "
          "on CUDA GPUs; on a machine without one, check the plan and its server flags with `dasc size PLAN "
          "--max-running-requests R --budget BYTES`"),
     ]
-    served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {})]
+    served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {}),
+              (["--dasc-plan", p, "--dasc-dummy-decay-ok", "--load-format", "dummy"], {})]
     # every case but the one above runs as on a GPU machine: their refusals come first, and a valid launch passes
     cases = [{"argv": a, "env": e, **({"gpu": True} if i != len(refused) - 1 else {})}
              for i, (a, e, _) in enumerate(refused)] + [{"argv": a, "env": e, "gpu": True} for a, e in served]
@@ -411,7 +418,8 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     got = json.loads(line[-1][len("RESULT "):])
     for (argv, e, want), r in zip(refused, got):
         assert (r["code"], r["stderr"]) == (2, f"dasc: refusing to start: {want}\n"), (argv, e, r)
-    ok, plain = got[len(refused):]
+    ok, plain, dummy = got[len(refused):]
+    assert dummy["code"] == 0 and dummy["settings"]["dummy_decay_ok"] is True
     assert ok["code"] == 0 and ok["settings"] == {"plan": p, "pool_slots": 7, "compressed_only": False,
                                                   "dummy_decay_ok": False}
     assert plain["code"] == 0 and plain["settings"] is None       # a server without dasc: untouched

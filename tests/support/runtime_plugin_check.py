@@ -53,7 +53,7 @@ def main(plan_dir: str, kda_plan_dir: str) -> dict:
 
     sa = prepare_server_args(["--model-path", "dummy", "--page-size", "1", "--dasc-plan", plan_dir,
                               "--dasc-pool-slots", "5", "--dasc-demote-watermark", "2",
-                              "--dasc-dummy-decay-ok"])
+                              "--dasc-dummy-decay-ok", "--load-format", "dummy"])   # the flag needs dummy weights
     out["cli_settings"] = settings_of(sa)
     from dasc_runtime.launcher import CHECKED_VAR
 
