@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -130,7 +131,7 @@ def compile_hint(arm: ArmSpec, tp: int, out: Path | str) -> str:
         raise DascInputError(f"arm {arm.name!r}: only dasc arms are compiled from a plan, not {arm.kind!r}")
     extra = (" --balance storage" if arm.balance == "storage" else "") + (" --int8" if arm.int8 else "") + \
         (" --load-policy wr" if arm.load_policy == "wr" else "")
-    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {out}"
+    return f"dasc compile MODEL --wmax {arm.w_max} --tp {tp}{extra} --out {shlex.quote(str(out))}"
 
 
 def check_plans(arms: Sequence[ArmSpec], plans: Path, tp: int = 1) -> None:
@@ -286,7 +287,7 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             suffixes in another order (naming the name that works); a name given twice.
     """
     known = {a.name: a for a in DEFAULT_ARMS}
-    twice = sorted({n for n in names if list(names).count(n) > 1})
+    twice = [n for i, n in enumerate(names) if n in list(names)[:i]]
     if twice:
         raise DascInputError(f"arm {twice[0]!r} is named twice: each arm runs once (one server)")
     out = []
@@ -296,7 +297,8 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             continue
         parts = n.split("-")
         if len(parts) >= 3 and parts[0] == "dasc" and parts[1] in ("nr", "wr") and parts[2].startswith("w") \
-                and parts[2][1:].isascii() and parts[2][1:].isdigit():
+                and parts[2][1:].isascii() and parts[2][1:].isdigit() \
+                and parts[2][1:] == str(int(parts[2][1:])):          # w016 is not a second name of w16
             rest = parts[3:]
             allowed = {"int8", "storage", "hostwait", "shadowfirst", "nofork"} if parts[1] == "nr" \
                 else {"int8", "shadowfirst", "nofork"}

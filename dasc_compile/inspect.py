@@ -297,7 +297,7 @@ def render_report(plan: Plan, console: Console) -> None:
                           + (f" for a compressed pool of {fmt_bytes(pol.pool_budget_bytes)} (the native slots of "
                              "running requests come on top; dasc size --budget fits both in one state budget)"
                              if pol.pool_budget_bytes else
-                             " (compile with --pool-budget BYTES to count them, or see dasc size)"))
+                             " (compile with --pool-budget SIZE to count them, or see dasc size)"))
                          if t.usable_slots is not None or pol.tp_size == 1
                          else "the pool budget is per rank: see the per-rank table below"),
     ]), highlight=False)

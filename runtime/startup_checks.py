@@ -218,7 +218,8 @@ def check_launch(settings, options, source=None):
         raise DascInputError(f"{(source or {}).get('plan', '--dasc-plan')}: {exc}") from None
     bad = serving_refusals(options, plan, refresh_slots=settings.refresh_slots)      # no context length yet
     opts = [r.text for r in bad if r.scope == "option"]
-    dummy = dummy_decay_refusal(settings.dummy_decay_ok, getattr(options, "load_format", None))
+    dummy = dummy_decay_refusal(settings.dummy_decay_ok, getattr(options, "load_format", None),
+                                (source or {}).get("dummy_decay_ok", "--dasc-dummy-decay-ok"))
     parts = (["unsupported option(s): " + "; ".join(opts)] if opts else []) + \
         [r.text for r in bad if r.scope != "option"] + ([dummy] if dummy else [])
     if parts:

@@ -104,14 +104,15 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
                           f"(shapes {[tuple(s) for s in conv_shapes]} x {len(layer_ids)} layers)")
 
 
-def dummy_decay_refusal(dummy_decay_ok: bool, load_format) -> Optional[str]:
+def dummy_decay_refusal(dummy_decay_ok: bool, load_format, what: str = "--dasc-dummy-decay-ok") -> Optional[str]:
     """The refusal of ``--dasc-dummy-decay-ok`` with real weights (a load format other than ``dummy``; None or unset
-    reads as SGLang's ``auto``), or None. Checked at launch (``startup_checks.check_launch``, the format as given)
-    and again when the weights are loaded (:func:`check_fingerprint`, the format SGLang used)."""
+    reads as SGLang's ``auto``), or None; ``what`` names where the setting came from (the flag, ``DASC_DUMMY_DECAY_OK``
+    or the ``Engine`` keyword). Checked at launch (``startup_checks.check_launch``, the format as given) and again
+    when the weights are loaded (:func:`check_fingerprint`, the format SGLang used)."""
     fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
     if dummy_decay_ok and fmt != "dummy":
-        return (f"--dasc-dummy-decay-ok needs --load-format dummy (got {fmt or 'auto'!r}): real weights must match "
-                f"the plan's decay fingerprint")
+        return (f"{what} needs --load-format dummy (got {fmt or 'auto'!r}): real weights must match the plan's decay "
+                f"fingerprint")
     return None
 
 

@@ -330,7 +330,9 @@ def test_nofork_without_shadowfirst_is_named(name, fix):
 
 
 def test_an_arm_named_twice_is_refused():
-    _one_line_error(lambda: sa.parse_arms(["dense", "dasc-nr-w16", "dense"]), "arm 'dense' is named twice")
+    _one_line_error(lambda: sa.parse_arms(["int8", "dense", "dasc-nr-w16", "dense", "int8"]),
+                    "arm 'dense' is named twice")                     # the first repeated, in the order given
+    assert [a.name for a in sa.parse_arms(["dasc-nr-w0"])] == ["dasc-nr-w0"]
 
 
 @pytest.mark.parametrize("name, fix", [("dasc-nr-w128-nofork-shadowfirst", "dasc-nr-w128-shadowfirst-nofork"),
@@ -345,7 +347,8 @@ def test_suffixes_out_of_order_are_refused_with_the_one_name(name, fix):
     assert [a.name for a in sa.parse_arms([fix])] == [fix]
 
 
-@pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16",
+@pytest.mark.parametrize("name", ["dasc-nr-wx", "dasc-nr-w64-int8-int8", "dasc-nr-w", "dasc-nr-w64-bf16", "dasc-nr-w016",
+                                  "dasc-wr-w00",
                                   "dasc-xr-w64", "dasc-nr-w\u00b2", "Dense", "int4",
                                   "dasc-nr-w64-hostwait-hostwait", "int8-hostwait", "dasc-wr-w64-storage",
                                   "dasc-wr-w64-hostwait", "dasc-wr-w64-int8-int8", "dasc-wr-wx", "dasc-wr",
@@ -404,6 +407,7 @@ def test_compile_hints_name_the_policy_and_balance():
     assert sa.compile_hint(a, 2, "/p/w64-int8-tp2-storage") == (
         "dasc compile MODEL --wmax 64 --tp 2 --balance storage --int8 --out /p/w64-int8-tp2-storage")
     assert sa.compile_hint(b, 1, "/p/x") == "dasc compile MODEL --wmax 16 --tp 1 --out /p/x"
+    assert sa.compile_hint(b, 1, "/my plans/x") == "dasc compile MODEL --wmax 16 --tp 1 --out '/my plans/x'"
     _one_line_error(lambda: sa.compile_hint(sa.DEFAULT_ARMS[1], 1, "/p/x"), "only dasc arms are compiled")
 
 

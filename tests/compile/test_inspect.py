@@ -259,6 +259,8 @@ def test_report_kda_provenance_and_kernels():
     assert "provenance: initialisation draw, not trained" in text
     assert "1.36x" in text and "2.29x" in text and "1.14x" in text
     assert "mixed (0 < r < 1) 2, all omitted 1, all retained 1" in text
+    # no pool budget: the slots line says which command counts them (inspect has no --pool-budget)
+    assert "- compressed vs - dense (compile with --pool-budget SIZE to count them, or see dasc size)" in text
     assert "0123abcd" * 8 in text and "pack, load, refresh_copy" in text
     assert "used by dasc-wr" in text
     assert "inf" in text                                              # H_s max of layer 2

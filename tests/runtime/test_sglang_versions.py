@@ -395,7 +395,7 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
          "--dasc-dummy-decay-ok needs --load-format dummy (got 'auto'): real weights must match the plan's decay "
          "fingerprint"),
         (["--dasc-plan", p, "--load-format", "safetensors"], {"DASC_DUMMY_DECAY_OK": "1"},
-         "--dasc-dummy-decay-ok needs --load-format dummy (got 'safetensors'): real weights must match the plan's "
+         "DASC_DUMMY_DECAY_OK needs --load-format dummy (got 'safetensors'): real weights must match the plan's "
          "decay fingerprint"),
         # a valid launch where torch sees no GPU (the probe runs with CUDA_VISIBLE_DEVICES='': no stand-in)
         (["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"},
@@ -404,7 +404,8 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
          "--max-running-requests R --budget BYTES`"),
     ]
     served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {}),
-              (["--dasc-plan", p, "--dasc-dummy-decay-ok", "--load-format", "dummy"], {})]
+              (["--dasc-plan", p, "--dasc-dummy-decay-ok", "--load-format", "dummy"], {}),
+              (["--dasc-plan", p, "--load-format", "dummy"], {"DASC_DUMMY_DECAY_OK": "1"})]
     # every case but the one above runs as on a GPU machine: their refusals come first, and a valid launch passes
     cases = [{"argv": a, "env": e, **({"gpu": True} if i != len(refused) - 1 else {})}
              for i, (a, e, _) in enumerate(refused)] + [{"argv": a, "env": e, "gpu": True} for a, e in served]
@@ -418,8 +419,9 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     got = json.loads(line[-1][len("RESULT "):])
     for (argv, e, want), r in zip(refused, got):
         assert (r["code"], r["stderr"]) == (2, f"dasc: refusing to start: {want}\n"), (argv, e, r)
-    ok, plain, dummy = got[len(refused):]
-    assert dummy["code"] == 0 and dummy["settings"]["dummy_decay_ok"] is True
+    ok, plain, dummy, dummy_env = got[len(refused):]
+    assert dummy["code"] == dummy_env["code"] == 0
+    assert dummy["settings"]["dummy_decay_ok"] is dummy_env["settings"]["dummy_decay_ok"] is True
     assert ok["code"] == 0 and ok["settings"] == {"plan": p, "pool_slots": 7, "compressed_only": False,
                                                   "dummy_decay_ok": False}
     assert plain["code"] == 0 and plain["settings"] is None       # a server without dasc: untouched
