@@ -274,6 +274,11 @@ def arm_launch(arm: ArmSpec, *, plans: Path, dense_slots: int, max_running_reque
 SUFFIX_ORDER = ("int8", "storage", "hostwait", "shadowfirst", "nofork")
 
 
+def _arm_name(head: list[str], suffixes: list[str]) -> str:
+    """``dasc-nr-wW`` (``head``'s words) and ``suffixes`` in :data:`SUFFIX_ORDER`, joined by ``-``."""
+    return "-".join(head + sorted(suffixes, key=SUFFIX_ORDER.index))
+
+
 def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
     """Arms by name: a DEFAULT_ARMS name, ``dasc-nr-wW[-int8][-storage][-hostwait][-shadowfirst[-nofork]]`` for
     any W (ASCII digits; each suffix at most once, in that order, so that one arm has one name in every table), or
@@ -287,9 +292,11 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
             suffixes in another order (naming the name that works); a name given twice.
     """
     known = {a.name: a for a in DEFAULT_ARMS}
-    twice = [n for i, n in enumerate(names) if n in list(names)[:i]]
-    if twice:
-        raise DascInputError(f"arm {twice[0]!r} is named twice: each arm runs once (one server)")
+    seen: set = set()
+    for n in names:
+        if n in seen:
+            raise DascInputError(f"arm {n!r} is named twice: each arm runs once (one server)")
+        seen.add(n)
     out = []
     for n in names:
         if n in known:
@@ -300,17 +307,16 @@ def parse_arms(names: Sequence[str]) -> list[ArmSpec]:
                 and parts[2][1:].isascii() and parts[2][1:].isdigit() \
                 and parts[2][1:] == str(int(parts[2][1:])):          # w016 is not a second name of w16
             rest = parts[3:]
-            allowed = {"int8", "storage", "hostwait", "shadowfirst", "nofork"} if parts[1] == "nr" \
-                else {"int8", "shadowfirst", "nofork"}
-            if set(rest) <= allowed and len(set(rest)) == len(rest) and "nofork" in rest and "shadowfirst" not in rest:
-                fix = "-".join(parts[:3] + sorted(rest + ["shadowfirst"], key=SUFFIX_ORDER.index))
-                raise DascInputError(f"arm {n!r}: -nofork (the fork test's control) needs -shadowfirst: the fork test "
-                                     f"belongs to the shadowed-first rule, e.g. {fix}")
-            if set(rest) <= allowed and len(set(rest)) == len(rest) and rest != sorted(rest, key=SUFFIX_ORDER.index):
-                name = "-".join(parts[:3] + sorted(rest, key=SUFFIX_ORDER.index))
-                raise DascInputError(f"arm {n!r}: the suffixes go in the order "
-                                     f"{' '.join('-' + x for x in SUFFIX_ORDER)} (one arm, one name): {name}")
+            allowed = set(SUFFIX_ORDER) - ({"storage", "hostwait"} if parts[1] == "wr" else set())
             if set(rest) <= allowed and len(set(rest)) == len(rest):
+                head, one = parts[:3], _arm_name(parts[:3], rest)
+                if "nofork" in rest and "shadowfirst" not in rest:
+                    fix = _arm_name(head, rest + ["shadowfirst"])
+                    raise DascInputError(f"arm {n!r}: -nofork (the fork test's control) needs -shadowfirst: the fork "
+                                         f"test belongs to the shadowed-first rule, e.g. {fix}")
+                if n != one:
+                    raise DascInputError(f"arm {n!r}: the suffixes go in the order "
+                                         f"{' '.join('-' + x for x in SUFFIX_ORDER)} (one arm, one name): {one}")
                 out.append(ArmSpec(n, "dasc", int(parts[2][1:]), int8="int8" in rest,
                                    balance="storage" if "storage" in rest else "off",
                                    reclaim_wait="host" if "hostwait" in rest else "stream", load_policy=parts[1],

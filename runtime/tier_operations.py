@@ -108,9 +108,10 @@ def evict_fork_test() -> bool:
 
     on = _on_unless_off("DASC_EVICT_FORK_TEST")
     if not on and not evict_shadowed_first():
-        raise DascInputError(f"DASC_EVICT_FORK_TEST={os.environ['DASC_EVICT_FORK_TEST'].strip()}: the fork test belongs to the shadowed-first rule, "
-                             f"which DASC_EVICT_SHADOWED_FIRST={os.environ['DASC_EVICT_SHADOWED_FIRST'].strip()} "
-                             f"turns off; unset one of them")
+        raise DascInputError(f"DASC_EVICT_FORK_TEST={os.environ['DASC_EVICT_FORK_TEST'].strip()}: the fork test "
+                             f"belongs to the shadowed-first rule, which "
+                             f"DASC_EVICT_SHADOWED_FIRST={os.environ['DASC_EVICT_SHADOWED_FIRST'].strip()} turns off; "
+                             f"unset one of them")
     return on
 
 

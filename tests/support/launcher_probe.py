@@ -30,6 +30,7 @@ def main(cases_path: str) -> list:
 
     from dasc_runtime import startup_checks
     from dasc_runtime.side_channels import settings_of
+    from tests.support.runtime_fixtures import as_on_a_gpu_machine
 
     machine = startup_checks.cuda_visible
 
@@ -38,8 +39,9 @@ def main(cases_path: str) -> list:
         for k in [k for k in os.environ if k.startswith("DASC_")]:
             del os.environ[k]
         os.environ.update(case.get("env", {}))
-        gpu = case.get("gpu")
-        startup_checks.cuda_visible = machine if gpu is None else (lambda gpu=bool(gpu): gpu)
+        startup_checks.cuda_visible = machine
+        if case.get("gpu") is not None:
+            as_on_a_gpu_machine(bool(case["gpu"]))
         err = io.StringIO()
         code, settings = 0, None
         with contextlib.redirect_stderr(err):

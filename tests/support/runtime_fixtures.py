@@ -27,6 +27,7 @@ try:  # the runtime tests need SGLang's cache classes (a tested release: dasc_ru
 except Exception as exc:  # pragma: no cover - depends on the environment
     SGLANG_SKIP_REASON = f"sglang cannot be imported ({type(exc).__name__}: {exc})"
 
+
 def as_on_a_gpu_machine(visible: bool = True):
     """Make this process's launches see a CUDA GPU (``visible``) or none: the launch's last check,
     ``startup_checks.cuda_visible``, is a property of the machine, and the runtime tests launch SGLang's option
