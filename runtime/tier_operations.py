@@ -46,11 +46,11 @@ conversation restores, would be the first to go once any of them cached a later 
 system prompt every conversation shares (16k contexts, one H100, n = 2 seeds,
 ``benchmarks/notes/2026-12-07-h100-s56-shared-prefix.md``) the default kept that checkpoint through the run
 (every first turn sent mid-run found it) and ran 0.93x the plain LRU, which let it go at least twice a seed.
-``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the rule without the test; in the same setting
-(n = 3 seeds, ``benchmarks/notes/2026-12-07-h100-s57-fork-test-control.md``) it lost the shared checkpoint once a seed
-(7 of 8 first turns sent mid-run found it, against 8 of 8) and ran 1.029x the default's mean TTFT (1.005-1.049, of
-the order of the call's drift): the test keeps the shared checkpoint, and set beside the LRU's 0.931x it would be
-about 3 of the default's ~7 points over the LRU (an estimate across two series on different seeds).
+``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the rule without the test. The three on the same
+five seeds in one call (``benchmarks/notes/2026-12-07-h100-s58-three-evictions.md``): the plain LRU 1.088x the
+default's mean TTFT (SD 0.020), the control 1.013x (SD 0.019, 95 % interval 0.99-1.04), which lost the shared
+checkpoint once a seed (the first conversation to start after every early one moved on found nothing cached and
+prefilled the whole shared prompt): the class, not the fork test, carries most of the gain over the LRU.
 
 With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
 prompt-end one a reply-end checkpoint shadows, so the count-only rule was expected to cost hits there; measured
