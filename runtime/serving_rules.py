@@ -280,8 +280,8 @@ STARTUP_ONLY: dict[str, str] = {
     "verify.check_model_type": "the served model_type / architectures against the plan's",
     "verify.check_state": "SGLang's state shapes, dtypes, TP size and recurrent layer ids against the plan's",
     "verify.check_fingerprint": "the decay tensors of the loaded weights against the plan's fingerprint "
-                                "(--dasc-dummy-decay-ok only with --load-format dummy: the launcher refuses it "
-                                "already, on the format as given)",
+                                "(--dasc-dummy-decay-ok only with --load-format dummy and SGLang's weight cache "
+                                "off: the launcher refuses it already, on the options as given)",
     "startup_checks.check_gpu_visible": "the launching machine has a CUDA GPU (a machine property, not an option: "
                                         "dasc size, which prints flags for another machine, does not check it)",
     "startup_checks.check_hooks": "every SGLang hook dasc registered is in place",

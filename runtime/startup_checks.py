@@ -20,8 +20,9 @@ hooks), before SGLang builds its ``ServerArgs`` and before any weights load, :fu
 * :func:`check_env_knobs`: the environment-only A/B and diagnostic knobs parse;
 * :func:`check_plan_early`: the plan (from ``--dasc-plan`` or ``DASC_PLAN``) reads, and it is for the model's type;
 * every rule of :func:`dasc_runtime.serving_rules.serving_refusals` that the options as given and the plan decide
-  (all but the served context length's), ``--dasc-dummy-decay-ok`` with a load format other than ``dummy``
-  (``verify.dummy_decay_refusal``; it was refused only once the weights had loaded), and a ``--dasc-pool-bytes``
+  (all but the served context length's), ``--dasc-dummy-decay-ok`` with a load format other than ``dummy`` or with
+  SGLang's ``--weight-cache-mode`` on (``verify.dummy_decay_refusal``; both were refused only once the weights had
+  loaded), and a ``--dasc-pool-bytes``
   that holds no slot of the plan;
 * :func:`check_gpu_visible`: last, once the plan and the options pass, that this machine has a CUDA GPU, so that a
   valid plan launched on a CPU machine stops in one line rather than in SGLang's device detection, after the
@@ -219,7 +220,8 @@ def check_launch(settings, options, source=None):
     bad = serving_refusals(options, plan, refresh_slots=settings.refresh_slots)      # no context length yet
     opts = [r.text for r in bad if r.scope == "option"]
     dummy = dummy_decay_refusal(settings.dummy_decay_ok, getattr(options, "load_format", None),
-                                (source or {}).get("dummy_decay_ok", "--dasc-dummy-decay-ok"))
+                                (source or {}).get("dummy_decay_ok", "--dasc-dummy-decay-ok"),
+                                getattr(options, "weight_cache_mode", None))
     parts = (["unsupported option(s): " + "; ".join(opts)] if opts else []) + \
         [r.text for r in bad if r.scope != "option"] + ([dummy] if dummy else [])
     if parts:

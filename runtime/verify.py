@@ -104,20 +104,30 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
                           f"(shapes {[tuple(s) for s in conv_shapes]} x {len(layer_ids)} layers)")
 
 
-def dummy_decay_refusal(dummy_decay_ok: bool, load_format, what: str = "--dasc-dummy-decay-ok") -> Optional[str]:
-    """The refusal of ``--dasc-dummy-decay-ok`` with real weights (a load format other than ``dummy``; None or unset
-    reads as SGLang's ``auto``), or None; ``what`` names where the setting came from (the flag, ``DASC_DUMMY_DECAY_OK``
-    or the ``Engine`` keyword). Checked at launch (``startup_checks.check_launch``, the format as given) and again
-    when the weights are loaded (:func:`check_fingerprint`, the format SGLang used)."""
+def dummy_decay_refusal(dummy_decay_ok: bool, load_format, what: str = "--dasc-dummy-decay-ok",
+                        weight_cache_mode=None) -> Optional[str]:
+    """The refusal of ``--dasc-dummy-decay-ok`` where the weights may be real, or None: a load format other than
+    ``dummy`` (None or unset reads as SGLang's ``auto``), or SGLang's IPC weight cache on (``--weight-cache-mode``
+    other than ``off``: SGLang then loads through its ``ipc_cache`` format, whose weights are a daemon's, real ones
+    when it holds them, and falls back to ``dummy`` only when none answers; ``model_loader/loader.py``,
+    ``weight_cache/ipc_loader.py``, 0.5.17 and 0.5.23). ``what`` names where the setting came from (the flag,
+    ``DASC_DUMMY_DECAY_OK`` or the ``Engine`` keyword). Checked at launch (``startup_checks.check_launch``, the
+    options as given) and again when the weights are loaded (:func:`check_fingerprint`, the format SGLang used)."""
+    if not dummy_decay_ok:
+        return None
     fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
-    if dummy_decay_ok and fmt != "dummy":
+    cache = str(weight_cache_mode or "off").strip().lower()
+    if cache != "off":
+        return (f"{what} needs SGLang's dummy loader, and --weight-cache-mode {cache} loads the weights through "
+                f"SGLang's IPC weight cache, which may hold real ones: drop --weight-cache-mode or {what}")
+    if fmt != "dummy":
         return (f"{what} needs --load-format dummy (got {fmt or 'auto'!r}): real weights must match the plan's decay "
                 f"fingerprint")
     return None
 
 
 def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *, dummy_decay_ok: bool = False,
-                      load_format="") -> dict:
+                      load_format="", weight_cache_mode=None) -> dict:
     """Compare the served decay tensors' fingerprint with the plan's (see :mod:`dasc_runtime.fingerprint`).
 
     Args:
@@ -134,16 +144,19 @@ def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *,
             picked the loader); compared by value and case-insensitively, as SGLang's
             ``LoadConfig`` does (``configs/load_config.py``). Note ``str(LoadFormat.DUMMY)`` is
             ``'LoadFormat.DUMMY'``, which is refused: pass the value or the enum itself.
+        weight_cache_mode: SGLang's ``--weight-cache-mode`` (None: ``off``); on, ``dummy_decay_ok`` is refused
+            (:func:`dummy_decay_refusal`).
     Returns:
         the match (dtypes used and sha256), or for an accepted dummy mismatch
         ``{"sha256": <served>, "stand_in": True}``.
     Raises:
         DascRefusal: no lossless dtype combination reproduces the plan's hash (names the first
-            tensor and both hashes), or ``dummy_decay_ok`` with a load format other than ``dummy``.
+            tensor and both hashes), or ``dummy_decay_ok`` with a load format other than ``dummy`` or with
+            SGLang's weight cache on.
     """
     from dasc_runtime.fingerprint import decay_sha256, match_decay_fingerprint, match_served_values
 
-    line = dummy_decay_refusal(dummy_decay_ok, load_format)
+    line = dummy_decay_refusal(dummy_decay_ok, load_format, weight_cache_mode=weight_cache_mode)
     if line:
         raise DascRefusal(line)
     form = plan.fingerprint.served          # Mamba2: compared by value (SGLang serves A = -exp(A_log))

@@ -89,7 +89,8 @@ def check_served_weights(runner, plan, settings, *, load_format=None) -> dict:
     sa = getattr(runner, "server_args", None)
     fmt = load_format or getattr(getattr(runner, "load_config", None), "load_format", None) \
         or getattr(sa, "load_format", "")
-    hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok, load_format=fmt)
+    hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok, load_format=fmt,
+                            weight_cache_mode=getattr(sa, "weight_cache_mode", None))
     hit["tensors"] = len(served)
     return hit
 

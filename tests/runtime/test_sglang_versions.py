@@ -397,6 +397,10 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
         (["--dasc-plan", p, "--load-format", "safetensors"], {"DASC_DUMMY_DECAY_OK": "1"},
          "DASC_DUMMY_DECAY_OK needs --load-format dummy (got 'safetensors'): real weights must match the plan's "
          "decay fingerprint"),
+        # SGLang's IPC weight cache loads through its ipc_cache format: the weights may be a daemon's real ones
+        (["--dasc-plan", p, "--dasc-dummy-decay-ok", "--load-format", "dummy", "--weight-cache-mode", "client"], {},
+         "--dasc-dummy-decay-ok needs SGLang's dummy loader, and --weight-cache-mode client loads the weights through "
+         "SGLang's IPC weight cache, which may hold real ones: drop --weight-cache-mode or --dasc-dummy-decay-ok"),
         # a valid launch where torch sees no GPU (the probe runs with CUDA_VISIBLE_DEVICES='': no stand-in)
         (["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"},
          "no CUDA GPU is visible to this process (CUDA_VISIBLE_DEVICES=''): the dasc pool and its Triton kernels run "
@@ -405,7 +409,7 @@ def test_sglang_s_own_launcher_refuses_bad_dasc_input_in_exactly_one_line(tmp_pa
     ]
     served = [(["--dasc-plan", p], {"DASC_POOL_SLOTS": "7"}), ([], {}),
               (["--dasc-plan", p, "--dasc-dummy-decay-ok", "--load-format", "dummy"], {}),
-              (["--dasc-plan", p, "--load-format", "dummy"], {"DASC_DUMMY_DECAY_OK": "1"})]
+              (["--dasc-plan", p, "--load-format", "dummy", "--weight-cache-mode", "off"], {"DASC_DUMMY_DECAY_OK": "1"})]
     # every case but the one above runs as on a GPU machine: their refusals come first, and a valid launch passes
     cases = [{"argv": a, "env": e, **({"gpu": True} if i != len(refused) - 1 else {})}
              for i, (a, e, _) in enumerate(refused)] + [{"argv": a, "env": e, "gpu": True} for a, e in served]

@@ -107,10 +107,46 @@ def test_dummy_decay_ok_only_with_dummy_weights(tmp_path, caplog):
     for fmt in (LoadFormat.AUTO, LoadFormat.SAFETENSORS, LoadFormat.IPC_CACHE):
         with pytest.raises(DascRefusal, match=f"got '{fmt.value}'"):
             check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)
+    # SGLang's IPC weight cache on: the weights may be a daemon's real ones, whatever the load format (the loader
+    # then reports ipc_cache); off or unset changes nothing; without the flag the cache is not dasc's concern
+    for fmt in ("dummy", LoadFormat.IPC_CACHE):
+        for mode in ("client", "daemon", " Daemon "):
+            with pytest.raises(DascRefusal, match=f"--weight-cache-mode {mode.strip().lower()} loads the weights "
+                                                  "through SGLang's IPC weight cache"):
+                check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt, weight_cache_mode=mode)
+    for mode in ("off", None, ""):
+        assert check_fingerprint(plan, served, dummy_decay_ok=True, load_format="dummy",
+                                 weight_cache_mode=mode)["stand_in"] is True
+    with pytest.raises(DascRefusal, match="differ from the ones the plan was compiled from"):
+        check_fingerprint(plan, served, load_format=LoadFormat.IPC_CACHE, weight_cache_mode="client")
     # matching weights stay a plain match under the flag
     exact = served_decay_tensors(_GdnModel(gdn_decay_tensors()), names)
     assert check_fingerprint(plan, exact, dummy_decay_ok=True, load_format="dummy")["sha256"] == \
         plan.fingerprint.decay_sha256
+
+
+def test_served_weights_read_the_weight_cache_from_the_server(tmp_path):
+    """After the weights load, the runner's own format (SGLang switches dummy to ipc_cache when its weight cache is
+    on) and the server's --weight-cache-mode decide: the cache's refusal names the flag, not 'ipc_cache'."""
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.load_config import LoadFormat
+
+    from dasc_runtime.verify import DascRefusal
+    from dasc_runtime.weight_updates import check_served_weights
+
+    plan, _, _ = compile_tiny(tmp_path)
+    model = _GdnModel([(n, torch.full_like(t, 1e-3)) for n, t in gdn_decay_tensors()])
+    ok = SimpleNamespace(dummy_decay_ok=True)
+
+    def runner(fmt, mode):
+        return SimpleNamespace(model=model, load_config=SimpleNamespace(load_format=fmt),
+                               server_args=SimpleNamespace(load_format="dummy", weight_cache_mode=mode))
+
+    with pytest.raises(DascRefusal, match="--weight-cache-mode client loads the weights through SGLang's IPC"):
+        check_served_weights(runner(LoadFormat.IPC_CACHE, "client"), plan, ok)
+    hit = check_served_weights(runner(LoadFormat.DUMMY, "off"), plan, ok)
+    assert hit["stand_in"] is True and hit["tensors"] == len(plan.fingerprint.decay_tensors)
 
 
 def test_plan_loader_checks_version_and_hash(tmp_path):
