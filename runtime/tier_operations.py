@@ -42,15 +42,14 @@ H100 (``benchmarks/notes/2026-12-07-h100-s53-16k-shadowfirst-seeds.md``): 0.839x
 That met the rule fixed before those seeds, so it is the default; App. B.2 keeps one recency order ("rather
 than define a second eviction policy"), which ``DASC_EVICT_SHADOWED_FIRST=0`` restores. The fork test came
 with the default: without it a checkpoint inside a prefix many conversations share, the one a new
-conversation restores, would be the first to go once any of them cached a later one. With an 11.6k-token
-system prompt every conversation shares (16k contexts, one H100, n = 2 seeds,
-``benchmarks/notes/2026-12-07-h100-s56-shared-prefix.md``) the default kept that checkpoint through the run
-(every first turn sent mid-run found it) and ran 0.93x the plain LRU, which let it go at least twice a seed.
-``DASC_EVICT_FORK_TEST=0`` (:func:`evict_fork_test`, a control) runs the rule without the test. The three on the same
-five seeds in one call (``benchmarks/notes/2026-12-07-h100-s58-three-evictions.md``): the plain LRU 1.088x the
-default's mean TTFT (SD 0.020), the control 1.013x (SD 0.019, 95 % interval 0.99-1.04), which lost the shared
-checkpoint once a seed (the first conversation to start after every early one moved on found nothing cached and
-prefilled the whole shared prompt): the class, not the fork test, carries most of the gain over the LRU.
+conversation restores, would be the first to go once any of them cached a later one. ``DASC_EVICT_FORK_TEST=0``
+(:func:`evict_fork_test`, a control) runs the rule without the test. With an 11.6k-token system prompt every
+conversation shares (16k contexts, one H100, five seeds, each seed's three arms in one call,
+``benchmarks/notes/2026-12-07-h100-s58-three-evictions.md``) the default kept that checkpoint through the run (every
+first turn sent mid-run found the whole of it); the plain LRU ran 1.088x the default's mean TTFT (SD 0.020), the
+control 1.013x (SD 0.019, 95 % interval 0.99-1.04), which lost the shared checkpoint once a seed (the first
+conversation to start after every early one moved on found nothing cached and prefilled the whole shared prompt):
+the class, not the fork test, carries most of the gain over the LRU.
 
 With clients that rewrite the reply (the benchmark's recorded-reply replay) the reusable checkpoint is the
 prompt-end one a reply-end checkpoint shadows, so the count-only rule was expected to cost hits there; measured
