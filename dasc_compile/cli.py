@@ -262,6 +262,10 @@ def run(argv: list[str] | None = None) -> int:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
         except cx.UsageError as exc:
             msg = exc.format_message()
+            if isinstance(exc, cx.NoSuchOption) and exc.possibilities:   # click: "No such option: --x Did you mean --y?"
+                near = list(exc.possibilities)            # difflib's order: the closest first
+                names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+                msg = f"{exc.message}; did you mean {names}?"
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
             no_args = isinstance(exc, cx.NoArgsIsHelpError)    # a bare `dasc`
