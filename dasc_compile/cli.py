@@ -243,7 +243,7 @@ def run(argv: list[str] | None = None) -> int:
 
     try:  # typer >= 0.26 vendors click as typer._click
         from typer._click import exceptions as cx
-    except ImportError:  # older typer (>= 0.16, pyproject's floor) runs on plain click (>= 8.3)
+    except ImportError:  # older typer (>= 0.18, pyproject's floor) runs on plain click (>= 8.3)
         from click import exceptions as cx
 
     def body() -> int:
@@ -262,10 +262,10 @@ def run(argv: list[str] | None = None) -> int:
             rc = app(args=argv, prog_name="dasc", standalone_mode=False)
         except cx.UsageError as exc:
             msg = exc.format_message()
-            if isinstance(exc, cx.NoSuchOption) and exc.possibilities:   # click: "No such option: --x Did you mean --y?"
+            if isinstance(exc, cx.NoSuchOption) and exc.possibilities:   # click: "...: --x Did you mean --y?"
                 near = list(exc.possibilities)            # difflib's order: the closest first
                 names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
-                msg = f"{exc.message}; did you mean {names}?"
+                msg = f"{exc.message.rstrip('.')}; did you mean {names}?"   # click 8.5 ends it with a stop
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
             no_args = isinstance(exc, cx.NoArgsIsHelpError)    # a bare `dasc`

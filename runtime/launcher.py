@@ -50,9 +50,10 @@ FLAGS = (
                                                          help="dasc: free native slots below which dense checkpoints "
                                                               "are demoted in the background (default 10%% of them)")),
     ("--dasc-dummy-decay-ok", "dummy_decay_ok", dict(action="store_true", default=False,
-                                                     help="dasc: with --load-format dummy only, serve a plan compiled "
-                                                          "from another checkpoint's decay values (latency "
-                                                          "benchmarks; the random weights cannot match)")),
+                                                     help="dasc: with --load-format dummy only (and SGLang's "
+                                                          "weight cache off), serve a plan compiled from another "
+                                                          "checkpoint's decay values (latency benchmarks; the "
+                                                          "random weights cannot match)")),
     ("--dasc-refresh-slots", "refresh_slots", dict(type=_int_or_text, default=None,
                                                    help="dasc-wr: windows one scratch refresh pass replays "
                                                         "(hidden request rows and native Mamba slots; default 8)")),

@@ -107,23 +107,30 @@ def check_state(plan: Plan, *, layer_ids: Sequence[int], temporal_shape: Sequenc
 def dummy_decay_refusal(dummy_decay_ok: bool, load_format, what: str = "--dasc-dummy-decay-ok",
                         weight_cache_mode=None) -> Optional[str]:
     """The refusal of ``--dasc-dummy-decay-ok`` where the weights may be real, or None: a load format other than
-    ``dummy`` (None or unset reads as SGLang's ``auto``), or SGLang's IPC weight cache on (``--weight-cache-mode``
-    other than ``off``: SGLang then loads through its ``ipc_cache`` format, whose weights are a daemon's, real ones
-    when it holds them, and falls back to ``dummy`` only when none answers; ``model_loader/loader.py``,
-    ``weight_cache/ipc_loader.py``, 0.5.17 and 0.5.23). ``what`` names where the setting came from (the flag,
-    ``DASC_DUMMY_DECAY_OK`` or the ``Engine`` keyword). Checked at launch (``startup_checks.check_launch``, the
-    options as given) and again when the weights are loaded (:func:`check_fingerprint`, the format SGLang used)."""
+    ``dummy`` (None or unset reads as SGLang's ``auto``), and SGLang's IPC weight cache on. The cache is on when
+    ``weight_cache_mode`` is given and is not exactly ``off`` (SGLang compares it so) or when the format is
+    ``ipc_cache``, which no ``--load-format`` accepts: SGLang switches the loader to it when the cache is on
+    (``model_executor/model_runner_components/load_model_utils.py``, ``maybe_enable_ipc_weight_cache``), and the IPC
+    loader serves a daemon's weights, real ones when it holds them, falling back to the given format only in
+    ``client`` mode (``weight_cache/ipc_loader.py``; 0.5.17 and 0.5.23). Both refusals are joined with "; " when both
+    apply. ``what`` names where the setting came from (the flag, ``DASC_DUMMY_DECAY_OK`` or the ``Engine`` keyword).
+    Checked at launch (``startup_checks.check_launch``, the options as given) and again when the weights are loaded
+    (:func:`check_fingerprint`, the format and mode SGLang's loader used)."""
     if not dummy_decay_ok:
         return None
     fmt = str(getattr(load_format, "value", load_format) or "").strip().lower()
-    cache = str(weight_cache_mode or "off").strip().lower()
-    if cache != "off":
-        return (f"{what} needs SGLang's dummy loader, and --weight-cache-mode {cache} loads the weights through "
-                f"SGLang's IPC weight cache, which may hold real ones: drop --weight-cache-mode or {what}")
-    if fmt != "dummy":
-        return (f"{what} needs --load-format dummy (got {fmt or 'auto'!r}): real weights must match the plan's decay "
-                f"fingerprint")
-    return None
+    mode_on = weight_cache_mode is not None and weight_cache_mode != "off"
+    parts = []
+    if fmt not in ("dummy", "ipc_cache"):
+        parts.append(f"{what} needs --load-format dummy (got {fmt or 'auto'!r}): real weights must match the plan's "
+                     f"decay fingerprint")
+    if mode_on or fmt == "ipc_cache":
+        shown = str(weight_cache_mode)
+        shown = shown if shown and shown.split() == [shown] else repr(shown)      # as given; quoted when blank
+        cache = f"--weight-cache-mode {shown}" if mode_on else "SGLang's weight cache (load format ipc_cache)"
+        parts.append(f"{what} needs SGLang's dummy loader, and {cache} loads the weights through SGLang's IPC weight "
+                     f"cache, which may hold real ones: drop --weight-cache-mode or {what}")
+    return "; ".join(parts) or None
 
 
 def check_fingerprint(plan: Plan, served: Sequence[tuple[str, torch.Tensor]], *, dummy_decay_ok: bool = False,

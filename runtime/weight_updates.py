@@ -89,8 +89,13 @@ def check_served_weights(runner, plan, settings, *, load_format=None) -> dict:
     sa = getattr(runner, "server_args", None)
     fmt = load_format or getattr(getattr(runner, "load_config", None), "load_format", None) \
         or getattr(sa, "load_format", "")
+    mode = getattr(getattr(runner, "load_config", None), "weight_cache_mode", None)   # what the loader received
+    if mode is None and sa is not None:
+        from dasc_runtime.sglang_api import api
+
+        mode = api().server_option(sa, "weight_cache_mode")
     hit = check_fingerprint(plan, served, dummy_decay_ok=settings.dummy_decay_ok, load_format=fmt,
-                            weight_cache_mode=getattr(sa, "weight_cache_mode", None))
+                            weight_cache_mode=mode)
     hit["tensors"] = len(served)
     return hit
 

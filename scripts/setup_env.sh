@@ -25,6 +25,8 @@ case "${1:-}" in -*) usage " (VENV_DIR comes first: bash scripts/setup_env.sh .v
 [ $# -le 2 ] || usage " (got $# arguments)"
 VENV=${1:-$ROOT/.venv}
 FLAVOUR=${2:-lowest}
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "error: $(python3 -V 2>&1): dasc needs Python >= 3.11 (pyproject's requires-python)" >&2; exit 2; }
 # --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
 TRANSFORMERS_LOWEST="transformers==5.12.1"
 # --- transformers of the newest environment ---------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -20,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _floors_of_pyproject() -> dict[str, str]:
     """Each runtime dependency's name -> the version of its ``>=`` bound ("" when it has none)."""
-    tomllib = pytest.importorskip("tomllib")     # Python >= 3.11's standard library
+    import tomllib                               # Python >= 3.11's standard library (pyproject's floor)
+
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     out = {}
     for line in deps:

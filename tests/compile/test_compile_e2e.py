@@ -184,7 +184,7 @@ def test_out_dir_holding_other_files_is_refused_and_kept(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--wmax", "abc"], "option '--wmax': 'abc' is not a whole number"),
     (["--wmax", "16", "--bogus"], "No such option: --bogus"),
-    (["--wmax", "16", "--eps2", "0.1"], "No such option: --eps2; did you mean --eps, "),   # the closest first
+    (["--wmax", "16", "--tps", "1"], "No such option: --tps; did you mean --tp, --eps or --out?"),   # closest first
     (["--wmax", "16", "--wmaxx", "4"], "No such option: --wmaxx; did you mean --wmax? (see 'dasc compile --help')"),
     (["--wmax", "99999999999999999999"], "policy field 'w_max'"),
     (["--wmax", "16", "--a-s", "nan"], "--a-s nan: Input should be a finite number (policy field 'a_s')"),

@@ -82,16 +82,17 @@ def test_every_server_option_dasc_reads_exists_in_this_release():
 
     from sglang.srt.server_args import ServerArgs
 
-    from dasc_runtime import serving_rules, wr_scratch
+    from dasc_runtime import serving_rules, startup_checks, weight_updates, wr_scratch
     from dasc_runtime.sglang_api import api
     from tests.support.sglang_steps import steps
 
     rules = inspect.getsource(serving_rules)        # the start-up checks read options through these rules
     read = set(re.findall(r'\bg\("([a-z_]+)"', rules)) | set(re.findall(r'_option\("[a-z_]+", "([a-z_]+)"', rules))
     read |= set(re.findall(r'(?:option|server_option)\((?:sa|server_args)?,?\s*"([a-z_]+)"',
-                           inspect.getsource(wr_scratch) + inspect.getsource(api())))
+                           inspect.getsource(wr_scratch) + inspect.getsource(weight_updates) + inspect.getsource(api())))
+    read |= set(re.findall(r'getattr\(options, "([a-z_]+)"', inspect.getsource(startup_checks)))
     assert {"disable_radix_cache", "enable_hierarchical_cache", "enable_mixed_chunk", "chunked_prefill_size",
-            "page_size", "enable_dp_attention"} <= read
+            "page_size", "enable_dp_attention", "load_format", "weight_cache_mode"} <= read
     sa = ServerArgs(model_path="dummy")
     missing = sorted(n for n in read - steps().ABSENT_OPTIONS if not hasattr(sa, n))
     assert not missing, f"server options dasc reads that this SGLang does not have: {missing}"

@@ -96,7 +96,7 @@ def test_dummy_decay_ok_only_with_dummy_weights(tmp_path, caplog):
     assert hit == {"sha256": decay_sha256(served), "stand_in": True}
     assert hit["sha256"] != plan.fingerprint.decay_sha256
     assert "accepted (--dasc-dummy-decay-ok" in caplog.text
-    for fmt in ("auto", "safetensors", "", "ipc_cache", "LoadFormat.DUMMY", "dummy-ish"):
+    for fmt in ("auto", "safetensors", "", "LoadFormat.DUMMY", "dummy-ish"):
         with pytest.raises(DascRefusal, match="--dasc-dummy-decay-ok needs --load-format dummy"):
             check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)
     # SGLang's LoadFormat enum (ModelRunner.load_config.load_format) and its case-insensitive parse
@@ -104,19 +104,30 @@ def test_dummy_decay_ok_only_with_dummy_weights(tmp_path, caplog):
 
     for fmt in (LoadFormat.DUMMY, "DUMMY", " Dummy "):
         assert check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)["stand_in"] is True
-    for fmt in (LoadFormat.AUTO, LoadFormat.SAFETENSORS, LoadFormat.IPC_CACHE):
+    for fmt in (LoadFormat.AUTO, LoadFormat.SAFETENSORS):
         with pytest.raises(DascRefusal, match=f"got '{fmt.value}'"):
             check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt)
-    # SGLang's IPC weight cache on: the weights may be a daemon's real ones, whatever the load format (the loader
-    # then reports ipc_cache); off or unset changes nothing; without the flag the cache is not dasc's concern
+    # SGLang's IPC weight cache on (any mode but exactly "off", as SGLang compares it; or the loader's ipc_cache
+    # format, which no --load-format accepts): the weights may be a daemon's real ones; without the flag the cache is
+    # not dasc's concern
     for fmt in ("dummy", LoadFormat.IPC_CACHE):
-        for mode in ("client", "daemon", " Daemon "):
-            with pytest.raises(DascRefusal, match=f"--weight-cache-mode {mode.strip().lower()} loads the weights "
-                                                  "through SGLang's IPC weight cache"):
+        for mode, shown in (("client", "client"), ("daemon", "daemon"), ("OFF", "OFF"), ("", "''"), (" off", "' off'")):
+            with pytest.raises(DascRefusal) as err:
                 check_fingerprint(plan, served, dummy_decay_ok=True, load_format=fmt, weight_cache_mode=mode)
-    for mode in ("off", None, ""):
+            assert str(err.value) == (f"dasc: refusing to start: --dasc-dummy-decay-ok needs SGLang's dummy loader, and "
+                                      f"--weight-cache-mode {shown} loads the weights through SGLang's IPC weight "
+                                      f"cache, which may hold real ones: drop --weight-cache-mode or "
+                                      f"--dasc-dummy-decay-ok")
+    with pytest.raises(DascRefusal, match=r"and SGLang's weight cache \(load format ipc_cache\) loads the weights"):
+        check_fingerprint(plan, served, dummy_decay_ok=True, load_format=LoadFormat.IPC_CACHE)
+    for mode in ("off", None):
         assert check_fingerprint(plan, served, dummy_decay_ok=True, load_format="dummy",
                                  weight_cache_mode=mode)["stand_in"] is True
+    # both wrong: both named, the load format first (dropping the cache alone would meet the next refusal)
+    with pytest.raises(DascRefusal) as err:
+        check_fingerprint(plan, served, dummy_decay_ok=True, load_format="auto", weight_cache_mode="client")
+    assert str(err.value).count("--dasc-dummy-decay-ok needs") == 2
+    assert str(err.value).index("got 'auto'") < str(err.value).index("--weight-cache-mode client")
     with pytest.raises(DascRefusal, match="differ from the ones the plan was compiled from"):
         check_fingerprint(plan, served, load_format=LoadFormat.IPC_CACHE, weight_cache_mode="client")
     # matching weights stay a plain match under the flag
@@ -139,12 +150,17 @@ def test_served_weights_read_the_weight_cache_from_the_server(tmp_path):
     model = _GdnModel([(n, torch.full_like(t, 1e-3)) for n, t in gdn_decay_tensors()])
     ok = SimpleNamespace(dummy_decay_ok=True)
 
-    def runner(fmt, mode):
-        return SimpleNamespace(model=model, load_config=SimpleNamespace(load_format=fmt),
+    def runner(fmt, mode, loader_mode=None):
+        load_config = SimpleNamespace(load_format=fmt, **({} if loader_mode is None else
+                                                          {"weight_cache_mode": loader_mode}))
+        return SimpleNamespace(model=model, load_config=load_config,
                                server_args=SimpleNamespace(load_format="dummy", weight_cache_mode=mode))
 
+    # the server's option when the loader's config does not say; the loader's own mode first when it does
     with pytest.raises(DascRefusal, match="--weight-cache-mode client loads the weights through SGLang's IPC"):
         check_served_weights(runner(LoadFormat.IPC_CACHE, "client"), plan, ok)
+    with pytest.raises(DascRefusal, match="--weight-cache-mode daemon loads the weights through SGLang's IPC"):
+        check_served_weights(runner(LoadFormat.IPC_CACHE, "client", loader_mode="daemon"), plan, ok)
     hit = check_served_weights(runner(LoadFormat.DUMMY, "off"), plan, ok)
     assert hit["stand_in"] is True and hit["tensors"] == len(plan.fingerprint.decay_tensors)
 
