@@ -910,7 +910,7 @@ def test_two_arms_of_a_seed_see_the_same_arrivals_and_pauses(fake_server, tmp_pa
     long they think; before session 14 one generator fed both, drawn in the order threads finished."""
     real = cr.generate
     starts = {}
-    for delay in (0.0, 0.04):
+    for delay in (0.0, 0.25):       # the slow arm's delay well above scheduling jitter on a loaded 2-core machine
         monkeypatch.setattr(cr, "generate", lambda *a, _d=delay, **k: (real(*a, **k), time.sleep(_d))[0])
         out = tmp_path / f"d{delay}.json.gz"
         assert cr.main(["--trace", str(TRACE), "--url", f"http://127.0.0.1:{fake_server}", "--arm", "x", "--seed", "1",
@@ -920,7 +920,7 @@ def test_two_arms_of_a_seed_see_the_same_arrivals_and_pauses(fake_server, tmp_pa
         starts[delay] = {r["conv"]: r["start_s"] for r in recs if r["turn"] == 0}
         order = [r["conv"] for r in sorted(recs, key=lambda r: r["start_s"]) if r["turn"] == 0]
         assert [round(starts[delay][c], 1) for c in order] == [round(x, 1) for x in cr.arrival_offsets(4, 8, 1)]
-    assert all(abs(starts[0.0][c] - starts[0.04][c]) < 0.03 for c in starts[0.0])
+    assert all(abs(starts[0.0][c] - starts[0.25][c]) < 0.1 for c in starts[0.0])   # a shift by one reply: >= 0.25 s
 
 
 def test_client_refuses_bad_input_with_one_line(tmp_path, capsys):
