@@ -919,7 +919,10 @@ def test_two_arms_of_a_seed_see_the_same_arrivals_and_pauses(fake_server, tmp_pa
         recs = cr.read_json(out)["records"]
         starts[delay] = {r["conv"]: r["start_s"] for r in recs if r["turn"] == 0}
         order = [r["conv"] for r in sorted(recs, key=lambda r: r["start_s"]) if r["turn"] == 0]
-        assert [round(starts[delay][c], 1) for c in order] == [round(x, 1) for x in cr.arrival_offsets(4, 8, 1)]
+        # each start at its Poisson offset, within scheduling jitter (a start 50 ms late was seen in CI with two
+        # suites sharing 2 cores; rounding to 0.1 s flipped on it)
+        offsets = cr.arrival_offsets(4, 8, 1)
+        assert all(abs(starts[delay][c] - t) < 0.1 for c, t in zip(order, offsets)), (starts[delay], offsets)
     assert all(abs(starts[0.0][c] - starts[0.25][c]) < 0.1 for c in starts[0.0])   # a shift by one reply: >= 0.25 s
 
 
