@@ -48,7 +48,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 @app.command("compile")
 def compile_cmd(
-    model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or a model.safetensors.index.json.", parser=path_text),
     wmax: Optional[int] = typer.Option(None, "--wmax", help="Retention-horizon cutoff W_max in tokens (units with H_s > W_max are kept); required unless the policy file sets w_max."),
     policy: Optional[Path] = typer.Option(None, "--policy", metavar="FILE", help="YAML policy file; flags override its fields.", parser=path_text),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree P the plan is compiled for."),
@@ -68,6 +68,7 @@ def compile_cmd(
                                                        "as one JSON document (keys: docs/cli.md)."),
 ) -> None:
     """Compile a dasc plan from a checkpoint's decay tensors."""
+    model = model_path          # typer shows an argument whose metavar equals its name by its parser's name
     from dasc_compile.artifact import recover_out
     from dasc_compile.compiler import compile_plan, default_out_dir
     from dasc_compile.plan_checks import plan_warnings

@@ -62,7 +62,7 @@ def _int8_settings(text: Optional[str], default: bool) -> tuple[bool, ...]:
 
 
 def sweep_cmd(
-    model: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or an index.", parser=path_text),
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="A .safetensors file, a directory (config.json + shards) or an index.", parser=path_text),
     wmax: Optional[str] = typer.Option(None, "--wmax", show_default=False,
                                        help="w_max values in tokens, comma-separated, e.g. 4,16,64,128,512 (required)."),
     tp: Optional[str] = typer.Option(None, "--tp", help="TP degrees, comma-separated (default: the policy's, 1)."),
@@ -98,6 +98,7 @@ def sweep_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="PNG: C_ckpt, capacity and quality against w_max.", parser=path_text),
 ) -> None:
     """Choose w_max: compile the plans of a w_max x TP x INT8 grid in memory and compare them."""
+    model = model_path          # typer shows an argument whose metavar equals its name by its parser's name
     from dasc_compile import sweep as sw
     from dasc_compile.atomic import check_new_dir
     from dasc_compile.checkpoint import require_model_path

@@ -199,6 +199,14 @@ def test_root_help_names_every_command():
     assert all(f" {name} " in " ".join(r.out.split()) for name in commands)
 
 
+@pytest.mark.parametrize("command", ["compile", "sweep", "inspect", "size"])
+def test_help_names_path_arguments_by_their_metavar(command):
+    # typer showed `dasc compile --help`'s argument as "model PATH_TEXT" (the parser's name: it replaces a metavar
+    # equal to the argument's own name)
+    r = dasc(command, "--help")
+    assert r.code == 0 and "PATH_TEXT" not in r.out.upper(), r.out
+
+
 def test_reference_help_names_every_reference():
     # the help listed 7 of the 10 names 'dasc reference' writes (not the three Mamba2 references)
     import inspect
