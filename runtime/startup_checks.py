@@ -22,8 +22,7 @@ hooks), before SGLang builds its ``ServerArgs`` and before any weights load, :fu
 * every rule of :func:`dasc_runtime.serving_rules.serving_refusals` that the options as given and the plan decide
   (all but the served context length's), ``--dasc-dummy-decay-ok`` with a load format other than ``dummy`` or with
   SGLang's ``--weight-cache-mode`` on (``verify.dummy_decay_refusal``; both were refused only once the weights had
-  loaded), and a ``--dasc-pool-bytes``
-  that holds no slot of the plan;
+  loaded), and a ``--dasc-pool-bytes`` that holds no slot of the plan;
 * :func:`check_gpu_visible`: last, once the plan and the options pass, that this machine has a CUDA GPU, so that a
   valid plan launched on a CPU machine stops in one line rather than in SGLang's device detection, after the
   launcher, with a traceback ("No accelerator ... is available").

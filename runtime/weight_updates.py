@@ -87,9 +87,9 @@ def check_served_weights(runner, plan, settings, *, load_format=None) -> dict:
 
     served = served_decay_tensors(runner.model, fingerprint_names(plan.fingerprint), _attn_tp_gather())
     sa = getattr(runner, "server_args", None)
-    fmt = load_format or getattr(getattr(runner, "load_config", None), "load_format", None) \
-        or getattr(sa, "load_format", "")
-    mode = getattr(getattr(runner, "load_config", None), "weight_cache_mode", None)   # what the loader received
+    load_config = getattr(runner, "load_config", None)          # what the loader received
+    fmt = load_format or getattr(load_config, "load_format", None) or getattr(sa, "load_format", "")
+    mode = getattr(load_config, "weight_cache_mode", None)
     if mode is None and sa is not None:
         from dasc_runtime.sglang_api import api
 
