@@ -7,6 +7,9 @@
 #   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, torch 2.14.1, the newest transformers
 #                                                     and the newest release of every other dependency
 #
+# The environment's Python is `python3` on PATH, or the interpreter named by PYTHON (e.g. PYTHON=python3.13): CI
+# builds the lowest environment on Python 3.11 and the newest on 3.13, the two ends of pyproject's requires-python.
+#
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
 # README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs the
 # version-sensitive tests there, and the tests of dasc's other dependencies at their newest releases.
@@ -25,8 +28,10 @@ case "${1:-}" in -*) usage " (VENV_DIR comes first: bash scripts/setup_env.sh .v
 [ $# -le 2 ] || usage " (got $# arguments)"
 VENV=${1:-$ROOT/.venv}
 FLAVOUR=${2:-lowest}
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-  || { echo "error: $(python3 -V 2>&1): dasc needs Python >= 3.11 (pyproject's requires-python)" >&2; exit 2; }
+PYTHON=${PYTHON:-python3}
+command -v "$PYTHON" > /dev/null || { echo "error: PYTHON=$PYTHON: no such interpreter on PATH" >&2; exit 2; }
+"$PYTHON" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' \
+  || { echo "error: $("$PYTHON" -V 2>&1): dasc needs Python >= 3.11, < 3.14 (pyproject's requires-python)" >&2; exit 2; }
 # --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
 TRANSFORMERS_LOWEST="transformers==5.12.1"
 # --- transformers of the newest environment ---------------------------------------------------------------
@@ -44,8 +49,8 @@ case "$FLAVOUR" in
             # the floors of numpy, matplotlib and PyYAML ship no wheels past Python 3.11: on a newer Python the
             # environment takes the newest releases of dasc's other dependencies and says so (torch stays at its
             # floor, which has wheels there; CI tests the floors on Python 3.11)
-            if ! python3 -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
-              echo "note: $(python3 -V): dasc's dependency floors (scripts/floors.txt) have no wheels for it;" \
+            if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
+              echo "note: $("$PYTHON" -V): dasc's dependency floors (scripts/floors.txt) have no wheels for it;" \
                    "this environment gets their newest releases, torch's floor aside (CI tests the floors on Python 3.11)" >&2
               PINS=()
             fi ;;
@@ -54,10 +59,18 @@ case "$FLAVOUR" in
             PINS=() ;;
   *)        usage " (got '$FLAVOUR')" ;;
 esac
+# an environment of another Python release than $PYTHON's is rebuilt from empty, as one an older version of this
+# script built (its marker has another version), so no wheel of the torch it held (its CUDA libraries: GBs) stays
+WANT=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+HAVE=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+CLEAR=()
+if [ -n "$HAVE" ] && [ "$HAVE" != "$WANT" ]; then
+  echo "note: $VENV holds Python $HAVE, not $WANT ($PYTHON): rebuilding it" >&2
+  rm -f "$MARK"; CLEAR=(--clear)
+fi
 if [ ! -f "$MARK" ]; then
-  # an environment an older version of this script built (its marker has another version) is rebuilt from empty,
-  # so no wheel of the torch it held (its CUDA libraries: GBs) stays beside the new one
-  if compgen -G "$VENV/.dasc-env-*" > /dev/null; then python3 -m venv --clear "$VENV"; else python3 -m venv "$VENV"; fi
+  if compgen -G "$VENV/.dasc-env-*" > /dev/null; then CLEAR=(--clear); fi
+  "$PYTHON" -m venv ${CLEAR[@]+"${CLEAR[@]}"} "$VENV"
   P="$VENV/bin/python -m pip"
   # shellcheck disable=SC2086
   $P install -q $TORCH
