@@ -39,11 +39,11 @@ Measured (H200, protocol A, chat clients that send the served reply back;
 a server's first timed run), 0 of 504 later turns lost against 18 of 360 (nr) and 29 of 144 (wr). At 16k on an
 H100 (``benchmarks/notes/2026-12-07-h100-s53-16k-shadowfirst-seeds.md``): 0.839x the plain LRU's mean TTFT
 (SD 0.058, n = 6 seeds, all below 1) and 0.835x SGLang's INT8 pool, 0 of 432 later turns lost against 56.
-At 8k with 32 clients (``benchmarks/notes/2026-12-08-h100-s59-8k-lru-twin.md``, n = 5): the plain LRU ran
-1.401x the rule's mean TTFT and 0.996x SGLang's INT8 pool, losing 421 of 480 later turns against none.
 That met the rule fixed before those seeds, so it is the default; App. B.2 keeps one recency order ("rather
-than define a second eviction policy"), which ``DASC_EVICT_SHADOWED_FIRST=0`` restores. The fork test came
-with the default: without it a checkpoint inside a prefix many conversations share, the one a new
+than define a second eviction policy"), which ``DASC_EVICT_SHADOWED_FIRST=0`` restores. Measured since, at 8k with
+32 clients on an H100 (``benchmarks/notes/2026-12-08-h100-s59-8k-lru-twin.md``, n = 5): the plain LRU ran 1.401x
+the default's mean TTFT and 0.996x SGLang's INT8 pool, losing 421 of 480 later turns against none.
+The fork test came with the default: without it a checkpoint inside a prefix many conversations share, the one a new
 conversation restores, would be the first to go once any of them cached a later one. ``DASC_EVICT_FORK_TEST=0``
 (:func:`evict_fork_test`, a control) runs the rule without the test. With an 11.6k-token system prompt every
 conversation shares (16k contexts, one H100, five seeds, each seed's three arms in one call,
