@@ -1,4 +1,5 @@
-"""pyproject's dependency floors and scripts/floors.txt, the pins the lowest environment installs, say the same.
+"""pyproject's dependency floors and scripts/floors.txt, the pins the lowest environment installs, say the same;
+so do pyproject's Python range, the one scripts/setup_env.sh checks and the releases .ci/run builds on.
 
 Dependencies are ranges tested at both ends: scripts/setup_env.sh installs scripts/floors.txt into the lowest
 environment (README's test command runs the whole suite there) and the newest releases into the newest one. A
@@ -51,3 +52,30 @@ def test_every_floor_is_pinned_in_floors_txt_and_nothing_else():
               if floors.get(name) != pins.get(name)}
     assert not differ, ("scripts/floors.txt and pyproject's floors differ (name: (pyproject, floors.txt)): "
                         f"{differ}; raise or lower a floor in both files")
+
+
+def _python_range() -> tuple[tuple[int, int], tuple[int, int]]:
+    """pyproject's ``requires-python`` as ``((3, lowest minor), (3, first minor not admitted))``."""
+    import tomllib
+
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    bounds = {s.operator: tuple(int(x) for x in s.version.split(".")) for s in Requirement(f"python{spec}").specifier}
+    assert set(bounds) == {">=", "<"}, f"requires-python {spec!r}: expected '>=3.A,<3.B'"
+    return bounds[">="], bounds["<"]
+
+
+def test_python_range_is_the_one_setup_env_checks_and_ci_tests_at_both_ends():
+    """Python is a range tested at both ends, as the other dependencies: scripts/setup_env.sh refuses an interpreter
+    outside pyproject's requires-python, CI (.ci/run) builds the lowest environment on python3 (3.11 on its
+    machine) and the newest on the highest admitted release. A bound moved in one file and not the others would
+    admit an untested release or test one not admitted."""
+    (lo_major, lo_minor), (hi_major, hi_minor) = _python_range()
+    setup = (ROOT / "scripts" / "setup_env.sh").read_text()
+    check = f"({lo_major}, {lo_minor}) <= sys.version_info[:2] < ({hi_major}, {hi_minor})"
+    assert check in setup, f"scripts/setup_env.sh does not check {check!r} (pyproject's requires-python)"
+    assert f"Python >= {lo_major}.{lo_minor}, < {hi_major}.{hi_minor}" in setup, "setup_env.sh's refusal names " \
+        "another range than pyproject's requires-python"
+    newest = f"python{hi_major}.{hi_minor - 1}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"command -v {newest} " in ci and f"/bin/{newest}" in ci, \
+        f".ci/run does not build the newest environment on {newest}, the highest release requires-python admits"
