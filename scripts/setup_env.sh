@@ -29,7 +29,8 @@ case "${1:-}" in -*) usage " (VENV_DIR comes first: bash scripts/setup_env.sh .v
 VENV=${1:-$ROOT/.venv}
 FLAVOUR=${2:-lowest}
 PYTHON=${PYTHON:-python3}
-command -v "$PYTHON" > /dev/null || { echo "error: PYTHON=$PYTHON: no such interpreter on PATH" >&2; exit 2; }
+"$PYTHON" -c pass > /dev/null 2>&1 || { echo "error: PYTHON=$PYTHON does not run here (not on PATH, or a pyenv shim of" \
+  "a release pyenv does not select); name an interpreter that runs, e.g. PYTHON=/path/to/python3.13" >&2; exit 2; }
 "$PYTHON" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' \
   || { echo "error: $("$PYTHON" -V 2>&1): dasc needs Python >= 3.11, < 3.14 (pyproject's requires-python)" >&2; exit 2; }
 # --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
