@@ -7,8 +7,9 @@
 #   bash scripts/setup_env.sh VENV_DIR --newest       newest: SGLang 0.5.23, torch 2.14.1, the newest transformers
 #                                                     and the newest release of every other dependency
 #
-# The environment's Python is `python3` on PATH, or the interpreter named by PYTHON (e.g. PYTHON=python3.13): CI
-# builds the lowest environment on Python 3.11 and the newest on 3.13, the two ends of pyproject's requires-python.
+# The environment's Python is `python3` on PATH, or the interpreter named by PYTHON (e.g.
+# PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13): CI builds the lowest environment on python3 (3.11 on its
+# machine) and the newest on Python 3.13 where one runs there, the two ends of pyproject's requires-python.
 #
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
 # README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs the
@@ -29,10 +30,15 @@ case "${1:-}" in -*) usage " (VENV_DIR comes first: bash scripts/setup_env.sh .v
 VENV=${1:-$ROOT/.venv}
 FLAVOUR=${2:-lowest}
 PYTHON=${PYTHON:-python3}
-"$PYTHON" -c pass > /dev/null 2>&1 || { echo "error: PYTHON=$PYTHON does not run here (not on PATH, or a pyenv shim of" \
-  "a release pyenv does not select); name an interpreter that runs, e.g. PYTHON=/path/to/python3.13" >&2; exit 2; }
+WANT=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2> /dev/null) || WANT=""
+case "$WANT" in
+  [0-9]*.[0-9]*) ;;
+  *) echo "error: PYTHON=$PYTHON does not run here as a Python (not on PATH, or a pyenv shim of a release pyenv does" \
+       "not select); name an interpreter that runs, e.g. PYTHON=/path/to/python3.13" >&2; exit 2 ;;
+esac
 "$PYTHON" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' \
-  || { echo "error: $("$PYTHON" -V 2>&1): dasc needs Python >= 3.11, < 3.14 (pyproject's requires-python)" >&2; exit 2; }
+  || { echo "error: Python $WANT ($PYTHON): dasc needs Python >= 3.11, < 3.14 (pyproject's requires-python); name one" \
+       "with PYTHON=/path/to/python3.X" >&2; exit 2; }
 # --- transformers pin of the lowest environment (dasc eval's lowest supported release) -----------------
 TRANSFORMERS_LOWEST="transformers==5.12.1"
 # --- transformers of the newest environment ---------------------------------------------------------------
@@ -62,7 +68,6 @@ case "$FLAVOUR" in
 esac
 # an environment of another Python release than $PYTHON's is rebuilt from empty, as one an older version of this
 # script built (its marker has another version), so no wheel of the torch it held (its CUDA libraries: GBs) stays
-WANT=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 HAVE=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
 CLEAR=()
 if [ -n "$HAVE" ] && [ "$HAVE" != "$WANT" ]; then
@@ -85,6 +90,6 @@ fi
 # the floors again, so a floor raised in scripts/floors.txt reaches an existing lowest environment too
 "$VENV/bin/python" -m pip install -q -c <(echo "${TORCH%% *}") ${PINS[@]+"${PINS[@]}"} -e "$ROOT[test,eval]"
 # pip prints its resolver's ERROR block while it builds the environment, not on a later run over a built one
-[ -z "${BUILT:-}" ] || echo "note: a pip dependency-resolver ERROR block above is expected (SGLang is installed" \
+[ -z "${BUILT:-}" ] || echo "note: pip's dependency-resolver ERROR block(s) above are expected (SGLang is installed" \
      "without its serving dependencies; README, Quick start): this script's exit status is what counts" >&2
 echo "environment ready: $VENV ($FLAVOUR)"
