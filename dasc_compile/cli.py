@@ -264,9 +264,11 @@ def run(argv: list[str] | None = None) -> int:
         except cx.UsageError as exc:
             msg = exc.format_message()
             if isinstance(exc, cx.NoSuchOption) and exc.possibilities:   # click: "...: --x Did you mean --y?"
-                near = list(exc.possibilities)            # difflib's order: the closest first
-                names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
-                msg = f"{exc.message.rstrip('.')}; did you mean {names}?"   # click 8.5 ends it with a stop
+                # difflib's order, the closest first; --help only for a name that starts like it (click offered
+                # it for `dasc size --tp 2`, an option of another command)
+                near = [p for p in exc.possibilities if p != "--help" or exc.option_name.startswith("--h")]
+                names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}" if near else ""
+                msg = exc.message.rstrip(".") + (f"; did you mean {names}?" if near else "")   # click 8.5: a stop
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
             no_args = isinstance(exc, cx.NoArgsIsHelpError)    # a bare `dasc`

@@ -505,3 +505,16 @@ def test_a_missing_model_is_named_before_a_missing_wmax(tmp_path, command):
 def test_every_usage_error_points_at_the_help_that_answers_it(tmp_path, args, message, hint):
     # click gives an option's parse errors no context: the hint was missing from them and from the root's errors
     assert_one_error(dasc(*args, cwd=tmp_path), f"{message} {hint}")
+
+
+@pytest.mark.parametrize("args, said, not_said", [
+    # `dasc size` has no --tp (a plan fixes its TP size): click offered only --help, which no one meant
+    (["size", "{plan}", "--tp", "2"], "error: No such option: --tp (see 'dasc size --help')", "did you mean"),
+    (["size", "{plan}", "--hlep"], "; did you mean --help?", None),
+])
+def test_a_mistyped_option_is_offered_help_only_when_it_looks_like_help(tmp_path, gdn, args, said, not_said):
+    plan = tmp_path / "plan"
+    assert dasc("compile", gdn, "--wmax", "16", "--out", plan).code == 0
+    r = dasc(*[str(a).format(plan=plan) for a in args])
+    line = assert_one_error(r, said)
+    assert not_said is None or not_said not in line
