@@ -203,6 +203,7 @@ def _say(line: str) -> None:
 #: True while :func:`run_guarded` runs; a re-delivery (:func:`_deliver_later`) after it is dropped.
 _active = False
 _redelivery: threading.Timer | None = None
+_redelivery_due = False          # a timer is set and has not yet sent its signal
 _REDELIVERY_S = 0.05
 #: True once :func:`_raise_interrupted` has raised in this :func:`run_guarded`; later signals are dropped.
 _interrupting = False
@@ -223,15 +224,23 @@ def _importing(frame) -> bool:
 
 
 def _deliver_later(signum: int) -> None:
-    """Send ``signum`` to this process again in ``_REDELIVERY_S`` seconds (one timer at a time)."""
-    global _redelivery
-    if _redelivery is not None and _redelivery.is_alive():
+    """Send ``signum`` to this process again in ``_REDELIVERY_S`` seconds (one delivery due at a time).
+
+    A delivery is due from here until its timer sends the signal, not until the timer's thread ends: the handler
+    that receives the signal may run while that thread is still alive, and if it lands in an import again it must
+    be able to send it once more (asking whether the thread was alive lost the Ctrl-C on a loaded machine).
+    """
+    global _redelivery, _redelivery_due
+    if _redelivery is not None and _redelivery_due:
         return
 
     def again():
+        global _redelivery_due
+        _redelivery_due = False
         if _active:
             os.kill(os.getpid(), signum)
 
+    _redelivery_due = True
     _redelivery = threading.Timer(_REDELIVERY_S, again)
     _redelivery.daemon = True
     _redelivery.start()

@@ -382,6 +382,28 @@ def test_signal_after_reference_is_written_says_the_output_is_complete(tmp_path,
     assert "written" not in line and not (tmp_path / "ref2").exists()
 
 
+def test_a_redelivered_signal_that_lands_in_an_import_again_is_sent_again(monkeypatch):
+    """The handler of a redelivered signal can run while the timer thread that sent it is still alive; when it
+    finds the import still running it must set another delivery. Asking whether the thread was alive lost the
+    Ctrl-C (a CI rehearsal on a loaded machine: the command ran to its end with status 0)."""
+    import dasc_compile.cli_exit as cx
+
+    sent = []
+
+    def kill(pid, sig):           # in the timer's thread: the handler lands in an import again before it ends
+        sent.append(sig)
+        if len(sent) == 1:
+            cx._deliver_later(sig)
+
+    monkeypatch.setattr(cx.os, "kill", kill)
+    monkeypatch.setattr(cx, "_active", True)
+    cx._deliver_later(signal.SIGINT)
+    deadline = time.monotonic() + 2
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent == [signal.SIGINT, signal.SIGINT]
+
+
 def test_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monkeypatch):
     """A signal inside an import is delivered after it: raising it there could cross torch's
     pybind11 set-up, which aborts the process (status -6, CI on 2026-12-01)."""
