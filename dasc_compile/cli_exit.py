@@ -203,7 +203,10 @@ def _say(line: str) -> None:
 #: True while :func:`run_guarded` runs; a re-delivery (:func:`_deliver_later`) after it is dropped.
 _active = False
 _redelivery: threading.Timer | None = None
-_redelivery_due = False          # a timer is set and has not yet sent its signal
+#: The signal a timer of :func:`_deliver_later` is due to send again (None: none due); a SIGTERM replaces a SIGINT.
+_due_signum: int | None = None
+#: Counts :func:`run_guarded` calls: a timer set in an earlier call sends nothing.
+_run = 0
 _REDELIVERY_S = 0.05
 #: True once :func:`_raise_interrupted` has raised in this :func:`run_guarded`; later signals are dropped.
 _interrupting = False
@@ -228,22 +231,34 @@ def _deliver_later(signum: int) -> None:
 
     A delivery is due from here until its timer sends the signal, not until the timer's thread ends: the handler
     that receives the signal may run while that thread is still alive, and if it lands in an import again it must
-    be able to send it once more (asking whether the thread was alive lost the Ctrl-C on a loaded machine).
+    be able to send it once more (asking whether the thread was alive lost the Ctrl-C on a loaded machine). A
+    SIGTERM that comes while a SIGINT is due replaces it. The timer sends nothing once its :func:`run_guarded`
+    call has ended (that call reports a delivery still due, and cancels the timer).
     """
-    global _redelivery, _redelivery_due
-    if _redelivery is not None and _redelivery_due:
+    global _redelivery, _due_signum
+    if _due_signum is not None:
+        if signum == signal.SIGTERM:
+            _due_signum = signum
         return
+    run = _run
 
     def again():
-        global _redelivery_due
-        _redelivery_due = False
-        if _active:
-            os.kill(os.getpid(), signum)
+        global _due_signum
+        if _run != run:
+            return
+        sig, _due_signum = _due_signum, None
+        if _active and sig is not None:
+            os.kill(os.getpid(), sig)
 
-    _redelivery_due = True
-    _redelivery = threading.Timer(_REDELIVERY_S, again)
-    _redelivery.daemon = True
-    _redelivery.start()
+    timer = threading.Timer(_REDELIVERY_S, again)
+    timer.daemon = True
+    _due_signum = signum
+    try:
+        timer.start()
+    except BaseException:
+        _due_signum = None
+        raise
+    _redelivery = timer
 
 
 def _raise_interrupted(signum, frame):
@@ -355,7 +370,9 @@ def run_guarded(body: Callable[[], int]) -> int:
     guard = StdoutGuard(sys.stdout)
     saved_stdout = sys.stdout
     sys.stdout = guard
-    global _active, _interrupting, _saved_unraisablehook
+    global _active, _interrupting, _saved_unraisablehook, _run, _due_signum
+    _run += 1
+    _due_signum = None
     _interrupting = False
     _saved_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable
     old_handlers = _install_handlers()
@@ -397,6 +414,11 @@ def run_guarded(body: Callable[[], int]) -> int:
                 traceback.print_exc()
             _say(_last_resort_line(exc))
             rc = 1
+        due = _due_signum
+        if due is not None and rc == 0 and not _interrupting:   # a signal deferred out of the body's last import,
+            #                                                     which ended before the signal came back
+            _say(f"error: interrupted ({signal.Signals(due).name}){_written_note()}")
+            rc = 128 + due
         if guard.error is not None and rc == 0:   # the failed write's error was swallowed on its way up (click's
             #                                         own probe of stdout, under `dasc --version`): say it here
             _say(f"error: {_stdout_failure(guard.error)}{_written_note()}")
@@ -404,6 +426,9 @@ def run_guarded(body: Callable[[], int]) -> int:
         return rc
     finally:
         _active = False
+        if _redelivery is not None:
+            _redelivery.cancel()
+        _due_signum = None
         for s, h in old_handlers.items():
             signal.signal(s, h)
         sys.unraisablehook = _saved_unraisablehook

@@ -404,6 +404,29 @@ def test_a_redelivered_signal_that_lands_in_an_import_again_is_sent_again(monkey
     assert sent == [signal.SIGINT, signal.SIGINT]
 
 
+def test_a_ctrl_c_in_the_last_import_ends_that_command_and_not_the_next(tmp_path, monkeypatch, capsys):
+    """A body that returns right after the import a Ctrl-C came in returned 0 (the signal was still being
+    redelivered), and the timer then interrupted the next run_guarded call in the same process, which got no
+    signal at all."""
+    from dasc_compile.cli_exit import run_guarded
+
+    (tmp_path / "dasc_sigint_import_mod.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\nfor _ in range(3):\n    time.sleep(0.01)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def body():
+        import dasc_sigint_import_mod  # noqa: F401
+        return 0
+
+    try:
+        assert run_guarded(body) == 130
+    finally:
+        sys.modules.pop("dasc_sigint_import_mod", None)
+    assert "error: interrupted (SIGINT)" in capsys.readouterr().err
+    assert run_guarded(lambda: time.sleep(0.3) or 0) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_ctrl_c_during_an_import_waits_for_the_import_to_finish(tmp_path, monkeypatch):
     """A signal inside an import is delivered after it: raising it there could cross torch's
     pybind11 set-up, which aborts the process (status -6, CI on 2026-12-01)."""
