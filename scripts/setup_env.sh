@@ -68,10 +68,16 @@ case "$FLAVOUR" in
 esac
 # an environment of another Python release than $PYTHON's is rebuilt from empty, as one an older version of this
 # script built (its marker has another version), so no wheel of the torch it held (its CUDA libraries: GBs) stays
-HAVE=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+# (or one whose python no longer runs: pyenv removed the release it points to)
+HAVE=""
+if [ -e "$VENV/bin/python" ] || [ -L "$VENV/bin/python" ]; then
+  HAVE=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+    || HAVE="none"
+fi
 CLEAR=()
 if [ -n "$HAVE" ] && [ "$HAVE" != "$WANT" ]; then
-  echo "note: $VENV holds Python $HAVE, not $WANT ($PYTHON): rebuilding it" >&2
+  if [ "$HAVE" = none ]; then echo "note: $VENV's python no longer runs: rebuilding it on Python $WANT ($PYTHON)" >&2
+  else echo "note: $VENV holds Python $HAVE, not $WANT ($PYTHON): rebuilding it" >&2; fi
   rm -f "$MARK"; CLEAR=(--clear)
 fi
 if [ ! -f "$MARK" ]; then

@@ -66,8 +66,8 @@ def _python_range() -> tuple[tuple[int, int], tuple[int, int]]:
 
 def test_python_range_is_the_one_setup_env_checks_and_ci_tests_at_both_ends():
     """Python is a range tested at both ends, as the other dependencies: scripts/setup_env.sh refuses an interpreter
-    outside pyproject's requires-python, CI (.ci/run) builds the lowest environment on python3 (3.11 on its
-    machine) and the newest on the highest admitted release. A bound moved in one file and not the others would
+    outside pyproject's requires-python, CI (.ci/run) builds the lowest environment on the lowest admitted release and
+    the newest on the highest. A bound moved in one file and not the others would
     admit an untested release or test one not admitted."""
     (lo_major, lo_minor), (hi_major, hi_minor) = _python_range()
     setup = (ROOT / "scripts" / "setup_env.sh").read_text()
@@ -75,7 +75,12 @@ def test_python_range_is_the_one_setup_env_checks_and_ci_tests_at_both_ends():
     assert check in setup, f"scripts/setup_env.sh does not check {check!r} (pyproject's requires-python)"
     assert f"Python >= {lo_major}.{lo_minor}, < {hi_major}.{hi_minor}" in setup, "setup_env.sh's refusal names " \
         "another range than pyproject's requires-python"
-    newest = f"python{hi_major}.{hi_minor - 1}"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert f"/bin/{newest} " in ci and f" {newest}; do" in ci, \
-        f".ci/run does not build the newest environment on {newest}, the highest release requires-python admits"
+    for var, want in (("PY_LOWEST", f"{lo_major}.{lo_minor}"), ("PY_NEWEST", f"{hi_major}.{hi_minor - 1}")):
+        assert f"\n{var}={want}\n" in ci, \
+            f".ci/run does not set {var}={want} (the {'lowest' if var == 'PY_LOWEST' else 'highest'} release " \
+            f"requires-python admits), or sets it more than once"
+        assert ci.count(f"{var}=") == 1, f".ci/run sets {var} more than once"
+    for found, var, venv in (("LOWEST_PY", "PY_LOWEST", ".venv "), ("NEWEST_PY", "PY_NEWEST", ".venv-newest ")):
+        assert f"{found}=$(find_python ${var})" in ci and f"PYTHON=${{{found}:-python3}} bash scripts/setup_env.sh " \
+            f"{venv}" in ci, f".ci/run does not build {venv.strip()} on the Python {var} names"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ def test_bad_arguments_are_one_usage_line(tmp_path, args, said):
     assert said in lines[0] and not venv.exists()
 
 
-OLD_PYTHON = Path("/root/.pyenv/versions/3.10.13/bin/python3")      # pyenv's 3.10 on these machines, if there
+OLD_PYTHON = next(iter(sorted(Path.home().glob(".pyenv/versions/3.10.*/bin/python3.10"))),
+                  Path("/nonexistent/python3.10"))                  # pyenv's 3.10 on these machines, if there
 
 
 @pytest.mark.parametrize("python, said", [
@@ -44,3 +46,21 @@ def test_a_python_that_cannot_build_the_environment_is_one_line(tmp_path, python
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and said in lines[0], lines
     assert not venv.exists()
+
+
+def test_an_environment_whose_python_no_longer_runs_is_rebuilt(tmp_path):
+    """An environment built by this script whose python points to a release pyenv removed kept its marker and was
+    reused: the script died on its missing python (exit 127). It is rebuilt from empty (``venv --clear``); the stub
+    interpreter here answers version checks as the real one and stops at the rebuild."""
+    venv = tmp_path / "env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(tmp_path / "removed-python")      # dangling
+    (venv / ".dasc-env-v3").touch()
+    stub = tmp_path / "python-stub"
+    stub.write_text(f'#!/bin/bash\nif [ "$1" = -m ]; then echo "stub: $*" >&2; exit 3; fi\nexec {sys.executable} "$@"\n')
+    stub.chmod(0o755)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh"), str(venv)], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHON": str(stub)})
+    assert r.returncode == 3, r.stderr
+    assert f"note: {venv}'s python no longer runs: rebuilding it on Python" in r.stderr
+    assert f"stub: -m venv --clear {venv}" in r.stderr
