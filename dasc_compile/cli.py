@@ -267,8 +267,10 @@ def run(argv: list[str] | None = None) -> int:
                 # difflib's order, the closest first; --help only for a name that starts like it (click offered
                 # it for `dasc size --tp 2`, an option of another command)
                 near = [p for p in exc.possibilities if p != "--help" or exc.option_name.startswith("--h")]
-                names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}" if near else ""
-                msg = exc.message.rstrip(".") + (f"; did you mean {names}?" if near else "")   # click 8.5: a stop
+                msg = exc.message.rstrip(".")                 # click 8.5 ends it with a stop
+                if near:
+                    names = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+                    msg += f"; did you mean {names}?"
             split = cli_argv.size_split_in_two(words) if "extra argument" in msg else None
             msg = split or msg
             no_args = isinstance(exc, cx.NoArgsIsHelpError)    # a bare `dasc`

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.json_messages import decode_error
 from tests.support.clihelp import ROOT, dasc
 from tests.support.cli_runner import cli as _cli, one_error_line as _one_error_line
 from tests.support.tiny_models import compile_for
@@ -49,8 +50,8 @@ def test_a_missing_tokenizer_json_is_one_line_naming_it(tok_model, mode):
 
 
 @pytest.mark.parametrize("content, said", [
-    ("{garbage", "not readable JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
-    ("", "not readable JSON (Expecting value: line 1 column 1 (char 0))"),
+    ("{garbage", f"not readable JSON ({decode_error('{garbage')})"),
+    ("", f"not readable JSON ({decode_error('')})"),
     ("[]", "a tokenizer file must be a JSON object, got list"),
 ])
 def test_a_garbage_tokenizer_json_is_one_line_naming_it(tok_model, content, said):

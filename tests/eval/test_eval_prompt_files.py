@@ -11,6 +11,7 @@ import pytest
 from dasc_compile.errors import DascInputError
 from dasc_compile.eval.prompts import from_jsonl
 from dasc_compile.eval.tokenizer import ByteTokenizer
+from tests.support.json_messages import decode_error
 from tests.support.cli_runner import cli as _cli, one_error_line as _one_error_line
 from tests.support.tiny_models import compile_for
 
@@ -18,15 +19,6 @@ pytestmark = pytest.mark.transformers_range
 
 TOK = ByteTokenizer()
 FORMS = "expected a JSON object with 'text', or 'prefix' and 'suffix' (and optionally 'answer')"
-
-
-def _decode_error(text: str) -> str:
-    """The standard library decoder's message for ``text`` (its wording differs between Python releases)."""
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        return str(exc)
-    raise AssertionError(f"{text!r} decodes")
 
 
 TRAILING_COMMA = '{"text": "abc",}'
@@ -51,7 +43,7 @@ def plan(gdn_dir, tmp_path_factory):
     ({}, f"an empty object; {FORMS}"),
     ([1, 2], f"{FORMS}, got an array"),
     # the decoder's own words, which Python 3.13 changed ("Illegal trailing comma before end of object: ... column 15")
-    (TRAILING_COMMA, f"invalid JSON ({_decode_error(TRAILING_COMMA)}); {FORMS}"),
+    (TRAILING_COMMA, f"invalid JSON ({decode_error(TRAILING_COMMA)}); {FORMS}"),
 ])
 def test_a_line_with_unknown_conflicting_or_empty_fields_is_refused(tmp_path, line, said):
     """`{"text", "prefix": "zz", "extra": 1}` ran (prefix and the unknown key ignored), an empty answer was
