@@ -8,8 +8,8 @@
 #                                                     and the newest release of every other dependency
 #
 # The environment's Python is `python3` on PATH, or the interpreter named by PYTHON (e.g.
-# PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13): CI builds the lowest environment on python3 (3.11 on its
-# machine) and the newest on Python 3.13 where one runs there, the two ends of pyproject's requires-python.
+# PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13): CI (.ci/run) builds the lowest environment on the lowest
+# release pyproject's requires-python admits and the newest on the highest, where its machine has one that runs.
 #
 # The runtime supports SGLang 0.5.17 and 0.5.23; the releases between are refused (docs/sglang-versions.md).
 # README's test command uses the lowest environment; CI (.ci/run) also builds the newest one and runs the
